@@ -12,10 +12,12 @@ Hammersley-Chapman-Robbins bounds, Algorithm 1 and eqs. (5), (6), (12).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import math
 import numbers
+import os
 import sys
 import time
 
@@ -27,7 +29,7 @@ from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, solver_stream, to_torch
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, MonteCarlo, as_noise
+from hcrfast.noise import Gaussian, Laplace, MonteCarlo, as_noise
 from hcrfast.results import Bounds
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
@@ -53,18 +55,35 @@ def rms_sigma(features, scale: float = 1.0) -> float:
 
 
 def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float, sigma: float | None = None,
-                  noise=None) -> np.ndarray:
+                  noise=None, workers: int | None = None) -> np.ndarray:
     """Algorithm 1's start vectors z = (s/√n)·Z, Z one noise draw, shape (len(ids)·R, n).
 
     Z is drawn from ``noise`` (default ``Gaussian(sigma)``). Example e draws from
     its own stream ``default_rng([seed, e])``, so results do not depend on
-    chunking, sharding or the device.
+    chunking, sharding, threads or the device.
+
+    The built-in laws (Gaussian, Laplace) fill examples on ``workers`` threads
+    (default: the CPU count, capped at 16) when there are more than 2**20 values:
+    NumPy releases the GIL while it fills an array, and each example has its own
+    generator, so the result is bitwise that of one thread. A user's Monte Carlo
+    sampler is always called from this thread.
     """
     law = as_noise(sigma) if noise is None else noise
-    out = np.empty((len(example_ids) * restarts, n))
-    for i, e in enumerate(example_ids):
-        noise_draw = law.sample(np.random.default_rng([seed, int(e)]), (restarts, n))
-        out[i * restarts:(i + 1) * restarts] = (size / math.sqrt(n)) * noise_draw
+    ids = [int(e) for e in example_ids]
+    out = np.empty((len(ids) * restarts, n))
+    scale = size / math.sqrt(n)
+
+    def fill(i):
+        out[i * restarts:(i + 1) * restarts] = scale * law.sample(np.random.default_rng([seed, ids[i]]), (restarts, n))
+
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 16) if out.size > 2**20 else 1
+    if workers > 1 and len(ids) > 1 and isinstance(law, (Gaussian, Laplace)):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(fill, range(len(ids))))
+    else:
+        for i in range(len(ids)):
+            fill(i)
     return out
 
 

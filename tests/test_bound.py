@@ -186,6 +186,18 @@ def test_start_vectors_have_the_published_scale():
     np.testing.assert_allclose(np.expm1((norms / 2.0) ** 2).mean(), 0.01**2, rtol=0.02)
 
 
+@pytest.mark.parametrize("law", [hcrfast.Gaussian(2.0), hcrfast.Laplace(0.7)], ids=["gaussian", "laplace"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_start_vectors_are_each_examples_own_stream(law, workers):
+    """Threads or not, row block e is exactly (s/sqrt(n)) * law drawn from default_rng([seed, e])."""
+    ids, R, n, s = [11, 0, 5, 2**40], 3, 64, 0.01
+    z = hcrfast.start_vectors(ids, R, n, seed=9, size=s, noise=law, workers=workers)
+    for i, e in enumerate(ids):
+        rng = np.random.default_rng([9, e])
+        draw = 2.0 * rng.standard_normal((R, n)) if isinstance(law, hcrfast.Gaussian) else rng.laplace(0.0, 0.7, (R, n))
+        np.testing.assert_array_equal(z[i * R:(i + 1) * R], (s / np.sqrt(n)) * draw)
+
+
 def test_rms_sigma():
     f = torch.tensor([[3.0, 4.0], [0.0, 0.0]])
     assert hcrfast.rms_sigma(f, 2.0) == pytest.approx(2.0 * np.sqrt(25 / 4))
