@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Everything a GPU machine should run for hcrfast, in stages, so that a short lease is spent
+# in few, full calls. Each stage appends to one log and writes its JSON next to it.
+#
+#   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
+#
+#   setup     install hcrfast without dependencies (offline: --no-build-isolation) and print
+#             the versions and the device
+#   tests     pytest -m gpu (GPU vs CPU, zero-copy, no host copy inside LSQR, kernels vs twins)
+#   kernels   pytest-benchmark of the kernels (Numba vs twin on CuPy vs library) and the batched
+#             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
+#   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
+#             of stopped problems on vs off, Numba vs twin kernels
+#   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP)
+#   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 256 examples, R = 25)
+#   resnet18  the issue's target: ResNet-18 at 91x91, 128 examples, R = 25, i = 10 (< 10 min)
+#
+# Output: $OUT if set (the device tool's folder), else benchmarks/results/gpu_session/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEST=${OUT:-benchmarks/results/gpu_session}
+mkdir -p "$DEST"
+LOG="$DEST/gpu_session.log"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+say() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
+run() { "$@" 2>&1 | grep -v "FutureWarning\|warnings.warn" | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
+
+ensure_installed() {
+    if "$PY" -c "import hcrfast.kernels, hcrfast.bindings" 2>/dev/null; then return 0; fi
+    say "install hcrfast (editable, no dependencies, no build isolation: the machine is offline)"
+    if ! run "$PY" -m pip install -q --no-deps --no-build-isolation -e .; then
+        # Last resort: the layout of the wheel, put together by hand (kernels/ and bindings/
+        # become hcrfast.kernels and hcrfast.bindings, as pyproject's package-dir maps them).
+        say "pip failed; staging the package layout on PYTHONPATH instead"
+        stage=/tmp/hcrfast_stage && rm -rf "$stage" && mkdir -p "$stage"
+        cp -r hcrfast "$stage/" && cp -r kernels "$stage/hcrfast/kernels" && cp -r bindings "$stage/hcrfast/bindings"
+        export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+}
+
+for stage in "$@"; do
+    case "$stage" in
+    setup)
+        ensure_installed
+        say "environment"
+        run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+        run "$PY" - <<'EOF'
+import importlib.metadata as md, platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+for d in ("cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda", "numpy", "scipy", "torchvision", "nvtx",
+          "pytest-benchmark"):
+    try:
+        print(f"  {d} {md.version(d)}")
+    except md.PackageNotFoundError:
+        print(f"  {d} -")
+from hcrfast.backend import cuda_available
+print("hcrfast sees CuPy + CUDA:", cuda_available())
+EOF
+        ;;
+    tests)
+        ensure_installed
+        say "pytest -m gpu"
+        run "$PY" -m pytest tests -m gpu -q -rs -p no:cacheprovider
+        say "kernels under the CUDA simulator and on the device, LSQR, bound (CPU suites on this machine)"
+        run "$PY" -m pytest tests/test_kernels.py tests/test_kernels_cudasim.py tests/test_lsqr.py tests/test_bound.py \
+            tests/test_bindings.py -q -p no:cacheprovider -x
+        ;;
+    kernels)
+        ensure_installed
+        say "kernel and LSQR benchmarks on the GPU"
+        run "$PY" -m pytest benchmarks/test_bench_kernels.py benchmarks/test_bench_lsqr.py benchmarks/test_bench_bridge.py \
+            -m gpu --benchmark-only -q -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
+            --benchmark-json "$DEST/bench_gpu_kernels.json"
+        ;;
+    modes)
+        ensure_installed
+        for flags in "--jacobian reverse" "--jacobian forward" "--compact-below 0" "--kernels twin" "--kernels numba"; do
+            say "gpu_targets mnist --examples 1000 $flags"
+            run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 $flags --out "$DEST"
+        done
+        ;;
+    mnist)
+        ensure_installed
+        say "gpu_targets mnist (10,000 x 25 x 10)"
+        run "$PY" benchmarks/gpu_targets.py mnist --progress --out "$DEST"
+        ;;
+    race)
+        ensure_installed
+        say "race on the GPU: reference vs hcrfast (MNIST MLP, 256 examples, R = 25, i = 10)"
+        run "$PY" benchmarks/race.py --model mlp --examples 256 --restarts 25 --iterations 10 --size 0.005 \
+            --device cuda --sweep-budget 120 --out "$DEST"
+        ;;
+    resnet18)
+        ensure_installed
+        say "gpu_targets resnet18 (128 x 25 x 10)"
+        run "$PY" benchmarks/gpu_targets.py resnet18 --progress --out "$DEST"
+        ;;
+    *)
+        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18" >&2
+        exit 2
+        ;;
+    esac
+done
