@@ -193,7 +193,11 @@ def lsqr_init(op, b, *, impl: str = "auto") -> LSQRState:
 
 def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
               ctol: float, iter_lim: int, impl: str = "auto") -> LSQRState:
-    """One LSQR iteration for every active problem; stopped problems stay as they are."""
+    """One LSQR iteration for every active problem; stopped problems stay as they are.
+
+    The vectors of ``state`` (x, u, v, w) are updated in place and belong to the
+    returned state: do not use ``state`` afterwards.
+    """
     s = state
     xp = get_array_module(s.x)
     act = s.active
@@ -209,10 +213,17 @@ def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
     # vectors costs passes over memory; their x and scalars are frozen below. An active problem
     # whose beta is exactly 0 stops at this step by test1 (SciPy keeps v and alfa then; the
     # step's x, istop and estimates are the same either way).
-    u, beta = kernels.row_normalize(op.matvec(s.v) - _col(s.alfa.astype(dtype)) * s.u, 1.0, impl=impl)
+    # The new u and v are formed in the buffers of the old ones, which are not read again (as x
+    # and w, they are updated in place: a step consumes its input state). The operator's outputs
+    # are only read, so an operator may hand back a buffer it still uses.
+    u = xp.multiply(s.u, _col(s.alfa.astype(dtype)), out=s.u)
+    u = xp.subtract(op.matvec(s.v), u, out=u)
+    u, beta = kernels.row_normalize(u, 1.0, out=u, impl=impl)
     beta = beta.astype(xp.float64)
     anorm = xp.where(act & (beta > 0), xp.sqrt(s.anorm**2 + s.alfa**2 + beta**2 + dampsq), s.anorm)
-    v, alfa = kernels.row_normalize(op.rmatvec(u) - _col(beta.astype(dtype)) * s.v, 1.0, impl=impl)
+    v = xp.multiply(s.v, _col(beta.astype(dtype)), out=s.v)
+    v = xp.subtract(op.rmatvec(u), v, out=v)
+    v, alfa = kernels.row_normalize(v, 1.0, out=v, impl=impl)
     alfa = alfa.astype(xp.float64)
 
     # Use a plane rotation to eliminate the damping parameter.

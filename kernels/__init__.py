@@ -42,10 +42,15 @@ def row_norms(a, *, impl="auto"):
     return twins.row_norms(a) if kernels is None else kernels.row_norms(a)
 
 
-def row_normalize(a, target=1.0, *, impl="auto"):
-    """Rescale each row to norm ``target``; returns ``(scaled, norms)``: see :func:`twins.normalize_rows`."""
+def row_normalize(a, target=1.0, *, out=None, impl="auto"):
+    """Rescale each row to norm ``target``; returns ``(scaled, norms)``: see :func:`twins.normalize_rows`.
+
+    ``out`` (shaped like ``a``; ``a`` itself allowed) receives the scaled rows.
+    """
     kernels = _numba_kernels(impl, a)
-    return twins.normalize_rows(a, target) if kernels is None else kernels.row_normalize(a, target)
+    if kernels is None:
+        return twins.normalize_rows(a, target, out=out)
+    return kernels.row_normalize(a, target, out=out)
 
 
 def lsqr_update_xw(x, w, v, t1, t2, *, impl="auto"):

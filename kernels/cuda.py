@@ -446,7 +446,7 @@ def row_norms(a, *, stream=None):
         return launch.result(norms)
 
 
-def row_normalize(a, target=1.0, *, stream=None):
+def row_normalize(a, target=1.0, *, out=None, stream=None):
     """Rescale each row to norm ``target`` (Algorithm 1 step 4; LSQR's u/β and v/α).
 
     Computes ``n_b = ‖a[b]‖₂`` and ``scaled[b] = (t_b / n_b) · a[b]``, with
@@ -459,19 +459,28 @@ def row_normalize(a, target=1.0, *, stream=None):
     ----------
     a : device array, shape (B, ...), float32 or float64
     target : float or device array of shape (B,)
+    out : array shaped like ``a``, C-contiguous, optional
+        Receives the scaled rows (``a`` itself allowed: each block reads its row
+        for the norm before it writes).
     stream : CuPy, PyTorch or Numba stream, optional
 
     Returns
     -------
-    scaled : array shaped like ``a``
+    scaled : array shaped like ``a`` (``out`` when given)
     norms : array of shape (B,), dtype of ``a``
     """
-    with _launch((a,) if np.ndim(target) == 0 and not _is_device_array(target) else (a, target),
-                 stream) as launch:
-        view = launch.device(a, "a")
+    arrays = (a,) if np.ndim(target) == 0 and not _is_device_array(target) else (a, target)
+    with _launch(arrays + (() if out is None else (out,)), stream) as launch:
+        view = launch.device(a, "a", contiguous_copy_ok=out is not a)
         dtype = _check_dtype("a", view)
         n_rows, n_cols = _check_batched("a", view)
-        scaled, scaled_view = launch.empty(tuple(view.shape), dtype)
+        if out is None:
+            scaled, scaled_view = launch.empty(tuple(view.shape), dtype)
+        elif out is a:
+            scaled, scaled_view = out, view
+        else:
+            scaled, scaled_view = out, launch.device(out, "out", contiguous_copy_ok=False)
+            _check_same("out", scaled_view, "a", view)
         norms, norms_view = launch.empty((n_rows,), dtype)
         targets, target_value, per_row = _target_args(launch, target, n_rows, norms_view)
         if n_rows:
@@ -479,7 +488,10 @@ def row_normalize(a, target=1.0, *, stream=None):
             _launch_rows(_kernels(dtype).row_normalize, n_rows, n_cols, launch.stream,
                          rows, targets, target_value, per_row, True,
                          scaled_view.reshape(n_rows, n_cols), norms_view)
-        return launch.result(scaled), launch.result(norms)
+        if out is not None and launch.kind == "numpy":
+            scaled_view.copy_to_host(out, stream=launch.stream)
+            return out, launch.result(norms)
+        return (scaled if out is not None else launch.result(scaled)), launch.result(norms)
 
 
 def lsqr_update_xw(x, w, v, t1, t2, *, stream=None):

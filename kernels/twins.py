@@ -21,18 +21,20 @@ def row_norms(a):
     return xp.sqrt(xp.einsum("bi,bi->b", flat, flat))
 
 
-def normalize_rows(a, target=1.0):
+def normalize_rows(a, target=1.0, *, out=None):
     """Rescale each row to norm ``target`` (Algorithm 1 step 4; LSQR's u/β and v/α).
 
     Returns ``(scaled, norms)`` with ``norms = row_norms(a)``. A zero row stays
     zero (its scale is taken as 0, not NaN). ``target`` is a scalar or (B,).
+    ``out`` (shaped like ``a``, ``a`` itself allowed) receives ``scaled``.
     """
     xp = get_array_module(a)
     norms = row_norms(a)
     safe = xp.where(norms > 0, norms, 1)
     # ``target / safe`` keeps a Python scalar on the host side of the kernel call: no transfer.
     scale = xp.where(norms > 0, target / safe, 0).astype(a.dtype)
-    return a * scale.reshape((-1,) + (1,) * (a.ndim - 1)), norms
+    scaled = xp.multiply(a, scale.reshape((-1,) + (1,) * (a.ndim - 1)), out=out)
+    return scaled, norms
 
 
 def lsqr_update_xw(x, w, v, t1, t2):

@@ -165,6 +165,25 @@ def simulator_checks(dtypes) -> None:
             check_true(f"row_normalize[{tag}] per-row zero row stays zero",
                        np.all(scaled.copy_to_host()[2] == 0))
 
+            # out=: in place and into another array, host and device
+            for where in ("in place", "separate"):
+                a = rows((4, 29), dtype, zero_row=3)
+                want_scaled, want_norms = twins.normalize_rows(a, 1.5)
+                host = a.copy()
+                out = host if where == "in place" else nan(host.shape, dtype).copy_to_host()
+                scaled, norms = kc.row_normalize(host, 1.5, out=out)
+                check_true(f"row_normalize[{tag}] out= {where} (host) returns out", scaled is out)
+                check_close(f"row_normalize[{tag}] out= {where} (host) scaled", out, want_scaled, dtype)
+                check_close(f"row_normalize[{tag}] out= {where} (host) norms", norms, want_norms, dtype)
+                dev = cuda.to_device(a)
+                dev_out = dev if where == "in place" else nan(a.shape, dtype)
+                scaled, norms = kc.row_normalize(dev, 1.5, out=dev_out)
+                check_true(f"row_normalize[{tag}] out= {where} (device) returns out", scaled is dev_out)
+                check_close(f"row_normalize[{tag}] out= {where} (device) scaled", dev_out.copy_to_host(),
+                            want_scaled, dtype)
+            check_raises("row_normalize out of another shape", ValueError,
+                         lambda: kc.row_normalize(rows((4, 29), dtype), 1.0, out=np.zeros((4, 28), dtype)))
+
             check_close(f"row_norms[{tag}]", kc.row_norms(a), twins.row_norms(a), dtype)
 
             # raw launch, one block of 32 threads: both grid-stride loops take several trips

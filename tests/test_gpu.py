@@ -71,6 +71,12 @@ def test_numba_kernels_match_twins_on_cupy(cupy, name):
             a = rng.standard_normal((33, 1000), dtype=dtype)
             a[3] = 0
             args = (a, 2.0)
+            in_place = a.copy()
+            got = kernels.row_normalize(in_place, 2.0, out=in_place, impl="numba")
+            assert got[0] is in_place
+            want = kernels.row_normalize(a, 2.0, impl="twin")
+            for g, r in zip(got, want):
+                cupy.testing.assert_allclose(g, r, rtol=tol, atol=tol)
         elif name == "lsqr_update_xw":
             x, w, v = (rng.standard_normal((9, 500), dtype=dtype) for _ in range(3))
             t1, t2 = rng.standard_normal(9, dtype=dtype), rng.standard_normal(9, dtype=dtype)

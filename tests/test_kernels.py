@@ -137,6 +137,24 @@ def test_normalize_rows_keeps_zero_rows_zero_without_warnings(dtype):
     np.testing.assert_array_equal(all_zero_norms, 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("where", ["in place", "separate"])
+def test_normalize_rows_into_out(where, dtype):
+    a = _normal((5, 2, 7), dtype, SEED + 10)
+    a[2] = 0
+    original = a.copy()
+    out = a if where == "in place" else np.full_like(a, np.nan)
+    scaled, norms = twins.normalize_rows(a, 2.0, out=out)
+    assert scaled is out
+    flat = original.astype(np.float64).reshape(5, -1)
+    n = np.linalg.norm(flat, axis=1)
+    np.testing.assert_allclose(norms, n, **TOL[dtype])
+    expected = np.where(n[:, None] > 0, 2.0 * flat / np.where(n > 0, n, 1)[:, None], 0.0)
+    np.testing.assert_allclose(scaled.reshape(5, -1), expected, **TOL[dtype])
+    if where == "separate":
+        np.testing.assert_array_equal(a, original)
+
+
 def test_normalize_rows_to_target_zero_gives_zeros():
     a = _normal((3, 4), np.float64, SEED + 9)
     scaled, _ = twins.normalize_rows(a, 0.0)
