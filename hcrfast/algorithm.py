@@ -88,8 +88,22 @@ def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float,
 
 
 def _features(model, x: torch.Tensor) -> torch.Tensor:
+    """Features of the rows of ``x``; a forward that runs out of memory is split in halves.
+
+    The forwards of a chunk (restart steps, float64 certification) come after its LSQR
+    solves: splitting them keeps that work instead of failing the whole chunk.
+    """
     with torch.no_grad():
-        return model(x).reshape(x.shape[0], -1)
+        try:
+            return model(x).reshape(x.shape[0], -1)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
+            if not _is_oom(exc) or x.shape[0] < 2:
+                raise
+    # Out of the except block: the exception's frames no longer hold the failed forward's memory.
+    if x.device.type == "cuda":
+        torch.cuda.empty_cache()
+    half = x.shape[0] // 2
+    return torch.cat([_features(model, x[:half]), _features(model, x[half:])])
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian):

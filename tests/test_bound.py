@@ -178,6 +178,62 @@ def test_same_seed_same_result_and_chunking_and_ids_do_not_matter():
     np.testing.assert_allclose(part.std, a.std[3:], rtol=1e-6)
 
 
+class OutOfMemoryAbove(torch.nn.Module):
+    """``inner``, but raising CUDA's out-of-memory error on batches above a row limit
+    (``grad_rows`` while autograd records, as for the LSQR products; ``rows`` otherwise)."""
+
+    def __init__(self, inner, *, rows=10**9, grad_rows=10**9):
+        super().__init__()
+        self.inner, self.rows, self.grad_rows = inner, rows, grad_rows
+        self.refused = 0
+
+    def forward(self, x):
+        limit = self.grad_rows if torch.is_grad_enabled() else self.rows
+        if x.shape[0] > limit:
+            self.refused += 1
+            raise torch.cuda.OutOfMemoryError(f"fake: {x.shape[0]} rows > {limit}")
+        return self.inner(x)
+
+
+def _small_tanh_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh(),
+                               torch.nn.Linear(24, 20)).double().eval()
+
+
+def test_a_chunk_out_of_memory_in_its_products_is_halved_and_nothing_is_lost():
+    inner = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((6, 1, 4, 4)))
+    kw = dict(iterations=2, restarts=2, lsqr=FAST, seed=3)
+    want = hcrfast.bound(inner, x, 0.2, chunk_size=1, **kw)
+    tight = OutOfMemoryAbove(inner, grad_rows=4).eval()  # 6 and 3 examples x 2 restarts do not fit; 1 does
+    got = hcrfast.bound(tight, x, 0.2, chunk_size=6, **kw)
+    assert tight.refused >= 2
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-6)
+    np.testing.assert_array_equal(got.lsqr_iterations, want.lsqr_iterations)
+
+
+def test_forward_passes_out_of_memory_are_split_without_losing_the_chunk():
+    inner = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(6).standard_normal((4, 1, 4, 4)))
+    kw = dict(iterations=2, restarts=3, lsqr=FAST, seed=4)
+    want = hcrfast.bound(inner, x, 0.2, **kw)
+    tight = OutOfMemoryAbove(inner, rows=5).eval()  # the restart and certify forwards (12 rows) do not fit
+    got = hcrfast.bound(tight, x, 0.2, chunk_size=4, **kw)
+    assert tight.refused >= 2
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-6)
+    # Split forwards round differently in the last bit, which can move a stopping test by one step.
+    assert np.abs(got.lsqr_iterations - want.lsqr_iterations).max() <= 1
+    from hcrfast.algorithm import _features
+
+    with torch.no_grad():
+        np.testing.assert_allclose(_features(OutOfMemoryAbove(inner, rows=1), x), inner(x), rtol=1e-12, atol=1e-15)
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # one row that does not fit is not retried forever
+        _features(OutOfMemoryAbove(inner, rows=0), x[:1])
+    with pytest.raises(ZeroDivisionError):  # any other error is not retried
+        _features(lambda t: 1 / 0, x)
+
+
 def test_start_vectors_have_the_published_scale():
     z = hcrfast.start_vectors(np.arange(50), 4, 400, seed=0, size=0.01, sigma=2.0)
     norms = np.linalg.norm(z, axis=1)
