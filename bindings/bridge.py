@@ -11,6 +11,7 @@ stream itself and no event or synchronisation is needed at the hand-over.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 import torch
@@ -53,11 +54,72 @@ def array_module_for(device: torch.device):
 
 @contextlib.contextmanager
 def solver_stream(device: torch.device):
-    """Make CuPy issue its work on torch's current stream for ``device`` (no-op on CPU)."""
+    """Make CuPy issue its work on torch's current stream for ``device`` (no-op on CPU).
+
+    ``device`` also becomes torch's and CuPy's current device for the block, so that
+    DLPack hand-overs of tensors on a second GPU are exported from their own device.
+    """
     if device.type != "cuda":
         yield None
         return
     cupy = import_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index or 0)
-    with cupy.cuda.Device(device.index or 0), stream:
-        yield stream
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
+        with cupy.cuda.Device(index), stream:
+            yield stream
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Give the cached free blocks of torch's and CuPy's memory pools back to the device.
+
+    torch and CuPy keep separate pools: after an out-of-memory error the solver's
+    freed vectors sit in CuPy's pool, where torch cannot reuse them until released.
+    """
+    if device.type != "cuda":
+        return
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+    torch.cuda.empty_cache()
+
+
+#: The float32 settings of torch that may trade precision for speed: cuBLAS matmuls and
+#: cuDNN convolutions in TF32 (10-bit mantissa) on Ampere and later GPUs.
+_FP32_KNOBS = ("matmul", "conv")
+
+
+def _fp32_knob(name):
+    return torch.backends.cuda.matmul if name == "matmul" else torch.backends.cudnn.conv
+
+
+@contextlib.contextmanager
+def ieee_float32(enabled: bool = True):
+    """Run the block with float32 matmuls and convolutions in full IEEE float32 (no TF32).
+
+    torch's defaults let cuDNN convolutions use TF32 (about 1e-3 relative error), which
+    makes a GPU's ``J v`` and ``Jᵀu`` differ from each other and from the CPU's by far more
+    than LSQR's tolerances. The previous settings are restored afterwards. With
+    ``enabled=False`` the block runs with whatever the caller set. Uses torch's
+    ``fp32_precision`` settings where they exist, the ``allow_tf32`` flags otherwise
+    (torch refuses a mix of the two APIs).
+    """
+    if not enabled:
+        yield
+        return
+    if all(hasattr(_fp32_knob(k), "fp32_precision") for k in _FP32_KNOBS):
+        saved = {k: _fp32_knob(k).fp32_precision for k in _FP32_KNOBS}
+        try:
+            for k in _FP32_KNOBS:
+                _fp32_knob(k).fp32_precision = "ieee"
+            yield
+        finally:
+            for k, value in saved.items():
+                _fp32_knob(k).fp32_precision = value
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # pragma: no cover - old torch
+    try:  # pragma: no cover
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield
+    finally:  # pragma: no cover
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -26,7 +26,8 @@ import torch
 
 from hcrfast import profiling, validation
 from hcrfast.backend import to_host
-from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, solver_stream, to_torch
+from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
+                              solver_stream, to_torch)
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, Laplace, MonteCarlo, as_noise
@@ -100,8 +101,7 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
             if not _is_oom(exc) or x.shape[0] < 2:
                 raise
     # Out of the except block: the exception's frames no longer hold the failed forward's memory.
-    if x.device.type == "cuda":
-        torch.cuda.empty_cache()
+    release_device_memory(x.device)
     half = x.shape[0] // 2
     return torch.cat([_features(model, x[:half]), _features(model, x[half:])])
 
@@ -159,35 +159,46 @@ def _applied_shift(model, x, eps, f0):
 def _auto_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str) -> int:
     """Examples per chunk: a fixed element budget on the CPU; on CUDA, what fits in free memory.
 
-    On CUDA the memory of one recorded product graph is measured on two rows and
-    scaled, with the solver's ~16 vectors of n + p values per problem on top; 60%
-    of the free memory is used, and an out-of-memory error still halves the chunk.
+    On CUDA the memory of one recorded product graph (a JVP and a VJP) is measured on
+    two rows and scaled. Each problem counts it twice, since compaction records a graph
+    for the problems still running while the chunk's first one is alive, plus the
+    solver's ~16 vectors of n + p values. 60% of the free memory is used (after the
+    torch and CuPy pools gave back their cached blocks); an out-of-memory error still
+    halves the chunk.
     """
     if batch.device.type != "cuda":
         return max(1, _CHUNK_ELEMENTS // (restarts * (n + p)))
     torch.cuda.synchronize(batch.device)
+    release_device_memory(batch.device)
     free, _ = torch.cuda.mem_get_info(batch.device)
     before = torch.cuda.memory_allocated(batch.device)
     torch.cuda.reset_peak_memory_stats(batch.device)
-    probe = TorchJacobian(model, batch[:1].repeat_interleave(2, dim=0), mode=jacobian)
-    probe.matvec(from_torch(torch.zeros_like(batch[:1].repeat_interleave(2, dim=0)).reshape(2, -1)))
+    rows = batch[:1].repeat_interleave(2, dim=0)
+    probe = TorchJacobian(model, rows, mode=jacobian)
+    probe.matvec(from_torch(torch.zeros_like(rows).reshape(2, -1)))
+    probe.rmatvec(from_torch(torch.zeros((2, n), dtype=batch.dtype, device=batch.device)))
     graph_per_row = max(1, (torch.cuda.max_memory_allocated(batch.device) - before) // 2)
     del probe
-    per_row = graph_per_row + 16 * (n + p) * batch.element_size() + 8 * (n + p)
-    rows = int(0.6 * free) // per_row
-    return max(1, rows // restarts)
+    per_row = 2 * graph_per_row + 16 * (n + p) * batch.element_size() + 8 * (n + p)
+    fit = int(0.6 * free) // per_row
+    return max(1, fit // restarts)
 
 
 def _is_oom(exc: BaseException) -> bool:
+    """Out of device or host memory: torch's and CuPy's errors, and cuBLAS/cuDNN allocation failures."""
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
-    return type(exc).__name__ == "OutOfMemoryError"
+    if type(exc).__name__ == "OutOfMemoryError":  # CuPy's cupy.cuda.memory.OutOfMemoryError
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text)
 
 
 def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, restarts: int = 25,
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
-          example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto") -> Bounds:
+          example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
+          tf32: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -239,6 +250,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         only, as in the paper.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
+    tf32 : bool
+        Let float32 matmuls and convolutions of the model use TF32 on GPUs that have it
+        (faster convolutions, ~1e-3 relative error in ``J v`` and ``Jᵀu``, so LSQR works on
+        a noisier J). The bound stays certified by the float64 forwards. Default False: the
+        call runs in IEEE float32 whatever torch's global settings (restored afterwards).
 
     Returns
     -------
@@ -276,7 +292,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         raise NotImplementedError(f"targets= needs Gaussian noise (the targeted directions are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}")
 
-    with validation.eval_mode(model), solver_stream(batch.device):
+    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32(not tf32):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features, mode=jacobian)
         xp = array_module_for(batch.device)
@@ -314,12 +330,18 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                     else:
                         eps64, z64 = _applied_shift(model, x, eps, f0)
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-                if _is_oom(exc) and chunk_size > 1:
-                    chunk_size = max(1, chunk_size // 2)
-                    if progress:
-                        print(f"hcrfast: out of memory, chunk halved to {chunk_size} examples", file=sys.stderr)
-                    continue
-                raise
+                if not (_is_oom(exc) and chunk_size > 1):
+                    raise
+                out_of_memory = True
+            else:
+                out_of_memory = False
+            if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
+                eps = eps64 = z64 = c_itn = c_istop = x = f0 = z0 = None
+                release_device_memory(batch.device)
+                chunk_size = max(1, chunk_size // 2)
+                if progress:
+                    print(f"hcrfast: out of memory, chunk halved to {chunk_size} examples", file=sys.stderr)
+                continue
             with profiling.annotate("bound"):
                 m = stop - start
                 d = noise.divergence(z64).reshape(m, restarts)
@@ -363,7 +385,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
             # bound on the identifiable part.
             targeted = targeted_bound(model, batch, gaussian_sigma, targets=targets, size=size,
-                                      method=targeted_method, basis=basis, certify=certify, null_probes=False)
+                                      method=targeted_method, basis=basis, certify=certify, null_probes=False,
+                                      tf32=tf32)
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)
@@ -371,7 +394,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     params = dict(sigma=gaussian_sigma, noise=noise.describe(), size=size, iterations=iterations,
                   restarts=restarts, seed=int(seed),
                   linearize_at=linearize_at, basis=basis, certify=certify, jacobian=jacobian,
-                  lsqr=dataclasses.asdict(options), dtype=str(batch.dtype).replace("torch.", ""),
+                  lsqr=dataclasses.asdict(options), dtype=str(batch.dtype).replace("torch.", ""), tf32=tf32,
                   device=str(batch.device), n_features=n, n_inputs=p,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(

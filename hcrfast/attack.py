@@ -40,6 +40,8 @@ from hcrfast.bindings import (
     TorchJacobian,
     array_module_for,
     from_torch,
+    ieee_float32,
+    release_device_memory,
     solver_stream,
     to_torch,
 )
@@ -426,7 +428,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             raise NotImplementedError(f"no default tolerance for dtype {batch.dtype}; pass tol=")
         tol = DEFAULT_TOL[batch.dtype]
 
-    with validation.eval_mode(model), solver_stream(batch.device):
+    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32():
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features)
         xp = array_module_for(batch.device)
@@ -461,10 +463,16 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 run = _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
                                     options=options, jacobian=jacobian)
             except Exception as exc:
-                if _is_oom(exc) and chunk_size > 1:
-                    chunk_size = max(1, chunk_size // 2)
-                    continue
-                raise
+                if not (_is_oom(exc) and chunk_size > 1):
+                    raise
+                out_of_memory = True
+            else:
+                out_of_memory = False
+            if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
+                Z = X = est = run = None
+                release_device_memory(batch.device)
+                chunk_size = max(1, chunk_size // 2)
+                continue
             truth = from_torch(batch[lo:hi].reshape(m, p)).astype(xp.float64)
             err = run["estimates"].astype(xp.float64).reshape(m, draws, p) - truth[:, None, :]
             coords = err

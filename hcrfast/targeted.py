@@ -49,7 +49,8 @@ import torch
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _is_oom
 from hcrfast.backend import to_host
-from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, solver_stream, to_torch
+from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
+                              solver_stream, to_torch)
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian
 from hcrfast.operators import Transposed
@@ -232,7 +233,7 @@ class TargetedBounds:
         return "\n".join(lines)
 
 
-def _rows_in_chunks(total: int, chunk: int, work):
+def _rows_in_chunks(total: int, chunk: int, work, device: torch.device):
     """Call ``work(r0, r1)`` over ``0..total`` in chunks, halving the chunk on out-of-memory."""
     r0 = 0
     while r0 < total:
@@ -240,10 +241,15 @@ def _rows_in_chunks(total: int, chunk: int, work):
         try:
             work(r0, r1)
         except Exception as exc:
-            if _is_oom(exc) and chunk > 1:
-                chunk = max(1, chunk // 2)
-                continue
-            raise
+            if not (_is_oom(exc) and chunk > 1):
+                raise
+            out_of_memory = True
+        else:
+            out_of_memory = False
+        if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
+            release_device_memory(device)
+            chunk = max(1, chunk // 2)
+            continue
         r0 = r1
     return chunk
 
@@ -271,7 +277,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
         eps64[r0:r1] = e64
         d[r0:r1] = noise.divergence(z64)
 
-    _rows_in_chunks(R, chunk, work)
+    _rows_in_chunks(R, chunk, work, batch.device)
     coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))
@@ -305,7 +311,7 @@ def _dense_directions(model, batch, qmat, n, *, jacobian, chunk, timings):
         timings["jacobian"] += t1 - t0
         timings["decomposition"] += time.perf_counter() - t1
 
-    _rows_in_chunks(B, max(1, _DENSE_ELEMENTS // (n * p + p * p + 2 * K * p)), work)
+    _rows_in_chunks(B, max(1, _DENSE_ELEMENTS // (n * p + p * p + 2 * K * p)), work, batch.device)
     return eps, null_part, null_fraction, null_dim, mode
 
 
@@ -336,7 +342,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
         itn[r0:r1] = xp.stack([first.itn, second.itn], axis=1)
         istop[r0:r1] = xp.stack([first.istop, second.istop], axis=1)
 
-    _rows_in_chunks(R, chunk, work)
+    _rows_in_chunks(R, chunk, work, batch.device)
     timings["lsqr"] = time.perf_counter() - t0
     return eps, itn, istop
 
@@ -344,7 +350,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
 def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200, method: str = "auto",
                    basis: str = "dct", certify: bool = True, lsqr: LSQROptions | None = None,
                    jacobian: str = "auto", null_probes: bool = True,
-                   chunk_size: int | None = None) -> TargetedBounds:
+                   chunk_size: int | None = None, tf32: bool = False) -> TargetedBounds:
     """HCR bounds for chosen modes, each from a perturbation aimed at that mode.
 
     Parameters
@@ -383,6 +389,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     chunk_size : int, optional
         Most example rows (examples × tangents, or examples × modes) per batched
         pass; automatic when None. A chunk that runs out of memory is halved.
+    tf32 : bool
+        Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
 
     Returns
     -------
@@ -404,7 +412,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     noise = Gaussian(sigma)
     timings: dict = {}
 
-    with validation.eval_mode(model), solver_stream(batch.device):
+    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32(not tf32):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features)
         xp = array_module_for(batch.device)

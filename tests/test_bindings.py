@@ -103,3 +103,28 @@ def test_operator_output_shares_memory_with_torch_result(monkeypatch):
 def test_bridge_rejects_other_types():
     with pytest.raises(TypeError, match="NumPy or CuPy"):
         to_torch([1.0, 2.0])
+
+
+def _fp32_settings():
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch before the fp32_precision settings")
+def test_ieee_float32_sets_and_restores_torch_precision():
+    from hcrfast.bindings import ieee_float32
+
+    saved = _fp32_settings()
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        with ieee_float32():
+            assert _fp32_settings() == ("ieee", "ieee")
+        assert _fp32_settings() == ("tf32", "tf32")
+        with pytest.raises(ZeroDivisionError), ieee_float32():
+            1 / 0
+        assert _fp32_settings() == ("tf32", "tf32")
+        with ieee_float32(False):
+            assert _fp32_settings() == ("tf32", "tf32")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved

@@ -234,6 +234,49 @@ def test_forward_passes_out_of_memory_are_split_without_losing_the_chunk():
         _features(lambda t: 1 / 0, x)
 
 
+class RecordsPrecision(torch.nn.Module):
+    """``inner``, noting torch's float32 matmul and convolution settings at every call."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.seen = inner, set()
+
+    def forward(self, x):
+        self.seen.add((torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision))
+        return self.inner(x)
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch before the fp32_precision settings")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_bound_runs_in_ieee_float32_unless_tf32_is_allowed(tf32):
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((2, 1, 4, 4)))
+    model = RecordsPrecision(_small_tanh_net()).eval()
+    try:
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32"
+        res = hcrfast.bound(model, x, 0.2, iterations=1, restarts=1, lsqr=FAST, tf32=tf32)
+        assert model.seen == ({("tf32", "tf32")} if tf32 else {("ieee", "ieee")})
+        assert res.params["tf32"] is tf32
+        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("tf32", "tf32")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_out_of_memory_errors_are_recognised():
+    from hcrfast.algorithm import _is_oom
+
+    class OutOfMemoryError(Exception):  # CuPy's is cupy.cuda.memory.OutOfMemoryError
+        pass
+
+    assert _is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert _is_oom(MemoryError())
+    assert _is_oom(OutOfMemoryError("Out of memory allocating 1,048,576 bytes"))
+    assert _is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert not _is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
+    assert not _is_oom(ValueError("out of memory"))
+
+
 def test_start_vectors_have_the_published_scale():
     z = hcrfast.start_vectors(np.arange(50), 4, 400, seed=0, size=0.01, sigma=2.0)
     norms = np.linalg.norm(z, axis=1)
