@@ -117,3 +117,33 @@ def test_no_host_transfer_inside_the_lsqr_loop(cupy, monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
     assert int(res.itn.max()) == 40
     assert len(calls) == 40 // 10 + 1
+
+
+def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, monkeypatch):
+    """CUPTI (through torch.profiler) sees every device-to-host copy of the process, CuPy's
+    included: their number equals the deliberate every-k checks, and nothing else."""
+    import hcrfast.lsqr as lsqr_mod
+    from torch.profiler import ProfilerActivity, profile
+
+    from hcrfast.bindings import TorchJacobian, solver_stream
+    from hcrfast.lsqr import lsqr
+
+    calls = []
+    real = lsqr_mod.to_host
+    monkeypatch.setattr(lsqr_mod, "to_host", lambda a: calls.append(1) or real(a))
+    model = mlp(torch.float32).cuda()
+    x = torch.rand(64, 1, 8, 8, device="cuda")
+    with solver_stream(x.device):
+        b = cupy.random.standard_normal((64, 48), dtype=cupy.float32)
+        op = TorchJacobian(model, x)
+        op.matvec(cupy.zeros((64, 64), dtype=cupy.float32))  # record the graph outside the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            res = lsqr(op, b, atol=0, btol=0, conlim=0, iter_lim=40, check_every=10, compact_below=0.0)
+            torch.cuda.synchronize()
+    names = {e.key: e.count for e in prof.key_averages()}
+    if not any("gemm" in k.lower() or "sgemm" in k.lower() or "kernel" in k.lower() for k in names):
+        pytest.skip(f"the profiler recorded no CUDA activity here (CUPTI unavailable?): {sorted(names)[:8]}")
+    dtoh = sum(count for key, count in names.items() if "DtoH" in key)
+    assert int(res.itn.max()) == 40
+    assert dtoh == len(calls) == 40 // 10 + 1, {k: v for k, v in names.items() if "Memcpy" in k}
