@@ -14,6 +14,7 @@
 #   mnist     the target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 256 examples, R = 25)
 #   resnet18  the target: ResNet-18 at 91x91, 128 examples, R = 25, i = 10 (< 10 min)
+#   tf32      ResNet-18 at 16 examples, R = 25, i = 10, IEEE float32 (the default) vs --tf32
 #
 # Output: $OUT if set (the device tool's folder), else benchmarks/results/gpu_session/.
 set -uo pipefail
@@ -98,8 +99,15 @@ EOF
         say "gpu_targets resnet18 (128 x 25 x 10)"
         run "$PY" benchmarks/gpu_targets.py resnet18 --progress --out "$DEST"
         ;;
+    tf32)
+        ensure_installed
+        for flags in "" "--tf32"; do
+            say "gpu_targets resnet18 --examples 16 $flags"
+            run "$PY" benchmarks/gpu_targets.py resnet18 --examples 16 $flags --out "$DEST"
+        done
+        ;;
     *)
-        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18" >&2
+        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18 tf32" >&2
         exit 2
         ;;
     esac

@@ -165,7 +165,7 @@ def run(args) -> dict:
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
     opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
-              chunk_size=args.chunk_size)
+              chunk_size=args.chunk_size, tf32=args.tf32)
 
     t0 = time.perf_counter()
     hcrfast.bound(model, x[:2], sigma, **{**kw, "restarts": 2, "iterations": 1, "chunk_size": None})
@@ -196,6 +196,7 @@ def run(args) -> dict:
     out = dict(
         workload=args.workload, examples=examples, restarts=restarts, iterations=iterations,
         size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
+        tf32=args.tf32,
         lsqr=dataclasses.asdict(opts),
         inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                           else "uniform random images"),
@@ -242,7 +243,7 @@ def report(r: dict) -> str:
     return "\n".join([
         f"{r['workload']}: {r['examples']} examples x R={r['restarts']} x i={r['iterations']}, s={r['size']:g}, "
         f"sigma={r['sigma']:.4g} ({r['sigma_scale']:g} x RMS), jacobian={r['jacobian']}, kernels={r['kernels']}, "
-        f"compact_below={r['lsqr']['compact_below']:g}, "
+        f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, "
         f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
         f"  hcrfast.bound: {r['seconds']:.2f} s wall{verdict}",
@@ -267,6 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default=None, choices=("auto", "twin", "numba"))
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
+    ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")
     ap.add_argument("--threads", type=int, default=None)
