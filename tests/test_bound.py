@@ -277,6 +277,36 @@ def test_out_of_memory_errors_are_recognised():
     assert not _is_oom(ValueError("out of memory"))
 
 
+@pytest.mark.parametrize("linearize_at", ["input", "current"])
+def test_warm_start_computes_algorithm_1s_iterates_with_fewer_lsqr_steps(linearize_at):
+    """Solved to high accuracy, warm and cold starts give the same Algorithm 1 iterates (the
+    same bound); at the default tolerance the warm solves after the first need far fewer steps."""
+    model = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(8).standard_normal((3, 1, 4, 4)))
+    tight = hcrfast.LSQROptions(atol=1e-13, btol=1e-13, conlim=1e14, iter_lim=2000)
+    kw = dict(iterations=4, restarts=2, seed=2, linearize_at=linearize_at)
+    warm = hcrfast.bound(model, x, 0.2, lsqr=tight, warm_start=True, **kw)
+    cold = hcrfast.bound(model, x, 0.2, lsqr=tight, warm_start=False, **kw)
+    np.testing.assert_allclose(warm.std, cold.std, rtol=1e-6)
+    np.testing.assert_allclose(warm.divergence, cold.divergence, rtol=1e-8)
+    assert warm.params["warm_start"] and not cold.params["warm_start"]
+    # An ill-conditioned 64-input net, where a solve from zero takes many steps.
+    rng = np.random.default_rng(9)
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 96), torch.nn.Tanh(),
+                              torch.nn.Linear(96, 80)).double().eval()
+    with torch.no_grad():
+        net[1].weight.copy_(torch.as_tensor(matrix_with_condition(rng, 96, 64, 1e3)))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 8, 8)))
+    warm = hcrfast.bound(net, x, 0.2, warm_start=True, **kw)
+    cold = hcrfast.bound(net, x, 0.2, warm_start=False, **kw)
+    np.testing.assert_array_equal(warm.lsqr_iterations[..., 0], cold.lsqr_iterations[..., 0])
+    assert warm.lsqr_iterations[..., 1:].sum() < 0.5 * cold.lsqr_iterations[..., 1:].sum()
+    assert np.median(warm.std) >= 0.95 * np.median(cold.std)
+    with pytest.raises(TypeError, match="warm_start must be True or False"):
+        hcrfast.bound(model, x, 0.2, warm_start="yes", **kw)
+
+
 def test_start_vectors_have_the_published_scale():
     z = hcrfast.start_vectors(np.arange(50), 4, 400, seed=0, size=0.01, sigma=2.0)
     norms = np.linalg.norm(z, axis=1)

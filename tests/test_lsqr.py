@@ -66,6 +66,43 @@ def test_first_iterations_agree_to_rounding(damp):
             np.testing.assert_allclose(getattr(res, name)[k], ref[i], rtol=1e-10)
 
 
+@pytest.mark.parametrize("damp", [0.0, 0.2])
+def test_warm_start_x0_iterates_as_scipy_and_stops_on_the_whole_solution(damp):
+    """x0: SciPy's iterates exactly; the stopping tests take ‖x0‖ + ‖δ‖ for ‖x‖ (SciPy: ‖δ‖),
+    so a start near the solution stops sooner than SciPy's, yet at a residual within the
+    cold start's criterion; x0 = 0 is the cold start."""
+    rng = np.random.default_rng(11)
+    B, m, n = 4, 30, 20
+    A = random_batch(rng, B, m, n, 1e3)
+    b = rng.standard_normal((B, m))
+    tol = 1e-8
+    cold = lsqr(DenseBatchOperator(A), b, damp=damp, atol=tol, btol=tol, iter_lim=400)
+    x0 = cold.x * (1 + 1e-3 * rng.standard_normal((B, n)))  # near the solution
+    x0[3] = 0.0
+    opts = dict(damp=damp, atol=tol, btol=tol, iter_lim=400)
+    res = lsqr(DenseBatchOperator(A), b, x0=x0, **opts)
+    early = lsqr(DenseBatchOperator(A), b, x0=x0, damp=damp, iter_lim=3)
+    for k in range(B):
+        ref3 = spla.lsqr(A[k], b[k], x0=x0[k], damp=damp, iter_lim=3)  # no test fires in 3 steps
+        np.testing.assert_allclose(early.x[k], ref3[0], rtol=1e-10, atol=1e-12)
+        for i, name in [(3, "r1norm"), (7, "arnorm"), (8, "xnorm")]:
+            np.testing.assert_allclose(getattr(early, name)[k], ref3[i], rtol=1e-9)
+        ref = spla.lsqr(A[k], b[k], x0=x0[k], **opts)
+        assert res.istop[k] in (1, 2) and int(res.itn[k]) <= ref[2] + 3  # (rounding moves a stop by a few)
+        if damp == 0:  # the cold start's criterion, with the true residual and ‖A‖ ≥ LSQR's estimate
+            r = np.linalg.norm(b[k] - A[k] @ res.x[k])
+            assert r <= 2 * (tol * np.linalg.norm(b[k]) + tol * np.linalg.norm(A[k], 2) * np.linalg.norm(res.x[k])) \
+                or np.linalg.norm(A[k].T @ (b[k] - A[k] @ res.x[k])) <= 2 * tol * np.linalg.norm(A[k]) * r
+            exact = np.linalg.lstsq(A[k], b[k], rcond=None)[0]
+            assert np.linalg.norm(res.x[k] - exact) <= 1e-4 * np.linalg.norm(exact)
+    np.testing.assert_array_equal(lsqr(DenseBatchOperator(A), b, x0=np.zeros((B, n)), **opts).x, cold.x)
+    if damp == 0:  # (damped, these problems take 10 steps from anywhere)
+        assert (res.itn[:3] < cold.itn[:3]).all()
+    np.testing.assert_array_equal(x0[3], 0.0)  # x0 itself is not modified
+    with pytest.raises(ValueError, match="x0 of shape"):
+        lsqr(DenseBatchOperator(A), b, x0=x0[:, :5])
+
+
 def test_tolerance_stops_per_problem():
     """Loose atol/btol: problems stop at different iterations, each as SciPy would."""
     rng = np.random.default_rng(3)
