@@ -165,7 +165,7 @@ def run(args) -> dict:
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
     opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
-              chunk_size=args.chunk_size, tf32=args.tf32)
+              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start)
 
     t0 = time.perf_counter()
     hcrfast.bound(model, x[:2], sigma, **{**kw, "restarts": 2, "iterations": 1, "chunk_size": None})
@@ -203,7 +203,8 @@ def run(args) -> dict:
         device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
         jvp_seconds=inside["jvp"], vjp_seconds=inside["vjp"], jvp_vjp_share=share,
         rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
-        products_per_example=products_per_example(host.lsqr_iterations),
+        products_per_example=products_per_example(host.lsqr_iterations, res.params["warm_start"]),
+        warm_start=res.params["warm_start"],
         median_lsqr_iterations=float(np.median(host.lsqr_iterations)),
         bound=q, n_infinite_reasons=len(res.infinite_reasons),
         target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
@@ -243,7 +244,7 @@ def report(r: dict) -> str:
     return "\n".join([
         f"{r['workload']}: {r['examples']} examples x R={r['restarts']} x i={r['iterations']}, s={r['size']:g}, "
         f"sigma={r['sigma']:.4g} ({r['sigma_scale']:g} x RMS), jacobian={r['jacobian']}, kernels={r['kernels']}, "
-        f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, "
+        f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
         f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
         f"  hcrfast.bound: {r['seconds']:.2f} s wall{verdict}",
@@ -268,6 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default=None, choices=("auto", "twin", "numba"))
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
+    ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")
