@@ -1,0 +1,69 @@
+"""Warm vs cold LSQR starts in Algorithm 1 (``hcrfast.bound(warm_start=...)``), same problem.
+
+Cold: every solve j starts from zero (the published scripts). Warm (the default): solve
+j > 1 starts from ``c·ε(j−1)``, which nearly solves it. For each LSQR tolerance the table
+gives wall time, products (JVP + VJP, the x0 product included) per example, and the
+median and 90th percentile of the bound (larger is tighter), on the race's MNIST MLP.
+
+    python benchmarks/warm_start.py --examples 8 --restarts 2 --iterations 10 --tols 1e-4,1e-5,1e-7 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from race import build_problem, machine_info, products_per_example  # noqa: E402
+
+import hcrfast  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--examples", type=int, default=8)
+    ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--tols", default="1e-4,1e-5,1e-7", help="atol = btol values")
+    ap.add_argument("--linearize-at", default="input", choices=("input", "current"))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, x = build_problem("mlp", args.examples, seed=0, device="cpu")
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x))
+    rows = []
+    print(f"{'atol=btol':>9} {'start':>5} {'wall s':>8} {'products/ex':>12} {'itn j=1':>8} {'itn j>1':>8} "
+          f"{'median':>9} {'p90':>9}")
+    for tol in (float(t) for t in args.tols.split(",")):
+        for warm in (False, True):
+            t0 = time.perf_counter()
+            res = hcrfast.bound(model, x, sigma, restarts=args.restarts, iterations=args.iterations,
+                                linearize_at=args.linearize_at, lsqr=hcrfast.LSQROptions(atol=tol, btol=tol),
+                                warm_start=warm)
+            seconds = time.perf_counter() - t0
+            itn = res.lsqr_iterations
+            row = dict(tol=tol, start="warm" if warm else "cold", seconds=seconds,
+                       products_per_example=products_per_example(itn, warm),
+                       itn_first=float(np.median(itn[..., 0])), itn_later=float(np.median(itn[..., 1:])),
+                       median=float(np.median(res.std)), p90=float(np.quantile(res.std, 0.9)))
+            rows.append(row)
+            print(f"{tol:9.0e} {row['start']:>5} {seconds:8.1f} {row['products_per_example']:12.0f} "
+                  f"{row['itn_first']:8.0f} {row['itn_later']:8.0f} {row['median']:9.5f} {row['p90']:9.5f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(command="python benchmarks/warm_start.py " + " ".join(
+            sys.argv[1:] if argv is None else argv), args=vars(args), sigma=sigma, machine=machine_info("cpu"),
+            rows=rows), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
