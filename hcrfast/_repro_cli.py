@@ -63,6 +63,9 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--linearize-at", choices=("input", "current"), default="input",
                    help="apply the Jacobian at the input (the paper) or at the current point "
                         "(the published scripts); default input")
+    g.add_argument("--cold-start", action="store_true",
+                   help="start every LSQR solve from zero, as the published scripts (default: warm starts, "
+                        "see hcrfast.bound's warm_start)")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
@@ -144,6 +147,7 @@ def _reproduce(args: argparse.Namespace):
         chunk_examples=args.chunk_examples,
         linearize_at=args.linearize_at,
         targets=args.targets,
+        warm_start=not args.cold_start,
         lsqr_atol=args.lsqr_atol,
         lsqr_btol=args.lsqr_btol,
         lsqr_iter_lim=args.lsqr_iter_lim,

@@ -358,7 +358,7 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     res = hcrfast.bound(
         zm.features, xn, sigma, size=cfg["size"], iterations=cfg["iterations"], restarts=cfg["restarts"],
         seed=cfg["seed"], linearize_at=cfg["linearize_at"], lsqr=lsqr, example_ids=ids, progress=False,
-        targets=cfg.get("targets"),
+        targets=cfg.get("targets"), warm_start=cfg["warm_start"],
     ).to_numpy()
     # Without targets Algorithm 1's bounds are the bounds.
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
@@ -453,6 +453,8 @@ def _command_line(name, key, weights, out, data_root) -> str:
         parts.append("--limit")
     if key.get("targets") is not None:
         parts += ["--targets", key["targets"]]
+    if not key["warm_start"]:
+        parts.append("--cold-start")
     parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"]]
     if weights is not None:
         parts += ["--weights", weights]
@@ -495,6 +497,7 @@ def run(
     chunk_examples: int | None = None,
     linearize_at: str = "input",
     targets: str | None = None,
+    warm_start: bool = True,
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
@@ -528,6 +531,11 @@ def run(
     chunk_examples : int, optional
         Examples per resumable chunk (default ``DEFAULT_CHUNK_EXAMPLES[name]``).
     linearize_at : {"input", "current"}
+    targets : str, optional
+        ``hcrfast.bound``'s ``targets`` (e.g. "low:8").
+    warm_start : bool
+        ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
+        published scripts; ``--cold-start``).
     lsqr_atol, lsqr_btol, lsqr_iter_lim : optional
         Override ``hcrfast.DEFAULT_LSQR``'s stopping rules.
     progress : bool
@@ -570,15 +578,15 @@ def run(
         return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
-                    linearize_at=linearize_at, targets=targets, lsqr=lsqr, progress=progress,
-                    train_epochs=train_epochs,
+                    linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), lsqr=lsqr,
+                    progress=progress, train_epochs=train_epochs,
                     crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
     finally:
         world.close()
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
-         download, weights, chunk_examples, linearize_at, targets, lsqr, progress, train_epochs,
+         download, weights, chunk_examples, linearize_at, targets, warm_start, lsqr, progress, train_epochs,
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
@@ -638,6 +646,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "chunk_examples": chunk_examples,
         "linearize_at": linearize_at,
         "targets": targets,
+        "warm_start": warm_start,
         "lsqr": dataclasses.asdict(lsqr),
         "device_type": dev.type,
         "dtype": str(xn.dtype).replace("torch.", ""),
@@ -740,6 +749,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "sigma": sigma,
         "seed": seed,
         "linearize_at": linearize_at,
+        "warm_start": warm_start,
         "lsqr_options": dataclasses.asdict(lsqr),
         "chunk_examples": chunk_examples,
         "chunks": n_chunks,

@@ -151,6 +151,20 @@ def test_other_arguments_in_the_same_out_are_refused(first, weights, capsys):
     assert "other arguments" in err and "seed: 0 -> 3" in err and "fresh --out" in err
 
 
+def test_cold_start_is_recorded_and_not_mixed_with_warm_chunks(first, weights, tmp_path, capsys):
+    key = json.loads((first / "run.json").read_text())["key"]
+    assert key["warm_start"] is True
+    code = cli.main(["reproduce", "digits", *TINY, "--cold-start", "--out", str(first), "--weights", str(weights)])
+    assert code == 2 and "warm_start: True -> False" in capsys.readouterr().err
+    cold = tmp_path / "cold"
+    tiny = TINY[:1] + ["4"] + TINY[2:]
+    assert cli.main(["reproduce", "digits", *tiny, "--cold-start", "--out", str(cold), "--weights", str(weights),
+                     "--no-progress"]) == 0
+    assert json.loads((cold / "run.json").read_text())["key"]["warm_start"] is False
+    summary = json.loads((cold / "summary.json").read_text())
+    assert summary["warm_start"] is False and "--cold-start" in summary["command"]
+
+
 def test_killed_run_resumes_to_identical_bounds(first, weights, tmp_path, capsys):
     out = tmp_path / "killed"
     argv = ["reproduce", "digits", *TINY, "--out", out, "--weights", weights, "--no-progress"]
