@@ -124,6 +124,7 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     # A problem whose z(j) is exactly 0 has found ε ≠ 0 that leaves the features unchanged
     # (D = 0, bound +inf); Algorithm 1 cannot go on from z = 0, so it keeps that ε.
     stuck = xp.zeros(x.shape[0], dtype=bool)
+    znorm = None  # ‖z(j−1)‖, from the restart step of the previous solve
     itns, istops = [], []
     fixed_op = TorchJacobian(model, x, mode=jacobian) if linearize_at == "input" else None
     for j in range(iterations):
@@ -202,6 +203,37 @@ def _is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text)
+
+
+def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=None, on_halve=None) -> int:
+    """``compute(lo, hi)`` over ``0..total`` in chunks, then ``store(lo, hi, result)``.
+
+    A chunk that runs out of memory is halved and computed again; finished chunks are
+    kept. The retry happens outside the ``except`` block (whose traceback holds the
+    failed chunk's arrays) after the torch and CuPy pools gave their cached blocks
+    back. ``on_halve(new_chunk)`` is told of each halving. Returns the final chunk size.
+    """
+    lo = 0
+    while lo < total:
+        hi = min(total, lo + chunk)
+        try:
+            result = compute(lo, hi)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+            if not (_is_oom(exc) and chunk > 1):
+                raise
+            out_of_memory = True
+        else:
+            out_of_memory = False
+        if out_of_memory:
+            release_device_memory(device)
+            chunk = max(1, chunk // 2)
+            if on_halve is not None:
+                on_halve(chunk)
+            continue
+        if store is not None:
+            store(lo, hi, result)
+        lo = hi
+    return chunk
 
 
 def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, restarts: int = 25,
@@ -335,35 +367,20 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         istop = xp.zeros((B, restarts, iterations), dtype=xp.int64)
         reasons = []
 
-        start = 0
-        while start < B:
-            stop = min(B, start + chunk_size)
-            try:
-                ids = example_ids[start:stop]
-                x = batch[start:stop].repeat_interleave(restarts, dim=0)
-                f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
-                z0 = xp.asarray(start_vectors(ids, restarts, n, seed=seed, size=size, noise=noise), dtype=f0.dtype)
-                eps, c_itn, c_istop = _chunk_perturbations(
-                    model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
-                    options=options, jacobian=jacobian, warm_start=warm_start)
-                with profiling.annotate("certify"):
-                    if certify:
-                        eps64, z64 = _certified_shift(model64, x, eps)
-                    else:
-                        eps64, z64 = _applied_shift(model, x, eps, f0)
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-                if not (_is_oom(exc) and chunk_size > 1):
-                    raise
-                out_of_memory = True
-            else:
-                out_of_memory = False
-            if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
-                eps = eps64 = z64 = c_itn = c_istop = x = f0 = z0 = None
-                release_device_memory(batch.device)
-                chunk_size = max(1, chunk_size // 2)
-                if progress:
-                    print(f"hcrfast: out of memory, chunk halved to {chunk_size} examples", file=sys.stderr)
-                continue
+        def compute(start, stop):
+            x = batch[start:stop].repeat_interleave(restarts, dim=0)
+            f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
+            z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
+                            dtype=f0.dtype)
+            eps, c_itn, c_istop = _chunk_perturbations(
+                model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
+                options=options, jacobian=jacobian, warm_start=warm_start)
+            with profiling.annotate("certify"):
+                eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
+            return eps64, z64, c_itn, c_istop
+
+        def store(start, stop, result):
+            eps64, z64, c_itn, c_istop = result
             with profiling.annotate("bound"):
                 m = stop - start
                 d = noise.divergence(z64).reshape(m, restarts)
@@ -395,7 +412,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                         f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)")
             if progress:
                 print(f"hcrfast: examples {stop}/{B} done ({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
-            start = stop
+
+        def on_halve(chunk):
+            if progress:
+                print(f"hcrfast: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
+
+        _in_chunks(B, chunk_size, compute, batch.device, store=store, on_halve=on_halve)
 
         targeted = None
         std_algorithm1 = None

@@ -34,14 +34,13 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import _auto_chunk, _is_oom
+from hcrfast.algorithm import _auto_chunk, _in_chunks
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
     TorchJacobian,
     array_module_for,
     from_torch,
     ieee_float32,
-    release_device_memory,
     solver_stream,
     to_torch,
 )
@@ -452,27 +451,18 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                    lsqr_iterations=xp.zeros((B, draws), dtype=xp.int64), converged=xp.zeros((B, draws), dtype=bool),
                    damping=xp.zeros((B, draws)))
         f_all = from_torch(features).astype(xp.float64)
-        lo = 0
-        while lo < B:
-            hi = min(B, lo + chunk_size)
+
+        def compute(lo, hi):
             m = hi - lo
-            try:
-                Z = xp.asarray(observation_noise(example_ids[lo:hi], draws, n, seed=int(seed), noise=noise))
-                X = xp.repeat(f_all[lo:hi], draws, axis=0) + Z
-                est = from_torch(start_points[lo:hi].repeat_interleave(draws, dim=0).reshape(m * draws, p)).copy()
-                run = _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
+            Z = xp.asarray(observation_noise(example_ids[lo:hi], draws, n, seed=int(seed), noise=noise))
+            X = xp.repeat(f_all[lo:hi], draws, axis=0) + Z
+            est = from_torch(start_points[lo:hi].repeat_interleave(draws, dim=0).reshape(m * draws, p)).copy()
+            return Z, _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
                                     options=options, jacobian=jacobian)
-            except Exception as exc:
-                if not (_is_oom(exc) and chunk_size > 1):
-                    raise
-                out_of_memory = True
-            else:
-                out_of_memory = False
-            if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
-                Z = X = est = run = None
-                release_device_memory(batch.device)
-                chunk_size = max(1, chunk_size // 2)
-                continue
+
+        def store(lo, hi, result):
+            Z, run = result
+            m = hi - lo
             truth = from_torch(batch[lo:hi].reshape(m, p)).astype(xp.float64)
             err = run["estimates"].astype(xp.float64).reshape(m, draws, p) - truth[:, None, :]
             coords = err
@@ -491,7 +481,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                         "damping"):
                 out[key][lo:hi] = run[key].reshape(m, draws)
             out["residual_history"][lo:hi] = run["residual_history"].reshape(m, draws, steps + 1)
-            lo = hi
+
+        _in_chunks(B, chunk_size, compute, batch.device, store=store)
 
     for key in ("rmse", "bias", "bias_se", "std"):
         out[key] = out[key].reshape((B,) + input_shape)

@@ -47,10 +47,9 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, validation
-from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _is_oom
+from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _in_chunks
 from hcrfast.backend import to_host
-from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
-                              solver_stream, to_torch)
+from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, ieee_float32, solver_stream, to_torch
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian
 from hcrfast.operators import Transposed
@@ -233,27 +232,6 @@ class TargetedBounds:
         return "\n".join(lines)
 
 
-def _rows_in_chunks(total: int, chunk: int, work, device: torch.device):
-    """Call ``work(r0, r1)`` over ``0..total`` in chunks, halving the chunk on out-of-memory."""
-    r0 = 0
-    while r0 < total:
-        r1 = min(total, r0 + chunk)
-        try:
-            work(r0, r1)
-        except Exception as exc:
-            if not (_is_oom(exc) and chunk > 1):
-                raise
-            out_of_memory = True
-        else:
-            out_of_memory = False
-        if out_of_memory:  # outside the except block, whose traceback holds the failed chunk's arrays
-            release_device_memory(device)
-            chunk = max(1, chunk // 2)
-            continue
-        r0 = r1
-    return chunk
-
-
 def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
@@ -277,7 +255,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
         eps64[r0:r1] = e64
         d[r0:r1] = noise.divergence(z64)
 
-    _rows_in_chunks(R, chunk, work, batch.device)
+    _in_chunks(R, chunk, work, batch.device)
     coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))
@@ -311,7 +289,7 @@ def _dense_directions(model, batch, qmat, n, *, jacobian, chunk, timings):
         timings["jacobian"] += t1 - t0
         timings["decomposition"] += time.perf_counter() - t1
 
-    _rows_in_chunks(B, max(1, _DENSE_ELEMENTS // (n * p + p * p + 2 * K * p)), work, batch.device)
+    _in_chunks(B, max(1, _DENSE_ELEMENTS // (n * p + p * p + 2 * K * p)), work, batch.device)
     return eps, null_part, null_fraction, null_dim, mode
 
 
@@ -342,7 +320,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
         itn[r0:r1] = xp.stack([first.itn, second.itn], axis=1)
         istop[r0:r1] = xp.stack([first.istop, second.istop], axis=1)
 
-    _rows_in_chunks(R, chunk, work, batch.device)
+    _in_chunks(R, chunk, work, batch.device)
     timings["lsqr"] = time.perf_counter() - t0
     return eps, itn, istop
 

@@ -25,6 +25,17 @@ def cupy():
     return cupy
 
 
+@pytest.fixture
+def host_reads(monkeypatch):
+    """(list that grows by one per deliberate host read of the LSQR loop, a float32 CUDA MLP, its inputs)."""
+    import hcrfast.lsqr as lsqr_mod
+
+    calls = []
+    real = lsqr_mod.to_host
+    monkeypatch.setattr(lsqr_mod, "to_host", lambda a: calls.append(1) or real(a))
+    return calls, mlp(torch.float32).cuda(), torch.rand(64, 1, 8, 8, device="cuda")
+
+
 def mlp(dtype=torch.float64):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(),
@@ -96,18 +107,13 @@ def test_numba_kernels_match_twins_on_cupy(cupy, name):
             cupy.testing.assert_allclose(g, r, rtol=tol, atol=tol)
 
 
-def test_no_host_transfer_inside_the_lsqr_loop(cupy, monkeypatch):
+def test_no_host_transfer_inside_the_lsqr_loop(cupy, host_reads):
     """Between checks the loop never waits for the device: torch raises on a sync, and the only
     deliberate device-to-host copies are the every-k checks."""
-    import hcrfast.lsqr as lsqr_mod
     from hcrfast.bindings import TorchJacobian, solver_stream
     from hcrfast.lsqr import lsqr
 
-    calls = []
-    real = lsqr_mod.to_host
-    monkeypatch.setattr(lsqr_mod, "to_host", lambda a: calls.append(1) or real(a))
-    model = mlp(torch.float32).cuda()
-    x = torch.rand(64, 1, 8, 8, device="cuda")
+    calls, model, x = host_reads
     with solver_stream(x.device):
         b = cupy.random.standard_normal((64, 48), dtype=cupy.float32)
         torch.cuda.set_sync_debug_mode("error")
@@ -119,20 +125,15 @@ def test_no_host_transfer_inside_the_lsqr_loop(cupy, monkeypatch):
     assert len(calls) == 40 // 10 + 1
 
 
-def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, monkeypatch):
+def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, host_reads):
     """CUPTI (through torch.profiler) sees every device-to-host copy of the process, CuPy's
     included: their number equals the deliberate every-k checks, and nothing else."""
-    import hcrfast.lsqr as lsqr_mod
     from torch.profiler import ProfilerActivity, profile
 
     from hcrfast.bindings import TorchJacobian, solver_stream
     from hcrfast.lsqr import lsqr
 
-    calls = []
-    real = lsqr_mod.to_host
-    monkeypatch.setattr(lsqr_mod, "to_host", lambda a: calls.append(1) or real(a))
-    model = mlp(torch.float32).cuda()
-    x = torch.rand(64, 1, 8, 8, device="cuda")
+    calls, model, x = host_reads
     with solver_stream(x.device):
         b = cupy.random.standard_normal((64, 48), dtype=cupy.float32)
         op = TorchJacobian(model, x)
