@@ -42,8 +42,9 @@ def test_matches_scipy_problem_by_problem(m, n, cond, damp):
         ref = spla.lsqr(A[k], b[k], **kw)
         assert np.linalg.norm(res.x[k] - ref[0]) <= 1e-8 * np.linalg.norm(ref[0])
         assert res.istop[k] == ref[1] and res.istop[k] in (1, 2)
-        # Near the tolerance the last steps gain almost nothing: rounding can move the stop by a few.
-        assert abs(int(res.itn[k]) - ref[2]) <= 3
+        # Near the tolerance the last steps gain almost nothing: rounding (which differs between BLAS
+        # builds and CPUs: 111 vs SciPy's 106 steps on an AMD EPYC, cond 1e3) can move the stop by a few.
+        assert abs(int(res.itn[k]) - ref[2]) <= max(3, 0.1 * ref[2])
         np.testing.assert_allclose(res.xnorm[k], ref[8], rtol=1e-8)
         # and the exact (damped) least-squares solution
         Ad = np.vstack([A[k], damp * np.eye(n)])
@@ -89,10 +90,12 @@ def test_warm_start_x0_iterates_as_scipy_and_stops_on_the_whole_solution(damp):
             np.testing.assert_allclose(getattr(early, name)[k], ref3[i], rtol=1e-9)
         ref = spla.lsqr(A[k], b[k], x0=x0[k], **opts)
         assert res.istop[k] in (1, 2) and int(res.itn[k]) <= ref[2] + 3  # (rounding moves a stop by a few)
-        if damp == 0:  # the cold start's criterion, with the true residual and ‖A‖ ≥ LSQR's estimate
+        if damp == 0:  # the cold start's criterion, with the true residual and ‖A‖ ≥ LSQR's estimate;
+            # the slack 4 covers LSQR's recurrence estimate of ‖Aᵀr‖ against the true one (2.04× seen on an
+            # AMD EPYC's OpenBLAS, under 2× on an Xeon); a stop far too early misses it by orders of magnitude.
             r = np.linalg.norm(b[k] - A[k] @ res.x[k])
-            assert r <= 2 * (tol * np.linalg.norm(b[k]) + tol * np.linalg.norm(A[k], 2) * np.linalg.norm(res.x[k])) \
-                or np.linalg.norm(A[k].T @ (b[k] - A[k] @ res.x[k])) <= 2 * tol * np.linalg.norm(A[k]) * r
+            assert r <= 4 * (tol * np.linalg.norm(b[k]) + tol * np.linalg.norm(A[k], 2) * np.linalg.norm(res.x[k])) \
+                or np.linalg.norm(A[k].T @ (b[k] - A[k] @ res.x[k])) <= 4 * tol * np.linalg.norm(A[k]) * r
             exact = np.linalg.lstsq(A[k], b[k], rcond=None)[0]
             assert np.linalg.norm(res.x[k] - exact) <= 1e-4 * np.linalg.norm(exact)
     np.testing.assert_array_equal(lsqr(DenseBatchOperator(A), b, x0=np.zeros((B, n)), **opts).x, cold.x)

@@ -133,9 +133,12 @@ def test_null_space_modes_get_certified_infinite_or_huge_bounds():
     assert np.all(np.all(z[inf] == 0, axis=1))                            # exactly unchanged features
     np.testing.assert_allclose(std[~inf], own[~inf], rtol=1e-10)          # certified finite ones
     assert np.all(std[~inf] > 1e6 * row_space.std.reshape(2, 16)[~inf])  # and huge
-    assert inf.any()                                                       # this model gives both kinds
+    # Which kind a mode gets is decided by rounding (W1 u = 0 only to rounding for a null vector u): an
+    # Intel Xeon's OpenBLAS gave both kinds here, an AMD EPYC's only huge finite bounds. The exact-zero
+    # path is pinned down in test_bound.py (a model whose null directions are exact).
     assert np.array_equal(res.infinite.reshape(2, 16), inf)
-    assert len(res.infinite_reasons) == inf.sum() and "no unbiased estimator" in res.infinite_reasons[0]
+    assert len(res.infinite_reasons) == inf.sum()
+    assert all("no unbiased estimator" in reason for reason in res.infinite_reasons)
     assert res.from_null_space.all()
 
 
