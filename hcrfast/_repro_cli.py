@@ -66,6 +66,10 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--cold-start", action="store_true",
                    help="start every LSQR solve from zero, as the published scripts (default: warm starts, "
                         "see hcrfast.bound's warm_start)")
+    g.add_argument("--solver", choices=("auto", "lsqr", "dense"), default="auto",
+                   help="how each least-squares step is solved: matrix-free LSQR, or dense (J built once per "
+                        "example and factored, every step exact; needs --linearize-at input). auto: dense on the "
+                        "CPU for inputs of at most 1024 values (digits, MNIST), LSQR otherwise")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
@@ -148,6 +152,7 @@ def _reproduce(args: argparse.Namespace):
         linearize_at=args.linearize_at,
         targets=args.targets,
         warm_start=not args.cold_start,
+        solver=args.solver,
         lsqr_atol=args.lsqr_atol,
         lsqr_btol=args.lsqr_btol,
         lsqr_iter_lim=args.lsqr_iter_lim,

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from hcrfast import profiling, validation
+from hcrfast import dense, profiling, validation
 from hcrfast.backend import to_host
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
                               solver_stream, to_torch)
@@ -40,6 +40,23 @@ DEFAULT_LSQR = LSQROptions(atol=1e-5, btol=1e-5, conlim=1e8, iter_lim=None, chec
 
 #: Rows × (n + p) values per chunk when ``chunk_size`` is not given.
 _CHUNK_ELEMENTS = 2**24
+
+#: How :func:`bound` solves Algorithm 1's least-squares steps.
+SOLVERS = ("auto", "lsqr", "dense")
+
+#: ``solver="auto"`` takes the dense solve on the CPU up to this many input values per example
+#: while an example's J takes at most ``DENSE_SOLVE_MAX_VALUES`` (n·p) values. Measured on the
+#: MNIST MLP (p = 784), one thread: the dense solve reaches the bounds of LSQR solved to 1e-7
+#: several times sooner than LSQR's defaults (benchmarks/README.md). Larger p, and CUDA (where
+#: batched eigendecompositions of this size are unmeasured here), stay on LSQR until measured.
+DENSE_SOLVE_MAX_INPUTS = 1024
+DENSE_SOLVE_MAX_VALUES = 2**22
+
+#: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
+_DENSE_ELEMENTS = 2**26
+
+#: ``Bounds.lsqr_istop`` of a problem solved by the dense path (no LSQR ran; SciPy's codes are ≥ 0).
+DENSE_ISTOP = -1
 
 
 def rms_sigma(features, scale: float = 1.0) -> float:
@@ -106,11 +123,16 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([_features(model, x[:half]), _features(model, x[half:])])
 
 
-def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False):
+def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
+                          min_norm=None):
     """Run Algorithm 1 for the problems of one chunk (rows of ``x``: examples × restarts).
 
     Returns ``(eps, itn, istop)`` as solver arrays: the final ε (P, p) and the
     LSQR iteration counts and stop codes (P, i).
+
+    With ``min_norm`` (a :class:`hcrfast.dense.MinNormSolver` of the chunk's examples at θ,
+    rows of ``x`` grouped by example), every step is solved exactly, ``ε(j) = J⁺ z̃``: what
+    LSQR from zero converges to. Iteration counts are then 0 and stop codes ``DENSE_ISTOP``.
 
     With ``warm_start``, solve j > 1 starts from ``x0 = c·ε(j−1)``, ``c = ‖z‖/‖z(j−1)‖``
     (LSQR's ``x0``, as SciPy's): since ``z̃(j) = c·z(j−1)`` and ``z(j−1) ≈ J ε(j−1)``,
@@ -126,22 +148,34 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     stuck = xp.zeros(x.shape[0], dtype=bool)
     znorm = None  # ‖z(j−1)‖, from the restart step of the previous solve
     itns, istops = [], []
-    fixed_op = TorchJacobian(model, x, mode=jacobian) if linearize_at == "input" else None
+    if min_norm is not None and linearize_at != "input":
+        raise ValueError("the dense solve factors J at the input; it needs linearize_at='input'")
+    fixed_op = TorchJacobian(model, x, mode=jacobian) if linearize_at == "input" and min_norm is None else None
+    P = x.shape[0]
     for j in range(iterations):
-        with profiling.annotate("lsqr"):
-            if fixed_op is not None:  # J at θ: one recorded forward pass serves all i solves
-                op = fixed_op
-            else:
-                op = TorchJacobian(model, x if eps is None else x + to_torch(eps).reshape(x.shape), mode=jacobian)
-            x0 = None
-            if warm_start and eps is not None:
-                # z̃(j) = c·z(j−1) ≈ c·J ε(j−1): c·ε(j−1) nearly solves this step already.
-                c = xp.where(znorm > 0, target / xp.where(znorm > 0, znorm, 1), 0).astype(eps.dtype)
-                x0 = eps * c[:, None]
-            res = lsqr(op, ztilde, options, x0=x0)
-        eps = res.x if eps is None else xp.where(stuck[:, None], eps, res.x)
-        itns.append(res.itn)
-        istops.append(res.istop)
+        if min_norm is not None:
+            with profiling.annotate("dense-solve"):
+                B = min_norm.rows.shape[0]
+                solved = min_norm.solve(to_torch(ztilde).reshape(B, P // B, -1)).reshape(P, -1).to(x.dtype)
+                solved = from_torch(solved)
+            eps = solved if eps is None else xp.where(stuck[:, None], eps, solved)
+            itns.append(xp.zeros(P, dtype=xp.int64))
+            istops.append(xp.full(P, DENSE_ISTOP, dtype=xp.int64))
+        else:
+            with profiling.annotate("lsqr"):
+                if fixed_op is not None:  # J at θ: one recorded forward pass serves all i solves
+                    op = fixed_op
+                else:
+                    op = TorchJacobian(model, x if eps is None else x + to_torch(eps).reshape(x.shape), mode=jacobian)
+                x0 = None
+                if warm_start and eps is not None:
+                    # z̃(j) = c·z(j−1) ≈ c·J ε(j−1): c·ε(j−1) nearly solves this step already.
+                    c = xp.where(znorm > 0, target / xp.where(znorm > 0, znorm, 1), 0).astype(eps.dtype)
+                    x0 = eps * c[:, None]
+                res = lsqr(op, ztilde, options, x0=x0)
+            eps = res.x if eps is None else xp.where(stuck[:, None], eps, res.x)
+            itns.append(res.itn)
+            istops.append(res.istop)
         with profiling.annotate("restart"):
             fp = from_torch(_features(model, x + to_torch(eps).reshape(x.shape)))
             _, znorm, ztilde = kernels.restart_update(fp, f0, target, impl=options.kernels)
@@ -195,6 +229,30 @@ def _auto_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str) -> i
     return max(1, fit // restarts)
 
 
+def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int, p: int, *,
+                   lsqr_given: bool = False) -> str:
+    """The solver ``bound(solver=...)`` uses. "auto": dense on the CPU for small inputs (the rule of
+    :data:`DENSE_SOLVE_MAX_INPUTS`) with ``linearize_at="input"``, unless LSQR options were given."""
+    validation.choice("solver", solver, SOLVERS)
+    if solver != "auto":
+        return solver
+    small = p <= DENSE_SOLVE_MAX_INPUTS and n * p <= DENSE_SOLVE_MAX_VALUES
+    cpu = torch.device(device).type == "cpu"
+    return "dense" if linearize_at == "input" and cpu and small and not lsqr_given else "lsqr"
+
+
+def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
+    """Examples per chunk of the dense solve: J (n·p) in float32 and float64, its live rows, the Gram
+    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors."""
+    per_example = 5 * n * p + n * n + 8 * restarts * (n + p)
+    if batch.device.type != "cuda":
+        return max(1, _DENSE_ELEMENTS // per_example)
+    torch.cuda.synchronize(batch.device)
+    release_device_memory(batch.device)
+    free, _ = torch.cuda.mem_get_info(batch.device)
+    return max(1, int(0.5 * free) // (8 * per_example))
+
+
 def _is_oom(exc: BaseException) -> bool:
     """Out of device or host memory: torch's and CuPy's errors, and cuBLAS/cuDNN allocation failures."""
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
@@ -240,7 +298,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
-          tf32: bool = False, warm_start: bool = True) -> Bounds:
+          tf32: bool = False, warm_start: bool = True, solver: str = "auto") -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -301,11 +359,22 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         bounds come out as tight as from-zero solves at a ~100× tighter tolerance (MNIST
         MLP: ``benchmarks/README.md``). False: every solve from zero, as the published
         scripts. A warm solve costs one extra JVP, not counted in ``lsqr_iterations``.
+        Irrelevant to the dense solve, whose every solve is exact.
     tf32 : bool
         Let float32 matmuls and convolutions of the model use TF32 on GPUs that have it
         (faster convolutions, ~1e-3 relative error in ``J v`` and ``Jᵀu``, so LSQR works on
         a noisier J). The bound stays certified by the float64 forwards. Default False: the
         call runs in IEEE float32 whatever torch's global settings (restored afterwards).
+    solver : {"auto", "lsqr", "dense"}
+        How each step ``ε(j) = argmin ‖J ε − z̃‖`` is solved. "lsqr": matrix-free batched
+        LSQR with the ``lsqr`` stopping rules. "dense": build every example's J once
+        (min(n, p) products), factor it in float64 and solve every step exactly,
+        ``ε(j) = J⁺ z̃`` (the minimum-norm solution LSQR from zero converges to; singular
+        values under ``max(n, p)·eps`` of J's dtype relative to the largest count as zero,
+        :func:`hcrfast.dense.min_norm_solver`); needs ``linearize_at="input"``. "auto": dense
+        on the CPU while p ≤ ``DENSE_SOLVE_MAX_INPUTS`` and n·p ≤ ``DENSE_SOLVE_MAX_VALUES``
+        (measured faster and at least as tight there) unless ``lsqr`` options are given,
+        LSQR otherwise. ``Bounds.params["solver"]`` says which ran.
 
     Returns
     -------
@@ -327,6 +396,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     validation.choice("linearize_at", linearize_at, ("input", "current"))
     validation.choice("basis", basis, ("dct", "pixel"))
     validation.choice("jacobian", jacobian, ("reverse", "forward"))
+    validation.choice("solver", solver, SOLVERS)
+    if solver == "dense" and linearize_at != "input":
+        raise ValueError("solver='dense' factors J at the input once, but linearize_at='current' needs a new J "
+                         "for every solve; pass linearize_at='input' or solver='lsqr'")
     for name, flag in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -353,8 +426,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         B, n = features.shape
         input_shape = tuple(batch.shape[1:])
         p = math.prod(input_shape)
+        solver = resolve_solver(solver, linearize_at, batch.device, n, p, lsqr_given=lsqr is not None)
+        dense_ranks = []
         if chunk_size is None:
-            chunk_size = _auto_chunk(model, batch, restarts, n, p, jacobian)
+            chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
+                          else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
 
         std = xp.zeros((B, p))
@@ -372,9 +448,17 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
             z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
                             dtype=f0.dtype)
+            min_norm = None
+            if solver == "dense":
+                with profiling.annotate("dense-factor"):
+                    J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
+                    min_norm = dense.min_norm_solver(J)
+                    del J
             eps, c_itn, c_istop = _chunk_perturbations(
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
-                options=options, jacobian=jacobian, warm_start=warm_start)
+                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm)
+            if min_norm is not None:
+                dense_ranks.append(min_norm.rank.cpu().numpy())
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             return eps64, z64, c_itn, c_istop
@@ -439,7 +523,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                   restarts=restarts, seed=int(seed),
                   linearize_at=linearize_at, basis=basis, certify=certify, jacobian=jacobian,
                   lsqr=dataclasses.asdict(options), dtype=str(batch.dtype).replace("torch.", ""), tf32=tf32,
-                  warm_start=bool(warm_start),
+                  warm_start=bool(warm_start), solver=solver,
+                  dense=None if solver != "dense" else dict(
+                      jacobian_products=min(n, p), rank_median=float(np.median(np.concatenate(dense_ranks))),
+                      rank_min=int(np.concatenate(dense_ranks).min())),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(

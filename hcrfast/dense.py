@@ -72,16 +72,19 @@ def basis_vectors(input_shape, basis: str, modes, device=None):
 
 
 def resolve_jacobian_mode(mode: str, n: int, p: int) -> str:
-    """``"auto"``: forward mode (p JVPs) when p ≤ n, reverse mode (n VJPs) otherwise.
+    """``"auto"``: forward mode (p JVPs) when p < n, reverse mode (n VJPs) otherwise.
 
     One JVP (a forward pass of the tangent) and one VJP (a backward pass of the
-    cotangent) cost about the same, so the cheaper mode is the one with fewer
-    products: min(n, p). Reverse mode also stores one forward pass's activations.
+    cotangent) cost about the same in FLOPs, so the cheaper mode is the one with
+    fewer products: min(n, p). A tie goes to reverse mode: torch.func's forward-mode
+    AD is the slower of the two per product on CPUs (MNIST MLP, n = p = 784, 8
+    examples, one thread: 0.48-0.64 s forward against 0.29-0.44 s reverse).
+    Reverse mode also stores one forward pass's activations.
     """
     validation.choice("jacobian", mode, JACOBIAN_MODES)
     if mode != "auto":
         return mode
-    return "forward" if p <= n else "reverse"
+    return "forward" if p < n else "reverse"
 
 
 def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | None = None) -> torch.Tensor:
@@ -283,3 +286,84 @@ def decompose(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto
     tol = s[:, 0] * rtol if m else torch.zeros(B, dtype=torch.float64, device=J.device)
     rank = (s > tol[:, None]).sum(dim=1)
     return DenseDecomposition(singular_values=s, right_vectors=v, tol=tol, rank=rank, n_features=n)
+
+
+@dataclass
+class MinNormSolver:
+    """Minimum-norm least-squares solutions ``ε = J⁺ z`` for every example's J, many z at a time.
+
+    What LSQR converges to from a zero start, computed exactly (up to the rank
+    tolerance of the module docstring): ``solve(z)`` is ``z_live @ M`` with ``M``
+    (B, k, p) the pseudo-inverse restricted to the ``k`` live rows of each J (rows
+    that are not identically zero; a ReLU feature that is off at θ has a zero row and
+    no ε can move it, so dropping it changes nothing and shrinks the factorization).
+
+    Attributes
+    ----------
+    rows : torch.Tensor, shape (B, k), int64
+        Indices of each example's live rows first (padded with dead ones).
+    matrix : torch.Tensor, shape (B, k, p), float64
+        ``(J⁺)ᵀ`` on those rows: row i of ``matrix[b]`` is column ``rows[b, i]`` of J_b⁺
+        (zero for padding rows).
+    rank : torch.Tensor, shape (B,), int64
+        Singular values above the tolerance.
+    live_rows : torch.Tensor, shape (B,), int64
+    driver : str
+        ``"eigh"`` (Gram matrix of the smaller side) or ``"svd"``.
+    """
+
+    rows: torch.Tensor
+    matrix: torch.Tensor
+    rank: torch.Tensor
+    live_rows: torch.Tensor
+    driver: str
+
+    def solve(self, z: torch.Tensor) -> torch.Tensor:
+        """``J_b⁺ z_{b,r}`` for z of shape (B, R, n) (any float dtype); float64 (B, R, p)."""
+        B, R, _ = z.shape
+        picked = z.to(torch.float64).gather(2, self.rows[:, None, :].expand(B, R, -1))
+        return picked @ self.matrix
+
+
+def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto") -> MinNormSolver:
+    """Factor every ``J_b`` (B, n, p) once for :meth:`MinNormSolver.solve`.
+
+    Rank tolerance and drivers as :func:`decompose` (``rtol`` relative to the largest
+    singular value, default ``max(n, p) · eps(J.dtype)``; ``"auto"`` takes the Gram matrix
+    when ``rtol² ≥ 100 · m · eps64``, which holds for float32 Jacobians), but the Gram
+    matrix is that of the smaller side after dropping J's zero rows: k × k with k live
+    rows when k ≤ p, else p × p. On the MNIST MLP (p = 784, about 390 live rows of 784)
+    this is ~6× faster than the p × p eigendecomposition of :func:`decompose`.
+    """
+    if J.ndim != 3:
+        raise ValueError(f"Shape mismatch: expected Jacobians of shape (B, n, p), got {tuple(J.shape)}")
+    validation.choice("driver", driver, DRIVERS)
+    B, n, p = J.shape
+    if rtol is None:
+        rtol = max(n, p) * torch.finfo(J.dtype).eps
+    J64 = J.to(torch.float64)
+    live = J64.abs().amax(dim=2) > 0 if p else torch.zeros((B, n), dtype=torch.bool, device=J.device)
+    live_rows = live.sum(dim=1)
+    k = max(1, int(live_rows.max())) if B else 1
+    rows = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :k]
+    Jr = J64.gather(1, rows[:, :, None].expand(B, k, p)) * live.gather(1, rows)[:, :, None]
+    m = min(k, p)
+    if driver == "auto":
+        driver = "eigh" if rtol**2 >= 100 * m * torch.finfo(torch.float64).eps else "svd"
+    if driver == "svd":
+        u, s, vh = torch.linalg.svd(Jr, full_matrices=False)               # Jr = U S Vh
+        smax = s[:, :1]
+        keep = s > rtol * smax
+        inv = torch.where(keep, 1.0 / torch.where(keep, s, torch.ones_like(s)), torch.zeros_like(s))
+        matrix = (u * inv[:, None, :]) @ vh                                 # (J⁺)ᵀ = U S⁺ Vh
+    else:
+        gram = Jr @ Jr.transpose(1, 2) if k <= p else Jr.transpose(1, 2) @ Jr
+        lam, vec = torch.linalg.eigh(gram)                                 # ascending; s² = λ
+        lmax = lam[:, -1:].clamp_min(0)
+        keep = lam > (rtol**2) * lmax
+        inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
+        core = (vec * inv[:, None, :]) @ vec.transpose(1, 2)               # (Gram)⁺
+        # k ≤ p: J⁺ = Jᵀ (J Jᵀ)⁺, so (J⁺)ᵀ = (J Jᵀ)⁺ J;  k > p: J⁺ = (JᵀJ)⁺ Jᵀ, (J⁺)ᵀ = J (JᵀJ)⁺.
+        matrix = core @ Jr if k <= p else Jr @ core
+    rank = keep.sum(dim=1)
+    return MinNormSolver(rows=rows, matrix=matrix, rank=rank, live_rows=live_rows, driver=driver)

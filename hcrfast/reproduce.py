@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 import hcrfast
+from hcrfast import algorithm as _algorithm
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 
@@ -84,6 +85,7 @@ _ISTOP_MEANING = {
     5: "least-squares residual small to machine precision",
     6: "condition estimate too large for machine precision",
     7: "iteration limit reached",
+    -1: "no LSQR: solved exactly by the dense path (solver='dense')",
 }
 
 
@@ -358,7 +360,7 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     res = hcrfast.bound(
         zm.features, xn, sigma, size=cfg["size"], iterations=cfg["iterations"], restarts=cfg["restarts"],
         seed=cfg["seed"], linearize_at=cfg["linearize_at"], lsqr=lsqr, example_ids=ids, progress=False,
-        targets=cfg.get("targets"), warm_start=cfg["warm_start"],
+        targets=cfg.get("targets"), warm_start=cfg["warm_start"], solver=cfg.get("solver", "lsqr"),
     ).to_numpy()
     # Without targets Algorithm 1's bounds are the bounds.
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
@@ -455,6 +457,7 @@ def _command_line(name, key, weights, out, data_root) -> str:
         parts += ["--targets", key["targets"]]
     if not key["warm_start"]:
         parts.append("--cold-start")
+    parts += ["--solver", key.get("solver", "lsqr")]
     parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"]]
     if weights is not None:
         parts += ["--weights", weights]
@@ -498,6 +501,7 @@ def run(
     linearize_at: str = "input",
     targets: str | None = None,
     warm_start: bool = True,
+    solver: str = "auto",
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
@@ -536,6 +540,9 @@ def run(
     warm_start : bool
         ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
         published scripts; ``--cold-start``).
+    solver : {"auto", "lsqr", "dense"}
+        ``hcrfast.bound``'s ``solver`` (``--solver``); "auto" is resolved before the run's
+        key is written, so a resumed run keeps the solver its chunks were computed with.
     lsqr_atol, lsqr_btol, lsqr_iter_lim : optional
         Override ``hcrfast.DEFAULT_LSQR``'s stopping rules.
     progress : bool
@@ -559,6 +566,11 @@ def run(
         raise ValueError(f"linearize_at must be 'input' or 'current', got {linearize_at!r} (--linearize-at)")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r} (--device)")
+    if solver not in _algorithm.SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(_algorithm.SOLVERS)}, got {solver!r} (--solver)")
+    if solver == "dense" and linearize_at != "input":
+        raise ValueError("--solver dense factors J at the input once; it needs --linearize-at input "
+                         "(or use --solver lsqr)")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
     lsqr = dataclasses.replace(
@@ -578,7 +590,8 @@ def run(
         return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
-                    linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), lsqr=lsqr,
+                    linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
+                    lsqr=lsqr,
                     progress=progress, train_epochs=train_epochs,
                     crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
     finally:
@@ -586,7 +599,8 @@ def run(
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
-         download, weights, chunk_examples, linearize_at, targets, warm_start, lsqr, progress, train_epochs,
+         download, weights, chunk_examples, linearize_at, targets, warm_start, solver, lsqr, progress,
+         train_epochs,
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
@@ -632,6 +646,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     sigma_fresh = hcrfast.rms_sigma(feats, sigma_scale)
     rms = sigma_fresh / sigma_scale
     seconds_data = time.perf_counter() - t_data
+    lsqr_given = lsqr != hcrfast.DEFAULT_LSQR  # --lsqr-* options ask for LSQR
+    solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
+                                       int(np.prod(xn.shape[1:])), lsqr_given=lsqr_given)
 
     key = {
         "format": _FORMAT,
@@ -647,6 +664,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "linearize_at": linearize_at,
         "targets": targets,
         "warm_start": warm_start,
+        "solver": solver,
         "lsqr": dataclasses.asdict(lsqr),
         "device_type": dev.type,
         "dtype": str(xn.dtype).replace("torch.", ""),
@@ -750,6 +768,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "seed": seed,
         "linearize_at": linearize_at,
         "warm_start": warm_start,
+        "solver": solver,
         "lsqr_options": dataclasses.asdict(lsqr),
         "chunk_examples": chunk_examples,
         "chunks": n_chunks,

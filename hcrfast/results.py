@@ -30,7 +30,8 @@ class Bounds:
         ``D(z_ε)`` of every restart (float64; certified when ``certify``).
     best_restart : array, shape (B,)
     lsqr_iterations, lsqr_istop : arrays, shape (B, R, i)
-        LSQR iteration count and stop code of every solve of Algorithm 1.
+        LSQR iteration count and stop code of every solve of Algorithm 1 (SciPy's
+        ``istop``); with ``solver="dense"`` (``params["solver"]``) no LSQR ran: 0 and -1.
     infinite_reasons : list of str
         One line per (example, restart) whose ``D`` is exactly 0.
     params : dict
@@ -81,9 +82,15 @@ class Bounds:
             f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}",
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
-            f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
-            f"max {np.max(h.lsqr_iterations)}; stop codes {dict(zip(*np.unique(h.lsqr_istop, return_counts=True)))}",
         ]
+        if p.get("solver") == "dense":
+            d = p.get("dense") or {}
+            lines.append(f"  dense solve: J built with {d.get('jacobian_products')} products per example, rank of J "
+                         f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact")
+        else:
+            codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
+            lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
+                         f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
             lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): {len(self.infinite_reasons)} restarts "

@@ -58,19 +58,23 @@ def test_never_exceeds_least_squares_std_on_linear_models(cond, basis, linearize
     assert np.median(ratio) > 0.01  # and not vacuous
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
 @pytest.mark.parametrize("iterations", [1, 3])
-@pytest.mark.parametrize("n", [24, 16])
-def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n):
+@pytest.mark.parametrize("n", [24, 16, 10])
+def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, solver):
     """For a(θ) = Wθ + b and exact solves: ε(1) = W⁺z, and from j = 2 on ε = (‖z‖/‖P z‖) W⁺z with
-    P = W W⁺ (z(1) = P z is rescaled to ‖z‖, and W⁺ P = W⁺), so z_ε = W ε has norm ‖z‖."""
+    P = W W⁺ (z(1) = P z is rescaled to ‖z‖, and W⁺ P = W⁺), so z_ε = W ε has norm ‖z‖.
+    n = 10 < p: W has a 6-dimensional null space, and the minimum-norm solution is the one."""
     rng = np.random.default_rng(n + iterations)
     p = 16
-    W = matrix_with_condition(rng, n, p, 20.0)
+    W = matrix_with_condition(rng, n, p, 20.0) if n >= p else matrix_with_condition(rng, p, n, 20.0).T
     model = linear_model(W, rng.standard_normal(n), (1, 4, 4))
     x = torch.as_tensor(rng.standard_normal((3, 1, 4, 4)))
     sigma, size, R = 0.4, 0.02, 3
     res = hcrfast.bound(model, x, sigma, size=size, iterations=iterations, restarts=R, basis="pixel",
-                        lsqr=hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500), seed=5)
+                        lsqr=hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500), seed=5, solver=solver,
+                        warm_start=False)
+    assert res.params["solver"] == solver
     z0 = hcrfast.start_vectors(np.arange(3), R, n, seed=5, size=size, sigma=sigma)
     eps = z0 @ np.linalg.pinv(W).T
     if iterations > 1:
@@ -147,12 +151,13 @@ class FrozenFeatures(torch.nn.Module):
         return (flat - flat.detach()) + 1.0
 
 
-def test_zero_divergence_gives_infinite_bound_with_reason():
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+def test_zero_divergence_gives_infinite_bound_with_reason(solver):
     x = torch.rand(2, 1, 4, 4, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with np.errstate(all="raise"):
-            res = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, iterations=2, restarts=2, lsqr=FAST)
+            res = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, iterations=2, restarts=2, lsqr=FAST, solver=solver)
     assert np.all(res.divergence == 0)
     assert np.all(np.isinf(res.std[np.abs(scipy.fft.dctn(res.eps, axes=(-2, -1), norm="ortho")) > 0]))
     assert not np.any(np.isnan(res.std)) and np.all(np.isinf(res.mse))
@@ -298,13 +303,84 @@ def test_warm_start_computes_algorithm_1s_iterates_with_fewer_lsqr_steps(lineari
     with torch.no_grad():
         net[1].weight.copy_(torch.as_tensor(matrix_with_condition(rng, 96, 64, 1e3)))
     x = torch.as_tensor(rng.standard_normal((3, 1, 8, 8)))
-    warm = hcrfast.bound(net, x, 0.2, warm_start=True, **kw)
-    cold = hcrfast.bound(net, x, 0.2, warm_start=False, **kw)
+    warm = hcrfast.bound(net, x, 0.2, warm_start=True, solver="lsqr", **kw)
+    cold = hcrfast.bound(net, x, 0.2, warm_start=False, solver="lsqr", **kw)
     np.testing.assert_array_equal(warm.lsqr_iterations[..., 0], cold.lsqr_iterations[..., 0])
     assert warm.lsqr_iterations[..., 1:].sum() < 0.5 * cold.lsqr_iterations[..., 1:].sum()
     assert np.median(warm.std) >= 0.95 * np.median(cold.std)
     with pytest.raises(TypeError, match="warm_start must be True or False"):
         hcrfast.bound(model, x, 0.2, warm_start="yes", **kw)
+
+
+def _relu_net_with_dead_units():
+    """64 → 96 ReLU (a third of the units off for inputs of size ~1) → 80: J has zero rows and a null space."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 96), torch.nn.ReLU(),
+                              torch.nn.Linear(96, 40), torch.nn.ReLU()).double().eval()
+    with torch.no_grad():
+        net[1].bias[:32] = -100.0
+    return net
+
+
+def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
+    """The test's own Algorithm 1: J from torch.func.jacrev, each step numpy.linalg.lstsq (the
+    minimum-norm least-squares solution), z from the test's forward passes; then the bound."""
+    net = _relu_net_with_dead_units()
+    rng = np.random.default_rng(4)
+    x = torch.as_tensor(rng.standard_normal((3, 1, 8, 8)))
+    sigma, size, R, iterations = 0.3, 0.05, 3, 4
+    res = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense")
+    assert res.params["solver"] == "dense" and np.all(res.lsqr_istop == -1) and np.all(res.lsqr_iterations == 0)
+    with torch.no_grad():
+        f0 = net(x).numpy()
+    z0 = hcrfast.start_vectors(np.arange(3), R, 40, seed=1, size=size, sigma=sigma).reshape(3, R, 40)
+    want = np.zeros((3, 64))
+    ranks = []
+    for b in range(3):
+        J = torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(40, 64).detach().numpy()
+        assert 0 < (np.abs(J).max(axis=1) == 0).sum() < 40  # dead features: zero rows
+        ranks.append(np.linalg.matrix_rank(J))
+        target = np.linalg.norm(z0[b], axis=1)
+        zt = z0[b]
+        for _ in range(iterations):
+            eps = np.linalg.lstsq(J, zt.T, rcond=None)[0].T                      # (R, 64)
+            with torch.no_grad():
+                z = net(x[b] + torch.as_tensor(eps).reshape(R, 1, 8, 8)).numpy() - f0[b]
+            zt = z * (target / np.linalg.norm(z, axis=1))[:, None]
+        d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
+        coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
+        want[b] = (coords / np.sqrt(d)[:, None]).max(axis=0)
+    np.testing.assert_allclose(res.std.reshape(3, 64), want, rtol=1e-9)
+    assert res.params["dense"]["rank_min"] == min(ranks) and res.params["dense"]["jacobian_products"] == 40
+    assert "dense solve" in res.summary() and "LSQR iterations" not in res.summary()
+
+
+def test_dense_solver_agrees_with_lsqr_solved_tightly():
+    net = _relu_net_with_dead_units()
+    x = torch.as_tensor(np.random.default_rng(6).standard_normal((2, 1, 8, 8)))
+    kw = dict(size=0.05, iterations=3, restarts=2)
+    dense = hcrfast.bound(net, x, 0.3, solver="dense", **kw)
+    tight = hcrfast.LSQROptions(atol=1e-14, btol=1e-14, conlim=1e15, iter_lim=2000)
+    lsqr = hcrfast.bound(net, x, 0.3, lsqr=tight, warm_start=False, **kw)
+    assert lsqr.params["solver"] == "lsqr"  # lsqr options given: auto keeps LSQR
+    np.testing.assert_allclose(dense.std, lsqr.std, rtol=1e-6)
+
+
+def test_solver_auto_and_bad_solver_arguments():
+    from hcrfast.algorithm import DENSE_SOLVE_MAX_INPUTS, resolve_solver
+
+    net = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(2).standard_normal((2, 1, 4, 4)))
+    assert hcrfast.bound(net, x, 0.2, iterations=1, restarts=1).params["solver"] == "dense"  # CPU, small p
+    assert hcrfast.bound(net, x, 0.2, iterations=1, restarts=1, linearize_at="current").params["solver"] == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cuda"), 10, 16) == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cpu"), 10, 16, lsqr_given=True) == "lsqr"
+    assert resolve_solver("lsqr", "input", torch.device("cpu"), 10, 16) == "lsqr"
+    with pytest.raises(ValueError, match="linearize_at='input' or solver='lsqr'"):
+        hcrfast.bound(net, x, 0.2, solver="dense", linearize_at="current")
+    with pytest.raises(ValueError, match="solver must be one of"):
+        hcrfast.bound(net, x, 0.2, solver="exact")
 
 
 def test_start_vectors_have_the_published_scale():

@@ -44,6 +44,7 @@ def test_jacobian_float32():
 def test_resolve_jacobian_mode_takes_the_fewer_products():
     assert dense.resolve_jacobian_mode("auto", n=100, p=64) == "forward"
     assert dense.resolve_jacobian_mode("auto", n=10, p=64) == "reverse"
+    assert dense.resolve_jacobian_mode("auto", n=64, p=64) == "reverse"  # a tie: reverse is faster in torch
     assert dense.resolve_jacobian_mode("reverse", n=100, p=64) == "reverse"
     with pytest.raises(ValueError, match="jacobian must be one of"):
         dense.resolve_jacobian_mode("sideways", n=1, p=1)
@@ -122,3 +123,39 @@ def test_eigh_driver_agrees_with_svd_above_its_resolution():
     np.testing.assert_allclose(db.eps.numpy(), da.eps.numpy(), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(db.null_fraction.numpy(), da.null_fraction.numpy(), atol=1e-8)
     assert dense.decompose(J, driver="auto").rank.tolist() == [7, 7]
+
+
+@pytest.mark.parametrize("driver", ["svd", "eigh"])
+@pytest.mark.parametrize("n,p", [(7, 12), (12, 7), (10, 10)])
+def test_min_norm_solver_matches_numpy_lstsq(n, p, driver):
+    """J⁺ z for zero rows, rank deficiency and both shapes, against numpy.linalg.lstsq (SVD, rcond)."""
+    rng = np.random.default_rng(n * 100 + p)
+    J = rng.standard_normal((4, n, p))
+    J[0, 2] = 0.0                                                    # a dead feature
+    J[1, :3] = 0.0                                                   # three
+    J[2] = J[2][:, :3] @ rng.standard_normal((3, p))                 # rank 3
+    J[3] = 0.0                                                       # nothing moves: ε = 0
+    rtol = 1e-6  # the Gram matrix resolves singular values down to ~sqrt(eps64)·s_max, far below this
+    solver = dense.min_norm_solver(torch.as_tensor(J), rtol=rtol, driver=driver)
+    z = rng.standard_normal((4, 5, n))
+    got = solver.solve(torch.as_tensor(z)).numpy()
+    for b in range(4):
+        want = np.linalg.lstsq(J[b], z[b].T, rcond=rtol)[0].T
+        np.testing.assert_allclose(got[b], want, rtol=1e-9, atol=1e-12)
+        assert solver.rank[b] == np.linalg.matrix_rank(J[b])
+        assert solver.live_rows[b] == (np.abs(J[b]).max(axis=1) > 0).sum()
+    assert solver.driver == driver
+
+
+def test_min_norm_solver_auto_driver_and_float32_tolerance():
+    rng = np.random.default_rng(1)
+    J32 = torch.as_tensor(rng.standard_normal((2, 9, 6)), dtype=torch.float32)
+    assert dense.min_norm_solver(J32).driver == "eigh"                 # float32 J: its own errors dominate
+    assert dense.min_norm_solver(J32.double()).driver == "svd"         # float64 J: the Gram matrix would lose digits
+    z = rng.standard_normal((2, 3, 9))
+    got = dense.min_norm_solver(J32).solve(torch.as_tensor(z)).numpy()
+    for b in range(2):
+        want = np.linalg.lstsq(J32[b].double().numpy(), z[b].T, rcond=None)[0].T
+        np.testing.assert_allclose(got[b], want, rtol=1e-7)
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        dense.min_norm_solver(J32[0])

@@ -338,3 +338,21 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
     with pytest.raises(ValueError, match="low"):
         reproduce.run("digits", examples=4, weights=str(weights), out=tmp_path / "bad", targets="low:99",
                       progress=False)
+
+
+def test_solver_is_resolved_into_the_run_key_and_never_mixed(weights, tmp_path, capsys):
+    """Without --lsqr-* options, digits (64 inputs, CPU) runs the dense solve; the resolved solver
+    is part of the key, so a rerun that asks for LSQR in the same folder is refused."""
+    out = tmp_path / "dense"
+    small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "4"]
+    assert cli.main(["reproduce", "digits", *small, "--out", str(out), "--weights", str(weights),
+                     "--no-progress"]) == 0
+    assert json.loads((out / "run.json").read_text())["key"]["solver"] == "dense"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["solver"] == "dense" and "--solver dense" in summary["command"]
+    assert summary["lsqr"]["istop_counts"] == {"-1": 4 * 2 * 2} and "dense" in summary["lsqr"]["istop_meaning"]["-1"]
+    code = cli.main(["reproduce", "digits", *small, "--solver", "lsqr", "--out", str(out), "--weights", str(weights)])
+    assert code == 2 and "solver: 'dense' -> 'lsqr'" in capsys.readouterr().err.replace('"', "'")
+    code = cli.main(["reproduce", "digits", *small, "--solver", "dense", "--linearize-at", "current",
+                     "--out", str(tmp_path / "bad"), "--weights", str(weights)])
+    assert code == 2 and "--linearize-at input" in capsys.readouterr().err
