@@ -10,7 +10,8 @@
 #   kernels   pytest-benchmark of the kernels (Numba vs twin on CuPy vs library) and the batched
 #             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
-#             of stopped problems on vs off, Numba vs twin kernels, cold vs warm starts, TF32
+#             of stopped problems on vs off, Numba vs twin kernels, cold vs warm starts, TF32,
+#             LSQR vs the dense solve (decides whether solver="auto" should take it on CUDA too)
 #   mnist     the target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 256 examples, R = 25)
 #   resnet18  the target: ResNet-18 at 91x91, 128 examples, R = 25, i = 10 (< 10 min)
@@ -79,7 +80,7 @@ EOF
     modes)
         ensure_installed
         for flags in "--jacobian reverse" "--jacobian forward" "--compact-below 0" "--kernels twin" "--kernels numba" \
-                     "--cold-start" "--tf32"; do
+                     "--cold-start" "--tf32" "--solver dense"; do
             say "gpu_targets mnist --examples 1000 $flags"
             run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 $flags --out "$DEST"
         done

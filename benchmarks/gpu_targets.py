@@ -165,7 +165,7 @@ def run(args) -> dict:
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
     opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
-              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start)
+              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=args.solver)
 
     t0 = time.perf_counter()
     hcrfast.bound(model, x[:2], sigma, **{**kw, "restarts": 2, "iterations": 1, "chunk_size": None})
@@ -203,7 +203,9 @@ def run(args) -> dict:
         device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
         jvp_seconds=inside["jvp"], vjp_seconds=inside["vjp"], jvp_vjp_share=share,
         rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
-        products_per_example=products_per_example(host.lsqr_iterations, res.params["warm_start"]),
+        solver=res.params["solver"],
+        products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
+                              else products_per_example(host.lsqr_iterations, res.params["warm_start"])),
         warm_start=res.params["warm_start"],
         median_lsqr_iterations=float(np.median(host.lsqr_iterations)),
         bound=q, n_infinite_reasons=len(res.infinite_reasons),
@@ -270,6 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
+    ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense"),
+                    help="bound(solver=...); with the LSQR options this script passes, auto means lsqr. dense: J "
+                         "built per example and factored (its products are not timed as JVP/VJP)")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")

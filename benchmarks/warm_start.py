@@ -1,9 +1,10 @@
-"""Warm vs cold LSQR starts in Algorithm 1 (``hcrfast.bound(warm_start=...)``), same problem.
+"""Warm vs cold LSQR starts in Algorithm 1 (``hcrfast.bound(warm_start=...)``), and the dense solve, same problem.
 
 Cold: every solve j starts from zero (the published scripts). Warm (the default): solve
 j > 1 starts from ``c·ε(j−1)``, which nearly solves it. For each LSQR tolerance the table
 gives wall time, products (JVP + VJP, the x0 product included) per example, and the
-median and 90th percentile of the bound (larger is tighter), on the race's MNIST MLP.
+median and 90th percentile of the bound (larger is tighter), on the race's MNIST MLP. A last
+row runs ``solver="dense"`` (every step solved exactly; products: the min(n, p) that build J).
 
     python benchmarks/warm_start.py --examples 8 --restarts 2 --iterations 10 --tols 1e-4,1e-5,1e-7 --threads 1
 """
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--tols", default="1e-4,1e-5,1e-7", help="atol = btol values")
     ap.add_argument("--linearize-at", default="input", choices=("input", "current"))
+    ap.add_argument("--no-dense", action="store_true", help="skip the solver='dense' row")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             res = hcrfast.bound(model, x, sigma, restarts=args.restarts, iterations=args.iterations,
                                 linearize_at=args.linearize_at, lsqr=hcrfast.LSQROptions(atol=tol, btol=tol),
-                                warm_start=warm)
+                                warm_start=warm, solver="lsqr")
             seconds = time.perf_counter() - t0
             itn = res.lsqr_iterations
             row = dict(tol=tol, start="warm" if warm else "cold", seconds=seconds,
@@ -58,6 +60,17 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{tol:9.0e} {row['start']:>5} {seconds:8.1f} {row['products_per_example']:12.0f} "
                   f"{row['itn_first']:8.0f} {row['itn_later']:8.0f} {row['median']:9.5f} {row['p90']:9.5f}", flush=True)
+    if not args.no_dense and args.linearize_at == "input":
+        t0 = time.perf_counter()
+        res = hcrfast.bound(model, x, sigma, restarts=args.restarts, iterations=args.iterations, solver="dense")
+        seconds = time.perf_counter() - t0
+        row = dict(tol=None, start="dense", seconds=seconds,
+                   products_per_example=float(res.params["dense"]["jacobian_products"]), itn_first=0.0, itn_later=0.0,
+                   median=float(np.median(res.std)), p90=float(np.quantile(res.std, 0.9)),
+                   rank_median=res.params["dense"]["rank_median"])
+        rows.append(row)
+        print(f"{'exact':>9} {'dense':>5} {seconds:8.1f} {row['products_per_example']:12.0f} {0:8.0f} {0:8.0f} "
+              f"{row['median']:9.5f} {row['p90']:9.5f}   (rank of J median {row['rank_median']:.0f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(command="python benchmarks/warm_start.py " + " ".join(
             sys.argv[1:] if argv is None else argv), args=vars(args), sigma=sigma, machine=machine_info("cpu"),

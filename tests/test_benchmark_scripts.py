@@ -38,3 +38,26 @@ def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
     proc = subprocess.run(["bash", str(script), "no-such-stage"], capture_output=True, text=True,
                           env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 2 and "unknown stage 'no-such-stage'" in proc.stderr
+
+
+def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--model", "mlp", "--examples", "2", "--restarts", "1",
+           "--iterations", "2", "--threads", "1", "--no-sweep", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
+    r = json.loads(path.read_text())
+    assert r["hcrfast_default"]["solver"] == "dense" and r["hcrfast_default"]["products_per_example"] == 784
+    assert r["hcrfast_input"]["solver"] == "lsqr" and r["hcrfast_current"]["solver"] == "lsqr"
+    assert r["reference"]["products_per_example"] > 0 and "median ratio" in proc.stdout
+
+
+def test_warm_start_script_runs_with_its_dense_row(tmp_path):
+    out = tmp_path / "w.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "warm_start.py"), "--examples", "1", "--restarts", "1",
+           "--iterations", "2", "--tols", "1e-3", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["start"] for r in rows] == ["cold", "warm", "dense"]
+    assert rows[-1]["products_per_example"] == 784 and rows[-1]["median"] > 0
