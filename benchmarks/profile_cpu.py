@@ -10,7 +10,9 @@ script only, around the phases (monkeypatching; hcrfast itself is unchanged):
 * ``forward``: the forward passes of Algorithm 1's restart step, ``restart_update``;
 * ``certify``: the float64 forward passes for the certified ``z``;
 * ``dct``, ``validation`` and the rest of ``bound`` (setup, deepcopy of the
-  float64 model, bound arithmetic).
+  float64 model, bound arithmetic);
+* with ``--solver dense``: ``jacobian`` (building every example's J: its products
+  are the floor here), ``factor`` (``min_norm_solver``) and ``dense-solve``.
 
 Times are exclusive (a phase's time excludes the phases nested in it) and listed
 by their nesting path, e.g. ``lsqr/jvp``. Usage::
@@ -40,7 +42,7 @@ from hcrfast.bindings import jacobian as jacobian_mod
 from race import build_problem
 
 import hcrfast
-from hcrfast import algorithm, kernels, validation
+from hcrfast import algorithm, dense, kernels, validation
 
 
 class PhaseTimer:
@@ -98,6 +100,9 @@ def install(timer: PhaseTimer):
         (kernels, "dct2", "dct"),
         (validation, "features_of", "validation"),
         (validation, "check_independent", "validation"),
+        (dense, "jacobian", "jacobian"),
+        (dense, "min_norm_solver", "factor"),
+        (dense.MinNormSolver, "solve", "dense-solve"),
     ]
     saved = []
     for owner, attr, name in targets:
@@ -126,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"))
     ap.add_argument("--tol", type=float, default=None, help="atol = btol (default: DEFAULT_LSQR's)")
     ap.add_argument("--iter-lim", type=int, default=None)
+    ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
@@ -144,7 +150,7 @@ def main(argv=None) -> int:
     opts = hcrfast.LSQROptions(atol=args.tol if args.tol else d.atol, btol=args.tol if args.tol else d.btol,
                                conlim=d.conlim, iter_lim=args.iter_lim, check_every=d.check_every)
     kw = dict(size=args.size, iterations=args.iterations, restarts=args.restarts, linearize_at=args.linearize_at,
-              jacobian=args.jacobian, lsqr=opts)
+              jacobian=args.jacobian, lsqr=opts, solver=args.solver)
 
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     timer = PhaseTimer(sync)
@@ -159,7 +165,10 @@ def main(argv=None) -> int:
         restore()
 
     itn = res.to_numpy().lsqr_iterations
-    products = int(np.sum(2 * itn + 1))
+    dense_run = res.params["solver"] == "dense"
+    # Row-products: LSQR's 2·itn + 1 per solve; the dense solve's min(n, p) per example to build J.
+    products = (int(res.params["dense"]["jacobian_products"]) * args.examples if dense_run
+                else int(np.sum(2 * itn + 1)))
     print(f"profile: {args.model}, {args.examples} examples x {args.restarts} restarts x {args.iterations} iterations, "
           f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, lsqr atol={opts.atol:g} btol={opts.btol:g} "
           f"iter_lim={opts.iter_lim}, torch threads {torch.get_num_threads()}, device {args.device}")
@@ -174,15 +183,18 @@ def main(argv=None) -> int:
     print(f"  {'phase (nesting path)':<62} {'seconds':>9} {'share':>7} {'calls':>7}")
     for path, sec in rows:
         print(f"  {path:<62} {sec:9.2f} {sec / total:7.1%} {timer.calls.get(path, ''):>7}")
-    floor = sum(s for p, s in timer.exclusive.items() if p.endswith("jvp") or p.endswith("vjp"))
+    floor = sum(s for p, s in timer.exclusive.items()
+                if p.endswith("jvp") or p.endswith("vjp") or p.split("/")[-1] == "jacobian")
     fwd = sum(s for p, s in timer.exclusive.items() if p.split("/")[-1] in ("forward", "certify"))
-    print(f"  JVP + VJP (the model's own cost, the floor): {floor:.2f} s = {floor / total:.1%} of wall time")
+    print(f"  JVP + VJP (the model's own cost, the floor{'; J built' if args.solver == 'dense' else ''}): "
+          f"{floor:.2f} s = {floor / total:.1%} of wall time")
     print(f"  forward passes (restart + certify):           {fwd:.2f} s = {fwd / total:.1%}")
     print(f"  everything else:                              {total - floor - fwd:.2f} s = "
           f"{(total - floor - fwd) / total:.1%}")
     applied = timer.rows["jvp"] + timer.rows["vjp"]
-    print(f"  rows pushed through JVP/VJP: {applied}; needed by the solves (sum of 2*itn+1): {products} "
-          f"({1 - products / applied:.1%} of the product work went to problems already stopped)" if applied else "")
+    if applied and not dense_run:
+        print(f"  rows pushed through JVP/VJP: {applied}; needed by the solves (sum of 2*itn+1): {products} "
+              f"({1 - products / applied:.1%} of the product work went to problems already stopped)")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             args=vars(args), total_seconds=total, products=products,

@@ -45,12 +45,15 @@ _CHUNK_ELEMENTS = 2**24
 SOLVERS = ("auto", "lsqr", "dense")
 
 #: ``solver="auto"`` takes the dense solve on the CPU up to this many input values per example
-#: while an example's J takes at most ``DENSE_SOLVE_MAX_VALUES`` (n·p) values. Measured on the
-#: MNIST MLP (p = 784), one thread: the dense solve reaches the bounds of LSQR solved to 1e-7
-#: several times sooner than LSQR's defaults (benchmarks/README.md). Larger p, and CUDA (where
-#: batched eigendecompositions of this size are unmeasured here), stay on LSQR until measured.
-DENSE_SOLVE_MAX_INPUTS = 1024
-DENSE_SOLVE_MAX_VALUES = 2**22
+#: while an example's J takes at most ``DENSE_SOLVE_MAX_VALUES`` (n·p) values. Measured on one CPU
+#: thread (benchmarks/README.md): MNIST MLP (p = 784), 32 examples × 25 restarts × 10: 4.9 s against
+#: 89 s for warm-started LSQR, at a slightly higher median bound; CIFAR-10 CNN (p = n = 3072), one
+#: example: J and its factorization 55.5 s, one LSQR solve from zero 284 s (1,260 steps), R = 25 × i = 6
+#: such problems per example. CUDA, where batched eigendecompositions of this size are unmeasured
+#: here, stays on LSQR until measured; so do inputs beyond these limits (ImageNet geometries:
+#: p = 24,843, where J alone would take 5 GB per example).
+DENSE_SOLVE_MAX_INPUTS = 4096
+DENSE_SOLVE_MAX_VALUES = 2**24
 
 #: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
 _DENSE_ELEMENTS = 2**26
@@ -457,14 +460,15 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             eps, c_itn, c_istop = _chunk_perturbations(
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
                 options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm)
-            if min_norm is not None:
-                dense_ranks.append(min_norm.rank.cpu().numpy())
+            ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
-            return eps64, z64, c_itn, c_istop
+            return eps64, z64, c_itn, c_istop, ranks
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop = result
+            eps64, z64, c_itn, c_istop, ranks = result
+            if ranks is not None:
+                dense_ranks.append(ranks)
             with profiling.annotate("bound"):
                 m = stop - start
                 d = noise.divergence(z64).reshape(m, restarts)

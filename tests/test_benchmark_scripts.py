@@ -61,3 +61,15 @@ def test_warm_start_script_runs_with_its_dense_row(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["start"] for r in rows] == ["cold", "warm", "dense"]
     assert rows[-1]["products_per_example"] == 784 and rows[-1]["median"] > 0
+
+
+def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
+    out = tmp_path / "d.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "dense_vs_lsqr.py"), "digits", "--examples", "2", "--restarts", "2",
+           "--iterations", "2", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dense, lsqr = json.loads(out.read_text())["rows"]
+    assert dense["products_per_example"] == 64 and dense["lsqr_istop"] == [-1] * 8
+    assert set(lsqr["lsqr_istop"]) <= {1, 2} and lsqr["products_per_example"] > 64
+    assert abs(dense["median"] - lsqr["median"]) <= 1e-3 * lsqr["median"]
