@@ -60,6 +60,18 @@ def test_bound_on_gpu_matches_cpu():
     np.testing.assert_allclose(gpu.divergence, cpu.divergence, rtol=1e-6)
 
 
+def test_dense_solve_on_gpu_matches_cpu():
+    """solver='dense' on CUDA (torch's eigh there): the same exact steps as on the CPU."""
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    kw = dict(iterations=3, restarts=3, solver="dense")
+    cpu = hcrfast.bound(mlp(), x, 0.05, **kw)
+    gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
+    assert gpu.params["solver"] == "dense" and gpu.params["dense"]["rank_min"] == cpu.params["dense"]["rank_min"]
+    np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=1e-8)
+    # and "auto" stays on LSQR on CUDA until the dense solve is measured there
+    assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "lsqr"
+
+
 @pytest.mark.parametrize("impl", ["twin", "numba"])
 def test_bound_float32_on_gpu_with_each_kernel_impl(impl):
     model = mlp(torch.float32).cuda()
