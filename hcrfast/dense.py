@@ -247,6 +247,21 @@ class DenseDecomposition:
 DRIVERS = ("auto", "svd", "eigh")
 
 
+def _checked(J: torch.Tensor, rtol: float | None, driver: str) -> float:
+    """Validate a (B, n, p) stack of Jacobians and a driver; the rank tolerance (default
+    ``max(n, p) · eps(J.dtype)``)."""
+    if J.ndim != 3:
+        raise ValueError(f"Shape mismatch: expected Jacobians of shape (B, n, p), got {tuple(J.shape)}")
+    validation.choice("driver", driver, DRIVERS)
+    return max(J.shape[1], J.shape[2]) * torch.finfo(J.dtype).eps if rtol is None else rtol
+
+
+def _auto_driver(rtol: float, m: int) -> str:
+    """"eigh" (a Gram matrix of size m in float64) while it resolves singular values well below
+    ``rtol · s_max`` (``rtol² ≥ 100 · m · eps64``), "svd" otherwise."""
+    return "eigh" if rtol**2 >= 100 * m * torch.finfo(torch.float64).eps else "svd"
+
+
 def decompose(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto") -> DenseDecomposition:
     """SVD of every ``J_b`` (B, n, p) in float64, with the rank tolerance of the module docstring.
 
@@ -266,14 +281,10 @@ def decompose(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto
         V is complete (p columns) either way, so the null space is available
         also when n < p.
     """
-    if J.ndim != 3:
-        raise ValueError(f"Shape mismatch: expected Jacobians of shape (B, n, p), got {tuple(J.shape)}")
-    validation.choice("driver", driver, DRIVERS)
+    rtol = _checked(J, rtol, driver)
     B, n, p = J.shape
-    if rtol is None:
-        rtol = max(n, p) * torch.finfo(J.dtype).eps
     if driver == "auto":
-        driver = "eigh" if rtol**2 >= 100 * p * torch.finfo(torch.float64).eps else "svd"
+        driver = _auto_driver(rtol, p)
     J64 = J.to(torch.float64)
     m = min(n, p)
     if driver == "svd":
@@ -335,21 +346,16 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
     rows when k ≤ p, else p × p. On the MNIST MLP (p = 784, about 390 live rows of 784)
     this is ~6× faster than the p × p eigendecomposition of :func:`decompose`.
     """
-    if J.ndim != 3:
-        raise ValueError(f"Shape mismatch: expected Jacobians of shape (B, n, p), got {tuple(J.shape)}")
-    validation.choice("driver", driver, DRIVERS)
+    rtol = _checked(J, rtol, driver)
     B, n, p = J.shape
-    if rtol is None:
-        rtol = max(n, p) * torch.finfo(J.dtype).eps
     J64 = J.to(torch.float64)
     live = J64.abs().amax(dim=2) > 0 if p else torch.zeros((B, n), dtype=torch.bool, device=J.device)
     live_rows = live.sum(dim=1)
     k = max(1, int(live_rows.max())) if B else 1
     rows = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :k]
     Jr = J64.gather(1, rows[:, :, None].expand(B, k, p)) * live.gather(1, rows)[:, :, None]
-    m = min(k, p)
     if driver == "auto":
-        driver = "eigh" if rtol**2 >= 100 * m * torch.finfo(torch.float64).eps else "svd"
+        driver = _auto_driver(rtol, min(k, p))
     if driver == "svd":
         u, s, vh = torch.linalg.svd(Jr, full_matrices=False)               # Jr = U S Vh
         smax = s[:, :1]
