@@ -357,6 +357,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
 
     body.append("<h2>Run</h2>")
     lsqr = s["lsqr_options"]
+    dense = s.get("solver") == "dense"
     body.append(_table([
         ("experiment", s["experiment"]),
         ("weights", s["weights"]),
@@ -368,7 +369,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("σ = scale × RMS", f"{s['sigma_scale']:g} × {s['rms']:.4g} = {s['sigma']:.4g}"),
         ("seed", s["seed"]),
         ("linearization point", s["linearize_at"]),
+        ("solver", "dense: J built and factored once per example, every step exact" if dense
+         else f"LSQR, {'warm' if s.get('warm_start', True) else 'cold'} starts"),
         ("LSQR atol / btol / iter_lim",
+         "not used" if dense else
          f"{lsqr['atol']:g} / {lsqr['btol']:g} / {lsqr['iter_lim'] if lsqr['iter_lim'] is not None else '2·n'}"),
         ("chunks × examples per chunk", f"{s['chunks']} × {s['chunk_examples']}"),
         ("processes", s["world_size"]),
@@ -418,16 +422,21 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         body.append(f'<figure><img src="{e(f["file"])}" alt="{e(key)}">'
                     f"<figcaption>{e(caption + extra)}</figcaption></figure>")
 
-    body.append("<h2>LSQR</h2>")
     ls = s["lsqr"]
-    body.append(_table([
-        ("solves (examples × restarts × iterations)", ls["solves"]),
-        ("iterations per solve: median / mean / max",
-         f"{ls['iterations_median']:g} / {ls['iterations_mean']:.1f} / {ls['iterations_max']}"),
-        ("iterations in total", ls["iterations_total"]),
-    ]))
-    body.append(_table([(f"istop {c}", ls["istop_meaning"][c], n) for c, n in ls["istop_counts"].items()],
-                       header=("stop code", "meaning", "solves")))
+    if dense:
+        body.append("<h2>Solver</h2>")
+        body.append(f"<p>{ls['solves']} least-squares steps (examples × restarts × iterations), each solved "
+                    f"exactly as J⁺z̃ from one float64 factorization of every example's Jacobian: no LSQR ran.</p>")
+    else:
+        body.append("<h2>LSQR</h2>")
+        body.append(_table([
+            ("solves (examples × restarts × iterations)", ls["solves"]),
+            ("iterations per solve: median / mean / max",
+             f"{ls['iterations_median']:g} / {ls['iterations_mean']:.1f} / {ls['iterations_max']}"),
+            ("iterations in total", ls["iterations_total"]),
+        ]))
+        body.append(_table([(f"istop {c}", ls["istop_meaning"][c], n) for c, n in ls["istop_counts"].items()],
+                           header=("stop code", "meaning", "solves")))
 
     body.append("<h2>Timings and versions</h2>")
     t = s["timings"]

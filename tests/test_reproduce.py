@@ -351,6 +351,8 @@ def test_solver_is_resolved_into_the_run_key_and_never_mixed(weights, tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["solver"] == "dense" and "--solver dense" in summary["command"]
     assert summary["lsqr"]["istop_counts"] == {"-1": 4 * 2 * 2} and "dense" in summary["lsqr"]["istop_meaning"]["-1"]
+    page = (out / "report.html").read_text()
+    assert "<h2>Solver</h2>" in page and "no LSQR ran" in page and "<h2>LSQR</h2>" not in page
     code = cli.main(["reproduce", "digits", *small, "--solver", "lsqr", "--out", str(out), "--weights", str(weights)])
     assert code == 2 and "solver: 'dense' -> 'lsqr'" in capsys.readouterr().err.replace('"', "'")
     code = cli.main(["reproduce", "digits", *small, "--solver", "dense", "--linearize-at", "current",
