@@ -151,8 +151,6 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     stuck = xp.zeros(x.shape[0], dtype=bool)
     znorm = None  # ‖z(j−1)‖, from the restart step of the previous solve
     itns, istops = [], []
-    if min_norm is not None and linearize_at != "input":
-        raise ValueError("the dense solve factors J at the input; it needs linearize_at='input'")
     fixed_op = TorchJacobian(model, x, mode=jacobian) if linearize_at == "input" and min_norm is None else None
     P = x.shape[0]
     for j in range(iterations):
