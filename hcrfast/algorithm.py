@@ -433,6 +433,15 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
+        shared = None  # the targeted directions, from the dense solve's J and factorization
+        if targets is not None and solver == "dense" and targeted_method != "lsqr":
+            from hcrfast.targeted import DenseDirections, parse_targets, resolve_method
+
+            if resolve_method(targeted_method, n, p) == "dense":
+                modes = parse_targets(targets, input_shape, basis)
+                q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
+                shared = DenseDirections.empty(B, len(modes), p, dense.resolve_jacobian_mode("auto", n, p),
+                                               batch.device)
 
         std = xp.zeros((B, p))
         mse = xp.zeros(B)
@@ -449,24 +458,31 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
             z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
                             dtype=f0.dtype)
-            min_norm = None
+            min_norm = targeted_dirs = None
             if solver == "dense":
                 with profiling.annotate("dense-factor"):
                     J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
                     min_norm = dense.min_norm_solver(J)
-                    del J
+                if shared is not None:
+                    t0 = time.perf_counter()
+                    with profiling.annotate("targeted-directions"):
+                        targeted_dirs = (min_norm.directions(q_modes, J), time.perf_counter() - t0)
+                del J
             eps, c_itn, c_istop = _chunk_perturbations(
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
                 options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm)
             ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
-            return eps64, z64, c_itn, c_istop, ranks
+            return eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop, ranks = result
+            eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs = result
             if ranks is not None:
                 dense_ranks.append(ranks)
+            if targeted_dirs is not None:
+                shared.fill(start, stop, min_norm, targeted_dirs[0])
+                shared.seconds = (0.0, shared.seconds[1] + targeted_dirs[1])
             with profiling.annotate("bound"):
                 m = stop - start
                 d = noise.divergence(z64).reshape(m, restarts)
@@ -516,7 +532,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             # bound on the identifiable part.
             targeted = targeted_bound(model, batch, gaussian_sigma, targets=targets, size=size,
                                       method=targeted_method, basis=basis, certify=certify, null_probes=False,
-                                      tf32=tf32)
+                                      tf32=tf32, directions=shared)
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)

@@ -329,11 +329,35 @@ class MinNormSolver:
     live_rows: torch.Tensor
     driver: str
 
+    @property
+    def null_dim(self) -> torch.Tensor:
+        """Dimension of the local null space of J, ``p − rank``, shape (B,)."""
+        return self.matrix.shape[-1] - self.rank
+
     def solve(self, z: torch.Tensor) -> torch.Tensor:
         """``J_b⁺ z_{b,r}`` for z of shape (B, R, n) (any float dtype); float64 (B, R, p)."""
         B, R, _ = z.shape
         picked = z.to(torch.float64).gather(2, self.rows[:, None, :].expand(B, R, -1))
         return picked @ self.matrix
+
+    def directions(self, q: torch.Tensor, J: torch.Tensor) -> CramerRaoDirections:
+        """Cramér–Rao directions and null components for the basis vectors ``q`` (K, p), from this
+        factorization of ``J`` (B, n, p) (the Jacobians it was built from; only ``J q`` is formed).
+
+        What :meth:`DenseDecomposition.directions` gives, without the p × p right singular vectors:
+        ``w_k = (J⁺)ᵀ q_k`` (its live rows are ``matrix · q_k``), ``(JᵀJ)⁺ q_k = J⁺ w_k`` and
+        ``‖J (JᵀJ)⁺ q_k‖ = ‖w_k‖``; the row-space part of ``q_k`` is ``J⁺ J q_k``.
+        """
+        q = q.to(dtype=torch.float64, device=self.matrix.device)
+        w = torch.einsum("bip,kp->bki", self.matrix, q)                  # live rows of (J⁺)ᵀ q_k
+        linear_std = torch.linalg.vector_norm(w, dim=2)
+        safe = torch.where(linear_std > 0, linear_std, torch.ones_like(linear_std))
+        eps = (w @ self.matrix) / safe[..., None]                        # J⁺ w_k / ‖w_k‖
+        jq = torch.einsum("bnp,kp->bkn", J.to(torch.float64), q)         # J q_k
+        null_part = q[None] - self.solve(jq)                              # (I − J⁺J) q_k
+        null_fraction = torch.linalg.vector_norm(null_part, dim=2) / torch.linalg.vector_norm(q, dim=1)[None]
+        return CramerRaoDirections(eps=eps, linear_std=linear_std, null_part=null_part,
+                                   null_fraction=null_fraction)
 
 
 def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto") -> MinNormSolver:

@@ -18,8 +18,9 @@ linearization is reported as a bound.
 Two ways to get the directions:
 
 ``"dense"`` (:mod:`hcrfast.dense`)
-    The full Jacobian of each example and its SVD: all modes at once, the exact
-    restriction to the row space of J, and the local null space of J.
+    The full Jacobian of each example, factored once (:func:`hcrfast.dense.min_norm_solver`):
+    all modes at once, the exact restriction to the row space of J, and the local
+    null space of J.
 ``"lsqr"``
     Matrix-free, with the batched LSQR: since ``(JᵀJ)⁺ = J⁺ (J⁺)ᵀ``,
     ``w = (Jᵀ)⁺ q_k`` is the min-norm least-squares solution of ``Jᵀ w = q_k``
@@ -263,34 +264,75 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     return eps64, d, value
 
 
-def _dense_directions(model, batch, qmat, n, *, jacobian, chunk, timings):
-    """Cramér–Rao directions scaled to ‖Jε‖ = 1, null parts (B, K, p), null fractions (B, K),
-    null dimensions (B,) as torch float64/int64 tensors, and the Jacobian mode used."""
+@dataclass
+class DenseDirections:
+    """Cramér–Rao directions of every (example, mode) pair from the dense path, as torch float64
+    tensors on the batch's device: what :func:`targeted_bound` certifies.
+
+    Attributes
+    ----------
+    eps : torch.Tensor, shape (B, K, p)
+        ``(JᵀJ)⁺ q_k`` scaled to ``‖J ε‖ = 1``.
+    null_part : torch.Tensor, shape (B, K, p)
+        ``(I − J⁺J) q_k``.
+    null_fraction : torch.Tensor, shape (B, K)
+    null_dim : torch.Tensor, shape (B,), int64
+    jacobian : str
+        "forward" or "reverse": how J was built.
+    seconds : tuple of float
+        (building J, factoring J and deriving the directions); building J is 0 when it was shared.
+    """
+
+    eps: torch.Tensor
+    null_part: torch.Tensor
+    null_fraction: torch.Tensor
+    null_dim: torch.Tensor
+    jacobian: str
+    seconds: tuple = (0.0, 0.0)
+
+    @classmethod
+    def empty(cls, B: int, K: int, p: int, jacobian: str, device) -> "DenseDirections":
+        eps = torch.empty((B, K, p), dtype=torch.float64, device=device)
+        return cls(eps=eps, null_part=torch.empty_like(eps),
+                   null_fraction=torch.empty((B, K), dtype=torch.float64, device=device),
+                   null_dim=torch.empty(B, dtype=torch.int64, device=device), jacobian=jacobian)
+
+    def fill(self, start: int, stop: int, solver: dense.MinNormSolver, dirs: dense.CramerRaoDirections) -> None:
+        """Write the directions of examples ``start:stop`` from their factorization."""
+        self.eps[start:stop] = dirs.eps
+        self.null_part[start:stop] = dirs.null_part
+        self.null_fraction[start:stop] = dirs.null_fraction
+        self.null_dim[start:stop] = solver.null_dim
+
+
+def resolve_method(method: str, n: int, p: int) -> str:
+    """The method ``targeted_bound(method=...)`` uses: "auto" is "dense" up to
+    :data:`DENSE_MAX_INPUTS` inputs while ``n·p + p² ≤`` :data:`DENSE_MAX_VALUES`, else "lsqr"."""
+    if method != "auto":
+        return method
+    return "dense" if p <= DENSE_MAX_INPUTS and n * p + p * p <= DENSE_MAX_VALUES else "lsqr"
+
+
+def _dense_directions(model, batch, qmat, n, *, jacobian, chunk) -> DenseDirections:
+    """Build and factor every example's J (:func:`hcrfast.dense.min_norm_solver`), chunk by chunk,
+    and derive the directions of the modes ``qmat`` (K, p) from it."""
     B, K, p = batch.shape[0], qmat.shape[0], qmat.shape[1]
     q = to_torch(qmat)
-    mode = dense.resolve_jacobian_mode(jacobian, n, p)
-    eps = torch.empty((B, K, p), dtype=torch.float64, device=batch.device)
-    null_part = torch.empty_like(eps)
-    null_fraction = torch.empty((B, K), dtype=torch.float64, device=batch.device)
-    null_dim = torch.empty(B, dtype=torch.int64, device=batch.device)
-    timings["jacobian"] = timings["decomposition"] = 0.0
+    out = DenseDirections.empty(B, K, p, dense.resolve_jacobian_mode(jacobian, n, p), batch.device)
+    seconds = [0.0, 0.0]
 
     def work(start, stop):
         t0 = time.perf_counter()
-        J = dense.jacobian(model, batch[start:stop], mode=mode, chunk_size=chunk)
+        J = dense.jacobian(model, batch[start:stop], mode=out.jacobian, chunk_size=chunk)
         t1 = time.perf_counter()
-        dec = dense.decompose(J)
-        del J
-        dirs = dec.directions(q)
-        eps[start:stop] = dirs.eps
-        null_part[start:stop] = dirs.null_part
-        null_fraction[start:stop] = dirs.null_fraction
-        null_dim[start:stop] = dec.null_dim
-        timings["jacobian"] += t1 - t0
-        timings["decomposition"] += time.perf_counter() - t1
+        solver = dense.min_norm_solver(J)
+        out.fill(start, stop, solver, solver.directions(q, J))
+        seconds[0] += t1 - t0
+        seconds[1] += time.perf_counter() - t1
 
     _in_chunks(B, max(1, _DENSE_ELEMENTS // (n * p + p * p + 2 * K * p)), work, batch.device)
-    return eps, null_part, null_fraction, null_dim, mode
+    out.seconds = tuple(seconds)
+    return out
 
 
 def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
@@ -328,7 +370,8 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
 def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200, method: str = "auto",
                    basis: str = "dct", certify: bool = True, lsqr: LSQROptions | None = None,
                    jacobian: str = "auto", null_probes: bool = True,
-                   chunk_size: int | None = None, tf32: bool = False) -> TargetedBounds:
+                   chunk_size: int | None = None, tf32: bool = False,
+                   directions: DenseDirections | None = None) -> TargetedBounds:
     """HCR bounds for chosen modes, each from a perturbation aimed at that mode.
 
     Parameters
@@ -369,6 +412,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         pass; automatic when None. A chunk that runs out of memory is halved.
     tf32 : bool
         Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
+    directions : DenseDirections, optional
+        The dense path's directions for this batch and these targets, already computed from
+        the same Jacobians (what :func:`hcrfast.bound` passes when its dense solve has built
+        and factored every J): the certification starts from them. Implies "dense".
 
     Returns
     -------
@@ -379,6 +426,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                       "e.g. hcrfast.rms_sigma(features, 1.0)")
     size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
     validation.choice("method", method, METHODS)
+    if directions is not None and method == "lsqr":
+        raise ValueError("method='lsqr' finds its own directions, but directions= were given; "
+                         "pass method='auto' or 'dense' with them, or drop directions=")
+    shared = directions is not None
     validation.choice("basis", basis, ("dct", "pixel"))
     validation.choice("jacobian", jacobian, dense.JACOBIAN_MODES)
     validation.lsqr_options(lsqr)
@@ -396,8 +447,11 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         xp = array_module_for(batch.device)
         B, n = features.shape
         K = len(modes)
-        if method == "auto":
-            method = "dense" if p <= DENSE_MAX_INPUTS and n * p + p * p <= DENSE_MAX_VALUES else "lsqr"
+        method = resolve_method(method, n, p) if directions is None else "dense"
+        if directions is not None and tuple(directions.eps.shape) != (B, K, p):
+            raise ValueError(f"directions= holds {tuple(directions.eps.shape)} (examples, modes, inputs) but this "
+                             f"call has {(B, K, p)}; pass the directions computed for this batch and these "
+                             f"targets, or None")
         if method == "lsqr" and batch.dtype not in TARGETED_LSQR and lsqr is None:
             raise NotImplementedError(f"no default LSQR settings for dtype {batch.dtype}; "
                                       f"pass lsqr=LSQROptions(...)")
@@ -413,10 +467,12 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
         itn = istop = null_dim = null_fraction = None
         if method == "dense":
-            eps_t, null_part_t, null_fraction_t, null_dim_t, jac_used = _dense_directions(
-                model, batch, qmat, n, jacobian=jacobian, chunk=chunk_size, timings=timings)
-            unit = from_torch(eps_t.reshape(B * K, p))
-            null_dim, null_fraction = from_torch(null_dim_t), from_torch(null_fraction_t)
+            if directions is None:
+                directions = _dense_directions(model, batch, qmat, n, jacobian=jacobian, chunk=chunk_size)
+            timings["jacobian"], timings["decomposition"] = directions.seconds
+            jac_used = directions.jacobian
+            unit = from_torch(directions.eps.reshape(B * K, p))
+            null_dim, null_fraction = from_torch(directions.null_dim), from_torch(directions.null_fraction)
         else:
             jac_used = lsqr_mode
             unit, itn, istop = _lsqr_directions(model, batch, qmat, jacobian=lsqr_mode, options=options,
@@ -433,7 +489,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
             t0 = time.perf_counter()
             sel = xp.flatnonzero(null_fraction.reshape(-1) > NULL_COMPONENT_TOL)
             if sel.shape[0]:
-                u = from_torch(null_part_t.reshape(B * K, p))[sel]
+                u = from_torch(directions.null_part.reshape(B * K, p))[sel]
                 u_clean = xp.where(xp.abs(u) > _CLEAN_BELOW * xp.abs(u).max(axis=1, keepdims=True), u, 0.0)
                 dirs = xp.stack([kernels.row_normalize(u)[0], kernels.row_normalize(u_clean)[0]], axis=1)
                 ex_sel = example_of[to_host(sel)]
@@ -474,7 +530,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
               "jacobian": jac_used, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
               "n_targets": K, "dtype": str(batch.dtype).replace("torch.", ""), "device": str(batch.device),
               "n_features": n, "n_inputs": p, "null_probes": bool(null_probes and method == "dense"),
-              "null_component_tol": NULL_COMPONENT_TOL, "null_steps": NULL_STEPS}
+              "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared, "null_steps": NULL_STEPS}
     return TargetedBounds(
         std=std.reshape((B,) + input_shape), targeted=targeted.reshape(input_shape), modes=modes,
         divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),

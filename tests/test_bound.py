@@ -8,6 +8,7 @@ import torch
 
 import hcrfast
 from hcrfast.noise import Gaussian
+from hcrfast.targeted import DenseDirections
 
 FAST = hcrfast.LSQROptions(atol=1e-8, btol=1e-8, iter_lim=200)
 
@@ -439,6 +440,35 @@ def test_targets_lift_the_targeted_modes_to_the_least_squares_std(method):
     np.testing.assert_array_equal(res.std[:, ~low], plain.std[:, ~low])  # the other modes are Algorithm 1's
     assert np.all(res.std >= plain.std)
     assert res.targeted is not None and res.params["targets"] == "low:2"
+
+
+def test_dense_solve_shares_its_factorization_with_the_targeted_modes():
+    """With solver="dense", bound(targets=...) derives the targeted directions from the J it already
+    built and factored: the same certified bounds as targeted_bound computing its own, on a ReLU net
+    with dead units (zero rows of J), and the least-squares std on a linear model."""
+    model = _relu_net_with_dead_units()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((3, 1, 8, 8)))
+    res = hcrfast.bound(model, x, 0.3, iterations=2, restarts=3, solver="dense", targets="low:3", chunk_size=2)
+    assert res.params["solver"] == "dense" and res.targeted.params["shared_factorization"]
+    own = hcrfast.targeted_bound(model, x, 0.3, targets="low:3", null_probes=False)
+    assert not own.params["shared_factorization"]
+    np.testing.assert_allclose(res.targeted.std, own.std, rtol=1e-9)
+    np.testing.assert_array_equal(res.targeted.null_dim, own.null_dim)
+
+    rng = np.random.default_rng(22)
+    shape, p, n = (1, 4, 4), 16, 24
+    W = matrix_with_condition(rng, n, p, 100.0)
+    lin = linear_model(W, rng.standard_normal(n), shape)
+    xl = torch.as_tensor(rng.standard_normal((2,) + shape))
+    res = hcrfast.bound(lin, xl, 0.5, iterations=2, restarts=3, solver="dense", targets="low:2")
+    crb = 0.25 * np.diag(dct_basis(shape) @ np.linalg.inv(W.T @ W) @ dct_basis(shape).T).reshape(shape)
+    np.testing.assert_allclose(res.std[:, 0, :2, :2] / np.sqrt(crb[0, :2, :2]), 1.0, atol=0.01)
+    with pytest.raises(ValueError, match="directions="):
+        hcrfast.targeted_bound(lin, xl, 0.5, targets="low:3",
+                               directions=DenseDirections.empty(2, 4, p, "reverse", "cpu"))
+    with pytest.raises(ValueError, match="method='lsqr'"):
+        hcrfast.targeted_bound(lin, xl, 0.5, targets="low:4", method="lsqr",
+                               directions=DenseDirections.empty(2, 4, p, "reverse", "cpu"))
 
 
 def test_laplace_noise_never_exceeds_the_least_squares_variance():

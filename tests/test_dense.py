@@ -159,3 +159,41 @@ def test_min_norm_solver_auto_driver_and_float32_tolerance():
         np.testing.assert_allclose(got[b], want, rtol=1e-7)
     with pytest.raises(ValueError, match="Shape mismatch"):
         dense.min_norm_solver(J32[0])
+
+
+@pytest.mark.parametrize("n,p,r,dead", [(20, 12, 12, 0), (20, 12, 7, 5), (8, 12, 8, 0), (8, 12, 5, 3), (9, 12, 6, 4)])
+def test_min_norm_solver_directions_against_numpy(n, p, r, dead):
+    """The Cramér–Rao directions from the live-row factorization, with zero rows (ReLU features that
+    are off) and rank deficiency, against numpy's pinv of JᵀJ and the projector I − J⁺J."""
+    rng = np.random.default_rng(n * 1000 + p * 10 + r + dead)
+    J = rank_deficient(rng, 3, n, p, r)
+    J[:, rng.permutation(n)[:dead]] = 0.0
+    q = dct_basis((1, 3, 4))
+    solver = dense.min_norm_solver(torch.as_tensor(J))
+    dirs = solver.directions(torch.as_tensor(q), torch.as_tensor(J))
+    for b in range(3):
+        rank = np.linalg.matrix_rank(J[b])
+        assert solver.null_dim[b].item() == p - rank
+        pinv = np.linalg.pinv(J[b])                 # (JᵀJ)⁺ = J⁺ (J⁺)ᵀ, without squaring cond(J)
+        w = q @ pinv                                # rows (J⁺)ᵀ q_k
+        np.testing.assert_allclose(dirs.linear_std[b].numpy(), np.linalg.norm(w, axis=1), rtol=1e-8)
+        direction = w @ pinv.T                      # rows (JᵀJ)⁺ q_k
+        norm = np.linalg.norm(direction @ J[b].T, axis=1, keepdims=True)
+        unit = np.where(norm > 0, direction / np.where(norm > 0, norm, 1.0), 0.0)
+        np.testing.assert_allclose(dirs.eps[b].numpy(), unit, rtol=1e-7, atol=1e-9)
+        P_null = np.eye(p) - pinv @ J[b]
+        np.testing.assert_allclose(dirs.null_part[b].numpy(), q @ P_null, atol=1e-10)
+        np.testing.assert_allclose(dirs.null_fraction[b].numpy(), np.linalg.norm(q @ P_null, axis=1), atol=1e-10)
+
+
+def test_min_norm_solver_directions_match_decompose_in_float32():
+    """Float32 Jacobians (what the models give): both factorizations agree on rank and directions."""
+    rng = np.random.default_rng(5)
+    J = torch.as_tensor(rank_deficient(rng, 2, 14, 16, 9)).float()
+    J[:, 3] = 0.0
+    q = torch.as_tensor(dct_basis((1, 4, 4)))
+    a, solver = dense.decompose(J), dense.min_norm_solver(J)
+    da, db = a.directions(q), solver.directions(q, J)
+    np.testing.assert_array_equal(solver.null_dim.numpy(), a.null_dim.numpy())
+    np.testing.assert_allclose(db.eps.numpy(), da.eps.numpy(), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(db.null_part.numpy(), da.null_part.numpy(), atol=1e-8)
