@@ -5,6 +5,9 @@ weights unless the zoo builds trained ones. Prints wall time, Jacobian products 
 median / 90th percentile of the bound for each solver; ``--json`` writes them.
 
     python benchmarks/dense_vs_lsqr.py cifar10 --examples 1 --restarts 1 --iterations 1 --threads 1
+
+``--targets SPEC`` times each solver a second time with ``bound(targets=SPEC)`` (Algorithm 1 plus the
+targeted modes), so the targets' extra cost is read off one run.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=1)
     ap.add_argument("--solvers", default="dense,lsqr")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--targets", default=None, help="also time each solver with bound(targets=SPEC), e.g. low:16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -48,20 +52,27 @@ def main(argv=None) -> int:
     rows = []
     print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
           f"sigma = {sigma:.4g}, torch threads {torch.get_num_threads()}")
-    for solver in args.solvers.split(","):
+    runs = [(solver, None) for solver in args.solvers.split(",")]
+    if args.targets:
+        runs = [run for solver, _ in runs for run in ((solver, None), (solver, args.targets))]
+    for solver, targets in runs:
         t0 = time.perf_counter()
-        res = hcrfast.bound(model, x, sigma, solver=solver, **kw)
+        res = hcrfast.bound(model, x, sigma, solver=solver, targets=targets, **kw)
         seconds = time.perf_counter() - t0
         h = res.to_numpy()
         dense = res.params["solver"] == "dense"
-        row = dict(solver=solver, seconds=seconds,
+        label = solver if targets is None else f"{solver}+targets"
+        row = dict(solver=solver, targets=targets, seconds=seconds,
+                   targeted=res.params["targeted"] and dict(
+                       res.params["targeted"], timings=res.targeted.timings,
+                       shared_factorization=res.targeted.params.get("shared_factorization", False)),
                    products_per_example=(float(res.params["dense"]["jacobian_products"]) if dense
                                          else products_per_example(h.lsqr_iterations, res.params["warm_start"])),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
                    lsqr_itn=h.lsqr_iterations.ravel().tolist(), lsqr_istop=h.lsqr_istop.ravel().tolist(),
                    dense=res.params["dense"])
         rows.append(row)
-        print(f"  {solver:>5}: {seconds:8.1f} s  products/ex {row['products_per_example']:9.0f}  median "
+        print(f"  {label:>13}: {seconds:8.1f} s  products/ex {row['products_per_example']:9.0f}  median "
               f"{row['median']:.5g}  p90 {row['p90']:.5g}" + (f"  rank {res.params['dense']['rank_median']:.0f}" if dense
                                                               else f"  LSQR steps median {np.median(h.lsqr_iterations):.0f}"),
               flush=True)

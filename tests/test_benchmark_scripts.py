@@ -66,10 +66,14 @@ def test_warm_start_script_runs_with_its_dense_row(tmp_path):
 def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
     out = tmp_path / "d.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "dense_vs_lsqr.py"), "digits", "--examples", "2", "--restarts", "2",
-           "--iterations", "2", "--threads", "1", "--json", str(out)]
+           "--iterations", "2", "--threads", "1", "--targets", "low:4", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    dense, lsqr = json.loads(out.read_text())["rows"]
+    dense, dense_t, lsqr, lsqr_t = json.loads(out.read_text())["rows"]
     assert dense["products_per_example"] == 64 and dense["lsqr_istop"] == [-1] * 8
     assert set(lsqr["lsqr_istop"]) <= {1, 2} and lsqr["products_per_example"] > 64
     assert abs(dense["median"] - lsqr["median"]) <= 1e-3 * lsqr["median"]
+    # with targets: the dense solve hands its factorization to the targeted modes, LSQR cannot
+    assert dense_t["targets"] == "low:4" and dense_t["targeted"]["shared_factorization"]
+    assert not lsqr_t["targeted"]["shared_factorization"] and lsqr_t["targeted"]["n_targets"] == 16  # the 4 x 4 low block
+    assert dense_t["median"] >= dense["median"] and lsqr_t["median"] >= lsqr["median"]
