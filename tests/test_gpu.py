@@ -72,6 +72,27 @@ def test_dense_solve_on_gpu_matches_cpu():
     assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "lsqr"
 
 
+def test_dense_solve_with_targets_on_gpu_matches_cpu():
+    """bound(solver='dense', targets=...) on CUDA: the targeted directions from the solve's shared
+    factorization, certified on the device, as on the CPU."""
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    kw = dict(iterations=2, restarts=2, solver="dense", targets="low:3")
+    cpu = hcrfast.bound(mlp(), x, 0.05, **kw)
+    gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
+    assert gpu.targeted.params["shared_factorization"] and gpu.targeted.params["device"].startswith("cuda")
+    np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=1e-8)
+
+
+@pytest.mark.parametrize("method", ["dense", "lsqr"])
+def test_targeted_bound_on_gpu_matches_cpu(method):
+    """targeted_bound on CUDA (dense: with the null-space probes; lsqr: two batched solves) as on the CPU."""
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    cpu = hcrfast.targeted_bound(mlp(), x, 0.05, targets="low:2", method=method)
+    gpu = hcrfast.targeted_bound(mlp().cuda(), x.cuda(), 0.05, targets="low:2", method=method).to_numpy()
+    np.testing.assert_allclose(gpu.std, cpu.std, rtol=1e-6)
+    np.testing.assert_array_equal(gpu.infinite, cpu.infinite)
+
+
 @pytest.mark.parametrize("impl", ["twin", "numba"])
 def test_bound_float32_on_gpu_with_each_kernel_impl(impl):
     model = mlp(torch.float32).cuda()
