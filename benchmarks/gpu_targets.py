@@ -33,6 +33,11 @@ Usage::
     python benchmarks/gpu_targets.py mnist --out benchmarks/results/
     python benchmarks/gpu_targets.py resnet18 --out benchmarks/results/
     python benchmarks/gpu_targets.py mnist --device cpu --examples 8 --restarts 2 --iterations 2   # smoke test
+    python benchmarks/gpu_targets.py resnet18 --slices 16 --time-budget 420 --out benchmarks/results/
+
+``--slices N`` splits the examples into N ``bound`` calls and rewrites the JSON after each (a run
+killed at a time limit keeps what it finished); ``--time-budget S`` stops after the slice that
+passes S seconds and reports the examples done, with the time extrapolated to all of them.
 """
 from __future__ import annotations
 
@@ -120,7 +125,7 @@ class ProductTimer:
         """Seconds per kind (call after the device is synchronized)."""
         if self.cuda:
             for name, pairs in self.pairs.items():
-                self.seconds[name] = sum(a.elapsed_time(b) for a, b in pairs) / 1e3
+                self.seconds[name] += sum(a.elapsed_time(b) for a, b in pairs) / 1e3
                 pairs.clear()
         return dict(self.seconds)
 
@@ -150,7 +155,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(args) -> dict:
+def run(args, on_slice=None) -> dict:
+    """The measurement; ``on_slice(partial result)`` after every slice but the last."""
     device = torch.device(args.device)
     default_examples, default_restarts, default_iterations, target = TARGETS[args.workload]
     examples = args.examples or default_examples
@@ -158,6 +164,15 @@ def run(args) -> dict:
     iterations = args.iterations or default_iterations
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tf32:
+        # bound(tf32=True) only stops forcing IEEE float32: it runs with the caller's settings, and
+        # torch's defaults keep float32 matmuls in IEEE (only cuDNN convolutions default to TF32).
+        # Turn TF32 on for both, or --tf32 would change nothing for the MLP.
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+        else:  # torch < 2.9
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     zm, model, x = build_workload(args.workload, examples, args.device, mnist_root=args.mnist_root)
     with torch.no_grad():
@@ -174,44 +189,69 @@ def run(args) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    slices = [ids for ids in np.array_split(np.arange(examples), max(1, min(args.slices, examples))) if ids.size]
+    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons)
+    res = None
+
+    def summary(wall: float, timeline: float, inside: dict) -> dict:
+        done = sum(p[0].shape[0] for p in parts)
+        std = np.concatenate([p[0] for p in parts])
+        itn = np.concatenate([p[1] for p in parts])
+        return dict(
+            workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
+            slices=len(slices), restarts=restarts, iterations=iterations,
+            size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
+            tf32=args.tf32,
+            lsqr=dataclasses.asdict(opts),
+            inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
+                                                              else "uniform random images"),
+            device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
+            extrapolated_seconds=wall * examples / done,
+            jvp_seconds=inside["jvp"], vjp_seconds=inside["vjp"],
+            jvp_vjp_share=(inside["jvp"] + inside["vjp"]) / timeline,
+            rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
+            solver=res.params["solver"],
+            products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
+                                  else products_per_example(itn, res.params["warm_start"])),
+            warm_start=res.params["warm_start"],
+            median_lsqr_iterations=float(np.median(itn)),
+            bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
+            target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
+            machine=machine_info("cuda" if device.type == "cuda" else "cpu"),
+        )
+
     with ProductTimer(device) as timer:
         if device.type == "cuda":
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
         t0 = time.perf_counter()
-        res = hcrfast.bound(model, x, sigma, progress=args.progress, **kw)
-        _sync(device)
-        wall = time.perf_counter() - t0
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            timeline = begin.elapsed_time(end) / 1e3
-        else:
-            timeline = wall
-        inside = timer.totals()
+        timeline = 0.0
+        inside = {"jvp": 0.0, "vjp": 0.0}
+        for k, ids in enumerate(slices):
+            res = hcrfast.bound(model, x[int(ids[0]):int(ids[-1]) + 1], sigma, example_ids=ids,
+                                progress=args.progress, **kw)
+            _sync(device)
+            wall = time.perf_counter() - t0
+            if device.type == "cuda":
+                end.record()
+                end.synchronize()
+                timeline = begin.elapsed_time(end) / 1e3
+            else:
+                timeline = wall
+            inside = timer.totals()
+            host = res.to_numpy()
+            parts.append((host.std.reshape(len(ids), -1), host.lsqr_iterations, len(res.infinite_reasons)))
+            if on_slice is not None and k + 1 < len(slices):
+                on_slice(summary(wall, timeline, inside))
+            if args.time_budget is not None and wall > args.time_budget and k + 1 < len(slices):
+                print(f"  time budget {args.time_budget:g} s spent after slice {k + 1}/{len(slices)}: stopping; "
+                      f"the figures below are for the examples done, the time extrapolated", flush=True)
+                break
+            if len(slices) > 1:
+                print(f"  slice {k + 1}/{len(slices)}: {sum(p[0].shape[0] for p in parts)}/{examples} examples, "
+                      f"{wall:.1f} s", flush=True)
 
-    host = res.to_numpy()
-    q = quantiles(host.std)
-    share = (inside["jvp"] + inside["vjp"]) / timeline
-    out = dict(
-        workload=args.workload, examples=examples, restarts=restarts, iterations=iterations,
-        size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
-        tf32=args.tf32,
-        lsqr=dataclasses.asdict(opts),
-        inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
-                                                          else "uniform random images"),
-        device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
-        jvp_seconds=inside["jvp"], vjp_seconds=inside["vjp"], jvp_vjp_share=share,
-        rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
-        solver=res.params["solver"],
-        products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
-                              else products_per_example(host.lsqr_iterations, res.params["warm_start"])),
-        warm_start=res.params["warm_start"],
-        median_lsqr_iterations=float(np.median(host.lsqr_iterations)),
-        bound=q, n_infinite_reasons=len(res.infinite_reasons),
-        target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
-        machine=machine_info("cuda" if device.type == "cuda" else "cpu"),
-    )
+    out = summary(wall, timeline, inside)
     if device.type == "cuda":
         out["peak_torch_bytes"] = int(torch.cuda.max_memory_allocated(device))
         try:
@@ -236,9 +276,11 @@ def _version(dist: str):
 
 def report(r: dict) -> str:
     verdict = ""
-    if r["target_seconds"] is not None and r["device"].startswith("cuda"):
-        met = r["seconds"] < r["target_seconds"]
-        verdict = f" (target < {r['target_seconds']:.0f} s: {'met' if met else 'MISSED'})"
+    full = (r["examples"], r["restarts"], r["iterations"]) == TARGETS[r["workload"]][:3]
+    if r["target_seconds"] is not None and r["device"].startswith("cuda") and full:
+        met = r["extrapolated_seconds"] < r["target_seconds"]
+        verdict = (f" (target < {r['target_seconds']:.0f} s: {'met' if met else 'MISSED'}"
+                   f"{'' if r['complete'] else ', extrapolated'})")
     share_verdict = ""
     if r["device"].startswith("cuda"):
         share_verdict = f" (target >= {r['jvp_vjp_target']:.0%}: {'met' if r['jvp_vjp_share'] >= r['jvp_vjp_target'] else 'MISSED'})"
@@ -249,7 +291,9 @@ def report(r: dict) -> str:
         f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
         f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
-        f"  hcrfast.bound: {r['seconds']:.2f} s wall{verdict}",
+        (f"  hcrfast.bound: {r['seconds']:.2f} s wall" + (f" in {r['slices']} calls" if r["slices"] > 1 else "")
+         + ("" if r["complete"] else f" for {r['examples_done']} of {r['examples']} examples (time budget spent); "
+            f"extrapolated to all: {r['extrapolated_seconds']:.0f} s") + verdict),
         f"  inside JVP/VJP: {r['jvp_seconds'] + r['vjp_seconds']:.2f} s = {r['jvp_vjp_share']:.1%} of the "
         f"{'GPU timeline' if r['device'].startswith('cuda') else 'wall time'}{share_verdict} "
         f"(JVP {r['jvp_seconds']:.2f} s, VJP {r['vjp_seconds']:.2f} s)",
@@ -280,18 +324,32 @@ def main(argv=None) -> int:
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--slices", type=int, default=1,
+                    help="split the examples into this many bound() calls (each example keeps its start vectors); "
+                         "the JSON is rewritten after every slice, so a run killed by a time limit leaves its figures")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds: stop after the slice that passes it and extrapolate the time to all examples")
     ap.add_argument("--out", default=None, help="directory for gpu_targets_<workload>_<device>_<date>.json")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_targets: --device cuda but torch sees no CUDA device; skipped (use --device cpu for a smoke run).")
         return 0
-    r = run(args)
-    print(report(r), flush=True)
+    if args.slices < 1:
+        ap.error(f"--slices {args.slices}: pass a positive number of bound() calls")
+    path = None
     if args.out:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         path = Path(args.out) / f"gpu_targets_{args.workload}_{args.device}_{stamp}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(r, indent=2, default=float))
+
+    def write(r):
+        if path is not None:
+            path.write_text(json.dumps(r, indent=2, default=float))
+
+    r = run(args, on_slice=write)
+    print(report(r), flush=True)
+    write(r)
+    if path is not None:
         print(f"  written {path}")
     return 0
 

@@ -14,17 +14,21 @@ cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/nsys_mlp}
 shift || true
 
+if ! "${PYTHON:-python3}" -c "import nvtx" 2>/dev/null; then
+    echo "note: the Python package nvtx is missing: hcrfast's ranges come from torch.cuda.nvtx, named hcrfast:<phase> in the default domain." >&2
+fi
 if ! command -v nsys >/dev/null 2>&1; then
     echo "nsys (Nsight Systems CLI) is not on PATH; install it or run on a machine that has it." >&2
     exit 1
 fi
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "torch sees no CUDA device: nothing to profile here (see profile_cpu.py for the CPU)." >&2
     exit 1
 fi
 
 nsys profile --trace=cuda,nvtx,osrt --sample=none --force-overwrite=true -o "$OUT" \
-    python benchmarks/profile_cpu.py --device cuda --plain \
+    "$PY" benchmarks/profile_cpu.py --device cuda --plain \
         --examples 32 --restarts 25 --iterations 10 "$@"
 
 cat <<EOF

@@ -81,3 +81,45 @@ def test_vjp(benchmark, mlp, rows, mode, side):
     out = benchmark(fn)
     assert out.shape[0] == rows
     benchmark.extra_info.update(rows=rows, mode=mode, side=side)
+
+
+# ---------------------------------------------------------------- GPU: the DLPack bridge
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("product", ["jvp", "vjp"])
+@pytest.mark.parametrize("side", ["bridge", "plain"])
+def test_product_gpu(benchmark, mlp, rows, product, side):
+    """Mode "reverse" on CUDA: CuPy arrays through ``TorchJacobian`` (DLPack both ways, on the
+    solver stream) vs the same autograd call on tensors; each round ends with a device sync."""
+    import copy
+
+    import cupy
+
+    from hcrfast.bindings import solver_stream
+
+    model = copy.deepcopy(mlp).cuda()
+    x, _, v, u = _setup(mlp, rows, "reverse")
+    x = x.cuda()
+    with solver_stream(x.device):
+        op = TorchJacobian(model, x, mode="reverse")
+        arr = cupy.asarray(v if product == "jvp" else u)
+        if side == "bridge":
+            call = op.matvec if product == "jvp" else op.rmatvec
+            call(arr)  # record the graph outside the timing
+            fn = lambda: call(arr)
+        else:
+            xg, out, d, jtd = op._recorded()
+            t = torch.from_dlpack(arr)
+            fn = ((lambda: torch.autograd.grad(jtd, d, t.reshape(x.shape), retain_graph=True)[0])
+                  if product == "jvp" else (lambda: torch.autograd.grad(out, xg, t, retain_graph=True)[0]))
+
+        def timed():
+            res = fn()
+            torch.cuda.synchronize()
+            return res
+
+        res = benchmark(timed)
+    assert res.shape[0] == rows
+    benchmark.extra_info.update(rows=rows, product=product, side=side, device="cuda")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -65,7 +66,9 @@ def solver_stream(device: torch.device):
     cupy = import_cupy()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
         with cupy.cuda.Device(index), stream:
             yield stream
 

@@ -261,7 +261,11 @@ def _is_oom(exc: BaseException) -> bool:
     if type(exc).__name__ == "OutOfMemoryError":  # CuPy's cupy.cuda.memory.OutOfMemoryError
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text)
+    if isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text
+                                          or "cudaErrorMemoryAllocation" in text):  # CuPy's CUDARuntimeError
+        return True
+    # numba.cuda's CudaAPIError is no RuntimeError: "[CUresult.CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc ..."
+    return type(exc).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in text
 
 
 def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=None, on_halve=None) -> int:

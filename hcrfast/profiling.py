@@ -2,8 +2,10 @@
 
 ``annotate(name)`` marks a range for Nsight Systems (``nsys profile
 --trace=cuda,nvtx``). With no profiler attached the ``nvtx`` package's
-ranges cost well under a microsecond; if the package is missing, a null
-context is used.
+ranges cost well under a microsecond. Without that package (a machine
+whose image lacks it), a CUDA build of torch still emits the ranges through
+``torch.cuda.nvtx``, which has no domains: the names are prefixed
+``hcrfast:`` instead. With neither, a null context is used.
 """
 from __future__ import annotations
 
@@ -17,9 +19,19 @@ DOMAIN = "hcrfast"
 def _nvtx():
     try:
         import nvtx
-    except ImportError:  # pragma: no cover - nvtx is a declared dependency
+    except ImportError:  # nvtx is a declared dependency, but a bare GPU image may lack it
         return None
     return nvtx
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_nvtx():
+    """``torch.cuda.nvtx`` where torch has CUDA and a device, else None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.nvtx
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,4 +45,9 @@ def _range(name: str):
 def annotate(name: str):
     """A context manager marking ``name`` as an NVTX range in the ``hcrfast`` domain."""
     rng = _range(name)
-    return rng if rng is not None else contextlib.nullcontext()
+    if rng is not None:
+        return rng
+    torch_nvtx = _torch_nvtx()
+    if torch_nvtx is not None:
+        return torch_nvtx.range(f"{DOMAIN}:{name}")
+    return contextlib.nullcontext()

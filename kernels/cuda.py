@@ -16,8 +16,11 @@ The wrappers take arrays of one kind and return arrays of that kind:
 * Numba device arrays (and, under the simulator, its fake device arrays):
   outputs are Numba device arrays.
 * Other objects exposing ``__cuda_array_interface__`` (e.g. PyTorch CUDA
-  tensors) are viewed through ``numba.cuda.as_cuda_array`` (which synchronizes
-  the stream they export); outputs are Numba device arrays.
+  tensors) are viewed through ``numba.cuda.as_cuda_array``; outputs are Numba
+  device arrays. PyTorch exports version 2 of the interface, which names no
+  stream, so nothing is synchronized: with ``stream=None`` the kernels run on the
+  legacy default stream, so pass ``stream=torch.cuda.current_stream()`` when
+  torch works on another stream.
 * NumPy arrays: copied to the device, and the results copied back. This is for
   tests and the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``); the CPU path is
   the twins.

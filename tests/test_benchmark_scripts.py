@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,24 @@ def test_gpu_targets_runs_on_cpu_and_accounts_for_its_products(tmp_path):
     assert r["rows_through_jvp"] + r["rows_through_vjp"] >= needed
     assert np.isfinite(r["bound"]["median"]) and r["bound"]["median"] > 0
     assert "hcrfast.bound:" in proc.stdout
+
+
+def test_gpu_targets_slices_keep_the_bounds_and_a_spent_budget_extrapolates(tmp_path):
+    base = [sys.executable, str(ROOT / "benchmarks" / "gpu_targets.py"), "mnist", "--device", "cpu",
+            "--examples", "3", "--restarts", "2", "--iterations", "1", "--threads", "1", "--solver", "dense"]
+    runs = {}
+    for name, extra in (("one", []), ("sliced", ["--slices", "3"]), ("budget", ["--slices", "3", "--time-budget", "0"])):
+        out = tmp_path / name
+        proc = subprocess.run(base + extra + ["--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (path,) = out.glob("gpu_targets_mnist_cpu_*.json")
+        runs[name] = json.loads(path.read_text())
+    one, sliced, budget = runs["one"], runs["sliced"], runs["budget"]
+    assert one["complete"] and sliced["complete"] and sliced["slices"] == 3
+    for q in ("median", "p90"):  # each example keeps its own start vectors; dense steps are exact
+        assert sliced["bound"][q] == pytest.approx(one["bound"][q], rel=1e-6)
+    assert not budget["complete"] and budget["examples_done"] == 1
+    assert budget["extrapolated_seconds"] == pytest.approx(3 * budget["seconds"])
 
 
 def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):

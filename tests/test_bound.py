@@ -279,6 +279,14 @@ def test_out_of_memory_errors_are_recognised():
     assert _is_oom(MemoryError())
     assert _is_oom(OutOfMemoryError("Out of memory allocating 1,048,576 bytes"))
     assert _is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    # CuPy's CUDARuntimeError (a RuntimeError) outside its pool, numba-cuda's CudaAPIError (not one)
+    assert _is_oom(RuntimeError("cudaErrorMemoryAllocation: out of memory"))
+
+    class CudaAPIError(Exception):
+        pass
+
+    assert _is_oom(CudaAPIError("[CUresult.CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY"))
+    assert not _is_oom(CudaAPIError("[CUresult.CUDA_ERROR_INVALID_VALUE] Call to cuLaunchKernel"))
     assert not _is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
     assert not _is_oom(ValueError("out of memory"))
 

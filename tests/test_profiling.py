@@ -1,0 +1,47 @@
+"""NVTX ranges: the nvtx package's domain when installed, torch.cuda.nvtx's prefixed names without it."""
+import contextlib
+
+import pytest
+
+from hcrfast import profiling
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    cached = (profiling._nvtx, profiling._torch_nvtx, profiling._range)
+    for f in cached:
+        f.cache_clear()
+    yield monkeypatch
+    for f in cached:
+        f.cache_clear()
+
+
+def test_nvtx_package_ranges_are_in_the_hcrfast_domain(fresh):
+    nvtx = pytest.importorskip("nvtx")
+    rng = profiling.annotate("lsqr-iterations")
+    assert isinstance(rng, nvtx.annotate) and rng.init_args[:3] == ("lsqr-iterations", None, "hcrfast")
+    with rng:
+        pass
+
+
+def test_without_the_nvtx_package_torch_emits_prefixed_ranges(fresh):
+    pushed = []
+
+    class FakeTorchNvtx:
+        @staticmethod
+        @contextlib.contextmanager
+        def range(msg):
+            pushed.append(msg)
+            yield
+
+    fresh.setattr(profiling, "_nvtx", lambda: None)
+    fresh.setattr(profiling, "_torch_nvtx", lambda: FakeTorchNvtx)
+    with profiling.annotate("jvp"):
+        pass
+    assert pushed == ["hcrfast:jvp"]
+
+
+def test_with_neither_the_range_is_a_null_context(fresh):
+    fresh.setattr(profiling, "_nvtx", lambda: None)
+    fresh.setattr(profiling, "_torch_nvtx", lambda: None)
+    assert isinstance(profiling.annotate("jvp"), contextlib.nullcontext)
