@@ -59,6 +59,7 @@ from race import MNIST_MEAN, MNIST_STD, machine_info, products_per_example, quan
 
 import hcrfast  # noqa: E402
 from hcrfast import data, zoo  # noqa: E402
+from hcrfast import dense as dense_mod  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
 
 #: name: (examples, restarts, iterations, target seconds or None) of the issue.
@@ -74,33 +75,39 @@ JVP_VJP_TARGET = 0.85
 class ProductTimer:
     """Time inside ``TorchJacobian.matvec``/``rmatvec``: CUDA event pairs on the GPU, wall clock on the CPU."""
 
+    #: (owner, attribute, name): TorchJacobian's products, and the dense solve's two phases
+    #: (building J by vmapped products, factoring it), timed apart from the products.
+    TIMED = ((jacobian_mod.TorchJacobian, "matvec", "jvp"), (jacobian_mod.TorchJacobian, "rmatvec", "vjp"),
+             (dense_mod, "jacobian", "dense_jacobian"), (dense_mod, "min_norm_solver", "dense_factor"))
+
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.pairs = {"jvp": [], "vjp": []}
-        self.seconds = {"jvp": 0.0, "vjp": 0.0}
+        self.pairs = {name: [] for _, _, name in self.TIMED}
+        self.seconds = {name: 0.0 for _, _, name in self.TIMED}
         self.rows = {"jvp": 0, "vjp": 0}
         self._depth = 0
         self._saved = []
 
-    def _wrap(self, name, method):
+    def _wrap(self, name, fn):
         timer = self
 
-        @functools.wraps(method)
-        def timed(op, arr):
-            timer.rows[name] += arr.shape[0]
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if name in timer.rows:
+                timer.rows[name] += args[1].shape[0]     # (operator, array): rows of the product
             if timer._depth:  # a product nested in another is already inside its pair
-                return method(op, arr)
+                return fn(*args, **kwargs)
             timer._depth += 1
             try:
                 if timer.cuda:
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    out = method(op, arr)
+                    out = fn(*args, **kwargs)
                     stop.record()
                     timer.pairs[name].append((start, stop))
                 else:
                     t0 = time.perf_counter()
-                    out = method(op, arr)
+                    out = fn(*args, **kwargs)
                     timer.seconds[name] += time.perf_counter() - t0
                 return out
             finally:
@@ -109,16 +116,15 @@ class ProductTimer:
         return timed
 
     def __enter__(self):
-        cls = jacobian_mod.TorchJacobian
-        for attr, name in (("matvec", "jvp"), ("rmatvec", "vjp")):
-            original = getattr(cls, attr)
-            self._saved.append((attr, original))
-            setattr(cls, attr, self._wrap(name, original))
+        for owner, attr, name in self.TIMED:
+            original = getattr(owner, attr)
+            self._saved.append((owner, attr, original))
+            setattr(owner, attr, self._wrap(name, original))
         return self
 
     def __exit__(self, *exc):
-        for attr, original in self._saved:
-            setattr(jacobian_mod.TorchJacobian, attr, original)
+        for owner, attr, original in self._saved:
+            setattr(owner, attr, original)
         self._saved.clear()
 
     def totals(self) -> dict:
@@ -208,6 +214,8 @@ def run(args, on_slice=None) -> dict:
             device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
             extrapolated_seconds=wall * examples / done,
             jvp_seconds=inside["jvp"], vjp_seconds=inside["vjp"],
+            dense_jacobian_seconds=inside["dense_jacobian"], dense_factor_seconds=inside["dense_factor"],
+            model_products_share=(inside["jvp"] + inside["vjp"] + inside["dense_jacobian"]) / timeline,
             jvp_vjp_share=(inside["jvp"] + inside["vjp"]) / timeline,
             rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
             solver=res.params["solver"],
@@ -297,6 +305,10 @@ def report(r: dict) -> str:
         f"  inside JVP/VJP: {r['jvp_seconds'] + r['vjp_seconds']:.2f} s = {r['jvp_vjp_share']:.1%} of the "
         f"{'GPU timeline' if r['device'].startswith('cuda') else 'wall time'}{share_verdict} "
         f"(JVP {r['jvp_seconds']:.2f} s, VJP {r['vjp_seconds']:.2f} s)",
+    ] + ([f"  dense solve: building J {r['dense_jacobian_seconds']:.2f} s, factoring it "
+          f"{r['dense_factor_seconds']:.2f} s; the model's products (J's vmapped VJPs included) "
+          f"{r['model_products_share']:.1%} of the {'GPU timeline' if r['device'].startswith('cuda') else 'wall time'}"]
+         if r["solver"] == "dense" else []) + [
         f"  products per example {r['products_per_example']:.0f}; median LSQR iterations per solve "
         f"{r['median_lsqr_iterations']:.0f}; bound median {r['bound']['median']:.4g}, p90 {r['bound']['p90']:.4g}, "
         f"{r['bound']['n_inf']} infinite",

@@ -96,3 +96,15 @@ def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
     assert dense_t["targets"] == "low:4" and dense_t["targeted"]["shared_factorization"]
     assert not lsqr_t["targeted"]["shared_factorization"] and lsqr_t["targeted"]["n_targets"] == 16  # the 4 x 4 low block
     assert dense_t["median"] >= dense["median"] and lsqr_t["median"] >= lsqr["median"]
+
+
+def test_lsqr_budget_script_caps_the_solves(tmp_path):
+    out = tmp_path / "b.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "lsqr_budget.py"), "digits", "--examples", "2", "--restarts", "2",
+           "--iterations", "2", "--iter-lims", "5,none", "--threads", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    capped, full = json.loads(out.read_text())["rows"]
+    assert capped["iter_lim"] == 5 and capped["steps_max"] == 5 and capped["istop"] == [7]  # 7: iter_lim reached
+    assert full["iter_lim"] is None and full["steps_max"] > 5 and set(full["istop"]) <= {1, 2}
+    assert full["median_vs_last"] == 1.0 and capped["median"] > 0

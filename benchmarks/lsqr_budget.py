@@ -1,0 +1,90 @@
+"""Bound quality against LSQR effort on one zoo model: the same problem at several ``iter_lim`` caps.
+
+Algorithm 1's bound is certified by forward passes whatever ε the solves return, so a capped solve
+still gives a valid bound, only a possibly lower one. This measures how much of the bound each cap
+keeps, and what it costs, where a full solve is expensive (ResNet-18, Swin-T: p ≈ 25,000).
+
+    python benchmarks/lsqr_budget.py resnet18 --examples 1 --restarts 2 --iterations 3 \\
+        --iter-lims 100,300,none --threads 1 --json out.json
+
+Random inputs of the model's geometry (normalized), its published σ scale and start size, random
+weights. Each row: wall time, LSQR steps per solve (median, max), products per example, median and
+90th percentile of the bound, and the ratio of the median to that of the last (most accurate) row.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from race import machine_info, products_per_example  # noqa: E402
+
+import hcrfast  # noqa: E402
+from hcrfast import zoo  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=zoo.NAMES)
+    ap.add_argument("--examples", type=int, default=1)
+    ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iter-lims", default="100,300,none",
+                    help="comma-separated LSQR iter_lim caps; 'none' is DEFAULT_LSQR's 2·max(n, p)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    caps = [None if c.strip().lower() == "none" else int(c) for c in args.iter_lims.split(",")]
+    zm = zoo.build(args.model)
+    model = zm.features.eval().to(args.device)
+    g = torch.Generator().manual_seed(0)
+    x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g)).to(args.device)
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
+    print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
+          f"sigma = {sigma:.4g}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
+    rows = []
+    for cap in caps:
+        opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, iter_lim=cap)
+        t0 = time.perf_counter()
+        res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
+                            lsqr=opts, solver="lsqr")
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        h = res.to_numpy()
+        row = dict(iter_lim=cap, seconds=seconds, steps_median=float(np.median(h.lsqr_iterations)),
+                   steps_max=int(h.lsqr_iterations.max()),
+                   steps_first_solve_median=float(np.median(h.lsqr_iterations[..., 0])),
+                   products_per_example=products_per_example(h.lsqr_iterations, res.params["warm_start"]),
+                   median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
+                   istop=sorted(set(h.lsqr_istop.ravel().tolist())))
+        rows.append(row)
+        print(f"  iter_lim {str(cap):>5}: {seconds:8.1f} s  steps/solve median {row['steps_median']:6.0f} "
+              f"(first solve {row['steps_first_solve_median']:.0f}, max {row['steps_max']})  products/ex "
+              f"{row['products_per_example']:8.0f}  median {row['median']:.5g}  p90 {row['p90']:.5g}  "
+              f"istop {row['istop']}", flush=True)
+    for row in rows:
+        row["median_vs_last"] = row["median"] / rows[-1]["median"]
+    print("  median bound relative to the last row: "
+          + ", ".join(f"{r['iter_lim']}: {r['median_vs_last']:.4f}" for r in rows), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(
+            command="python benchmarks/lsqr_budget.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            args=vars(args), sigma=sigma, machine=machine_info(args.device), rows=rows), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
