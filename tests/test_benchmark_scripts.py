@@ -16,11 +16,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_targets_runs_on_cpu_and_accounts_for_its_products(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_targets.py"), "mnist", "--device", "cpu",
-           "--examples", "3", "--restarts", "2", "--iterations", "1", "--threads", "1", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+def run_script(name, *args):
+    """Run ``benchmarks/<name>`` with ``args`` in a fresh interpreter; its CompletedProcess (exit 0 checked)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_gpu_targets_runs_on_cpu_and_accounts_for_its_products(tmp_path):
+    proc = run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "3", "--restarts", "2",
+                      "--iterations", "1", "--threads", "1", "--out", str(tmp_path))
     (path,) = tmp_path.glob("gpu_targets_mnist_cpu_*.json")
     r = json.loads(path.read_text())
     assert (r["examples"], r["restarts"], r["iterations"]) == (3, 2, 1)
@@ -34,13 +40,13 @@ def test_gpu_targets_runs_on_cpu_and_accounts_for_its_products(tmp_path):
 
 
 def test_gpu_targets_slices_keep_the_bounds_and_a_spent_budget_extrapolates(tmp_path):
-    base = [sys.executable, str(ROOT / "benchmarks" / "gpu_targets.py"), "mnist", "--device", "cpu",
-            "--examples", "3", "--restarts", "2", "--iterations", "1", "--threads", "1", "--solver", "dense"]
+    base = ["mnist", "--device", "cpu", "--examples", "3", "--restarts", "2", "--iterations", "1", "--threads", "1",
+            "--solver", "dense"]
     runs = {}
-    for name, extra in (("one", []), ("sliced", ["--slices", "3"]), ("budget", ["--slices", "3", "--time-budget", "0"])):
+    variants = (("one", []), ("sliced", ["--slices", "3"]), ("budget", ["--slices", "3", "--time-budget", "0"]))
+    for name, extra in variants:
         out = tmp_path / name
-        proc = subprocess.run(base + extra + ["--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        run_script("gpu_targets.py", *base, *extra, "--out", out)
         (path,) = out.glob("gpu_targets_mnist_cpu_*.json")
         runs[name] = json.loads(path.read_text())
     one, sliced, budget = runs["one"], runs["sliced"], runs["budget"]
@@ -60,10 +66,8 @@ def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
 
 
 def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "race.py"), "--model", "mlp", "--examples", "2", "--restarts", "1",
-           "--iterations", "2", "--threads", "1", "--no-sweep", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_script("race.py", "--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "2",
+                      "--threads", "1", "--no-sweep", "--out", str(tmp_path))
     (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
     r = json.loads(path.read_text())
     assert r["hcrfast_default"]["solver"] == "dense" and r["hcrfast_default"]["products_per_example"] == 784
@@ -73,10 +77,8 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
 
 def test_warm_start_script_runs_with_its_dense_row(tmp_path):
     out = tmp_path / "w.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "warm_start.py"), "--examples", "1", "--restarts", "1",
-           "--iterations", "2", "--tols", "1e-3", "--threads", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_script("warm_start.py", "--examples", "1", "--restarts", "1", "--iterations", "2", "--tols", "1e-3",
+                      "--threads", "1", "--json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["start"] for r in rows] == ["cold", "warm", "dense"]
     assert rows[-1]["products_per_example"] == 784 and rows[-1]["median"] > 0
@@ -84,26 +86,23 @@ def test_warm_start_script_runs_with_its_dense_row(tmp_path):
 
 def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
     out = tmp_path / "d.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "dense_vs_lsqr.py"), "digits", "--examples", "2", "--restarts", "2",
-           "--iterations", "2", "--threads", "1", "--targets", "low:4", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_script("dense_vs_lsqr.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
+                      "--threads", "1", "--targets", "low:4", "--json", str(out))
     dense, dense_t, lsqr, lsqr_t = json.loads(out.read_text())["rows"]
     assert dense["products_per_example"] == 64 and dense["lsqr_istop"] == [-1] * 8
     assert set(lsqr["lsqr_istop"]) <= {1, 2} and lsqr["products_per_example"] > 64
     assert abs(dense["median"] - lsqr["median"]) <= 1e-3 * lsqr["median"]
     # with targets: the dense solve hands its factorization to the targeted modes, LSQR cannot
     assert dense_t["targets"] == "low:4" and dense_t["targeted"]["shared_factorization"]
-    assert not lsqr_t["targeted"]["shared_factorization"] and lsqr_t["targeted"]["n_targets"] == 16  # the 4 x 4 low block
+    assert not lsqr_t["targeted"]["shared_factorization"]
+    assert lsqr_t["targeted"]["n_targets"] == 16  # the 4 x 4 low block
     assert dense_t["median"] >= dense["median"] and lsqr_t["median"] >= lsqr["median"]
 
 
 def test_lsqr_budget_script_caps_the_solves(tmp_path):
     out = tmp_path / "b.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "lsqr_budget.py"), "digits", "--examples", "2", "--restarts", "2",
-           "--iterations", "2", "--iter-lims", "5,none", "--threads", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_script("lsqr_budget.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
+                      "--iter-lims", "5,none", "--threads", "1", "--json", str(out))
     capped, full = json.loads(out.read_text())["rows"]
     assert capped["iter_lim"] == 5 and capped["steps_max"] == 5 and capped["istop"] == [7]  # 7: iter_lim reached
     assert full["iter_lim"] is None and full["steps_max"] > 5 and set(full["istop"]) <= {1, 2}
