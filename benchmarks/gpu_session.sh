@@ -114,7 +114,8 @@ EOF
         IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--cold-start|--tf32|--solver dense}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
-            TIMEOUT_S=${MODE_TIMEOUT_S:-60} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 $flags --out "$DEST"
+            TIMEOUT_S=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \
+                --time-budget 45 $flags --out "$DEST"
         done
         ;;
     mnist)
