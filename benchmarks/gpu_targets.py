@@ -348,6 +348,8 @@ def main(argv=None) -> int:
         return 0
     if args.slices < 1:
         ap.error(f"--slices {args.slices}: pass a positive number of bound() calls")
+    if args.time_budget is not None and not args.time_budget >= 0:
+        ap.error(f"--time-budget {args.time_budget}: pass seconds >= 0 (0 stops after the first slice)")
     path = None
     if args.out:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

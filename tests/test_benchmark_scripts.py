@@ -77,8 +77,8 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
 
 def test_warm_start_script_runs_with_its_dense_row(tmp_path):
     out = tmp_path / "w.json"
-    proc = run_script("warm_start.py", "--examples", "1", "--restarts", "1", "--iterations", "2", "--tols", "1e-3",
-                      "--threads", "1", "--json", str(out))
+    run_script("warm_start.py", "--examples", "1", "--restarts", "1", "--iterations", "2", "--tols", "1e-3",
+               "--threads", "1", "--json", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["start"] for r in rows] == ["cold", "warm", "dense"]
     assert rows[-1]["products_per_example"] == 784 and rows[-1]["median"] > 0
@@ -86,8 +86,8 @@ def test_warm_start_script_runs_with_its_dense_row(tmp_path):
 
 def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
     out = tmp_path / "d.json"
-    proc = run_script("dense_vs_lsqr.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
-                      "--threads", "1", "--targets", "low:4", "--json", str(out))
+    run_script("dense_vs_lsqr.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
+               "--threads", "1", "--targets", "low:4", "--json", str(out))
     dense, dense_t, lsqr, lsqr_t = json.loads(out.read_text())["rows"]
     assert dense["products_per_example"] == 64 and dense["lsqr_istop"] == [-1] * 8
     assert set(lsqr["lsqr_istop"]) <= {1, 2} and lsqr["products_per_example"] > 64
@@ -101,8 +101,8 @@ def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
 
 def test_lsqr_budget_script_caps_the_solves(tmp_path):
     out = tmp_path / "b.json"
-    proc = run_script("lsqr_budget.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
-                      "--iter-lims", "5,none", "--threads", "1", "--json", str(out))
+    run_script("lsqr_budget.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
+               "--iter-lims", "5,none", "--threads", "1", "--json", str(out))
     capped, full = json.loads(out.read_text())["rows"]
     assert capped["iter_lim"] == 5 and capped["steps_max"] == 5 and capped["istop"] == [7]  # 7: iter_lim reached
     assert full["iter_lim"] is None and full["steps_max"] > 5 and set(full["istop"]) <= {1, 2}
