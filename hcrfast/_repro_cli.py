@@ -66,10 +66,12 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--cold-start", action="store_true",
                    help="start every LSQR solve from zero, as the published scripts (default: warm starts, "
                         "see hcrfast.bound's warm_start)")
-    g.add_argument("--solver", choices=("auto", "lsqr", "dense"), default="auto",
-                   help="how each least-squares step is solved: matrix-free LSQR, or dense (J built once per "
-                        "example and factored, every step exact; needs --linearize-at input). auto: dense on the "
-                        "CPU for inputs of at most 4096 values (digits, MNIST, CIFAR-10), LSQR otherwise")
+    g.add_argument("--solver", choices=("auto", "lsqr", "dense", "krylov"), default="auto",
+                   help="how each least-squares step is solved: matrix-free LSQR; dense (J built once per "
+                        "example and factored, every step exact); krylov (one reorthogonalized LSQR per example "
+                        "keeps its Krylov basis, every step is projected on it). dense and krylov need "
+                        "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values (digits, "
+                        "MNIST, CIFAR-10), LSQR otherwise")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from hcrfast import dense, profiling, validation
+from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import to_host
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
                               solver_stream, to_torch)
@@ -42,7 +42,7 @@ DEFAULT_LSQR = LSQROptions(atol=1e-5, btol=1e-5, conlim=1e8, iter_lim=None, chec
 _CHUNK_ELEMENTS = 2**24
 
 #: How :func:`bound` solves Algorithm 1's least-squares steps.
-SOLVERS = ("auto", "lsqr", "dense")
+SOLVERS = ("auto", "lsqr", "dense", "krylov")
 
 #: ``solver="auto"`` takes the dense solve on the CPU up to this many input values per example
 #: while an example's J takes at most ``DENSE_SOLVE_MAX_VALUES`` (n·p) values. Measured on one CPU
@@ -60,6 +60,14 @@ _DENSE_ELEMENTS = 2**26
 
 #: ``Bounds.lsqr_istop`` of a problem solved by the dense path (no LSQR ran; SciPy's codes are ≥ 0).
 DENSE_ISTOP = -1
+
+#: ``Bounds.lsqr_istop`` of a step solved by projection onto its example's Krylov basis
+#: (``solver="krylov"``); the step that built the basis keeps its LSQR code and step count.
+KRYLOV_ISTOP = -2
+
+#: Values (the kept Lanczos vectors, :func:`hcrfast.krylov.basis_values`) per chunk of the Krylov
+#: solve on CPUs: 1 GiB in float32.
+_KRYLOV_ELEMENTS = 2**28
 
 
 def rms_sigma(features, scale: float = 1.0) -> float:
@@ -127,7 +135,7 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
-                          min_norm=None):
+                          min_norm=None, basis=None):
     """Run Algorithm 1 for the problems of one chunk (rows of ``x``: examples × restarts).
 
     Returns ``(eps, itn, istop)`` as solver arrays: the final ε (P, p) and the
@@ -141,6 +149,10 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     (LSQR's ``x0``, as SciPy's): since ``z̃(j) = c·z(j−1)`` and ``z(j−1) ≈ J ε(j−1)``,
     x0 leaves only the nonlinear part of ``z(j−1)`` to solve for, and the stopping
     tests still measure the residual against ‖z̃(j)‖. One extra JVP per problem and step.
+
+    With ``basis`` (a :class:`hcrfast.krylov.KrylovBasis` of the chunk's examples at θ), every
+    step is the best ε in the example's Krylov space, ``V_k B_k⁺ U_{k+1}ᵀ z̃``: no model product.
+    Iteration counts are then 0 and stop codes ``KRYLOV_ISTOP`` (the caller reports the basis).
     """
     xp = array_module_for(x.device)
     target = kernels.row_norms(z0, impl=options.kernels)
@@ -151,7 +163,8 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     stuck = xp.zeros(x.shape[0], dtype=bool)
     znorm = None  # ‖z(j−1)‖, from the restart step of the previous solve
     itns, istops = [], []
-    fixed_op = TorchJacobian(model, x, mode=jacobian) if linearize_at == "input" and min_norm is None else None
+    fixed_op = (TorchJacobian(model, x, mode=jacobian)
+                if linearize_at == "input" and min_norm is None and basis is None else None)
     P = x.shape[0]
     for j in range(iterations):
         if min_norm is not None:
@@ -162,6 +175,12 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
             eps = solved if eps is None else xp.where(stuck[:, None], eps, solved)
             itns.append(xp.zeros(P, dtype=xp.int64))
             istops.append(xp.full(P, DENSE_ISTOP, dtype=xp.int64))
+        elif basis is not None:
+            with profiling.annotate("krylov-solve"):
+                solved = krylov.solve(basis, ztilde)
+            eps = solved if eps is None else xp.where(stuck[:, None], eps, solved)
+            itns.append(xp.zeros(P, dtype=xp.int64))
+            istops.append(xp.full(P, KRYLOV_ISTOP, dtype=xp.int64))
         else:
             with profiling.annotate("lsqr"):
                 if fixed_op is not None:  # J at θ: one recorded forward pass serves all i solves
@@ -214,6 +233,15 @@ def _auto_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str) -> i
     """
     if batch.device.type != "cuda":
         return max(1, _CHUNK_ELEMENTS // (restarts * (n + p)))
+    free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
+    per_row = 2 * graph_per_row + 16 * (n + p) * batch.element_size() + 8 * (n + p)
+    fit = int(0.6 * free) // per_row
+    return max(1, fit // restarts)
+
+
+def _free_and_graph_bytes(model, batch, n: int, jacobian: str) -> tuple[int, int]:
+    """Free device memory (after the pools gave back their cached blocks) and the memory one row's
+    recorded product graph (a JVP and a VJP) takes, measured on two rows."""
     torch.cuda.synchronize(batch.device)
     release_device_memory(batch.device)
     free, _ = torch.cuda.mem_get_info(batch.device)
@@ -225,9 +253,7 @@ def _auto_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str) -> i
     probe.rmatvec(from_torch(torch.zeros((2, n), dtype=batch.dtype, device=batch.device)))
     graph_per_row = max(1, (torch.cuda.max_memory_allocated(batch.device) - before) // 2)
     del probe
-    per_row = 2 * graph_per_row + 16 * (n + p) * batch.element_size() + 8 * (n + p)
-    fit = int(0.6 * free) // per_row
-    return max(1, fit // restarts)
+    return free, graph_per_row
 
 
 def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int, p: int, *,
@@ -252,6 +278,41 @@ def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
     release_device_memory(batch.device)
     free, _ = torch.cuda.mem_get_info(batch.device)
     return max(1, int(0.5 * free) // (8 * per_example))
+
+
+def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, options: LSQROptions) -> int:
+    """Examples per chunk of the Krylov solve: each keeps up to :func:`hcrfast.krylov.basis_values`
+    values; on CPUs a fixed budget, on CUDA what fits in free memory beside one product graph per
+    example and the restarts' vectors (the same measurement as :func:`_auto_chunk`'s)."""
+    values = krylov.basis_values(n, p, options)
+    if batch.device.type != "cuda":
+        return max(1, _KRYLOV_ELEMENTS // values)
+    free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
+    # The basis, two product graphs (the chunk's and the compacted one's), LSQR's vectors on one row,
+    # and the restarts' own vectors (z̃, ε, features, their float64 certification) on R rows.
+    per_example = ((values + 16 * (n + p)) * batch.element_size() + 2 * graph_per_row
+                   + restarts * 8 * (n + p) * 8)
+    return max(1, int(0.6 * free) // per_example)
+
+
+def _krylov_params(steps, ranks) -> dict:
+    """``Bounds.params["krylov"]``: the basis sizes and the products they cost per example."""
+    steps = np.asarray(steps)
+    return dict(steps_median=float(np.median(steps)), steps_max=int(steps.max()),
+                rank_median=float(np.median(ranks)), rank_min=int(np.min(ranks)),
+                products_per_example=float(np.mean(2 * steps + 1)))
+
+
+def _basis_progress(start: int, stop: int, total: int, t_start: float):
+    """``progress=True``: a line every 256 basis steps (and the first and last)."""
+    last = [-256]
+
+    def report(steps, active):
+        if steps - last[0] >= 256 or active == 0:
+            last[0] = steps
+            print(f"hcrfast: examples {start}-{stop} of {total}: Krylov basis {steps} steps, {active} still running "
+                  f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+    return report
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -370,7 +431,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         (faster convolutions, ~1e-3 relative error in ``J v`` and ``Jᵀu``, so LSQR works on
         a noisier J). The bound stays certified by the float64 forwards. Default False: the
         call runs in IEEE float32 whatever torch's global settings (restored afterwards).
-    solver : {"auto", "lsqr", "dense"}
+    solver : {"auto", "lsqr", "dense", "krylov"}
         How each step ``ε(j) = argmin ‖J ε − z̃‖`` is solved. "lsqr": matrix-free batched
         LSQR with the ``lsqr`` stopping rules. "dense": build every example's J once
         (min(n, p) products), factor it in float64 and solve every step exactly,
@@ -379,7 +440,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         :func:`hcrfast.dense.min_norm_solver`); needs ``linearize_at="input"``. "auto": dense
         on the CPU while p ≤ ``DENSE_SOLVE_MAX_INPUTS`` and n·p ≤ ``DENSE_SOLVE_MAX_VALUES``
         (measured faster and at least as tight there) unless ``lsqr`` options are given,
-        LSQR otherwise. ``Bounds.params["solver"]`` says which ran.
+        LSQR otherwise. ``Bounds.params["solver"]`` says which ran. "krylov": per example,
+        one LSQR on restart 0's start vector with its Lanczos vectors kept and
+        reorthogonalized (:mod:`hcrfast.krylov`; the ``lsqr`` rules stop it, ``iter_lim``
+        caps it, default :data:`hcrfast.krylov.MAX_STEPS`), then every step is the best ε
+        in that Krylov space, with no further model product: the products of one solve
+        instead of R·i; k·(n + p) values of memory per example; needs
+        ``linearize_at="input"``. ``lsqr_iterations[b, 0, 0]`` is the basis' size,
+        ``params["krylov"]`` its summary.
 
     Returns
     -------
@@ -402,13 +470,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     validation.choice("basis", basis, ("dct", "pixel"))
     validation.choice("jacobian", jacobian, ("reverse", "forward"))
     validation.choice("solver", solver, SOLVERS)
-    if solver == "dense" and linearize_at != "input":
-        raise ValueError("solver='dense' factors J at the input once, but linearize_at='current' needs a new J "
-                         "for every solve; pass linearize_at='input' or solver='lsqr'")
+    if solver in ("dense", "krylov") and linearize_at != "input":
+        raise ValueError(f"solver={solver!r} {'factors J' if solver == 'dense' else 'builds one Krylov basis of J'} "
+                         f"at the input once, but linearize_at='current' needs a new J for every solve; pass "
+                         f"linearize_at='input' or solver='lsqr'")
     for name, flag in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    options = validation.lsqr_options(lsqr) or DEFAULT_LSQR
+    options = validation.lsqr_options(lsqr) or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     chunk_size = validation.chunk_size(chunk_size)
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
@@ -435,6 +504,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         dense_ranks = []
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
+                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options) if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
         shared = None  # the targeted directions, from the dense solve's J and factorization
@@ -462,7 +532,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
             z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
                             dtype=f0.dtype)
-            min_norm = targeted_dirs = None
+            min_norm = targeted_dirs = basis = None
+            if solver == "krylov":
+                with profiling.annotate("krylov-basis"):
+                    pilot = xp.ascontiguousarray(z0[::restarts])  # restart 0's start vector per example
+                    basis = krylov.build(TorchJacobian(model, batch[start:stop], mode=jacobian), pilot, options,
+                                         progress=_basis_progress(start, stop, B, t_start) if progress else None)
             if solver == "dense":
                 with profiling.annotate("dense-factor"):
                     J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
@@ -474,8 +549,13 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 del J
             eps, c_itn, c_istop = _chunk_perturbations(
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
-                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm)
+                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis)
             ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
+            if basis is not None:  # the pilot solve, restart 0's first step, is where the products went
+                first = xp.arange(stop - start) * restarts
+                c_itn[first, 0] = xp.asarray(basis.steps)
+                c_istop[first, 0] = xp.asarray(basis.istop)
+                ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             return eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs
@@ -549,6 +629,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                   dense=None if solver != "dense" else dict(
                       jacobian_products=min(n, p), rank_median=float(np.median(np.concatenate(dense_ranks))),
                       rank_min=int(np.concatenate(dense_ranks).min())),
+                  krylov=None if solver != "krylov" else _krylov_params(to_host(itn[:, 0, 0]),
+                                                                       np.concatenate(dense_ranks)),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(

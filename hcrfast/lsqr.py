@@ -202,11 +202,14 @@ def lsqr_init(op, b, *, impl: str = "auto", x0=None) -> LSQRState:
 
 
 def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
-              ctol: float, iter_lim: int, impl: str = "auto") -> LSQRState:
+              ctol: float, iter_lim: int, impl: str = "auto", orthogonalize=None) -> LSQRState:
     """One LSQR iteration for every active problem; stopped problems stay as they are.
 
     The vectors of ``state`` (x, u, v, w) are updated in place and belong to the
-    returned state: do not use ``state`` afterwards.
+    returned state: do not use ``state`` afterwards. ``orthogonalize(name, vec)``,
+    when given, is called on the new ``u`` and ``v`` (``name`` "u" or "v") before
+    they are normalized and may change ``vec`` in place: :mod:`hcrfast.krylov`
+    reorthogonalizes against the kept Lanczos vectors there.
     """
     s = state
     xp = get_array_module(s.x)
@@ -228,11 +231,15 @@ def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
     # are only read, so an operator may hand back a buffer it still uses.
     u = xp.multiply(s.u, _col(s.alfa.astype(dtype)), out=s.u)
     u = xp.subtract(op.matvec(s.v), u, out=u)
+    if orthogonalize is not None:
+        orthogonalize("u", u)
     u, beta = kernels.row_normalize(u, 1.0, out=u, impl=impl)
     beta = beta.astype(xp.float64)
     anorm = xp.where(act & (beta > 0), xp.sqrt(s.anorm**2 + s.alfa**2 + beta**2 + dampsq), s.anorm)
     v = xp.multiply(s.v, _col(beta.astype(dtype)), out=s.v)
     v = xp.subtract(op.rmatvec(u), v, out=v)
+    if orthogonalize is not None:
+        orthogonalize("v", v)
     v, alfa = kernels.row_normalize(v, 1.0, out=v, impl=impl)
     alfa = alfa.astype(xp.float64)
 

@@ -86,6 +86,7 @@ _ISTOP_MEANING = {
     6: "condition estimate too large for machine precision",
     7: "iteration limit reached",
     -1: "no LSQR: solved exactly by the dense path (solver='dense')",
+    -2: "no LSQR: projected on the example's Krylov basis (solver='krylov')",
 }
 
 
@@ -540,7 +541,7 @@ def run(
     warm_start : bool
         ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
         published scripts; ``--cold-start``).
-    solver : {"auto", "lsqr", "dense"}
+    solver : {"auto", "lsqr", "dense", "krylov"}
         ``hcrfast.bound``'s ``solver`` (``--solver``); "auto" is resolved before the run's
         key is written, so a resumed run keeps the solver its chunks were computed with.
     lsqr_atol, lsqr_btol, lsqr_iter_lim : optional
@@ -568,9 +569,9 @@ def run(
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r} (--device)")
     if solver not in _algorithm.SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(_algorithm.SOLVERS)}, got {solver!r} (--solver)")
-    if solver == "dense" and linearize_at != "input":
-        raise ValueError("--solver dense factors J at the input once; it needs --linearize-at input "
-                         "(or use --solver lsqr)")
+    if solver in ("dense", "krylov") and linearize_at != "input":
+        raise ValueError(f"--solver {solver} works on J at the input only; it needs --linearize-at input "
+                         f"(or use --solver lsqr)")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
     lsqr = dataclasses.replace(

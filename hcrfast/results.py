@@ -31,7 +31,9 @@ class Bounds:
     best_restart : array, shape (B,)
     lsqr_iterations, lsqr_istop : arrays, shape (B, R, i)
         LSQR iteration count and stop code of every solve of Algorithm 1 (SciPy's
-        ``istop``); with ``solver="dense"`` (``params["solver"]``) no LSQR ran: 0 and -1.
+        ``istop``); with ``solver="dense"`` (``params["solver"]``) no LSQR ran: 0 and -1;
+        with ``solver="krylov"`` the basis' LSQR is at ``[b, 0, 0]`` and every other step
+        was a projection: 0 and -2.
     infinite_reasons : list of str
         One line per (example, restart) whose ``D`` is exactly 0.
     params : dict
@@ -87,6 +89,12 @@ class Bounds:
             d = p.get("dense") or {}
             lines.append(f"  dense solve: J built with {d.get('jacobian_products')} products per example, rank of J "
                          f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact")
+        elif p.get("solver") == "krylov":
+            k = p.get("krylov") or {}
+            lines.append(f"  Krylov basis per example (one reorthogonalized LSQR, every step projected on it): "
+                         f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
+                         f"{k.get('products_per_example', float('nan')):.0f} products per example; rank median "
+                         f"{k.get('rank_median', float('nan')):.0f}")
         else:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "

@@ -59,7 +59,7 @@ def test_never_exceeds_least_squares_std_on_linear_models(cond, basis, linearize
     assert np.median(ratio) > 0.01  # and not vacuous
 
 
-@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
 @pytest.mark.parametrize("iterations", [1, 3])
 @pytest.mark.parametrize("n", [24, 16, 10])
 def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, solver):
@@ -152,7 +152,7 @@ class FrozenFeatures(torch.nn.Module):
         return (flat - flat.detach()) + 1.0
 
 
-@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
 def test_zero_divergence_gives_infinite_bound_with_reason(solver):
     x = torch.rand(2, 1, 4, 4, dtype=torch.float64)
     with warnings.catch_warnings():

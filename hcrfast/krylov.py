@@ -1,0 +1,314 @@
+"""One Golub–Kahan basis per example, recycled by every least-squares step of Algorithm 1.
+
+With ``linearize_at="input"`` the R·i steps ``ε(j) = argmin ‖J ε − z̃‖`` of an example all
+share its Jacobian J. LSQR from zero spends its products building a Krylov space that
+resolves J's small singular values (the ones the bound lives on), returns one vector
+and forgets the space; on ResNet-18 that is ~1,920 steps per solve (benchmarks/README.md).
+Here, per example, LSQR runs once on one right-hand side ``b`` (restart 0's start vector)
+with every Lanczos vector kept and reorthogonalized (classical Gram–Schmidt, twice), so
+that after k steps (Paige & Saunders 1982, eqs. 3.1–3.3)
+
+    J V_k = U_{k+1} B_k,   U_{k+1}ᵀU_{k+1} = I,   V_kᵀV_k = I,   B_k lower bidiagonal (k+1) × k.
+
+Every step, for any right-hand side c, is then solved in that space with no model product:
+
+    ε = argmin_{ε ∈ span V_k} ‖J ε − c‖ = V_k B_k⁺ U_{k+1}ᵀ c        (two matrix products)
+
+For ``c = b`` this is LSQR's own iterate x_k; when the space holds J's whole row space
+(k = rank J) it is ``J⁺ c``, the dense solve. Any ε gives a valid bound (``z_ε`` comes from
+forward passes), so a space that misses part of ``c`` costs tightness, never validity.
+The basis is built by :func:`lsqr_step` itself, with LSQR's stopping rules on ``b``, in
+lockstep over the examples of a chunk, stopped ones compacted out as in :func:`hcrfast.lsqr.lsqr`.
+
+Memory: k·(n + p) values per example in the data dtype (ResNet-18 at k = 2,000: 0.4 GB in
+float32), against the ~16 vectors of LSQR; :func:`basis_values` is what chunking counts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from hcrfast import profiling
+from hcrfast.backend import get_array_module, to_host
+from hcrfast.bindings import from_torch, to_torch
+from hcrfast.lsqr import LSQROptions, lsqr_init, lsqr_step
+
+#: Basis steps per example when the options give no ``iter_lim`` (LSQR's own default, 2·p, is
+#: no memory budget): 4,096 steps of ResNet-18's n + p ≈ 50,000 values are 0.8 GB in float32.
+MAX_STEPS = 4096
+
+#: The basis' default stopping rules (``bound(solver="krylov")`` without ``lsqr=``): no tolerance on
+#: the pilot, whose own solve is not the point, so the basis grows until the Krylov space is exhausted
+#: (the next α or β under ``rtol`` × ‖B_k‖: every right-hand side then gets ``J⁺ c`` within the
+#: space reachable from the pilot, which is J's whole row space for a random pilot) or until
+#: :data:`MAX_STEPS`. Stopping at the pilot's own tolerance (atol = btol = 1e-5) lost 17% of the median
+#: bound on the MNIST MLP (200 of ~380 steps) and 19% on ResNet-18 (benchmarks/README.md). No limit on
+#: LSQR's condition estimate either (conlim = 0): in float32 it passes 1e8 before the space is exhausted
+#: (MNIST MLP: 3 of 8 examples stopped 20-60 steps short of J's rank, up to 8% lower bounds); the rank
+#: tolerance ``rtol`` of :func:`build` is what keeps noise out of the solves.
+DEFAULT_OPTIONS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=None, check_every=8)
+
+#: Growth of the kept-vector buffers: first capacity, then doubling.
+_FIRST_CAPACITY = 64
+
+
+def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:
+    """Basis steps at most: ``iter_lim`` if set, else :data:`MAX_STEPS`, and never beyond
+    min(n, p) (orthonormal bases of R^n and R^p hold no more vectors)."""
+    cap = MAX_STEPS if options is None or options.iter_lim is None else int(options.iter_lim)
+    return max(1, min(cap, n, p))
+
+
+def basis_values(n: int, p: int, options: LSQROptions | None = None) -> int:
+    """Values one example's basis may hold at its step limit: U and V, plus the buffer growth's copy."""
+    return 3 * (step_limit(n, p, options) + 1) * (n + p)
+
+
+@dataclass
+class _Factor:
+    """One example's kept vectors and B_kᵀB_k = Y diag(λ) Yᵀ: ``ε = Vᵀ Y diag(filt) Yᵀ B_kᵀ (U c)``."""
+
+    U: torch.Tensor        # (k+1, n), data dtype: u_1 .. u_{k+1} as rows
+    V: torch.Tensor        # (k, p): v_1 .. v_k
+    Y: torch.Tensor        # (k, r) float64: the kept eigenvectors of B_kᵀB_k (right singular vectors of B_k)
+    filt: torch.Tensor     # (r,) float64: 1 / (λ + damp²)
+    singular_values: torch.Tensor  # (k,) float64, descending: B_k's, Ritz values of J
+    rank: int
+    alfa: torch.Tensor     # (k+1,) float64: α_1 .. α_{k+1}
+    beta: torch.Tensor     # (k+1,) float64: β_1 .. β_{k+1}
+
+    def solve(self, c: torch.Tensor) -> torch.Tensor:
+        """(R, n) → (R, p): ``V_k (B_kᵀB_k + damp²)⁺ B_kᵀ U_{k+1}ᵀ c`` (truncated at the rank)."""
+        k = self.V.shape[0]
+        t = (self.U @ c.to(self.U.dtype).T).to(torch.float64)              # U_{k+1}ᵀ c: (k+1, R)
+        w = self.alfa[:k, None] * t[:k] + self.beta[1:k + 1, None] * t[1:k + 1]  # B_kᵀ t: (k, R)
+        y = self.Y @ (self.filt[:, None] * (self.Y.T @ w))
+        return (self.V.T @ y.to(self.V.dtype)).T
+
+
+@dataclass
+class KrylovBasis:
+    """Per-example Golub–Kahan bases, built once by :func:`build`.
+
+    Attributes
+    ----------
+    factors : list of per-example factors (kept vectors and ``B_k⁺``).
+    steps : numpy.ndarray (B,) int64
+        k, the LSQR steps run on the example's pilot right-hand side.
+    istop : numpy.ndarray (B,) int64
+        Why the pilot LSQR stopped (SciPy's codes; 7: the step limit).
+    rank : numpy.ndarray (B,) int64
+        Singular values of B_k kept (above ``rtol`` relative to the largest).
+    """
+
+    factors: list
+    steps: np.ndarray
+    istop: np.ndarray
+    rank: np.ndarray
+    damp: float = 0.0
+    rtol: float = 0.0
+
+    @property
+    def batch(self) -> int:
+        return len(self.factors)
+
+    def solve(self, c: torch.Tensor) -> torch.Tensor:
+        """``V_k B_k⁺ U_{k+1}ᵀ c`` for c of shape (B, R, n); (B, R, p) in the basis' dtype.
+
+        The minimizer of ``‖J ε − c‖`` over ``ε ∈ span V_k`` (the minimum-norm one), for
+        every right-hand side of every example.
+        """
+        if c.ndim != 3 or c.shape[0] != self.batch:
+            raise ValueError(f"Shape mismatch: expected c of shape ({self.batch}, R, n), got {tuple(c.shape)}")
+        return torch.stack([f.solve(ce) for f, ce in zip(self.factors, c)])
+
+    def truncated(self, k: int) -> "KrylovBasis":
+        """The basis after its first k steps (fewer where an example stopped earlier): the Golub–Kahan
+        vectors of a shorter run are a prefix of a longer one's, so one long build serves a study of
+        how the bound grows with k (``benchmarks/krylov_depth.py``)."""
+        k = int(k)
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        factors = [_factor(f.U, f.V, f.alfa, f.beta, min(k, f.V.shape[0]), damp=self.damp, rtol=self.rtol)
+                   for f in self.factors]
+        return KrylovBasis(factors=factors, steps=np.minimum(self.steps, k),
+                           istop=np.where(self.steps > k, 7, self.istop),
+                           rank=np.array([f.rank for f in factors], dtype=np.int64), damp=self.damp, rtol=self.rtol)
+
+    def singular_values(self, example: int) -> torch.Tensor:
+        """B_k's singular values for one example (float64, descending): J's Ritz values, whose
+        extremes converge first to J's extreme singular values."""
+        return self.factors[example].singular_values
+
+
+def _factor(U, V, alfa, beta, k: int, *, damp: float, rtol: float) -> _Factor:
+    """B_k from the recurrence's scalars (``alfa[j] = α_{j+1}``, ``beta[j] = β_{j+1}``), the
+    eigendecomposition of the tridiagonal B_kᵀB_k in float64 (LAPACK's MRRR on the host, O(k²):
+    0.2 s at k = 2,048 on one AMD EPYC core, against 3.2 s for torch's SVD of B_k), and the kept
+    vectors copied out of the shared buffers. Squaring costs no accuracy that matters here: λ is
+    exact to ~eps·λ_max, so singular values down to ``rtol`` ≥ 1e-6 of the largest keep ≥ 4 digits."""
+    dev = alfa.device
+    p = V.shape[-1]
+    a, b = alfa[:k + 1].clone(), beta[:k + 1].clone()
+    if k == 0:
+        empty = torch.zeros(0, dtype=torch.float64, device=dev)
+        return _Factor(U=U[:1].clone(), V=V.new_zeros((0, p)), Y=torch.zeros((0, 0), dtype=torch.float64, device=dev),
+                       filt=empty, singular_values=empty, rank=0, alfa=a, beta=b)
+    ah, bh = a.cpu().numpy(), b.cpu().numpy()
+    diag = ah[:k] ** 2 + bh[1:k + 1] ** 2                 # (B_kᵀB_k)_jj = α_{j+1}² + β_{j+2}²
+    off = ah[1:k] * bh[1:k]                               # (B_kᵀB_k)_{j,j+1} = α_{j+2} β_{j+2}
+    if k == 1:
+        lam, Y = diag.copy(), np.ones((1, 1))
+    else:
+        lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)  # ascending
+    lam, Y = lam[::-1].clip(min=0), Y[:, ::-1]
+    keep = lam > (rtol**2) * max(lam[0], np.finfo(np.float64).tiny)
+    Yk = torch.as_tensor(np.ascontiguousarray(Y[:, keep]), device=dev)
+    filt = torch.as_tensor(1.0 / (lam[keep] + damp * damp), device=dev)
+    return _Factor(U=U[:k + 1].clone(), V=V[:k].clone(), Y=Yk, filt=filt,
+                   singular_values=torch.as_tensor(np.sqrt(lam).copy(), device=dev), rank=int(keep.sum()),
+                   alfa=a, beta=b)
+
+
+def _stop_when_exhausted(state, rtol: float, xp):
+    """Stop a problem whose next β or α is under ``rtol · anorm``: its Krylov space is invariant (β = 0:
+    ``b`` is reached exactly, SciPy's istop 1; α = 0: ``Jᵀr = 0``, istop 2). In floating point the
+    process would go on from rounding noise, whose directions ``solve`` would only discard."""
+    floor = rtol * state.anorm
+    newly = state.active & ((state.beta <= floor) | (state.alfa <= floor))
+    istop = xp.where(newly, xp.where(state.beta <= floor, 1, 2), state.istop)
+    return dataclasses.replace(state, active=state.active & ~newly, istop=istop)
+
+
+def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = None, progress=None,
+          **overrides) -> KrylovBasis:
+    """Run LSQR with kept, reorthogonalized Lanczos vectors on each right-hand side ``b`` (B, n).
+
+    Parameters
+    ----------
+    op : BatchedOperator
+        One matrix per example (rows of ``b``); ``op.take`` drops finished examples.
+    b : array (B, n), NumPy or CuPy
+        The pilot right-hand sides; their dtype is the basis' dtype.
+    options : LSQROptions, optional
+        Default :data:`DEFAULT_OPTIONS`. LSQR's stopping rules for the pilot (``atol``, ``btol``,
+        ``conlim``; a Krylov space that is exhausted stops whatever they say), ``iter_lim``
+        the step limit (:func:`step_limit`), ``damp`` also used by :meth:`KrylovBasis.solve`,
+        ``check_every`` and ``compact_below`` as in :func:`hcrfast.lsqr.lsqr`.
+    rtol : float, optional
+        Singular values of B_k under ``rtol`` × the largest count as zero. Default: the
+        larger of ``1/conlim`` (LSQR's own limit on the condition it follows) and
+        ``sqrt(max(n, p)) · eps(b.dtype)``, the rounding of one product in the data dtype:
+        past J's rank (or its numerical rank) the process goes on from rounding noise, and
+        B_k then has Ritz values at that level (MNIST MLP in float32: 1e-8 of the largest)
+        whose pseudo-inverse would blow ε up along noise.
+    progress : callable, optional
+        Called as ``progress(steps, active)`` at every host check.
+
+    Returns
+    -------
+    KrylovBasis
+    """
+    opts = dataclasses.replace(options or DEFAULT_OPTIONS, **overrides)
+    xp = get_array_module(b)
+    if b.ndim != 2 or b.shape[0] != op.batch or b.shape[1] != op.n_rows:
+        raise ValueError(f"Shape mismatch: expected b of shape ({op.batch}, {op.n_rows}), got {tuple(b.shape)}")
+    m, n = b.shape
+    p = op.n_cols
+    limit = step_limit(n, p, opts)
+    ctol = 1.0 / opts.conlim if opts.conlim > 0 else 0.0
+    step_kw = dict(damp=float(opts.damp), atol=float(opts.atol), btol=float(opts.btol), ctol=ctol,
+                   iter_lim=limit, impl=opts.kernels)
+    if rtol is None:
+        rtol = max(ctol, math.sqrt(max(n, p)) * float(np.finfo(np.dtype(str(b.dtype))).eps))
+
+    full_op = op
+    with profiling.annotate("lsqr.init"):
+        state = lsqr_init(op, b, impl=opts.kernels)
+    tb = to_torch(b)
+    dtype, dev = tb.dtype, tb.device
+    cap = min(limit, _FIRST_CAPACITY)
+    U = torch.empty((m, cap + 1, n), dtype=dtype, device=dev)
+    V = torch.empty((m, cap + 1, p), dtype=dtype, device=dev)
+    alfa = torch.zeros((m, cap + 1), dtype=torch.float64, device=dev)
+    beta = torch.zeros((m, cap + 1), dtype=torch.float64, device=dev)
+    kept = 0  # vectors kept per active example: u_1..u_kept, v_1..v_kept
+
+    def keep(s):
+        nonlocal kept
+        U[:, kept] = to_torch(s.u)
+        V[:, kept] = to_torch(s.v)
+        alfa[:, kept] = to_torch(s.alfa)
+        beta[:, kept] = to_torch(s.beta)
+        kept += 1
+
+    def orthogonalize(name, vec):
+        # Classical Gram–Schmidt twice against the kept vectors ("twice is enough", Giraud et al.
+        # 2005): without it the float32 vectors lose orthogonality within tens of steps and
+        # U_{k+1}ᵀ c would no longer be the projection solve() needs.
+        # Row-vector form (t Qᵀ) Q: on CPUs torch runs it as BLAS GEMMs, 17× faster than Qᵀ(Q t)
+        # (8 × 380 × 784, one thread: 0.24 ms against 4.1 ms).
+        Q = (U if name == "u" else V)[:, :kept]
+        t = to_torch(vec)[:, None, :]
+        for _ in range(2):
+            t -= torch.bmm(torch.bmm(t, Q.transpose(1, 2)), Q)
+
+    keep(state)
+    factors = [None] * m
+    steps = np.zeros(m, dtype=np.int64)
+    istop = np.zeros(m, dtype=np.int64)
+    rows = np.arange(m)  # examples still running, as indices into b
+    done_steps = 0
+    while True:
+        # The deliberate host synchronisation: which examples are still running.
+        active = to_host(state.active)
+        finished = done_steps >= limit or not active.any()
+        if progress is not None:
+            progress(done_steps, int(active.sum()))
+        if finished or active.mean() < opts.compact_below:
+            done = np.ones_like(active) if finished else ~active
+            itn, codes = to_host(state.itn), to_host(state.istop)
+            with profiling.annotate("krylov.factor"):
+                for a in np.flatnonzero(done):
+                    e = rows[a]
+                    steps[e], istop[e] = itn[a], codes[a]
+                    factors[e] = _factor(U[a], V[a], alfa[a], beta[a], int(itn[a]), damp=float(opts.damp),
+                                         rtol=rtol)
+            if finished:
+                break
+            live = np.flatnonzero(active)
+            rows = rows[live]
+            state = state.take(xp.asarray(live))
+            op = full_op.take(xp.asarray(rows))
+            index = torch.as_tensor(live, device=dev)
+            U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
+        with profiling.annotate("krylov.block"):
+            for _ in range(min(opts.check_every, limit - done_steps)):
+                if kept == U.shape[1]:  # full: double the capacity (amortized one copy per vector)
+                    grow = min(U.shape[1], limit + 1 - U.shape[1])
+                    U = torch.cat([U, U.new_empty((U.shape[0], grow, n))], dim=1)
+                    V = torch.cat([V, V.new_empty((V.shape[0], grow, p))], dim=1)
+                    alfa = torch.cat([alfa, alfa.new_zeros((alfa.shape[0], grow))], dim=1)
+                    beta = torch.cat([beta, beta.new_zeros((beta.shape[0], grow))], dim=1)
+                # A problem stopped at an exhausted space keeps stepping until it is compacted out,
+                # through zero vectors whose scalars (kept frozen by masks) may be 0/0 on the way.
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    state = lsqr_step(state, op, orthogonalize=orthogonalize, **step_kw)
+                state = _stop_when_exhausted(state, rtol, xp)
+                keep(state)
+                done_steps += 1
+    return KrylovBasis(factors=factors, steps=steps, istop=istop,
+                       rank=np.array([f.rank for f in factors], dtype=np.int64), damp=float(opts.damp), rtol=rtol)
+
+
+def solve(basis: KrylovBasis, c):
+    """:meth:`KrylovBasis.solve` on solver arrays: c (B·R, n) grouped by example → (B·R, p)."""
+    B = basis.batch
+    tc = to_torch(c)
+    out = basis.solve(tc.reshape(B, tc.shape[0] // B, -1))
+    return from_torch(out.reshape(tc.shape[0], -1))

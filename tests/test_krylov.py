@@ -1,0 +1,257 @@
+"""Recycled Golub–Kahan bases (hcrfast.krylov) against numpy.linalg.pinv / lstsq / qr and SciPy's LSQR,
+and ``bound(solver="krylov")`` against the test's own Algorithm 1 on a projected Krylov space."""
+import numpy as np
+import pytest
+import scipy.fft
+import scipy.sparse.linalg as spla
+import torch
+
+import hcrfast
+from hcrfast import krylov
+from hcrfast.lsqr import LSQROptions
+from hcrfast.operators import DenseBatchOperator
+
+TIGHT = LSQROptions(atol=1e-13, btol=1e-13, conlim=1e14)
+
+
+def spectrum_batch(rng, B, n, p, singular_values):
+    """B matrices n × p with the given singular values (random singular vectors)."""
+    k = len(singular_values)
+    A = np.empty((B, n, p))
+    for b in range(B):
+        U, _ = np.linalg.qr(rng.standard_normal((n, k)))
+        V, _ = np.linalg.qr(rng.standard_normal((p, k)))
+        A[b] = (U * singular_values) @ V.T
+    return A
+
+
+@pytest.mark.parametrize("n,p", [(30, 20), (20, 30)])
+def test_a_basis_of_the_whole_row_space_solves_every_right_hand_side_like_pinv(n, p):
+    """Rank 12 < min(n, p): the basis stops at the rank, and then ``solve`` is J⁺ c for any c."""
+    rng = np.random.default_rng(n)
+    A = spectrum_batch(rng, 3, n, p, np.logspace(0, -2, 12))
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((3, n)), TIGHT)
+    assert np.all(basis.rank == 12) and np.all(basis.steps <= 13)
+    c = rng.standard_normal((3, 5, n))
+    got = basis.solve(torch.as_tensor(c)).numpy()
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A), c)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+
+
+def test_by_default_the_basis_stops_where_the_krylov_space_is_exhausted_in_float32():
+    """No tolerance on the pilot (DEFAULT_OPTIONS): the basis runs to J's rank (12 of min(n, p) = 40) and
+    stops there (rounding noise would follow); the solves are then pinv's up to float32 rounding."""
+    rng = np.random.default_rng(11)
+    A = spectrum_batch(rng, 2, 60, 40, np.logspace(0, -2, 12)).astype(np.float32)
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 60)).astype(np.float32))
+    assert np.all(basis.steps <= 13) and np.all(basis.rank == 12) and set(basis.istop) <= {1, 2}
+    c = rng.standard_normal((2, 3, 60)).astype(np.float32)
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A.astype(np.float64), rcond=1e-4), c)  # rank 12, not float32 noise
+    got = basis.solve(torch.as_tensor(c)).numpy()
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+
+
+def test_a_truncated_basis_is_the_basis_of_a_shorter_run():
+    rng = np.random.default_rng(12)
+    A = spectrum_batch(rng, 2, 30, 25, np.logspace(0, -1, 25))
+    b = rng.standard_normal((2, 30))
+    c = torch.as_tensor(rng.standard_normal((2, 3, 30)))
+    no_stop = LSQROptions(atol=0, btol=0, conlim=0)
+    long = krylov.build(DenseBatchOperator(A), b, no_stop, iter_lim=12)
+    short = krylov.build(DenseBatchOperator(A), b, no_stop, iter_lim=5)
+    cut = long.truncated(5)
+    np.testing.assert_array_equal(cut.steps, [5, 5])
+    np.testing.assert_allclose(cut.solve(c).numpy(), short.solve(c).numpy(), rtol=1e-9, atol=1e-12)
+    assert not np.allclose(long.solve(c).numpy(), short.solve(c).numpy(), rtol=1e-3)
+
+
+def test_the_pilot_right_hand_side_gets_scipys_lsqr_iterate():
+    """k steps from b: the basis' solve of b is LSQR's x_k (SciPy, same k, no early stop)."""
+    rng = np.random.default_rng(1)
+    A = spectrum_batch(rng, 4, 40, 25, np.logspace(0, -1, 25))
+    b = rng.standard_normal((4, 40))
+    k = 7
+    basis = krylov.build(DenseBatchOperator(A), b, LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k))
+    assert np.all(basis.steps == k) and np.all(basis.istop == 7)
+    got = basis.solve(torch.as_tensor(b[:, None, :])).numpy()[:, 0]
+    for e in range(4):
+        want = spla.lsqr(A[e], b[e], atol=0, btol=0, conlim=0, iter_lim=k)[0]
+        np.testing.assert_allclose(got[e], want, rtol=1e-9, atol=1e-12)
+
+
+def test_other_right_hand_sides_get_the_best_vector_of_the_krylov_space():
+    """The space is span{Aᵀb, (AᵀA)Aᵀb, ...} (k vectors, orthonormalized by numpy.linalg.qr); the
+    solve of any c is the least-squares solution restricted to it (numpy.linalg.lstsq on A Q)."""
+    rng = np.random.default_rng(2)
+    A = spectrum_batch(rng, 3, 35, 30, np.logspace(0, -1, 30))
+    b = rng.standard_normal((3, 35))
+    c = rng.standard_normal((3, 4, 35))
+    k = 6
+    basis = krylov.build(DenseBatchOperator(A), b, LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k))
+    got = basis.solve(torch.as_tensor(c)).numpy()
+    for e in range(3):
+        K = [A[e].T @ b[e]]
+        for _ in range(k - 1):
+            K.append(A[e].T @ (A[e] @ K[-1]))
+        Q, _ = np.linalg.qr(np.stack(K, axis=1))
+        y = np.linalg.lstsq(A[e] @ Q, c[e].T, rcond=None)[0]
+        np.testing.assert_allclose(got[e], (Q @ y).T, rtol=1e-8, atol=1e-10)
+
+
+def test_float32_vectors_stay_orthonormal_and_satisfy_the_bidiagonal_relation():
+    """Condition 1e4 in float32 over 150 steps: without reorthogonalization the Lanczos vectors lose
+    orthogonality within tens of steps; with it ‖VᵀV − I‖ and ‖UᵀU − I‖ stay at float32 rounding, and
+    A V_k = U_{k+1} B_k holds (B_k from the kept scalars, via the stored pseudo-inverse's SVD)."""
+    rng = np.random.default_rng(3)
+    A = spectrum_batch(rng, 2, 220, 180, np.logspace(0, -4, 180)).astype(np.float32)
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 220)).astype(np.float32),
+                         LSQROptions(atol=0, btol=0, conlim=0, iter_lim=150))
+    for e, f in enumerate(basis.factors):
+        U, V = f.U.double().numpy(), f.V.double().numpy()
+        assert U.shape == (151, 220) and V.shape == (150, 180)
+        assert np.abs(V @ V.T - np.eye(150)).max() < 2e-5
+        assert np.abs(U @ U.T - np.eye(151)).max() < 2e-5
+        # A V_k = U_{k+1} B_k, B_k lower bidiagonal from the kept α, β
+        a, b = f.alfa.numpy(), f.beta.numpy()
+        Bk = np.zeros((151, 150))
+        Bk[np.arange(150), np.arange(150)] = a[:150]
+        Bk[np.arange(1, 151), np.arange(150)] = b[1:151]
+        assert np.abs(A[e] @ V.T - U.T @ Bk).max() < 1e-4 * np.abs(A[e]).max()
+
+
+def test_examples_stop_on_their_own_and_compaction_changes_nothing():
+    """Example 0 has rank 2 and stops after 2 steps; the others go on. Compacting at every look
+    (compact_below=1) or never (0) gives what each example gets alone."""
+    rng = np.random.default_rng(4)
+    A = np.concatenate([spectrum_batch(rng, 1, 30, 20, [1.0, 0.5]),
+                        spectrum_batch(rng, 2, 30, 20, np.logspace(0, -1, 20))])
+    b = rng.standard_normal((3, 30))
+    c = rng.standard_normal((3, 2, 30))
+    opts = LSQROptions(atol=1e-10, btol=1e-10, check_every=1)
+    alone = [krylov.build(DenseBatchOperator(A[e:e + 1]), b[e:e + 1], opts) for e in range(3)]
+    for compact in (1.0, 0.0):
+        basis = krylov.build(DenseBatchOperator(A), b, opts, compact_below=compact)
+        assert basis.steps[0] == 2 and np.all(basis.steps[1:] > 2)
+        np.testing.assert_array_equal(basis.steps, [a.steps[0] for a in alone])
+        got = basis.solve(torch.as_tensor(c)).numpy()
+        for e in range(3):
+            want = alone[e].solve(torch.as_tensor(c[e:e + 1])).numpy()[0]
+            np.testing.assert_allclose(got[e], want, rtol=1e-10, atol=1e-12)
+
+
+def test_damping_gives_the_damped_least_squares_solution():
+    rng = np.random.default_rng(5)
+    A = spectrum_batch(rng, 2, 25, 15, np.logspace(0, -2, 15))
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 25)), TIGHT, damp=0.05)
+    c = rng.standard_normal((2, 3, 25))
+    got = basis.solve(torch.as_tensor(c)).numpy()
+    for e in range(2):
+        want = np.linalg.solve(A[e].T @ A[e] + 0.05**2 * np.eye(15), A[e].T @ c[e].T).T
+        np.testing.assert_allclose(got[e], want, rtol=1e-8, atol=1e-10)
+
+
+def test_a_zero_operator_gives_an_empty_basis_and_zero_solutions():
+    basis = krylov.build(DenseBatchOperator(np.zeros((2, 6, 4))), np.ones((2, 6)), TIGHT)
+    assert np.all(basis.steps == 0) and np.all(basis.rank == 0) and np.all(basis.istop == 0)
+    assert np.all(basis.solve(torch.ones((2, 3, 6), dtype=torch.float64)).numpy() == 0)
+
+
+def test_bad_shapes_are_named():
+    op = DenseBatchOperator(np.zeros((2, 6, 4)))
+    with pytest.raises(ValueError, match=r"expected b of shape \(2, 6\)"):
+        krylov.build(op, np.ones((2, 5)))
+    basis = krylov.build(DenseBatchOperator(np.eye(3)[None]), np.ones((1, 3)), TIGHT)
+    with pytest.raises(ValueError, match=r"expected c of shape \(1, R, n\)"):
+        basis.solve(torch.ones((2, 1, 3), dtype=torch.float64))
+
+
+def test_step_limit_and_memory_count():
+    assert krylov.step_limit(25088, 24843) == krylov.MAX_STEPS
+    assert krylov.step_limit(40, 784) == 40
+    assert krylov.step_limit(900, 784, LSQROptions(iter_lim=100)) == 100
+    assert krylov.basis_values(40, 784) == 3 * 41 * 824
+
+
+# --- bound(solver="krylov") ----------------------------------------------------------------------------
+
+def _tanh_net():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(),
+                               torch.nn.Linear(48, 56), torch.nn.Tanh()).double().eval()
+
+
+def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
+    """The test's own Algorithm 1: J from torch.func.jacrev, the space of restart 0's start vector after
+    k steps (numpy QR of the Krylov matrix), every step numpy.linalg.lstsq on J Q, z from forward passes."""
+    net = _tanh_net()
+    rng = np.random.default_rng(6)
+    x = torch.as_tensor(rng.standard_normal((2, 1, 8, 8)))
+    sigma, size, R, iterations, k = 0.2, 0.05, 3, 3, 5
+    opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
+    res = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
+                        lsqr=opts)
+    assert res.params["solver"] == "krylov" and res.params["krylov"]["steps_max"] == k
+    assert np.all(res.lsqr_iterations[:, 0, 0] == k) and np.all(res.lsqr_istop[:, 0, 0] == 7)
+    assert np.all(res.lsqr_iterations.reshape(2, -1)[:, 1:] == 0) and np.all(res.lsqr_istop.reshape(2, -1)[:, 1:] == -2)
+    assert res.params["krylov"]["products_per_example"] == 2 * k + 1
+    with torch.no_grad():
+        f0 = net(x).numpy()
+    z0 = hcrfast.start_vectors(np.arange(2), R, 56, seed=2, size=size, sigma=sigma).reshape(2, R, 56)
+    for b in range(2):
+        J = torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(56, 64).detach().numpy()
+        K = [J.T @ z0[b, 0]]
+        for _ in range(k - 1):
+            K.append(J.T @ (J @ K[-1]))
+        Q, _ = np.linalg.qr(np.stack(K, axis=1))
+        target = np.linalg.norm(z0[b], axis=1)
+        zt = z0[b]
+        for _ in range(iterations):
+            eps = (Q @ np.linalg.lstsq(J @ Q, zt.T, rcond=None)[0]).T
+            with torch.no_grad():
+                z = net(x[b] + torch.as_tensor(eps).reshape(R, 1, 8, 8)).numpy() - f0[b]
+            zt = z * (target / np.linalg.norm(z, axis=1))[:, None]
+        d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
+        coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
+        np.testing.assert_allclose(res.std[b].reshape(64), (coords / np.sqrt(d)[:, None]).max(axis=0), rtol=1e-6)
+        np.testing.assert_allclose(res.divergence[b], d, rtol=1e-6)
+    assert "Krylov basis" in res.summary()
+
+
+def test_bound_krylov_with_the_whole_row_space_is_the_dense_solve():
+    net = _tanh_net()
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 8, 8)))
+    kw = dict(size=0.05, iterations=3, restarts=4, seed=1)
+    dense = hcrfast.bound(net, x, 0.2, solver="dense", **kw)
+    rec = hcrfast.bound(net, x, 0.2, solver="krylov", lsqr=TIGHT, chunk_size=2, **kw)
+    assert rec.params["krylov"]["rank_min"] == 48  # J = W2 diag(tanh') W1 has rank 48
+    np.testing.assert_allclose(rec.std, dense.std, rtol=1e-7)
+
+
+@pytest.mark.parametrize("k", [2, 6, None])
+def test_bound_krylov_never_exceeds_the_least_squares_std_on_linear_models(k):
+    """Validity, whatever the basis size: std_k² ≤ σ²[Q (WᵀW)⁻¹ Qᵀ]_kk (W full column rank)."""
+    rng = np.random.default_rng(8)
+    n, p = 30, 16
+    U, _ = np.linalg.qr(rng.standard_normal((n, p)))
+    V, _ = np.linalg.qr(rng.standard_normal((p, p)))
+    W = (U * np.logspace(0, -2, p)) @ V.T
+    lin = torch.nn.Linear(p, n).double()
+    with torch.no_grad():
+        lin.weight.copy_(torch.as_tensor(W))
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin).eval()
+    x = torch.as_tensor(rng.standard_normal((2, 1, 4, 4)))
+    sigma = 0.3
+    res = hcrfast.bound(model, x, sigma, size=0.01, iterations=3, restarts=5, solver="krylov",
+                        lsqr=LSQROptions(atol=1e-12, btol=1e-12, iter_lim=k))
+    Q = np.stack([scipy.fft.dctn(e.reshape(4, 4), norm="ortho").ravel() for e in np.eye(p)], axis=1)
+    crb = sigma**2 * np.diag(Q @ np.linalg.inv(W.T @ W) @ Q.T)
+    ratio = res.std.reshape(2, p) ** 2 / crb
+    assert np.all(ratio <= 1 + 1e-9)
+    if k is None:  # the whole space: Algorithm 1 with exact solves, not vacuous
+        assert np.median(ratio) > 0.01
+
+
+def test_bound_krylov_needs_the_input_linearization():
+    with pytest.raises(ValueError, match="builds one Krylov basis.*linearize_at='input' or solver='lsqr'"):
+        hcrfast.bound(_tanh_net(), torch.zeros(1, 1, 8, 8, dtype=torch.float64), 0.2, solver="krylov",
+                      linearize_at="current")
