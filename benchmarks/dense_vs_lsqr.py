@@ -1,4 +1,4 @@
-"""``hcrfast.bound(solver="dense")`` against ``solver="lsqr"`` on one zoo model, same problem.
+"""``hcrfast.bound(solver="dense")`` against ``"lsqr"`` and ``"krylov"`` on one zoo model, same problem.
 
 Random inputs of the model's geometry (normalized), its published σ scale and start size, random
 weights unless the zoo builds trained ones. Prints wall time, Jacobian products per example, and the
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=1)
     ap.add_argument("--restarts", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=1)
-    ap.add_argument("--solvers", default="dense,lsqr")
+    ap.add_argument("--solvers", default="dense,lsqr", help="comma-separated: dense, lsqr, krylov, auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--targets", default=None, help="also time each solver with bound(targets=SPEC), e.g. low:16")
     ap.add_argument("--json", default=None)
@@ -61,20 +61,24 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - t0
         h = res.to_numpy()
         dense = res.params["solver"] == "dense"
+        recycled = res.params["solver"] == "krylov"
         label = solver if targets is None else f"{solver}+targets"
         row = dict(solver=solver, targets=targets, seconds=seconds,
                    targeted=res.params["targeted"] and dict(
                        res.params["targeted"], timings=res.targeted.timings,
                        shared_factorization=res.targeted.params.get("shared_factorization", False)),
                    products_per_example=(float(res.params["dense"]["jacobian_products"]) if dense
+                                         else res.params["krylov"]["products_per_example"] if recycled
                                          else products_per_example(h.lsqr_iterations, res.params["warm_start"])),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
                    lsqr_itn=h.lsqr_iterations.ravel().tolist(), lsqr_istop=h.lsqr_istop.ravel().tolist(),
-                   dense=res.params["dense"])
+                   dense=res.params["dense"], krylov=res.params["krylov"])
         rows.append(row)
         print(f"  {label:>13}: {seconds:8.1f} s  products/ex {row['products_per_example']:9.0f}  median "
-              f"{row['median']:.5g}  p90 {row['p90']:.5g}" + (f"  rank {res.params['dense']['rank_median']:.0f}" if dense
-                                                              else f"  LSQR steps median {np.median(h.lsqr_iterations):.0f}"),
+              f"{row['median']:.5g}  p90 {row['p90']:.5g}" + (
+                  f"  rank {res.params['dense']['rank_median']:.0f}" if dense
+                  else f"  basis steps median {res.params['krylov']['steps_median']:.0f}" if recycled
+                  else f"  LSQR steps median {np.median(h.lsqr_iterations):.0f}"),
               flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(

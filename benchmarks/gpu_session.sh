@@ -11,7 +11,7 @@
 #             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
 #             of stopped problems on vs off, Numba vs twin kernels, cold vs warm starts, TF32,
-#             LSQR vs the dense solve (decides whether solver="auto" should take it on CUDA too)
+#             LSQR vs the dense solve vs the Krylov basis (decides what solver="auto" takes on CUDA)
 #   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
@@ -19,6 +19,9 @@
 #   resnet18  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), in 16 slices of 8
 #             examples under a 360-s budget: what is not done by then is extrapolated from what is
 #             (an estimate puts the whole run near 1e17 FLOP in IEEE float32, beyond one call)
+#   resnet18-krylov  the same target with solver="krylov" (one reorthogonalized Krylov basis per
+#             example, every step projected on it: ~2 x 4,096 products per example instead of ~25 x 7,800),
+#             in 4 slices of 32 under a 360-s budget
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #
 # MODES="--jacobian forward|--solver dense" picks a subset of the modes ('|'-separated).
@@ -111,7 +114,7 @@ EOF
         ;;
     modes)
         ensure_installed
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--cold-start|--tf32|--solver dense}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--cold-start|--tf32|--solver dense|--solver krylov}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             TIMEOUT_S=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \
@@ -136,6 +139,12 @@ EOF
         TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --slices 16 \
             --time-budget "${RESNET_BUDGET_S:-360}" --progress --out "$DEST"
         ;;
+    resnet18-krylov)
+        ensure_installed
+        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in 4 slices, 360-s budget, the rest extrapolated)"
+        TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov --slices 4 \
+            --time-budget "${RESNET_BUDGET_S:-360}" --progress --out "$DEST"
+        ;;
     tf32)
         ensure_installed
         for flags in "" "--tf32"; do
@@ -145,7 +154,7 @@ EOF
         done
         ;;
     *)
-        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18 tf32" >&2
+        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18 resnet18-krylov tf32" >&2
         exit 2
         ;;
     esac

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from race import MNIST_MEAN, MNIST_STD, machine_info, products_per_example, quantiles  # noqa: E402
 
 import hcrfast  # noqa: E402
-from hcrfast import data, zoo  # noqa: E402
+from hcrfast import data, krylov, zoo  # noqa: E402
 from hcrfast import dense as dense_mod  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
 
@@ -184,7 +184,9 @@ def run(args, on_slice=None) -> dict:
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(torch.cat([model(c) for c in x.split(1024)]), zm.sigma_scale)
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
-    opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, **changes)
+    if args.krylov_steps is not None:
+        changes["iter_lim"] = args.krylov_steps
+    opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if args.solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=args.solver)
 
@@ -220,7 +222,9 @@ def run(args, on_slice=None) -> dict:
             rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
             solver=res.params["solver"],
             products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
+                                  else float(np.mean(2 * itn[:, 0, 0] + 1)) if res.params["solver"] == "krylov"
                                   else products_per_example(itn, res.params["warm_start"])),
+            krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
             warm_start=res.params["warm_start"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
@@ -309,8 +313,10 @@ def report(r: dict) -> str:
           f"{r['dense_factor_seconds']:.2f} s; the model's products (J's vmapped VJPs included) "
           f"{r['model_products_share']:.1%} of the {'GPU timeline' if r['device'].startswith('cuda') else 'wall time'}"]
          if r["solver"] == "dense" else []) + [
-        f"  products per example {r['products_per_example']:.0f}; median LSQR iterations per solve "
-        f"{r['median_lsqr_iterations']:.0f}; bound median {r['bound']['median']:.4g}, p90 {r['bound']['p90']:.4g}, "
+        f"  products per example {r['products_per_example']:.0f}; "
+        + (f"Krylov basis steps median {r['krylov_steps_median']:.0f}" if r.get("krylov_steps_median") is not None
+           else f"median LSQR iterations per solve {r['median_lsqr_iterations']:.0f}")
+        + f"; bound median {r['bound']['median']:.4g}, p90 {r['bound']['p90']:.4g}, "
         f"{r['bound']['n_inf']} infinite",
     ] + ([f"  peak memory: torch {r['peak_torch_bytes'] / 2**30:.1f} GiB, CuPy pool "
           f"{r.get('cupy_pool_bytes', 0) / 2**30:.1f} GiB"] if "peak_torch_bytes" in r else []))
@@ -328,9 +334,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
-    ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense"),
+    ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense", "krylov"),
                     help="bound(solver=...); with the LSQR options this script passes, auto means lsqr. dense: J "
-                         "built per example and factored (its products are not timed as JVP/VJP)")
+                         "built per example and factored (its products are not timed as JVP/VJP). krylov: one "
+                         "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
+    ap.add_argument("--krylov-steps", type=int, default=None,
+                    help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")

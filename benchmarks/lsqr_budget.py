@@ -10,6 +10,10 @@ keeps, and what it costs, where a full solve is expensive (ResNet-18, Swin-T: p 
 Random inputs of the model's geometry (normalized), its published σ scale and start size, random
 weights. Each row: wall time, LSQR steps per solve (median, max), products per example, median and
 90th percentile of the bound, and the ratio of the median to that of the last (most accurate) row.
+
+``--solver krylov`` runs ``bound(solver="krylov")`` instead (its default stopping rules,
+``hcrfast.krylov.DEFAULT_OPTIONS``): the cap is then the size of each example's one Krylov basis,
+and every solve is a projection on it (``hcrfast.krylov``).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from race import machine_info, products_per_example  # noqa: E402
 
 import hcrfast  # noqa: E402
-from hcrfast import zoo  # noqa: E402
+from hcrfast import krylov, zoo  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--iter-lims", default="100,300,none",
                     help="comma-separated LSQR iter_lim caps; 'none' is DEFAULT_LSQR's 2·max(n, p)")
+    ap.add_argument("--solver", default="lsqr", choices=("lsqr", "krylov"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
@@ -52,22 +57,28 @@ def main(argv=None) -> int:
     x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g)).to(args.device)
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
-    print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
+    print(f"{args.model}, solver {args.solver}: {args.examples} examples x R {args.restarts} x i {args.iterations}, "
+          f"s = {zm.size:g}, "
           f"sigma = {sigma:.4g}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
     rows = []
     for cap in caps:
-        opts = dataclasses.replace(hcrfast.DEFAULT_LSQR, iter_lim=cap)
+        base = krylov.DEFAULT_OPTIONS if args.solver == "krylov" else hcrfast.DEFAULT_LSQR
+        opts = dataclasses.replace(base, iter_lim=cap)
         t0 = time.perf_counter()
         res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
-                            lsqr=opts, solver="lsqr")
+                            lsqr=opts, solver=args.solver)
         if args.device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         h = res.to_numpy()
-        row = dict(iter_lim=cap, seconds=seconds, steps_median=float(np.median(h.lsqr_iterations)),
-                   steps_max=int(h.lsqr_iterations.max()),
+        recycled = res.params["solver"] == "krylov"
+        solves = h.lsqr_iterations[:, :1, :1] if recycled else h.lsqr_iterations  # krylov: the basis' LSQR
+        row = dict(solver=args.solver, iter_lim=cap, seconds=seconds, steps_median=float(np.median(solves)),
+                   steps_max=int(solves.max()),
                    steps_first_solve_median=float(np.median(h.lsqr_iterations[..., 0])),
-                   products_per_example=products_per_example(h.lsqr_iterations, res.params["warm_start"]),
+                   products_per_example=(res.params["krylov"]["products_per_example"] if recycled else
+                                         products_per_example(h.lsqr_iterations, res.params["warm_start"])),
+                   krylov=res.params["krylov"],
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
                    istop=sorted(set(h.lsqr_istop.ravel().tolist())))
         rows.append(row)

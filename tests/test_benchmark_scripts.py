@@ -107,3 +107,35 @@ def test_lsqr_budget_script_caps_the_solves(tmp_path):
     assert capped["iter_lim"] == 5 and capped["steps_max"] == 5 and capped["istop"] == [7]  # 7: iter_lim reached
     assert full["iter_lim"] is None and full["steps_max"] > 5 and set(full["istop"]) <= {1, 2}
     assert full["median_vs_last"] == 1.0 and capped["median"] > 0
+
+
+def test_lsqr_budget_script_runs_the_krylov_solver(tmp_path):
+    out = tmp_path / "k.json"
+    run_script("lsqr_budget.py", "digits", "--solver", "krylov", "--examples", "2", "--restarts", "2",
+               "--iterations", "2", "--iter-lims", "5,none", "--threads", "1", "--json", str(out))
+    capped, full = json.loads(out.read_text())["rows"]
+    assert capped["solver"] == "krylov" and capped["steps_max"] == 5 and capped["products_per_example"] == 11
+    assert full["steps_max"] > 5 and full["krylov"]["rank_median"] > 5
+
+
+def test_krylov_depth_script_truncates_one_build(tmp_path):
+    """Each depth's bound equals a bound(solver='krylov') run with that iter_lim (the basis prefix property)."""
+    import numpy as np
+    import torch
+
+    import hcrfast
+    from hcrfast import zoo
+
+    out = tmp_path / "d.json"
+    run_script("krylov_depth.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
+               "--depths", "4,9", "--threads", "1", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["depth"] for r in rows] == [4, 9] and rows[0]["products_per_example"] == 9
+    zm = zoo.build("digits")
+    model = zm.features.eval()
+    x = zm.normalize(torch.rand((2,) + tuple(zm.input_shape), generator=torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
+    direct = hcrfast.bound(model, x, sigma, size=zm.size, restarts=2, iterations=2, solver="krylov",
+                           lsqr=hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=9))
+    assert abs(float(np.median(direct.std)) - rows[1]["median"]) <= 1e-6 * rows[1]["median"]

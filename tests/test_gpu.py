@@ -72,6 +72,19 @@ def test_dense_solve_on_gpu_matches_cpu():
     assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "lsqr"
 
 
+def test_krylov_solve_on_gpu_matches_cpu():
+    """solver='krylov' on CUDA (CuPy LSQR steps, torch reorthogonalization, host eigh of B_kᵀB_k), both in
+    float64 and float32, and compacting every look: the same bases and bounds as on the CPU."""
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for dtype, rtol in ((torch.float64, 1e-7), (torch.float32, 1e-3)):
+        kw = dict(iterations=3, restarts=3, solver="krylov")
+        cpu = hcrfast.bound(mlp().to(dtype), x.to(dtype), 0.05, **kw)
+        gpu = hcrfast.bound(mlp().to(dtype).cuda(), x.to(dtype).cuda(), 0.05, **kw)
+        assert gpu.params["solver"] == "krylov"
+        assert gpu.params["krylov"]["rank_min"] == cpu.params["krylov"]["rank_min"]
+        np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=rtol)
+
+
 def test_dense_solve_with_targets_on_gpu_matches_cpu():
     """bound(solver='dense', targets=...) on CUDA: the targeted directions from the solve's shared
     factorization, certified on the device, as on the CPU."""

@@ -1,0 +1,130 @@
+"""How the bound grows with the size of the Krylov basis (``bound(solver="krylov")``), from one build.
+
+The Golub–Kahan vectors of a k-step run are the first k of a longer run's, so one basis of the largest
+depth, built once per example (LSQR on restart 0's start vector with every vector kept and
+reorthogonalized, no stopping test), is truncated to each depth (``KrylovBasis.truncated``) and
+Algorithm 1 runs on each truncation: the bound a ``solver="krylov"`` run with ``iter_lim=k`` would give,
+at the price of one build.
+
+    python benchmarks/krylov_depth.py resnet18 --examples 1 --restarts 2 --iterations 10 \\
+        --depths 500,1000,2000,4096 --threads 1 --json out.json
+
+Random inputs of the model's geometry (normalized), its published σ scale and start size, random weights:
+the same problem as ``lsqr_budget.py`` (whose JSON ``--reference-json`` reads for the ratios).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from race import machine_info  # noqa: E402
+
+import hcrfast  # noqa: E402
+from hcrfast import algorithm, krylov, zoo  # noqa: E402
+from hcrfast.bindings import TorchJacobian, array_module_for  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=zoo.NAMES)
+    ap.add_argument("--examples", type=int, default=1)
+    ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--depths", default="500,1000,2000,4096", help="comma-separated basis sizes k")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--reference-json", default=None,
+                    help="an lsqr_budget.py JSON of the same problem: its last row's median is the reference")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    depths = sorted(int(d) for d in args.depths.split(","))
+    if depths[0] < 1:
+        raise SystemExit(f"--depths must be positive integers, got {args.depths!r}")
+    zm = zoo.build(args.model)
+    model = zm.features.eval().to(args.device)
+    g = torch.Generator().manual_seed(0)
+    x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g)).to(args.device)
+    with torch.no_grad():
+        f0 = model(x)
+        sigma = hcrfast.rms_sigma(f0, zm.sigma_scale)
+    n = f0[0].numel()
+    reference = None
+    if args.reference_json:
+        ref = json.loads(Path(args.reference_json).read_text())
+        for key in ("examples", "restarts", "iterations"):
+            if ref["args"][key] != getattr(args, key) or ref["args"]["model"] != args.model:
+                raise SystemExit(f"--reference-json is another problem ({key}: {ref['args'][key]!r})")
+        reference = ref["rows"][-1]
+    print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
+          f"sigma = {sigma:.4g}, depths {depths}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
+
+    xp = array_module_for(x.device)
+    pilot = hcrfast.start_vectors(range(args.examples), args.restarts, n, seed=0, size=zm.size,
+                                  sigma=sigma)[::args.restarts]
+    t0 = time.perf_counter()
+
+    def progress(steps, active):
+        if steps % 256 == 0:
+            print(f"  basis: {steps} steps ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    full = krylov.build(TorchJacobian(model, x), xp.asarray(pilot, dtype=np.float32),
+                        hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1], check_every=16),
+                        progress=progress)
+    build_seconds = time.perf_counter() - t0
+    print(f"  basis of {full.steps.tolist()} steps built in {build_seconds:.1f} s", flush=True)
+
+    rows = []
+    real_build = krylov.build
+    for k in depths:
+        basis = full.truncated(k)
+
+        def cached(op, b, options=None, **kw):  # bound()'s own build call, answered from the long build
+            if tuple(b.shape) != (args.examples, n):
+                raise RuntimeError(f"unexpected pilot shape {tuple(b.shape)}")
+            return basis
+
+        algorithm.krylov.build = cached
+        try:
+            t1 = time.perf_counter()
+            res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
+                                solver="krylov", lsqr=hcrfast.LSQROptions(iter_lim=k), chunk_size=args.examples)
+            seconds = time.perf_counter() - t1
+        finally:
+            algorithm.krylov.build = real_build
+        h = res.to_numpy()
+        row = dict(depth=k, steps=basis.steps.tolist(), rank=basis.rank.tolist(),
+                   smallest_ritz_value=[float(f.singular_values[f.rank - 1]) if f.rank else None
+                                        for f in basis.factors],
+                   largest_ritz_value=[float(f.singular_values[0]) if f.rank else None for f in basis.factors],
+                   products_per_example=float(np.mean(2 * basis.steps + 1)),
+                   seconds_after_build=seconds,
+                   seconds_build_estimate=build_seconds * float(np.mean(basis.steps)) / max(1.0, float(np.mean(full.steps))),
+                   median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)))
+        if reference is not None:
+            row["median_vs_reference"] = row["median"] / reference["median"]
+            row["p90_vs_reference"] = row["p90"] / reference["p90"]
+        rows.append(row)
+        print(f"  k {k:>6}: products/ex {row['products_per_example']:7.0f}  median {row['median']:.5g}  "
+              f"p90 {row['p90']:.5g}  Ritz values [{row['smallest_ritz_value'][0]:.3g}, {row['largest_ritz_value'][0]:.3g}]"
+              + (f"  vs reference median {row['median_vs_reference']:.3f} p90 {row['p90_vs_reference']:.3f}"
+                 if reference else "") + f"  ({seconds:.1f} s after the build)", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(
+            command="python benchmarks/krylov_depth.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            args=vars(args), sigma=sigma, build_seconds=build_seconds, reference=reference,
+            machine=machine_info(args.device), rows=rows), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
