@@ -71,7 +71,7 @@ def add_subparser(subparsers) -> None:
                         "example and factored, every step exact); krylov (one reorthogonalized LSQR per example "
                         "keeps its Krylov basis, every step is projected on it). dense and krylov need "
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values (digits, "
-                        "MNIST, CIFAR-10), LSQR otherwise")
+                        "MNIST, CIFAR-10), krylov for larger inputs (ImageNet models), LSQR otherwise")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "

@@ -55,6 +55,16 @@ SOLVERS = ("auto", "lsqr", "dense", "krylov")
 DENSE_SOLVE_MAX_INPUTS = 4096
 DENSE_SOLVE_MAX_VALUES = 2**24
 
+#: ``solver="auto"`` takes the Krylov basis (:mod:`hcrfast.krylov`) for inputs beyond the dense solve's
+#: limits. Measured on ResNet-18 (p = 24,843; benchmarks/README.md, one CPU thread, one example): at
+#: R = 2, i = 10 warm-started LSQR reached a median bound of 0.158 with 15,686 products per example in
+#: 748 s; the basis 0.127-0.146 (81-93%) with 1,501-8,193. At the published R = 25 the basis' cost
+#: barely moves (1,500 steps: 3,001 products, 212 s, median 0.237), while LSQR's grows ~12x (about
+#: 196,000 products per example, hours here; ~12 million row-steps for the 128 x 25 x 10 GPU target,
+#: beyond 10 minutes on one H100 by the FLOP count). At equal R LSQR is tighter; at any budget
+#: that fits, the basis is. ``solver="lsqr"`` remains one argument away.
+KRYLOV_MIN_INPUTS = DENSE_SOLVE_MAX_INPUTS + 1
+
 #: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
 _DENSE_ELEMENTS = 2**26
 
@@ -258,14 +268,18 @@ def _free_and_graph_bytes(model, batch, n: int, jacobian: str) -> tuple[int, int
 
 def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int, p: int, *,
                    lsqr_given: bool = False) -> str:
-    """The solver ``bound(solver=...)`` uses. "auto": dense on the CPU for small inputs (the rule of
-    :data:`DENSE_SOLVE_MAX_INPUTS`) with ``linearize_at="input"``, unless LSQR options were given."""
+    """The solver ``bound(solver=...)`` uses. "auto", with ``linearize_at="input"`` and no LSQR options
+    given: dense on the CPU for small inputs (the rule of :data:`DENSE_SOLVE_MAX_INPUTS`), the Krylov
+    basis for inputs beyond those limits (:data:`KRYLOV_MIN_INPUTS`), LSQR otherwise."""
     validation.choice("solver", solver, SOLVERS)
     if solver != "auto":
         return solver
+    if linearize_at != "input" or lsqr_given:
+        return "lsqr"
     small = p <= DENSE_SOLVE_MAX_INPUTS and n * p <= DENSE_SOLVE_MAX_VALUES
-    cpu = torch.device(device).type == "cpu"
-    return "dense" if linearize_at == "input" and cpu and small and not lsqr_given else "lsqr"
+    if not small:
+        return "krylov"
+    return "dense" if torch.device(device).type == "cpu" else "lsqr"
 
 
 def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
@@ -437,17 +451,20 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         (min(n, p) products), factor it in float64 and solve every step exactly,
         ``ε(j) = J⁺ z̃`` (the minimum-norm solution LSQR from zero converges to; singular
         values under ``max(n, p)·eps`` of J's dtype relative to the largest count as zero,
-        :func:`hcrfast.dense.min_norm_solver`); needs ``linearize_at="input"``. "auto": dense
-        on the CPU while p ≤ ``DENSE_SOLVE_MAX_INPUTS`` and n·p ≤ ``DENSE_SOLVE_MAX_VALUES``
-        (measured faster and at least as tight there) unless ``lsqr`` options are given,
-        LSQR otherwise. ``Bounds.params["solver"]`` says which ran. "krylov": per example,
-        one LSQR on restart 0's start vector with its Lanczos vectors kept and
-        reorthogonalized (:mod:`hcrfast.krylov`; the ``lsqr`` rules stop it, ``iter_lim``
-        caps it, default :data:`hcrfast.krylov.MAX_STEPS`), then every step is the best ε
-        in that Krylov space, with no further model product: the products of one solve
-        instead of R·i; k·(n + p) values of memory per example; needs
-        ``linearize_at="input"``. ``lsqr_iterations[b, 0, 0]`` is the basis' size,
-        ``params["krylov"]`` its summary.
+        :func:`hcrfast.dense.min_norm_solver`); needs ``linearize_at="input"``. "krylov": per
+        example, one LSQR on restart 0's start vector with its Lanczos vectors kept and
+        reorthogonalized (:mod:`hcrfast.krylov`), grown until the Krylov space is exhausted
+        or ``iter_lim`` (default :data:`hcrfast.krylov.MAX_STEPS`; ``lsqr`` options replace
+        :data:`hcrfast.krylov.DEFAULT_OPTIONS`), then every step is the best ε in that space,
+        with no further model product: 2k + 1 products per example whatever R and i;
+        k·(n + p) values of memory per example; needs ``linearize_at="input"``.
+        ``lsqr_iterations[b, 0, 0]`` is the basis' size, ``params["krylov"]`` its summary.
+        "auto", with ``linearize_at="input"`` and no ``lsqr`` options: dense on the CPU while
+        p ≤ ``DENSE_SOLVE_MAX_INPUTS`` and n·p ≤ ``DENSE_SOLVE_MAX_VALUES`` (measured faster
+        and at least as tight there), "krylov" beyond those limits (ResNet-18, Swin-T; see
+        :data:`KRYLOV_MIN_INPUTS` for the measurements), LSQR otherwise (small inputs on
+        CUDA, ``linearize_at="current"``, ``lsqr`` options given).
+        ``Bounds.params["solver"]`` says which ran.
 
     Returns
     -------

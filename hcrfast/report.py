@@ -429,6 +429,14 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         body.append("<h2>Solver</h2>")
         body.append(f"<p>{ls['solves']} least-squares steps (examples × restarts × iterations), each solved "
                     f"exactly as J⁺z̃ from one float64 factorization of every example's Jacobian: no LSQR ran.</p>")
+    elif s.get("solver") == "krylov":
+        body.append("<h2>Solver</h2>")
+        body.append(f"<p>{ls['solves']} least-squares steps (examples × restarts × iterations). One "
+                    f"reorthogonalized LSQR per example (on restart 0's start vector) built a Krylov basis of "
+                    f"J; every step was then solved in that space, with no further model product. Basis "
+                    f"steps per example: max {ls['iterations_max']}, {ls['iterations_total']} in all.</p>")
+        body.append(_table([(f"istop {c}", ls["istop_meaning"][c], n) for c, n in ls["istop_counts"].items()],
+                           header=("stop code", "meaning", "steps")))
     else:
         body.append("<h2>LSQR</h2>")
         body.append(_table([

@@ -650,6 +650,10 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     lsqr_given = lsqr != hcrfast.DEFAULT_LSQR  # --lsqr-* options ask for LSQR
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
                                        int(np.prod(xn.shape[1:])), lsqr_given=lsqr_given)
+    if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
+        lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **{
+            k: getattr(lsqr, k) for k in ("atol", "btol", "iter_lim")
+            if getattr(lsqr, k) != getattr(hcrfast.DEFAULT_LSQR, k)})
 
     key = {
         "format": _FORMAT,

@@ -382,7 +382,11 @@ def test_solver_auto_and_bad_solver_arguments():
     x = torch.as_tensor(np.random.default_rng(2).standard_normal((2, 1, 4, 4)))
     assert hcrfast.bound(net, x, 0.2, iterations=1, restarts=1).params["solver"] == "dense"  # CPU, small p
     assert hcrfast.bound(net, x, 0.2, iterations=1, restarts=1, linearize_at="current").params["solver"] == "lsqr"
-    assert resolve_solver("auto", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "krylov"
+    assert resolve_solver("auto", "input", torch.device("cuda"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "krylov"
+    assert resolve_solver("auto", "current", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1,
+                          lsqr_given=True) == "lsqr"
     assert resolve_solver("auto", "input", torch.device("cuda"), 10, 16) == "lsqr"
     assert resolve_solver("auto", "input", torch.device("cpu"), 10, 16, lsqr_given=True) == "lsqr"
     assert resolve_solver("lsqr", "input", torch.device("cpu"), 10, 16) == "lsqr"

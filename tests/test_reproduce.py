@@ -358,3 +358,18 @@ def test_solver_is_resolved_into_the_run_key_and_never_mixed(weights, tmp_path, 
     code = cli.main(["reproduce", "digits", *small, "--solver", "dense", "--linearize-at", "current",
                      "--out", str(tmp_path / "bad"), "--weights", str(weights)])
     assert code == 2 and "--linearize-at input" in capsys.readouterr().err
+
+
+def test_krylov_solver_runs_with_its_own_stopping_rules(weights, tmp_path):
+    """--solver krylov: the run key holds hcrfast.krylov.DEFAULT_OPTIONS (not DEFAULT_LSQR's pilot tolerance),
+    the basis' steps sit at restart 0, iteration 0 of each example, every other step is a projection (-2)."""
+    out = tmp_path / "krylov"
+    small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "4"]
+    assert cli.main(["reproduce", "digits", *small, "--solver", "krylov", "--out", str(out), "--weights", str(weights),
+                     "--no-progress"]) == 0
+    key = json.loads((out / "run.json").read_text())["key"]
+    assert key["solver"] == "krylov" and key["lsqr"]["atol"] == 0 and key["lsqr"]["conlim"] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lsqr"]["istop_counts"]["-2"] == 4 * (2 * 2 - 1)
+    assert "Krylov basis" in (out / "report.html").read_text()
+
