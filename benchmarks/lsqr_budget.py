@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iter-lims", default="100,300,none",
                     help="comma-separated LSQR iter_lim caps; 'none' is DEFAULT_LSQR's 2·max(n, p)")
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "krylov"))
+    ap.add_argument("--krylov-pilots", type=int, default=1, help="bound(krylov_pilots=...) with --solver krylov")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
@@ -66,13 +67,15 @@ def main(argv=None) -> int:
         opts = dataclasses.replace(base, iter_lim=cap)
         t0 = time.perf_counter()
         res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
-                            lsqr=opts, solver=args.solver)
+                            lsqr=opts, solver=args.solver,
+                            **({"krylov_pilots": args.krylov_pilots} if args.solver == "krylov" else {}))
         if args.device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         h = res.to_numpy()
         recycled = res.params["solver"] == "krylov"
-        solves = h.lsqr_iterations[:, :1, :1] if recycled else h.lsqr_iterations  # krylov: the basis' LSQR
+        # krylov: the bases' LSQRs, at the pilots' first steps
+        solves = h.lsqr_iterations[:, :args.krylov_pilots, :1] if recycled else h.lsqr_iterations
         row = dict(solver=args.solver, iter_lim=cap, seconds=seconds, steps_median=float(np.median(solves)),
                    steps_max=int(solves.max()),
                    steps_first_solve_median=float(np.median(h.lsqr_iterations[..., 0])),

@@ -145,7 +145,7 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
-                          min_norm=None, basis=None):
+                          min_norm=None, basis=None, krylov_pilots=1):
     """Run Algorithm 1 for the problems of one chunk (rows of ``x``: examples × restarts).
 
     Returns ``(eps, itn, istop)`` as solver arrays: the final ε (P, p) and the
@@ -187,7 +187,7 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
             istops.append(xp.full(P, DENSE_ISTOP, dtype=xp.int64))
         elif basis is not None:
             with profiling.annotate("krylov-solve"):
-                solved = krylov.solve(basis, ztilde)
+                solved = krylov.solve(basis, ztilde, pilots=krylov_pilots)
             eps = solved if eps is None else xp.where(stuck[:, None], eps, solved)
             itns.append(xp.zeros(P, dtype=xp.int64))
             istops.append(xp.full(P, KRYLOV_ISTOP, dtype=xp.int64))
@@ -294,27 +294,29 @@ def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
     return max(1, int(0.5 * free) // (8 * per_example))
 
 
-def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, options: LSQROptions) -> int:
-    """Examples per chunk of the Krylov solve: each keeps up to :func:`hcrfast.krylov.basis_values`
-    values; on CPUs a fixed budget, on CUDA what fits in free memory beside one product graph per
-    example and the restarts' vectors (the same measurement as :func:`_auto_chunk`'s)."""
-    values = krylov.basis_values(n, p, options)
+def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, options: LSQROptions,
+                  pilots: int = 1) -> int:
+    """Examples per chunk of the Krylov solve: each keeps up to ``pilots`` ×
+    :func:`hcrfast.krylov.basis_values` values; on CPUs a fixed budget, on CUDA what fits in free
+    memory beside the product graphs and the restarts' vectors (measured as in :func:`_auto_chunk`)."""
+    values = pilots * krylov.basis_values(n, p, options)
     if batch.device.type != "cuda":
         return max(1, _KRYLOV_ELEMENTS // values)
     free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
     # The basis, two product graphs (the chunk's and the compacted one's), LSQR's vectors on one row,
     # and the restarts' own vectors (z̃, ε, features, their float64 certification) on R rows.
-    per_example = ((values + 16 * (n + p)) * batch.element_size() + 2 * graph_per_row
+    per_example = ((values + 16 * pilots * (n + p)) * batch.element_size() + 2 * pilots * graph_per_row
                    + restarts * 8 * (n + p) * 8)
     return max(1, int(0.6 * free) // per_example)
 
 
-def _krylov_params(steps, ranks) -> dict:
-    """``Bounds.params["krylov"]``: the basis sizes and the products they cost per example."""
-    steps = np.asarray(steps)
-    return dict(steps_median=float(np.median(steps)), steps_max=int(steps.max()),
+def _krylov_params(steps, ranks, pilots: int) -> dict:
+    """``Bounds.params["krylov"]``: the bases' sizes (``steps``: examples × pilots) and the products
+    they cost per example."""
+    steps = np.asarray(steps).reshape(-1, pilots)
+    return dict(pilots=pilots, steps_median=float(np.median(steps)), steps_max=int(steps.max()),
                 rank_median=float(np.median(ranks)), rank_min=int(np.min(ranks)),
-                products_per_example=float(np.mean(2 * steps + 1)))
+                products_per_example=float(np.mean((2 * steps + 1).sum(axis=1))))
 
 
 def _basis_progress(start: int, stop: int, total: int, t_start: float):
@@ -378,7 +380,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
-          tf32: bool = False, warm_start: bool = True, solver: str = "auto") -> Bounds:
+          tf32: bool = False, warm_start: bool = True, solver: str = "auto", krylov_pilots: int = 1) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -465,6 +467,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         :data:`KRYLOV_MIN_INPUTS` for the measurements), LSQR otherwise (small inputs on
         CUDA, ``linearize_at="current"``, ``lsqr`` options given).
         ``Bounds.params["solver"]`` says which ran.
+    krylov_pilots : int
+        With ``solver="krylov"``: restarts 0..pilots−1 of each example each build their own
+        basis, and restart r is solved in the basis of pilot ``r mod pilots``. More pilots cost
+        ``pilots`` × the products and memory and bring more restarts their own Krylov space
+        (pilots = restarts: every restart its own basis, recycled over its i steps).
 
     Returns
     -------
@@ -495,6 +502,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     options = validation.lsqr_options(lsqr) or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
+    krylov_pilots = validation.positive_int("krylov_pilots", krylov_pilots)
+    if krylov_pilots > restarts:
+        raise ValueError(f"krylov_pilots={krylov_pilots} exceeds restarts={restarts}: the pilots are restarts "
+                         f"0..krylov_pilots-1; pass at most {restarts}")
     chunk_size = validation.chunk_size(chunk_size)
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
@@ -518,10 +529,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         input_shape = tuple(batch.shape[1:])
         p = math.prod(input_shape)
         solver = resolve_solver(solver, linearize_at, batch.device, n, p, lsqr_given=lsqr is not None)
+        if krylov_pilots != 1 and solver != "krylov":
+            raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
+                             f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
         dense_ranks = []
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
-                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options) if solver == "krylov"
+                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
+                          if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
         shared = None  # the targeted directions, from the dense solve's J and factorization
@@ -552,8 +567,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             min_norm = targeted_dirs = basis = None
             if solver == "krylov":
                 with profiling.annotate("krylov-basis"):
-                    pilot = xp.ascontiguousarray(z0[::restarts])  # restart 0's start vector per example
-                    basis = krylov.build(TorchJacobian(model, batch[start:stop], mode=jacobian), pilot, options,
+                    # Restarts 0..pilots-1 of each example start the bases, one each.
+                    pilot = xp.ascontiguousarray(z0.reshape(stop - start, restarts, n)[:, :krylov_pilots]
+                                                 .reshape(-1, n))
+                    op = TorchJacobian(model, batch[start:stop].repeat_interleave(krylov_pilots, dim=0),
+                                       mode=jacobian)
+                    basis = krylov.build(op, pilot, options,
                                          progress=_basis_progress(start, stop, B, t_start) if progress else None)
             if solver == "dense":
                 with profiling.annotate("dense-factor"):
@@ -566,10 +585,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 del J
             eps, c_itn, c_istop = _chunk_perturbations(
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
-                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis)
+                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
+                krylov_pilots=krylov_pilots)
             ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
-            if basis is not None:  # the pilot solve, restart 0's first step, is where the products went
-                first = xp.arange(stop - start) * restarts
+            if basis is not None:  # the pilots' first steps are where the products went
+                first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()
                 c_itn[first, 0] = xp.asarray(basis.steps)
                 c_istop[first, 0] = xp.asarray(basis.istop)
                 ranks = basis.rank
@@ -646,8 +666,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                   dense=None if solver != "dense" else dict(
                       jacobian_products=min(n, p), rank_median=float(np.median(np.concatenate(dense_ranks))),
                       rank_min=int(np.concatenate(dense_ranks).min())),
-                  krylov=None if solver != "krylov" else _krylov_params(to_host(itn[:, 0, 0]),
-                                                                       np.concatenate(dense_ranks)),
+                  krylov=None if solver != "krylov" else _krylov_params(
+                      to_host(itn[:, :krylov_pilots, 0]), np.concatenate(dense_ranks), krylov_pilots),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(

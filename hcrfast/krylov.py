@@ -306,9 +306,27 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                        rank=np.array([f.rank for f in factors], dtype=np.int64), damp=float(opts.damp), rtol=rtol)
 
 
-def solve(basis: KrylovBasis, c):
-    """:meth:`KrylovBasis.solve` on solver arrays: c (B·R, n) grouped by example → (B·R, p)."""
-    B = basis.batch
+def solve(basis: KrylovBasis, c, *, pilots: int = 1):
+    """Solve the restarts of every example in its pilots' bases, on solver arrays.
+
+    ``basis`` holds B·pilots bases (example-major: example e's pilot j is factor ``e·pilots + j``);
+    ``c`` (B·R, n) holds each example's R right-hand sides in a row. Restart r is solved in its
+    example's basis of pilot ``r mod pilots``. Returns (B·R, p), the solver's array type.
+    """
+    B = basis.batch // pilots
+    if B * pilots != basis.batch or c.shape[0] % max(B, 1):
+        raise ValueError(f"Shape mismatch: {basis.batch} bases for {pilots} pilots per example and "
+                         f"{c.shape[0]} right-hand sides")
     tc = to_torch(c)
-    out = basis.solve(tc.reshape(B, tc.shape[0] // B, -1))
+    R = tc.shape[0] // B
+    grouped = tc.reshape(B, R, -1)
+    if pilots == 1:
+        return from_torch(basis.solve(grouped).reshape(tc.shape[0], -1))
+    out = None
+    for j in range(pilots):
+        part = KrylovBasis(factors=basis.factors[j::pilots], steps=basis.steps[j::pilots],
+                           istop=basis.istop[j::pilots], rank=basis.rank[j::pilots]).solve(grouped[:, j::pilots])
+        if out is None:
+            out = part.new_empty((B, R, part.shape[-1]))
+        out[:, j::pilots] = part
     return from_torch(out.reshape(tc.shape[0], -1))

@@ -91,7 +91,8 @@ class Bounds:
                          f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact")
         elif p.get("solver") == "krylov":
             k = p.get("krylov") or {}
-            lines.append(f"  Krylov basis per example (one reorthogonalized LSQR, every step projected on it): "
+            lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s); one reorthogonalized "
+                         f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
                          f"{k.get('products_per_example', float('nan')):.0f} products per example; rank median "
                          f"{k.get('rank_median', float('nan')):.0f}")

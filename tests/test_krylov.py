@@ -255,3 +255,44 @@ def test_bound_krylov_needs_the_input_linearization():
     with pytest.raises(ValueError, match="builds one Krylov basis.*linearize_at='input' or solver='lsqr'"):
         hcrfast.bound(_tanh_net(), torch.zeros(1, 1, 8, 8, dtype=torch.float64), 0.2, solver="krylov",
                       linearize_at="current")
+
+
+def test_pilots_give_each_restart_the_basis_of_pilot_r_mod_pilots():
+    """krylov_pilots = 2: bases from restarts 0 and 1 (their own Krylov spaces, checked by SciPy's LSQR
+    iterate on their first steps); restart r uses pilot r mod 2. Each pilot's basis equals a one-pilot
+    build on that start vector (numpy QR + lstsq oracle of the projection)."""
+    net = _tanh_net()
+    rng = np.random.default_rng(9)
+    x = torch.as_tensor(rng.standard_normal((2, 1, 8, 8)))
+    sigma, size, R, k = 0.2, 0.05, 4, 6
+    opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
+    res = hcrfast.bound(net, x, sigma, size=size, iterations=1, restarts=R, seed=4, solver="krylov", lsqr=opts,
+                        krylov_pilots=2, certify=False)
+    assert res.params["krylov"]["pilots"] == 2 and res.params["krylov"]["products_per_example"] == 2 * (2 * k + 1)
+    assert np.all(res.lsqr_iterations[:, :2, 0] == k) and np.all(res.lsqr_istop[:, 2:, 0] == -2)
+    z0 = hcrfast.start_vectors(np.arange(2), R, 56, seed=4, size=size, sigma=sigma).reshape(2, R, 56)
+    for b in range(2):
+        J = torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(56, 64).detach().numpy()
+        best = np.zeros(64)
+        for r in range(R):
+            pilot = z0[b, r % 2]
+            K = [J.T @ pilot]
+            for _ in range(k - 1):
+                K.append(J.T @ (J @ K[-1]))
+            Q, _ = np.linalg.qr(np.stack(K, axis=1))
+            eps = Q @ np.linalg.lstsq(J @ Q, z0[b, r], rcond=None)[0]
+            with torch.no_grad():
+                z = (net(x[b:b + 1] + torch.as_tensor(eps).reshape(1, 1, 8, 8)) - net(x[b:b + 1])).numpy()[0]
+            d = np.expm1(z @ z / sigma**2)
+            best = np.maximum(best, np.abs(scipy.fft.dctn(eps.reshape(8, 8), norm="ortho")).ravel() / np.sqrt(d))
+        np.testing.assert_allclose(res.std[b].reshape(64), best, rtol=1e-6)
+
+
+def test_krylov_pilots_are_checked():
+    net, x = _tanh_net(), torch.zeros(1, 1, 8, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="krylov_pilots=3 exceeds restarts=2"):
+        hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=3)
+    with pytest.raises(ValueError, match="applies to solver='krylov' only"):
+        hcrfast.bound(net, x, 0.2, restarts=2, solver="dense", krylov_pilots=2)
+    with pytest.raises(ValueError, match="krylov_pilots"):
+        hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=0)
