@@ -29,7 +29,7 @@ from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
 from hcrfast import algorithm, krylov, zoo  # noqa: E402
-from hcrfast.bindings import TorchJacobian, array_module_for  # noqa: E402
+from hcrfast.bindings import TorchJacobian, array_module_for, ieee_float32, solver_stream  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -77,9 +77,11 @@ def main(argv=None) -> int:
         if steps % 256 == 0:
             print(f"  basis: {steps} steps ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    full = krylov.build(TorchJacobian(model, x), xp.asarray(pilot, dtype=np.float32),
-                        hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1], check_every=16),
-                        progress=progress)
+    # As bound() builds it: on the solver's stream, with IEEE float32 products (cuDNN defaults to TF32).
+    with solver_stream(x.device), ieee_float32():
+        full = krylov.build(TorchJacobian(model, x), xp.asarray(pilot, dtype=np.float32),
+                            hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1], check_every=16),
+                            progress=progress)
     build_seconds = time.perf_counter() - t0
     print(f"  basis of {full.steps.tolist()} steps built in {build_seconds:.1f} s", flush=True)
 

@@ -501,7 +501,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     for name, flag in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    options = validation.lsqr_options(lsqr) or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
+    given_options = validation.lsqr_options(lsqr)
+    options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     krylov_pilots = validation.positive_int("krylov_pilots", krylov_pilots)
     if krylov_pilots > restarts:
         raise ValueError(f"krylov_pilots={krylov_pilots} exceeds restarts={restarts}: the pilots are restarts "
@@ -529,6 +530,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         input_shape = tuple(batch.shape[1:])
         p = math.prod(input_shape)
         solver = resolve_solver(solver, linearize_at, batch.device, n, p, lsqr_given=lsqr is not None)
+        # "auto" may have become "krylov": its basis has its own default rules, not LSQR's.
+        options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")

@@ -51,6 +51,21 @@ def test_by_default_the_basis_stops_where_the_krylov_space_is_exhausted_in_float
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("rank", [10, 70, 100, 120])
+def test_by_default_the_basis_runs_past_the_pilots_own_convergence_to_the_rank(rank):
+    """Without a tolerance, LSQR's "for this machine" stops (istop 4-6), which fire once the pilot is
+    solved to rounding, must not end the basis: in float64 a rank-70 matrix used to stop at istop 5
+    with α_{k+1} = 6e-7 and the solves 1.5e-5 off pinv; now it runs to the rank, and pinv's answer."""
+    rng = np.random.default_rng(rank)
+    A = spectrum_batch(rng, 1, 150, 120, np.logspace(0, -2, rank))
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((1, 150)))
+    assert basis.rank[0] == rank and basis.istop[0] in (1, 2)
+    c = rng.standard_normal((1, 4, 150))
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A, rcond=1e-10), c)
+    got = basis.solve(torch.as_tensor(c)).numpy()
+    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
+
+
 def test_a_truncated_basis_is_the_basis_of_a_shorter_run():
     rng = np.random.default_rng(12)
     A = spectrum_batch(rng, 2, 30, 25, np.logspace(0, -1, 25))
@@ -296,3 +311,18 @@ def test_krylov_pilots_are_checked():
         hcrfast.bound(net, x, 0.2, restarts=2, solver="dense", krylov_pilots=2)
     with pytest.raises(ValueError, match="krylov_pilots"):
         hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=0)
+
+
+def test_auto_on_large_inputs_builds_the_basis_with_its_own_rules():
+    """p = 4,225 > DENSE_SOLVE_MAX_INPUTS: "auto" takes the basis, with hcrfast.krylov.DEFAULT_OPTIONS
+    (no pilot tolerance), not DEFAULT_LSQR's atol = 1e-5, and gets what solver="krylov" gets."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4225, 24), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 1, 65, 65, dtype=torch.float64)
+    auto = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2)
+    assert auto.params["solver"] == "krylov" and auto.params["lsqr"]["atol"] == 0
+    assert auto.params["lsqr"] == hcrfast.algorithm.dataclasses.asdict(krylov.DEFAULT_OPTIONS)
+    explicit = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, solver="krylov")
+    np.testing.assert_array_equal(auto.std, explicit.std)
+    assert auto.params["krylov"]["rank_min"] == 24
+
