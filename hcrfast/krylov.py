@@ -38,7 +38,7 @@ import torch
 from hcrfast import profiling
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import from_torch, ieee_float32, to_torch
-from hcrfast.lsqr import LSQROptions, lsqr_init, lsqr_step
+from hcrfast.lsqr import LSQROptions, compact, lsqr_init, lsqr_step
 
 #: Basis steps per example when the options give no ``iter_lim`` (LSQR's own default, 2·p, is
 #: no memory budget): 4,096 steps of ResNet-18's n + p ≈ 50,000 values are 0.8 GB in float32.
@@ -305,9 +305,7 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
             if finished:
                 break
             live = np.flatnonzero(active)
-            rows = rows[live]
-            state = state.take(xp.asarray(live))
-            op = full_op.take(xp.asarray(rows))
+            state, op, rows = compact(state, full_op, rows, live)
             index = torch.as_tensor(live, device=dev)
             U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
         with profiling.annotate("krylov.block"):

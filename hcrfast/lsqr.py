@@ -344,6 +344,17 @@ def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
 _RESULT_FIELDS = ("x", "istop", "itn", "r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm")
 
 
+def compact(state: LSQRState, full_op, rows: np.ndarray, keep: np.ndarray):
+    """Keep the problems at positions ``keep`` of the active batch (host indices).
+
+    ``rows`` maps active positions to problems of ``full_op``; returns the restricted
+    ``(state, op, rows)``. Used by :func:`lsqr` and :func:`hcrfast.krylov.build`.
+    """
+    xp = get_array_module(state.x)
+    rows = rows[keep]
+    return state.take(xp.asarray(keep)), full_op.take(xp.asarray(rows)), rows
+
+
 def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, **overrides) -> LSQRResult:
     """Solve ``min ‖A_k x_k − b_k‖² + damp²‖x_k‖²`` for every problem k of a batch.
 
@@ -397,10 +408,7 @@ def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, **overrides) -> 
                 out[name][dst] = getattr(state, name)[src]
             if finished:
                 break
-            keep = np.flatnonzero(active)
-            rows = rows[keep]
-            state = state.take(xp.asarray(keep))
-            op = full_op.take(xp.asarray(rows))
+            state, op, rows = compact(state, full_op, rows, np.flatnonzero(active))
         with profiling.annotate("lsqr.block"):
             for _ in range(min(opts.check_every, iter_lim - steps)):
                 state = lsqr_step(state, op, **step_kw)
