@@ -71,7 +71,9 @@ def main(argv=None) -> int:
                                          else res.params["krylov"]["products_per_example"] if recycled
                                          else products_per_example(h.lsqr_iterations, res.params["warm_start"])),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
-                   lsqr_itn=h.lsqr_iterations.ravel().tolist(), lsqr_istop=h.lsqr_istop.ravel().tolist(),
+                   lsqr_itn_summary=dict(median=float(np.median(h.lsqr_iterations)),
+                                         max=int(h.lsqr_iterations.max()), total=int(h.lsqr_iterations.sum())),
+                   lsqr_istop_counts={str(int(c)): int(k) for c, k in zip(*np.unique(h.lsqr_istop, return_counts=True))},
                    dense=res.params["dense"], krylov=res.params["krylov"])
         rows.append(row)
         print(f"  {label:>13}: {seconds:8.1f} s  products/ex {row['products_per_example']:9.0f}  median "
