@@ -408,7 +408,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     linearize_at : {"input", "current"}
         Apply J at θ (the paper) or at θ + ε(j−1) (the published scripts).
     lsqr : LSQROptions, optional
-        LSQR stopping rules; default :data:`DEFAULT_LSQR`.
+        LSQR stopping rules; default :data:`DEFAULT_LSQR` (with ``solver="krylov"``: the
+        basis' rules, default :data:`hcrfast.krylov.DEFAULT_OPTIONS`).
     basis : {"dct", "pixel"}
         Q: orthonormal 2-D DCT-II over the last two axes of each example
         (per channel), or the identity.
