@@ -543,15 +543,22 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
-        shared = None  # the targeted directions, from the dense solve's J and factorization
-        if targets is not None and solver == "dense" and targeted_method != "lsqr":
+        # The targeted directions, from the dense solve's J and factorization, or (targeted_method
+        # "auto") from the Krylov basis: its space's Cramér-Rao directions cost no model product, where
+        # targeted_bound's own LSQR would cost two solves per (example, mode).
+        shared = None
+        if targets is not None and targeted_method != "lsqr" and solver in ("dense", "krylov"):
             from hcrfast.targeted import DenseDirections, parse_targets, resolve_method
 
-            if resolve_method(targeted_method, n, p) == "dense":
-                modes = parse_targets(targets, input_shape, basis)
-                q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
-                shared = DenseDirections.empty(B, len(modes), p, dense.resolve_jacobian_mode("auto", n, p),
-                                               batch.device)
+            if solver == "dense" and resolve_method(targeted_method, n, p) == "dense":
+                shared = DenseDirections.empty(B, len(parse_targets(targets, input_shape, basis)), p,
+                                               dense.resolve_jacobian_mode("auto", n, p), batch.device)
+            elif solver == "krylov" and targeted_method == "auto":
+                shared = DenseDirections.empty(B, len(parse_targets(targets, input_shape, basis)), p, jacobian,
+                                               batch.device, method="krylov")
+            if shared is not None:
+                q_modes = to_torch(dense.basis_vectors(input_shape, basis, parse_targets(targets, input_shape, basis),
+                                                       batch.device))
 
         std = xp.zeros((B, p))
         mse = xp.zeros(B)
@@ -578,6 +585,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                                        mode=jacobian)
                     basis = krylov.build(op, pilot, options,
                                          progress=_basis_progress(start, stop, B, t_start) if progress else None)
+                if shared is not None:
+                    t0 = time.perf_counter()
+                    with profiling.annotate("targeted-directions"):
+                        targeted_dirs = (krylov.directions(basis, q_modes, pilots=krylov_pilots),
+                                         time.perf_counter() - t0)
             if solver == "dense":
                 with profiling.annotate("dense-factor"):
                     J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
@@ -606,7 +618,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             if ranks is not None:
                 dense_ranks.append(ranks)
             if targeted_dirs is not None:
-                shared.fill(start, stop, min_norm, targeted_dirs[0])
+                if min_norm is not None:
+                    shared.fill(start, stop, min_norm, targeted_dirs[0])
+                else:  # the Krylov space's directions: no null-space parts
+                    shared.eps[start:stop] = targeted_dirs[0]
                 shared.seconds = (0.0, shared.seconds[1] + targeted_dirs[1])
             with profiling.annotate("bound"):
                 m = stop - start

@@ -334,6 +334,34 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                        rank=np.array([f.rank for f in factors], dtype=np.int64), damp=float(opts.damp), rtol=rtol)
 
 
+def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch.Tensor:
+    """Cramér–Rao directions within each example's (first pilot's) Krylov space, ``‖J ε‖ = 1``.
+
+    For a mode q the best ε of the space ``span V_k`` maximizes ``(qᵀε)² / ‖J ε‖²``; since
+    ``V_kᵀJᵀJ V_k = B_kᵀB_k``, it is ``ε = V_k (B_kᵀB_k)⁺ V_kᵀ q`` (METHOD.md §4 restricted to the
+    space; the whole space gives ``(JᵀJ)⁺ q``, the dense path's direction). Then
+    ``‖J ε‖² = Σ_i (Yᵀ V_kᵀ q)_i² / λ_i``. No model product.
+
+    Parameters
+    ----------
+    q : torch.Tensor (K, p)
+        The modes' basis vectors (rows).
+
+    Returns
+    -------
+    torch.Tensor (B, K, p), float64; zero rows where q has no component in the space.
+    """
+    out = []
+    for f in basis.factors[::pilots]:
+        g = f.V.to(torch.float64) @ q.to(device=f.V.device, dtype=torch.float64).T   # V_kᵀ q: (k, K)
+        h = f.Y.T @ g                                                                  # (r, K)
+        lin = torch.sqrt((h * h * f.filt[:, None]).sum(dim=0))                         # ‖J ε‖ before scaling
+        y = f.Y @ (h * f.filt[:, None])                                               # (B_kᵀB_k)⁺ V_kᵀ q
+        scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
+        out.append((f.V.to(torch.float64).T @ (y * scale)).T)
+    return torch.stack(out)
+
+
 def solve(basis: KrylovBasis, c, *, pilots: int = 1):
     """Solve the restarts of every example in its pilots' bases, on solver arrays.
 

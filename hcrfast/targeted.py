@@ -278,9 +278,12 @@ class DenseDirections:
     null_fraction : torch.Tensor, shape (B, K)
     null_dim : torch.Tensor, shape (B,), int64
     jacobian : str
-        "forward" or "reverse": how J was built.
+        "forward" or "reverse": how J was built (or the Krylov basis' products were taken).
     seconds : tuple of float
         (building J, factoring J and deriving the directions); building J is 0 when it was shared.
+    method : str
+        "dense" (J's factorization) or "krylov" (:func:`hcrfast.krylov.directions`: the
+        direction within the Krylov space of ``bound(solver="krylov")``; no null-space parts).
     """
 
     eps: torch.Tensor
@@ -289,13 +292,14 @@ class DenseDirections:
     null_dim: torch.Tensor
     jacobian: str
     seconds: tuple = (0.0, 0.0)
+    method: str = "dense"
 
     @classmethod
-    def empty(cls, B: int, K: int, p: int, jacobian: str, device) -> "DenseDirections":
+    def empty(cls, B: int, K: int, p: int, jacobian: str, device, method: str = "dense") -> "DenseDirections":
         eps = torch.empty((B, K, p), dtype=torch.float64, device=device)
-        return cls(eps=eps, null_part=torch.empty_like(eps),
-                   null_fraction=torch.empty((B, K), dtype=torch.float64, device=device),
-                   null_dim=torch.empty(B, dtype=torch.int64, device=device), jacobian=jacobian)
+        return cls(eps=eps, null_part=torch.zeros_like(eps) if method == "krylov" else torch.empty_like(eps),
+                   null_fraction=torch.zeros((B, K), dtype=torch.float64, device=device),
+                   null_dim=torch.zeros(B, dtype=torch.int64, device=device), jacobian=jacobian, method=method)
 
     def fill(self, start: int, stop: int, solver: dense.MinNormSolver, dirs: dense.CramerRaoDirections) -> None:
         """Write the directions of examples ``start:stop`` from their factorization."""
@@ -413,7 +417,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     tf32 : bool
         Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
     directions : DenseDirections, optional
-        The dense path's directions for this batch and these targets, already computed from
+        Directions for this batch and these targets, already computed (``directions.method``:
+        "dense" or "krylov", which then names the method) from
         the same Jacobians (what :func:`hcrfast.bound` passes when its dense solve has built
         and factored every J): the certification starts from them. Implies "dense".
 
@@ -447,7 +452,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         xp = array_module_for(batch.device)
         B, n = features.shape
         K = len(modes)
-        method = resolve_method(method, n, p) if directions is None else "dense"
+        method = resolve_method(method, n, p) if directions is None else directions.method
         if directions is not None and tuple(directions.eps.shape) != (B, K, p):
             raise ValueError(f"directions= holds {tuple(directions.eps.shape)} (examples, modes, inputs) but this "
                              f"call has {(B, K, p)}; pass the directions computed for this batch and these "
@@ -466,7 +471,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         q_rows = qmat[xp.asarray(np.tile(np.arange(K), B))]
 
         itn = istop = null_dim = null_fraction = None
-        if method == "dense":
+        if method in ("dense", "krylov"):
             if directions is None:
                 directions = _dense_directions(model, batch, qmat, n, jacobian=jacobian, chunk=chunk_size)
             timings["jacobian"], timings["decomposition"] = directions.seconds

@@ -326,3 +326,44 @@ def test_auto_on_large_inputs_builds_the_basis_with_its_own_rules():
     np.testing.assert_array_equal(auto.std, explicit.std)
     assert auto.params["krylov"]["rank_min"] == 24
 
+
+
+def test_directions_are_the_cramer_rao_directions_of_the_space():
+    """Whole row space: (AᵀA)⁺q scaled to ‖Aε‖ = 1 (numpy pinv). Partial space (k = 5 steps): the
+    maximizer of (qᵀε)²/‖Aε‖² over the Krylov space, Q (QᵀAᵀAQ)⁻¹ Qᵀq, Q from numpy's QR."""
+    rng = np.random.default_rng(13)
+    A = spectrum_batch(rng, 2, 30, 20, np.logspace(0, -2, 12))
+    b = rng.standard_normal((2, 30))
+    q = torch.as_tensor(rng.standard_normal((4, 20)))
+    full = krylov.build(DenseBatchOperator(A), b, TIGHT)
+    got = krylov.directions(full, q).numpy()
+    for e in range(2):
+        want = (np.linalg.pinv(A[e].T @ A[e], rcond=1e-10) @ q.numpy().T).T
+        want /= np.linalg.norm(want @ A[e].T, axis=1)[:, None]
+        np.testing.assert_allclose(got[e], want, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(np.linalg.norm(got[e] @ A[e].T, axis=1), 1.0, rtol=1e-10)
+    k = 5
+    part = krylov.build(DenseBatchOperator(A), b, LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k))
+    got = krylov.directions(part, q).numpy()
+    for e in range(2):
+        K = [A[e].T @ b[e]]
+        for _ in range(k - 1):
+            K.append(A[e].T @ (A[e] @ K[-1]))
+        Q, _ = np.linalg.qr(np.stack(K, axis=1))
+        want = (Q @ np.linalg.solve(Q.T @ A[e].T @ A[e] @ Q, Q.T @ q.numpy().T)).T
+        want /= np.linalg.norm(want @ A[e].T, axis=1)[:, None]
+        np.testing.assert_allclose(got[e], want, rtol=1e-7, atol=1e-9)
+
+
+def test_bound_krylov_with_targets_takes_the_directions_from_the_basis():
+    """The whole row space: the targeted bounds are the dense path's (which builds and factors J);
+    the targeted part then reports method "krylov" and no extra Jacobian."""
+    net = _tanh_net()
+    x = torch.as_tensor(np.random.default_rng(14).standard_normal((3, 1, 8, 8)))
+    kw = dict(size=0.05, iterations=2, restarts=2, targets="low:3")
+    rec = hcrfast.bound(net, x, 0.2, solver="krylov", chunk_size=2, **kw)
+    den = hcrfast.bound(net, x, 0.2, solver="dense", **kw)
+    assert rec.targeted.method == "krylov" and rec.targeted.params["shared_factorization"]
+    assert rec.params["targeted"]["method"] == "krylov"
+    np.testing.assert_allclose(rec.targeted.std, den.targeted.std, rtol=1e-7)
+    np.testing.assert_allclose(rec.std, den.std, rtol=1e-7)
