@@ -124,10 +124,13 @@ def test_lsqr_budget_script_caps_the_solves(tmp_path):
 def test_lsqr_budget_script_runs_the_krylov_solver(tmp_path):
     out = tmp_path / "k.json"
     run_script("lsqr_budget.py", "digits", "--solver", "krylov", "--examples", "2", "--restarts", "2",
-               "--iterations", "2", "--iter-lims", "5,none", "--threads", "1", "--json", str(out))
+               "--iterations", "2", "--iter-lims", "5,none", "--targets", "low:2", "--threads", "1", "--json", str(out))
     capped, full = json.loads(out.read_text())["rows"]
     assert capped["solver"] == "krylov" and capped["steps_max"] == 5 and capped["products_per_example"] == 11
     assert full["steps_max"] > 5 and full["krylov"]["rank_median"] > 5
+    t = full["targets"]
+    assert t["method"] == "krylov" and 0 <= t["modes_lifted_fraction"] <= 1
+    assert t["median_with_targets"] >= t["median_algorithm1"]  # a max of valid bounds
 
 
 def test_krylov_depth_script_truncates_one_build(tmp_path):
