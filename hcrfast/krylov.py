@@ -196,11 +196,13 @@ def _factors(U, V, alfa, beta, idx, ks, *, damp: float, rtol: float) -> list:
     return out
 
 
-def _stop_when_exhausted(state, rtol: float, xp):
-    """Stop a problem whose next β or α is under ``rtol · anorm``: its Krylov space is invariant (β = 0:
-    ``b`` is reached exactly, SciPy's istop 1; α = 0: ``Jᵀr = 0``, istop 2). In floating point the
-    process would go on from rounding noise, whose directions ``solve`` would only discard."""
-    floor = rtol * state.anorm
+def _stop_when_exhausted(state, rtol: float, scale, xp):
+    """Stop a problem whose next β or α is under ``rtol · scale`` (``scale``: the largest α or β so
+    far, ≤ ‖B_k‖ ≤ ‖J‖; LSQR's ``anorm`` is a Frobenius estimate that grows like √k and would stop
+    long bases early): its Krylov space is invariant (β = 0: ``b`` is reached exactly, SciPy's istop
+    1; α = 0: ``Jᵀr = 0``, istop 2). In floating point the process would go on from rounding noise,
+    whose directions ``solve`` would only discard."""
+    floor = rtol * scale
     newly = state.active & ((state.beta <= floor) | (state.alfa <= floor))
     istop = xp.where(newly, xp.where(state.beta <= floor, 1, 2), state.istop)
     return dataclasses.replace(state, active=state.active & ~newly, istop=istop)
@@ -282,6 +284,7 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                 t -= torch.bmm(torch.bmm(t, Q.transpose(1, 2)), Q)
 
     keep(state)
+    scale = state.alfa.copy()  # per problem: the largest α or β so far (β_1 = ‖b‖ is no scale of J)
     factors = [None] * m
     steps = np.zeros(m, dtype=np.int64)
     istop = np.zeros(m, dtype=np.int64)
@@ -306,6 +309,7 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                 break
             live = np.flatnonzero(active)
             state, op, rows = compact(state, full_op, rows, live)
+            scale = scale[xp.asarray(live)]
             index = torch.as_tensor(live, device=dev)
             U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
         with profiling.annotate("krylov.block"):
@@ -327,7 +331,8 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                     machine = (state.istop >= 4) & (state.istop <= 6)
                     state = dataclasses.replace(state, istop=xp.where(machine, 0, state.istop),
                                                 active=state.active | machine)
-                state = _stop_when_exhausted(state, rtol, xp)
+                scale = xp.where(state.active, xp.maximum(scale, xp.maximum(state.alfa, state.beta)), scale)
+                state = _stop_when_exhausted(state, rtol, scale, xp)
                 keep(state)
                 done_steps += 1
     return KrylovBasis(factors=factors, steps=steps, istop=istop,

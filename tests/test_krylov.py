@@ -48,7 +48,8 @@ def test_by_default_the_basis_stops_where_the_krylov_space_is_exhausted_in_float
     c = rng.standard_normal((2, 3, 60)).astype(np.float32)
     want = np.einsum("bpn,brn->brp", np.linalg.pinv(A.astype(np.float64), rcond=1e-4), c)  # rank 12, not float32 noise
     got = basis.solve(torch.as_tensor(c)).numpy()
-    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    # float32 vectors, condition 100: a least-squares solve is good to ~eps32 · cond² = 1.2e-3
+    assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("rank", [10, 70, 100, 120])
