@@ -72,6 +72,9 @@ def add_subparser(subparsers) -> None:
                         "keeps its Krylov basis, every step is projected on it). dense and krylov need "
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values (digits, "
                         "MNIST, CIFAR-10), krylov for larger inputs (ImageNet models), LSQR otherwise")
+    g.add_argument("--krylov-pilots", type=int, default=1, metavar="S",
+                   help="with --solver krylov: restarts 0..S-1 each build their own Krylov basis and restart r "
+                        "uses pilot r mod S's (S times the products and memory; default 1)")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
@@ -158,6 +161,7 @@ def _reproduce(args: argparse.Namespace):
         lsqr_atol=args.lsqr_atol,
         lsqr_btol=args.lsqr_btol,
         lsqr_iter_lim=args.lsqr_iter_lim,
+        krylov_pilots=args.krylov_pilots,
         progress=not args.no_progress,
         train_epochs=args.train_epochs,
         crash_after_chunks=args.test_crash_after_chunks,

@@ -362,6 +362,7 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
         zm.features, xn, sigma, size=cfg["size"], iterations=cfg["iterations"], restarts=cfg["restarts"],
         seed=cfg["seed"], linearize_at=cfg["linearize_at"], lsqr=lsqr, example_ids=ids, progress=False,
         targets=cfg.get("targets"), warm_start=cfg["warm_start"], solver=cfg.get("solver", "lsqr"),
+        krylov_pilots=cfg.get("krylov_pilots", 1),
     ).to_numpy()
     # Without targets Algorithm 1's bounds are the bounds.
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
@@ -459,6 +460,8 @@ def _command_line(name, key, weights, out, data_root) -> str:
     if not key["warm_start"]:
         parts.append("--cold-start")
     parts += ["--solver", key.get("solver", "lsqr")]
+    if key.get("krylov_pilots", 1) != 1:
+        parts += ["--krylov-pilots", key["krylov_pilots"]]
     parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"]]
     if weights is not None:
         parts += ["--weights", weights]
@@ -506,6 +509,7 @@ def run(
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
+    krylov_pilots: int = 1,
     progress: bool = True,
     train_epochs: int | None = None,
     crash_after_chunks: int | None = None,
@@ -544,6 +548,8 @@ def run(
     solver : {"auto", "lsqr", "dense", "krylov"}
         ``hcrfast.bound``'s ``solver`` (``--solver``); "auto" is resolved before the run's
         key is written, so a resumed run keeps the solver its chunks were computed with.
+    krylov_pilots : int
+        ``hcrfast.bound``'s ``krylov_pilots`` (``--krylov-pilots``), for the Krylov solver only.
     lsqr_atol, lsqr_btol, lsqr_iter_lim : optional
         Override ``hcrfast.DEFAULT_LSQR``'s stopping rules.
     progress : bool
@@ -592,7 +598,7 @@ def run(
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
                     linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
-                    lsqr=lsqr,
+                    lsqr=lsqr, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
                     progress=progress, train_epochs=train_epochs,
                     crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
     finally:
@@ -601,7 +607,7 @@ def run(
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
          download, weights, chunk_examples, linearize_at, targets, warm_start, solver, lsqr, progress,
-         train_epochs,
+         train_epochs, krylov_pilots,
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
@@ -650,6 +656,11 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     lsqr_given = lsqr != hcrfast.DEFAULT_LSQR  # --lsqr-* options ask for LSQR
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
                                        int(np.prod(xn.shape[1:])), lsqr_given=lsqr_given)
+    if krylov_pilots != 1 and solver != "krylov":
+        raise ValueError(f"--krylov-pilots {krylov_pilots} applies to the Krylov solver, but this run solves with "
+                         f"{solver!r}; add --solver krylov or drop --krylov-pilots")
+    if krylov_pilots > restarts:
+        raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most {restarts}")
     if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
         lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **{
             k: getattr(lsqr, k) for k in ("atol", "btol", "iter_lim")
@@ -670,6 +681,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "targets": targets,
         "warm_start": warm_start,
         "solver": solver,
+        **({"krylov_pilots": krylov_pilots} if solver == "krylov" else {}),  # absent elsewhere: old keys still match
         "lsqr": dataclasses.asdict(lsqr),
         "device_type": dev.type,
         "dtype": str(xn.dtype).replace("torch.", ""),
@@ -774,6 +786,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "linearize_at": linearize_at,
         "warm_start": warm_start,
         "solver": solver,
+        "krylov_pilots": krylov_pilots if solver == "krylov" else None,
         "lsqr_options": dataclasses.asdict(lsqr),
         "chunk_examples": chunk_examples,
         "chunks": n_chunks,

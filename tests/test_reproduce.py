@@ -369,7 +369,21 @@ def test_krylov_solver_runs_with_its_own_stopping_rules(weights, tmp_path):
                      "--no-progress"]) == 0
     key = json.loads((out / "run.json").read_text())["key"]
     assert key["solver"] == "krylov" and key["lsqr"]["atol"] == 0 and key["lsqr"]["conlim"] == 0
+    assert key["krylov_pilots"] == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lsqr"]["istop_counts"]["-2"] == 4 * (2 * 2 - 1)
     assert "Krylov basis" in (out / "report.html").read_text()
+    # two pilots: a basis per restart here (R = 2), in the key and the command that repeats the run
+    out2 = tmp_path / "krylov2"
+    assert cli.main(["reproduce", "digits", *small, "--solver", "krylov", "--krylov-pilots", "2", "--out", str(out2),
+                     "--weights", str(weights), "--no-progress"]) == 0
+    assert json.loads((out2 / "run.json").read_text())["key"]["krylov_pilots"] == 2
+    summary2 = json.loads((out2 / "summary.json").read_text())
+    assert "--krylov-pilots 2" in summary2["command"] and summary2["lsqr"]["istop_counts"]["-2"] == 4 * (2 * 2 - 2)
+    for bad, msg in ((["--solver", "dense", "--krylov-pilots", "2"], "--krylov-pilots 2 applies"),
+                     (["--solver", "krylov", "--krylov-pilots", "3"], "exceeds --restarts 2")):
+        with pytest.raises(ValueError, match=msg):
+            reproduce.run("digits", examples=4, restarts=2, iterations=2, weights=str(weights),
+                          out=tmp_path / "bad", progress=False, solver=bad[1],
+                          krylov_pilots=int(bad[3]))
 
