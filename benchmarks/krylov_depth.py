@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from lsqr_budget import random_workload  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
@@ -50,13 +51,7 @@ def main(argv=None) -> int:
     depths = sorted(int(d) for d in args.depths.split(","))
     if depths[0] < 1:
         raise SystemExit(f"--depths must be positive integers, got {args.depths!r}")
-    zm = zoo.build(args.model)
-    model = zm.features.eval().to(args.device)
-    g = torch.Generator().manual_seed(0)
-    x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g)).to(args.device)
-    with torch.no_grad():
-        f0 = model(x)
-        sigma = hcrfast.rms_sigma(f0, zm.sigma_scale)
+    zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device)
     n = f0[0].numel()
     reference = None
     if args.reference_json:

@@ -36,6 +36,19 @@ from hcrfast import krylov, zoo  # noqa: E402
 from hcrfast.backend import to_host  # noqa: E402
 
 
+def random_workload(name: str, examples: int, device: str):
+    """A zoo model (random weights unless the zoo trains its own) on seeded random inputs of its geometry,
+    normalized, and σ = its published scale × RMS of their features: ``(zm, model, x, features, sigma)``.
+    The problem of this script, ``krylov_depth.py`` and last session's ResNet-18 tables."""
+    zm = zoo.build(name)
+    model = zm.features.eval().to(device)
+    g = torch.Generator().manual_seed(0)
+    x = zm.normalize(torch.rand((examples,) + tuple(zm.input_shape), generator=g)).to(device)
+    with torch.no_grad():
+        features = model(x)
+    return zm, model, x, features, hcrfast.rms_sigma(features, zm.sigma_scale)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", choices=zoo.NAMES)
@@ -56,12 +69,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     caps = [None if c.strip().lower() == "none" else int(c) for c in args.iter_lims.split(",")]
-    zm = zoo.build(args.model)
-    model = zm.features.eval().to(args.device)
-    g = torch.Generator().manual_seed(0)
-    x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g)).to(args.device)
-    with torch.no_grad():
-        sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
+    zm, model, x, _, sigma = random_workload(args.model, args.examples, args.device)
     print(f"{args.model}, solver {args.solver}: {args.examples} examples x R {args.restarts} x i {args.iterations}, "
           f"s = {zm.size:g}, "
           f"sigma = {sigma:.4g}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)

@@ -276,8 +276,7 @@ def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int,
         return solver
     if linearize_at != "input" or lsqr_given:
         return "lsqr"
-    small = p <= DENSE_SOLVE_MAX_INPUTS and n * p <= DENSE_SOLVE_MAX_VALUES
-    if not small:
+    if p >= KRYLOV_MIN_INPUTS or n * p > DENSE_SOLVE_MAX_VALUES:  # beyond the dense solve's limits
         return "krylov"
     return "dense" if torch.device(device).type == "cpu" else "lsqr"
 
@@ -550,15 +549,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         if targets is not None and targeted_method != "lsqr" and solver in ("dense", "krylov"):
             from hcrfast.targeted import DenseDirections, parse_targets, resolve_method
 
+            modes = parse_targets(targets, input_shape, basis)
             if solver == "dense" and resolve_method(targeted_method, n, p) == "dense":
-                shared = DenseDirections.empty(B, len(parse_targets(targets, input_shape, basis)), p,
-                                               dense.resolve_jacobian_mode("auto", n, p), batch.device)
+                shared = DenseDirections.empty(B, len(modes), p, dense.resolve_jacobian_mode("auto", n, p),
+                                               batch.device)
             elif solver == "krylov" and targeted_method == "auto":
-                shared = DenseDirections.empty(B, len(parse_targets(targets, input_shape, basis)), p, jacobian,
-                                               batch.device, method="krylov")
+                shared = DenseDirections.empty(B, len(modes), p, jacobian, batch.device, method="krylov")
             if shared is not None:
-                q_modes = to_torch(dense.basis_vectors(input_shape, basis, parse_targets(targets, input_shape, basis),
-                                                       batch.device))
+                q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
 
         std = xp.zeros((B, p))
         mse = xp.zeros(B)

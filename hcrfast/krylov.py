@@ -143,11 +143,6 @@ class KrylovBasis:
                            istop=np.where(self.steps > k, 7, self.istop),
                            rank=np.array([f.rank for f in factors], dtype=np.int64), damp=self.damp, rtol=self.rtol)
 
-    def singular_values(self, example: int) -> torch.Tensor:
-        """B_k's singular values for one example (float64, descending): J's Ritz values, whose
-        extremes converge first to J's extreme singular values."""
-        return self.factors[example].singular_values
-
 
 def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part.
