@@ -100,9 +100,8 @@ def main(argv=None) -> int:
             algorithm.krylov.build = real_build
         h = res.to_numpy()
         row = dict(depth=k, steps=basis.steps.tolist(), rank=basis.rank.tolist(),
-                   smallest_ritz_value=[float(f.singular_values[f.rank - 1]) if f.rank else None
-                                        for f in basis.factors],
-                   largest_ritz_value=[float(f.singular_values[0]) if f.rank else None for f in basis.factors],
+                   smallest_ritz_value=[float(s[r - 1]) if r else None for s, r in zip(basis.ritz, basis.rank)],
+                   largest_ritz_value=[float(s[0]) if r else None for s, r in zip(basis.ritz, basis.rank)],
                    products_per_example=float(np.mean(2 * basis.steps + 1)),
                    seconds_after_build=seconds,
                    seconds_build_estimate=build_seconds * float(np.mean(basis.steps)) / max(1.0, float(np.mean(full.steps))),

@@ -12,7 +12,10 @@ script only, around the phases (monkeypatching; hcrfast itself is unchanged):
 * ``dct``, ``validation`` and the rest of ``bound`` (setup, deepcopy of the
   float64 model, bound arithmetic);
 * with ``--solver dense``: ``jacobian`` (building every example's J: its products
-  are the floor here), ``factor`` (``min_norm_solver``) and ``dense-solve``.
+  are the floor here), ``factor`` (``min_norm_solver``) and ``dense-solve``;
+* with ``--solver krylov``: ``krylov-build`` (the basis' LSQR and Gram–Schmidt, its
+  products apart as ``krylov-build/jvp`` and ``/vjp``), ``krylov-factor`` (the
+  tridiagonal eigendecompositions) and ``krylov-solve`` (the projections).
 
 Times are exclusive (a phase's time excludes the phases nested in it) and listed
 by their nesting path, e.g. ``lsqr/jvp``. Usage::
@@ -42,7 +45,7 @@ from hcrfast.bindings import jacobian as jacobian_mod
 from race import build_problem
 
 import hcrfast
-from hcrfast import algorithm, dense, kernels, validation
+from hcrfast import algorithm, dense, kernels, krylov, validation
 
 
 class PhaseTimer:
@@ -103,6 +106,9 @@ def install(timer: PhaseTimer):
         (dense, "jacobian", "jacobian"),
         (dense, "min_norm_solver", "factor"),
         (dense.MinNormSolver, "solve", "dense-solve"),
+        (krylov, "build", "krylov-build"),
+        (krylov, "_factors", "krylov-factor"),
+        (krylov, "solve", "krylov-solve"),
     ]
     saved = []
     for owner, attr, name in targets:
@@ -131,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"))
     ap.add_argument("--tol", type=float, default=None, help="atol = btol (default: DEFAULT_LSQR's)")
     ap.add_argument("--iter-lim", type=int, default=None)
-    ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense"))
+    ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense", "krylov"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
@@ -149,6 +155,8 @@ def main(argv=None) -> int:
     d = hcrfast.DEFAULT_LSQR
     opts = hcrfast.LSQROptions(atol=args.tol if args.tol else d.atol, btol=args.tol if args.tol else d.btol,
                                conlim=d.conlim, iter_lim=args.iter_lim, check_every=d.check_every)
+    if args.solver == "krylov" and args.tol is None and args.iter_lim is None:
+        opts = None  # the basis' own rules (hcrfast.krylov.DEFAULT_OPTIONS), not LSQR's
     kw = dict(size=args.size, iterations=args.iterations, restarts=args.restarts, linearize_at=args.linearize_at,
               jacobian=args.jacobian, lsqr=opts, solver=args.solver)
 
@@ -170,8 +178,9 @@ def main(argv=None) -> int:
     products = (int(res.params["dense"]["jacobian_products"]) * args.examples if dense_run
                 else int(np.sum(2 * itn + 1)))
     print(f"profile: {args.model}, {args.examples} examples x {args.restarts} restarts x {args.iterations} iterations, "
-          f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, lsqr atol={opts.atol:g} btol={opts.btol:g} "
-          f"iter_lim={opts.iter_lim}, torch threads {torch.get_num_threads()}, device {args.device}")
+          f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, solver {res.params['solver']}, "
+          f"{'the basis defaults' if opts is None else f'lsqr atol={opts.atol:g} btol={opts.btol:g} iter_lim={opts.iter_lim}'}, "
+          f"torch threads {torch.get_num_threads()}, device {args.device}")
     print(f"  wall time {total:.2f} s; {products} row-products (JVP+VJP over all problems); "
           f"median LSQR iterations per solve {np.median(itn):.0f}")
     if args.plain:

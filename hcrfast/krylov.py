@@ -5,7 +5,7 @@ share its Jacobian J. LSQR from zero spends its products building a Krylov space
 resolves J's small singular values (the ones the bound lives on), returns one vector
 and forgets the space; on ResNet-18 that is ~1,920 steps per solve (benchmarks/README.md).
 Here, per example, LSQR runs once on one right-hand side ``b`` (restart 0's start vector)
-with every Lanczos vector kept and reorthogonalized (classical Gram–Schmidt, twice), so
+with every Lanczos vector kept and reorthogonalized (classical Gram–Schmidt), so
 that after k steps (Paige & Saunders 1982, eqs. 3.1–3.3)
 
     J V_k = U_{k+1} B_k,   U_{k+1}ᵀU_{k+1} = I,   V_kᵀV_k = I,   B_k lower bidiagonal (k+1) × k.
@@ -55,6 +55,16 @@ MAX_STEPS = 4096
 #: tolerance ``rtol`` of :func:`build` is what keeps noise out of the solves.
 DEFAULT_OPTIONS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=None, check_every=8)
 
+#: Classical Gram–Schmidt passes against the kept vectors per new vector: two ("twice is enough",
+#: Giraud et al. 2005). One pass was tried (2026-11-23): the Golub–Kahan recurrence has already
+#: removed most of the new vector's part in the kept space, and with one pass ‖VᵀV − I‖, ‖UᵀU − I‖
+#: stayed ≤ 3.1e-7 in float32 at condition 1e4 and 1e6, the MNIST MLP's bounds agreed to 4 digits and
+#: the CPU run was 28% faster. But at exhaustion the new vector IS mostly in the kept space: on a
+#: rank-100 float64 matrix one pass left B_k a spurious singular value of 4.4e-13 (above the rank
+#: tolerance 2.7e-15) that two passes put under it, and the solves drifted off pinv's. Each pass
+#: reads every kept vector twice: on a GPU that traffic is the build's cost beside the products.
+REORTH_PASSES = 2
+
 #: Growth of the kept-vector buffers: first capacity, then doubling.
 _FIRST_CAPACITY = 64
 
@@ -67,31 +77,43 @@ def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:
 
 
 def basis_values(n: int, p: int, options: LSQROptions | None = None) -> int:
-    """Values one example's basis may hold at its step limit: U and V, plus the buffer growth's copy."""
-    return 3 * (step_limit(n, p, options) + 1) * (n + p)
+    """Values (of a 4-byte dtype) one example's basis may hold at its step limit k: U and V, the
+    buffer growth's copy, and the float64 eigenvectors of B_kᵀB_k (k² of them, 2k² such values)."""
+    k = step_limit(n, p, options)
+    return 3 * (k + 1) * (n + p) + 2 * k * k
 
 
 @dataclass
-class _Factor:
-    """One example's kept vectors and B_kᵀB_k = Y diag(λ) Yᵀ: ``ε = Vᵀ Y diag(filt) Yᵀ B_kᵀ (U c)``."""
+class _Group:
+    """Bases of examples that finished at the same host check, stacked and zero-padded to the group's
+    longest (K steps), so that a whole group is solved by batched matrix products:
+    ``ε = V_kᵀ Y diag(filt) Yᵀ B_kᵀ (U_{k+1} c)``, with ``B_kᵀB_k = Y diag(λ) Yᵀ`` truncated at the rank.
 
-    U: torch.Tensor        # (k+1, n), data dtype: u_1 .. u_{k+1} as rows
-    V: torch.Tensor        # (k, p): v_1 .. v_k
-    Y: torch.Tensor        # (k, r) float64: the kept eigenvectors of B_kᵀB_k (right singular vectors of B_k)
-    filt: torch.Tensor     # (r,) float64: 1 / (λ + damp²)
-    singular_values: torch.Tensor  # (k,) float64, descending: B_k's, Ritz values of J
-    rank: int
-    alfa: torch.Tensor     # (k+1,) float64: α_1 .. α_{k+1}
-    beta: torch.Tensor     # (k+1,) float64: β_1 .. β_{k+1}
+    Padding is exact zeros (rows of U past k+1, of V and Y past k, columns of Y and ``filt`` past the
+    rank), so a shorter example's solve through the padded products equals its own.
+    """
 
-    def solve(self, c: torch.Tensor) -> torch.Tensor:
-        """(R, n) → (R, p): ``V_k (B_kᵀB_k + damp²)⁺ B_kᵀ U_{k+1}ᵀ c`` (truncated at the rank)."""
-        k = self.V.shape[0]
+    members: np.ndarray    # (g,) int64: the examples (indices into the basis)
+    ks: np.ndarray         # (g,) int64: steps k of each
+    ranks: np.ndarray      # (g,) int64: kept singular values of each B_k
+    U: torch.Tensor        # (g, K+1, n), data dtype: u_1 .. u_{k+1} as rows
+    V: torch.Tensor        # (g, K, p): v_1 .. v_k
+    alfa: torch.Tensor     # (g, K+1) float64: α_1 .. α_{k+1}
+    beta: torch.Tensor     # (g, K+1) float64: β_1 .. β_{k+1}
+    Y: torch.Tensor        # (g, K, r) float64: kept eigenvectors of B_kᵀB_k (right singular vectors of B_k)
+    filt: torch.Tensor     # (g, r) float64: 1 / (λ + damp²), 0 in the padding
+
+    def solve(self, c: torch.Tensor, rows=None) -> torch.Tensor:
+        """(g', R, n) → (g', R, p) for the group's rows ``rows`` (default all, g' = g)."""
+        U, V, alfa, beta, Y, filt = self.U, self.V, self.alfa, self.beta, self.Y, self.filt
+        if rows is not None:
+            U, V, alfa, beta, Y, filt = (t.index_select(0, rows) for t in (U, V, alfa, beta, Y, filt))
+        K = V.shape[1]
         with ieee_float32():  # a projection, not a TF32 approximation of one
-            t = (self.U @ c.to(self.U.dtype).T).to(torch.float64)              # U_{k+1}ᵀ c: (k+1, R)
-            w = self.alfa[:k, None] * t[:k] + self.beta[1:k + 1, None] * t[1:k + 1]  # B_kᵀ t: (k, R)
-            y = self.Y @ (self.filt[:, None] * (self.Y.T @ w))
-            return (self.V.T @ y.to(self.V.dtype)).T
+            t = torch.bmm(U, c.to(U.dtype).transpose(1, 2)).to(torch.float64)          # U_{k+1}ᵀ c: (g, K+1, R)
+            w = alfa[:, :K, None] * t[:, :K] + beta[:, 1:K + 1, None] * t[:, 1:K + 1]    # B_kᵀ t: (g, K, R)
+            y = torch.bmm(Y, filt[:, :, None] * torch.bmm(Y.transpose(1, 2), w))          # (g, K, R)
+            return torch.bmm(y.to(V.dtype).transpose(1, 2), V)                           # (g, R, p)
 
 
 @dataclass
@@ -100,57 +122,98 @@ class KrylovBasis:
 
     Attributes
     ----------
-    factors : list of per-example factors (kept vectors and ``B_k⁺``).
+    groups : list of :class:`_Group`
+        The kept vectors and ``B_k⁺`` factors, stacked by group (examples that finished together).
     steps : numpy.ndarray (B,) int64
         k, the LSQR steps run on the example's pilot right-hand side.
     istop : numpy.ndarray (B,) int64
         Why the pilot LSQR stopped (SciPy's codes; 7: the step limit).
     rank : numpy.ndarray (B,) int64
         Singular values of B_k kept (above ``rtol`` relative to the largest).
+    ritz : list of numpy.ndarray
+        Per example, B_k's singular values (Ritz values of J), descending, float64 on the host.
     """
 
-    factors: list
+    groups: list
     steps: np.ndarray
     istop: np.ndarray
     rank: np.ndarray
+    ritz: list
     damp: float = 0.0
     rtol: float = 0.0
 
+    def __post_init__(self):
+        self._group_of = np.full(self.batch, -1, dtype=np.int64)
+        self._row_of = np.zeros(self.batch, dtype=np.int64)
+        for gi, g in enumerate(self.groups):
+            self._group_of[g.members] = gi
+            self._row_of[g.members] = np.arange(len(g.members))
+        if self.batch and self._group_of.min() < 0:
+            raise ValueError("KrylovBasis: some examples belong to no group")
+
     @property
     def batch(self) -> int:
-        return len(self.factors)
+        return len(self.steps)
+
+    def vectors(self, e: int):
+        """Example e's ``(U_{k+1}, V_k, α_1..α_{k+1}, β_1..β_{k+1})``, views without the padding."""
+        g, i, k = self.groups[self._group_of[e]], self._row_of[e], int(self.steps[e])
+        return g.U[i, :k + 1], g.V[i, :k], g.alfa[i, :k + 1], g.beta[i, :k + 1]
 
     def solve(self, c: torch.Tensor) -> torch.Tensor:
         """``V_k B_k⁺ U_{k+1}ᵀ c`` for c of shape (B, R, n); (B, R, p) in the basis' dtype.
 
         The minimizer of ``‖J ε − c‖`` over ``ε ∈ span V_k`` (the minimum-norm one), for
-        every right-hand side of every example.
+        every right-hand side of every example; one batched pass per group.
         """
         if c.ndim != 3 or c.shape[0] != self.batch:
             raise ValueError(f"Shape mismatch: expected c of shape ({self.batch}, R, n), got {tuple(c.shape)}")
-        return torch.stack([f.solve(ce) for f, ce in zip(self.factors, c)])
+        if len(self.groups) == 1 and np.array_equal(self.groups[0].members, np.arange(self.batch)):
+            return self.groups[0].solve(c)
+        out = None
+        for g in self.groups:
+            at = torch.as_tensor(g.members, device=c.device)
+            part = g.solve(c.index_select(0, at))
+            if out is None:
+                out = part.new_empty((self.batch,) + tuple(part.shape[1:]))
+            out[at] = part
+        return out
 
     def truncated(self, k: int) -> "KrylovBasis":
         """The basis after its first k steps (fewer where an example stopped earlier): the Golub–Kahan
         vectors of a shorter run are a prefix of a longer one's, so one long build serves a study of
-        how the bound grows with k (``benchmarks/krylov_depth.py``)."""
+        how the bound grows with k (``benchmarks/krylov_depth.py``). Shares the vectors' storage."""
         k = int(k)
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
-        factors = [_factors(f.U[None], f.V[None], f.alfa[None], f.beta[None], [0], [min(k, f.V.shape[0])],
-                            damp=self.damp, rtol=self.rtol)[0] for f in self.factors]
-        return KrylovBasis(factors=factors, steps=np.minimum(self.steps, k),
-                           istop=np.where(self.steps > k, 7, self.istop),
-                           rank=np.array([f.rank for f in factors], dtype=np.int64), damp=self.damp, rtol=self.rtol)
+        groups, ritz = [], [None] * self.batch
+        for g in self.groups:
+            K = min(k, g.V.shape[1])
+            ks = np.minimum(g.ks, K)
+            made, sv = _factors(g.members, ks, g.U[:, :K + 1], g.V[:, :K], g.alfa[:, :K + 1], g.beta[:, :K + 1],
+                              damp=self.damp, rtol=self.rtol, pad=False)
+            groups.append(made)
+            for e, s in zip(g.members, sv):
+                ritz[e] = s
+        return KrylovBasis(groups=groups, steps=np.minimum(self.steps, k), istop=np.where(self.steps > k, 7, self.istop),
+                           rank=_ranks(groups, self.batch), ritz=ritz, damp=self.damp, rtol=self.rtol)
+
+
+def _ranks(groups, batch: int) -> np.ndarray:
+    rank = np.zeros(batch, dtype=np.int64)
+    for g in groups:
+        rank[g.members] = g.ranks
+    return rank
 
 
 def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part.
 
-    LAPACK's MRRR, O(k²): 0.2 s at k = 2,048 on one AMD EPYC core, against 3.2 s for torch's SVD of
-    B_k. Squaring costs no accuracy that matters here: λ is exact to ~eps·λ_max, so singular values
-    down to ``rtol`` ≥ 1e-6 of the largest keep ≥ 4 digits. NumPy only (no torch): it runs in
-    worker threads, LAPACK releasing the GIL.
+    LAPACK's divide and conquer (``dstevd``): 2.8 ms at k = 386 and 26 ms at k = 1,500 on one AMD
+    EPYC core, against 9.6 and 186 ms for MRRR (``eigh_tridiagonal``'s default) and 3.2 s for torch's
+    SVD of B_k at k = 2,048. Squaring costs no accuracy that matters here: λ is exact to ~eps·λ_max,
+    so singular values down to ``rtol`` ≥ 1e-6 of the largest keep ≥ 4 digits. NumPy only (no
+    torch): it runs in worker threads, LAPACK releasing the GIL.
     """
     if k == 0:
         return np.zeros(0), np.zeros((0, 0)), np.zeros(0, dtype=bool)
@@ -159,36 +222,54 @@ def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     if k == 1:
         lam, Y = diag.copy(), np.ones((1, 1))
     else:
-        lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)  # ascending
+        lam, Y, info = scipy.linalg.lapack.dstevd(diag, off, compute_v=1)  # ascending
+        if info != 0:  # did not converge (never seen): MRRR instead
+            lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)
     lam, Y = lam[::-1].clip(min=0), Y[:, ::-1]
     keep = lam > (rtol**2) * max(lam[0], np.finfo(np.float64).tiny)
     return lam, np.ascontiguousarray(Y[:, keep]), keep
 
 
-def _factors(U, V, alfa, beta, idx, ks, *, damp: float, rtol: float) -> list:
-    """One :class:`_Factor` for each row ``idx[i]`` of the buffers, with ``ks[i]`` steps: B_k from the
-    recurrence's scalars (``alfa[a, j] = α_{j+1}``, ``beta[a, j] = β_{j+1}``), its eigendecomposition
-    on the host (rows in parallel threads: 128 ResNet-18 bases of 4,096 steps are 80 s on one core),
-    and the kept vectors copied out of the shared buffers (this thread, the solver's stream)."""
-    dev = alfa.device
-    idx, ks = [int(a) for a in idx], [int(k) for k in ks]
-    pick = torch.as_tensor(idx, device=dev)
-    ah = alfa.index_select(0, pick).cpu().numpy()          # one host copy for all the rows
-    bh = beta.index_select(0, pick).cpu().numpy()
-    jobs = [(ah[i, :k + 1], bh[i, :k + 1], k, rtol) for i, k in enumerate(ks)]
-    if len(jobs) > 1 and max(ks) >= 256:
+def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bool = True):
+    """A :class:`_Group` of ``len(members)`` bases whose vectors are the rows of ``U`` (g, ≥K+1, n),
+    ``V`` (g, ≥K, p) and scalars ``alfa``, ``beta`` (``alfa[a, j] = α_{j+1}``, ``beta[a, j] = β_{j+1}``),
+    with ``ks[a]`` steps each (K = max ks), and each example's Ritz values (host).
+
+    The eigendecompositions run on the host, rows in parallel threads (10,000 MNIST bases of ~390
+    steps: ~28 s on one core); the eigenvectors go to the device in one copy, zero-padded. With
+    ``pad``, the rows past each example's k (filled by the steps it ran after stopping, until
+    compaction, possibly with 0/0 values) are zeroed in place and the buffers cut to K steps (one copy).
+    """
+    members, ks = np.asarray(members, dtype=np.int64), np.asarray(ks, dtype=np.int64)
+    dev, g = alfa.device, len(ks)
+    K = int(ks.max()) if g else 0
+    U, V, alfa, beta = U[:, :K + 1], V[:, :K], alfa[:, :K + 1], beta[:, :K + 1]
+    if pad:
+        U, V, alfa, beta = (t.contiguous() for t in (U, V, alfa, beta))
+        if K and int(ks.min()) < K:
+            kt = torch.as_tensor(ks, device=dev)[:, None]
+            steps = torch.arange(K + 1, device=dev)[None, :]
+            U.masked_fill_((steps > kt)[..., None], 0)
+            V.masked_fill_((steps[:, :K] >= kt)[..., None], 0)
+            alfa.masked_fill_(steps > kt, 0)
+            beta.masked_fill_(steps > kt, 0)
+    ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
+    jobs = [(ah[i], bh[i], int(k), rtol) for i, k in enumerate(ks)]
+    if len(jobs) > 1 and sum(int(k) ** 2 for k in ks) >= 2**18:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1, 16)) as pool:
             eigs = list(pool.map(lambda job: _eig(*job), jobs))
     else:
         eigs = [_eig(*job) for job in jobs]
-    out = []
-    for a, k, (lam, Yk, keep) in zip(idx, ks, eigs):
-        out.append(_Factor(
-            U=U[a, :k + 1].clone(), V=V[a, :k].clone(), Y=torch.as_tensor(Yk, device=dev),
-            filt=torch.as_tensor(1.0 / (lam[keep] + damp * damp), device=dev),
-            singular_values=torch.as_tensor(np.sqrt(lam).copy(), device=dev), rank=int(keep.sum()),
-            alfa=alfa[a, :k + 1].clone(), beta=beta[a, :k + 1].clone()))
-    return out
+    ranks = np.array([int(keep.sum()) for _, _, keep in eigs], dtype=np.int64)
+    r = int(ranks.max()) if g else 0
+    Yh = np.zeros((g, K, r))
+    fh = np.zeros((g, r))
+    for i, (k, (lam, Yk, keep)) in enumerate(zip(ks, eigs)):
+        Yh[i, :k, :Yk.shape[1]] = Yk
+        fh[i, :Yk.shape[1]] = 1.0 / (lam[keep] + damp * damp)
+    group = _Group(members=members, ks=ks, ranks=ranks, U=U, V=V, alfa=alfa, beta=beta,
+                   Y=torch.as_tensor(Yh, device=dev), filt=torch.as_tensor(fh, device=dev))
+    return group, [np.sqrt(lam) for lam, _, _ in eigs]
 
 
 def _stop_when_exhausted(state, rtol: float, scale, xp):
@@ -267,20 +348,19 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
         kept += 1
 
     def orthogonalize(name, vec):
-        # Classical Gram–Schmidt twice against the kept vectors ("twice is enough", Giraud et al.
-        # 2005): without it the float32 vectors lose orthogonality within tens of steps and
-        # U_{k+1}ᵀ c would no longer be the projection solve() needs.
-        # Row-vector form (t Qᵀ) Q: on CPUs torch runs it as BLAS GEMMs, 17× faster than Qᵀ(Q t)
-        # (8 × 380 × 784, one thread: 0.24 ms against 4.1 ms).
+        # Classical Gram–Schmidt against the kept vectors, REORTH_PASSES times: without it the float32
+        # vectors lose orthogonality within tens of steps and U_{k+1}ᵀ c would no longer be the
+        # projection solve() needs. Row-vector form (t Qᵀ) Q: on CPUs torch runs it as BLAS GEMMs, 17×
+        # faster than Qᵀ(Q t) (8 × 380 × 784, one thread: 0.24 ms against 4.1 ms).
         Q = (U if name == "u" else V)[:, :kept]
         t = to_torch(vec)[:, None, :]
         with ieee_float32():  # bound(tf32=True) must not turn the Gram-Schmidt into TF32 products
-            for _ in range(2):
+            for _ in range(REORTH_PASSES):
                 t -= torch.bmm(torch.bmm(t, Q.transpose(1, 2)), Q)
 
     keep(state)
     scale = state.alfa.copy()  # per problem: the largest α or β so far (β_1 = ‖b‖ is no scale of J)
-    factors = [None] * m
+    groups, ritz = [], [None] * m
     steps = np.zeros(m, dtype=np.int64)
     istop = np.zeros(m, dtype=np.int64)
     rows = np.arange(m)  # examples still running, as indices into b
@@ -297,9 +377,15 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
             with profiling.annotate("krylov.factor"):
                 idx = np.flatnonzero(done)
                 steps[rows[idx]], istop[rows[idx]] = itn[idx], codes[idx]
-                made = _factors(U, V, alfa, beta, idx, itn[idx], damp=float(opts.damp), rtol=rtol)
-                for e, f in zip(rows[idx], made):
-                    factors[e] = f
+                if finished:  # all the rest: the buffers themselves, cut to size (no gather)
+                    parts = (U, V, alfa, beta)
+                else:
+                    pick = torch.as_tensor(idx, device=dev)
+                    parts = (t.index_select(0, pick) for t in (U, V, alfa, beta))
+                made, sv = _factors(rows[idx], itn[idx], *parts, damp=float(opts.damp), rtol=rtol)
+                groups.append(made)
+                for e, s_e in zip(rows[idx], sv):
+                    ritz[e] = s_e
             if finished:
                 break
             live = np.flatnonzero(active)
@@ -330,8 +416,8 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                 state = _stop_when_exhausted(state, rtol, scale, xp)
                 keep(state)
                 done_steps += 1
-    return KrylovBasis(factors=factors, steps=steps, istop=istop,
-                       rank=np.array([f.rank for f in factors], dtype=np.int64), damp=float(opts.damp), rtol=rtol)
+    return KrylovBasis(groups=groups, steps=steps, istop=istop, rank=_ranks(groups, m), ritz=ritz,
+                       damp=float(opts.damp), rtol=rtol)
 
 
 def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch.Tensor:
@@ -340,7 +426,8 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
     For a mode q the best ε of the space ``span V_k`` maximizes ``(qᵀε)² / ‖J ε‖²``; since
     ``V_kᵀJᵀJ V_k = B_kᵀB_k``, it is ``ε = V_k (B_kᵀB_k)⁺ V_kᵀ q`` (METHOD.md §4 restricted to the
     space; the whole space gives ``(JᵀJ)⁺ q``, the dense path's direction). Then
-    ``‖J ε‖² = Σ_i (Yᵀ V_kᵀ q)_i² / λ_i``. No model product.
+    ``‖J ε‖² = Σ_i (Yᵀ V_kᵀ q)_i² / λ_i``. No model product. Batched per group, in slices of
+    examples whose float64 copy of V stays under 2²⁶ values.
 
     Parameters
     ----------
@@ -351,38 +438,55 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
     -------
     torch.Tensor (B, K, p), float64; zero rows where q has no component in the space.
     """
-    out = []
-    for f in basis.factors[::pilots]:
-        g = f.V.to(torch.float64) @ q.to(device=f.V.device, dtype=torch.float64).T   # V_kᵀ q: (k, K)
-        h = f.Y.T @ g                                                                  # (r, K)
-        lin = torch.sqrt((h * h * f.filt[:, None]).sum(dim=0))                         # ‖J ε‖ before scaling
-        y = f.Y @ (h * f.filt[:, None])                                               # (B_kᵀB_k)⁺ V_kᵀ q
-        scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
-        out.append((f.V.to(torch.float64).T @ (y * scale)).T)
-    return torch.stack(out)
+    B = basis.batch // pilots
+    p = q.shape[-1]
+    out = None
+    for g in basis.groups:
+        pos = np.flatnonzero(g.members % pilots == 0)
+        if pos.size == 0:
+            continue
+        dev = g.V.device
+        q64 = q.to(device=dev, dtype=torch.float64)
+        if out is None:
+            out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=dev)
+        per = max(1, 2**26 // max(1, g.V.shape[1] * p))
+        for lo in range(0, pos.size, per):
+            at = torch.as_tensor(pos[lo:lo + per], device=dev)
+            V = g.V.index_select(0, at).to(torch.float64)                 # (s, k, p)
+            Y, filt = g.Y.index_select(0, at), g.filt.index_select(0, at)[:, :, None]
+            h = torch.bmm(Y.transpose(1, 2), V @ q64.T)                     # Yᵀ V_kᵀ q: (s, r, K)
+            lin = torch.sqrt((h * h * filt).sum(dim=1))                     # ‖J ε‖ before scaling: (s, K)
+            scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
+            y = torch.bmm(Y, h * filt) * scale[:, None, :]                  # (B_kᵀB_k)⁺ V_kᵀ q, scaled: (s, k, K)
+            out[torch.as_tensor(g.members[pos[lo:lo + per]] // pilots, device=dev)] = torch.bmm(y.transpose(1, 2), V)
+    if out is None:
+        out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=q.device)
+    return out
 
 
 def solve(basis: KrylovBasis, c, *, pilots: int = 1):
     """Solve the restarts of every example in its pilots' bases, on solver arrays.
 
-    ``basis`` holds B·pilots bases (example-major: example e's pilot j is factor ``e·pilots + j``);
+    ``basis`` holds B·pilots bases (example-major: example e's pilot j is basis ``e·pilots + j``);
     ``c`` (B·R, n) holds each example's R right-hand sides in a row. Restart r is solved in its
-    example's basis of pilot ``r mod pilots``. Returns (B·R, p), the solver's array type.
+    example's basis of pilot ``r mod pilots``: basis ``e·pilots + j`` gets restarts j, j + pilots, ...
+    (zero-padded to ⌈R / pilots⌉ right-hand sides), all bases in one batched pass per group.
+    Returns (B·R, p), the solver's array type.
     """
     B = basis.batch // pilots
     if B * pilots != basis.batch or c.shape[0] % max(B, 1):
         raise ValueError(f"Shape mismatch: {basis.batch} bases for {pilots} pilots per example and "
                          f"{c.shape[0]} right-hand sides")
     tc = to_torch(c)
-    R = tc.shape[0] // B
-    grouped = tc.reshape(B, R, -1)
+    R, n = tc.shape[0] // max(B, 1), tc.shape[-1]
     if pilots == 1:
-        return from_torch(basis.solve(grouped).reshape(tc.shape[0], -1))
-    out = None
-    for j in range(pilots):
-        part = KrylovBasis(factors=basis.factors[j::pilots], steps=basis.steps[j::pilots],
-                           istop=basis.istop[j::pilots], rank=basis.rank[j::pilots]).solve(grouped[:, j::pilots])
-        if out is None:
-            out = part.new_empty((B, R, part.shape[-1]))
-        out[:, j::pilots] = part
-    return from_torch(out.reshape(tc.shape[0], -1))
+        return from_torch(basis.solve(tc.reshape(B, R, n)).reshape(tc.shape[0], -1))
+    per = -(-R // pilots)
+    padded = tc.new_zeros((B, per * pilots, n))
+    padded[:, :R] = tc.reshape(B, R, n)
+    # (B, per, pilots, n) -> (B, pilots, per, n): basis e·pilots + j gets restarts j, j + pilots, ...
+    grouped = padded.reshape(B, per, pilots, n).transpose(1, 2).reshape(B * pilots, per, n)
+    out = basis.solve(grouped)
+    p = out.shape[-1]
+    out = out.reshape(B, pilots, per, p).transpose(1, 2).reshape(B, per * pilots, p)[:, :R]
+    return from_torch(out.reshape(B * R, p))

@@ -122,13 +122,14 @@ def test_float32_vectors_stay_orthonormal_and_satisfy_the_bidiagonal_relation():
     A = spectrum_batch(rng, 2, 220, 180, np.logspace(0, -4, 180)).astype(np.float32)
     basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 220)).astype(np.float32),
                          LSQROptions(atol=0, btol=0, conlim=0, iter_lim=150))
-    for e, f in enumerate(basis.factors):
-        U, V = f.U.double().numpy(), f.V.double().numpy()
+    for e in range(2):
+        U, V, a, b = basis.vectors(e)
+        U, V = U.double().numpy(), V.double().numpy()
         assert U.shape == (151, 220) and V.shape == (150, 180)
         assert np.abs(V @ V.T - np.eye(150)).max() < 2e-5
         assert np.abs(U @ U.T - np.eye(151)).max() < 2e-5
         # A V_k = U_{k+1} B_k, B_k lower bidiagonal from the kept α, β
-        a, b = f.alfa.numpy(), f.beta.numpy()
+        a, b = a.numpy(), b.numpy()
         Bk = np.zeros((151, 150))
         Bk[np.arange(150), np.arange(150)] = a[:150]
         Bk[np.arange(1, 151), np.arange(150)] = b[1:151]
@@ -185,7 +186,7 @@ def test_step_limit_and_memory_count():
     assert krylov.step_limit(25088, 24843) == krylov.MAX_STEPS
     assert krylov.step_limit(40, 784) == 40
     assert krylov.step_limit(900, 784, LSQROptions(iter_lim=100)) == 100
-    assert krylov.basis_values(40, 784) == 3 * 41 * 824
+    assert krylov.basis_values(40, 784) == 3 * 41 * 824 + 2 * 40 * 40
 
 
 # --- bound(solver="krylov") ----------------------------------------------------------------------------
@@ -276,11 +277,12 @@ def test_bound_krylov_needs_the_input_linearization():
 def test_pilots_give_each_restart_the_basis_of_pilot_r_mod_pilots():
     """krylov_pilots = 2: bases from restarts 0 and 1 (their own Krylov spaces, checked by SciPy's LSQR
     iterate on their first steps); restart r uses pilot r mod 2. Each pilot's basis equals a one-pilot
-    build on that start vector (numpy QR + lstsq oracle of the projection)."""
+    build on that start vector (numpy QR + lstsq oracle of the projection). R = 5 is odd: pilot 0 solves
+    3 restarts, pilot 1 two (its batched pass pads a zero right-hand side)."""
     net = _tanh_net()
     rng = np.random.default_rng(9)
     x = torch.as_tensor(rng.standard_normal((2, 1, 8, 8)))
-    sigma, size, R, k = 0.2, 0.05, 4, 6
+    sigma, size, R, k = 0.2, 0.05, 5, 6
     opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
     res = hcrfast.bound(net, x, sigma, size=size, iterations=1, restarts=R, seed=4, solver="krylov", lsqr=opts,
                         krylov_pilots=2, certify=False)

@@ -1,0 +1,105 @@
+"""``solver="krylov"``'s projections: one batched pass over every example's basis vs one example at a time.
+
+B = 1,024 examples of the MNIST-MLP geometry cut down (n = p = 256, k = 96 basis steps, random dense
+matrices), R = 25 right-hand sides each: the work of one of Algorithm 1's steps for a chunk. The
+per-example loop is what ``KrylovBasis.solve`` did before it stacked the bases (one small product
+chain per example: ~8 launches each on a GPU, 10,000 examples × 10 steps for the MNIST target).
+Also timed: building the bases (LSQR with kept, reorthogonalized vectors, and the host
+eigendecompositions of B_kᵀB_k).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hcrfast import krylov
+from hcrfast.bindings import ieee_float32
+from hcrfast.lsqr import LSQROptions
+from hcrfast.operators import DenseBatchOperator
+
+B, N, P, K, R = 1024, 256, 256, 96, 25
+OPTS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=K, check_every=8)
+
+
+def _problem(xp):
+    rng = np.random.default_rng(0)
+    A = (rng.standard_normal((B, N, P), dtype=np.float32) / np.sqrt(P)).astype(np.float32)
+    b = rng.standard_normal((B, N), dtype=np.float32)
+    c = rng.standard_normal((B, R, N), dtype=np.float32)
+    return DenseBatchOperator(xp.asarray(A)), xp.asarray(b), c
+
+
+def _loop(basis: krylov.KrylovBasis, c: torch.Tensor) -> torch.Tensor:
+    """One example at a time (the pre-stacking solve), from the same stored factors."""
+    out = []
+    for e in range(basis.batch):
+        g = basis.groups[basis._group_of[e]]
+        i, k = basis._row_of[e], int(basis.steps[e])
+        U, V, alfa, beta = basis.vectors(e)
+        Y, filt = g.Y[i, :k], g.filt[i]
+        with ieee_float32():
+            t = (U @ c[e].T).to(torch.float64)
+            w = alfa[:k, None] * t[:k] + beta[1:k + 1, None] * t[1:k + 1]
+            y = Y @ (filt[:, None] * (Y.T @ w))
+            out.append((V.T @ y.to(V.dtype)).T)
+    return torch.stack(out)
+
+
+def _check(basis, tc):
+    got, want = basis.solve(tc), _loop(basis, tc)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_krylov_build_cpu(benchmark):
+    op, b, _ = _problem(np)
+    basis = benchmark.pedantic(krylov.build, args=(op, b, OPTS), rounds=1, iterations=1)
+    assert (basis.steps == K).all()
+    benchmark.extra_info.update(examples=B, shape=(N, P), steps=K)
+
+
+@pytest.mark.parametrize("how", ["batched", "loop"])
+def test_krylov_solve_cpu(benchmark, how):
+    op, b, c = _problem(np)
+    basis = krylov.build(op, b, OPTS)
+    tc = torch.as_tensor(c)
+    _check(basis, tc)
+    fn = basis.solve if how == "batched" else (lambda t: _loop(basis, t))
+    benchmark.pedantic(fn, args=(tc,), rounds=3, iterations=1, warmup_rounds=1)
+    benchmark.extra_info.update(examples=B, shape=(N, P), steps=K, right_hand_sides=R)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["batched", "loop"])
+def test_krylov_solve_gpu(benchmark, how):
+    import cupy
+
+    op, b, c = _problem(cupy)
+    basis = krylov.build(op, b, OPTS)
+    tc = torch.as_tensor(c, device="cuda")
+    _check(basis, tc)
+    fn = basis.solve if how == "batched" else (lambda t: _loop(basis, t))
+
+    def run():
+        out = fn(tc)
+        torch.cuda.synchronize()
+        return out
+
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.extra_info.update(examples=B, shape=(N, P), steps=K, right_hand_sides=R)
+
+
+@pytest.mark.gpu
+def test_krylov_build_gpu(benchmark):
+    import cupy
+
+    op, b, _ = _problem(cupy)
+
+    def run():
+        basis = krylov.build(op, b, OPTS)
+        torch.cuda.synchronize()
+        return basis
+
+    basis = benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1)
+    assert (basis.steps == K).all()
+    benchmark.extra_info.update(examples=B, shape=(N, P), steps=K)
