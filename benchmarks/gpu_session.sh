@@ -10,18 +10,19 @@
 #   kernels   pytest-benchmark of the kernels (Numba vs twin on CuPy vs library) and the batched
 #             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
-#             of stopped problems on vs off, Numba vs twin kernels, cold vs warm starts, TF32,
-#             LSQR vs the dense solve vs the Krylov basis (decides what solver="auto" takes on CUDA)
-#   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP)
+#             of stopped problems on vs off, Numba vs twin kernels, TF32, and what solver="auto"
+#             takes on CUDA (the Krylov basis) vs LSQR (warm and cold starts) vs the dense solve
+#   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP),
+#             with solver="auto" (the Krylov basis on CUDA)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
 #             256 x R = 25 it needs > 390k, far beyond one 10-minute call)
-#   resnet18  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), in 16 slices of 8
-#             examples under a 360-s budget: what is not done by then is extrapolated from what is
-#             (an estimate puts the whole run near 1e17 FLOP in IEEE float32, beyond one call)
-#   resnet18-krylov  the same target with solver="krylov" (one reorthogonalized Krylov basis per
-#             example, every step projected on it: ~2 x 4,096 products per example instead of ~25 x 7,800),
-#             in 4 slices of 32 under a 360-s budget
+#   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
+#             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
+#             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
+#             in 4 slices of 32 under a 360-s budget: what is not done by then is extrapolated
+#   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples under a 360-s
+#             budget (an estimate puts the whole run near 1e17 FLOP in IEEE float32, beyond one call)
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #
 # MODES="--jacobian forward|--solver dense" picks a subset of the modes ('|'-separated).
@@ -114,7 +115,7 @@ EOF
         ;;
     modes)
         ensure_installed
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--cold-start|--tf32|--solver dense|--solver krylov}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--tf32|--solver lsqr|--cold-start|--solver dense}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             TIMEOUT_S=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \
@@ -123,7 +124,7 @@ EOF
         ;;
     mnist)
         ensure_installed
-        say "gpu_targets mnist (10,000 x 25 x 10)"
+        say "gpu_targets mnist (10,000 x 25 x 10, solver auto)"
         TIMEOUT_S=${MNIST_TIMEOUT_S:-240} run "$PY" benchmarks/gpu_targets.py mnist --slices 4 --time-budget 180 \
             --progress --out "$DEST"
         ;;
@@ -135,8 +136,8 @@ EOF
         ;;
     resnet18)
         ensure_installed
-        say "gpu_targets resnet18 (128 x 25 x 10 in 16 slices, 360-s budget, the rest extrapolated)"
-        TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --slices 16 \
+        say "gpu_targets resnet18 --solver lsqr (128 x 25 x 10 in 16 slices, 360-s budget, the rest extrapolated)"
+        TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --solver lsqr --slices 16 \
             --time-budget "${RESNET_BUDGET_S:-360}" --progress --out "$DEST"
         ;;
     resnet18-krylov)
@@ -150,7 +151,7 @@ EOF
         for flags in "" "--tf32"; do
             say "gpu_targets resnet18 --examples 2 --iterations 1 $flags"
             TIMEOUT_S=${TF32_TIMEOUT_S:-150} run "$PY" benchmarks/gpu_targets.py resnet18 --examples 2 --iterations 1 \
-                $flags --out "$DEST"
+                --solver lsqr $flags --out "$DEST"
         done
         ;;
     *)

@@ -186,14 +186,20 @@ def run(args, on_slice=None) -> dict:
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
     if args.krylov_steps is not None:
         changes["iter_lim"] = args.krylov_steps
-    opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if args.solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
+    # "auto" is resolved as a user's bound() call without lsqr= would resolve it (--cold-start is about
+    # LSQR's warm starts, so it keeps LSQR); the options are that solver's defaults with this script's changes.
+    with torch.no_grad():
+        n_features = int(model(x[:1]).numel())
+    solver = ("lsqr" if args.solver == "auto" and args.cold_start
+              else hcrfast.algorithm.resolve_solver(args.solver, "input", device, n_features, int(x[0].numel())))
+    opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
-              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=args.solver)
+              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver)
 
     t0 = time.perf_counter()
     # The warm-up pays compilation and allocation, not a whole Krylov basis: 8 steps are enough.
     warm_kw = {**kw, "restarts": 2, "iterations": 1, "chunk_size": None}
-    if args.solver == "krylov":
+    if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
     _sync(device)
@@ -339,7 +345,8 @@ def main(argv=None) -> int:
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
     ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense", "krylov"),
-                    help="bound(solver=...); with the LSQR options this script passes, auto means lsqr. dense: J "
+                    help="bound(solver=...); auto: what bound() takes without lsqr= options (on CUDA the Krylov "
+                         "basis; with --cold-start, LSQR). dense: J "
                          "built per example and factored (its products are not timed as JVP/VJP). krylov: one "
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
     ap.add_argument("--krylov-steps", type=int, default=None,

@@ -174,15 +174,22 @@ def main(argv=None) -> int:
 
     itn = res.to_numpy().lsqr_iterations
     dense_run = res.params["solver"] == "dense"
-    # Row-products: LSQR's 2·itn + 1 per solve; the dense solve's min(n, p) per example to build J.
-    products = (int(res.params["dense"]["jacobian_products"]) * args.examples if dense_run
-                else int(np.sum(2 * itn + 1)))
+    # Row-products: LSQR's 2·itn + 1 per solve; the dense solve's min(n, p) per example to build J;
+    # the Krylov basis' 2k + 1 per example and pilot (its projections cost none).
+    if dense_run:
+        products = int(res.params["dense"]["jacobian_products"]) * args.examples
+    elif res.params["solver"] == "krylov":
+        products = int(round(res.params["krylov"]["products_per_example"] * args.examples))
+    else:
+        products = int(np.sum(2 * itn + 1))
     print(f"profile: {args.model}, {args.examples} examples x {args.restarts} restarts x {args.iterations} iterations, "
           f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, solver {res.params['solver']}, "
           f"{'the basis defaults' if opts is None else f'lsqr atol={opts.atol:g} btol={opts.btol:g} iter_lim={opts.iter_lim}'}, "
           f"torch threads {torch.get_num_threads()}, device {args.device}")
     print(f"  wall time {total:.2f} s; {products} row-products (JVP+VJP over all problems); "
-          f"median LSQR iterations per solve {np.median(itn):.0f}")
+          + (f"basis steps per example: median {res.params['krylov']['steps_median']:.0f}, "
+           f"max {res.params['krylov']['steps_max']}" if res.params["solver"] == "krylov"
+           else f"median LSQR iterations per solve {np.median(itn):.0f}"))
     if args.plain:
         return 0
 

@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     print(f"  hcrfast current: {cur['seconds']:.2f} s, median {cur['median']:.5g}", flush=True)
     inp = run_hcrfast(model, x, sigma, args, linearize_at="input", label=f"hcrfast DEFAULT_LSQR, linearize_at=input, {args.start} start")
     print(f"  hcrfast input: {inp['seconds']:.2f} s, median {inp['median']:.5g}", flush=True)
-    main_rows = [dflt, cur, inp] if dflt["solver"] != "lsqr" else [cur, inp]  # (auto on CUDA: the input row)
+    main_rows = [dflt, cur, inp] if dflt["solver"] != "lsqr" else [cur, inp]  # (auto as LSQR: the input row)
 
     # Paired comparison, mode by mode: how often is hcrfast's bound at least the reference's?
     if "_std" in ref:

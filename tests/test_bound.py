@@ -387,7 +387,8 @@ def test_solver_auto_and_bad_solver_arguments():
     assert resolve_solver("auto", "current", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1) == "lsqr"
     assert resolve_solver("auto", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS + 1,
                           lsqr_given=True) == "lsqr"
-    assert resolve_solver("auto", "input", torch.device("cuda"), 10, 16) == "lsqr"
+    assert resolve_solver("auto", "input", torch.device("cuda"), 10, 16) == "krylov"
+    assert resolve_solver("auto", "current", torch.device("cuda"), 10, 16) == "lsqr"
     assert resolve_solver("auto", "input", torch.device("cpu"), 10, 16, lsqr_given=True) == "lsqr"
     assert resolve_solver("lsqr", "input", torch.device("cpu"), 10, 16) == "lsqr"
     with pytest.raises(ValueError, match="linearize_at='input' or solver='lsqr'"):

@@ -68,8 +68,8 @@ def test_dense_solve_on_gpu_matches_cpu():
     gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
     assert gpu.params["solver"] == "dense" and gpu.params["dense"]["rank_min"] == cpu.params["dense"]["rank_min"]
     np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=1e-8)
-    # and "auto" stays on LSQR on CUDA until the dense solve is measured there
-    assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "lsqr"
+    # and "auto" takes the Krylov basis on CUDA (the dense solve on the CPU)
+    assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "krylov"
 
 
 def test_krylov_solve_on_gpu_matches_cpu():
