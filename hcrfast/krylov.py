@@ -103,11 +103,9 @@ class _Group:
     Y: torch.Tensor        # (g, K, r) float64: kept eigenvectors of B_kᵀB_k (right singular vectors of B_k)
     filt: torch.Tensor     # (g, r) float64: 1 / (λ + damp²), 0 in the padding
 
-    def solve(self, c: torch.Tensor, rows=None) -> torch.Tensor:
-        """(g', R, n) → (g', R, p) for the group's rows ``rows`` (default all, g' = g)."""
+    def solve(self, c: torch.Tensor) -> torch.Tensor:
+        """(g, R, n) → (g, R, p): every member's right-hand sides in its own basis."""
         U, V, alfa, beta, Y, filt = self.U, self.V, self.alfa, self.beta, self.Y, self.filt
-        if rows is not None:
-            U, V, alfa, beta, Y, filt = (t.index_select(0, rows) for t in (U, V, alfa, beta, Y, filt))
         K = V.shape[1]
         with ieee_float32():  # a projection, not a TF32 approximation of one
             t = torch.bmm(U, c.to(U.dtype).transpose(1, 2)).to(torch.float64)          # U_{k+1}ᵀ c: (g, K+1, R)
