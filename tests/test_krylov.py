@@ -370,3 +370,33 @@ def test_bound_krylov_with_targets_takes_the_directions_from_the_basis():
     assert rec.params["targeted"]["method"] == "krylov"
     np.testing.assert_allclose(rec.targeted.std, den.targeted.std, rtol=1e-7)
     np.testing.assert_allclose(rec.std, den.std, rtol=1e-7)
+
+
+def test_stacked_groups_padding_and_pilots_against_each_examples_own_oracle():
+    """Bases of different sizes stacked in groups (compaction at every look makes one group per stop;
+    never compacting makes one padded group whose short members ran on, through zero vectors, after
+    stopping): each example's solve is numpy's lstsq on its own matrix, each direction (AᵀA)⁺q, and
+    with 2 pilots per example over 3 restarts the padded pass gives pilot j restarts j, j + 2."""
+    rng = np.random.default_rng(21)
+    ranks = [2, 7, 20, 13]
+    A = np.concatenate([spectrum_batch(rng, 1, 30, 20, np.logspace(0, -1, r)) for r in ranks])
+    b = rng.standard_normal((4, 30))
+    c = rng.standard_normal((4, 3, 30))
+    q = torch.as_tensor(rng.standard_normal((5, 20)))
+    want = np.stack([(np.linalg.pinv(A[e], rcond=1e-10) @ c[e].T).T for e in range(4)])
+    dirs = np.stack([(np.linalg.pinv(A[e].T @ A[e], rcond=1e-10) @ q.numpy().T).T for e in range(4)])
+    dirs /= np.linalg.norm(np.einsum("ekp,enp->ekn", dirs, A), axis=2)[..., None]
+    for compact in (1.0, 0.0):
+        basis = krylov.build(DenseBatchOperator(A), b, TIGHT, compact_below=compact, check_every=1)
+        assert list(basis.rank) == ranks
+        assert len(basis.groups) == (len(set(basis.steps)) if compact == 1.0 else 1)
+        np.testing.assert_allclose(basis.solve(torch.as_tensor(c)).numpy(), want, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(krylov.directions(basis, q).numpy(), dirs, rtol=1e-8, atol=1e-10)
+        for g in basis.groups:  # the padding is exact zeros
+            for i, k in enumerate(g.ks):
+                assert torch.all(g.U[i, k + 1:] == 0) and torch.all(g.V[i, k:] == 0) and torch.all(g.Y[i, k:] == 0)
+    # 2 pilots per example (bases 2e, 2e+1 on the same matrix: every basis spans A's row space here)
+    twice = krylov.build(DenseBatchOperator(np.repeat(A, 2, axis=0)), rng.standard_normal((8, 30)), TIGHT)
+    got = krylov.solve(twice, c.reshape(12, 30), pilots=2)  # solver arrays (NumPy here)
+    np.testing.assert_allclose(np.asarray(got).reshape(4, 3, 20), want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(krylov.directions(twice, q, pilots=2).numpy(), dirs, rtol=1e-8, atol=1e-10)
