@@ -182,16 +182,17 @@ def run(args, on_slice=None) -> dict:
 
     zm, model, x = build_workload(args.workload, examples, args.device, mnist_root=args.mnist_root)
     with torch.no_grad():
-        sigma = hcrfast.rms_sigma(torch.cat([model(c) for c in x.split(1024)]), zm.sigma_scale)
+        feats = torch.cat([model(c) for c in x.split(1024)])
+    sigma = hcrfast.rms_sigma(feats, zm.sigma_scale)
     changes = {k: v for k, v in (("kernels", args.kernels), ("compact_below", args.compact_below)) if v is not None}
     if args.krylov_steps is not None:
         changes["iter_lim"] = args.krylov_steps
     # "auto" is resolved as a user's bound() call without lsqr= would resolve it (--cold-start is about
     # LSQR's warm starts, so it keeps LSQR); the options are that solver's defaults with this script's changes.
-    with torch.no_grad():
-        n_features = int(model(x[:1]).numel())
     solver = ("lsqr" if args.solver == "auto" and args.cold_start
-              else hcrfast.algorithm.resolve_solver(args.solver, "input", device, n_features, int(x[0].numel())))
+              else hcrfast.algorithm.resolve_solver(args.solver, "input", device, int(feats[0].numel()),
+                                                    int(x[0].numel())))
+    del feats
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver)

@@ -138,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=None, help="atol = btol (default: DEFAULT_LSQR's)")
     ap.add_argument("--iter-lim", type=int, default=None)
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense", "krylov"))
+    ap.add_argument("--reorth-passes", type=int, default=None,
+                    help="with --solver krylov: Gram-Schmidt passes per basis vector (default "
+                         "hcrfast.krylov.REORTH_PASSES)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
@@ -148,6 +151,8 @@ def main(argv=None) -> int:
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.reorth_passes is not None:
+        krylov.REORTH_PASSES = args.reorth_passes
 
     model, x = build_problem(args.model, args.examples, seed=0, device=args.device)
     with torch.no_grad():
@@ -190,6 +195,8 @@ def main(argv=None) -> int:
           + (f"basis steps per example: median {res.params['krylov']['steps_median']:.0f}, "
            f"max {res.params['krylov']['steps_max']}" if res.params["solver"] == "krylov"
            else f"median LSQR iterations per solve {np.median(itn):.0f}"))
+    std = res.to_numpy().std
+    print(f"  bound median {np.median(std):.5f}, p90 {np.quantile(std, 0.9):.4f}")
     if args.plain:
         return 0
 
@@ -215,7 +222,8 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(dict(
             args=vars(args), total_seconds=total, products=products,
             phases={p: dict(seconds=s, calls=timer.calls.get(p)) for p, s in rows},
-            jvp_vjp_fraction=floor / total, rows_through_products=applied), indent=2))
+            jvp_vjp_fraction=floor / total, rows_through_products=applied,
+            bound_median=float(np.median(std)), bound_p90=float(np.quantile(std, 0.9))), indent=2))
     return 0
 
 

@@ -5,12 +5,14 @@ matrices), R = 25 right-hand sides each: the work of one of Algorithm 1's steps 
 per-example loop is what ``KrylovBasis.solve`` did before it stacked the bases (one small product
 chain per example: ~8 launches each on a GPU, 10,000 examples × 10 steps for the MNIST target).
 Also timed: building the bases (LSQR with kept, reorthogonalized vectors, and the host
-eigendecompositions of B_kᵀB_k).
+eigendecompositions of B_kᵀB_k), and one such eigendecomposition by MRRR (``scipy.linalg.eigh_tridiagonal``'s
+default, what ``hcrfast.krylov`` uses) vs LAPACK's divide and conquer (``dstevd``).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 from hcrfast import krylov
@@ -103,3 +105,35 @@ def test_krylov_build_gpu(benchmark):
     basis = benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1)
     assert (basis.steps == K).all()
     benchmark.extra_info.update(examples=B, shape=(N, P), steps=K)
+
+
+@pytest.fixture(scope="module")
+def long_basis():
+    """A 1,500-step basis of one 1,600 × 1,600 float64 matrix with singular values logspace(0, −3.2)
+    (ResNet-18's Ritz values spanned [0.0056, 7.53]): its α, β are a real B_k's, and its first 386
+    steps a shorter basis' (the vectors of a shorter run are a prefix)."""
+    rng = np.random.default_rng(1)
+    n = 1600
+    Uo, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    Vo, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    A = ((Uo * np.logspace(0, -3.2, n)) @ Vo.T)[None]
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((1, n)),
+                         LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=1500, check_every=64))
+    _, _, alfa, beta = basis.vectors(0)
+    return alfa.numpy(), beta.numpy()
+
+
+@pytest.mark.parametrize("k", [386, 1500])
+@pytest.mark.parametrize("driver", ["stemr", "dstevd"])
+def test_tridiagonal_eigendecomposition(benchmark, long_basis, k, driver):
+    """B_kᵀB_k of a real basis (k = 386: the MNIST MLP's size; 1,500: ResNet-18's at R = 25)."""
+    a, b = long_basis
+    diag, off = a[:k] ** 2 + b[1:k + 1] ** 2, a[1:k] * b[1:k]
+    if driver == "dstevd":
+        fn = lambda: scipy.linalg.lapack.dstevd(diag, off, compute_v=1)[:2]  # noqa: E731
+    else:
+        fn = lambda: scipy.linalg.eigh_tridiagonal(diag, off)  # noqa: E731
+    lam, Y = benchmark.pedantic(fn, rounds=5, iterations=1, warmup_rounds=1)
+    T = np.diag(diag) + np.diag(off, 1) + np.diag(off, -1)
+    assert np.abs(T @ Y - Y * lam).max() < 1e-10 * np.abs(lam).max()
+    benchmark.extra_info.update(k=k, driver=driver)

@@ -59,7 +59,7 @@ DEFAULT_OPTIONS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=None, che
 #: Giraud et al. 2005). One pass was tried (2026-11-23): the Golub–Kahan recurrence has already
 #: removed most of the new vector's part in the kept space, and with one pass ‖VᵀV − I‖, ‖UᵀU − I‖
 #: stayed ≤ 3.1e-7 in float32 at condition 1e4 and 1e6, the MNIST MLP's bounds agreed to 4 digits and
-#: the CPU run was 28% faster. But at exhaustion the new vector IS mostly in the kept space: on a
+#: the CPU run took 4.00 s instead of 5.65 s. But at exhaustion the new vector IS mostly in the kept space: on a
 #: rank-100 float64 matrix one pass left B_k a spurious singular value of 4.4e-13 (above the rank
 #: tolerance 2.7e-15) that two passes put under it, and the solves drifted off pinv's. Each pass
 #: reads every kept vector twice: on a GPU that traffic is the build's cost beside the products.
@@ -148,6 +148,8 @@ class KrylovBasis:
             self._row_of[g.members] = np.arange(len(g.members))
         if self.batch and self._group_of.min() < 0:
             raise ValueError("KrylovBasis: some examples belong to no group")
+        # each group's members as a device index, made once (not a host copy per solve)
+        self._index = [torch.as_tensor(g.members, device=g.U.device) for g in self.groups]
 
     @property
     def batch(self) -> int:
@@ -169,8 +171,7 @@ class KrylovBasis:
         if len(self.groups) == 1 and np.array_equal(self.groups[0].members, np.arange(self.batch)):
             return self.groups[0].solve(c)
         out = None
-        for g in self.groups:
-            at = torch.as_tensor(g.members, device=c.device)
+        for g, at in zip(self.groups, self._index):
             part = g.solve(c.index_select(0, at))
             if out is None:
                 out = part.new_empty((self.batch,) + tuple(part.shape[1:]))
@@ -207,11 +208,12 @@ def _ranks(groups, batch: int) -> np.ndarray:
 def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part.
 
-    LAPACK's divide and conquer (``dstevd``): 2.8 ms at k = 386 and 26 ms at k = 1,500 on one AMD
-    EPYC core, against 9.6 and 186 ms for MRRR (``eigh_tridiagonal``'s default) and 3.2 s for torch's
-    SVD of B_k at k = 2,048. Squaring costs no accuracy that matters here: λ is exact to ~eps·λ_max,
-    so singular values down to ``rtol`` ≥ 1e-6 of the largest keep ≥ 4 digits. NumPy only (no
-    torch): it runs in worker threads, LAPACK releasing the GIL.
+    LAPACK's MRRR (``eigh_tridiagonal``), O(k²): 4.5 ms at k = 386 and 66 ms at k = 1,500 on one AMD
+    EPYC core, against 3.2 s for torch's SVD of B_k at k = 2,048; divide and
+    conquer (``dstevd``) measured the same (``benchmarks/test_bench_krylov.py``). Squaring costs no
+    accuracy that matters here: λ is exact to ~eps·λ_max, so singular values down to ``rtol`` ≥ 1e-6
+    of the largest keep ≥ 4 digits. NumPy only (no torch): it runs in worker threads, LAPACK
+    releasing the GIL.
     """
     if k == 0:
         return np.zeros(0), np.zeros((0, 0)), np.zeros(0, dtype=bool)
@@ -220,9 +222,7 @@ def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     if k == 1:
         lam, Y = diag.copy(), np.ones((1, 1))
     else:
-        lam, Y, info = scipy.linalg.lapack.dstevd(diag, off, compute_v=1)  # ascending
-        if info != 0:  # did not converge (never seen): MRRR instead
-            lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)
+        lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)  # ascending
     lam, Y = lam[::-1].clip(min=0), Y[:, ::-1]
     keep = lam > (rtol**2) * max(lam[0], np.finfo(np.float64).tiny)
     return lam, np.ascontiguousarray(Y[:, keep]), keep
@@ -234,7 +234,7 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     with ``ks[a]`` steps each (K = max ks), and each example's Ritz values (host).
 
     The eigendecompositions run on the host, rows in parallel threads (10,000 MNIST bases of ~390
-    steps: ~28 s on one core); the eigenvectors go to the device in one copy, zero-padded. With
+    steps: ~45 s on one core); the eigenvectors go to the device in one copy, zero-padded. With
     ``pad``, the rows past each example's k (filled by the steps it ran after stopping, until
     compaction, possibly with 0/0 values) are zeroed in place and the buffers cut to K steps (one copy).
     """
