@@ -11,7 +11,8 @@
 #             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
 #             of stopped problems on vs off, Numba vs twin kernels, TF32, and what solver="auto"
-#             takes on CUDA (the Krylov basis) vs LSQR (warm and cold starts) vs the dense solve
+#             takes on CUDA (the Krylov basis, "auto" Gram-Schmidt vs two passes every step) vs LSQR
+#             (warm and cold starts) vs the dense solve
 #   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP),
 #             with solver="auto" (the Krylov basis on CUDA)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
@@ -115,7 +116,7 @@ EOF
         ;;
     modes)
         ensure_installed
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--tf32|--solver lsqr|--cold-start|--solver dense}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--tf32|--reorth-passes 2|--solver lsqr|--cold-start|--solver dense}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             TIMEOUT_S=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \

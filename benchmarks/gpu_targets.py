@@ -55,7 +55,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from race import MNIST_MEAN, MNIST_STD, machine_info, products_per_example, quantiles  # noqa: E402
+from race import (MNIST_MEAN, MNIST_STD, add_reorth_option, apply_reorth_option, machine_info,  # noqa: E402
+                  products_per_example, quantiles)
 
 import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
@@ -170,6 +171,7 @@ def run(args, on_slice=None) -> dict:
     iterations = args.iterations or default_iterations
     if args.threads:
         torch.set_num_threads(args.threads)
+    apply_reorth_option(args.reorth_passes)
     if args.tf32:
         # bound(tf32=True) only stops forcing IEEE float32: it runs with the caller's settings, and
         # torch's defaults keep float32 matmuls in IEEE (only cuDNN convolutions default to TF32).
@@ -209,13 +211,14 @@ def run(args, on_slice=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     slices = [ids for ids in np.array_split(np.arange(examples), max(1, min(args.slices, examples))) if ids.size]
-    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons)
+    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons, Krylov steps run twice)
     res = None
 
     def summary(wall: float, timeline: float, inside: dict) -> dict:
         done = sum(p[0].shape[0] for p in parts)
         std = np.concatenate([p[0] for p in parts])
         itn = np.concatenate([p[1] for p in parts])
+        redone = sum(p[3] for p in parts)
         return dict(
             workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
             slices=len(slices), restarts=restarts, iterations=iterations,
@@ -233,9 +236,12 @@ def run(args, on_slice=None) -> dict:
             rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
             solver=res.params["solver"],
             products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
-                                  else float(np.mean(2 * itn[:, 0, 0] + 1)) if res.params["solver"] == "krylov"
+                                  else float(np.mean(2 * itn[:, 0, 0] + 1) + 2 * redone / done)
+                                  if res.params["solver"] == "krylov"
                                   else products_per_example(itn, res.params["warm_start"])),
             krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
+            krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
+            krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
             warm_start=res.params["warm_start"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
@@ -263,7 +269,9 @@ def run(args, on_slice=None) -> dict:
                 timeline = wall
             inside = timer.totals()
             host = res.to_numpy()
-            parts.append((host.std.reshape(len(ids), -1), host.lsqr_iterations, len(res.infinite_reasons)))
+            krylov_info = res.params["krylov"] or {}
+            parts.append((host.std.reshape(len(ids), -1), host.lsqr_iterations, len(res.infinite_reasons),
+                          krylov_info.get("steps_redone_mean", 0.0) * len(ids)))
             if on_slice is not None and k + 1 < len(slices):
                 on_slice(summary(wall, timeline, inside))
             if args.time_budget is not None and wall > args.time_budget and k + 1 < len(slices):
@@ -352,6 +360,7 @@ def main(argv=None) -> int:
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
+    add_reorth_option(ap)
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")

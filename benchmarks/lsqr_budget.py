@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from race import machine_info, products_per_example  # noqa: E402
+from race import add_reorth_option, apply_reorth_option, machine_info, products_per_example  # noqa: E402
 
 import hcrfast  # noqa: E402
 from hcrfast import krylov, zoo  # noqa: E402
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
                     help="comma-separated LSQR iter_lim caps; 'none' is DEFAULT_LSQR's 2·max(n, p)")
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "krylov"))
     ap.add_argument("--krylov-pilots", type=int, default=1, help="bound(krylov_pilots=...) with --solver krylov")
+    add_reorth_option(ap)
     ap.add_argument("--targets", default=None,
                     help="bound(targets=SPEC), e.g. low:8: also the targeted bounds (with --solver krylov their "
                          "directions come from the basis); the row reports the lift over Algorithm 1")
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    apply_reorth_option(args.reorth_passes)
     caps = [None if c.strip().lower() == "none" else int(c) for c in args.iter_lims.split(",")]
     zm, model, x, _, sigma = random_workload(args.model, args.examples, args.device)
     print(f"{args.model}, solver {args.solver}: {args.examples} examples x R {args.restarts} x i {args.iterations}, "
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                    steps_first_solve_median=float(np.median(h.lsqr_iterations[..., 0])),
                    products_per_example=(res.params["krylov"]["products_per_example"] if recycled else
                                          products_per_example(h.lsqr_iterations, res.params["warm_start"])),
-                   krylov=res.params["krylov"],
+                   krylov=res.params["krylov"], reorth_passes=krylov.REORTH_PASSES if recycled else None,
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
                    istop=sorted(set(h.lsqr_istop.ravel().tolist())))
         if args.targets:

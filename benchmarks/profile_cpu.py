@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hcrfast.bindings import jacobian as jacobian_mod
-from race import build_problem
+from race import add_reorth_option, apply_reorth_option, build_problem
 
 import hcrfast
 from hcrfast import algorithm, dense, kernels, krylov, validation
@@ -138,9 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=None, help="atol = btol (default: DEFAULT_LSQR's)")
     ap.add_argument("--iter-lim", type=int, default=None)
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense", "krylov"))
-    ap.add_argument("--reorth-passes", type=int, default=None,
-                    help="with --solver krylov: Gram-Schmidt passes per basis vector (default "
-                         "hcrfast.krylov.REORTH_PASSES)")
+    add_reorth_option(ap)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
@@ -151,8 +149,7 @@ def main(argv=None) -> int:
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.reorth_passes is not None:
-        krylov.REORTH_PASSES = args.reorth_passes
+    apply_reorth_option(args.reorth_passes)
 
     model, x = build_problem(args.model, args.examples, seed=0, device=args.device)
     with torch.no_grad():
@@ -193,7 +190,8 @@ def main(argv=None) -> int:
           f"torch threads {torch.get_num_threads()}, device {args.device}")
     print(f"  wall time {total:.2f} s; {products} row-products (JVP+VJP over all problems); "
           + (f"basis steps per example: median {res.params['krylov']['steps_median']:.0f}, "
-           f"max {res.params['krylov']['steps_max']}" if res.params["solver"] == "krylov"
+           f"max {res.params['krylov']['steps_max']}, run twice {res.params['krylov']['steps_redone_mean']:.1f} "
+           f"(reorthogonalization {krylov.REORTH_PASSES!r})" if res.params["solver"] == "krylov"
            else f"median LSQR iterations per solve {np.median(itn):.0f}"))
     std = res.to_numpy().std
     print(f"  bound median {np.median(std):.5f}, p90 {np.quantile(std, 0.9):.4f}")

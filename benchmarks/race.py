@@ -83,6 +83,20 @@ def products_per_example(itn, warm_start: bool = False) -> float:
     return float(np.mean(np.sum(2 * itn + 1, axis=(1, 2)))) + extra
 
 
+def add_reorth_option(ap) -> None:
+    """``--reorth-passes``: the Krylov basis' Gram–Schmidt passes (:data:`hcrfast.krylov.REORTH_PASSES`)."""
+    ap.add_argument("--reorth-passes", default=None, choices=("auto", "1", "2"),
+                    help="with the Krylov solver: hcrfast.krylov.REORTH_PASSES (default 'auto': one Gram-Schmidt "
+                         "pass per vector, checked, two where it was not enough)")
+
+
+def apply_reorth_option(value) -> None:
+    if value is not None:
+        from hcrfast import krylov
+
+        krylov.REORTH_PASSES = value if value == "auto" else int(value)
+
+
 def quantiles(std) -> dict:
     s = np.asarray(std, dtype=np.float64).ravel()
     return dict(median=float(np.median(s)), p90=float(np.quantile(s, 0.9)), n_inf=int(np.isinf(s).sum()))

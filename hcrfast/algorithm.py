@@ -315,13 +315,15 @@ def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, op
     return max(1, int(0.6 * free) // per_example)
 
 
-def _krylov_params(steps, ranks, pilots: int) -> dict:
+def _krylov_params(steps, ranks, pilots: int, redone=None) -> dict:
     """``Bounds.params["krylov"]``: the bases' sizes (``steps``: examples × pilots) and the products
-    they cost per example."""
+    they cost per example (``redone``: steps run twice, :attr:`hcrfast.krylov.KrylovBasis.redone`)."""
     steps = np.asarray(steps).reshape(-1, pilots)
+    redone = np.zeros_like(steps) if redone is None else np.asarray(redone).reshape(-1, pilots)
     return dict(pilots=pilots, steps_median=float(np.median(steps)), steps_max=int(steps.max()),
                 rank_median=float(np.median(ranks)), rank_min=int(np.min(ranks)),
-                products_per_example=float(np.mean((2 * steps + 1).sum(axis=1))))
+                steps_redone_mean=float(redone.sum(axis=1).mean()),
+                products_per_example=float(np.mean((2 * (steps + redone) + 1).sum(axis=1))))
 
 
 def _basis_progress(start: int, stop: int, total: int, t_start: float):
@@ -542,6 +544,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
         dense_ranks = []
+        redone = []  # Krylov steps run twice (one-pass Gram–Schmidt blocks rolled back)
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
                           else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
@@ -612,13 +615,16 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()
                 c_itn[first, 0] = xp.asarray(basis.steps)
                 c_istop[first, 0] = xp.asarray(basis.istop)
-                ranks = basis.rank
+                ranks = (basis.rank, basis.redone)
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             return eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs
 
         def store(start, stop, result):
             eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs = result
+            if isinstance(ranks, tuple):
+                ranks, again = ranks
+                redone.append(again)
             if ranks is not None:
                 dense_ranks.append(ranks)
             if targeted_dirs is not None:
@@ -690,7 +696,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                       jacobian_products=min(n, p), rank_median=float(np.median(np.concatenate(dense_ranks))),
                       rank_min=int(np.concatenate(dense_ranks).min())),
                   krylov=None if solver != "krylov" else _krylov_params(
-                      to_host(itn[:, :krylov_pilots, 0]), np.concatenate(dense_ranks), krylov_pilots),
+                      to_host(itn[:, :krylov_pilots, 0]), np.concatenate(dense_ranks), krylov_pilots,
+                      redone=np.concatenate(redone)),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(

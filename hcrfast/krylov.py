@@ -55,15 +55,28 @@ MAX_STEPS = 4096
 #: tolerance ``rtol`` of :func:`build` is what keeps noise out of the solves.
 DEFAULT_OPTIONS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=None, check_every=8)
 
-#: Classical Gram–Schmidt passes against the kept vectors per new vector: two ("twice is enough",
-#: Giraud et al. 2005). One pass was tried (2026-11-23): the Golub–Kahan recurrence has already
-#: removed most of the new vector's part in the kept space, and with one pass ‖VᵀV − I‖, ‖UᵀU − I‖
-#: stayed ≤ 3.1e-7 in float32 at condition 1e4 and 1e6, the MNIST MLP's bounds agreed to 4 digits and
-#: the CPU run took 4.00 s instead of 5.65 s. But at exhaustion the new vector IS mostly in the kept space: on a
-#: rank-100 float64 matrix one pass left B_k a spurious singular value of 4.4e-13 (above the rank
-#: tolerance 2.7e-15) that two passes put under it, and the solves drifted off pinv's. Each pass
-#: reads every kept vector twice: on a GPU that traffic is the build's cost beside the products.
-REORTH_PASSES = 2
+#: Classical Gram–Schmidt passes against the kept vectors per new vector: ``"auto"`` (default), 1 or 2.
+#: Two passes are always enough ("twice is enough", Giraud et al. 2005); one is enough while the pass
+#: removes little (Daniel, Gragg, Kaufman & Stewart 1976: the vector keeps more than :data:`KEEP_RATIO`
+#: of its norm), which is every step of a basis until its Krylov space is nearly exhausted: the
+#: Golub–Kahan recurrence has already removed the new vector's part in the kept space. At exhaustion
+#: the new vector IS mostly in the kept space, and one pass leaves too much there (a rank-100 float64
+#: matrix: a spurious singular value 4.4e-13 > the rank tolerance 2.7e-15, and solves off pinv's).
+#: ``"auto"`` runs one pass and checks that ratio on the device; at the next host check a block of
+#: steps where an active example fell under it is rolled back and run again with two passes, and so
+#: are the next :data:`TWO_PASS_BLOCKS` blocks (the whole rest of the build if that example did not stop
+#: in the rerun, i.e. it was no exhausted space). Each pass reads every kept vector twice, which on a GPU
+#: is the build's cost beside the products: "auto" halves it until exhaustion (benchmarks/README.md).
+REORTH_PASSES = "auto"
+
+#: ``"auto"`` reorthogonalization: one pass is accepted while the vector keeps this share of its norm.
+KEEP_RATIO = 1 / math.sqrt(2)
+
+#: ``"auto"``: blocks of steps run with two passes after a rolled-back one, before one pass is tried again.
+#: The examples of a batch tend to exhaust their spaces within a few blocks of each other (MNIST MLP,
+#: 32 examples: at 386-406 steps), and each rollback runs a block of products again: with 4, 9.5 steps
+#: per example ran twice there (with 0: 27.5; with the rest of the build at two passes: 7.9).
+TWO_PASS_BLOCKS = 4
 
 #: Growth of the kept-vector buffers: first capacity, then doubling.
 _FIRST_CAPACITY = 64
@@ -130,6 +143,9 @@ class KrylovBasis:
         Singular values of B_k kept (above ``rtol`` relative to the largest).
     ritz : list of numpy.ndarray
         Per example, B_k's singular values (Ritz values of J), descending, float64 on the host.
+    redone : numpy.ndarray (B,) int64
+        Steps run a second time (a block of one-pass Gram–Schmidt rolled back, :data:`REORTH_PASSES`):
+        the build cost ``2 (steps + redone) + 1`` products.
     """
 
     groups: list
@@ -139,8 +155,11 @@ class KrylovBasis:
     ritz: list
     damp: float = 0.0
     rtol: float = 0.0
+    redone: np.ndarray | None = None
 
     def __post_init__(self):
+        if self.redone is None:
+            self.redone = np.zeros(self.batch, dtype=np.int64)
         self._group_of = np.full(self.batch, -1, dtype=np.int64)
         self._row_of = np.zeros(self.batch, dtype=np.int64)
         for gi, g in enumerate(self.groups):
@@ -181,7 +200,8 @@ class KrylovBasis:
     def truncated(self, k: int) -> "KrylovBasis":
         """The basis after its first k steps (fewer where an example stopped earlier): the Golub–Kahan
         vectors of a shorter run are a prefix of a longer one's, so one long build serves a study of
-        how the bound grows with k (``benchmarks/krylov_depth.py``). Shares the vectors' storage."""
+        how the bound grows with k (``benchmarks/krylov_depth.py``). Shares the vectors' storage;
+        ``redone`` stays the long build's."""
         k = int(k)
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
@@ -195,7 +215,8 @@ class KrylovBasis:
             for e, s in zip(g.members, sv):
                 ritz[e] = s
         return KrylovBasis(groups=groups, steps=np.minimum(self.steps, k), istop=np.where(self.steps > k, 7, self.istop),
-                           rank=_ranks(groups, self.batch), ritz=ritz, damp=self.damp, rtol=self.rtol)
+                           rank=_ranks(groups, self.batch), ritz=ritz, damp=self.damp, rtol=self.rtol,
+                           redone=self.redone)
 
 
 def _ranks(groups, batch: int) -> np.ndarray:
@@ -268,6 +289,12 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     group = _Group(members=members, ks=ks, ranks=ranks, U=U, V=V, alfa=alfa, beta=beta,
                    Y=torch.as_tensor(Yh, device=dev), filt=torch.as_tensor(fh, device=dev))
     return group, [np.sqrt(lam) for lam, _, _ in eigs]
+
+
+def _copy_state(state, xp):
+    """A copy of an LSQR state (:func:`hcrfast.lsqr.lsqr_step` updates its vectors in place)."""
+    return dataclasses.replace(state, **{f.name: xp.copy(getattr(state, f.name))
+                                         for f in dataclasses.fields(state)})
 
 
 def _stop_when_exhausted(state, rtol: float, scale, xp):
@@ -345,52 +372,92 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
         beta[:, kept] = to_torch(s.beta)
         kept += 1
 
+    adaptive = REORTH_PASSES == "auto"
+    if not adaptive and REORTH_PASSES not in (1, 2):
+        raise ValueError(f"hcrfast.krylov.REORTH_PASSES must be 'auto', 1 or 2, got {REORTH_PASSES!r}")
+    passes = 1 if adaptive else int(REORTH_PASSES)
+    step_active = None                  # the examples active in the step being taken
+    fell = None                         # per example: one pass kept too little of the vector (device)
+
     def orthogonalize(name, vec):
-        # Classical Gram–Schmidt against the kept vectors, REORTH_PASSES times: without it the float32
+        # Classical Gram–Schmidt against the kept vectors (REORTH_PASSES): without it the float32
         # vectors lose orthogonality within tens of steps and U_{k+1}ᵀ c would no longer be the
         # projection solve() needs. Row-vector form (t Qᵀ) Q: on CPUs torch runs it as BLAS GEMMs, 17×
         # faster than Qᵀ(Q t) (8 × 380 × 784, one thread: 0.24 ms against 4.1 ms).
+        nonlocal fell
         Q = (U if name == "u" else V)[:, :kept]
         t = to_torch(vec)[:, None, :]
         with ieee_float32():  # bound(tf32=True) must not turn the Gram-Schmidt into TF32 products
-            for _ in range(REORTH_PASSES):
+            if passes == 1 and adaptive:
+                before = torch.linalg.vector_norm(t, dim=(1, 2))
                 t -= torch.bmm(torch.bmm(t, Q.transpose(1, 2)), Q)
+                after = torch.linalg.vector_norm(t, dim=(1, 2))
+                fell |= step_active & (from_torch(after) < KEEP_RATIO * from_torch(before))  # no host sync
+            else:
+                for _ in range(passes):
+                    t -= torch.bmm(torch.bmm(t, Q.transpose(1, 2)), Q)
 
     keep(state)
     scale = state.alfa.copy()  # per problem: the largest α or β so far (β_1 = ‖b‖ is no scale of J)
     groups, ritz = [], [None] * m
     steps = np.zeros(m, dtype=np.int64)
     istop = np.zeros(m, dtype=np.int64)
+    redone = np.zeros(m, dtype=np.int64)  # steps run twice (a one-pass block rolled back)
     rows = np.arange(m)  # examples still running, as indices into b
     done_steps = 0
+    saved = None     # with one "auto" pass: the block's starting point, to roll back to
+    retried = None   # after a rollback: the examples that fell under KEEP_RATIO (host)
+    two_left = 0     # blocks still to run with two passes after a rollback
     while True:
-        # The deliberate host synchronisation: which examples are still running.
+        # The deliberate host synchronisation: which examples are still running (and whether one
+        # Gram–Schmidt pass was enough for the block just run).
         active = to_host(state.active)
-        finished = done_steps >= limit or not active.any()
-        if progress is not None:
-            progress(done_steps, int(active.sum()))
-        if finished or active.mean() < opts.compact_below:
-            done = np.ones_like(active) if finished else ~active
-            itn, codes = to_host(state.itn), to_host(state.istop)
-            with profiling.annotate("krylov.factor"):
-                idx = np.flatnonzero(done)
-                steps[rows[idx]], istop[rows[idx]] = itn[idx], codes[idx]
-                if finished:  # all the rest: the buffers themselves, cut to size (no gather)
-                    parts = (U, V, alfa, beta)
-                else:
-                    pick = torch.as_tensor(idx, device=dev)
-                    parts = (t.index_select(0, pick) for t in (U, V, alfa, beta))
-                made, sv = _factors(rows[idx], itn[idx], *parts, damp=float(opts.damp), rtol=rtol)
-                groups.append(made)
-                for e, s_e in zip(rows[idx], sv):
-                    ritz[e] = s_e
-            if finished:
-                break
-            live = np.flatnonzero(active)
-            state, op, rows = compact(state, full_op, rows, live)
-            scale = scale[xp.asarray(live)]
-            index = torch.as_tensor(live, device=dev)
-            U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
+        if saved is not None and to_host(fell).any():
+            # One pass was not enough somewhere in the block: run the block again with two. The
+            # state, the scales and the count of kept vectors go back; the vectors are overwritten.
+            retried = to_host(fell)
+            redone[rows] += to_host(state.itn) - to_host(saved[0].itn)
+            state, scale, kept, done_steps = saved
+            passes, saved, two_left = 2, None, TWO_PASS_BLOCKS
+        else:
+            if retried is not None:
+                # After a rerun: TWO_PASS_BLOCKS more blocks with two passes, or the whole build where
+                # an example that fell under the ratio still runs (not an exhausted space, which stops).
+                if (retried & active).any():
+                    two_left = limit
+                retried = None
+            if adaptive:
+                passes = 2 if two_left > 0 else 1
+                two_left = max(two_left - 1, 0)
+            finished = done_steps >= limit or not active.any()
+            if progress is not None:
+                progress(done_steps, int(active.sum()))
+            if finished or active.mean() < opts.compact_below:
+                done = np.ones_like(active) if finished else ~active
+                itn, codes = to_host(state.itn), to_host(state.istop)
+                with profiling.annotate("krylov.factor"):
+                    idx = np.flatnonzero(done)
+                    steps[rows[idx]], istop[rows[idx]] = itn[idx], codes[idx]
+                    if finished:  # all the rest: the buffers themselves, cut to size (no gather)
+                        parts = (U, V, alfa, beta)
+                    else:
+                        pick = torch.as_tensor(idx, device=dev)
+                        parts = (t.index_select(0, pick) for t in (U, V, alfa, beta))
+                    made, sv = _factors(rows[idx], itn[idx], *parts, damp=float(opts.damp), rtol=rtol)
+                    groups.append(made)
+                    for e, s_e in zip(rows[idx], sv):
+                        ritz[e] = s_e
+                if finished:
+                    break
+                live = np.flatnonzero(active)
+                state, op, rows = compact(state, full_op, rows, live)
+                scale = scale[xp.asarray(live)]
+                index = torch.as_tensor(live, device=dev)
+                U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
+            if adaptive and passes == 1:
+                # lsqr_step consumes its state's vectors: the starting point is a copy (4 vectors a row)
+                saved = (_copy_state(state, xp), scale.copy(), kept, done_steps)
+                fell = xp.zeros(len(rows), dtype=bool)
         with profiling.annotate("krylov.block"):
             for _ in range(min(opts.check_every, limit - done_steps)):
                 if kept == U.shape[1]:  # full: double the capacity (amortized one copy per vector)
@@ -399,6 +466,7 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                     V = torch.cat([V, V.new_empty((V.shape[0], grow, p))], dim=1)
                     alfa = torch.cat([alfa, alfa.new_zeros((alfa.shape[0], grow))], dim=1)
                     beta = torch.cat([beta, beta.new_zeros((beta.shape[0], grow))], dim=1)
+                step_active = state.active
                 # A problem stopped at an exhausted space keeps stepping until it is compacted out,
                 # through zero vectors whose scalars (kept frozen by masks) may be 0/0 on the way.
                 with np.errstate(invalid="ignore", divide="ignore"):
@@ -415,7 +483,7 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
                 keep(state)
                 done_steps += 1
     return KrylovBasis(groups=groups, steps=steps, istop=istop, rank=_ranks(groups, m), ritz=ritz,
-                       damp=float(opts.damp), rtol=rtol)
+                       damp=float(opts.damp), rtol=rtol, redone=redone)
 
 
 def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch.Tensor:

@@ -42,10 +42,11 @@ def test_gpu_targets_runs_on_cpu_and_accounts_for_its_products(tmp_path):
 def test_gpu_targets_runs_the_krylov_solver_and_counts_its_basis(tmp_path):
     proc = run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "2", "--restarts", "3",
                       "--iterations", "2", "--threads", "1", "--solver", "krylov", "--krylov-steps", "20",
-                      "--out", str(tmp_path))
+                      "--reorth-passes", "2", "--out", str(tmp_path))
     (path,) = tmp_path.glob("gpu_targets_mnist_cpu_*.json")
     r = json.loads(path.read_text())
     assert r["solver"] == "krylov" and r["krylov_steps_median"] == 20 and r["products_per_example"] == 41
+    assert r["krylov_reorth_passes"] == 2 and r["krylov_steps_redone_mean"] == 0
     assert r["lsqr"]["atol"] == 0 and r["lsqr"]["iter_lim"] == 20  # the basis' own rules, capped
     assert r["rows_through_jvp"] + r["rows_through_vjp"] >= 41 * 2
     assert "Krylov basis steps median 20" in proc.stdout

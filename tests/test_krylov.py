@@ -67,6 +67,55 @@ def test_by_default_the_basis_runs_past_the_pilots_own_convergence_to_the_rank(r
     assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
 
 
+def test_auto_reorthogonalization_reruns_the_exhausting_block_with_two_passes():
+    """REORTH_PASSES="auto" (the default): one Gram–Schmidt pass per vector, checked on the device, and
+    the block where the space is exhausted (the new vector mostly in the kept space) run again with
+    two. On a rank-100 float64 matrix one pass alone left B_k a spurious singular value above the rank
+    tolerance (rank 101, solves far off pinv, on one thread); "auto" reruns that block and gets pinv's."""
+    rng = np.random.default_rng(100)
+    A = spectrum_batch(rng, 1, 150, 120, np.logspace(0, -2, 100))
+    assert krylov.REORTH_PASSES == "auto"
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((1, 150)))
+    assert basis.rank[0] == 100 and basis.istop[0] in (1, 2)
+    assert 0 < basis.redone[0] <= 8  # one block of the default check_every, at the end
+    c = rng.standard_normal((1, 4, 150))
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A, rcond=1e-10), c)
+    assert np.abs(basis.solve(torch.as_tensor(c)).numpy() - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def _basis_arrays(basis):
+    return [torch.cat([t.reshape(-1) for t in basis.vectors(e)]) for e in range(basis.batch)]
+
+
+@pytest.mark.parametrize("compact_below", [0.0, 1.0])
+def test_a_rolled_back_block_is_rerun_exactly_as_two_passes_would_run_it(monkeypatch, compact_below):
+    """The rollback restores the LSQR state (whose vectors a step updates in place), the scales and the
+    count of kept vectors: with a ratio no pass can meet (every one-pass block rolled back) the basis is
+    bit for bit the two-pass one, and with a ratio every pass meets, the one-pass one. Float32 bases of
+    different lengths (ranks 5, 11, 18 of 20), compacted at every look or never, 3 steps a look."""
+    rng = np.random.default_rng(21)
+    A = np.concatenate([spectrum_batch(rng, 1, 30, 20, np.logspace(0, -1, r)) for r in (5, 11, 18)]).astype(np.float32)
+    b = rng.standard_normal((3, 30)).astype(np.float32)
+    opts = dict(check_every=3, compact_below=compact_below)
+
+    def run(passes, ratio=krylov.KEEP_RATIO):
+        monkeypatch.setattr(krylov, "REORTH_PASSES", passes)
+        monkeypatch.setattr(krylov, "KEEP_RATIO", ratio)
+        return krylov.build(DenseBatchOperator(A), b, **opts)
+
+    two, one = run(2), run(1)
+    always, never = run("auto", 2.0), run("auto", 0.0)
+    np.testing.assert_array_equal(two.rank, [5, 11, 18])
+    assert np.all(always.redone > 0) and np.all(never.redone == 0) and np.all(two.redone == 0)
+    for got, want in ((always, two), (never, one)):
+        np.testing.assert_array_equal(got.steps, want.steps)
+        np.testing.assert_array_equal(got.istop, want.istop)
+        for x, y in zip(_basis_arrays(got), _basis_arrays(want)):
+            assert torch.equal(x, y)
+    # one and two passes differ in the last bits (else the comparison above could not fail)
+    assert not all(torch.equal(x, y) for x, y in zip(_basis_arrays(one), _basis_arrays(two)))
+
+
 def test_a_truncated_basis_is_the_basis_of_a_shorter_run():
     rng = np.random.default_rng(12)
     A = spectrum_batch(rng, 2, 30, 25, np.logspace(0, -1, 25))
@@ -195,6 +244,37 @@ def _tanh_net():
     torch.manual_seed(1)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(),
                                torch.nn.Linear(48, 56), torch.nn.Tanh()).double().eval()
+
+
+def test_bound_counts_the_products_of_rerun_blocks(monkeypatch):
+    """params["krylov"]["products_per_example"] is what the basis cost the model: 2 (steps + redone) + 1
+    per example, counted here at the Jacobian operator inside krylov.build (each matvec / rmatvec row is
+    one product), with every one-pass block rolled back (a ratio no pass meets) and with none."""
+    from hcrfast.bindings.jacobian import TorchJacobian
+    rows, inside = [0], [False]
+    for name in ("matvec", "rmatvec"):
+        def counted(self, a, _f=getattr(TorchJacobian, name)):
+            rows[0] += a.shape[0] if inside[0] else 0
+            return _f(self, a)
+        monkeypatch.setattr(TorchJacobian, name, counted)
+
+    def build(*args, _build=krylov.build, **kwargs):
+        inside[0] = True
+        try:
+            return _build(*args, **kwargs)
+        finally:
+            inside[0] = False
+    monkeypatch.setattr(krylov, "build", build)
+    net = _tanh_net()
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 8, 8)))
+    for ratio in (2.0, 0.0):
+        monkeypatch.setattr(krylov, "KEEP_RATIO", ratio)
+        rows[0] = 0
+        res = hcrfast.bound(net, x, 0.2, size=0.05, iterations=2, restarts=2, solver="krylov",
+                            lsqr=LSQROptions(atol=0, btol=0, conlim=0, iter_lim=20, compact_below=0.0))
+        k = res.params["krylov"]
+        assert (k["steps_redone_mean"] > 0) == (ratio > 1)
+        assert rows[0] == 3 * k["products_per_example"]
 
 
 def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
