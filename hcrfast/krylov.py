@@ -37,7 +37,7 @@ import torch
 
 from hcrfast import profiling
 from hcrfast.backend import get_array_module, to_host
-from hcrfast.bindings import from_torch, ieee_float32, to_torch
+from hcrfast.bindings import from_torch, ieee_float32, solver_stream, to_torch
 from hcrfast.lsqr import LSQROptions, compact, lsqr_init, lsqr_step
 
 #: Basis steps per example when the options give no ``iter_lim`` (LSQR's own default, 2·p, is
@@ -338,6 +338,13 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
     -------
     KrylovBasis
     """
+    # torch (the Gram–Schmidt, the buffers) and CuPy (LSQR's vector work) rewrite the same vectors:
+    # both on torch's current stream, whoever calls (bound() does already; nesting is harmless).
+    with solver_stream(to_torch(b).device):
+        return _build(op, b, options, rtol=rtol, progress=progress, **overrides)
+
+
+def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
     opts = dataclasses.replace(options or DEFAULT_OPTIONS, **overrides)
     xp = get_array_module(b)
     if b.ndim != 2 or b.shape[0] != op.batch or b.shape[1] != op.n_rows:
@@ -412,11 +419,12 @@ def build(op, b, options: LSQROptions | None = None, *, rtol: float | None = Non
         # The deliberate host synchronisation: which examples are still running (and whether one
         # Gram–Schmidt pass was enough for the block just run).
         active = to_host(state.active)
-        if saved is not None and to_host(fell).any():
+        fallen = None if saved is None else to_host(fell)
+        if fallen is not None and fallen.any():
             # One pass was not enough somewhere in the block: run the block again with two. The
             # state, the scales and the count of kept vectors go back; the vectors are overwritten.
-            retried = to_host(fell)
-            redone[rows] += to_host(state.itn) - to_host(saved[0].itn)
+            retried = fallen
+            redone[rows] += to_host(state.itn - saved[0].itn)
             state, scale, kept, done_steps = saved
             passes, saved, two_left = 2, None, TWO_PASS_BLOCKS
         else:

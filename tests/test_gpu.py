@@ -85,6 +85,59 @@ def test_krylov_solve_on_gpu_matches_cpu():
         np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=rtol)
 
 
+def test_krylov_rollback_at_exhaustion_on_gpu_gives_pinv(cupy):
+    """The default one-pass Gram–Schmidt with its device-side check: on a rank-100 float64 stack (CuPy
+    matrices) the block where the space is exhausted is rerun with two passes, as on the CPU, and
+    the solves are numpy.linalg.pinv's."""
+    from hcrfast import krylov
+    from hcrfast.operators import DenseBatchOperator
+
+    rng = np.random.default_rng(100)
+    A = np.empty((2, 150, 120))
+    for e in range(2):
+        U, _ = np.linalg.qr(rng.standard_normal((150, 100)))
+        V, _ = np.linalg.qr(rng.standard_normal((120, 100)))
+        A[e] = (U * np.logspace(0, -2, 100)) @ V.T
+    b = rng.standard_normal((2, 150))
+    basis = krylov.build(DenseBatchOperator(cupy.asarray(A)), cupy.asarray(b))
+    assert np.all(basis.rank == 100) and np.all(basis.redone > 0)
+    c = rng.standard_normal((2, 4, 150))
+    got = basis.solve(torch.as_tensor(c, device="cuda")).cpu().numpy()
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A, rcond=1e-10), c)
+    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def test_no_host_transfer_inside_the_krylov_build(cupy, monkeypatch):
+    """The basis' steps never wait for the device between checks (torch's sync-debug mode raises; the
+    factorization after the loop copies α, β to the host on purpose and runs outside it), and the only
+    host reads of the loop are, per check, the active mask and the one-pass check's mask, then the
+    steps and stop codes once."""
+    from hcrfast import krylov
+    from hcrfast.bindings import TorchJacobian
+
+    calls = []
+    real_to_host, real_factors = krylov.to_host, krylov._factors
+    monkeypatch.setattr(krylov, "to_host", lambda a: calls.append(1) or real_to_host(a))
+
+    def factors(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_factors(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+    monkeypatch.setattr(krylov, "_factors", factors)
+    model, x = mlp(torch.float32).cuda(), torch.rand(64, 1, 8, 8, device="cuda")
+    b = cupy.random.standard_normal((64, 48), dtype=cupy.float32)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        basis = krylov.build(TorchJacobian(model, x), b, iter_lim=40, check_every=10)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert np.all(basis.steps == 40) and basis.redone.sum() == 0  # no exhaustion, no rollback
+    checks = 40 // 10 + 1
+    assert len(calls) == checks + (checks - 1) + 2
+
+
 def test_dense_solve_with_targets_on_gpu_matches_cpu():
     """bound(solver='dense', targets=...) on CUDA: the targeted directions from the solve's shared
     factorization, certified on the device, as on the CPU."""
