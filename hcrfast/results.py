@@ -94,8 +94,10 @@ class Bounds:
             lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s); one reorthogonalized "
                          f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
-                         f"{k.get('products_per_example', float('nan')):.0f} products per example; rank median "
-                         f"{k.get('rank_median', float('nan')):.0f}")
+                         f"{k.get('products_per_example', float('nan')):.0f} products per example"
+                         + (f" ({k['steps_redone_mean']:.1f} steps rerun with two Gram-Schmidt passes)"
+                            if k.get("steps_redone_mean") else "")
+                         + f"; rank median {k.get('rank_median', float('nan')):.0f}")
         else:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
