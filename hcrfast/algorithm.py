@@ -615,15 +615,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()
                 c_itn[first, 0] = xp.asarray(basis.steps)
                 c_istop[first, 0] = xp.asarray(basis.istop)
-                ranks = (basis.rank, basis.redone)
+                ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
-            return eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs
+            return eps64, z64, c_itn, c_istop, ranks, None if basis is None else basis.redone, min_norm, targeted_dirs
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop, ranks, min_norm, targeted_dirs = result
-            if isinstance(ranks, tuple):
-                ranks, again = ranks
+            eps64, z64, c_itn, c_istop, ranks, again, min_norm, targeted_dirs = result
+            if again is not None:
                 redone.append(again)
             if ranks is not None:
                 dense_ranks.append(ranks)
