@@ -26,6 +26,8 @@ import torch
 
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import to_host
+from hcrfast.checkpoint import Checkpoint, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import gaps as checkpoint_gaps
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
                               solver_stream, to_torch)
 from hcrfast import kernels
@@ -387,7 +389,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
-          tf32: bool = False, warm_start: bool = True, solver: str = "auto", krylov_pilots: int = 1) -> Bounds:
+          tf32: bool = False, warm_start: bool = True, solver: str = "auto", krylov_pilots: int = 1,
+          checkpoint=None) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -480,6 +483,13 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         basis, and restart r is solved in the basis of pilot ``r mod pilots``. More pilots cost
         ``pilots`` × the products and memory and bring more restarts their own Krylov space
         (pilots = restarts: every restart its own basis, recycled over its i steps).
+    checkpoint : str or os.PathLike, optional
+        A folder (created if missing) where every finished chunk of examples is written at
+        once (:mod:`hcrfast.checkpoint`). The same call made again after a crash or an
+        interrupt reads the finished chunks and computes only the missing examples; a call
+        whose model state, batch, sigma or arguments differ is refused with what differs.
+        Not with ``targets`` (their directions run over the whole batch after the chunks).
+        ``params["checkpoint"]`` says how many examples were read back.
 
     Returns
     -------
@@ -516,6 +526,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         raise ValueError(f"krylov_pilots={krylov_pilots} exceeds restarts={restarts}: the pilots are restarts "
                          f"0..krylov_pilots-1; pass at most {restarts}")
     chunk_size = validation.chunk_size(chunk_size)
+    if checkpoint is not None:
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {checkpoint!r}")
+        if targets is not None:
+            raise NotImplementedError(
+                f"checkpoint= saves Algorithm 1's chunks, but targets={targets!r} adds directions computed over the "
+                f"whole batch after them, which no chunk holds. Drop targets= and call hcrfast.targeted_bound on "
+                f"the batch afterwards, or run `hcrfast reproduce ... --targets`, whose chunks hold both")
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
         from hcrfast.targeted import METHODS, parse_targets
@@ -543,8 +561,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
-        dense_ranks = []
-        redone = []  # Krylov steps run twice (one-pass Gram–Schmidt blocks rolled back)
+        # Per example (and pilot): the dense J's or the Krylov bases' ranks, and the Krylov steps run
+        # twice (one-pass Gram–Schmidt blocks rolled back).
+        ranks = np.zeros((B, krylov_pilots), dtype=np.int64)
+        redone = np.zeros((B, krylov_pilots), dtype=np.int64)
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
                           else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
@@ -575,7 +595,18 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         best_restart = xp.zeros(B, dtype=xp.int64)
         itn = xp.zeros((B, restarts, iterations), dtype=xp.int64)
         istop = xp.zeros((B, restarts, iterations), dtype=xp.int64)
-        reasons = []
+        results = dict(std=std, mse=mse, eps=best_eps, z=best_z, divergence=divergence, best_restart=best_restart,
+                       lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
+        reasons_of = {}  # chunk start -> its lines of infinite_reasons
+        saved = None
+        if checkpoint is not None:
+            saved = Checkpoint(checkpoint, dict(
+                model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
+                batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
+                noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
+                linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
+                lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
+                krylov_pilots=krylov_pilots), example_ids)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
@@ -610,22 +641,23 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
                 options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
                 krylov_pilots=krylov_pilots)
-            ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
+            c_ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             if basis is not None:  # the pilots' first steps are where the products went
                 first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()
                 c_itn[first, 0] = xp.asarray(basis.steps)
                 c_istop[first, 0] = xp.asarray(basis.istop)
-                ranks = basis.rank
+                c_ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
-            return eps64, z64, c_itn, c_istop, ranks, None if basis is None else basis.redone, min_norm, targeted_dirs
+            return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
+                    targeted_dirs)
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop, ranks, again, min_norm, targeted_dirs = result
+            eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs = result
             if again is not None:
-                redone.append(again)
-            if ranks is not None:
-                dense_ranks.append(ranks)
+                redone[start:stop] = np.asarray(again).reshape(stop - start, -1)
+            if c_ranks is not None:
+                ranks[start:stop] = np.asarray(c_ranks).reshape(stop - start, -1)
             if targeted_dirs is not None:
                 if min_norm is not None:
                     shared.fill(start, stop, min_norm, targeted_dirs[0])
@@ -657,10 +689,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 divergence[start:stop] = d
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
-                for e, r in zip(*np.nonzero(to_host(zero_d))):
-                    reasons.append(
-                        f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
-                        f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)")
+                c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
+                             f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
+                             for e, r in zip(*np.nonzero(to_host(zero_d)))]
+                reasons_of[start] = c_reasons
+            if saved is not None:
+                part = {name: to_host(a[start:stop]) for name, a in results.items()}
+                saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
+                           reasons=np.array(c_reasons, dtype=str), **part)
             if progress:
                 print(f"hcrfast: examples {stop}/{B} done ({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
 
@@ -668,7 +704,23 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             if progress:
                 print(f"hcrfast: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 
-        _in_chunks(B, chunk_size, compute, batch.device, store=store, on_halve=on_halve)
+        todo = [(0, B)]
+        reused = 0
+        if saved is not None:  # read back what an earlier call finished; compute the rest
+            finished = saved.finished()
+            for start, stop, arrays in finished:
+                for name, a in results.items():
+                    a[start:stop] = xp.asarray(arrays[name])
+                ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
+                reasons_of[start] = [str(r) for r in arrays["reasons"]]
+                reused += stop - start
+            todo = checkpoint_gaps(B, finished)
+            if progress and reused:
+                print(f"hcrfast: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
+        for lo, hi in todo:
+            chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
+                                    store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
 
         targeted = None
         std_algorithm1 = None
@@ -692,12 +744,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                   lsqr=dataclasses.asdict(options), dtype=str(batch.dtype).replace("torch.", ""), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver,
                   dense=None if solver != "dense" else dict(
-                      jacobian_products=min(n, p), rank_median=float(np.median(np.concatenate(dense_ranks))),
-                      rank_min=int(np.concatenate(dense_ranks).min())),
+                      jacobian_products=min(n, p), rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
                   krylov=None if solver != "krylov" else _krylov_params(
-                      to_host(itn[:, :krylov_pilots, 0]), np.concatenate(dense_ranks), krylov_pilots,
-                      redone=np.concatenate(redone)),
+                      to_host(itn[:, :krylov_pilots, 0]), ranks, krylov_pilots, redone=redone),
                   device=str(batch.device), n_features=n, n_inputs=p,
+                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

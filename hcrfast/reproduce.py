@@ -57,6 +57,7 @@ import torch
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
+from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 
@@ -90,7 +91,7 @@ _ISTOP_MEANING = {
 }
 
 
-class RunMismatchError(ValueError):
+class RunMismatchError(CheckpointMismatchError):
     """The output directory holds a run made with different arguments."""
 
 
@@ -180,39 +181,6 @@ def _sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _sha256_tensors(*tensors: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _atomic_write_bytes(path: Path, write) -> None:
-    """Write through ``write(fileobj)`` into a temporary file beside ``path``, then rename it.
-
-    A process killed at any point leaves either the old file, the complete new
-    one, or a stray temporary file; never a truncated ``path``.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _atomic_savez(path: Path, **arrays) -> None:
-    _atomic_write_bytes(path, lambda fh: np.savez(fh, **arrays))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def _json_str(obj) -> str:
@@ -383,20 +351,18 @@ def _check_or_write_run(out: Path, key: dict, sigma: float) -> float:
             stored = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise RunMismatchError(f"{path} is unreadable ({exc}); use a fresh --out") from exc
-        old = stored.get("key", {})
-        if old != key:
-            diffs = [f"{k}: {old.get(k, '(absent)')!r} -> {key.get(k, '(absent)')!r}"
-                     for k in sorted(set(old) | set(key)) if old.get(k) != key.get(k)]
-            raise RunMismatchError(
-                f"{out} holds a run made with other arguments ({'; '.join(diffs)}). Rerun with the same "
-                f"arguments to resume it, or pass a fresh --out (or delete {out}) to start a new run.")
+        try:
+            check_key(out, stored.get("key", {}), key, f"Rerun with the same arguments to resume it, or pass a "
+                                                          f"fresh --out (or delete {out}) to start a new run.")
+        except CheckpointMismatchError as exc:
+            raise RunMismatchError(str(exc)) from None
         stored_sigma = float(stored["sigma"])
         if abs(stored_sigma - sigma) > _SIGMA_RTOL * stored_sigma:
             raise RunMismatchError(
                 f"{out} holds a run with sigma = {stored_sigma!r}, but the features now give {sigma!r}: the "
                 f"data or the model changed. Use a fresh --out.")
         return stored_sigma
-    _atomic_write_text(path, _json_str({"key": key, "sigma": sigma}))
+    atomic_write_text(path, _json_str({"key": key, "sigma": sigma}))
     return sigma
 
 
@@ -686,7 +652,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "device_type": dev.type,
         "dtype": str(xn.dtype).replace("torch.", ""),
         "weights": fingerprint,
-        "data": f"{zm.dataset}:test:sha256:{_sha256_tensors(images, labels)}",
+        "data": f"{zm.dataset}:test:sha256:{sha256_tensors(images, labels)}",
     }
     key_json = json.dumps(key, sort_keys=True)
 
@@ -727,7 +693,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         ids = ids_of[c]
         arrays = _compute_chunk(zm, xn[ids[0]:ids[-1] + 1], ids, sigma, key, lsqr)
         arrays.update(key=np.array(key_json), chunk=np.int64(c), example_ids=ids)
-        _atomic_savez(_chunk_path(out, c), **arrays)
+        atomic_savez(_chunk_path(out, c), **arrays)
         examples_done += len(ids)
         elapsed = time.perf_counter() - t_chunks
         left = sum(len(ids_of[d]) for d in todo[k:])
@@ -760,7 +726,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     params = dict(key, sigma=sigma, rms=rms, basis="dct", bounds_on="coefficients of the orthonormal 2-D "
                   "DCT-II (per channel) of the normalized image", normalization=[list(v) for v in zm.normalization])
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
-    _atomic_savez(bounds_path, **saved, labels=labels.numpy(), example_ids=example_ids,
+    atomic_savez(bounds_path, **saved, labels=labels.numpy(), example_ids=example_ids,
                   sigma=np.float64(sigma), infinite=infinite.astype(np.int64), params=np.array(_json_str(params)))
     for stray in (out / "chunks").glob(".chunk_*.tmp"):
         stray.unlink(missing_ok=True)  # left by killed processes; every chunk is final now
@@ -835,7 +801,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     summary["timings"]["figures_seconds"] = time.perf_counter() - t_fig
     summary["timings"]["wall_seconds_this_run"] = time.perf_counter() - t_start
     summary["outputs"] = {"bounds": bounds_path.name, "report": report_path.name, "figures": figures}
-    _atomic_write_text(summary_path, _json_str(summary) + "\n")
+    atomic_write_text(summary_path, _json_str(summary) + "\n")
     _report.write_html(report_path, summary, figures)
     _say(progress, f"{tag}: done in {_duration(time.perf_counter() - t_start)}; "
                    f"median bound {_fmt_or_inf(summary['bounds']['q50'])}, clean accuracy {clean_acc:.4f}, "

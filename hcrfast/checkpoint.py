@@ -1,0 +1,169 @@
+"""Resumable :func:`hcrfast.bound` calls (``checkpoint=DIR``) and the atomic writes they rest on.
+
+A checkpointed call writes ``DIR/key.json`` (everything that changes the numbers: the
+arguments, σ or the noise law, the solver that runs, and SHA-256 fingerprints of the
+model's state, the batch and the example ids) and, as each chunk of examples finishes,
+``DIR/chunk_<start>_<stop>.npz`` with that chunk's rows of every result array. Files are
+written atomically (a temporary file, then ``os.replace``), so a process killed at any
+point leaves finished chunks whole. The same call made again reads the finished chunks
+and computes only the examples that are missing; a call with other arguments, another
+model or another batch is refused, naming what differs. One process per folder: the
+files carry no lock. :mod:`hcrfast.reproduce` uses the same writes and key check for its
+runs (and shares its chunks among ``torchrun`` processes itself).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
+           "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
+
+_CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint (or run folder) holds work made with other arguments, model or data."""
+
+
+def atomic_write_bytes(path: Path, write) -> None:
+    """Write through ``write(fileobj)`` into a temporary file beside ``path``, then rename it.
+
+    A process killed at any point leaves either the old file, the complete new
+    one, or a stray temporary file; never a truncated ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_savez(path: Path, **arrays) -> None:
+    atomic_write_bytes(path, lambda fh: np.savez(fh, **arrays))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def sha256_tensors(*tensors) -> str:
+    """SHA-256 of the bytes of torch tensors or NumPy arrays, in order (shapes and dtypes are not hashed)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        a = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.ascontiguousarray(t)
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def model_fingerprint(model) -> str:
+    """A module's class and SHA-256 of its ``state_dict`` (parameter and buffer names, shapes, dtypes and
+    values); a plain callable's qualified name only (what it closes over is not seen)."""
+    if not isinstance(model, torch.nn.Module):
+        return f"callable {getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', type(model).__qualname__)}"
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    for name, t in model.state_dict().items():
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(sha256_tensors(t).encode())
+    return f"{type(model).__qualname__}:sha256:{h.hexdigest()}"
+
+
+def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
+    """Raise :class:`CheckpointMismatchError` naming every entry where ``stored`` and ``key`` differ."""
+    if stored == key:
+        return
+    diffs = [f"{k}: {stored.get(k, '(absent)')!r} -> {key.get(k, '(absent)')!r}"
+             for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]
+    raise CheckpointMismatchError(f"{path} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, indent=1, default=str)
+
+
+class Checkpoint:
+    """The finished chunks of one :func:`hcrfast.bound` call in folder ``path``.
+
+    ``key`` is a JSON-able dict of everything that changes the numbers; ``example_ids`` the
+    call's global example ids (each chunk file holds its own and they are checked on reading).
+    """
+
+    def __init__(self, path, key: dict, example_ids: np.ndarray):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.key = json.loads(_json(key))  # as it reads back from key.json
+        self.example_ids = np.asarray(example_ids, dtype=np.int64)
+        key_path = self.path / "key.json"
+        fix = (f"Make the same call (same model, batch, sigma and arguments) to resume it, or pass another "
+               f"checkpoint folder (or delete {self.path}) to start anew.")
+        if key_path.is_file():
+            try:
+                stored = json.loads(key_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise CheckpointMismatchError(f"{key_path} is unreadable ({exc}); delete {self.path} or pass "
+                                              f"another checkpoint folder") from exc
+            check_key(self.path, stored, self.key, fix)
+        else:
+            atomic_write_text(key_path, _json(self.key) + "\n")
+
+    def finished(self) -> list[tuple[int, int, dict]]:
+        """``(start, stop, arrays)`` of every finished chunk, by start. A chunk file that cannot be
+        read is reported and left out (its examples are computed again)."""
+        total = len(self.example_ids)
+        found = []
+        for file in self.path.iterdir():
+            m = _CHUNK_NAME.match(file.name)
+            if m is None:
+                continue
+            start, stop = int(m.group(1)), int(m.group(2))
+            try:
+                with np.load(file, allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in z.files}
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                warnings.warn(f"{file} is unreadable ({exc}); computing its examples again", UserWarning,
+                              stacklevel=3)
+                continue
+            if not (0 <= start < stop <= total and np.array_equal(arrays.get("example_ids"),
+                                                                  self.example_ids[start:stop])):
+                raise CheckpointMismatchError(
+                    f"{file} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
+                    f"(batch of {total}) does not have there; pass another checkpoint folder or delete {self.path}")
+            found.append((start, stop, arrays))
+        found.sort(key=lambda f: f[0])
+        for (_, stop, _), (start, _, _) in zip(found, found[1:]):
+            if start < stop:
+                raise CheckpointMismatchError(f"{self.path} holds overlapping chunks (rows {start} to {stop - 1} "
+                                              f"twice); delete {self.path} and start anew")
+        return found
+
+    def save(self, start: int, stop: int, **arrays) -> None:
+        atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
+                     **arrays)
+
+
+def gaps(total: int, finished) -> list[tuple[int, int]]:
+    """The row ranges of ``0..total`` that no ``(start, stop, ...)`` of ``finished`` (sorted) covers."""
+    out, lo = [], 0
+    for start, stop, *_ in finished:
+        if start > lo:
+            out.append((lo, start))
+        lo = max(lo, stop)
+    if lo < total:
+        out.append((lo, total))
+    return out

@@ -1,0 +1,161 @@
+"""hcrfast.bound(..., checkpoint=DIR): a call killed after some chunks and made again ends with the
+bounds of an uninterrupted call, computing only the examples that were missing."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+from hcrfast import algorithm
+from hcrfast.checkpoint import CheckpointMismatchError, gaps
+
+FAST = hcrfast.LSQROptions(atol=1e-8, btol=1e-8, iter_lim=200)
+REAL_CERTIFY = algorithm._certified_shift
+ARRAYS = ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_iterations", "lsqr_istop")
+
+
+def relu_mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.ReLU(),
+                               torch.nn.Linear(24, 12)).double().eval()
+
+
+class Frozen(torch.nn.Module):
+    """Rows whose first pixel is negative give features that do not move although the Jacobian says
+    they do (D = 0, infinite bounds); the other rows are the identity."""
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        frozen = flat[:, :1].detach() < 0
+        return torch.where(frozen, flat - flat.detach() + 1.0, flat)
+
+
+def batch(B=7, seed=1):
+    return torch.as_tensor(np.random.default_rng(seed).standard_normal((B, 1, 4, 4)))
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_after(monkeypatch, chunks):
+    """Make the certification (one call per chunk) raise once ``chunks`` chunks have been certified;
+    return the list of the row counts certified."""
+    calls = []
+
+    def certify(model64, x, eps):
+        if len(calls) == chunks:
+            raise Crash
+        calls.append(x.shape[0])
+        return REAL_CERTIFY(model64, x, eps)
+
+    monkeypatch.setattr(algorithm, "_certified_shift", certify)
+    return calls
+
+
+def kw(solver):
+    return dict(iterations=3, restarts=3, size=0.01, chunk_size=2, solver=solver,
+                lsqr=None if solver != "lsqr" else FAST)
+
+
+def assert_same(a, b):
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert a.infinite_reasons == b.infinite_reasons
+    for key in ("dense", "krylov", "solver"):
+        assert a.params[key] == b.params[key]
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
+def test_killed_call_made_again_ends_with_the_uninterrupted_bounds(solver, tmp_path, monkeypatch):
+    model, x = relu_mlp(), batch()
+    whole = hcrfast.bound(model, x, 0.3, **kw(solver))
+    calls = crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw(solver))
+    assert calls == [6, 6]  # two chunks of 2 examples × 3 restarts finished before the crash
+    assert len(list((tmp_path / "ck").glob("chunk_*.npz"))) == 2
+
+    calls = crash_after(monkeypatch, None)
+    again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw(solver))
+    assert calls == [6, 3]  # only examples 4..6 were computed
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert_same(again, whole)
+
+    # Everything finished: a third call reads it all back and computes nothing.
+    calls = crash_after(monkeypatch, 0)
+    third = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw(solver))
+    assert third.params["checkpoint"]["examples_read_back"] == 7
+    assert_same(third, whole)
+
+
+def test_infinite_bounds_and_their_reasons_survive_a_resume_in_example_order(tmp_path, monkeypatch):
+    x = batch(6, seed=4)
+    x[:, 0, 0, 0] = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0])  # rows 1 and 3 frozen
+    whole = hcrfast.bound(Frozen().eval(), x, 0.5, **kw("lsqr"))
+    assert np.isinf(whole.mse[[1, 3]]).all() and np.isfinite(whole.mse[[0, 2, 4, 5]]).all()
+    assert [r.split(",")[0] for r in whole.infinite_reasons] == ["example 1"] * 3 + ["example 3"] * 3
+
+    crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(Frozen().eval(), x, 0.5, checkpoint=tmp_path, **kw("lsqr"))
+    (tmp_path / "chunk_000000000_000000002.npz").unlink()  # rows 2..3 read back, 0..1 and 4..5 computed
+    crash_after(monkeypatch, None)
+    again = hcrfast.bound(Frozen().eval(), x, 0.5, checkpoint=tmp_path, chunk_size=4, iterations=3, restarts=3,
+                          size=0.01, solver="lsqr", lsqr=FAST)  # another chunk size on the second call
+    assert again.params["checkpoint"]["examples_read_back"] == 2
+    assert again.infinite_reasons == whole.infinite_reasons
+    for name in ARRAYS:
+        np.testing.assert_allclose(getattr(again, name), getattr(whole, name), rtol=1e-10, atol=0, err_msg=name)
+
+
+def test_unreadable_chunk_is_computed_again_with_a_warning(tmp_path):
+    model, x = relu_mlp(), batch()
+    whole = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    broken = sorted(tmp_path.glob("chunk_*.npz"))[1]
+    broken.write_bytes(broken.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="unreadable"):
+        again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == 5
+    assert_same(again, whole)
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(sigma=0.31), "noise"),
+    (dict(model=relu_mlp(seed=1)), "model"),
+    (dict(x=batch(seed=2)), "batch"),
+    (dict(iterations=4), "iterations"),
+    (dict(solver="lsqr"), "solver"),
+    (dict(example_ids=np.arange(10, 17)), "example_ids"),
+])
+def test_a_different_call_is_refused_naming_what_differs(tmp_path, change, named):
+    args = dict(model=relu_mlp(), x=batch(), sigma=0.3, **kw("dense"))
+    hcrfast.bound(args.pop("model"), args.pop("x"), args.pop("sigma"), checkpoint=tmp_path, **args)
+    args = dict(model=relu_mlp(), x=batch(), sigma=0.3, **kw("dense"))
+    args.update(change)
+    if args["solver"] == "lsqr":
+        args["lsqr"] = FAST
+    with pytest.raises(CheckpointMismatchError, match=rf"{named}: .* -> ") as err:
+        hcrfast.bound(args.pop("model"), args.pop("x"), args.pop("sigma"), checkpoint=tmp_path, **args)
+    assert "to resume it" in str(err.value) and str(tmp_path) in str(err.value)
+    assert json.loads((tmp_path / "key.json").read_text())["iterations"] == 3  # the first call's key is kept
+
+
+def test_bad_checkpoint_arguments(tmp_path):
+    model, x = relu_mlp(), batch()
+    with pytest.raises(TypeError, match="checkpoint must be a folder path"):
+        hcrfast.bound(model, x, 0.3, checkpoint=3)
+    with pytest.raises(NotImplementedError, match="targets="):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, targets="low:2")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="pass a folder"):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "file")
+    assert not list(tmp_path.glob("key.json"))  # refused before anything was written
+
+
+def test_gaps():
+    assert gaps(10, []) == [(0, 10)]
+    assert gaps(10, [(0, 3, {}), (5, 7, {}), (7, 10, {})]) == [(3, 5)]
+    assert gaps(10, [(2, 4, {})]) == [(0, 2), (4, 10)]
+    assert gaps(4, [(0, 4, {})]) == []
