@@ -155,3 +155,13 @@ def test_krylov_depth_script_truncates_one_build(tmp_path):
     direct = hcrfast.bound(model, x, sigma, size=zm.size, restarts=2, iterations=2, solver="krylov",
                            lsqr=hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=9))
     assert abs(float(np.median(direct.std)) - rows[1]["median"]) <= 1e-6 * rows[1]["median"]
+
+
+def test_checkpoint_cost_script_times_three_calls_with_equal_bounds(tmp_path):
+    out = tmp_path / "ck.json"
+    proc = run_script("checkpoint_cost.py", "--model", "digits", "--examples", "5", "--restarts", "2",
+                      "--iterations", "2", "--chunk-size", "2", "--repeats", "1", "--threads", "1", "--json", out)
+    r = json.loads(out.read_text())
+    assert r["chunk_files"] == 3 and r["bytes_written"] > 0 and r["bounds_equal"]
+    assert r["best"]["read_back"] < r["best"]["checkpoint"]
+    assert "all read back" in proc.stdout
