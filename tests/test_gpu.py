@@ -248,3 +248,33 @@ def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, hos
     dtoh = sum(count for key, count in names.items() if "DtoH" in key)
     assert int(res.itn.max()) == 40
     assert dtoh == len(calls) == 40 // 10 + 1, {k: v for k, v in names.items() if "Memcpy" in k}
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "krylov"])
+def test_checkpointed_call_on_gpu_resumes_to_the_uninterrupted_bounds(solver, tmp_path, monkeypatch):
+    """A CUDA call killed after one chunk and made again reads the chunk back (CuPy rows from host files)
+    and ends with the bounds of an uninterrupted CUDA call."""
+    from hcrfast import algorithm
+
+    x = torch.rand(5, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).cuda()
+    kw = dict(iterations=3, restarts=3, chunk_size=2, solver=solver,
+              lsqr=hcrfast.LSQROptions(atol=1e-10, btol=1e-10, iter_lim=300) if solver == "lsqr" else None)
+    whole = hcrfast.bound(mlp().cuda(), x, 0.05, **kw).to_numpy()
+    real, calls = algorithm._certified_shift, []
+
+    def certify(*args):
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(algorithm, "_certified_shift", certify)
+    with pytest.raises(KeyboardInterrupt):
+        hcrfast.bound(mlp().cuda(), x, 0.05, checkpoint=tmp_path, **kw)
+    monkeypatch.setattr(algorithm, "_certified_shift", real)
+    again = hcrfast.bound(mlp().cuda(), x, 0.05, checkpoint=tmp_path, **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 2
+    again = again.to_numpy()
+    for name in ("std", "mse", "divergence", "eps", "z"):
+        np.testing.assert_allclose(getattr(again, name), getattr(whole, name), rtol=1e-9, err_msg=name)
+    np.testing.assert_array_equal(again.lsqr_iterations, whole.lsqr_iterations)
