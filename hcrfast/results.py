@@ -2,11 +2,25 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from hcrfast.backend import to_host
+
+_FORMAT = "hcrfast.Bounds/1"
+
+
+def _plain(obj):
+    """JSON for what ``json`` cannot write itself: NumPy scalars and arrays."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 @dataclass
@@ -69,6 +83,51 @@ class Bounds:
         if self.std_algorithm1 is not None:
             arrays["std_algorithm1"] = to_host(self.std_algorithm1)
         return dataclasses.replace(self, **arrays)
+
+    def save(self, path) -> None:
+        """Write every field to the ``.npz`` file ``path`` (exactly that name; atomically): the arrays
+        as NumPy arrays, the rest (params, reasons, timings, the targeted bounds' own) as JSON.
+        :meth:`load` reads it back; ``numpy.load(path)`` reads it without hcrfast."""
+        from hcrfast.checkpoint import atomic_savez
+
+        h = self.to_numpy()
+        arrays = {k: getattr(h, k) for k in self._ARRAYS}
+        if h.std_algorithm1 is not None:
+            arrays["std_algorithm1"] = h.std_algorithm1
+        meta = dict(format=_FORMAT, infinite_reasons=list(h.infinite_reasons), params=h.params,
+                    seconds=float(h.seconds), targeted=None)
+        if h.targeted is not None:
+            t = h.targeted.to_numpy()
+            arrays.update({f"targeted.{k}": getattr(t, k) for k in t._ARRAYS + ("modes",)
+                           if getattr(t, k) is not None})
+            meta["targeted"] = dict(method=t.method, infinite_reasons=list(t.infinite_reasons), params=t.params,
+                                    timings=t.timings)
+        atomic_savez(Path(path), meta=np.array(json.dumps(meta, default=_plain)), **arrays)
+
+    @classmethod
+    def load(cls, path) -> "Bounds":
+        """The :class:`Bounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise ValueError(f"{path} is not a file written by Bounds.save ({exc})") from exc
+        try:
+            meta = json.loads(str(arrays.pop("meta")))
+            if meta.get("format") != _FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}")
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{path} is not a file written by Bounds.save (no {_FORMAT!r} header: {exc}); "
+                             f"read it with numpy.load instead") from exc
+        targeted = None
+        if meta["targeted"] is not None:
+            from hcrfast.targeted import TargetedBounds  # here: hcrfast.targeted imports this module's users
+
+            fields = {k: arrays.pop(f"targeted.{k}", None) for k in TargetedBounds._ARRAYS + ("modes",)}
+            targeted = TargetedBounds(**fields, **meta["targeted"])
+        return cls(**{k: arrays[k] for k in cls._ARRAYS}, std_algorithm1=arrays.get("std_algorithm1"),
+                   infinite_reasons=meta["infinite_reasons"], params=meta["params"], seconds=meta["seconds"],
+                   targeted=targeted)
 
     def summary(self) -> str:
         """A few lines: parameters, bound quantiles, LSQR work, infinities."""

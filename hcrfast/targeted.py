@@ -535,7 +535,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
               "jacobian": jac_used, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
               "n_targets": K, "dtype": str(batch.dtype).replace("torch.", ""), "device": str(batch.device),
               "n_features": n, "n_inputs": p, "null_probes": bool(null_probes and method == "dense"),
-              "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared, "null_steps": NULL_STEPS}
+              "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared, "null_steps": list(NULL_STEPS)}
     return TargetedBounds(
         std=std.reshape((B,) + input_shape), targeted=targeted.reshape(input_shape), modes=modes,
         divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),

@@ -1,0 +1,69 @@
+"""Bounds.save / Bounds.load: every field survives the round trip, and foreign files are refused."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).double().eval()
+
+
+class Frozen(torch.nn.Module):
+    """Features that do not move although the Jacobian says they do: D = 0, infinite bounds."""
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        return flat - flat.detach() + 1.0
+
+
+def assert_same(a, b):
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if dataclasses.is_dataclass(x) or dataclasses.is_dataclass(y):
+            assert dataclasses.is_dataclass(x) and dataclasses.is_dataclass(y), f.name
+            assert_same(x, y)
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray), f.name
+            assert x.dtype == y.dtype and x.shape == y.shape, f.name
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+        else:
+            assert x == y, f.name
+
+
+@pytest.mark.parametrize("case", ["plain", "targets", "infinite", "krylov", "lsqr"])
+def test_save_then_load_gives_back_every_field(case, tmp_path):
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((3, 1, 4, 4)))
+    model, kw = mlp(), dict(iterations=2, restarts=3)
+    if case == "targets":
+        kw["targets"] = "low:2"
+    if case == "infinite":
+        model = Frozen().eval()
+    if case in ("krylov", "lsqr"):
+        kw["solver"] = case
+    res = hcrfast.bound(model, x, 0.2, **kw).to_numpy()
+    assert (res.targeted is not None) == (case == "targets")
+    assert (len(res.infinite_reasons) > 0) == (case == "infinite")
+    path = tmp_path / "bounds"  # no .npz suffix: the file is written under exactly this name
+    res.save(path)
+    assert path.is_file()
+    back = hcrfast.Bounds.load(path)
+    assert_same(back, res)
+    assert back.summary() == res.summary()
+    with np.load(path) as z:  # readable without hcrfast
+        np.testing.assert_array_equal(z["std"], res.std)
+
+
+def test_load_refuses_files_it_did_not_write(tmp_path):
+    other = tmp_path / "other.npz"
+    np.savez(other, std=np.zeros(3))
+    with pytest.raises(ValueError, match="not a file written by Bounds.save"):
+        hcrfast.Bounds.load(other)
+    text = tmp_path / "text.npz"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="not a file written by Bounds.save"):
+        hcrfast.Bounds.load(text)
