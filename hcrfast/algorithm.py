@@ -698,7 +698,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                            reasons=np.array(c_reasons, dtype=str), **part)
             if progress:
-                print(f"hcrfast: examples {stop}/{B} done ({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+                computed[0] += stop - start
+                left = B - reused - computed[0]
+                rate = (time.perf_counter() - computed[1]) / computed[0]  # seconds per example computed
+                print(f"hcrfast: examples {reused + computed[0]}/{B} done ({time.perf_counter() - t_start:.1f} s"
+                      f"{f', ETA {rate * left:.0f} s' if left else ''})", file=sys.stderr)
 
         def on_halve(chunk):
             if progress:
@@ -717,6 +721,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             todo = checkpoint_gaps(B, finished)
             if progress and reused:
                 print(f"hcrfast: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
+        computed = [0, time.perf_counter()]  # examples computed by this call, and since when
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)

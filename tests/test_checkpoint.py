@@ -110,6 +110,20 @@ def test_infinite_bounds_and_their_reasons_survive_a_resume_in_example_order(tmp
         np.testing.assert_allclose(getattr(again, name), getattr(whole, name), rtol=1e-10, atol=0, err_msg=name)
 
 
+def test_progress_counts_read_back_examples_and_gives_an_eta(tmp_path, monkeypatch, capsys):
+    model, x = relu_mlp(), batch()
+    crash_after(monkeypatch, 1)
+    with pytest.raises(Crash):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    crash_after(monkeypatch, None)
+    capsys.readouterr()
+    hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, progress=True, **kw("dense"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"hcrfast: 2 of 7 examples read back from {tmp_path}"
+    assert [line.split(" done")[0] for line in lines[1:]] == [f"hcrfast: examples {k}/7" for k in (4, 6, 7)]
+    assert all("ETA" in line for line in lines[1:-1]) and "ETA" not in lines[-1]
+
+
 def test_unreadable_chunk_is_computed_again_with_a_warning(tmp_path):
     model, x = relu_mlp(), batch()
     whole = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
