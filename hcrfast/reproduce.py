@@ -57,6 +57,7 @@ import torch
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
+from hcrfast.distributed import World as _World
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
@@ -122,53 +123,6 @@ class RunResult:
 
 # ----------------------------------------------------------------------------------------
 # distributed
-
-
-class _World:
-    """This process's place among torchrun's processes (or alone)."""
-
-    def __init__(self, device_type: str):
-        self.rank, self.size, self.local_rank, self.dist = 0, 1, 0, None
-        if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-            import torch.distributed as dist
-
-            if not dist.is_available():
-                raise NotImplementedError("WORLD_SIZE and RANK are set (torchrun?) but this torch build has "
-                                          "no torch.distributed; run a single process instead")
-            self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            if device_type == "cuda":
-                torch.cuda.set_device(self.local_rank)
-            if not dist.is_initialized():
-                # The final barrier waits for the slowest process's chunks, which can take hours
-                # for the ImageNet models on a CPU: far beyond the 30-minute default. A failed
-                # process is still noticed at once: torchrun stops the others.
-                dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
-                                        timeout=datetime.timedelta(hours=72))
-                self._owns_group = True
-            else:
-                self._owns_group = False
-            self.dist = dist
-            self.rank, self.size = dist.get_rank(), dist.get_world_size()
-
-    def barrier(self) -> None:
-        if self.dist is not None:
-            self.dist.barrier()
-
-    def from_rank0(self, obj):
-        """``obj`` as rank 0 has it, on every rank."""
-        if self.dist is None:
-            return obj
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def close(self) -> None:
-        if self.dist is not None and self._owns_group:
-            self.dist.destroy_process_group()
-
-    @property
-    def tag(self) -> str:
-        return "" if self.size == 1 else f" [rank {self.rank}/{self.size}]"
 
 
 # ----------------------------------------------------------------------------------------
