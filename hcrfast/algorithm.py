@@ -26,7 +26,8 @@ import torch
 
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import to_host
-from hcrfast.checkpoint import Checkpoint, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import Checkpoint, CheckpointMismatchError, model_fingerprint, sha256_tensors
+from hcrfast.distributed import World
 from hcrfast.checkpoint import gaps as checkpoint_gaps
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
                               solver_stream, to_torch)
@@ -390,7 +391,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
           tf32: bool = False, warm_start: bool = True, solver: str = "auto", krylov_pilots: int = 1,
-          checkpoint=None) -> Bounds:
+          checkpoint=None, shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -490,6 +491,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         whose model state, batch, sigma or arguments differ is refused with what differs.
         Not with ``targets`` (their directions run over the whole batch after the chunks).
         ``params["checkpoint"]`` says how many examples were read back.
+    shard : bool
+        Under ``torchrun`` (or a process group the caller initialized), every process makes
+        the same call and computes every N-th piece of ``chunk_size`` examples (rank 0's
+        size) into ``checkpoint``, a folder all processes see; after a barrier every process
+        reads the others' pieces and returns the whole result. Needs ``checkpoint``.
+        ``params["shard"]`` says which rank this was and how many examples it computed.
 
     Returns
     -------
@@ -534,6 +541,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 f"checkpoint= saves Algorithm 1's chunks, but targets={targets!r} adds directions computed over the "
                 f"whole batch after them, which no chunk holds. Drop targets= and call hcrfast.targeted_bound on "
                 f"the batch afterwards, or run `hcrfast reproduce ... --targets`, whose chunks hold both")
+    if not isinstance(shard, (bool, np.bool_)):
+        raise TypeError(f"shard must be True or False, got {shard!r}")
+    if shard and checkpoint is None:
+        raise ValueError("shard=True shares the chunks among the processes through the checkpoint folder; pass "
+                         "checkpoint=DIR on a filesystem every process sees")
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
         from hcrfast.targeted import METHODS, parse_targets
@@ -598,15 +610,36 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         results = dict(std=std, mse=mse, eps=best_eps, z=best_z, divergence=divergence, best_restart=best_restart,
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
+        filled = set()  # the (start, stop) of every chunk whose rows are filled
+        world = World(batch.device.type, set_device=False) if shard else None
+        tag = "" if world is None else world.tag
+        if world is not None:
+            chunk_size = world.from_rank0(chunk_size)  # one cut of the batch for every process
         saved = None
         if checkpoint is not None:
-            saved = Checkpoint(checkpoint, dict(
+            key = dict(
                 model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
                 batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
-                krylov_pilots=krylov_pilots), example_ids)
+                krylov_pilots=krylov_pilots)
+            if world is None or world.size == 1:
+                saved = Checkpoint(checkpoint, key, example_ids)
+            else:  # rank 0 writes key.json (or finds it differs), then the others check it
+                failure = None
+                if world.rank == 0:
+                    try:
+                        saved = Checkpoint(checkpoint, key, example_ids)
+                    except (CheckpointMismatchError, OSError) as exc:
+                        failure = exc
+                message = world.from_rank0(None if failure is None else f"{type(failure).__name__}: {failure}")
+                if failure is not None:
+                    raise failure
+                if message is not None:
+                    raise CheckpointMismatchError(f"rank 0 could not open the checkpoint: {message}")
+                if saved is None:
+                    saved = Checkpoint(checkpoint, key, example_ids)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
@@ -697,34 +730,54 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 part = {name: to_host(a[start:stop]) for name, a in results.items()}
                 saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                            reasons=np.array(c_reasons, dtype=str), **part)
+            computed[0] += stop - start
+            filled.add((start, stop))
             if progress:
-                computed[0] += stop - start
-                left = B - reused - computed[0]
+                left = computed[2] - computed[0]
                 rate = (time.perf_counter() - computed[1]) / computed[0]  # seconds per example computed
-                print(f"hcrfast: examples {reused + computed[0]}/{B} done ({time.perf_counter() - t_start:.1f} s"
+                done = (f"examples {reused + computed[0]}/{B}" if not tag
+                        else f"{computed[0]}/{computed[2]} of this process's examples")
+                print(f"hcrfast{tag}: {done} done ({time.perf_counter() - t_start:.1f} s"
                       f"{f', ETA {rate * left:.0f} s' if left else ''})", file=sys.stderr)
 
         def on_halve(chunk):
             if progress:
                 print(f"hcrfast: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 
-        todo = [(0, B)]
-        reused = 0
-        if saved is not None:  # read back what an earlier call finished; compute the rest
+        def read_back():
+            """Fill the rows of the checkpoint's finished chunks that are not filled yet; the list of chunks."""
             finished = saved.finished()
             for start, stop, arrays in finished:
+                if (start, stop) in filled:
+                    continue
+                filled.add((start, stop))
                 for name, a in results.items():
                     a[start:stop] = xp.asarray(arrays[name])
                 ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
                 reasons_of[start] = [str(r) for r in arrays["reasons"]]
-                reused += stop - start
+            return finished
+
+        todo = [(0, B)]
+        reused = 0
+        if saved is not None:  # read back what an earlier call finished; compute the rest
+            finished = read_back()
+            reused = sum(stop - start for start, stop, _ in finished)
             todo = checkpoint_gaps(B, finished)
             if progress and reused:
-                print(f"hcrfast: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
-        computed = [0, time.perf_counter()]  # examples computed by this call, and since when
+                print(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
+        if world is not None and world.size > 1:
+            world.barrier()  # every process has listed the folder before any writes to it
+            pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
+            todo = pieces[world.rank::world.size]
+        # examples computed by this call, since when, and how many it has to compute
+        computed = [0, time.perf_counter(), sum(hi - lo for lo, hi in todo)]
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        if world is not None and world.size > 1:
+            world.barrier()  # every piece is in the folder now
+            read_back()  # the other processes' pieces
+            world.close()
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
 
         targeted = None
@@ -754,6 +807,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                       to_host(itn[:, :krylov_pilots, 0]), ranks, krylov_pilots, redone=redone),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
+                  shard=None if world is None else dict(rank=world.rank, world_size=world.size,
+                                                        examples_computed=computed[0]),
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

@@ -173,3 +173,65 @@ def test_gaps():
     assert gaps(10, [(0, 3, {}), (5, 7, {}), (7, 10, {})]) == [(3, 5)]
     assert gaps(10, [(2, 4, {})]) == [(0, 2), (4, 10)]
     assert gaps(4, [(0, 4, {})]) == []
+
+
+SHARD_SCRIPT = """
+import os, sys
+import torch
+sys.path.insert(0, {tests!r})
+import hcrfast
+from test_checkpoint import batch, kw, relu_mlp
+
+torch.set_num_threads(1)
+res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint={ck!r}, shard=True, progress=True, **kw({solver!r}))
+res.save(os.path.join({out!r}, "rank%s.npz" % os.environ["RANK"]))
+"""
+
+
+@pytest.mark.parametrize("solver", ["dense", "lsqr"])
+def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(solver, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    torch.set_num_threads(1)
+    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw(solver))
+    crash_after(monkeypatch, 1)  # a killed single-process run left examples 0..1 in the folder
+    with pytest.raises(Crash):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw(solver))
+
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"),
+                                          solver=solver, out=str(tmp_path)))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [hcrfast.Bounds.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
+    # examples 2..6 cut in pieces of 2: (2, 4) and (6, 7) for rank 0, (4, 6) for rank 1
+    assert [r.params["shard"] for r in ranks] == [dict(rank=0, world_size=2, examples_computed=3),
+                                                 dict(rank=1, world_size=2, examples_computed=2)]
+    assert all(r.params["checkpoint"]["examples_read_back"] == 2 for r in ranks)
+    assert "[rank 1/2]: 2/2 of this process's examples done" in proc.stderr
+    for r in ranks:
+        assert r.infinite_reasons == whole.infinite_reasons
+        for name in ARRAYS:
+            np.testing.assert_allclose(getattr(r, name), getattr(whole, name), rtol=1e-10, atol=0, err_msg=name)
+    for name in ARRAYS:  # both processes return the same bytes
+        np.testing.assert_array_equal(getattr(ranks[0], name), getattr(ranks[1], name), err_msg=name)
+
+
+def test_shard_needs_a_checkpoint_folder():
+    with pytest.raises(ValueError, match="pass checkpoint=DIR"):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, shard=True)
+    with pytest.raises(TypeError, match="shard must be True or False"):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, shard="yes", checkpoint="x")
+
+
+def test_shard_in_a_single_process_is_a_plain_checkpointed_call(tmp_path):
+    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw("dense"))
+    res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, shard=True, **kw("dense"))
+    assert res.params["shard"] == dict(rank=0, world_size=1, examples_computed=7)
+    assert_same(res, whole)
