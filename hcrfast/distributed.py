@@ -41,7 +41,11 @@ class World:
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
 
     def barrier(self) -> None:
-        if self.dist is not None:
+        if self.dist is None:
+            return
+        if self.dist.get_backend() == "nccl":  # name the device: NCCL would guess it from the rank
+            self.dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
             self.dist.barrier()
 
     def from_rank0(self, obj):
