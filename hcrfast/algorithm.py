@@ -26,9 +26,8 @@ import torch
 
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import to_host
-from hcrfast.checkpoint import Checkpoint, CheckpointMismatchError, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import Checkpoint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
 from hcrfast.distributed import World
-from hcrfast.checkpoint import gaps as checkpoint_gaps
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
                               solver_stream, to_torch)
 from hcrfast import kernels
@@ -624,22 +623,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
                 krylov_pilots=krylov_pilots)
-            if world is None or world.size == 1:
-                saved = Checkpoint(checkpoint, key, example_ids)
-            else:  # rank 0 writes key.json (or finds it differs), then the others check it
-                failure = None
-                if world.rank == 0:
-                    try:
-                        saved = Checkpoint(checkpoint, key, example_ids)
-                    except (CheckpointMismatchError, OSError) as exc:
-                        failure = exc
-                message = world.from_rank0(None if failure is None else f"{type(failure).__name__}: {failure}")
-                if failure is not None:
-                    raise failure
-                if message is not None:
-                    raise CheckpointMismatchError(f"rank 0 could not open the checkpoint: {message}")
-                if saved is None:
-                    saved = Checkpoint(checkpoint, key, example_ids)
+            saved = Checkpoint.open(checkpoint, key, example_ids, world=world)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
@@ -742,7 +726,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
 
         def on_halve(chunk):
             if progress:
-                print(f"hcrfast: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
+                print(f"hcrfast{tag}: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 
         def read_back():
             """Fill the rows of the checkpoint's finished chunks that are not filled yet; the list of chunks."""

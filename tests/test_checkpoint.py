@@ -183,13 +183,13 @@ import hcrfast
 from test_checkpoint import batch, kw, relu_mlp
 
 torch.set_num_threads(1)
-res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint={ck!r}, shard=True, progress=True, **kw({solver!r}))
+res = hcrfast.bound(relu_mlp(), batch(), {sigma!r}, checkpoint={ck!r}, shard=True, progress=True, **kw({solver!r}))
 res.save(os.path.join({out!r}, "rank%s.npz" % os.environ["RANK"]))
 """
 
 
-@pytest.mark.parametrize("solver", ["dense", "lsqr"])
-def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(solver, tmp_path, monkeypatch):
+def torchrun_shard(tmp_path, solver, sigma):
+    """Two processes under torchrun (gloo), each saving its result to tmp_path/rank<r>.npz."""
     import subprocess
     import sys
     from pathlib import Path
@@ -197,6 +197,15 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"),
+                                          solver=solver, out=str(tmp_path), sigma=sigma))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("solver", ["dense", "lsqr"])
+def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(solver, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw(solver))
     crash_after(monkeypatch, 1)  # a killed single-process run left examples 0..1 in the folder
@@ -204,10 +213,7 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
         hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw(solver))
 
     script = tmp_path / "shard.py"
-    script.write_text(SHARD_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"),
-                                          solver=solver, out=str(tmp_path)))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                           str(script)], capture_output=True, text=True, timeout=300)
+    proc = torchrun_shard(tmp_path, solver, 0.3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [hcrfast.Bounds.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
     # examples 2..6 cut in pieces of 2: (2, 4) and (6, 7) for rank 0, (4, 6) for rank 1
@@ -221,6 +227,14 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
             np.testing.assert_allclose(getattr(r, name), getattr(whole, name), rtol=1e-10, atol=0, err_msg=name)
     for name in ARRAYS:  # both processes return the same bytes
         np.testing.assert_array_equal(getattr(ranks[0], name), getattr(ranks[1], name), err_msg=name)
+
+
+def test_torchrun_processes_all_stop_when_rank_0_finds_another_run_in_the_folder(tmp_path):
+    hcrfast.bound(relu_mlp(), batch(), 0.5, checkpoint=tmp_path / "ck", **kw("dense"))
+    proc = torchrun_shard(tmp_path, "dense", 0.3)
+    assert proc.returncode != 0
+    assert "noise: " in proc.stderr  # rank 0's own error names what differs
+    assert "rank 0 could not open the checkpoint: CheckpointMismatchError" in proc.stderr  # rank 1's
 
 
 def test_shard_needs_a_checkpoint_folder():
