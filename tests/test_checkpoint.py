@@ -206,13 +206,11 @@ def torchrun_shard(tmp_path, solver, sigma):
 
 @pytest.mark.parametrize("solver", ["dense", "lsqr"])
 def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(solver, tmp_path, monkeypatch):
-    torch.set_num_threads(1)
     whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw(solver))
     crash_after(monkeypatch, 1)  # a killed single-process run left examples 0..1 in the folder
     with pytest.raises(Crash):
         hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw(solver))
 
-    script = tmp_path / "shard.py"
     proc = torchrun_shard(tmp_path, solver, 0.3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [hcrfast.Bounds.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
