@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from race import build_problem, machine_info  # noqa: E402
+from race import build_problem, device_ready, machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
 
@@ -47,11 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("checkpoint_cost: --device cuda but torch sees no CUDA device; skipped.")
+    if not device_ready(args, "checkpoint_cost"):
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model, x = build_problem(args.model, args.examples, seed=0, device=args.device)
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x))

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hcrfast.bindings import jacobian as jacobian_mod
-from race import add_reorth_option, apply_reorth_option, build_problem
+from race import add_reorth_option, apply_reorth_option, build_problem, device_ready
 
 import hcrfast
 from hcrfast import algorithm, dense, kernels, krylov, validation
@@ -144,11 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
     ap.add_argument("--json", default=None, help="write the phase table here")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("profile: --device cuda but torch sees no CUDA device; skipped.")
+    if not device_ready(args, "profile"):
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
     apply_reorth_option(args.reorth_passes)
 
     model, x = build_problem(args.model, args.examples, seed=0, device=args.device)

@@ -97,6 +97,16 @@ def apply_reorth_option(value) -> None:
         krylov.REORTH_PASSES = value if value == "auto" else int(value)
 
 
+def device_ready(args, script: str) -> bool:
+    """False (having said why) when ``--device cuda`` finds no CUDA device; otherwise applies ``--threads``."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: --device cuda but torch sees no CUDA device; skipped.")
+        return False
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return True
+
+
 def quantiles(std) -> dict:
     s = np.asarray(std, dtype=np.float64).ravel()
     return dict(median=float(np.median(s)), p90=float(np.quantile(s, 0.9)), n_inf=int(np.isinf(s).sum()))
