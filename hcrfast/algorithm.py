@@ -711,9 +711,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                              for e, r in zip(*np.nonzero(to_host(zero_d)))]
                 reasons_of[start] = c_reasons
             if saved is not None:
-                part = {name: to_host(a[start:stop]) for name, a in results.items()}
-                saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
-                           reasons=np.array(c_reasons, dtype=str), **part)
+                with profiling.annotate("checkpoint"):
+                    part = {name: to_host(a[start:stop]) for name, a in results.items()}
+                    saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
+                               reasons=np.array(c_reasons, dtype=str), **part)
             computed[0] += stop - start
             filled.add((start, stop))
             if progress:
@@ -730,15 +731,16 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
 
         def read_back():
             """Fill the rows of the checkpoint's finished chunks that are not filled yet; the list of chunks."""
-            finished = saved.finished()
-            for start, stop, arrays in finished:
-                if (start, stop) in filled:
-                    continue
-                filled.add((start, stop))
-                for name, a in results.items():
-                    a[start:stop] = xp.asarray(arrays[name])
-                ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
-                reasons_of[start] = [str(r) for r in arrays["reasons"]]
+            with profiling.annotate("checkpoint"):
+                finished = saved.finished()
+                for start, stop, arrays in finished:
+                    if (start, stop) in filled:
+                        continue
+                    filled.add((start, stop))
+                    for name, a in results.items():
+                        a[start:stop] = xp.asarray(arrays[name])
+                    ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
+                    reasons_of[start] = [str(r) for r in arrays["reasons"]]
             return finished
 
         todo = [(0, B)]
