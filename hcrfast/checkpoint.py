@@ -106,7 +106,11 @@ class Checkpoint:
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"checkpoint={str(path)!r}: the folder cannot be created ({exc.strerror}); pass a "
+                                     f"folder you can write to") from exc
         self.key = json.loads(_json(key))  # as it reads back from key.json
         self.example_ids = np.asarray(example_ids, dtype=np.int64)
         key_path = self.path / "key.json"
