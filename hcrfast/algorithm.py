@@ -26,6 +26,7 @@ import torch
 
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import to_host
+from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import Checkpoint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
 from hcrfast.distributed import World
 from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
@@ -617,7 +618,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         saved = None
         if checkpoint is not None:
             key = dict(
-                model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
+                format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
                 batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,

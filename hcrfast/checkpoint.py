@@ -27,6 +27,8 @@ import torch
 __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
            "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
+#: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
+FORMAT = "hcrfast.bound checkpoint/1"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 
@@ -159,8 +161,13 @@ class Checkpoint:
                 with np.load(file, allow_pickle=False) as z:
                     arrays = {k: z[k] for k in z.files}
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                warnings.warn(f"{file} is unreadable ({exc}); computing its examples again", UserWarning,
-                              stacklevel=3)
+                aside = file.with_name(f".{file.name}.unreadable")
+                warnings.warn(f"{file} is unreadable ({exc}); computing its examples again (the file is kept as "
+                              f"{aside.name})", UserWarning, stacklevel=3)
+                try:  # out of the way of the chunks that will replace it, whatever their size
+                    file.replace(aside)
+                except OSError:
+                    pass  # another process moved it first
                 continue
             if not (0 <= start < stop <= total and np.array_equal(arrays.get("example_ids"),
                                                                   self.example_ids[start:stop])):

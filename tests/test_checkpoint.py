@@ -133,6 +133,7 @@ def test_unreadable_chunk_is_computed_again_with_a_warning(tmp_path):
         again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
     assert again.params["checkpoint"]["examples_read_back"] == 5
     assert_same(again, whole)
+    assert (tmp_path / f".{broken.name}.unreadable").is_file() and broken.is_file()  # set aside, then rewritten
 
 
 @pytest.mark.parametrize("change, named", [
