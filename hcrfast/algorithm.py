@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import json
 import math
 import numbers
 import os
@@ -34,7 +35,7 @@ from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, Laplace, MonteCarlo, as_noise
-from hcrfast.results import Bounds
+from hcrfast.results import Bounds, json_default
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
 # atol = btol = 1e-5: the loosest setting whose median bound matched the published method's in
@@ -441,7 +442,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         Also aim one perturbation at each of these modes, the Cramér-Rao direction
         (:func:`hcrfast.targeted.targeted_bound`, without null-space probes), and
         report, per mode, the larger of the two certified bounds. None: Algorithm 1
-        only, as in the paper.
+        only, as in the paper. Found chunk by chunk, after each chunk's Algorithm 1
+        (from its J and factor with the dense solve, from its Krylov bases with the
+        Krylov solve), so checkpoints and shards hold them too.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
     warm_start : bool
@@ -489,7 +492,6 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         once (:mod:`hcrfast.checkpoint`). The same call made again after a crash or an
         interrupt reads the finished chunks and computes only the missing examples; a call
         whose model state, batch, sigma or arguments differ is refused with what differs.
-        Not with ``targets`` (their directions run over the whole batch after the chunks).
         ``params["checkpoint"]`` says how many examples were read back.
     shard : bool
         Under ``torchrun`` (or a process group the caller initialized), every process makes
@@ -536,11 +538,6 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     if checkpoint is not None:
         if not isinstance(checkpoint, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {checkpoint!r}")
-        if targets is not None:
-            raise NotImplementedError(
-                f"checkpoint= saves Algorithm 1's chunks, but targets={targets!r} adds directions computed over the "
-                f"whole batch after them, which no chunk holds. Drop targets= and call hcrfast.targeted_bound on "
-                f"the batch afterwards, or run `hcrfast reproduce ... --targets`, whose chunks hold both")
     if not isinstance(shard, (bool, np.bool_)):
         raise TypeError(f"shard must be True or False, got {shard!r}")
     if shard and checkpoint is None:
@@ -586,18 +583,20 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         # The targeted directions, from the dense solve's J and factorization, or (targeted_method
         # "auto") from the Krylov basis: its space's Cramér-Rao directions cost no model product, where
         # targeted_bound's own LSQR would cost two solves per (example, mode).
-        shared = None
-        if targets is not None and targeted_method != "lsqr" and solver in ("dense", "krylov"):
-            from hcrfast.targeted import DenseDirections, parse_targets, resolve_method
+        # The targeted bounds are found chunk by chunk, after Algorithm 1's, by targeted_bound.
+        share = None  # where a chunk's targeted directions come from: "dense", "krylov" or None (its own)
+        if targets is not None:
+            from hcrfast.targeted import DenseDirections, TargetedBounds, parse_targets, resolve_method, targeted_bound
 
             modes = parse_targets(targets, input_shape, basis)
-            if solver == "dense" and resolve_method(targeted_method, n, p) == "dense":
-                shared = DenseDirections.empty(B, len(modes), p, dense.resolve_jacobian_mode("auto", n, p),
-                                               batch.device)
-            elif solver == "krylov" and targeted_method == "auto":
-                shared = DenseDirections.empty(B, len(modes), p, jacobian, batch.device, method="krylov")
-            if shared is not None:
+            if targeted_method != "lsqr":
+                if solver == "dense" and resolve_method(targeted_method, n, p) == "dense":
+                    share = "dense"
+                elif solver == "krylov" and targeted_method == "auto":
+                    share = "krylov"
+            if share is not None:
                 q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
+        targeted_of = {}  # chunk start -> its TargetedBounds
 
         std = xp.zeros((B, p))
         mse = xp.zeros(B)
@@ -641,7 +640,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                                        mode=jacobian)
                     basis = krylov.build(op, pilot, options,
                                          progress=_basis_progress(start, stop, B, t_start) if progress else None)
-                if shared is not None:
+                if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):
                         targeted_dirs = (krylov.directions(basis, q_modes, pilots=krylov_pilots),
@@ -650,7 +649,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 with profiling.annotate("dense-factor"):
                     J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
                     min_norm = dense.min_norm_solver(J)
-                if shared is not None:
+                if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):
                         targeted_dirs = (min_norm.directions(q_modes, J), time.perf_counter() - t0)
@@ -676,12 +675,27 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 redone[start:stop] = np.asarray(again).reshape(stop - start, -1)
             if c_ranks is not None:
                 ranks[start:stop] = np.asarray(c_ranks).reshape(stop - start, -1)
-            if targeted_dirs is not None:
-                if min_norm is not None:
-                    shared.fill(start, stop, min_norm, targeted_dirs[0])
-                else:  # the Krylov space's directions: no null-space parts
-                    shared.eps[start:stop] = targeted_dirs[0]
-                shared.seconds = (0.0, shared.seconds[1] + targeted_dirs[1])
+            if targets is not None:
+                dirs = None
+                if targeted_dirs is not None:
+                    found, seconds = targeted_dirs
+                    if min_norm is not None:
+                        dirs = DenseDirections(eps=found.eps, null_part=found.null_part,
+                                               null_fraction=found.null_fraction, null_dim=min_norm.null_dim,
+                                               jacobian=dense.resolve_jacobian_mode("auto", n, p),
+                                               seconds=(0.0, seconds))
+                    else:  # the Krylov space's directions: no null-space parts
+                        dirs = DenseDirections.empty(stop - start, len(modes), p, jacobian, batch.device,
+                                                     method="krylov")
+                        dirs.eps[:] = found
+                        dirs.seconds = (0.0, seconds)
+                # bound()'s lsqr and chunk_size are Algorithm 1's; targeted_bound uses its own defaults.
+                # Null-space probes stay out of the bound: huge or infinite values there are an
+                # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
+                # bound on the identifiable part.
+                targeted_of[start] = targeted_bound(
+                    model, batch[start:stop], gaussian_sigma, targets=targets, size=size, method=targeted_method,
+                    basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
             with profiling.annotate("bound"):
                 m = stop - start
                 d = noise.divergence(z64).reshape(m, restarts)
@@ -714,6 +728,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             if saved is not None:
                 with profiling.annotate("checkpoint"):
                     part = {name: to_host(a[start:stop]) for name, a in results.items()}
+                    if targets is not None:
+                        t_arrays, t_meta = targeted_of[start].to_arrays()
+                        part.update({f"targeted.{k}": v for k, v in t_arrays.items()},
+                                    targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                                reasons=np.array(c_reasons, dtype=str), **part)
             computed[0] += stop - start
@@ -742,6 +760,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                         a[start:stop] = xp.asarray(arrays[name])
                     ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
+                    if targets is not None:
+                        targeted_of[start] = TargetedBounds.from_arrays(
+                            {k[len("targeted."):]: v for k, v in arrays.items() if k.startswith("targeted.")},
+                            json.loads(str(arrays["targeted_meta"])))
             return finished
 
         todo = [(0, B)]
@@ -770,15 +792,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         targeted = None
         std_algorithm1 = None
         if targets is not None:
-            from hcrfast.targeted import targeted_bound  # here: hcrfast.targeted imports this module
-
-            # bound()'s lsqr and chunk_size are Algorithm 1's; targeted_bound uses its own defaults.
-            # Null-space probes stay out of the bound: huge or infinite values there are an
-            # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
-            # bound on the identifiable part.
-            targeted = targeted_bound(model, batch, gaussian_sigma, targets=targets, size=size,
-                                      method=targeted_method, basis=basis, certify=certify, null_probes=False,
-                                      tf32=tf32, directions=shared)
+            targeted = TargetedBounds.concatenate([targeted_of[start] for start in sorted(targeted_of)], xp)
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)

@@ -14,7 +14,7 @@ from hcrfast.backend import to_host
 _FORMAT = "hcrfast.Bounds/1"
 
 
-def _plain(obj):
+def json_default(obj):
     """JSON for what ``json`` cannot write itself: NumPy scalars and arrays."""
     if isinstance(obj, np.generic):
         return obj.item()
@@ -97,12 +97,9 @@ class Bounds:
         meta = dict(format=_FORMAT, infinite_reasons=list(h.infinite_reasons), params=h.params,
                     seconds=float(h.seconds), targeted=None)
         if h.targeted is not None:
-            t = h.targeted.to_numpy()
-            arrays.update({f"targeted.{k}": getattr(t, k) for k in t._ARRAYS + ("modes",)
-                           if getattr(t, k) is not None})
-            meta["targeted"] = dict(method=t.method, infinite_reasons=list(t.infinite_reasons), params=t.params,
-                                    timings=t.timings)
-        atomic_savez(Path(path), meta=np.array(json.dumps(meta, default=_plain)), **arrays)
+            t_arrays, meta["targeted"] = h.targeted.to_arrays()
+            arrays.update({f"targeted.{k}": v for k, v in t_arrays.items()})
+        atomic_savez(Path(path), meta=np.array(json.dumps(meta, default=json_default)), **arrays)
 
     @classmethod
     def load(cls, path) -> "Bounds":
@@ -123,8 +120,9 @@ class Bounds:
         if meta["targeted"] is not None:
             from hcrfast.targeted import TargetedBounds  # here: hcrfast.targeted imports this module's users
 
-            fields = {k: arrays.pop(f"targeted.{k}", None) for k in TargetedBounds._ARRAYS + ("modes",)}
-            targeted = TargetedBounds(**fields, **meta["targeted"])
+            prefix = "targeted."
+            targeted = TargetedBounds.from_arrays({k[len(prefix):]: v for k, v in arrays.items()
+                                                   if k.startswith(prefix)}, meta["targeted"])
         return cls(**{k: arrays[k] for k in cls._ARRAYS}, std_algorithm1=arrays.get("std_algorithm1"),
                    infinite_reasons=meta["infinite_reasons"], params=meta["params"], seconds=meta["seconds"],
                    targeted=targeted)

@@ -207,10 +207,39 @@ class TargetedBounds:
     _ARRAYS = ("std", "targeted", "divergence", "eps", "infinite", "from_null_space", "null_dim",
                "null_fraction", "lsqr_iterations", "lsqr_istop")
 
+    #: The fields with one row per example (all arrays but ``targeted``).
+    _PER_EXAMPLE = tuple(k for k in _ARRAYS if k != "targeted")
+
     def to_numpy(self) -> TargetedBounds:
         """A copy whose arrays are NumPy arrays on the host."""
         return dataclasses.replace(self, **{k: None if getattr(self, k) is None else to_host(getattr(self, k))
                                             for k in self._ARRAYS})
+
+    def to_arrays(self) -> tuple[dict, dict]:
+        """Its arrays as NumPy arrays by field name, and its other fields (JSON-able): what
+        :meth:`hcrfast.Bounds.save` and checkpoint files hold. :meth:`from_arrays` inverts it."""
+        h = self.to_numpy()
+        arrays = {k: getattr(h, k) for k in self._ARRAYS + ("modes",) if getattr(h, k) is not None}
+        return arrays, dict(method=h.method, infinite_reasons=list(h.infinite_reasons), params=h.params,
+                            timings=h.timings)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, meta: dict) -> TargetedBounds:
+        return cls(**{k: arrays.get(k) for k in cls._ARRAYS + ("modes",)}, **meta)
+
+    @classmethod
+    def concatenate(cls, parts, xp=np) -> TargetedBounds:
+        """The targeted bounds of consecutive chunks of one batch as one, its arrays in ``xp``: the
+        per-example rows stacked, the reasons numbered over the whole batch, the timings summed."""
+        first = parts[0]
+        rows = {k: None if getattr(first, k) is None else xp.concatenate([xp.asarray(getattr(p, k)) for p in parts])
+                for k in cls._PER_EXAMPLE}
+        std = rows["std"]
+        value = to_host(std.reshape(std.shape[0], -1)[:, xp.asarray(first.modes)])
+        return dataclasses.replace(
+            first, **rows, targeted=xp.asarray(first.targeted),
+            infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"]),
+            timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings})
 
     def summary(self) -> str:
         """A few lines: method, targeted-bound quantiles, infinities, timings."""
@@ -231,6 +260,18 @@ class TargetedBounds:
             lines.append(f"  {n_inf} (example, mode) pairs have bound +inf (D = 0); see .infinite_reasons")
         lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()))
         return "\n".join(lines)
+
+
+def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str) -> list[str]:
+    """One line per (example, mode) whose targeted bound ``value`` (B, K) is +inf."""
+    reasons = []
+    for b, k in zip(*np.nonzero(np.isinf(value))):
+        mode = np.unravel_index(modes[k], input_shape)
+        reasons.append(
+            f"example {b}, {basis} mode {tuple(int(i) for i in mode)}: a step in the local null space of the "
+            f"Jacobian leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
+            f"exists locally (bound +inf); an estimator with a prior (biased) may still reconstruct it")
+    return reasons
 
 
 def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk):
@@ -523,13 +564,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     infinite = xp.isinf(std)
     targeted = np.zeros(p, dtype=bool)
     targeted[modes] = True
-    reasons = []
-    for b, k in zip(*np.nonzero(to_host(xp.isinf(value.reshape(B, K))))):
-        mode = np.unravel_index(modes[k], input_shape)
-        reasons.append(
-            f"example {b}, {basis} mode {tuple(int(i) for i in mode)}: a step in the local null space of the "
-            f"Jacobian leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
-            f"exists locally (bound +inf); an estimator with a prior (biased) may still reconstruct it")
+    reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, basis)
     timings["total"] = time.perf_counter() - t_start
     params = {"sigma": sigma, "size": size, "method": method, "basis": basis, "certify": certify,
               "jacobian": jac_used, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,

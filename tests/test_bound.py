@@ -509,3 +509,21 @@ def test_laplace_noise_never_exceeds_the_least_squares_variance():
     np.testing.assert_allclose(mc.std, res.std, rtol=0.1)
     with pytest.raises(NotImplementedError, match="Gaussian"):
         hcrfast.bound(model, x, hcrfast.Laplace(b), targets="all", **kw)
+
+
+def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_examples_over_the_batch():
+    """bound(targets=...) finds the targeted bounds chunk by chunk: the same bounds as in one chunk, and
+    the +inf reasons name the examples by their place in the whole batch."""
+    x = torch.rand(5, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    kw = dict(iterations=2, restarts=2, targets="low:2", solver="dense")
+    one = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=5, **kw)
+    many = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=2, **kw)
+    assert len(one.targeted.infinite_reasons) == 5 * 4  # every example, every targeted mode
+    assert many.targeted.infinite_reasons == one.targeted.infinite_reasons
+    assert many.targeted.infinite_reasons[-1].startswith("example 4,")
+    assert many.infinite_reasons == one.infinite_reasons
+    for name in ("std", "divergence", "eps", "infinite", "from_null_space", "null_dim", "null_fraction"):
+        np.testing.assert_allclose(getattr(many.targeted, name), getattr(one.targeted, name), rtol=1e-12,
+                                   err_msg=name)
+    np.testing.assert_array_equal(many.std, one.std)
+    assert many.targeted.timings.keys() == one.targeted.timings.keys()

@@ -65,6 +65,16 @@ def assert_same(a, b):
     assert a.infinite_reasons == b.infinite_reasons
     for key in ("dense", "krylov", "solver"):
         assert a.params[key] == b.params[key]
+    assert (a.targeted is None) == (b.targeted is None)
+    if a.targeted is not None:
+        np.testing.assert_array_equal(a.std_algorithm1, b.std_algorithm1)
+        ta, tb = a.targeted.to_numpy(), b.targeted.to_numpy()
+        for name in ta._PER_EXAMPLE + ("targeted", "modes"):
+            x, y = getattr(ta, name), getattr(tb, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_array_equal(x, y, err_msg=f"targeted.{name}")
+        assert ta.infinite_reasons == tb.infinite_reasons and ta.method == tb.method
 
 
 @pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
@@ -88,6 +98,22 @@ def test_killed_call_made_again_ends_with_the_uninterrupted_bounds(solver, tmp_p
     third = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw(solver))
     assert third.params["checkpoint"]["examples_read_back"] == 7
     assert_same(third, whole)
+
+
+@pytest.mark.parametrize("solver, method", [("dense", "auto"), ("krylov", "auto"), ("lsqr", "lsqr")])
+def test_targeted_bounds_resume_too(solver, method, tmp_path, monkeypatch):
+    model, x = relu_mlp(), batch()
+    args = dict(targets="low:2", targeted_method=method, **kw(solver))
+    whole = hcrfast.bound(model, x, 0.3, **args)
+    assert whole.targeted.method == ("lsqr" if method == "lsqr" else solver)
+    crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **args)
+    crash_after(monkeypatch, None)
+    again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **args)
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert_same(again, whole)
+    assert again.params["targeted"]["n_targets"] == 4
 
 
 def test_infinite_bounds_and_their_reasons_survive_a_resume_in_example_order(tmp_path, monkeypatch):
@@ -161,8 +187,6 @@ def test_bad_checkpoint_arguments(tmp_path):
     model, x = relu_mlp(), batch()
     with pytest.raises(TypeError, match="checkpoint must be a folder path"):
         hcrfast.bound(model, x, 0.3, checkpoint=3)
-    with pytest.raises(NotImplementedError, match="targets="):
-        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, targets="low:2")
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="pass a folder"):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "file")
