@@ -237,7 +237,7 @@ class TargetedBounds:
         std = rows["std"]
         value = to_host(std.reshape(std.shape[0], -1)[:, xp.asarray(first.modes)])
         return dataclasses.replace(
-            first, **rows, targeted=xp.asarray(first.targeted),
+            first, **rows,
             infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"]),
             timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings})
 
