@@ -253,12 +253,13 @@ def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, hos
 @pytest.mark.parametrize("solver", ["lsqr", "krylov"])
 def test_checkpointed_call_on_gpu_resumes_to_the_uninterrupted_bounds(solver, tmp_path, monkeypatch):
     """A CUDA call killed after one chunk and made again reads the chunk back (CuPy rows from host files)
-    and ends with the bounds of an uninterrupted CUDA call."""
+    and ends with the bounds of an uninterrupted CUDA call (with the Krylov solve: and its targeted bounds)."""
     from hcrfast import algorithm
 
     x = torch.rand(5, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).cuda()
     kw = dict(iterations=3, restarts=3, chunk_size=2, solver=solver,
-              lsqr=hcrfast.LSQROptions(atol=1e-10, btol=1e-10, iter_lim=300) if solver == "lsqr" else None)
+              lsqr=hcrfast.LSQROptions(atol=1e-10, btol=1e-10, iter_lim=300) if solver == "lsqr" else None,
+              targets="low:2" if solver == "krylov" else None)
     whole = hcrfast.bound(mlp().cuda(), x, 0.05, **kw).to_numpy()
     real, calls = algorithm._certified_shift, []
 
@@ -278,3 +279,6 @@ def test_checkpointed_call_on_gpu_resumes_to_the_uninterrupted_bounds(solver, tm
     for name in ("std", "mse", "divergence", "eps", "z"):
         np.testing.assert_allclose(getattr(again, name), getattr(whole, name), rtol=1e-9, err_msg=name)
     np.testing.assert_array_equal(again.lsqr_iterations, whole.lsqr_iterations)
+    if solver == "krylov":  # the targeted bounds, read back from the chunk files into CuPy arrays
+        assert again.targeted.method == "krylov"
+        np.testing.assert_allclose(again.targeted.to_numpy().std, whole.targeted.to_numpy().std, rtol=1e-9)
