@@ -210,12 +210,13 @@ import hcrfast
 from test_checkpoint import batch, kw, relu_mlp
 
 torch.set_num_threads(1)
-res = hcrfast.bound(relu_mlp(), batch(), {sigma!r}, checkpoint={ck!r}, shard=True, progress=True, **kw({solver!r}))
+res = hcrfast.bound(relu_mlp(), batch(), {sigma!r}, checkpoint={ck!r}, shard=True, progress=True,
+                    targets={targets!r}, **kw({solver!r}))
 res.save(os.path.join({out!r}, "rank%s.npz" % os.environ["RANK"]))
 """
 
 
-def torchrun_shard(tmp_path, solver, sigma):
+def torchrun_shard(tmp_path, solver, sigma, targets=None):
     """Two processes under torchrun (gloo), each saving its result to tmp_path/rank<r>.npz."""
     import subprocess
     import sys
@@ -226,19 +227,20 @@ def torchrun_shard(tmp_path, solver, sigma):
         pytest.skip("torch.distributed with gloo is not available in this torch build")
     script = tmp_path / "shard.py"
     script.write_text(SHARD_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"),
-                                          solver=solver, out=str(tmp_path), sigma=sigma))
+                                          solver=solver, out=str(tmp_path), sigma=sigma, targets=targets))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
                            str(script)], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("solver", ["dense", "lsqr"])
 def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(solver, tmp_path, monkeypatch):
-    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw(solver))
+    targets = "low:2" if solver == "dense" else None
+    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, targets=targets, **kw(solver))
     crash_after(monkeypatch, 1)  # a killed single-process run left examples 0..1 in the folder
     with pytest.raises(Crash):
-        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw(solver))
+        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", targets=targets, **kw(solver))
 
-    proc = torchrun_shard(tmp_path, solver, 0.3)
+    proc = torchrun_shard(tmp_path, solver, 0.3, targets)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [hcrfast.Bounds.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
     # examples 2..6 cut in pieces of 2: (2, 4) and (6, 7) for rank 0, (4, 6) for rank 1
@@ -250,6 +252,9 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
         assert r.infinite_reasons == whole.infinite_reasons
         for name in ARRAYS:
             np.testing.assert_allclose(getattr(r, name), getattr(whole, name), rtol=1e-10, atol=0, err_msg=name)
+        if targets is not None:
+            np.testing.assert_allclose(r.targeted.std, whole.targeted.std, rtol=1e-10, atol=0)
+            np.testing.assert_allclose(r.std_algorithm1, whole.std_algorithm1, rtol=1e-10, atol=0)
     for name in ARRAYS:  # both processes return the same bytes
         np.testing.assert_array_equal(getattr(ranks[0], name), getattr(ranks[1], name), err_msg=name)
 
