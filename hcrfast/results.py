@@ -82,6 +82,8 @@ class Bounds:
         arrays = {k: to_host(getattr(self, k)) for k in self._ARRAYS}
         if self.std_algorithm1 is not None:
             arrays["std_algorithm1"] = to_host(self.std_algorithm1)
+        if self.targeted is not None:
+            arrays["targeted"] = self.targeted.to_numpy()
         return dataclasses.replace(self, **arrays)
 
     def save(self, path) -> None:

@@ -282,3 +282,14 @@ def test_checkpointed_call_on_gpu_resumes_to_the_uninterrupted_bounds(solver, tm
     if solver == "krylov":  # the targeted bounds, read back from the chunk files into CuPy arrays
         assert again.targeted.method == "krylov"
         np.testing.assert_allclose(again.targeted.to_numpy().std, whole.targeted.to_numpy().std, rtol=1e-9)
+
+
+def test_the_cpu_emulator_of_cupy_keeps_to_cupys_rules(cupy):
+    """tests/_cupy_emulator.py runs the CuPy path in CI without a GPU; the rules it enforces (no implicit
+    conversion, NumPy arrays refused, 0-d reductions, CuPy's names only) hold for the real CuPy too."""
+    from _cupy_emulator import NAMES, check_rules
+
+    check_rules(cupy)
+    if cupy.__version__.split(".")[0] == NAMES["cupy"].split(".")[0]:
+        assert not [n for n in NAMES["module"] if not hasattr(cupy, n)]
+        assert not [n for n in NAMES["ndarray"] if not hasattr(cupy.ndarray, n)]

@@ -1,0 +1,234 @@
+"""The CuPy path of hcrfast, run on the CPU under a strict CuPy stand-in (``_cupy_emulator``).
+
+CI has no GPU, and ``test_gpu.py`` skips there. These tests run the same solver code with the
+array namespace CuPy gives it on CUDA: every solver, option and output of ``hcrfast.bound`` must
+give the CPU's bounds (the oracle: the NumPy path, itself tested against SciPy and exact
+covariances) without ever converting a device array implicitly, mixing in a NumPy array, or
+reading device data back where a GPU would stall; and the LSQR and Krylov loops must read the
+host only at their every-k checks, counted read by read (implicit ones included).
+"""
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+from _cupy_emulator import Emulator, ndarray
+from hcrfast import backend, kernels
+from hcrfast.bindings import bridge
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """Install the emulator as ``cupy`` and route CPU tensors through it, as CUDA tensors go through CuPy."""
+    emu = Emulator()
+    monkeypatch.setitem(sys.modules, "cupy", emu.module)
+    backend.import_cupy.cache_clear()
+    backend.cuda_available.cache_clear()
+
+    real_from_torch, real_module_for = bridge.from_torch, bridge.array_module_for
+
+    def from_torch(t):
+        if not emu.enabled:
+            return real_from_torch(t)
+        t = t.detach()
+        return emu.wrap((t if t.is_contiguous() else t.contiguous()).numpy())  # zero-copy, as DLPack
+
+    def array_module_for(device):
+        return emu.module if emu.enabled else real_module_for(device)
+
+    replace = {real_from_torch: from_torch, real_module_for: array_module_for}
+    for module in [m for name, m in sys.modules.items() if name.startswith("hcrfast")]:
+        for name, value in list(vars(module).items()):
+            if callable(value) and value in replace:
+                monkeypatch.setattr(module, name, replace[value])
+    yield emu
+    backend.import_cupy.cache_clear()
+    backend.cuda_available.cache_clear()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(),
+                               torch.nn.Linear(48, 48), torch.nn.Tanh()).double().eval()
+
+
+def batch(b=4):
+    return torch.rand(b, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+def assert_same_bounds(got, want):
+    assert isinstance(got.std, ndarray), "the device path must return device arrays"
+    got = got.to_numpy()
+    for name in ("std", "mse", "divergence", "best_restart", "eps", "z"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-300, err_msg=name)
+    assert got.infinite_reasons == want.infinite_reasons
+    assert got.params["solver"] == want.params["solver"]
+    if want.targeted is not None:
+        np.testing.assert_allclose(got.targeted.std, want.targeted.std, rtol=1e-12)
+        np.testing.assert_array_equal(got.std_algorithm1, want.std_algorithm1)
+
+
+def test_emulator_keeps_cupys_rules(emulated):
+    """The rules the tests below rely on (the same checks run against the real CuPy in test_gpu.py)."""
+    from _cupy_emulator import check_rules
+
+    check_rules(emulated.module, reads=emulated.reads)
+
+
+CASES = {
+    "lsqr": dict(solver="lsqr"),
+    "dense": dict(solver="dense"),
+    "krylov": dict(solver="krylov"),
+    "lsqr-targets": dict(solver="lsqr", targets="low:4"),
+    "dense-targets": dict(solver="dense", targets="low:4"),
+    "krylov-2-pilots-targets": dict(solver="krylov", krylov_pilots=2, targets="all"),
+    "current-cold-forward": dict(solver="lsqr", linearize_at="current", warm_start=False, jacobian="forward"),
+    "pixel-uncertified": dict(solver="lsqr", basis="pixel", certify=False),
+    "laplace": dict(solver="lsqr", noise=hcrfast.Laplace(0.05)),
+    "monte-carlo": dict(solver="dense", noise=hcrfast.MonteCarlo(
+        lambda z: -np.abs(z) / 0.05 - np.log(0.1), lambda rng, shape: rng.laplace(0, 0.05, shape))),
+    "chunks-of-3": dict(solver="krylov", chunk_size=3),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bound_on_the_cupy_path_gives_the_cpu_bounds(case, emulated):
+    kw = dict(CASES[case])
+    noise = kw.pop("noise", 0.05)
+    x = batch(5)
+    with emulated.off():
+        want = hcrfast.bound(mlp(), x, noise, iterations=3, restarts=3, **kw)
+    got = hcrfast.bound(mlp(), x, noise, iterations=3, restarts=3, **kw)
+    assert_same_bounds(got, want)
+
+
+class FrozenFeatures(torch.nn.Module):
+    """Features that do not move although the Jacobian says they do (as in test_bound.py): D = 0."""
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        return (flat - flat.detach()) + 1.0
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
+def test_zero_divergence_on_the_cupy_path(solver, emulated):
+    """D = 0: the +inf bounds and their reasons, Algorithm 1's and the targeted ones, come out of the device too."""
+    x = batch(3)
+    kw = dict(iterations=2, restarts=2, solver=solver, targets=None if solver == "lsqr" else "low:2")
+    with emulated.off():
+        want = hcrfast.bound(FrozenFeatures().eval(), x, 0.05, **kw)
+    got = hcrfast.bound(FrozenFeatures().eval(), x, 0.05, **kw)
+    assert np.isinf(want.std).any() and want.infinite_reasons
+    assert_same_bounds(got, want)
+    if want.targeted is not None:
+        assert got.targeted.infinite_reasons == want.targeted.infinite_reasons
+
+
+def test_results_leave_the_device_only_when_asked(emulated, tmp_path):
+    """summary(), save() and load() work from device results, and save/load round-trips them."""
+    res = hcrfast.bound(mlp(), batch(3), 0.05, iterations=2, restarts=2, solver="krylov", targets="low:2")
+    assert "median" in res.summary()
+    res.save(tmp_path / "b.npz")
+    back = hcrfast.Bounds.load(tmp_path / "b.npz")
+    np.testing.assert_array_equal(back.std, res.std.get())
+    np.testing.assert_array_equal(back.targeted.std, res.targeted.std.get())
+
+
+def test_checkpoint_resume_on_the_cupy_path(emulated, tmp_path, monkeypatch):
+    """Rows written from the device and read back into device arrays give the uninterrupted bounds."""
+    from hcrfast.checkpoint import Checkpoint
+
+    kw = dict(iterations=2, restarts=2, chunk_size=2, solver="krylov", targets="low:2")
+    want = hcrfast.bound(mlp(), batch(5), 0.05, **kw).to_numpy()
+    saves = []
+
+    save = Checkpoint.save
+
+    def crash_after_two(self, start, stop, **arrays):
+        save(self, start, stop, **arrays)
+        saves.append(start)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(Checkpoint, "save", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        hcrfast.bound(mlp(), batch(5), 0.05, checkpoint=tmp_path, **kw)
+    monkeypatch.setattr(Checkpoint, "save", save)
+    got = hcrfast.bound(mlp(), batch(5), 0.05, checkpoint=tmp_path, **kw)
+    assert got.params["checkpoint"]["examples_read_back"] == 4
+    assert_same_bounds(got, want)
+
+
+def test_targeted_bound_and_attack_on_the_cupy_path(emulated):
+    x = batch(3)
+    with emulated.off():
+        want_t = hcrfast.targeted_bound(mlp(), x, 0.05, targets="low:3")
+        want_a = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2)
+    got_t = hcrfast.targeted_bound(mlp(), x, 0.05, targets="low:3")
+    got_a = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2)
+    np.testing.assert_allclose(got_t.to_numpy().std, want_t.std, rtol=1e-12)
+    np.testing.assert_allclose(got_a.to_numpy().rmse, want_a.rmse, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["row_norms", "row_normalize", "lsqr_update_xw", "restart_update", "dct2", "idct2"])
+def test_kernel_twins_on_device_arrays_match_numpy(name, emulated):
+    rng = np.random.default_rng(3)
+    if name in ("row_norms", "row_normalize"):
+        args = (rng.standard_normal((7, 30)),)
+    elif name == "lsqr_update_xw":
+        args = tuple(rng.standard_normal((7, 30)) for _ in range(3)) + (rng.standard_normal(7), rng.standard_normal(7))
+    elif name == "restart_update":
+        args = (rng.standard_normal((7, 30)), rng.standard_normal((7, 30)), np.full(7, 0.5))
+    else:
+        args = (rng.standard_normal((2, 3, 28, 32)),)
+    want = getattr(kernels, name)(*[a.copy() for a in args])
+    got = getattr(kernels, name)(*[emulated.module.asarray(a) for a in args])
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert isinstance(g, ndarray)
+        np.testing.assert_allclose(g.get(), w, rtol=1e-13, atol=1e-15)
+
+
+def test_lsqr_loop_reads_the_host_only_at_its_checks(emulated):
+    """40 LSQR steps checked every 10: five reads of the active mask, and no other read of any kind."""
+    from hcrfast.bindings import TorchJacobian
+    from hcrfast.lsqr import lsqr
+
+    model, x = mlp(), batch(16)
+    b = emulated.module.asarray(np.random.default_rng(0).standard_normal((16, 48)))
+    emulated.reads.clear()
+    res = lsqr(TorchJacobian(model, x), b, atol=0, btol=0, conlim=0, iter_lim=40, check_every=10)
+    reads = list(emulated.reads)
+    assert int(res.itn.max()) == 40
+    assert reads == ["get"] * (40 // 10 + 1)
+
+
+def test_krylov_build_reads_the_host_only_at_its_checks(emulated, monkeypatch):
+    """The basis' 40 steps checked every 10: per check the active mask and the one-pass check's mask, then
+    the steps and stop codes once; the factorization after the loop copies α, β on purpose (not counted)."""
+    from hcrfast import krylov
+    from hcrfast.bindings import TorchJacobian
+
+    real_factors, inside = krylov._factors, []
+
+    def factors(*args, **kwargs):
+        inside.append(len(emulated.reads))
+        return real_factors(*args, **kwargs)
+    monkeypatch.setattr(krylov, "_factors", factors)
+    b = emulated.module.asarray(np.random.default_rng(0).standard_normal((16, 48)))
+    emulated.reads.clear()
+    basis = krylov.build(TorchJacobian(mlp(), batch(16)), b, iter_lim=40, check_every=10)
+    assert np.all(basis.steps == 40) and basis.redone.sum() == 0
+    checks = 40 // 10 + 1
+    assert inside and emulated.reads[:inside[0]] == ["get"] * (checks + (checks - 1) + 2)
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_exact_solves_read_the_host_no_more_for_more_restarts_and_steps(solver, emulated):
+    """The dense and Krylov solves take every restart's i steps on the device: R × i more steps add no host read."""
+    counts = []
+    for restarts, iterations in ((2, 2), (5, 6)):
+        emulated.reads.clear()
+        hcrfast.bound(mlp(), batch(3), 0.05, iterations=iterations, restarts=restarts, solver=solver)
+        counts.append(len(emulated.reads))
+    assert counts[0] == counts[1], counts
