@@ -79,6 +79,9 @@ def check_batch(batch, basis: str) -> torch.Tensor:
                         f"convert with torch.as_tensor(batch)")
     if not batch.is_floating_point():
         raise TypeError(f"batch must be a floating-point tensor, got dtype {batch.dtype}; use batch.float()")
+    if batch.dtype == torch.bfloat16:
+        raise TypeError("batch is torch.bfloat16, which the solver's arrays (NumPy, CuPy) cannot hold; run in float32: "
+                        "hcrfast.bound(model.float(), batch.float(), sigma) (the bounds are certified in float64 either way)")
     if batch.ndim < 2:
         raise ValueError(f"batch must have a leading batch axis, got shape {tuple(batch.shape)}; "
                          f"for one example pass batch[None] (shape (1, {', '.join(map(str, batch.shape))}))")

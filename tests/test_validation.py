@@ -47,6 +47,12 @@ def test_integer_batch(x):
         hcrfast.bound(mlp(), (x * 10).long(), 1.0, **QUICK)
 
 
+def test_bfloat16_batch_names_the_float32_fix(x):
+    """NumPy and CuPy have no bfloat16: without this check torch's conversion fails with a bare ScalarType error."""
+    with pytest.raises(TypeError, match=r"bfloat16.*model\.float\(\), batch\.float\(\)"):
+        hcrfast.bound(mlp().bfloat16(), x.bfloat16(), 1.0, **QUICK)
+
+
 def test_missing_batch_axis():
     with pytest.raises(ValueError, match=r"leading batch axis.*batch\[None\]"):
         hcrfast.bound(mlp(), torch.rand(16), 1.0, basis="pixel", **QUICK)
