@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import json
 import math
-import numbers
 import os
 import sys
 import time
@@ -505,11 +504,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     Bounds
     """
     t_start = time.perf_counter()
-    if isinstance(sigma, (numbers.Real, torch.Tensor)) or sigma is None or isinstance(sigma, str):
-        sigma = validation.positive_float("sigma", sigma, "; pass the noise std of the released features, "
-                                          "e.g. hcrfast.rms_sigma(features, 1.0), or a noise law such as "
-                                          "hcrfast.Laplace(b)")
-    noise = as_noise(sigma)
+    noise = as_noise(validation.sigma_or_law(sigma))
     size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
     iterations = validation.positive_int("iterations", iterations)
     restarts = validation.positive_int("restarts", restarts)

@@ -394,11 +394,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     band that an exactly efficient attacker would show.
     """
     t_start = time.perf_counter()
-    if isinstance(noise_or_sigma, (numbers.Real, torch.Tensor)) or noise_or_sigma is None \
-            or isinstance(noise_or_sigma, str):
-        noise_or_sigma = validation.positive_float("sigma", noise_or_sigma, "; pass the noise std of the released "
-                                                   "features, e.g. hcrfast.rms_sigma(features, 1.0), or a noise law")
-    noise = as_noise(noise_or_sigma)
+    noise = as_noise(validation.sigma_or_law(noise_or_sigma))
     draws = validation.positive_int("draws", draws)
     steps = validation.positive_int("steps", steps)
     if isinstance(damping, bool) or not isinstance(damping, numbers.Real):

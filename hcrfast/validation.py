@@ -23,7 +23,12 @@ def positive_int(name: str, value) -> int:
 
 
 def positive_float(name: str, value, hint: str = "") -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.size != 1 if isinstance(value, np.ndarray) else value.numel() != 1:
+            per_feature = (f"; for a std per feature, divide the features by it (wrap the model: lambda x: "
+                           f"model(x) / stds) and pass {name}=1.0: the released features and their noise, divided "
+                           f"by the stds, are the same problem") if name == "sigma" else ""
+            raise TypeError(f"{name} must be one number, got an array of shape {tuple(value.shape)}{per_feature}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -31,6 +36,22 @@ def positive_float(name: str, value, hint: str = "") -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}{hint}")
     return value
+
+
+SIGMA_HINT = ("; pass the noise std of the released features, e.g. hcrfast.rms_sigma(features, 1.0), "
+              "or a noise law such as hcrfast.Laplace(b)")
+
+
+def sigma_or_law(value):
+    """The ``sigma`` argument of ``bound`` and the attack: a noise law passes; else one positive number."""
+    from hcrfast.noise import NoiseLaw
+
+    if isinstance(value, NoiseLaw):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor, np.ndarray)):
+        raise TypeError(f"sigma must be a real number, got {type(value).__name__}{SIGMA_HINT} "
+                        f"(any i.i.d. density: hcrfast.MonteCarlo.from_scipy(dist))")
+    return positive_float("sigma", value, SIGMA_HINT)
 
 
 def choice(name: str, value, options) -> str:

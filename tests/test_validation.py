@@ -31,6 +31,36 @@ def test_bad_sigma_type(x):
         hcrfast.bound(mlp(), x, "1.0", **QUICK)
 
 
+@pytest.mark.parametrize("stds", [torch.full((12,), 0.05), np.full(12, 0.05)])
+def test_per_feature_sigma_names_the_whitening_fix_and_the_fix_works(x, stds):
+    """A vector of stds is refused with the fix (divide the features by them, sigma=1), for bound and the attack;
+    with equal stds the fix gives the bounds of the scalar sigma, as the message says."""
+    for call in (lambda s: hcrfast.bound(mlp(), x, s, **QUICK), lambda s: hcrfast.gauss_newton_attack(mlp(), x, s)):
+        with pytest.raises(TypeError, match=r"sigma must be one number, got an array of shape \(12,\).*model\(x\) / stds"):
+            call(stds)
+    model = mlp()
+    whitened = torch.nn.Sequential(model, Scale(1 / torch.as_tensor(stds, dtype=torch.float32))).eval()
+    want = hcrfast.bound(model, x, 0.05, **QUICK)
+    got = hcrfast.bound(whitened, x, 1.0, **QUICK)
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-4)
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def forward(self, f):
+        return f * self.factor
+
+
+@pytest.mark.parametrize("sigma", [np.array([0.05]), torch.tensor([[0.05]]), np.float32(0.05)])
+def test_one_element_sigma_is_that_number(x, sigma):
+    got = hcrfast.bound(mlp(), x, sigma, **QUICK)
+    np.testing.assert_array_equal(got.std, hcrfast.bound(mlp(), x, sigma.item(), **QUICK).std)
+    assert got.params["sigma"] == sigma.item()
+
+
 def test_batch_with_nonfinite_values_names_examples(x):
     x[2, 0, 1, 1] = math.nan
     with pytest.raises(ValueError, match=r"NaN or inf in examples \[2\]"):
