@@ -25,20 +25,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lsqr_budget import random_workload  # noqa: E402
+from lsqr_budget import add_workload_arguments, random_workload  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
-from hcrfast import algorithm, krylov, zoo  # noqa: E402
+from hcrfast import algorithm, krylov  # noqa: E402
 from hcrfast.bindings import TorchJacobian, array_module_for, ieee_float32, solver_stream  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", choices=zoo.NAMES)
-    ap.add_argument("--examples", type=int, default=1)
-    ap.add_argument("--restarts", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=10)
+    add_workload_arguments(ap, iterations=10)
     ap.add_argument("--depths", default="500,1000,2000,4096", help="comma-separated basis sizes k")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None)

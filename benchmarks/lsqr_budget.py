@@ -49,12 +49,17 @@ def random_workload(name: str, examples: int, device: str):
     return zm, model, x, features, hcrfast.rms_sigma(features, zm.sigma_scale)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_arguments(ap, *, iterations: int) -> None:
+    """The arguments of :func:`random_workload`'s problem (shared with ``krylov_depth.py``)."""
     ap.add_argument("model", choices=zoo.NAMES)
     ap.add_argument("--examples", type=int, default=1)
     ap.add_argument("--restarts", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=iterations)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_arguments(ap, iterations=3)
     ap.add_argument("--iter-lims", default="100,300,none",
                     help="comma-separated LSQR iter_lim caps; 'none' is DEFAULT_LSQR's 2·max(n, p)")
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "krylov"))
