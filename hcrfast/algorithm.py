@@ -355,6 +355,15 @@ def _is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in text
 
 
+def _progress_line(who: str, done: str, t_start: float, t_first: float, computed: int, to_compute: int) -> None:
+    """``progress=True``: "<who>: <done> done (elapsed, ETA)" on stderr; the ETA extrapolates the
+    time per example of the ``computed`` examples since ``t_first`` to the ``to_compute − computed`` left."""
+    now = time.perf_counter()
+    left = to_compute - computed
+    eta = f", ETA {(now - t_first) / computed * left:.0f} s" if left else ""
+    print(f"{who}: {done} done ({now - t_start:.1f} s{eta})", file=sys.stderr)
+
+
 def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=None, on_halve=None) -> int:
     """``compute(lo, hi)`` over ``0..total`` in chunks, then ``store(lo, hi, result)``.
 
@@ -732,12 +741,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             computed[0] += stop - start
             filled.add((start, stop))
             if progress:
-                left = computed[2] - computed[0]
-                rate = (time.perf_counter() - computed[1]) / computed[0]  # seconds per example computed
                 done = (f"examples {reused + computed[0]}/{B}" if not tag
                         else f"{computed[0]}/{computed[2]} of this process's examples")
-                print(f"hcrfast{tag}: {done} done ({time.perf_counter() - t_start:.1f} s"
-                      f"{f', ETA {rate * left:.0f} s' if left else ''})", file=sys.stderr)
+                _progress_line(f"hcrfast{tag}", done, t_start, computed[1], computed[0], computed[2])
 
         def on_halve(chunk):
             if progress:

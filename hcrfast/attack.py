@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import _auto_chunk, _in_chunks
+from hcrfast.algorithm import _auto_chunk, _in_chunks, _progress_line
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
     TorchJacobian,
@@ -322,7 +323,7 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 1e-3,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
                         tol: float | None = None, jacobian: str = "reverse", chunk_size: int | None = None,
-                        example_ids=None) -> AttackResult:
+                        example_ids=None, progress: bool = False) -> AttackResult:
     """Reconstruct each input from noisy features by damped Gauss–Newton; report the per-mode error.
 
     For example θ and draw d: ``X = a(θ) + Z_d``; from ``θ̂₀`` (``start``) repeat
@@ -381,6 +382,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         that runs out of memory is halved and retried.
     example_ids : sequence of int, optional
         Global indices of the examples (default 0..B−1), used only to seed their noise.
+    progress : bool
+        One line per finished chunk on stderr: examples done, elapsed time, ETA.
 
     Returns
     -------
@@ -477,8 +480,14 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                         "damping"):
                 out[key][lo:hi] = run[key].reshape(m, draws)
             out["residual_history"][lo:hi] = run["residual_history"].reshape(m, draws, steps + 1)
+            if progress:
+                _progress_line("hcrfast attack", f"examples {hi}/{B}", t_start, t_start, hi, B)
 
-        _in_chunks(B, chunk_size, compute, batch.device, store=store)
+        def on_halve(chunk):
+            if progress:
+                print(f"hcrfast attack: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
+
+        _in_chunks(B, chunk_size, compute, batch.device, store=store, on_halve=on_halve)
 
     for key in ("rmse", "bias", "bias_se", "std"):
         out[key] = out[key].reshape((B,) + input_shape)

@@ -143,6 +143,17 @@ def test_seeds_are_reproducible_and_independent_of_chunking():
     assert a.params["seed"] == 5 and a.params["start"] == "truth"
 
 
+def test_progress_prints_one_line_per_chunk_with_an_eta_until_the_last(capsys):
+    _, _, model, x = _linear_problem(3, examples=3)
+    quiet = gauss_newton_attack(model, x, 0.2, draws=2, steps=1, chunk_size=1)
+    assert capsys.readouterr().err == ""
+    loud = gauss_newton_attack(model, x, 0.2, draws=2, steps=1, chunk_size=1, progress=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(" done")[0] for line in lines] == [f"hcrfast attack: examples {k}/3" for k in (1, 2, 3)]
+    assert all("ETA" in line for line in lines[:2]) and "ETA" not in lines[2]
+    np.testing.assert_array_equal(loud.estimates, quiet.estimates)
+
+
 def test_float32_relu_model_and_custom_start():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.ReLU(),
