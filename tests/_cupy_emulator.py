@@ -14,9 +14,10 @@ but they behave the way CuPy 14's do wherever NumPy is more permissive:
   indices. A basic-slice assignment of a non-scalar NumPy array raises CuPy's ``ValueError``
   ("non-scalar numpy.ndarray cannot be used for fill").
 * **Reductions and indexing return 0-d arrays**, never NumPy scalars; arrays have no ``__index__``.
-* **Only CuPy's names exist** on the module, its ``linalg``/``fft``/``random`` and on arrays:
-  ``cupy_api_names.json`` lists them (CuPy 14.2.0's ``dir()``; ``test_gpu.py`` checks the list,
-  and these rules, against the real CuPy when a GPU is there). NumPy functions called on these
+* **Only CuPy's names exist** on the module, its ``linalg``/``fft``/``random`` and on arrays, and
+  the module's functions take only CuPy's keyword arguments where CuPy's signature says which:
+  ``cupy_api_names.json`` lists them (CuPy 14.2.0's ``dir()`` and ``inspect.signature``;
+  ``test_gpu.py`` checks the names, and these rules, against the real CuPy when a GPU is there). NumPy functions called on these
   arrays dispatch as CuPy's ``__array_function__`` does: to the CuPy function of that name, or
   ``TypeError`` where CuPy has none.
 * **Every host read of device data is counted** in :attr:`Emulator.reads`: ``get``/``asnumpy``,
@@ -104,32 +105,37 @@ class Emulator:
         return self.wrap(func(*args, **kwargs))
 
     # ---------------------------------------------------------------- the module
-    def _function(self, func, name):
+    def _function(self, func, name, keywords=None):
         def device_function(*args, **kwargs):
+            unknown = sorted(set(kwargs) - set(keywords)) if keywords is not None else []
+            if unknown:
+                raise TypeError(f"{name}() got an unexpected keyword argument {unknown[0]!r} (CuPy's {name} "
+                                f"takes {keywords})")
             return self.call(func, name, args, kwargs)
         device_function.__name__ = name
         return device_function
 
-    def _namespace(self, modname, source, names):
+    def _namespace(self, modname, source, sub):
         module = types.ModuleType(modname)
+        names, keywords = set(NAMES[sub]), NAMES["keywords"][sub]
 
         def getattr_(name):
             if name not in names or not hasattr(source, name):
                 raise AttributeError(f"module {modname!r} has no attribute {name!r}")
             value = getattr(source, name)
             if callable(value) and not isinstance(value, type):  # dtypes (cupy.float64 is numpy's) pass
-                value = self._function(value, name)
+                value = self._function(value, name, keywords.get(name))
             setattr(module, name, value)
             return value
         module.__getattr__ = getattr_
         return module
 
     def _module(self):
-        cupy = self._namespace("cupy", np, set(NAMES["module"]))
+        cupy = self._namespace("cupy", np, "module")
         cupy.__version__ = NAMES["cupy"] + "+cpu-emulator"
         cupy.ndarray = ndarray
         for sub in _SUBMODULES:
-            setattr(cupy, sub, self._namespace(f"cupy.{sub}", getattr(np, sub), set(NAMES[sub])))
+            setattr(cupy, sub, self._namespace(f"cupy.{sub}", getattr(np, sub), sub))
 
         def asnumpy(a, stream=None, order="C", out=None):
             return a.get() if isinstance(a, ndarray) else np.asarray(a, order=order)
@@ -266,10 +272,12 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's class
         sub = parts[0] if parts and parts[0] in _SUBMODULES else None
         if parts and sub is None:  # numpy.lib.*, numpy._core.*: CuPy looks them up under cupy.*
             parts = []
-        names = NAMES[sub] if sub else NAMES["module"]
-        if func.__name__ not in names:
+        module = getattr(self._emu.module, sub) if sub else self._emu.module
+        try:
+            device_function = getattr(module, func.__name__)
+        except AttributeError:
             return NotImplemented  # NumPy then raises: "no implementation found for ..."
-        return self._emu.call(func, func.__name__, args, kwargs)
+        return device_function(*args, **kwargs)
 
     def __dlpack__(self, *args, **kwargs):
         return self._a.__dlpack__(*args, **kwargs)
@@ -301,6 +309,9 @@ def check_rules(cupy, reads=None):
         cupy.errstate  # a NumPy name CuPy does not have
     with pytest.raises(TypeError):
         [0, 1, 2][cupy.int64(1) + a[0, 0].astype(cupy.int64)]  # no __index__
+    for numpy_only_keyword in (lambda: cupy.mean(a, where=a > 0), lambda: np.mean(a, where=a > 0)):
+        with pytest.raises(TypeError):
+            numpy_only_keyword()
     total = a.sum()
     assert isinstance(total, cupy.ndarray) and total.shape == ()
     assert isinstance(a[0, 1], cupy.ndarray) and isinstance(np.sqrt(a), cupy.ndarray)

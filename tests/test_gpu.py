@@ -293,3 +293,8 @@ def test_the_cpu_emulator_of_cupy_keeps_to_cupys_rules(cupy):
     if cupy.__version__.split(".")[0] == NAMES["cupy"].split(".")[0]:
         assert not [n for n in NAMES["module"] if not hasattr(cupy, n)]
         assert not [n for n in NAMES["ndarray"] if not hasattr(cupy.ndarray, n)]
+        import inspect
+
+        for name, keywords in NAMES["keywords"]["module"].items():
+            params = inspect.signature(getattr(cupy, name)).parameters
+            assert set(keywords) <= set(params) or any(p.kind == p.VAR_KEYWORD for p in params.values()), name
