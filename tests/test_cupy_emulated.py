@@ -232,3 +232,14 @@ def test_exact_solves_read_the_host_no_more_for_more_restarts_and_steps(solver, 
         hcrfast.bound(mlp(), batch(3), 0.05, iterations=iterations, restarts=restarts, solver=solver)
         counts.append(len(emulated.reads))
     assert counts[0] == counts[1], counts
+
+
+def test_device_arrays_reach_torch_through_dlpack_without_a_copy(emulated):
+    """to_torch takes CuPy arrays through DLPack (torch.from_dlpack): the tensor shares the array's memory."""
+    from hcrfast.bindings import to_torch
+
+    a = emulated.module.asarray(np.arange(12.0).reshape(3, 4))
+    t = to_torch(a)
+    assert t.data_ptr() == a.data.ptr and t.shape == (3, 4)
+    t[1, 2] = -1.0
+    assert float(a[1, 2]) == -1.0
