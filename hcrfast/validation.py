@@ -24,7 +24,7 @@ def positive_int(name: str, value) -> int:
 
 def positive_float(name: str, value, hint: str = "") -> float:
     if isinstance(value, (torch.Tensor, np.ndarray)):
-        if value.size != 1 if isinstance(value, np.ndarray) else value.numel() != 1:
+        if (value.size if isinstance(value, np.ndarray) else value.numel()) != 1:
             per_feature = (f"; for a std per feature, divide the features by it (wrap the model: lambda x: "
                            f"model(x) / stds) and pass {name}=1.0: the released features and their noise, divided "
                            f"by the stds, are the same problem") if name == "sigma" else ""
