@@ -261,10 +261,11 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 - CuPy's class
         args = emu.unwrap(inputs, where)
         out = kwargs.get("out")
         if out is not None:
-            kwargs["out"] = emu.unwrap(out if isinstance(out, tuple) else (out,), where)
+            out = out if isinstance(out, tuple) else (out,)
+            kwargs["out"] = emu.unwrap(out, where)
         result = getattr(ufunc, method)(*args, **kwargs)
         if out is not None:
-            return out if isinstance(out, tuple) and len(out) > 1 else (out[0] if isinstance(out, tuple) else out)
+            return out[0] if len(out) == 1 else out  # the caller's own device arrays
         return emu.wrap(result)
 
     def __array_function__(self, func, types_, args, kwargs):
