@@ -24,15 +24,37 @@ and "forward" 42 ms (one forward pass: 15 ms); see the benchmarks.
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
-from torch.func import jvp, vjp
+import torch.func
+from torch.func import vjp
 
 from hcrfast import profiling
 from hcrfast.bindings.bridge import from_torch, to_torch
 
 MODES = ("reverse", "forward")
+
+
+@functools.cache
+def _load_jvp_decompositions() -> None:
+    # torch's forward-mode AD loads its decompositions on first use through torch.jit.script,
+    # which warns (FutureWarning, torch >= 2.9) about torch's own internals; load them once
+    # here, quietly, so that the warning does not reach the user of every entry point.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
+        try:
+            import torch._decomp.decompositions_for_jvp  # noqa: F401  (imported for its side effect)
+        except ImportError:  # a torch that loads them elsewhere (or not at all): its warning, if any, stays
+            pass
+
+
+def jvp(func, primals, tangents):
+    """``torch.func.jvp``, without torch's warning about its own use of ``torch.jit.script``."""
+    _load_jvp_decompositions()
+    return torch.func.jvp(func, primals, tangents)
 
 
 class TorchJacobian:

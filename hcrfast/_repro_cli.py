@@ -111,10 +111,6 @@ def add_subparser(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    # torch's forward-mode AD (used by hcrfast.bound's independence probe) loads its
-    # decompositions through torch.jit.script, which warns on every run with torch >= 2.9;
-    # the warning is about torch's internals and says nothing to the user of this command.
-    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
     # run() warns about a randomly initialized ImageNet model and also prints a banner; the
     # command line shows the banner only.
     warnings.filterwarnings("ignore", message=r".*RANDOMLY INITIALIZED", category=UserWarning)

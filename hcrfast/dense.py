@@ -31,10 +31,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.func import jvp, vjp, vmap
+from torch.func import vjp, vmap
 
 from hcrfast import kernels, validation
-from hcrfast.bindings import array_module_for
+from hcrfast.bindings import array_module_for, jvp
 
 #: How the Jacobian is built (:func:`jacobian`).
 JACOBIAN_MODES = ("auto", "forward", "reverse")

@@ -192,10 +192,7 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
-    with warnings.catch_warnings():
-        # torch.func.jvp's decompositions call torch's own deprecated torch.jit.script
-        warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
-        jv = to_torch(TorchJacobian(model, probe, mode=mode).matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
+    jv = to_torch(TorchJacobian(model, probe, mode=mode).matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
     own = jv[0].abs().max()
     leak = jv[1:].abs().max()
     if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):

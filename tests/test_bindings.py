@@ -128,3 +128,23 @@ def test_ieee_float32_sets_and_restores_torch_precision():
             assert _fp32_settings() == ("tf32", "tf32")
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_forward_mode_entry_points_do_not_pass_on_torchs_jit_warning():
+    """torch.func.jvp loads torch's decompositions through the deprecated torch.jit.script once per
+    process (a FutureWarning about torch's internals); every forward-mode entry point loads them
+    through the bindings' quiet jvp. A fresh process with that warning turned into an error."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, hcrfast\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh()).double().eval()\n"
+        "x = torch.randn(2, 6, dtype=torch.float64)\n"
+        "hcrfast.bound(m, x, 0.5, basis='pixel', solver='dense', restarts=1, iterations=1)\n"   # J forward: p < n
+        "hcrfast.bound(m, x, 0.5, basis='pixel', solver='lsqr', jacobian='forward', restarts=1, iterations=1)\n"
+        "hcrfast.targeted_bound(m, x, 0.5, basis='pixel', method='dense', jacobian='forward')\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
