@@ -529,9 +529,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         raise ValueError(f"solver={solver!r} {'factors J' if solver == 'dense' else 'builds one Krylov basis of J'} "
                          f"at the input once, but linearize_at='current' needs a new J for every solve; pass "
                          f"linearize_at='input' or solver='lsqr'")
-    for name, flag in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    for name, value in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify), ("progress", progress)):
+        validation.flag(name, value)
     given_options = validation.lsqr_options(lsqr)
     options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     krylov_pilots = validation.positive_int("krylov_pilots", krylov_pilots)
@@ -539,11 +538,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         raise ValueError(f"krylov_pilots={krylov_pilots} exceeds restarts={restarts}: the pilots are restarts "
                          f"0..krylov_pilots-1; pass at most {restarts}")
     chunk_size = validation.chunk_size(chunk_size)
-    if checkpoint is not None:
-        if not isinstance(checkpoint, (str, os.PathLike)):
-            raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {checkpoint!r}")
-    if not isinstance(shard, (bool, np.bool_)):
-        raise TypeError(f"shard must be True or False, got {shard!r}")
+    checkpoint = validation.checkpoint_folder(checkpoint)
+    shard = validation.flag("shard", shard)
     if shard and checkpoint is None:
         raise ValueError("shard=True shares the chunks among the processes through the checkpoint folder; pass "
                          "checkpoint=DIR on a filesystem every process sees")

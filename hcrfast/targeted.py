@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -48,12 +50,14 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, validation
-from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _in_chunks
+from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _in_chunks, _progress_line
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, ieee_float32, solver_stream, to_torch
+from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian
 from hcrfast.operators import Transposed
+from hcrfast.results import json_default
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -415,8 +419,8 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
 def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200, method: str = "auto",
                    basis: str = "dct", certify: bool = True, lsqr: LSQROptions | None = None,
                    jacobian: str = "auto", null_probes: bool = True,
-                   chunk_size: int | None = None, tf32: bool = False,
-                   directions: DenseDirections | None = None) -> TargetedBounds:
+                   chunk_size: int | None = None, tf32: bool = False, progress: bool = False,
+                   checkpoint=None, directions: DenseDirections | None = None) -> TargetedBounds:
     """HCR bounds for chosen modes, each from a perturbation aimed at that mode.
 
     Parameters
@@ -457,6 +461,17 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         pass; automatic when None. A chunk that runs out of memory is halved.
     tf32 : bool
         Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
+    progress : bool
+        Work through the batch in pieces of examples whose modes fill one batched pass
+        (``chunk_size`` rows) and print a line per piece on stderr (examples done, elapsed
+        time, ETA).
+    checkpoint : str or os.PathLike, optional
+        A folder: each finished piece of examples is written there at once (atomically), and
+        the same call made again after a crash or an interrupt reads them back and computes
+        only the missing examples (as :func:`hcrfast.bound`'s ``checkpoint``; a call with
+        another model, batch, σ or arguments is refused with
+        :class:`hcrfast.CheckpointMismatchError`). ``params["checkpoint"]`` says how many
+        examples were read back.
     directions : DenseDirections, optional
         Directions for this batch and these targets, already computed (``directions.method``:
         "dense" or "krylov", which then names the method) from
@@ -480,12 +495,17 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     validation.choice("jacobian", jacobian, dense.JACOBIAN_MODES)
     validation.lsqr_options(lsqr)
     chunk_size = validation.chunk_size(chunk_size)
+    for name, value in (("certify", certify), ("null_probes", null_probes), ("tf32", tf32), ("progress", progress)):
+        validation.flag(name, value)
+    checkpoint = validation.checkpoint_folder(checkpoint)
+    if shared and (progress or checkpoint is not None):
+        raise ValueError("directions= are computed for the whole batch at once; progress= and checkpoint= "
+                         "work in pieces of it: drop directions= or both of them")
     batch = validation.model_and_batch(model, batch, basis)
     input_shape = tuple(batch.shape[1:])
     p = math.prod(input_shape)
     modes = parse_targets(targets, input_shape, basis)
     noise = Gaussian(sigma)
-    timings: dict = {}
 
     with validation.eval_mode(model), solver_stream(batch.device), ieee_float32(not tf32):
         features = validation.features_of(model, batch)
@@ -506,75 +526,141 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         lsqr_mode = "reverse" if jacobian == "auto" else jacobian
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
         model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
-        f0 = from_torch(features)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
-        example_of = np.repeat(np.arange(B), K)                                  # row b·K + k
-        q_rows = qmat[xp.asarray(np.tile(np.arange(K), B))]
+        params = {"sigma": sigma, "size": size, "method": method, "basis": basis, "certify": certify,
+                  "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
+                  "n_targets": K, "dtype": str(batch.dtype).replace("torch.", ""), "device": str(batch.device),
+                  "n_features": n, "n_inputs": p, "null_probes": bool(null_probes and method == "dense"),
+                  "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared,
+                  "null_steps": list(NULL_STEPS), "checkpoint": None}
 
-        itn = istop = null_dim = null_fraction = None
-        if method in ("dense", "krylov"):
-            if directions is None:
-                directions = _dense_directions(model, batch, qmat, n, jacobian=jacobian, chunk=chunk_size)
-            timings["jacobian"], timings["decomposition"] = directions.seconds
-            jac_used = directions.jacobian
-            unit = from_torch(directions.eps.reshape(B * K, p))
-            null_dim, null_fraction = from_torch(directions.null_dim), from_torch(directions.null_fraction)
+        def piece(start: int, stop: int) -> TargetedBounds:
+            """The targeted bounds of examples ``start:stop``."""
+            return _targeted_piece(model, model64, batch[start:stop], from_torch(features[start:stop]), qmat, modes,
+                                   noise=noise, size=size, method=method, jacobian=jacobian, options=options,
+                                   null_probes=null_probes, chunk=chunk, chunk_size=chunk_size,
+                                   directions=directions, params=params)
+
+        if not progress and checkpoint is None:
+            result = piece(0, B)
         else:
-            jac_used = lsqr_mode
-            unit, itn, istop = _lsqr_directions(model, batch, qmat, jacobian=lsqr_mode, options=options,
-                                                chunk=chunk, timings=timings)
-            itn, istop = itn.reshape(B, K, 2), istop.reshape(B, K, 2)
+            result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint, key=dict(
+                format=CHECKPOINT_FORMAT, model=model_fingerprint(model),
+                batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
+                sigma=sigma, size=size, modes=sha256_tensors(modes), basis=basis, method=method,
+                certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"], null_probes=bool(null_probes),
+                tf32=bool(tf32)))
+    result.timings["total"] = time.perf_counter() - t_start
+    return result
 
+
+#: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/1"
+
+
+def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key: dict) -> TargetedBounds:
+    """``piece(start, stop)`` over the batch in pieces of ``per`` examples, each written to the
+    checkpoint folder (if any) as it finishes; the pieces an earlier call finished are read back."""
+    t_start = time.perf_counter()
+    parts = {}
+    todo = [(0, B)]
+    saved = None
+    if checkpoint is not None:
+        saved = Checkpoint(checkpoint, key, np.arange(B))
+        finished = saved.finished()
+        for start, _, arrays in finished:
+            parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))
+        todo = gaps(B, finished)
+        if progress and parts:
+            print(f"hcrfast.targeted_bound: {B - sum(hi - lo for lo, hi in todo)} of {B} examples read back from "
+                  f"{checkpoint}", file=sys.stderr)
+    pieces = [(a, min(hi, a + per)) for lo, hi in todo for a in range(lo, hi, per)]
+    computed, to_compute = 0, sum(stop - start for start, stop in pieces)
+    for start, stop in pieces:
+        parts[start] = part = piece(start, stop)
+        if saved is not None:
+            arrays, meta = part.to_arrays()
+            saved.save(start, stop, meta=np.array(json.dumps(meta, default=json_default)), **arrays)
+        computed += stop - start
+        if progress:
+            _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, t_start,
+                           computed, to_compute)
+    result = TargetedBounds.concatenate([parts[start] for start in sorted(parts)], xp)
+    result.params = dict(result.params, checkpoint=None if saved is None else dict(
+        path=str(saved.path), examples_read_back=B - to_compute))
+    return result
+
+
+def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, method, jacobian, options, null_probes,
+                    chunk, chunk_size, directions, params) -> TargetedBounds:
+    """:func:`targeted_bound` on the examples of ``batch`` (features ``f0``), its arguments checked and resolved."""
+    xp = array_module_for(batch.device)
+    B, K, p = batch.shape[0], len(modes), qmat.shape[1]
+    input_shape = tuple(batch.shape[1:])
+    n = f0.shape[1]
+    sigma = noise.sigma
+    timings: dict = {}
+    example_of = np.repeat(np.arange(B), K)                                  # row b·K + k
+    q_rows = qmat[xp.asarray(np.tile(np.arange(K), B))]
+
+    itn = istop = null_dim = null_fraction = None
+    if method in ("dense", "krylov"):
+        if directions is None:
+            directions = _dense_directions(model, batch, qmat, n, jacobian=jacobian, chunk=chunk_size)
+        timings["jacobian"], timings["decomposition"] = directions.seconds
+        jac_used = directions.jacobian
+        unit = from_torch(directions.eps.reshape(B * K, p))
+        null_dim, null_fraction = from_torch(directions.null_dim), from_torch(directions.null_fraction)
+    else:
+        jac_used = "reverse" if jacobian == "auto" else jacobian
+        unit, itn, istop = _lsqr_directions(model, batch, qmat, jacobian=jac_used, options=options,
+                                            chunk=chunk, timings=timings)
+        itn, istop = itn.reshape(B, K, 2), istop.reshape(B, K, 2)
+
+    t0 = time.perf_counter()
+    eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
+                                certify=params["certify"], noise=noise, chunk=chunk)
+    timings["certify"] = time.perf_counter() - t0
+    from_null = xp.zeros(B * K, dtype=bool)
+
+    if method == "dense" and null_probes:
         t0 = time.perf_counter()
-        eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
-                                    certify=certify, noise=noise, chunk=chunk)
-        timings["certify"] = time.perf_counter() - t0
-        from_null = xp.zeros(B * K, dtype=bool)
-
-        if method == "dense" and null_probes:
-            t0 = time.perf_counter()
-            sel = xp.flatnonzero(null_fraction.reshape(-1) > NULL_COMPONENT_TOL)
-            if sel.shape[0]:
-                u = from_torch(directions.null_part.reshape(B * K, p))[sel]
-                u_clean = xp.where(xp.abs(u) > _CLEAN_BELOW * xp.abs(u).max(axis=1, keepdims=True), u, 0.0)
-                dirs = xp.stack([kernels.row_normalize(u)[0], kernels.row_normalize(u_clean)[0]], axis=1)
-                ex_sel = example_of[to_host(sel)]
-                flat = from_torch(batch.reshape(B, -1).double())
-                scale = xp.sqrt(xp.mean(flat * flat, axis=1))
-                scale = xp.where(scale > 0, scale, 1.0)[xp.asarray(ex_sel)]
-                steps = xp.asarray(NULL_STEPS)
-                cand = (scale[:, None, None, None] * steps[None, None, :, None]) * dirs[:, :, None, :]
-                m = len(NULL_STEPS) * 2
-                cand = cand.reshape(-1, p)
-                ex = np.repeat(ex_sel, m)
-                c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                                              certify=certify, noise=noise, chunk=chunk)
-                c_val = c_val.reshape(-1, m)
-                best = xp.argmax(c_val, axis=1)
-                pick = xp.arange(sel.shape[0]) * m + best
-                better = c_val[xp.arange(sel.shape[0]), best] > value[sel]
-                value[sel] = xp.where(better, c_val[xp.arange(sel.shape[0]), best], value[sel])
-                d[sel] = xp.where(better, c_d[pick], d[sel])
-                eps64[sel] = xp.where(better[:, None], c_eps[pick], eps64[sel])
-                from_null[sel] = better
-            timings["null_probes"] = time.perf_counter() - t0
+        sel = xp.flatnonzero(null_fraction.reshape(-1) > NULL_COMPONENT_TOL)
+        if sel.shape[0]:
+            u = from_torch(directions.null_part.reshape(B * K, p))[sel]
+            u_clean = xp.where(xp.abs(u) > _CLEAN_BELOW * xp.abs(u).max(axis=1, keepdims=True), u, 0.0)
+            dirs = xp.stack([kernels.row_normalize(u)[0], kernels.row_normalize(u_clean)[0]], axis=1)
+            ex_sel = example_of[to_host(sel)]
+            flat = from_torch(batch.reshape(B, -1).double())
+            scale = xp.sqrt(xp.mean(flat * flat, axis=1))
+            scale = xp.where(scale > 0, scale, 1.0)[xp.asarray(ex_sel)]
+            steps = xp.asarray(NULL_STEPS)
+            cand = (scale[:, None, None, None] * steps[None, None, :, None]) * dirs[:, :, None, :]
+            m = len(NULL_STEPS) * 2
+            cand = cand.reshape(-1, p)
+            ex = np.repeat(ex_sel, m)
+            c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
+                                          certify=params["certify"], noise=noise, chunk=chunk)
+            c_val = c_val.reshape(-1, m)
+            best = xp.argmax(c_val, axis=1)
+            pick = xp.arange(sel.shape[0]) * m + best
+            better = c_val[xp.arange(sel.shape[0]), best] > value[sel]
+            value[sel] = xp.where(better, c_val[xp.arange(sel.shape[0]), best], value[sel])
+            d[sel] = xp.where(better, c_d[pick], d[sel])
+            eps64[sel] = xp.where(better[:, None], c_eps[pick], eps64[sel])
+            from_null[sel] = better
+        timings["null_probes"] = time.perf_counter() - t0
 
     std = xp.zeros((B, p))
     std[:, xp.asarray(modes)] = value.reshape(B, K)
     infinite = xp.isinf(std)
     targeted = np.zeros(p, dtype=bool)
     targeted[modes] = True
-    reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, basis)
-    timings["total"] = time.perf_counter() - t_start
-    params = {"sigma": sigma, "size": size, "method": method, "basis": basis, "certify": certify,
-              "jacobian": jac_used, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
-              "n_targets": K, "dtype": str(batch.dtype).replace("torch.", ""), "device": str(batch.device),
-              "n_features": n, "n_inputs": p, "null_probes": bool(null_probes and method == "dense"),
-              "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared, "null_steps": list(NULL_STEPS)}
+    reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, params["basis"])
     return TargetedBounds(
         std=std.reshape((B,) + input_shape), targeted=targeted.reshape(input_shape), modes=modes,
         divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),
         infinite=infinite.reshape((B,) + input_shape),
         from_null_space=from_null.reshape(B, K), null_dim=null_dim, null_fraction=null_fraction,
-        lsqr_iterations=itn, lsqr_istop=istop, method=method, infinite_reasons=reasons, params=params,
-        timings=timings)
+        lsqr_iterations=itn, lsqr_istop=istop, method=method, infinite_reasons=reasons,
+        params=dict(params, jacobian=jac_used), timings=timings)

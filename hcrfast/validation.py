@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
 import warnings
 
 import numpy as np
@@ -81,6 +82,20 @@ def lsqr_options(options):
 def chunk_size(value):
     """None (automatic) or a positive integer number of examples per chunk."""
     return None if value is None else positive_int("chunk_size", value)
+
+
+def checkpoint_folder(value):
+    """None or a folder path (str or os.PathLike): the ``checkpoint`` argument."""
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {value!r}")
+    return value
+
+
+def flag(name: str, value) -> bool:
+    """A True/False argument (NumPy's bool too); anything else is a TypeError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def example_ids(ids, batch_size: int) -> np.ndarray:

@@ -279,3 +279,98 @@ def test_shard_in_a_single_process_is_a_plain_checkpointed_call(tmp_path):
     res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, shard=True, **kw("dense"))
     assert res.params["shard"] == dict(rank=0, world_size=1, examples_computed=7)
     assert_same(res, whole)
+
+
+def tanh_mlp():
+    """J has full column rank (16 inputs, 20 features): no null-space probes, whose huge bounds from
+    rounding-level feature changes depend on how the rows are grouped into passes."""
+    torch.manual_seed(2)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh(),
+                               torch.nn.Linear(24, 20)).double().eval()
+
+
+def assert_same_targeted(a, b, exact=True):
+    a, b = a.to_numpy(), b.to_numpy()
+    for name in a._PER_EXAMPLE + ("targeted", "modes"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            if exact:
+                np.testing.assert_array_equal(x, y, err_msg=name)
+            else:
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=name)  # J factored in other groups
+    assert a.infinite_reasons == b.infinite_reasons and a.method == b.method
+
+
+@pytest.mark.parametrize("method", ["dense", "lsqr"])
+@pytest.mark.parametrize("net", [tanh_mlp, Frozen])
+def test_standalone_targeted_bound_resumes_after_a_crash(method, net, tmp_path, monkeypatch, capsys):
+    """targeted_bound(checkpoint=DIR), killed after two pieces and called again, computes only the
+    missing examples and ends with the bounds of one uninterrupted call over the whole batch
+    (Frozen: the infinite bounds' reasons keep their examples' numbers)."""
+    from hcrfast import targeted
+
+    x = batch()
+    kw_t = dict(targets=[0, 3, 5], size=0.01, method=method, chunk_size=6, lsqr=FAST if method == "lsqr" else None)
+    whole = hcrfast.targeted_bound(net().eval(), x, 0.3, **kw_t)            # one piece: the whole batch
+    if net is Frozen:  # examples 2 and 6 are frozen; 6 is in the last piece
+        assert {r.split(",")[0] for r in whole.infinite_reasons} == {"example 2", "example 6"}
+    real, calls = targeted._targeted_piece, []
+
+    def piece(model, model64, rows, *args, **kwargs):
+        if len(calls) == crash_at[0]:
+            raise Crash
+        calls.append(rows.shape[0])
+        return real(model, model64, rows, *args, **kwargs)
+
+    monkeypatch.setattr(targeted, "_targeted_piece", piece)
+    crash_at = [2]
+    with pytest.raises(Crash):
+        hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, **kw_t)
+    assert calls == [2, 2]  # 6 rows a pass, 3 modes an example: pieces of 2 examples
+    assert len(list(tmp_path.glob("chunk_*.npz"))) == 2
+
+    calls.clear()
+    crash_at = [None]
+    capsys.readouterr()
+    again = hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, progress=True, **kw_t)
+    assert calls == [2, 1]  # examples 4..6 only
+    err = capsys.readouterr().err
+    assert "hcrfast.targeted_bound: 4 of 7 examples read back from" in err
+    assert "hcrfast.targeted_bound: examples 6/7 done" in err and "ETA" in err
+    assert "hcrfast.targeted_bound: examples 7/7 done" in err
+    assert again.params["checkpoint"] == dict(path=str(tmp_path), examples_read_back=4)
+    assert_same_targeted(again, whole, exact=False)
+
+    calls.clear()
+    third = hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, **kw_t)
+    assert calls == []  # everything read back, the same numbers bit for bit
+    assert_same_targeted(third, again)
+    with pytest.raises(CheckpointMismatchError, match="sigma: 0.3 -> 0.31"):
+        hcrfast.targeted_bound(net().eval(), x, 0.31, checkpoint=tmp_path, **kw_t)
+    with pytest.raises(CheckpointMismatchError, match="modes: "):
+        hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, **dict(kw_t, targets=[0, 3]))
+
+
+def test_targeted_bound_progress_alone_gives_the_same_bounds(capsys):
+    x = batch()
+    kw_t = dict(targets="low:2", size=0.01, chunk_size=8)
+    whole = hcrfast.targeted_bound(tanh_mlp(), x, 0.3, **kw_t)
+    pieces = hcrfast.targeted_bound(tanh_mlp(), x, 0.3, progress=True, **kw_t)
+    err = capsys.readouterr().err
+    assert [line.split(" done")[0] for line in err.splitlines()] == [
+        f"hcrfast.targeted_bound: examples {k}/7" for k in (2, 4, 6, 7)]
+    assert pieces.params["checkpoint"] is None
+    assert_same_targeted(pieces, whole, exact=False)
+
+
+def test_targeted_bound_checkpoint_arguments(tmp_path):
+    with pytest.raises(TypeError, match="checkpoint must be a folder path"):
+        hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, checkpoint=3)
+    with pytest.raises(ValueError, match="drop directions="):
+        hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, progress=True, directions=object())
+    with pytest.raises(TypeError, match="progress must be True or False"):
+        hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, progress="yes")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="pass a folder"):
+        hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "file")

@@ -172,6 +172,23 @@ def test_targeted_bound_and_attack_on_the_cupy_path(emulated):
     np.testing.assert_allclose(got_a.to_numpy().rmse, want_a.rmse, rtol=1e-12)
 
 
+@pytest.mark.parametrize("method", ["dense", "lsqr"])
+def test_targeted_bound_checkpoint_on_the_cupy_path(method, emulated, tmp_path):
+    """targeted_bound's pieces, written from device arrays and read back into them, give the CPU's bounds."""
+    # 4 modes: pieces of 2 examples. No null-space probes: their huge bounds come from rounding-level
+    # feature changes, which depend on how the rows are grouped into passes.
+    x, kw = batch(5), dict(targets="low:2", method=method, chunk_size=8, null_probes=False)
+    with emulated.off():
+        want = hcrfast.targeted_bound(mlp(), x, 0.05, **kw)
+    first = hcrfast.targeted_bound(mlp(), x, 0.05, checkpoint=tmp_path, **kw)
+    again = hcrfast.targeted_bound(mlp(), x, 0.05, checkpoint=tmp_path, **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 5
+    for got in (first, again):
+        assert isinstance(got.std, emulated.module.ndarray)
+        np.testing.assert_allclose(got.to_numpy().std, want.std, rtol=1e-9)
+        assert got.infinite_reasons == want.infinite_reasons
+
+
 @pytest.mark.parametrize("name", ["row_norms", "row_normalize", "lsqr_update_xw", "restart_update", "dct2", "idct2"])
 def test_kernel_twins_on_device_arrays_match_numpy(name, emulated):
     rng = np.random.default_rng(3)
