@@ -13,7 +13,6 @@ Hammersley-Chapman-Robbins bounds, Algorithm 1 and eqs. (5), (6), (12).
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import dataclasses
 import json
 import math
@@ -579,7 +578,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                           else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
-        model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
+        model64 = validation.float64_model(model, batch, certify)
         # The targeted directions, from the dense solve's J and factorization, or (targeted_method
         # "auto") from the Krylov basis: its space's Cramér-Rao directions cost no model product, where
         # targeted_bound's own LSQR would cost two solves per (example, mode).

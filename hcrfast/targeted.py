@@ -38,7 +38,6 @@ by rounding only gives a finite, typically huge, certified bound.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -525,7 +524,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                    if lsqr is None and method == "lsqr" else lsqr)
         lsqr_mode = "reverse" if jacobian == "auto" else jacobian
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
-        model64 = copy.deepcopy(model).double() if certify and batch.dtype != torch.float64 else model
+        model64 = validation.float64_model(model, batch, certify)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
         params = {"sigma": sigma, "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,

@@ -6,6 +6,7 @@ bad values, ``TypeError`` for bad types.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import numbers
 import os
@@ -26,9 +27,9 @@ def positive_int(name: str, value) -> int:
 def positive_float(name: str, value, hint: str = "") -> float:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         if (value.size if isinstance(value, np.ndarray) else value.numel()) != 1:
-            per_feature = (f"; for a std per feature, divide the features by it (wrap the model: lambda x: "
-                           f"model(x) / stds) and pass {name}=1.0: the released features and their noise, divided "
-                           f"by the stds, are the same problem") if name == "sigma" else ""
+            per_feature = (f"; for a std per feature, divide the features by it (a torch.nn.Module whose forward "
+                           f"returns model(x) / stds) and pass {name}=1.0: the released features and their noise, "
+                           f"divided by the stds, are the same problem") if name == "sigma" else ""
             raise TypeError(f"{name} must be one number, got an array of shape {tuple(value.shape)}{per_feature}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -82,6 +83,22 @@ def lsqr_options(options):
 def chunk_size(value):
     """None (automatic) or a positive integer number of examples per chunk."""
     return None if value is None else positive_int("chunk_size", value)
+
+
+def float64_model(model, batch: torch.Tensor, certify: bool):
+    """The model that certifies (computes ``z_ε`` in float64): a float64 copy of a torch Module, the
+    model itself for a float64 batch or ``certify=False``. A plain function cannot be copied to float64."""
+    if not certify or batch.dtype == torch.float64:
+        return model
+    if not isinstance(model, torch.nn.Module):
+        name = getattr(model, "__qualname__", type(model).__name__)
+        raise TypeError(
+            f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, which only "
+            f"a torch.nn.Module gives, but the model is {type(model).__name__} {name!r}; make it a Module (a "
+            f"subclass of torch.nn.Module whose forward calls your function, with the modules it uses as its "
+            f"attributes), or pass a float64 model and batch, or certify=False (z_eps then comes from forward "
+            f"passes in {str(batch.dtype).replace('torch.', '')}, exact up to that rounding)")
+    return copy.deepcopy(model).double()
 
 
 def checkpoint_folder(value):

@@ -171,3 +171,18 @@ def test_batchnorm_in_eval_mode_is_accepted(x):
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten()).eval()
     res = hcrfast.bound(model, x, 1.0, **QUICK)
     assert np.all(np.isfinite(res.std))
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_plain_functions_are_refused_by_certify_with_the_fix(x, entry):
+    """certify=True needs a float64 copy of the model; a function has none. The error names the function
+    and the fixes, and each fix runs: a float64 model and batch, or certify=False."""
+    model = mlp()
+    fn = lambda t: model(t)  # noqa: E731
+    call = getattr(hcrfast, entry)
+    kw = QUICK if entry == "bound" else dict(targets=[0, 1])
+    with pytest.raises(TypeError, match=r"certify=True .* the model is function '.*<lambda>'.*make it a Module"):
+        call(fn, x, 0.05, **kw)
+    call(fn, x, 0.05, certify=False, **kw)
+    model.double()
+    call(fn, x.double(), 0.05, **kw)
