@@ -622,7 +622,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
                 krylov_pilots=krylov_pilots)
-            saved = Checkpoint.open(checkpoint, key, example_ids, world=world)
+            saved = Checkpoint.open(checkpoint, key, example_ids, features=features.detach().cpu().numpy(),
+                                    world=world)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)

@@ -2,7 +2,8 @@
 
 A checkpointed call writes ``DIR/key.json`` (everything that changes the numbers: the
 arguments, σ or the noise law, the solver that runs, and SHA-256 fingerprints of the
-model's state, the batch and the example ids) and, as each chunk of examples finishes,
+model's state, the batch and the example ids), ``DIR/features.npy`` (the clean features of the
+batch, which also catch a change the fingerprints do not see) and, as each chunk of examples finishes,
 ``DIR/chunk_<start>_<stop>.npz`` with that chunk's rows of every result array. Files are
 written atomically (a temporary file, then ``os.replace``), so a process killed at any
 point leaves finished chunks whole. The same call made again reads the finished chunks
@@ -98,13 +99,20 @@ def _json(obj) -> str:
 
 
 class Checkpoint:
-    """The finished chunks of one :func:`hcrfast.bound` call in folder ``path``.
+    """The finished chunks of one :func:`hcrfast.bound` (or :func:`hcrfast.targeted_bound`) call in
+    folder ``path``.
 
     ``key`` is a JSON-able dict of everything that changes the numbers; ``example_ids`` the
-    call's global example ids (each chunk file holds its own and they are checked on reading).
+    call's global example ids (each chunk file holds its own and they are checked on reading);
+    ``features`` the clean features of the batch, stored by the first call and compared by the next
+    (within :attr:`FEATURES_RTOL`).
     """
 
-    def __init__(self, path, key: dict, example_ids: np.ndarray):
+    #: A resumed call's clean features may differ from the stored ones by this much, relative to their
+    #: largest magnitude (another device or library version rounds differently); more means another model.
+    FEATURES_RTOL = 1e-4
+
+    def __init__(self, path, key: dict, example_ids: np.ndarray, features=None):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
@@ -127,17 +135,42 @@ class Checkpoint:
             check_key(self.path, stored, self.key, fix)
         else:
             atomic_write_text(key_path, _json(self.key) + "\n")
+        if features is not None:
+            self._check_features(np.asarray(features, dtype=np.float64), fix)
+
+    def _check_features(self, features: np.ndarray, fix: str) -> None:
+        """The key fingerprints a module's state and a function's name only; the clean features of the
+        batch also catch a function's closure or a module attribute outside its state_dict changing."""
+        path = self.path / "features.npy"
+        if not path.is_file():
+            atomic_write_bytes(path, lambda fh: np.save(fh, features))
+            return
+        try:
+            stored = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CheckpointMismatchError(f"{path} is unreadable ({exc}); {fix}") from exc
+        if stored.shape != features.shape:
+            raise CheckpointMismatchError(f"{self.path} holds work on features of shape {stored.shape}, this call's "
+                                          f"model gives {features.shape}. {fix}")
+        gap = float(np.max(np.abs(stored - features), initial=0.0))
+        scale = max(float(np.max(np.abs(stored), initial=0.0)), np.finfo(np.float64).tiny)
+        if not gap <= self.FEATURES_RTOL * scale:
+            raise CheckpointMismatchError(
+                f"{self.path} holds work made with a model that gave other features for this batch (largest "
+                f"difference {gap:.3g}, {gap / scale:.3g} of the largest feature): the model changed in a way its "
+                f"fingerprint does not see (what a plain function closes over, or a module attribute outside its "
+                f"state_dict). {fix}")
 
     @classmethod
-    def open(cls, path, key: dict, example_ids, *, world=None) -> "Checkpoint":
+    def open(cls, path, key: dict, example_ids, *, features=None, world=None) -> "Checkpoint":
         """The checkpoint in ``path``; among several processes (:class:`hcrfast.distributed.World`), rank 0
         writes or checks ``key.json`` first and its failure is raised on every rank, so none waits forever."""
         if world is None or world.size == 1:
-            return cls(path, key, example_ids)
+            return cls(path, key, example_ids, features)
         opened = failure = None
         if world.rank == 0:
             try:
-                opened = cls(path, key, example_ids)
+                opened = cls(path, key, example_ids, features)
             except (CheckpointMismatchError, OSError) as exc:
                 failure = exc
         message = world.from_rank0(None if failure is None else f"{type(failure).__name__}: {failure}")
@@ -145,7 +178,7 @@ class Checkpoint:
             raise failure
         if message is not None:
             raise CheckpointMismatchError(f"rank 0 could not open the checkpoint: {message}")
-        return opened if opened is not None else cls(path, key, example_ids)
+        return opened if opened is not None else cls(path, key, example_ids, features)
 
     def finished(self) -> list[tuple[int, int, dict]]:
         """``(start, stop, arrays)`` of every finished chunk, by start. A chunk file that cannot be

@@ -548,7 +548,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                 batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
                 sigma=sigma, size=size, modes=sha256_tensors(modes), basis=basis, method=method,
                 certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"], null_probes=bool(null_probes),
-                tf32=bool(tf32)))
+                tf32=bool(tf32)), features=features)
     result.timings["total"] = time.perf_counter() - t_start
     return result
 
@@ -557,7 +557,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/1"
 
 
-def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key: dict) -> TargetedBounds:
+def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key: dict, features) -> TargetedBounds:
     """``piece(start, stop)`` over the batch in pieces of ``per`` examples, each written to the
     checkpoint folder (if any) as it finishes; the pieces an earlier call finished are read back."""
     t_start = time.perf_counter()
@@ -565,7 +565,7 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key: 
     todo = [(0, B)]
     saved = None
     if checkpoint is not None:
-        saved = Checkpoint(checkpoint, key, np.arange(B))
+        saved = Checkpoint(checkpoint, key, np.arange(B), features.detach().cpu().numpy())
         finished = saved.finished()
         for start, _, arrays in finished:
             parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))

@@ -374,3 +374,32 @@ def test_targeted_bound_checkpoint_arguments(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="pass a folder"):
         hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "file")
+
+
+class Tempered(torch.nn.Module):
+    """Its temperature is a plain attribute: not in the state_dict, so not in the model's fingerprint."""
+
+    def __init__(self, T):
+        super().__init__()
+        self.net, self.T = relu_mlp(), T
+
+    def forward(self, x):
+        return self.net(x) / self.T
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_a_model_change_its_fingerprint_misses_is_refused_by_the_features(entry, tmp_path):
+    """A function's closure, or a module attribute outside the state_dict, escapes the fingerprint; the
+    stored clean features catch it, and the same model resumes."""
+    call = getattr(hcrfast, entry)
+    kw_e = kw("dense") if entry == "bound" else dict(targets=[0, 1], chunk_size=4)
+    a, b = relu_mlp(0), relu_mlp(5)
+    call(lambda t: a(t), batch(), 0.3, checkpoint=tmp_path / "fn", certify=False, **kw_e)
+    with pytest.raises(CheckpointMismatchError, match="other features for this batch .* plain function closes over"):
+        call(lambda t: b(t), batch(), 0.3, checkpoint=tmp_path / "fn", certify=False, **kw_e)
+    call(lambda t: a(t), batch(), 0.3, checkpoint=tmp_path / "fn", certify=False, **kw_e)  # the same: resumes
+
+    call(Tempered(1.0).eval(), batch(), 0.3, checkpoint=tmp_path / "T", **kw_e)
+    with pytest.raises(CheckpointMismatchError, match=r"largest difference .*, 0.9 of the largest feature"):
+        call(Tempered(10.0).eval(), batch(), 0.3, checkpoint=tmp_path / "T", **kw_e)
+    assert (tmp_path / "T" / "features.npy").is_file()
