@@ -28,8 +28,7 @@ from hcrfast.backend import to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import Checkpoint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
 from hcrfast.distributed import World
-from hcrfast.bindings import (TorchJacobian, array_module_for, from_torch, ieee_float32, release_device_memory,
-                              solver_stream, to_torch)
+from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, Laplace, MonteCarlo, as_noise
@@ -556,7 +555,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         raise NotImplementedError(f"targets= needs Gaussian noise (the targeted directions are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}")
 
-    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32(not tf32):
+    with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features, mode=jacobian)
         xp = array_module_for(batch.device)

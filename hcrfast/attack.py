@@ -41,8 +41,6 @@ from hcrfast.bindings import (
     TorchJacobian,
     array_module_for,
     from_torch,
-    ieee_float32,
-    solver_stream,
     to_torch,
 )
 from hcrfast.lsqr import LSQROptions
@@ -426,7 +424,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             raise NotImplementedError(f"no default tolerance for dtype {batch.dtype}; pass tol=")
         tol = DEFAULT_TOL[batch.dtype]
 
-    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32():
+    with validation.entry_point(model, batch.device):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features)
         xp = array_module_for(batch.device)

@@ -51,7 +51,7 @@ import torch
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _in_chunks, _progress_line
 from hcrfast.backend import to_host
-from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, ieee_float32, solver_stream, to_torch
+from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian
@@ -506,7 +506,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     modes = parse_targets(targets, input_shape, basis)
     noise = Gaussian(sigma)
 
-    with validation.eval_mode(model), solver_stream(batch.device), ieee_float32(not tf32):
+    with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features)
         xp = array_module_for(batch.device)

@@ -10,6 +10,7 @@ import copy
 import math
 import numbers
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -187,13 +188,29 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
     return out.reshape(out.shape[0], -1)
 
 
+#: Held by every public entry point for its whole call: the calls switch process-wide torch settings
+#: (TF32) and the model's training flag, so calls from several threads run one at a time.
+_ONE_CALL = threading.RLock()
+
+
 @contextlib.contextmanager
-def eval_mode(model):
+def entry_point(model, device, *, tf32: bool = False):
+    """What every public entry point runs in: one call at a time in the process (:data:`_ONE_CALL`),
+    the model in eval mode (:func:`eval_mode`), the solver on its stream, and IEEE float32 matmuls
+    and convolutions unless ``tf32``."""
+    from hcrfast.bindings import ieee_float32, solver_stream
+
+    with _ONE_CALL, eval_mode(model, stacklevel=6), solver_stream(device), ieee_float32(not tf32):
+        yield
+
+
+@contextlib.contextmanager
+def eval_mode(model, stacklevel: int = 3):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored."""
     if isinstance(model, torch.nn.Module) and model.training:
         warnings.warn("the model was in training mode; hcrfast switched it to eval mode for the bound "
                       "(BatchNorm with running statistics, no dropout) and restores it afterwards. "
-                      "Call model.eval() first to silence this.", UserWarning, stacklevel=3)
+                      "Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
         model.eval()
         try:
             yield model

@@ -1,4 +1,5 @@
 """hcrfast.bound: validity against the exact least-squares covariance, rigor, determinism."""
+import threading
 import warnings
 
 import numpy as np
@@ -527,3 +528,60 @@ def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_example
                                    err_msg=name)
     np.testing.assert_array_equal(many.std, one.std)
     assert many.targeted.timings.keys() == one.targeted.timings.keys()
+
+
+class Gate(torch.nn.Module):
+    """Records when its forward runs; with ``hold``, its first forward waits for ``release``."""
+
+    def __init__(self, log, name, hold=False):
+        super().__init__()
+        self.inner, self.log, self.name, self.hold = _small_tanh_net().float(), log, name, hold
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def forward(self, x):
+        self.log.append((self.name, self.training, torch.backends.cudnn.conv.fp32_precision))
+        if self.hold and not self.inside.is_set():
+            self.inside.set()
+            assert self.release.wait(30)
+        return self.inner(x)
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch before the fp32_precision settings")
+def test_calls_from_several_threads_run_one_at_a_time():
+    """A call switches process-wide settings (TF32) and its model's training flag for its duration, so a
+    second thread's call waits until the first is done: here it must not reach its model while the first
+    call is held inside its own, and both end with the caller's settings and flags."""
+    log = []
+    a, b = Gate(log, "a", hold=True), Gate(log, "b")  # both in training mode: switched to eval for the call
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((2, 1, 4, 4)), dtype=torch.float32)
+    # certify=False: the gates' events cannot be deep-copied into a float64 model
+    kw = dict(iterations=1, restarts=1, solver="lsqr", lsqr=hcrfast.LSQROptions(iter_lim=5), certify=False)
+    done = []
+
+    def call(model):
+        done.append(hcrfast.bound(model, x, 0.2, **kw))
+
+    saved = torch.backends.cudnn.conv.fp32_precision
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "the model was in training mode"
+            first = threading.Thread(target=call, args=(a,))
+            second = threading.Thread(target=call, args=(b,))
+            first.start()
+            assert a.inside.wait(30)
+            second.start()
+            second.join(0.5)  # time enough to reach its model, were it not waiting for the first call
+            assert [name for name, *_ in log] == ["a"]
+            a.release.set()
+            first.join(60)
+            second.join(60)
+        assert len(done) == 2
+        names = [name for name, *_ in log]
+        assert names[0] == "a" and "b" in names and "a" not in names[names.index("b"):]
+        assert {(training, precision) for _, training, precision in log} == {(False, "ieee")}
+        assert a.training and b.training and torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        a.release.set()
+        torch.backends.cudnn.conv.fp32_precision = saved
