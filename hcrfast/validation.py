@@ -148,7 +148,10 @@ def check_batch(batch, basis: str) -> torch.Tensor:
     if bad:
         raise ValueError(f"batch contains NaN or inf in examples {bad[:10]}{' ...' if len(bad) > 10 else ''}; "
                          f"clean or drop those examples")
-    return batch
+    # A copy: a model that writes into its input (nn.ReLU(inplace=True) first) cannot change the caller's
+    # batch, and a tensor made under torch.inference_mode becomes one autograd can differentiate at.
+    with torch.inference_mode(False):
+        return batch.detach().clone()
 
 
 def _nonfinite_rows(t: torch.Tensor) -> list[int]:
@@ -158,6 +161,10 @@ def _nonfinite_rows(t: torch.Tensor) -> list[int]:
 
 def model_dtype_device(model, batch: torch.Tensor) -> None:
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    if any(p.is_inference() for p in params):
+        raise ValueError("the model's parameters were made under torch.inference_mode, and autograd cannot "
+                         "differentiate through them; create or load the model outside it (calling hcrfast "
+                         "inside torch.inference_mode is fine)")
     for p in params:
         if p.is_floating_point():
             if p.dtype != batch.dtype:
@@ -181,6 +188,11 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
                          f"it must keep the batch axis first")
     if out[0].numel() == 0:
         raise ValueError("the model returned no features (0 entries per example)")
+    if out.dtype != batch.dtype:
+        raise TypeError(f"the model returns {str(out.dtype).replace('torch.', '')} features for a "
+                        f"{str(batch.dtype).replace('torch.', '')} batch; the solver works in one dtype: make the "
+                        f"model return the batch's dtype (drop the cast at its end), or run both in "
+                        f"{str(out.dtype).replace('torch.', '')} (model.to({out.dtype}), batch.to({out.dtype})))")
     bad = _nonfinite_rows(out)
     if bad:
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
@@ -200,7 +212,8 @@ def entry_point(model, device, *, tf32: bool = False):
     and convolutions unless ``tf32``."""
     from hcrfast.bindings import ieee_float32, solver_stream
 
-    with _ONE_CALL, eval_mode(model, stacklevel=6), solver_stream(device), ieee_float32(not tf32):
+    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model, stacklevel=6), solver_stream(device),
+          ieee_float32(not tf32)):
         yield
 
 
@@ -241,7 +254,20 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
-    jv = to_torch(TorchJacobian(model, probe, mode=mode).matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
+    try:
+        jv = to_torch(TorchJacobian(model, probe, mode=mode).matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
+    except RuntimeError as exc:
+        text = str(exc)
+        if "in-place operation" in text:
+            raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
+                             f"the features with respect to the input: make its first layers out of place (e.g. "
+                             f"nn.ReLU(inplace=False))") from exc
+        if "does not require grad" in text or "not have been used in the graph" in text:
+            raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
+                             f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
+                             f"torch.no_grad() and non-differentiable steps (torch.round, argmax) from the path "
+                             f"from input to features, or give them a straight-through gradient") from exc
+        raise
     own = jv[0].abs().max()
     leak = jv[1:].abs().max()
     if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):

@@ -186,3 +186,50 @@ def test_plain_functions_are_refused_by_certify_with_the_fix(x, entry):
     call(fn, x, 0.05, certify=False, **kw)
     model.double()
     call(fn, x.double(), 0.05, **kw)
+
+
+class Detached(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, t):
+        return self.net(t).detach()
+
+
+class Float64Out(Detached):
+    def forward(self, t):
+        return self.net(t).double()
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_inside_inference_mode_gives_the_bounds_of_a_plain_call(x, entry):
+    call = getattr(hcrfast, entry)
+    kw = dict(bound=QUICK, targeted_bound=dict(targets=[0, 5]), gauss_newton_attack=dict(draws=2))[entry]
+    model = mlp()
+    want = call(model, x, 0.05, **kw)
+    with torch.inference_mode():
+        inference_batch = x.clone()
+        got = call(model, inference_batch, 0.05, **kw)
+        made_inside = mlp()
+        with pytest.raises(ValueError, match=r"parameters were made under torch.inference_mode.* outside it"):
+            call(made_inside, inference_batch, 0.05, **kw)
+    field = "rmse" if entry == "gauss_newton_attack" else "std"
+    np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+def test_models_without_an_input_jacobian_are_named(x, solver):
+    with pytest.raises(ValueError, match=r"not differentiable with respect to its input .* remove \.detach\(\)"):
+        hcrfast.bound(Detached().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
+    with pytest.raises(TypeError, match=r"returns float64 features for a float32 batch.*model\.to\(torch\.float64\)"):
+        hcrfast.bound(Float64Out().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
+
+
+def test_a_model_that_writes_into_its_input_is_named_and_the_batch_is_untouched(x):
+    model = torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Flatten(), torch.nn.Linear(16, 6)).eval()
+    x = x - 0.5  # negative entries, which the in-place ReLU would zero
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"writes into its input in place .* nn\.ReLU\(inplace=False\)"):
+        hcrfast.bound(model, x, 0.05, **QUICK)
+    assert torch.equal(x, before)
