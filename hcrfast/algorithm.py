@@ -19,12 +19,13 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
 
 from hcrfast import dense, krylov, profiling, validation
-from hcrfast.backend import to_host
+from hcrfast.backend import get_array_module, to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import Checkpoint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
 from hcrfast.distributed import World
@@ -217,6 +218,26 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
             _, znorm, ztilde = kernels.restart_update(fp, f0, target, impl=options.kernels)
             stuck = stuck | (znorm == 0)
     return eps, xp.stack(itns, axis=1), xp.stack(istops, axis=1)
+
+
+def _check_perturbations(eps64, shift, noise, size: float, dtype) -> None:
+    """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
+    shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε 0 (σ·s too small:
+    the solver's vectors underflow, or ε vanishes added to the inputs). One host read."""
+    xp = get_array_module(eps64)
+    bad = ~xp.all(xp.isfinite(eps64), axis=1) | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
+    n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), xp.any(eps64 != 0, axis=1).sum()])))
+    name = str(dtype).replace("torch.", "")
+    if n_bad:
+        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
+                         f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
+                         f"sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), a smaller size, or a "
+                         f"float64 model and batch")
+    if n_moved == 0:
+        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
+                         f"bound can be computed: the steps are outside the range the {name} solver resolves (its "
+                         f"vectors' squares underflow or overflow); pass a sigma nearer the features' scale "
+                         f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
 
 
 def _certified_shift(model64, x, eps):
@@ -607,6 +628,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         results = dict(std=std, mse=mse, eps=best_eps, z=best_z, divergence=divergence, best_restart=best_restart,
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
+        degenerate = [0, 0]  # restarts computed here whose eps rounded to 0, and whose D overflowed
         filled = set()  # the (start, stop) of every chunk whose rows are filled
         world = World(batch.device.type, set_device=False) if shard else None
         tag = "" if world is None else world.tag
@@ -637,8 +659,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                                                  .reshape(-1, n))
                     op = TorchJacobian(model, batch[start:stop].repeat_interleave(krylov_pilots, dim=0),
                                        mode=jacobian)
-                    basis = krylov.build(op, pilot, options,
-                                         progress=_basis_progress(start, stop, B, t_start) if progress else None)
+                    with np.errstate(over="ignore", invalid="ignore"):  # as the solve below
+                        basis = krylov.build(op, pilot, options,
+                                             progress=_basis_progress(start, stop, B, t_start) if progress else None)
                 if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):
@@ -653,10 +676,13 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                     with profiling.annotate("targeted-directions"):
                         targeted_dirs = (min_norm.directions(q_modes, J), time.perf_counter() - t0)
                 del J
-            eps, c_itn, c_istop = _chunk_perturbations(
-                model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
-                options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
-                krylov_pilots=krylov_pilots)
+            # A σ·s outside the dtype's range makes NaN or inf in the solve: _check_perturbations refuses
+            # the chunk with the cause, so NumPy's warnings along the way would only be noise.
+            with np.errstate(over="ignore", invalid="ignore"):
+                eps, c_itn, c_istop = _chunk_perturbations(
+                    model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
+                    options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
+                    krylov_pilots=krylov_pilots)
             c_ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             if basis is not None:  # the pilots' first steps are where the products went
                 first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()
@@ -665,6 +691,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 c_ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
+            _check_perturbations(eps64, z64, noise, size, batch.dtype)
             return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
                     targeted_dirs)
 
@@ -697,7 +724,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                     basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
             with profiling.annotate("bound"):
                 m = stop - start
-                d = noise.divergence(z64).reshape(m, restarts)
+                with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0, counted below
+                    d = noise.divergence(z64).reshape(m, restarts)
                 coords = eps64.reshape((m * restarts,) + input_shape)
                 if basis == "dct":
                     with profiling.annotate("dct"):
@@ -720,10 +748,17 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 divergence[start:stop] = d
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
+                moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
+                zero_d, moved, overflow = to_host(xp.stack([zero_d, moved, xp.isinf(d)]))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
-                             for e, r in zip(*np.nonzero(to_host(zero_d)))]
+                             if moved[e, r] else
+                             f"example {start + e}, restart {r}: eps came out 0 (a step outside the range the "
+                             f"solver's dtype resolves), so D = 0 and this restart bounds nothing (0, not +inf)"
+                             for e, r in zip(*np.nonzero(zero_d))]
                 reasons_of[start] = c_reasons
+                degenerate[0] += int((zero_d & ~moved).sum())
+                degenerate[1] += int(overflow.sum())
             if saved is not None:
                 with profiling.annotate("checkpoint"):
                     part = {name: to_host(a[start:stop]) for name, a in results.items()}
@@ -784,6 +819,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             read_back()  # the other processes' pieces
             world.close()
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
+        if degenerate[0]:
+            warnings.warn(f"{degenerate[0]} restarts' eps came out 0 in {str(batch.dtype).replace('torch.', '')} "
+                          f"(their steps are outside the range it resolves): they bound nothing (0); a float64 model "
+                          f"and batch avoid it", UserWarning, stacklevel=2)
+        if degenerate[1]:
+            warnings.warn(f"D(z) overflowed for {degenerate[1]} restarts (|z| > 26 sigma: the model moved its "
+                          f"features far beyond the noise for a step of the asked size), so they bound nothing (0); a "
+                          f"smaller size gives finite D", UserWarning, stacklevel=2)
 
         targeted = None
         std_algorithm1 = None

@@ -307,7 +307,11 @@ def lsqr_step(state: LSQRState, op, *, damp: float, atol: float, btol: float,
     # some of which will be small near a solution.
     bnorm = xp.where(s.bnorm == 0, 1.0, s.bnorm)
     test1 = rnorm / bnorm
-    test2 = arnorm / (anorm * rnorm + _EPS)
+    # SciPy guards test2 with ``+ eps``, which is not scale-free: for features (and σ) of order 1e-9,
+    # ``anorm·rnorm`` falls under eps and every problem "converges" at step 1. A zero guard is enough
+    # (rnorm = 0 means b is solved, and then arnorm = 0 too).
+    scale2 = anorm * rnorm
+    test2 = arnorm / xp.where(scale2 > 0, scale2, 1.0)
     test3 = 1 / (acond + _EPS)
     # ‖x‖ in the tests is that of the whole solution x0 + δ (bounded by ‖x0‖ + ‖δ‖), as the
     # backward-error meaning of atol asks; SciPy's x0 uses ‖δ‖ alone, which after a good start

@@ -49,7 +49,8 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, validation
-from hcrfast.algorithm import _applied_shift, _auto_chunk, _certified_shift, _in_chunks, _progress_line
+from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _in_chunks,
+                               _progress_line)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
@@ -617,8 +618,10 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
         itn, istop = itn.reshape(B, K, 2), istop.reshape(B, K, 2)
 
     t0 = time.perf_counter()
-    eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
-                                certify=params["certify"], noise=noise, chunk=chunk)
+    with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0
+        eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
+                                    certify=params["certify"], noise=noise, chunk=chunk)
+    _check_perturbations(eps64, d, noise, size, batch.dtype)
     timings["certify"] = time.perf_counter() - t0
     from_null = xp.zeros(B * K, dtype=bool)
 
@@ -638,8 +641,9 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             m = len(NULL_STEPS) * 2
             cand = cand.reshape(-1, p)
             ex = np.repeat(ex_sel, m)
-            c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                                          certify=params["certify"], noise=noise, chunk=chunk)
+            with np.errstate(over="ignore"):  # large null-space steps may overflow D: bound 0, never picked
+                c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
+                                              certify=params["certify"], noise=noise, chunk=chunk)
             c_val = c_val.reshape(-1, m)
             best = xp.argmax(c_val, axis=1)
             pick = xp.arange(sel.shape[0]) * m + best

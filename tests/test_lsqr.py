@@ -186,3 +186,21 @@ def test_bad_options_and_shapes():
         LSQROptions(iter_lim=0)
     with pytest.raises(ValueError, match="Shape mismatch"):
         lsqr(DenseBatchOperator(np.ones((2, 3, 4))), np.ones((2, 4)))
+
+
+@pytest.mark.parametrize("scale", [2.0**-34, 2.0**-20, 2.0**20, 2.0**34])
+def test_scaling_a_and_b_together_changes_nothing(scale):
+    """min ‖kA x − kb‖ has the x of min ‖A x − b‖, and every stopping test is a ratio of like quantities:
+    with k a power of two (exact in floating point) the iterates, counts and stop codes must be the
+    same bits. (SciPy's ``test2`` adds eps to ‖A‖·‖r‖, which for k = 2⁻³⁴ is far below it: every
+    problem would stop at step 1 with istop 2.)"""
+    rng = np.random.default_rng(5)
+    A = random_batch(rng, 4, 30, 12, 1e2)
+    b = rng.standard_normal((4, 30))
+    opts = LSQROptions(atol=1e-8, btol=1e-8, iter_lim=100)
+    want = lsqr(DenseBatchOperator(A), b, opts)
+    got = lsqr(DenseBatchOperator(A * scale), b * scale, opts)
+    assert want.itn.min() > 3
+    np.testing.assert_array_equal(got.itn, want.itn)
+    np.testing.assert_array_equal(got.istop, want.istop)
+    np.testing.assert_array_equal(got.x, want.x)

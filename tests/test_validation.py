@@ -233,3 +233,44 @@ def test_a_model_that_writes_into_its_input_is_named_and_the_batch_is_untouched(
     with pytest.raises(ValueError, match=r"writes into its input in place .* nn\.ReLU\(inplace=False\)"):
         hcrfast.bound(model, x, 0.05, **QUICK)
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
+def test_sigma_beyond_float32s_range_is_refused_never_nan(x, solver):
+    """σ·s far outside what float32 resolves: every step's eps comes out 0 (underflow), or eps or z
+    overflow. Either is refused naming sigma and the fixes; the float64 fix gives finite bounds."""
+    kw = dict(iterations=2, restarts=2, solver=solver)
+    with pytest.raises(ValueError, match=r"Gaussian\(sigma=1e-30\) with size=0.005: every step's eps came out 0.*"
+                                         r"float64 model and batch"):
+        hcrfast.bound(mlp(), x, 1e-30, **kw)
+    with pytest.raises(ValueError, match=r"Gaussian\(sigma=1e\+30\) with size=0.005 asks for steps float32 cannot "
+                                         r"hold|every step's eps came out 0"):
+        hcrfast.bound(mlp(), x, 1e30, **kw)
+    res = hcrfast.bound(mlp().double(), x.double(), 1e30, **kw)
+    assert np.all(np.isfinite(res.std)) and np.all(res.std > 0)
+
+
+@pytest.mark.parametrize("method", ["dense", "lsqr"])
+def test_targeted_bound_refuses_sigma_whose_steps_vanish(x, method):
+    """Steps s·σ·(direction) of 1e-32 vanish added to inputs of order 1, even in float64."""
+    with pytest.raises(ValueError, match=r"Gaussian\(sigma=1e-30\) with size=0.005: every step's eps came out 0"):
+        hcrfast.targeted_bound(mlp(), x, 1e-30, targets=[0, 1], method=method)
+
+
+def test_a_restart_whose_eps_came_out_0_is_reported_as_bounding_nothing(x, monkeypatch):
+    """Its D is 0 but it moves no coordinate: bound 0 (not +inf), its own reason, and a warning."""
+    from hcrfast import algorithm
+
+    real = algorithm._certified_shift
+
+    def first_row_lost(model64, rows, eps):
+        eps = eps.copy()
+        eps[0] = 0
+        return real(model64, rows, eps)
+
+    monkeypatch.setattr(algorithm, "_certified_shift", first_row_lost)
+    with pytest.warns(UserWarning, match=r"1 restarts' eps came out 0 in float32 .* bound nothing \(0\)"):
+        res = hcrfast.bound(mlp(), x, 0.05, iterations=2, restarts=2, solver="dense")
+    assert res.infinite_reasons == ["example 0, restart 0: eps came out 0 (a step outside the range the solver's "
+                                    "dtype resolves), so D = 0 and this restart bounds nothing (0, not +inf)"]
+    assert res.divergence[0, 0] == 0 and np.all(np.isfinite(res.std)) and res.best_restart[0] == 1
