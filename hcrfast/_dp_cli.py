@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +32,7 @@ def add_subparser(subparsers) -> None:
         "dp",
         help="DP-SGD reconstruction bounds for a prior-free adversary",
         description="Reconstruction bounds for DP-SGD against a prior-free adversary "
-        "(Ziller et al.; METHOD.md section 6).",
+        "(Ziller et al.; the formulas are in hcrfast.dp's docstrings).",
     )
     dp_sub = parser.add_subparsers(dest="dp_command", metavar="SUBCOMMAND")
     dp_sub.required = True
@@ -166,6 +168,7 @@ def _run_figure(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = _figure_path(args.out)
     sigmas = np.sort(np.asarray(args.sigmas, dtype=np.float64))
     for s in sigmas:
         dp.effective_sigma(sigma=float(s), T=args.T)  # validates sigma and T up front
@@ -255,7 +258,22 @@ def _run_figure(args: argparse.Namespace) -> int:
         f"C = {args.C:g}, T = {args.T}; {int(np.sum(beta < 1))}/{n_images} images clipped",
         fontsize=11,
     )
-    fig.savefig(args.out, dpi=args.dpi)
+    fig.savefig(out, dpi=args.dpi)
     plt.close(fig)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
+
+
+def _figure_path(out: str) -> Path:
+    """Where ``--out`` writes, checked before the attacks run: ``.png`` added to a name without a
+    suffix (as matplotlib would, so the printed path is the written one), never a folder, its folder there."""
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"--out {out} is a folder; pass a file name, e.g. {path / 'dp_figure.png'}")
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if not path.parent.is_dir():
+        raise ValueError(f"--out {out}: the folder {path.parent} does not exist; create it or pass another path")
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"--out {out}: cannot write to {path.parent}; pass a path you can write to")
+    return path

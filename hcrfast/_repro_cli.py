@@ -14,7 +14,7 @@ def _fraction(x: float) -> str:
 
 
 def _epilog() -> str:
-    rows = ["defaults are the experiment's published parameters (METHOD.md section 3):",
+    rows = ["defaults are the experiment's published parameters (those of the paper's experiments):",
             "  name      examples  sigma scale  size (--limit)   iterations (--limit)"]
     for name in reproduce.EXPERIMENTS:
         p = zoo.published_parameters(name)
@@ -80,11 +80,13 @@ def add_subparser(subparsers) -> None:
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
                         "larger of the targeted and Algorithm 1 bounds, and the summary reports the gain")
     g.add_argument("--lsqr-atol", type=float, default=None,
-                   help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g})")
+                   help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
+                        f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")
     g.add_argument("--lsqr-btol", type=float, default=None,
-                   help=f"LSQR btol (default {reproduce.hcrfast.DEFAULT_LSQR.btol:g})")
+                   help=f"LSQR btol (default {reproduce.hcrfast.DEFAULT_LSQR.btol:g}; the Krylov basis: 0)")
     g.add_argument("--lsqr-iter-lim", type=int, default=None,
-                   help="LSQR iteration limit per solve (default 2 x the number of inputs)")
+                   help="LSQR iteration limit per solve (default 2 x the number of inputs; the Krylov basis: "
+                        "4096 steps)")
 
     g = p.add_argument_group("model and data")
     g.add_argument("--weights", default=None, metavar="PATH|default",

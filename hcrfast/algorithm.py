@@ -220,6 +220,14 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     return eps, xp.stack(itns, axis=1), xp.stack(istops, axis=1)
 
 
+def divergence_underflow(noise, count: int) -> str:
+    """The error for ``D = 0`` with ``z ≠ 0``: reporting +inf there would be false."""
+    return (f"D(z) underflowed to 0 for {count} steps whose features did change ({noise.describe().split(':')[0]} is "
+            f"so large against the feature shifts that |z|^2/sigma^2 is below float64's range): their bounds would "
+            f"read +inf, which only a shift of exactly 0 proves; pass a sigma nearer the features' scale "
+            f"(hcrfast.rms_sigma(features, scale))")
+
+
 def _check_perturbations(eps64, shift, noise, size: float, dtype) -> None:
     """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
     shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε 0 (σ·s too small:
@@ -649,8 +657,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
             f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
-            z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
-                            dtype=f0.dtype)
+            with np.errstate(over="ignore"):  # an inf here is refused after the solve, with its cause
+                z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
+                                dtype=f0.dtype)
             min_norm = targeted_dirs = basis = None
             if solver == "krylov":
                 with profiling.annotate("krylov-basis"):
@@ -749,7 +758,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
                 moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
-                zero_d, moved, overflow = to_host(xp.stack([zero_d, moved, xp.isinf(d)]))
+                shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
+                zero_d, moved, overflow, underflow = to_host(xp.stack([zero_d, moved, xp.isinf(d), zero_d & shifted]))
+                if underflow.any():
+                    raise ValueError(divergence_underflow(noise, int(underflow.sum())))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                              if moved[e, r] else

@@ -30,9 +30,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+    except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         print(f"hcrfast: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        resume = "; the chunks that finished are kept, and the same command resumes" if args.command == "reproduce" else ""
+        print(f"hcrfast: interrupted{resume}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

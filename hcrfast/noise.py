@@ -91,7 +91,9 @@ class Gaussian:
         """``D`` for each row of ``z`` (B, n), in float64."""
         xp = get_array_module(z)
         z = z.reshape(z.shape[0], -1).astype(xp.float64)
-        return xp.expm1(xp.einsum("bi,bi->b", z, z) / self.sigma**2)
+        # σ·σ, not σ**2: for σ > 1e154 it is inf (D = 0 with z ≠ 0, which the callers refuse) where
+        # Python's float power raises OverflowError; for other σ the two are the same bits.
+        return xp.expm1(xp.einsum("bi,bi->b", z, z) / (self.sigma * self.sigma))
 
     def sample(self, rng, shape):
         """Draws of the noise from a NumPy Generator, float64."""

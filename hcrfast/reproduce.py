@@ -133,6 +133,23 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _weights_fingerprint(path: Path) -> str:
+    """The run key's name for a weights file: SHA-256 of its state dict's names, shapes, dtypes and
+    values, so that the same weights saved twice (torch.save writes the file's name into the archive)
+    are the same weights; the file's bytes when it holds no state dict (zoo.build says why later)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - not a state dict: zoo.build's own error explains it
+        return f"sha256:{_sha256_file(path)}"
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return f"sha256:{_sha256_file(path)}"
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(f"{k}:{tuple(state[k].shape)}:{state[k].dtype}:".encode())
+        h.update(sha256_tensors(state[k]).encode())
+    return f"state-dict-sha256:{h.hexdigest()}"
+
+
 def _json_str(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=1)
 
@@ -179,15 +196,9 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
 
             _say(progress, f"hcrfast reproduce {name}: no --weights given; training the {name} model first "
                            f"(saved to {path} and reused on reruns)")
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                _train.train(name, out=tmp, progress=progress, epochs=train_epochs, seed=0)
-                os.replace(tmp, path)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
+            _train.train(name, out=path, progress=progress, epochs=train_epochs, seed=0)  # written atomically
         world.barrier()
-        return path, f"sha256:{_sha256_file(path)}", f"{path} (trained by hcrfast reproduce)", True
+        return path, _weights_fingerprint(path), f"{path} (trained by hcrfast reproduce)", True
     if weights is None and name in ("mnist", "cifar10"):
         raise ValueError(
             f"{name} needs trained weights: run `hcrfast train {name}` first (add --download to fetch "
@@ -211,7 +222,7 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
     if not path.is_file():
         raise FileNotFoundError(f"No weights file at {path.resolve()} (--weights). Pass a state dict saved by "
                                 f"`hcrfast train {name}`" + (" or 'default'" if name in ("resnet18", "swin_t") else ""))
-    return path, f"sha256:{_sha256_file(path)}", str(path), True
+    return path, _weights_fingerprint(path), str(path), True
 
 
 # ----------------------------------------------------------------------------------------
@@ -496,17 +507,24 @@ def run(
                          f"(or use --solver lsqr)")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
-    lsqr = dataclasses.replace(
-        hcrfast.DEFAULT_LSQR,
-        **{k: v for k, v in (("atol", lsqr_atol), ("btol", lsqr_btol)) if v is not None},
-        **({"iter_lim": _positive_int("lsqr_iter_lim", lsqr_iter_lim, "--lsqr-iter-lim")}
-           if lsqr_iter_lim is not None else {}),
-    )
+    lsqr_given = {k: v for k, v in (("atol", lsqr_atol), ("btol", lsqr_btol)) if v is not None}  # --lsqr-*
+    if lsqr_iter_lim is not None:
+        lsqr_given["iter_lim"] = _positive_int("lsqr_iter_lim", lsqr_iter_lim, "--lsqr-iter-lim")
+    lsqr = dataclasses.replace(hcrfast.DEFAULT_LSQR, **lsqr_given)
     chunk_examples = _positive_int("chunk_examples", DEFAULT_CHUNK_EXAMPLES[name] if chunk_examples is None
                                    else chunk_examples, "--chunk-examples")
     if crash_after_chunks is not None:
         crash_after_chunks = _positive_int("crash_after_chunks", crash_after_chunks, "test hook")
+    # Values given are checked before the run folder is made or a model trained; the defaults are the model's.
+    for label, value, check, flag in (("examples", examples, _positive_int, "--examples"),
+                                      ("iterations", iterations, _positive_int, "--iterations"),
+                                      ("size", size, _positive_float, "--size"),
+                                      ("sigma_scale", sigma_scale, _positive_float, "--sigma-scale")):
+        if value is not None:
+            check(label, value, flag)
     out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
 
     world = _World(device)
     try:
@@ -514,7 +532,7 @@ def run(
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
                     linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
-                    lsqr=lsqr, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
+                    lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
                     progress=progress, train_epochs=train_epochs,
                     crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
     finally:
@@ -522,13 +540,17 @@ def run(
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
-         download, weights, chunk_examples, linearize_at, targets, warm_start, solver, lsqr, progress,
+         download, weights, chunk_examples, linearize_at, targets, warm_start, solver, lsqr, lsqr_given, progress,
          train_epochs, krylov_pilots,
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "chunks").mkdir(exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "chunks").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: the run folder cannot be created ({exc.strerror}: {exc.filename}); pass a "
+                         f"folder you can write to") from None
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
     # -- model ---------------------------------------------------------------------------
@@ -569,18 +591,15 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     sigma_fresh = hcrfast.rms_sigma(feats, sigma_scale)
     rms = sigma_fresh / sigma_scale
     seconds_data = time.perf_counter() - t_data
-    lsqr_given = lsqr != hcrfast.DEFAULT_LSQR  # --lsqr-* options ask for LSQR
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
-                                       int(np.prod(xn.shape[1:])), lsqr_given=lsqr_given)
+                                       int(np.prod(xn.shape[1:])), lsqr_given=bool(lsqr_given))  # --lsqr-*: LSQR
     if krylov_pilots != 1 and solver != "krylov":
         raise ValueError(f"--krylov-pilots {krylov_pilots} applies to the Krylov solver, but this run solves with "
                          f"{solver!r}; add --solver krylov or drop --krylov-pilots")
     if krylov_pilots > restarts:
         raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most {restarts}")
     if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
-        lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **{
-            k: getattr(lsqr, k) for k in ("atol", "btol", "iter_lim")
-            if getattr(lsqr, k) != getattr(hcrfast.DEFAULT_LSQR, k)})
+        lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **lsqr_given)
 
     key = {
         "format": _FORMAT,
@@ -630,19 +649,22 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     reused = len(mine) - len(todo)
     if world.rank == 0:
         _say(progress, f"{tag}: {n_examples} examples x {restarts} restarts, {iterations} iterations, "
-                       f"size {size:.4g}, sigma = {sigma_scale:g} x RMS = {sigma:.4g}; "
+                       f"size {size:.4g}, sigma = {sigma_scale:g} x RMS = {sigma:.4g}, solver {solver}; "
                        f"clean accuracy {clean_acc:.4f}, dithered {dithered_acc:.4f}; "
                        f"{n_chunks} chunks of {chunk_examples} in {out}")
     if reused:
         _say(progress, f"{tag}: {reused} of my {len(mine)} chunks already finished, reusing them")
 
+    # Not in the key (a resume on another machine is allowed), but the last bits of the bounds depend
+    # on it: each chunk records it, and a merge of chunks computed with different ones says so.
+    arithmetic = _device_name(dev)  # on the CPU with torch's thread count
     t_chunks = time.perf_counter()
     examples_total = sum(len(ids_of[c]) for c in mine)
     examples_done = sum(len(ids_of[c]) for c in mine if c not in todo)
     for k, c in enumerate(todo, 1):
         ids = ids_of[c]
         arrays = _compute_chunk(zm, xn[ids[0]:ids[-1] + 1], ids, sigma, key, lsqr)
-        arrays.update(key=np.array(key_json), chunk=np.int64(c), example_ids=ids)
+        arrays.update(key=np.array(key_json), chunk=np.int64(c), example_ids=ids, arithmetic=np.array(arithmetic))
         atomic_savez(_chunk_path(out, c), **arrays)
         examples_done += len(ids)
         elapsed = time.perf_counter() - t_chunks
@@ -670,6 +692,12 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                                f"rerun the same command to compute it")
         parts.append(arrays)
     merged = {k: np.concatenate([p[k] for p in parts]) for k in _CHUNK_ARRAYS}
+    arithmetics = sorted({str(p["arithmetic"]) if "arithmetic" in p else "not recorded" for p in parts})
+    if len(arithmetics) > 1:
+        warnings.warn(f"{out}'s chunks were computed with different arithmetic ({'; '.join(arithmetics)}): the bounds "
+                      f"agree up to rounding, but are not bitwise those "
+                      f"of one uninterrupted run; resume with the first run's --threads to keep them bitwise",
+                      UserWarning, stacklevel=2)
     example_ids = np.concatenate([p["example_ids"] for p in parts])
     bound_seconds = float(sum(float(p["seconds"]) for p in parts))
     infinite = np.argwhere(merged["divergence"] == 0)  # (example, restart) pairs with D = 0
@@ -724,7 +752,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "examples_affected": int(np.unique(infinite[:, 0]).size) if infinite.size else 0,
             "reason": ("a(theta+eps) == a(theta) exactly (D = 0): theta and theta+eps give identical "
                        "observations, so no unbiased estimator exists for the DCT coordinates that eps "
-                       "moves; their bound is +inf"),
+                       "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "
+                       "nothing, and hcrfast.bound warns of it)"),
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),
@@ -741,6 +770,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "hcrfast": hcrfast.__version__,
         },
         "device": _device_name(dev),
+        "chunks_arithmetic": arithmetics,
         "outputs": {},
     }
     from hcrfast import report as _report

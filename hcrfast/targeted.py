@@ -50,7 +50,7 @@ import torch
 
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _in_chunks,
-                               _progress_line)
+                               _progress_line, divergence_underflow)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
@@ -300,6 +300,9 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
                                       f0[example_of[r0:r1]])
         eps64[r0:r1] = e64
         d[r0:r1] = noise.divergence(z64)
+        underflow = int(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum())
+        if underflow:
+            raise ValueError(divergence_underflow(noise, underflow))
 
     _in_chunks(R, chunk, work, batch.device)
     coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))

@@ -12,6 +12,7 @@ thread count → same weights); the global RNG is not touched.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from torch import nn
 
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
+from hcrfast.checkpoint import atomic_write_bytes
 
 __all__ = ["DEFAULT_EPOCHS", "TrainResult", "accuracy", "add_subparser", "train"]
 
@@ -153,8 +155,15 @@ def train(
             raise ValueError(f"{label} must be a positive integer, got {value!r}.")
     if not (lr > 0):
         raise ValueError(f"lr must be positive, got {lr!r}.")
-    device = torch.device("cpu" if device is None else device)
-    out = Path(f"{name}_state_dict.pt" if out is None else out)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r} (--seed)")
+    try:
+        device = torch.device("cpu" if device is None else device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device ({exc}); pass cpu or cuda (--device)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but torch sees no CUDA device; use cpu (--device)")
+    out = _writable_file(Path(f"{name}_state_dict.pt" if out is None else out))
 
     zm = _zoo.build(name, seed=seed)
     dataset = zm.dataset
@@ -197,8 +206,10 @@ def train(
     model.eval()
 
     test_accuracy = accuracy(zm, test_x, test_y)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    # Atomic, and through a file object: torch names the archive's records after a path it writes to,
+    # so the same weights would give other bytes under another (temporary) name.
+    atomic_write_bytes(out, lambda fh: torch.save(state, fh))
     if progress:
         print(
             f"{name}: test accuracy {test_accuracy:.4f} on {test_x.shape[0]} images; "
@@ -212,6 +223,20 @@ def train(
 # command line: `hcrfast train NAME` (registered by hcrfast.cli through add_subparser)
 
 
+def _writable_file(out: Path) -> Path:
+    """``out``, checked before any training: not a folder, its folder created (or an error naming why not)."""
+    if out.is_dir():
+        raise ValueError(f"{out} is a folder; pass a file path for the state dict, e.g. {out / 'model.pt'} (--out)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the folder of {out} ({exc.strerror}); pass a path you can write to "
+                         f"(--out)") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ValueError(f"cannot write to {out.parent}; pass a path you can write to (--out)")
+    return out
+
+
 def add_subparser(subparsers) -> None:
     """Register ``hcrfast train`` on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
@@ -223,9 +248,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--data-root", default=None, help="data directory (default ./data)")
     p.add_argument("--download", action="store_true", help="download MNIST/CIFAR-10 if missing")
     p.add_argument("--epochs", type=int, default=None, help="default: digits 30, mnist 6, cifar10 7")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=32, help="default 32")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, default 1e-3")
+    p.add_argument("--seed", type=int, default=0, help="initialization and shuffling, default 0")
     p.add_argument("--out", default=None, help="state dict path (default ./NAME_state_dict.pt)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per split")
     p.add_argument("--device", default=None, help="torch device (default cpu)")

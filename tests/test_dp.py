@@ -437,3 +437,15 @@ def test_cli_figure(tmp_path, capsys):
     assert main(["dp", "figure", "--out", str(tmp_path / "p.png"), "--source", "photo",
                  "--n-images", "31"]) == 2
     assert "n_images must be between 1 and 30" in capsys.readouterr().err
+
+
+def test_cli_figure_prints_the_path_it_writes_and_checks_it_first(tmp_path, capsys):
+    """matplotlib adds .png to a name without a suffix: the printed path is that file. A folder, or a
+    folder that does not exist, is refused before any attack runs."""
+    assert main(["dp", "figure", "--out", str(tmp_path / "f11"), "--sigmas", "0.3", "--n-images", "2",
+                 "--repeats", "1", "--dpi", "30"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'f11.png'}"
+    assert (tmp_path / "f11.png").is_file() and not (tmp_path / "f11").exists()
+    for out, text in ((tmp_path, "is a folder; pass a file name"), (tmp_path / "no" / "x.png", "does not exist")):
+        assert main(["dp", "figure", "--out", str(out), "--sigmas", "0.3"]) == 2
+        assert text in capsys.readouterr().err

@@ -264,6 +264,60 @@ def test_bad_values(weights, tmp_path, capsys, flag, value, text):
     assert text in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value, text", [
+    ("--examples", "0", "examples must be a positive integer"),
+    ("--sigma-scale", "nan", "sigma_scale must be a positive finite number"),
+])
+def test_bad_values_are_refused_before_the_run_folder_is_made_or_a_model_trained(tmp_path, capsys, flag, value, text):
+    assert cli.main(["reproduce", "digits", flag, value, "--out", str(tmp_path / "o")]) == 2
+    assert text in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_that_cannot_be_a_run_folder_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    for out, text in ((tmp_path / "afile", "is a file; pass a folder"),
+                      (tmp_path / "afile" / "sub", "the run folder cannot be created (Not a directory")):
+        assert cli.main(["reproduce", "digits", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hcrfast: error: --out") and text in err and "Traceback" not in err
+
+
+def test_train_checks_its_output_path_and_device_before_training(tmp_path, capsys):
+    for argv, text in ((["--out", str(tmp_path)], "is a folder; pass a file path"),
+                       (["--device", "foo"], "device 'foo' is not a torch device"),
+                       (["--seed", "-1"], "seed must be a non-negative integer")):
+        assert cli.main(["train", "digits", "--epochs", "1", *argv]) == 2
+        assert text in capsys.readouterr().err
+
+
+def test_the_same_weights_trained_twice_have_one_fingerprint(tmp_path):
+    """torch.save names the archive's records after the path it writes to; the run key must not see that:
+    a retrained digits model (or weights copied under another name) resumes its run folder."""
+    from hcrfast import train
+
+    a = train.train("digits", out=tmp_path / "a.pt", epochs=1, progress=False).state_dict_path
+    b = train.train("digits", out=tmp_path / "other_name.pt", epochs=1, progress=False).state_dict_path
+    assert reproduce._weights_fingerprint(a) == reproduce._weights_fingerprint(b)
+    assert reproduce._weights_fingerprint(a).startswith("state-dict-sha256:")
+    state = torch.load(a, weights_only=True)
+    next(iter(state.values())).view(-1)[0] += 1e-3
+    torch.save(state, tmp_path / "c.pt")
+    assert reproduce._weights_fingerprint(tmp_path / "c.pt") != reproduce._weights_fingerprint(a)
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # not a state dict: its bytes
+    assert reproduce._weights_fingerprint(tmp_path / "module.pt").startswith("sha256:")
+
+
+def test_interrupt_is_one_line_saying_the_run_resumes(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "run", interrupted)
+    assert cli.main(["reproduce", "digits"]) == 130
+    assert capsys.readouterr().err == ("hcrfast: interrupted; the chunks that finished are kept, and the same "
+                                       "command resumes\n")
+
+
 def test_imagenet_models_without_weights_warn_loudly(tmp_path, capsys):
     world = reproduce._World("cpu")
     with pytest.warns(UserWarning, match="RANDOMLY INITIALIZED"):
@@ -370,6 +424,11 @@ def test_krylov_solver_runs_with_its_own_stopping_rules(weights, tmp_path):
     key = json.loads((out / "run.json").read_text())["key"]
     assert key["solver"] == "krylov" and key["lsqr"]["atol"] == 0 and key["lsqr"]["conlim"] == 0
     assert key["krylov_pilots"] == 1
+    # an option given equal to DEFAULT_LSQR's value is still given: the basis stops by it
+    out_atol = tmp_path / "krylov_atol"
+    assert cli.main(["reproduce", "digits", *small, "--solver", "krylov", "--lsqr-atol", "1e-5", "--out",
+                     str(out_atol), "--weights", str(weights), "--no-progress"]) == 0
+    assert json.loads((out_atol / "run.json").read_text())["key"]["lsqr"]["atol"] == 1e-5
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lsqr"]["istop_counts"]["-2"] == 4 * (2 * 2 - 1)
     assert "Krylov basis" in (out / "report.html").read_text()
@@ -387,3 +446,15 @@ def test_krylov_solver_runs_with_its_own_stopping_rules(weights, tmp_path):
                           out=tmp_path / "bad", progress=False, solver=bad[1],
                           krylov_pilots=int(bad[3]))
 
+
+
+def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise(weights, tmp_path, capsys):
+    out = tmp_path / "threads"
+    base = ["reproduce", "digits", *TINY, "--weights", str(weights), "--out", str(out)]
+    assert cli.main(base + ["--threads", "1"]) == 0
+    (out / "chunks" / "chunk_00001.npz").unlink()
+    with pytest.warns(UserWarning, match=r"chunks were computed with different arithmetic .*torch threads 1\).*"
+                                         r"torch threads 2\).*not bitwise"):
+        assert cli.main(base + ["--threads", "2"]) == 0
+    arithmetic = json.loads((out / "summary.json").read_text())["chunks_arithmetic"]
+    assert len(arithmetic) == 2 and all("torch threads" in a for a in arithmetic)

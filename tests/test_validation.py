@@ -274,3 +274,23 @@ def test_a_restart_whose_eps_came_out_0_is_reported_as_bounding_nothing(x, monke
     assert res.infinite_reasons == ["example 0, restart 0: eps came out 0 (a step outside the range the solver's "
                                     "dtype resolves), so D = 0 and this restart bounds nothing (0, not +inf)"]
     assert res.divergence[0, 0] == 0 and np.all(np.isfinite(res.std)) and res.best_restart[0] == 1
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_a_divergence_that_underflows_is_refused_not_reported_as_infinite(x, entry):
+    """+inf is proved only by a feature shift of exactly 0. With σ = 1e170 (float64 throughout, so the
+    steps ~1e167 fit) ‖z‖²/σ² is below float64's range: D = 0 although z ≠ 0. Before, such bounds read +inf."""
+    model, xd = mlp().double(), x.double()
+    if entry == "bound":
+        # There the solve itself overflows at such σ (refused as such); shrink the certified shifts instead.
+        from hcrfast import algorithm
+
+        real = algorithm._certified_shift
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(algorithm, "_certified_shift", lambda m64, rows, eps: (lambda e, z: (e, z * 1e-200))(
+                *real(m64, rows, eps)))
+            with pytest.raises(ValueError, match=r"D\(z\) underflowed to 0 for 6 steps whose features did change"):
+                hcrfast.bound(model, xd, 0.05, iterations=2, restarts=2, solver="dense")
+    else:
+        with pytest.raises(ValueError, match=r"D\(z\) underflowed to 0 for 6 steps whose features did change"):
+            hcrfast.targeted_bound(model, xd, 1e170, targets=[0, 1])
