@@ -228,14 +228,24 @@ def divergence_underflow(noise, count: int) -> str:
             f"(hcrfast.rms_sigma(features, scale))")
 
 
-def _check_perturbations(eps64, shift, noise, size: float, dtype) -> None:
+def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=None, features_move=None) -> None:
     """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
-    shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε 0 (σ·s too small:
-    the solver's vectors underflow, or ε vanishes added to the inputs). One host read."""
+    shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε that was meant to
+    be non-zero (rows ``intended``, default all) 0 (σ·s too small: the solver's vectors underflow, or
+    ε vanishes added to the inputs). One host read. ``features_move()``, asked only then, tells that
+    case from a model whose features do not depend on its input (J = 0: no ε to find)."""
     xp = get_array_module(eps64)
     bad = ~xp.all(xp.isfinite(eps64), axis=1) | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
-    n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), xp.any(eps64 != 0, axis=1).sum()])))
+    moved = xp.any(eps64 != 0, axis=1)
+    if intended is not None:
+        moved = moved | ~intended
+    n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), moved.sum()])))
     name = str(dtype).replace("torch.", "")
+    if n_moved == 0 and features_move is not None and not features_move():
+        raise ValueError("the model's features do not change when its input does (J = 0 at every example of the "
+                         "chunk), so Algorithm 1 has no direction to follow and its bounds would all be 0; "
+                         "hcrfast.targeted_bound(model, batch, sigma, null_probes=True) certifies +inf for the "
+                         "modes such a model does not see")
     if n_bad:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
@@ -246,6 +256,17 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype) -> None:
                          f"bound can be computed: the steps are outside the range the {name} solver resolves (its "
                          f"vectors' squares underflow or overflow); pass a sigma nearer the features' scale "
                          f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
+
+
+def _features_move(model, x) -> bool:
+    """Whether a random step of 1e-3 × the inputs' largest magnitude changes ``model``'s features at any
+    row of ``x`` (in the model's own dtype)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), x.dtype) \
+        if isinstance(model, torch.nn.Module) else x.dtype
+    x = x.to(dtype)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    step = torch.randn(x.shape, generator=gen, dtype=dtype).to(x.device) * (1e-3 * float(x.abs().max() or 1.0))
+    return bool((_features(model, x + step) != _features(model, x)).any())
 
 
 def _certified_shift(model64, x, eps):
@@ -700,7 +721,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 c_ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
-            _check_perturbations(eps64, z64, noise, size, batch.dtype)
+            _check_perturbations(eps64, z64, noise, size, batch.dtype,
+                                 features_move=lambda: _features_move(model64 if certify else model, x))
             return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
                     targeted_dirs)
 

@@ -522,7 +522,10 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     Parameters
     ----------
     bounds : Bounds, TargetedBounds or array
-        Per-mode std bounds (``.std``), shape = ``attack.rmse.shape``, same basis.
+        Per-mode std bounds (``.std``), shape = ``attack.rmse.shape``, same basis. Bounds
+        made at another noise law or σ, or with a model of another number of features or
+        inputs, are refused (their ``params`` say so; that the batch is the same is the
+        caller's to ensure).
     attack : AttackResult
     quantiles : sequence of float
         Quantile levels of the ratio to report.
@@ -547,10 +550,19 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     if std.shape != att.rmse.shape:
         raise ValueError(f"Shape mismatch: bounds.std has shape {std.shape} but attack.rmse has {att.rmse.shape}; "
                          f"compute both on the same batch")
-    bound_basis = getattr(bounds, "params", {}).get("basis") if hasattr(bounds, "params") else None
+    b_params = getattr(bounds, "params", None) or {}
+    bound_basis = b_params.get("basis")
     if bound_basis is not None and bound_basis != attack.params.get("basis"):
         raise ValueError(f"the bounds are in the {bound_basis!r} basis but the attack in {attack.params.get('basis')!r}; "
                          f"pass the same basis= to both")
+    bound_noise = b_params.get("noise") or (Gaussian(b_params["sigma"]).describe() if b_params.get("sigma") else None)
+    if bound_noise is not None and bound_noise != attack.params.get("noise"):
+        raise ValueError(f"the bounds are for {bound_noise.split(':')[0]} but the attack for "
+                         f"{str(attack.params.get('noise')).split(':')[0]}; compare the two at the same sigma")
+    for k, what in (("n_features", "features"), ("n_inputs", "input values")):
+        if k in b_params and k in attack.params and b_params[k] != attack.params[k]:
+            raise ValueError(f"the bounds were computed with {b_params[k]} {what} per example, the attack with "
+                             f"{attack.params[k]}: not the same model; compute both with one model and batch")
     levels = [float(q) for q in quantiles]
     if any(not 0 <= q <= 1 for q in levels):
         raise ValueError(f"quantiles must lie in [0, 1], got {tuple(quantiles)}")

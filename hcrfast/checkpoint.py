@@ -44,6 +44,8 @@ def atomic_write_bytes(path: Path, write) -> None:
     one, or a stray temporary file; never a truncated ``path``.
     """
     path = Path(path)
+    if not path.parent.is_dir():  # else the error would name the temporary file
+        raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist; create it first")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:

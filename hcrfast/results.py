@@ -134,13 +134,17 @@ class Bounds:
         h = self.to_numpy()
         std = h.std.reshape(h.std.shape[0], -1)
         finite = std[np.isfinite(std)]
-        q = np.quantile(finite, [0.1, 0.5, 0.9]) if finite.size else [np.nan] * 3
         p = self.params
+        if finite.size:
+            q = np.quantile(finite, [0.1, 0.5, 0.9])
+            quantiles = f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"
+        else:
+            quantiles = "  std bounds: all +inf"
         lines = [
             f"HCR bounds for {std.shape[0]} examples x {std.shape[1]} {p.get('basis', '?')} modes "
             f"(noise={str(p.get('noise')).split(':')[0]}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
-            f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}",
+            quantiles + (f" ({finite.size} finite of {std.size})" if 0 < finite.size < std.size else ""),
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
@@ -161,9 +165,24 @@ class Bounds:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
+        if h.targeted is not None:
+            t = h.targeted
+            lifted = np.asarray(t.std).reshape(std.shape[0], -1)[:, t.modes] > \
+                np.asarray(h.std_algorithm1).reshape(std.shape[0], -1)[:, t.modes]
+            lines.append(f"  targeted ({t.method}): {len(t.modes)} modes per example, each its own certified "
+                         f"perturbation; {lifted.mean():.1%} of their bounds above Algorithm 1's (the bounds above "
+                         f"are the larger of the two)")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
             lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): {len(self.infinite_reasons)} restarts "
                          f"left the features exactly unchanged; see .infinite_reasons")
+        n_zero = int((std == 0).sum())
+        if n_zero:
+            rank = (p.get("dense") or p.get("krylov") or {}).get("rank_min")
+            rank_note = (f" J's rank is as low as {rank} of {std.shape[1]} inputs: some modes may be invisible to "
+                         f"the features." if rank is not None and rank < std.shape[1] else "")
+            lines.append(f"  {n_zero} coordinates have bound 0: no restart moved them. 0 guarantees nothing; it does "
+                         f"not show they are exposed.{rank_note} hcrfast.targeted_bound(..., null_probes=True) "
+                         f"aims a step at each mode and finds those the features do not see (+inf)")
         lines.append(f"  wall time {self.seconds:.2f} s")
         return "\n".join(lines)

@@ -124,6 +124,10 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     if ids.shape != (batch_size,) or ids.dtype.kind not in "iu" or np.any(ids < 0):
         raise ValueError(f"example_ids must be {batch_size} non-negative integers (one per example), "
                          f"got an array of shape {ids.shape} and dtype {ids.dtype}")
+    values, counts = np.unique(ids, return_counts=True)
+    if np.any(counts > 1):
+        raise ValueError(f"example_ids must be distinct (each id seeds its example's own noise, so repeated ids "
+                         f"give distinct examples the same draws); repeated: {values[counts > 1][:10].tolist()}")
     return ids
 
 

@@ -189,6 +189,17 @@ def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes():
     with pytest.raises(TypeError, match="AttackResult"):
         compare(std, res.rmse)
     assert isinstance(res, AttackResult)
+    # bounds at another sigma (Bounds and TargetedBounds), or of a model with other features
+    other_sigma = hcrfast.bound(model, x, 0.05, iterations=1, restarts=1)
+    with pytest.raises(ValueError, match=r"bounds are for Gaussian\(sigma=0.05\) but the attack for "
+                                         r"Gaussian\(sigma=0.3\)"):
+        compare(other_sigma, res)
+    with pytest.raises(ValueError, match="at the same sigma"):
+        compare(hcrfast.targeted_bound(model, x, 0.05, targets=[0]), res)
+    wider = torch.nn.Sequential(model, torch.nn.Linear(model(x).shape[1], 3).double()).eval()
+    with pytest.raises(ValueError, match="computed with 3 features per example"):
+        compare(hcrfast.bound(wider, x, 0.3, iterations=1, restarts=1), res)
+    compare(hcrfast.bound(model, x, 0.3, iterations=1, restarts=1), res)  # the same: accepted
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [

@@ -294,3 +294,68 @@ def test_a_divergence_that_underflows_is_refused_not_reported_as_infinite(x, ent
     else:
         with pytest.raises(ValueError, match=r"D\(z\) underflowed to 0 for 6 steps whose features did change"):
             hcrfast.targeted_bound(model, xd, 1e170, targets=[0, 1])
+
+
+class Blind(torch.nn.Module):
+    """Features that do not depend on the input (J = 0), or only on its first ``seen`` pixels."""
+
+    def __init__(self, seen=0):
+        super().__init__()
+        self.seen, self.lin = seen, torch.nn.Linear(16, 6)
+
+    def forward(self, t):
+        flat = t.reshape(t.shape[0], -1)
+        mask = torch.zeros(16, dtype=t.dtype)
+        mask[:self.seen] = 1
+        return torch.tanh(self.lin(flat * mask))
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
+def test_features_that_ignore_the_input_are_named_and_targeted_bound_certifies_them(x, solver):
+    """J = 0: every ε is 0 for a reason other than range; the error says so and where +inf is proved."""
+    with pytest.raises(ValueError, match=r"features do not change when its input does .* null_probes=True"):
+        hcrfast.bound(Blind().eval(), x, 0.05, iterations=2, restarts=2, solver=solver)
+    res = hcrfast.targeted_bound(Blind().eval(), x, 0.05, targets=[0, 7], basis="pixel")
+    assert np.all(np.isinf(res.std.reshape(3, -1)[:, [0, 7]]))
+
+
+def test_summary_says_what_a_bound_of_0_means_and_names_the_rank(x):
+    res = hcrfast.bound(Blind(seen=8).eval(), x, 0.05, basis="pixel", iterations=2, restarts=2, solver="dense")
+    assert np.all(res.std.reshape(3, -1)[:, 8:] == 0)  # Algorithm 1 never moves the unseen pixels
+    text = res.summary()
+    assert "24 coordinates have bound 0: no restart moved them. 0 guarantees nothing" in text
+    assert "J's rank is as low as 6 of 16 inputs" in text and "targeted_bound(..., null_probes=True)" in text
+
+
+class Stuck(torch.nn.Module):
+    """Its Jacobian says identity, its features never move: every certified D is 0, every bound +inf."""
+
+    def forward(self, t):
+        flat = t.flatten(1)
+        return flat - flat.detach() + 1.0
+
+
+def test_summary_of_bounds_that_are_all_infinite(x):
+    res = hcrfast.bound(Stuck().eval(), x, 0.05, iterations=1, restarts=2, solver="lsqr")
+    assert np.all(np.isinf(res.std))
+    text = res.summary()
+    assert "std bounds: all +inf" in text and "nan" not in text.split("divergence")[0]
+
+
+def test_repeated_example_ids_are_refused(x):
+    with pytest.raises(ValueError, match=r"example_ids must be distinct .* repeated: \[4\]"):
+        hcrfast.bound(mlp(), x, 0.05, example_ids=[4, 4, 5], **QUICK)
+
+
+def test_targeted_bound_takes_a_gaussian_law_and_names_the_others(x):
+    kw = dict(targets=[0, 3])
+    np.testing.assert_array_equal(hcrfast.targeted_bound(mlp(), x, hcrfast.Gaussian(0.05), **kw).std,
+                                  hcrfast.targeted_bound(mlp(), x, 0.05, **kw).std)
+    with pytest.raises(NotImplementedError, match=r"needs Gaussian noise .* got Laplace\(scale=0.05\)"):
+        hcrfast.targeted_bound(mlp(), x, hcrfast.Laplace(0.05), **kw)
+
+
+def test_saving_into_a_missing_folder_names_the_file_not_a_temporary_one(x, tmp_path):
+    res = hcrfast.bound(mlp(), x, 0.05, **QUICK)
+    with pytest.raises(FileNotFoundError, match=r"cannot write .*missing/b\.npz: the folder .*missing does not exist"):
+        res.save(tmp_path / "missing" / "b.npz")
