@@ -113,6 +113,10 @@ def add_subparser(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.targets is not None and args.targets != "all" and not args.targets.startswith("low:"):
+        raise ValueError(f"--targets takes 'all' or 'low:K' (the K x K lowest DCT frequencies of every channel), got "
+                         f"{args.targets!r}; lists of modes and masks are for the Python API (hcrfast.bound(..., "
+                         f"targets=...))")
     # run() warns about a randomly initialized ImageNet model and also prints a banner; the
     # command line shows the banner only.
     warnings.filterwarnings("ignore", message=r".*RANDOMLY INITIALIZED", category=UserWarning)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,9 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings on the command line: one line, without the source line Python would print."""
+    return f"hcrfast: warning: {message}\n"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    saved_format = warnings.formatwarning
+    warnings.formatwarning = _format_warning
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
@@ -37,6 +45,8 @@ def main(argv=None) -> int:
         resume = "; the chunks that finished are kept, and the same command resumes" if args.command == "reproduce" else ""
         print(f"hcrfast: interrupted{resume}", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = saved_format
 
 
 if __name__ == "__main__":  # pragma: no cover

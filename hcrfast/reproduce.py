@@ -651,7 +651,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         _say(progress, f"{tag}: {n_examples} examples x {restarts} restarts, {iterations} iterations, "
                        f"size {size:.4g}, sigma = {sigma_scale:g} x RMS = {sigma:.4g}, solver {solver}; "
                        f"clean accuracy {clean_acc:.4f}, dithered {dithered_acc:.4f}; "
-                       f"{n_chunks} chunks of {chunk_examples} in {out}")
+                       f"{n_chunks} chunk{'s' if n_chunks != 1 else ''} of {min(chunk_examples, n_examples)} "
+                       f"examples in {out}")
     if reused:
         _say(progress, f"{tag}: {reused} of my {len(mine)} chunks already finished, reusing them")
 
