@@ -32,7 +32,7 @@ from hcrfast.distributed import World
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, Laplace, MonteCarlo, as_noise
+from hcrfast.noise import Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise
 from hcrfast.results import Bounds, json_default
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
@@ -443,6 +443,7 @@ def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=N
     return chunk
 
 
+@accepts_per_feature_sigma
 def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, restarts: int = 25,
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
@@ -459,8 +460,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         eval for the call, with a warning, and switched back).
     batch : torch.Tensor, shape (B, ...)
         The inputs θ, on the model's device and in its dtype.
-    sigma : float or noise law
-        Standard deviation of the Gaussian dithering of every feature, or a noise
+    sigma : float, array of one std per feature, or noise law
+        Standard deviation of the Gaussian dithering of every feature; one std per
+        feature (an array, tensor or list of the features' size: the problem is that of
+        the features divided by them with σ = 1, ``params["noise"]`` names them); or a noise
         law: ``hcrfast.Gaussian(sigma)``, ``hcrfast.Laplace(b)``, or
         ``hcrfast.MonteCarlo(...)`` for any i.i.d. density (its D is an upper
         confidence bound; the confidence of each restart is raised to

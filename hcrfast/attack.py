@@ -45,7 +45,7 @@ from hcrfast.bindings import (
 )
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
-from hcrfast.noise import Gaussian, as_noise
+from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -318,6 +318,7 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
     return start
 
 
+@accepts_per_feature_sigma
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 1e-3,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
                         tol: float | None = None, jacobian: str = "reverse", chunk_size: int | None = None,
@@ -339,9 +340,10 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         (a model in training mode is switched for the call, with a warning).
     batch : torch.Tensor, shape (B, ...)
         The true inputs θ, on the model's device and in its dtype.
-    noise_or_sigma : float or noise law
-        The dithering: σ of i.i.d. Gaussian noise, or ``hcrfast.Gaussian``,
-        ``hcrfast.Laplace``, ``hcrfast.MonteCarlo`` (only its ``sample`` is used).
+    noise_or_sigma : float, array of one std per feature, or noise law
+        The dithering: σ of i.i.d. Gaussian noise, one std per feature (as
+        :func:`hcrfast.bound`), or ``hcrfast.Gaussian``, ``hcrfast.Laplace``,
+        ``hcrfast.MonteCarlo`` (only its ``sample`` is used).
     draws : int
         Noise draws per example (independent reconstructions).
     steps : int

@@ -20,6 +20,9 @@ All three satisfy :class:`NoiseLaw` (``divergence``, ``sample``, ``describe``);
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+
 import math
 import numbers
 import warnings
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from hcrfast.backend import get_array_module, to_host
 
@@ -543,3 +547,89 @@ def as_noise(noise) -> NoiseLaw:
         return Gaussian(noise)
     raise TypeError(f"noise must be a positive float (the Gaussian sigma) or a noise law "
                     f"(hcrfast.noise.Gaussian, Laplace, MonteCarlo), got {type(noise).__name__}")
+
+
+class PerFeatureStd(torch.nn.Module):
+    """``model`` with its features divided by ``stds``: Gaussian noise of std ``stds[j]`` on feature j
+    is unit noise on these features, so every method runs on this model with σ = 1 (the released
+    features and their noise, divided by the stds, are the same observation). A buffer, so that a
+    float64 copy divides in float64."""
+
+    def __init__(self, model, stds: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("stds", stds.reshape(-1))
+        self.train(bool(getattr(model, "training", False)))
+
+    def forward(self, x):
+        out = self.model(x)
+        flat = out.reshape(out.shape[0], -1)
+        if flat.shape[1] != self.stds.shape[0]:
+            raise ValueError(f"sigma holds {self.stds.shape[0]} stds, one per feature, but the model gives "
+                             f"{flat.shape[1]} features per example (shape {tuple(out.shape[1:])}); pass one std per "
+                             f"feature, or one number")
+        return flat / self.stds
+
+
+def per_feature_stds(sigma):
+    """The stds of a per-feature ``sigma`` (an array, tensor or sequence of more than one value) as a
+    float64 NumPy vector, checked positive and finite; None for anything else (one number, a law)."""
+    if isinstance(sigma, torch.Tensor):
+        values = sigma.detach().cpu().double().numpy()
+    elif isinstance(sigma, (np.ndarray, list, tuple)):
+        try:
+            values = np.asarray(sigma, dtype=np.float64)
+        except (TypeError, ValueError):
+            return None
+    else:
+        return None
+    if values.size <= 1:
+        return None
+    bad = ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        raise ValueError(f"sigma as one std per feature must be positive and finite; entries "
+                         f"{np.flatnonzero(bad)[:10].tolist()} are {values.ravel()[bad][:10].tolist()}")
+    return values.reshape(-1)
+
+
+def per_feature_describe(stds: np.ndarray) -> str:
+    """The ``params["noise"]`` of a per-feature σ: its spread and a fingerprint of the values."""
+    digest = hashlib.sha256(np.ascontiguousarray(stds, dtype=np.float64).tobytes()).hexdigest()[:16]
+    return (f"Gaussian(sigma per feature: {stds.size} stds, min {stds.min():.6g}, median {np.median(stds):.6g}, "
+            f"max {stds.max():.6g}, sha256 {digest}): D(z) = exp(sum_j z_j^2/sigma_j^2) - 1, exact")
+
+
+def whiten(model, batch: torch.Tensor, stds: np.ndarray, certify: bool = False):
+    """``model`` wrapped by :class:`PerFeatureStd` with ``stds`` on the batch's device and dtype. A plain
+    function under certification is refused first (its float64 copy could not divide in float64)."""
+    from hcrfast import validation
+
+    if not (isinstance(batch, torch.Tensor) and batch.is_floating_point()):
+        return PerFeatureStd(model, torch.as_tensor(stds))  # the batch's own checks come next and name its fault
+    if not isinstance(model, torch.nn.Module):
+        validation.float64_model(model, batch, certify)
+    return PerFeatureStd(model, torch.as_tensor(stds, dtype=batch.dtype, device=batch.device))
+
+
+def accepts_per_feature_sigma(fn):
+    """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
+    as ``sigma``: it runs on :class:`PerFeatureStd` with σ = 1, and its result says so in ``params``
+    (``sigma`` None, ``noise`` the stds' spread and fingerprint) and gives feature shifts (``z``) in
+    the model's own units. One number or a noise law goes straight to ``fn``."""
+
+    @functools.wraps(fn)
+    def wrapper(model, batch, sigma, *args, **kwargs):
+        stds = per_feature_stds(sigma)
+        if stds is None:
+            return fn(model, batch, sigma, *args, **kwargs)
+        result = fn(whiten(model, batch, stds, kwargs.get("certify", True)), batch, 1.0, *args, **kwargs)
+        label = dict(sigma=None, noise=per_feature_describe(stds))
+        result.params.update(label)
+        if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
+            result.targeted.params.update(label)
+        if getattr(result, "z", None) is not None:
+            xp = get_array_module(result.z)
+            result.z = result.z * xp.asarray(stds, dtype=result.z.dtype)
+        return result
+
+    return wrapper

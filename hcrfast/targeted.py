@@ -55,7 +55,7 @@ from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, as_noise
+from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
 from hcrfast.results import json_default
 
@@ -419,6 +419,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
     return eps, itn, istop
 
 
+@accepts_per_feature_sigma
 def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200, method: str = "auto",
                    basis: str = "dct", certify: bool = True, lsqr: LSQROptions | None = None,
                    jacobian: str = "auto", null_probes: bool = True,
@@ -433,8 +434,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         (a model in training mode is switched for the call, with a warning).
     batch : torch.Tensor, shape (B, ...)
         The inputs θ, on the model's device and in its dtype.
-    sigma : float
-        Standard deviation of the Gaussian dithering of every feature.
+    sigma : float, array of one std per feature, or hcrfast.Gaussian
+        Standard deviation of the Gaussian dithering of every feature, or one per
+        feature (as :func:`hcrfast.bound`).
     targets : "all", "low:K", sequence of modes, or bool mask
         The modes to bound; see :func:`parse_targets`.
     size : float

@@ -28,10 +28,7 @@ def positive_int(name: str, value) -> int:
 def positive_float(name: str, value, hint: str = "") -> float:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         if (value.size if isinstance(value, np.ndarray) else value.numel()) != 1:
-            per_feature = (f"; for a std per feature, divide the features by it (a torch.nn.Module whose forward "
-                           f"returns model(x) / stds) and pass {name}=1.0: the released features and their noise, "
-                           f"divided by the stds, are the same problem") if name == "sigma" else ""
-            raise TypeError(f"{name} must be one number, got an array of shape {tuple(value.shape)}{per_feature}")
+            raise TypeError(f"{name} must be one number, got an array of shape {tuple(value.shape)}")
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -216,7 +213,7 @@ def entry_point(model, device, *, tf32: bool = False):
     and convolutions unless ``tf32``."""
     from hcrfast.bindings import ieee_float32, solver_stream
 
-    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model, stacklevel=6), solver_stream(device),
+    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model, stacklevel=7), solver_stream(device),
           ieee_float32(not tf32)):
         yield
 

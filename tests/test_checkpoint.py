@@ -403,3 +403,15 @@ def test_a_model_change_its_fingerprint_misses_is_refused_by_the_features(entry,
     with pytest.raises(CheckpointMismatchError, match=r"largest difference .*, 0.9 of the largest feature"):
         call(Tempered(10.0).eval(), batch(), 0.3, checkpoint=tmp_path / "T", **kw_e)
     assert (tmp_path / "T" / "features.npy").is_file()
+
+
+def test_per_feature_sigma_resumes_and_other_stds_are_refused(tmp_path):
+    stds = np.linspace(0.2, 0.4, 12)
+    whole = hcrfast.bound(relu_mlp(), batch(), stds, **kw("dense"))
+    hcrfast.bound(relu_mlp(), batch(), stds, checkpoint=tmp_path, **kw("dense"))
+    again = hcrfast.bound(relu_mlp(), batch(), stds, checkpoint=tmp_path, **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == 7
+    assert_same(again, whole)
+    np.testing.assert_array_equal(again.z, whole.z)
+    with pytest.raises(CheckpointMismatchError, match="model: "):
+        hcrfast.bound(relu_mlp(), batch(), stds * 1.01, checkpoint=tmp_path, **kw("dense"))

@@ -31,18 +31,43 @@ def test_bad_sigma_type(x):
         hcrfast.bound(mlp(), x, "1.0", **QUICK)
 
 
-@pytest.mark.parametrize("stds", [torch.full((12,), 0.05), np.full(12, 0.05)])
-def test_per_feature_sigma_names_the_whitening_fix_and_the_fix_works(x, stds):
-    """A vector of stds is refused with the fix (divide the features by them, sigma=1), for bound and the attack;
-    with equal stds the fix gives the bounds of the scalar sigma, as the message says."""
-    for call in (lambda s: hcrfast.bound(mlp(), x, s, **QUICK), lambda s: hcrfast.gauss_newton_attack(mlp(), x, s)):
-        with pytest.raises(TypeError, match=r"sigma must be one number, got an array of shape \(12,\).*model\(x\) / stds"):
-            call(stds)
+@pytest.mark.parametrize("kind", ["tensor", "numpy", "list"])
+def test_one_std_per_feature_is_the_whitened_problem(x, kind):
+    """sigma = one std per feature runs bound, targeted_bound and the attack on the features divided by
+    the stds with sigma = 1: the same numbers as that explicit whitening (and, with equal stds, as the
+    scalar sigma); z comes back in the features' units; params name the stds."""
+    stds = np.linspace(0.03, 0.08, 12)
+    sigma = dict(tensor=torch.as_tensor(stds), numpy=stds, list=stds.tolist())[kind]
     model = mlp()
-    whitened = torch.nn.Sequential(model, Scale(1 / torch.as_tensor(stds, dtype=torch.float32))).eval()
-    want = hcrfast.bound(model, x, 0.05, **QUICK)
-    got = hcrfast.bound(whitened, x, 1.0, **QUICK)
-    np.testing.assert_allclose(got.std, want.std, rtol=1e-4)
+    whitened = torch.nn.Sequential(model, Divide(torch.as_tensor(stds, dtype=torch.float32))).eval()
+    got, want = hcrfast.bound(model, x, sigma, **QUICK), hcrfast.bound(whitened, x, 1.0, **QUICK)
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-5)
+    np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-5)
+    np.testing.assert_allclose(got.z, want.z * stds, rtol=1e-5)
+    assert got.params["sigma"] is None and got.params["noise"].startswith("Gaussian(sigma per feature: 12 stds, min 0.03")
+    t_got = hcrfast.targeted_bound(model, x, sigma, targets=[0, 5])
+    np.testing.assert_allclose(t_got.std, hcrfast.targeted_bound(whitened, x, 1.0, targets=[0, 5]).std, rtol=1e-5)
+    a_got = hcrfast.gauss_newton_attack(model, x, sigma, draws=2)
+    np.testing.assert_allclose(a_got.rmse, hcrfast.gauss_newton_attack(whitened, x, 1.0, draws=2).rmse, rtol=1e-4)
+    assert hcrfast.compare(got, a_got)["n_modes"] == got.std.size  # the same noise in both params
+    equal = hcrfast.bound(model, x, np.full(12, 0.05), **QUICK)  # float32 features / 0.05 round otherwise
+    np.testing.assert_allclose(equal.std, hcrfast.bound(model, x, 0.05, **QUICK).std, rtol=1e-3)
+
+
+def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
+    with pytest.raises(ValueError, match=r"sigma holds 5 stds, one per feature, but the model gives 12 features"):
+        hcrfast.bound(mlp(), x, np.full(5, 0.05), **QUICK)
+    with pytest.raises(ValueError, match=r"must be positive and finite; entries \[2\] are \[-0.1\]"):
+        hcrfast.bound(mlp(), x, [0.1, 0.1, -0.1] + [0.1] * 9, **QUICK)
+
+
+class Divide(torch.nn.Module):
+    def __init__(self, stds):
+        super().__init__()
+        self.register_buffer("stds", stds)
+
+    def forward(self, f):
+        return f / self.stds
 
 
 class Scale(torch.nn.Module):
