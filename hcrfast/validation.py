@@ -96,7 +96,11 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
             f"subclass of torch.nn.Module whose forward calls your function, with the modules it uses as its "
             f"attributes), or pass a float64 model and batch, or certify=False (z_eps then comes from forward "
             f"passes in {str(batch.dtype).replace('torch.', '')}, exact up to that rounding)")
-    return copy.deepcopy(model).double()
+    with warnings.catch_warnings():
+        # .double() of a TorchScript module reads .grad of its non-leaf parameters; torch warns about it
+        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
+                                category=UserWarning)
+        return copy.deepcopy(model).double()
 
 
 def checkpoint_folder(value):

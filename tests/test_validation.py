@@ -1,5 +1,6 @@
 """Every bad input of hcrfast.bound raises the documented error, naming the value and the fix."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -384,3 +385,13 @@ def test_saving_into_a_missing_folder_names_the_file_not_a_temporary_one(x, tmp_
     res = hcrfast.bound(mlp(), x, 0.05, **QUICK)
     with pytest.raises(FileNotFoundError, match=r"cannot write .*missing/b\.npz: the folder .*missing does not exist"):
         res.save(tmp_path / "missing" / "b.npz")
+
+
+def test_a_torchscript_model_is_certified_without_torchs_internal_warnings(x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script itself is deprecated
+        scripted = torch.jit.script(mlp())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = hcrfast.bound(scripted, x, 0.05, **QUICK)
+    np.testing.assert_allclose(got.std, hcrfast.bound(mlp(), x, 0.05, **QUICK).std, rtol=1e-6)
