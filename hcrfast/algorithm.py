@@ -233,19 +233,16 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε that was meant to
     be non-zero (rows ``intended``, default all) 0 (σ·s too small: the solver's vectors underflow, or
     ε vanishes added to the inputs). One host read. ``features_move()``, asked only then, tells that
-    case from a model whose features do not depend on its input (J = 0: no ε to find)."""
+    case from examples whose features do not depend on their input (J = 0: no ε exists), which pass."""
     xp = get_array_module(eps64)
     bad = ~xp.all(xp.isfinite(eps64), axis=1) | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
     if intended is not None:
         moved = moved | ~intended
     n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), moved.sum()])))
-    name = str(dtype).replace("torch.", "")
+    name = validation.dtype_name(dtype)
     if n_moved == 0 and features_move is not None and not features_move():
-        raise ValueError("the model's features do not change when its input does (J = 0 at every example of the "
-                         "chunk), so Algorithm 1 has no direction to follow and its bounds would all be 0; "
-                         "hcrfast.targeted_bound(model, batch, sigma, null_probes=True) certifies +inf for the "
-                         "modes such a model does not see")
+        return  # J = 0 at every example here: no step exists, whatever sigma; the caller reports each
     if n_bad:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
@@ -258,15 +255,15 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
 
 
-def _features_move(model, x) -> bool:
-    """Whether a random step of 1e-3 × the inputs' largest magnitude changes ``model``'s features at any
-    row of ``x`` (in the model's own dtype)."""
+def _features_move(model, x) -> np.ndarray:
+    """Per row of ``x``: whether a random step of 1e-3 × the inputs' largest magnitude changes ``model``'s
+    features (in the model's own dtype)."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), x.dtype) \
         if isinstance(model, torch.nn.Module) else x.dtype
     x = x.to(dtype)
     gen = torch.Generator(device="cpu").manual_seed(0)
     step = torch.randn(x.shape, generator=gen, dtype=dtype).to(x.device) * (1e-3 * float(x.abs().max() or 1.0))
-    return bool((_features(model, x + step) != _features(model, x)).any())
+    return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
 
 
 def _certified_shift(model64, x, eps):
@@ -601,6 +598,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         parse_targets(targets, batch.shape[1:], basis)
         validation.choice("targeted_method", targeted_method, METHODS)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
+    noise_asked = noise.describe()  # what compare() matches an attack against
     if isinstance(noise, MonteCarlo):
         noise = noise.with_confidence(1 - (1 - noise.confidence) / restarts)
     gaussian_sigma = noise.sigma if isinstance(noise, Gaussian) else None
@@ -660,7 +658,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         results = dict(std=std, mse=mse, eps=best_eps, z=best_z, divergence=divergence, best_restart=best_restart,
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
-        degenerate = [0, 0]  # restarts computed here whose eps rounded to 0, and whose D overflowed
+        zero_of = {}  # chunk start -> its lines of zero-step reasons (restarts whose eps is 0)
+        degenerate = [0, 0, 0]  # restarts computed here whose eps came out 0, whose D overflowed, at J = 0
         filled = set()  # the (start, stop) of every chunk whose rows are filled
         world = World(batch.device.type, set_device=False) if shard else None
         tag = "" if world is None else world.tag
@@ -670,7 +669,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         if checkpoint is not None:
             key = dict(
                 format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
-                batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
+                batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} sha256:{sha256_tensors(batch)}",
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
@@ -725,7 +724,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
-                                 features_move=lambda: _features_move(model64 if certify else model, x))
+                                 features_move=lambda: bool(_features_move(model64 if certify else model, x).any()))
             return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
                     targeted_dirs)
 
@@ -754,7 +753,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
                 # bound on the identifiable part.
                 targeted_of[start] = targeted_bound(
-                    model, batch[start:stop], gaussian_sigma, targets=targets, size=size, method=targeted_method,
+                    model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
                     basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
             with profiling.annotate("bound"):
                 m = stop - start
@@ -789,12 +788,23 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
-                             if moved[e, r] else
-                             f"example {start + e}, restart {r}: eps came out 0 (a step outside the range the "
-                             f"solver's dtype resolves), so D = 0 and this restart bounds nothing (0, not +inf)"
-                             for e, r in zip(*np.nonzero(zero_d))]
+                             for e, r in zip(*np.nonzero(zero_d & moved))]
                 reasons_of[start] = c_reasons
-                degenerate[0] += int((zero_d & ~moved).sum())
+                c_zero = []  # restarts whose eps is 0: they bound nothing; why, per example
+                lost = zero_d & ~moved
+                if lost.any():
+                    examples = np.flatnonzero(lost.any(axis=1))
+                    move = _features_move(model64 if certify else model, batch[start:stop][torch.as_tensor(examples)])
+                    blind = dict(zip(examples.tolist(), (~move).tolist()))
+                    c_zero = [f"example {start + e}, restart {r}: " + (
+                        "J = 0 here (the features do not move with this example's input), so Algorithm 1 has no "
+                        "direction and this restart bounds nothing (0); hcrfast.targeted_bound(..., "
+                        "null_probes=True) certifies +inf for the modes the features do not see" if blind[e] else
+                        "eps came out 0 (a step outside the range the solver's dtype resolves), so this restart "
+                        "bounds nothing (0)") for e, r in zip(*np.nonzero(lost))]
+                    degenerate[0] += sum(not blind[e] for e, _ in zip(*np.nonzero(lost)))
+                    degenerate[2] += sum(blind[e] for e, _ in zip(*np.nonzero(lost)))
+                zero_of[start] = c_zero
                 degenerate[1] += int(overflow.sum())
             if saved is not None:
                 with profiling.annotate("checkpoint"):
@@ -804,7 +814,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                         part.update({f"targeted.{k}": v for k, v in t_arrays.items()},
                                     targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
-                               reasons=np.array(c_reasons, dtype=str), **part)
+                               reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
+                               **part)
             computed[0] += stop - start
             filled.add((start, stop))
             if progress:
@@ -828,6 +839,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                         a[start:stop] = xp.asarray(arrays[name])
                     ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
+                    zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
                     if targets is not None:
                         targeted_of[start] = TargetedBounds.from_arrays(
                             {k[len("targeted."):]: v for k, v in arrays.items() if k.startswith("targeted.")},
@@ -856,14 +868,21 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             read_back()  # the other processes' pieces
             world.close()
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
+        zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
+        # stacklevel 3: the user's call, past accepts_per_feature_sigma
         if degenerate[0]:
-            warnings.warn(f"{degenerate[0]} restarts' eps came out 0 in {str(batch.dtype).replace('torch.', '')} "
-                          f"(their steps are outside the range it resolves): they bound nothing (0); a float64 model "
-                          f"and batch avoid it", UserWarning, stacklevel=2)
+            warnings.warn(f"{degenerate[0]} restarts' eps came out 0 in {validation.dtype_name(batch.dtype)} "
+                          f"(their steps are outside the range it resolves): they bound nothing (0); see "
+                          f"params['zero_step_reasons']", UserWarning, stacklevel=3)
+        if degenerate[2]:
+            warnings.warn(f"{degenerate[2]} restarts found J = 0 at their example (its features do not move with "
+                          f"its input): they bound nothing (0); hcrfast.targeted_bound(..., null_probes=True) "
+                          f"certifies +inf for the modes the features do not see; see params['zero_step_reasons']",
+                          UserWarning, stacklevel=3)
         if degenerate[1]:
-            warnings.warn(f"D(z) overflowed for {degenerate[1]} restarts (|z| > 26 sigma: the model moved its "
-                          f"features far beyond the noise for a step of the asked size), so they bound nothing (0); a "
-                          f"smaller size gives finite D", UserWarning, stacklevel=2)
+            warnings.warn(f"D(z) overflowed for {degenerate[1]} restarts (the model moved its features far beyond the "
+                          f"noise for a step of the asked size), so they bound nothing (0); a smaller size gives "
+                          f"finite D", UserWarning, stacklevel=3)
 
         targeted = None
         std_algorithm1 = None
@@ -873,10 +892,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)
 
-    params = dict(sigma=gaussian_sigma, noise=noise.describe(), size=size, iterations=iterations,
+    params = dict(sigma=gaussian_sigma, noise=noise.describe(), noise_asked=noise_asked, size=size,
+                  iterations=iterations,
                   restarts=restarts, seed=int(seed),
                   linearize_at=linearize_at, basis=basis, certify=certify, jacobian=jacobian,
-                  lsqr=dataclasses.asdict(options), dtype=str(batch.dtype).replace("torch.", ""), tf32=tf32,
+                  lsqr=dataclasses.asdict(options), dtype=validation.dtype_name(batch.dtype), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver,
                   dense=None if solver != "dense" else dict(
                       jacobian_products=min(n, p), rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
@@ -886,6 +906,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                   checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,
                                                         examples_computed=computed[0]),
+                  zero_step_reasons=zero_steps,
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

@@ -456,8 +456,9 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             Z = xp.asarray(observation_noise(example_ids[lo:hi], draws, n, seed=int(seed), noise=noise))
             X = xp.repeat(f_all[lo:hi], draws, axis=0) + Z
             est = from_torch(start_points[lo:hi].repeat_interleave(draws, dim=0).reshape(m * draws, p)).copy()
-            return Z, _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
-                                    options=options, jacobian=jacobian)
+            with np.errstate(over="ignore", invalid="ignore"):  # a run that stalls on them is refused below
+                return Z, _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
+                                        options=options, jacobian=jacobian)
 
         def store(lo, hi, result):
             Z, run = result
@@ -489,13 +490,21 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
 
         _in_chunks(B, chunk_size, compute, batch.device, store=store, on_halve=on_halve)
 
+    stalled, finite = (int(v) for v in to_host(xp.stack([
+        ((out["steps"] == 0) & ~out["converged"]).sum(), xp.isfinite(out["rmse"]).all().astype(xp.int64)])))
+    if stalled == B * draws or not finite:
+        raise ValueError(f"gauss_newton_attack took no step at any of its {B * draws} draws ({noise.describe().split(':')[0]} "
+                         f"against features of RMS {float(to_host(xp.sqrt(xp.mean(f_all * f_all)))):.3g}): no damped "
+                         f"Gauss-Newton step lowered a residual, so each estimate is its start point and its error "
+                         f"says nothing about an attacker; pass a sigma nearer the features' scale "
+                         f"(hcrfast.rms_sigma(features, scale))")
     for key in ("rmse", "bias", "bias_se", "std"):
         out[key] = out[key].reshape((B,) + input_shape)
     out["estimates"] = out["estimates"].reshape((B, draws) + input_shape)
     params = dict(sigma=noise.sigma if isinstance(noise, Gaussian) else None, noise=noise.describe(), draws=draws,
                   steps=steps, damping=damping, start=start if isinstance(start, str) else "tensor",
                   seed=int(seed), noise_stream=f"default_rng([seed, e, {NOISE_STREAM}])", basis=basis, tol=tol,
-                  lsqr=dataclasses.asdict(options), jacobian=jacobian, dtype=str(batch.dtype).replace("torch.", ""),
+                  lsqr=dataclasses.asdict(options), jacobian=jacobian, dtype=validation.dtype_name(batch.dtype),
                   device=str(batch.device), n_features=n, n_inputs=p)
     return AttackResult(**out, params=params, seconds=time.perf_counter() - t_start)
 
@@ -557,10 +566,13 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     if bound_basis is not None and bound_basis != attack.params.get("basis"):
         raise ValueError(f"the bounds are in the {bound_basis!r} basis but the attack in {attack.params.get('basis')!r}; "
                          f"pass the same basis= to both")
-    bound_noise = b_params.get("noise") or (Gaussian(b_params["sigma"]).describe() if b_params.get("sigma") else None)
+    # The law the bound was asked for (a Monte Carlo law's confidence is raised per restart inside it);
+    # older results: their noise, or their sigma alone.
+    bound_noise = (b_params.get("noise_asked") or b_params.get("noise")
+                   or (Gaussian(b_params["sigma"]).describe() if b_params.get("sigma") else None))
     if bound_noise is not None and bound_noise != attack.params.get("noise"):
-        raise ValueError(f"the bounds are for {bound_noise.split(':')[0]} but the attack for "
-                         f"{str(attack.params.get('noise')).split(':')[0]}; compare the two at the same sigma")
+        raise ValueError(f"the bounds are for other noise than the attack: {bound_noise!r} against "
+                         f"{attack.params.get('noise')!r}; compute both with the same sigma or noise law")
     for k, what in (("n_features", "features"), ("n_inputs", "input values")):
         if k in b_params and k in attack.params and b_params[k] != attack.params[k]:
             raise ValueError(f"the bounds were computed with {b_params[k]} {what} per example, the attack with "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 
 import math
 import numbers
@@ -552,84 +553,127 @@ def as_noise(noise) -> NoiseLaw:
 class PerFeatureStd(torch.nn.Module):
     """``model`` with its features divided by ``stds``: Gaussian noise of std ``stds[j]`` on feature j
     is unit noise on these features, so every method runs on this model with σ = 1 (the released
-    features and their noise, divided by the stds, are the same observation). A buffer, so that a
-    float64 copy divides in float64."""
+    features and their noise, divided by the stds, are the same observation). The stds are a float64
+    buffer, divided in the features' dtype, so that the float64 copy that certifies divides by the
+    user's values exactly; ``shape`` is the per-example shape of the features they belong to (or None
+    for a flat vector)."""
 
-    def __init__(self, model, stds: torch.Tensor):
+    def __init__(self, model, stds: np.ndarray, shape=None):
         super().__init__()
         self.model = model
-        self.register_buffer("stds", stds.reshape(-1))
-        self.train(bool(getattr(model, "training", False)))
+        self.shape = shape
+        with torch.inference_mode(False):  # a buffer made under inference_mode could not be differentiated
+            self.register_buffer("stds", torch.as_tensor(np.asarray(stds, dtype=np.float64).reshape(-1)))
+        self.training = bool(getattr(model, "training", False))  # mirrors the model's flag; changes none of it
 
     def forward(self, x):
         out = self.model(x)
+        if self.shape is not None and tuple(out.shape[1:]) != self.shape:
+            raise ValueError(f"sigma has the shape {self.shape}, one std per feature, but the model's features have "
+                             f"the shape {tuple(out.shape[1:])}; pass stds of the features' shape, or flat")
         flat = out.reshape(out.shape[0], -1)
         if flat.shape[1] != self.stds.shape[0]:
             raise ValueError(f"sigma holds {self.stds.shape[0]} stds, one per feature, but the model gives "
                              f"{flat.shape[1]} features per example (shape {tuple(out.shape[1:])}); pass one std per "
                              f"feature, or one number")
-        return flat / self.stds
+        return flat / self.stds.to(flat.dtype)
+
+
+@dataclass(frozen=True)
+class PerFeatureGaussian(Gaussian):
+    """Unit Gaussian noise on the features divided by ``stds`` (:class:`PerFeatureStd`): ``sigma`` is 1
+    and every computation is a :class:`Gaussian`'s; ``label`` says, in results, messages and checkpoint
+    keys, which stds the user gave."""
+
+    label: str = ""
+
+    def describe(self) -> str:
+        return f"{self.label}: D(z) = exp(sum_j z_j^2/sigma_j^2) - 1, exact"
 
 
 def per_feature_stds(sigma):
-    """The stds of a per-feature ``sigma`` (an array, tensor or sequence of more than one value) as a
-    float64 NumPy vector, checked positive and finite; None for anything else (one number, a law)."""
+    """The stds of a per-feature ``sigma`` (an array, tensor or sequence of more than one real value) as a
+    float64 NumPy array of their shape, checked positive and finite; None for anything else (one number,
+    a law)."""
     if isinstance(sigma, torch.Tensor):
-        values = sigma.detach().cpu().double().numpy()
+        if sigma.numel() <= 1:
+            return None
+        if sigma.is_complex() or sigma.dtype == torch.bool:
+            raise TypeError(f"sigma as one std per feature must hold real numbers, got a {sigma.dtype} tensor")
+        values = sigma.detach().to("cpu", torch.float64).numpy()
     elif isinstance(sigma, (np.ndarray, list, tuple)):
         try:
-            values = np.asarray(sigma, dtype=np.float64)
+            values = np.asarray(sigma)
         except (TypeError, ValueError):
             return None
+        if values.size <= 1:
+            return None
+        if values.dtype.kind not in "iuf":
+            raise TypeError(f"sigma as one std per feature must hold real numbers, got an array of dtype {values.dtype}")
+        values = values.astype(np.float64)
     else:
-        return None
-    if values.size <= 1:
         return None
     bad = ~(np.isfinite(values) & (values > 0))
     if bad.any():
         raise ValueError(f"sigma as one std per feature must be positive and finite; entries "
-                         f"{np.flatnonzero(bad)[:10].tolist()} are {values.ravel()[bad][:10].tolist()}")
-    return values.reshape(-1)
+                         f"{np.flatnonzero(bad)[:10].tolist()} are {values.ravel()[bad.ravel()][:10].tolist()}")
+    return values
 
 
-def per_feature_describe(stds: np.ndarray) -> str:
-    """The ``params["noise"]`` of a per-feature σ: its spread and a fingerprint of the values."""
+def per_feature_label(stds: np.ndarray) -> str:
+    """How results and messages name a per-feature σ: its spread and a fingerprint of the values."""
     digest = hashlib.sha256(np.ascontiguousarray(stds, dtype=np.float64).tobytes()).hexdigest()[:16]
-    return (f"Gaussian(sigma per feature: {stds.size} stds, min {stds.min():.6g}, median {np.median(stds):.6g}, "
-            f"max {stds.max():.6g}, sha256 {digest}): D(z) = exp(sum_j z_j^2/sigma_j^2) - 1, exact")
+    return (f"Gaussian(sigma per feature, {stds.size} stds, min {stds.min():.6g}, median {np.median(stds):.6g}, "
+            f"max {stds.max():.6g}, sha256 {digest})")
 
 
-def whiten(model, batch: torch.Tensor, stds: np.ndarray, certify: bool = False):
-    """``model`` wrapped by :class:`PerFeatureStd` with ``stds`` on the batch's device and dtype. A plain
-    function under certification is refused first (its float64 copy could not divide in float64)."""
+def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
+    """``model`` wrapped by :class:`PerFeatureStd`. A plain function under certification is refused first
+    (its float64 copy could not divide in float64), and so are stds that the batch's dtype cannot hold."""
     from hcrfast import validation
 
-    if not (isinstance(batch, torch.Tensor) and batch.is_floating_point()):
-        return PerFeatureStd(model, torch.as_tensor(stds))  # the batch's own checks come next and name its fault
-    if not isinstance(model, torch.nn.Module):
-        validation.float64_model(model, batch, certify)
-    return PerFeatureStd(model, torch.as_tensor(stds, dtype=batch.dtype, device=batch.device))
+    if isinstance(batch, torch.Tensor) and batch.is_floating_point():  # else the batch's checks name its fault
+        if not isinstance(model, torch.nn.Module):
+            validation.float64_model(model, batch, certify)
+        held = torch.as_tensor(stds).to(batch.dtype)
+        lost = ~(torch.isfinite(held) & (held > 0))
+        if bool(lost.any()):
+            raise ValueError(f"sigma as one std per feature holds values {validation.dtype_name(batch.dtype)} cannot "
+                             f"represent (entries "
+                             f"{torch.nonzero(lost.reshape(-1)).flatten()[:10].tolist()} become 0 or inf); scale the "
+                             f"features (and the stds) nearer 1, or run in float64")
+    return PerFeatureStd(model, stds, shape=tuple(stds.shape) if stds.ndim > 1 else None)
 
 
 def accepts_per_feature_sigma(fn):
     """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
-    as ``sigma``: it runs on :class:`PerFeatureStd` with σ = 1, and its result says so in ``params``
-    (``sigma`` None, ``noise`` the stds' spread and fingerprint) and gives feature shifts (``z``) in
-    the model's own units. One number or a noise law goes straight to ``fn``."""
+    as its third argument (by position or name): it runs on :class:`PerFeatureStd` with the unit
+    :class:`PerFeatureGaussian`, and its result says so in ``params`` (``sigma`` None, ``noise`` naming
+    the stds) and gives feature shifts (``z``) in the model's own units. One number or a noise law goes
+    straight to ``fn``."""
+    signature = inspect.signature(fn)
+    model_name, batch_name, sigma_name = list(signature.parameters)[:3]
+    certifies = "certify" in signature.parameters  # the attack never makes a float64 copy
 
     @functools.wraps(fn)
-    def wrapper(model, batch, sigma, *args, **kwargs):
+    def wrapper(*args, **kwargs):
+        bound_args = signature.bind(*args, **kwargs)
+        sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
         if stds is None:
-            return fn(model, batch, sigma, *args, **kwargs)
-        result = fn(whiten(model, batch, stds, kwargs.get("certify", True)), batch, 1.0, *args, **kwargs)
-        label = dict(sigma=None, noise=per_feature_describe(stds))
-        result.params.update(label)
+            return fn(*args, **kwargs)
+        label = per_feature_label(stds)
+        certify = bound_args.arguments.get("certify", True) if certifies else False
+        bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name],
+                                                   stds, certify)
+        bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
+        result = fn(*bound_args.args, **bound_args.kwargs)
+        result.params["sigma"] = None
         if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
-            result.targeted.params.update(label)
+            result.targeted.params.update(sigma=None, noise=result.params["noise"])
         if getattr(result, "z", None) is not None:
             xp = get_array_module(result.z)
-            result.z = result.z * xp.asarray(stds, dtype=result.z.dtype)
+            result.z = result.z * xp.asarray(stds.reshape(-1), dtype=result.z.dtype)
         return result
 
     return wrapper

@@ -252,8 +252,9 @@ class TargetedBounds:
         vals = h.std.reshape(B, -1)[:, h.modes]
         finite = vals[np.isfinite(vals)]
         q = np.quantile(finite, [0.1, 0.5, 0.9]) if finite.size else [np.nan] * 3
+        noise = self.params.get("noise") or f"Gaussian(sigma={self.params.get('sigma')})"  # older files: sigma only
         lines = [(f"targeted HCR bounds ({self.method}) for {B} examples x {len(self.modes)} "
-                  f"{self.params.get('basis', '?')} modes (sigma={self.params.get('sigma', float('nan')):.4g}, "
+                  f"{self.params.get('basis', '?')} modes (noise={noise.split(': D(z)')[0]}, "
                   f"size={self.params.get('size', float('nan')):.4g})"),
                  f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"]
         if h.null_dim is not None:
@@ -300,7 +301,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
                                       f0[example_of[r0:r1]])
         eps64[r0:r1] = e64
         d[r0:r1] = noise.divergence(z64)
-        underflow = int(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum())
+        underflow = int(to_host(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum()))
         if underflow:
             raise ValueError(divergence_underflow(noise, underflow))
 
@@ -467,9 +468,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     tf32 : bool
         Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
     progress : bool
-        Work through the batch in pieces of examples whose modes fill one batched pass
-        (``chunk_size`` rows) and print a line per piece on stderr (examples done, elapsed
-        time, ETA).
+        Print a line per piece of examples on stderr (examples done, elapsed time, ETA).
+        The batch is worked through in pieces of examples whose modes fill one batched pass
+        (``chunk_size`` rows), with or without progress and checkpoint.
     checkpoint : str or os.PathLike, optional
         A folder: each finished piece of examples is written there at once (atomically), and
         the same call made again after a crash or an interrupt reads them back and computes
@@ -513,7 +514,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     input_shape = tuple(batch.shape[1:])
     p = math.prod(input_shape)
     modes = parse_targets(targets, input_shape, basis)
-    noise = Gaussian(sigma)
+    noise = law
 
     with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
@@ -535,9 +536,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
         model64 = validation.float64_model(model, batch, certify)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
-        params = {"sigma": sigma, "size": size, "method": method, "basis": basis, "certify": certify,
+        params = {"sigma": sigma, "noise": noise.describe(), "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
-                  "n_targets": K, "dtype": str(batch.dtype).replace("torch.", ""), "device": str(batch.device),
+                  "n_targets": K, "dtype": validation.dtype_name(batch.dtype), "device": str(batch.device),
                   "n_features": n, "n_inputs": p, "null_probes": bool(null_probes and method == "dense"),
                   "null_component_tol": NULL_COMPONENT_TOL, "shared_factorization": shared,
                   "null_steps": list(NULL_STEPS), "checkpoint": None}
@@ -549,15 +550,18 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                    null_probes=null_probes, chunk=chunk, chunk_size=chunk_size,
                                    directions=directions, params=params)
 
-        if not progress and checkpoint is None:
+        if directions is not None:  # computed for the whole batch at once (bound's shared factorization)
             result = piece(0, B)
-        else:
-            result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint, key=dict(
-                format=CHECKPOINT_FORMAT, model=model_fingerprint(model),
-                batch=f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}",
-                sigma=sigma, size=size, modes=sha256_tensors(modes), basis=basis, method=method,
-                certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"], null_probes=bool(null_probes),
-                tf32=bool(tf32)), features=features)
+        else:  # always in the same pieces, so that progress= and checkpoint= leave the numbers as they are
+            result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint,
+                                key=lambda: dict(  # hashed only for a checkpoint
+                                    format=CHECKPOINT_FORMAT, model=model_fingerprint(model),
+                                    batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} "
+                                          f"sha256:{sha256_tensors(batch)}",
+                                    noise=repr(noise), size=size, modes=sha256_tensors(modes), basis=basis,
+                                    method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
+                                    null_probes=bool(null_probes), tf32=bool(tf32)),
+                                features=features)
     result.timings["total"] = time.perf_counter() - t_start
     return result
 
@@ -566,15 +570,16 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/1"
 
 
-def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key: dict, features) -> TargetedBounds:
+def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
     """``piece(start, stop)`` over the batch in pieces of ``per`` examples, each written to the
-    checkpoint folder (if any) as it finishes; the pieces an earlier call finished are read back."""
+    checkpoint folder (if any; ``key()`` its key) as it finishes; the pieces an earlier call finished
+    are read back."""
     t_start = time.perf_counter()
     parts = {}
     todo = [(0, B)]
     saved = None
     if checkpoint is not None:
-        saved = Checkpoint(checkpoint, key, np.arange(B), features.detach().cpu().numpy())
+        saved = Checkpoint(checkpoint, key(), np.arange(B), features.detach().cpu().numpy())
         finished = saved.finished()
         for start, _, arrays in finished:
             parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))

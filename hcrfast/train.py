@@ -12,6 +12,7 @@ thread count → same weights); the global RNG is not touched.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import time
@@ -155,7 +156,7 @@ def train(
             raise ValueError(f"{label} must be a positive integer, got {value!r}.")
     if not (lr > 0):
         raise ValueError(f"lr must be positive, got {lr!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r} (--seed)")
     try:
         device = torch.device("cpu" if device is None else device)

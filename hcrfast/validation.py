@@ -48,10 +48,17 @@ def sigma_or_law(value):
 
     if isinstance(value, NoiseLaw):
         return value
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]  # [0.05]: one number (one std per feature is a longer sequence)
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor, np.ndarray)):
         raise TypeError(f"sigma must be a real number, got {type(value).__name__}{SIGMA_HINT} "
                         f"(any i.i.d. density: hcrfast.MonteCarlo.from_scipy(dist))")
     return positive_float("sigma", value, SIGMA_HINT)
+
+
+def dtype_name(dtype) -> str:
+    """``torch.float32`` → ``"float32"``: how messages name a dtype."""
+    return str(dtype).replace("torch.", "")
 
 
 def choice(name: str, value, options) -> str:
@@ -95,7 +102,7 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
             f"a torch.nn.Module gives, but the model is {type(model).__name__} {name!r}; make it a Module (a "
             f"subclass of torch.nn.Module whose forward calls your function, with the modules it uses as its "
             f"attributes), or pass a float64 model and batch, or certify=False (z_eps then comes from forward "
-            f"passes in {str(batch.dtype).replace('torch.', '')}, exact up to that rounding)")
+            f"passes in {dtype_name(batch.dtype)}, exact up to that rounding)")
     with warnings.catch_warnings():
         # .double() of a TorchScript module reads .grad of its non-leaf parameters; torch warns about it
         warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
@@ -194,10 +201,10 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
     if out[0].numel() == 0:
         raise ValueError("the model returned no features (0 entries per example)")
     if out.dtype != batch.dtype:
-        raise TypeError(f"the model returns {str(out.dtype).replace('torch.', '')} features for a "
-                        f"{str(batch.dtype).replace('torch.', '')} batch; the solver works in one dtype: make the "
+        raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a "
+                        f"{dtype_name(batch.dtype)} batch; the solver works in one dtype: make the "
                         f"model return the batch's dtype (drop the cast at its end), or run both in "
-                        f"{str(out.dtype).replace('torch.', '')} (model.to({out.dtype}), batch.to({out.dtype})))")
+                        f"{dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype})))")
     bad = _nonfinite_rows(out)
     if bad:
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
@@ -229,11 +236,13 @@ def eval_mode(model, stacklevel: int = 3):
         warnings.warn("the model was in training mode; hcrfast switched it to eval mode for the bound "
                       "(BatchNorm with running statistics, no dropout) and restores it afterwards. "
                       "Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
+        flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
         model.eval()
         try:
             yield model
         finally:
-            model.train()
+            for m, flag in flags:
+                m.training = flag
     else:
         yield model
 
@@ -259,21 +268,29 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
-    try:
-        jv = to_torch(TorchJacobian(model, probe, mode=mode).matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
-    except RuntimeError as exc:
-        text = str(exc)
-        if "in-place operation" in text:
-            raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
-                             f"the features with respect to the input: make its first layers out of place (e.g. "
-                             f"nn.ReLU(inplace=False))") from exc
-        if "does not require grad" in text or "not have been used in the graph" in text:
-            raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
-                             f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
-                             f"torch.no_grad() and non-differentiable steps (torch.round, argmax) from the path "
-                             f"from input to features, or give them a straight-through gradient") from exc
-        raise
+    def product(how):
+        try:
+            return to_torch(TorchJacobian(model, probe, mode=how).matvec(from_torch(tangent.reshape(probe.shape[0],
+                                                                                                    -1))))
+        except RuntimeError as exc:
+            text = str(exc)
+            if "in-place operation" in text:
+                raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
+                                 f"the features with respect to the input: make its first layers out of place (e.g. "
+                                 f"nn.ReLU(inplace=False))") from exc
+            if "does not require grad" in text or "not have been used in the graph" in text:
+                raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
+                                 f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
+                                 f"torch.no_grad() and non-differentiable steps (torch.round, argmax) from the path "
+                                 f"from input to features, or give them a straight-through gradient") from exc
+            raise
+
+    jv = product(mode)
     own = jv[0].abs().max()
+    if mode == "forward" and float(own) == 0:
+        # Forward mode differentiates through .detach() to an exact 0 without a word; reverse mode
+        # refuses it. A model that is flat at this input passes.
+        product("reverse")
     leak = jv[1:].abs().max()
     if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):
         raise ValueError(

@@ -170,7 +170,7 @@ def test_float32_relu_model_and_custom_start():
     assert c["n_compared"] + c["n_bound_infinite"] + c["n_bound_zero"] == c["n_modes"] == 32
 
 
-def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes():
+def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes(tmp_path):
     _, _, model, x = _linear_problem(4)
     res = gauss_newton_attack(model, x, 0.3, draws=3, steps=1, damping=0.0)
     std = np.full(res.rmse.shape, 0.1)
@@ -191,11 +191,20 @@ def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes():
     assert isinstance(res, AttackResult)
     # bounds at another sigma (Bounds and TargetedBounds), or of a model with other features
     other_sigma = hcrfast.bound(model, x, 0.05, iterations=1, restarts=1)
-    with pytest.raises(ValueError, match=r"bounds are for Gaussian\(sigma=0.05\) but the attack for "
-                                         r"Gaussian\(sigma=0.3\)"):
+    with pytest.raises(ValueError, match=r"other noise than the attack: 'Gaussian\(sigma=0.05\): .*' against "
+                                         r"'Gaussian\(sigma=0.3\): "):
         compare(other_sigma, res)
-    with pytest.raises(ValueError, match="at the same sigma"):
+    with pytest.raises(ValueError, match="same sigma or noise law"):
         compare(hcrfast.targeted_bound(model, x, 0.05, targets=[0]), res)
+    # a Monte Carlo law: the bound raises its confidence per restart inside; the pair still matches
+    law = hcrfast.MonteCarlo(lambda z: -z**2 / (2 * 0.3**2) - np.log(0.3 * np.sqrt(2 * np.pi)),
+                             lambda rng, shape: rng.normal(0, 0.3, shape), n_samples=500)
+    mc_bound = hcrfast.bound(model, x, law, iterations=1, restarts=3)
+    assert mc_bound.params["noise"] != mc_bound.params["noise_asked"]
+    mc_attack = gauss_newton_attack(model, x, law, draws=2, steps=1)
+    compare(mc_bound, mc_attack)
+    mc_bound.save(tmp_path / "mc.npz")
+    compare(hcrfast.Bounds.load(tmp_path / "mc.npz"), mc_attack)  # and read back from disk
     wider = torch.nn.Sequential(model, torch.nn.Linear(model(x).shape[1], 3).double()).eval()
     with pytest.raises(ValueError, match="computed with 3 features per example"):
         compare(hcrfast.bound(wider, x, 0.3, iterations=1, restarts=1), res)
@@ -230,3 +239,16 @@ def test_bad_sigma_raises():
         gauss_newton_attack(model, x, 0.0)
     with pytest.raises(TypeError):
         gauss_newton_attack(model, x, "big")
+
+
+def test_an_attack_that_takes_no_step_is_refused_not_reported_as_perfect():
+    """At sigma = 1e20 against features of order 1 no Gauss-Newton step lowers a residual: every estimate
+    stays at its start (the truth by default), whose error of 0 would read as a perfect attack."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(P, 12), torch.nn.Tanh(),
+                                torch.nn.Linear(12, 6)).eval()
+    x = torch.randn(2, *SHAPE)
+    with pytest.raises(ValueError, match=r"took no step at any of its 6 draws \(Gaussian\(sigma=1e\+20\) against "
+                                         r"features of RMS"):
+        gauss_newton_attack(model, x, 1e20, draws=3, steps=2)
+    assert np.any(gauss_newton_attack(model, x, 0.3, draws=3, steps=2).steps > 0)

@@ -289,16 +289,13 @@ def tanh_mlp():
                                torch.nn.Linear(24, 20)).double().eval()
 
 
-def assert_same_targeted(a, b, exact=True):
+def assert_same_targeted(a, b):
     a, b = a.to_numpy(), b.to_numpy()
     for name in a._PER_EXAMPLE + ("targeted", "modes"):
         x, y = getattr(a, name), getattr(b, name)
         assert (x is None) == (y is None), name
         if x is not None:
-            if exact:
-                np.testing.assert_array_equal(x, y, err_msg=name)
-            else:
-                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=name)  # J factored in other groups
+            np.testing.assert_array_equal(x, y, err_msg=name)
     assert a.infinite_reasons == b.infinite_reasons and a.method == b.method
 
 
@@ -340,28 +337,31 @@ def test_standalone_targeted_bound_resumes_after_a_crash(method, net, tmp_path, 
     assert "hcrfast.targeted_bound: examples 6/7 done" in err and "ETA" in err
     assert "hcrfast.targeted_bound: examples 7/7 done" in err
     assert again.params["checkpoint"] == dict(path=str(tmp_path), examples_read_back=4)
-    assert_same_targeted(again, whole, exact=False)
+    assert_same_targeted(again, whole)  # the same pieces with or without a checkpoint: the same bits
 
     calls.clear()
     third = hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, **kw_t)
     assert calls == []  # everything read back, the same numbers bit for bit
     assert_same_targeted(third, again)
-    with pytest.raises(CheckpointMismatchError, match="sigma: 0.3 -> 0.31"):
+    with pytest.raises(CheckpointMismatchError, match=r"noise: 'Gaussian\(sigma=0.3\)' -> 'Gaussian\(sigma=0.31\)'"):
         hcrfast.targeted_bound(net().eval(), x, 0.31, checkpoint=tmp_path, **kw_t)
     with pytest.raises(CheckpointMismatchError, match="modes: "):
         hcrfast.targeted_bound(net().eval(), x, 0.3, checkpoint=tmp_path, **dict(kw_t, targets=[0, 3]))
 
 
 def test_targeted_bound_progress_alone_gives_the_same_bounds(capsys):
+    """Bit for bit, even for the null-space probes of a ReLU model (whose huge bounds come from rounding-level
+    feature changes and so depend on how rows are grouped): the pieces are the same either way."""
     x = batch()
     kw_t = dict(targets="low:2", size=0.01, chunk_size=8)
-    whole = hcrfast.targeted_bound(tanh_mlp(), x, 0.3, **kw_t)
-    pieces = hcrfast.targeted_bound(tanh_mlp(), x, 0.3, progress=True, **kw_t)
+    whole = hcrfast.targeted_bound(relu_mlp(), x, 0.3, **kw_t)
+    pieces = hcrfast.targeted_bound(relu_mlp(), x, 0.3, progress=True, **kw_t)
     err = capsys.readouterr().err
     assert [line.split(" done")[0] for line in err.splitlines()] == [
         f"hcrfast.targeted_bound: examples {k}/7" for k in (2, 4, 6, 7)]
     assert pieces.params["checkpoint"] is None
-    assert_same_targeted(pieces, whole, exact=False)
+    assert whole.from_null_space.any()  # the probes did run
+    assert_same_targeted(pieces, whole)
 
 
 def test_targeted_bound_checkpoint_arguments(tmp_path):

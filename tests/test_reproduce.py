@@ -301,6 +301,11 @@ def test_the_same_weights_trained_twice_have_one_fingerprint(tmp_path):
     assert reproduce._weights_fingerprint(a) == reproduce._weights_fingerprint(b)
     assert reproduce._weights_fingerprint(a).startswith("state-dict-sha256:")
     state = torch.load(a, weights_only=True)
+    torch.save(state, tmp_path / "x.pt")  # saved by path: torch writes the name into the archive
+    torch.save(state, tmp_path / "yy.pt")
+    assert (tmp_path / "x.pt").read_bytes() != (tmp_path / "yy.pt").read_bytes()  # what a byte hash saw
+    assert reproduce._weights_fingerprint(tmp_path / "x.pt") == reproduce._weights_fingerprint(a)
+    assert reproduce._weights_fingerprint(tmp_path / "yy.pt") == reproduce._weights_fingerprint(a)
     next(iter(state.values())).view(-1)[0] += 1e-3
     torch.save(state, tmp_path / "c.pt")
     assert reproduce._weights_fingerprint(tmp_path / "c.pt") != reproduce._weights_fingerprint(a)

@@ -45,7 +45,7 @@ def test_one_std_per_feature_is_the_whitened_problem(x, kind):
     np.testing.assert_allclose(got.std, want.std, rtol=1e-5)
     np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-5)
     np.testing.assert_allclose(got.z, want.z * stds, rtol=1e-5)
-    assert got.params["sigma"] is None and got.params["noise"].startswith("Gaussian(sigma per feature: 12 stds, min 0.03")
+    assert got.params["sigma"] is None and got.params["noise"].startswith("Gaussian(sigma per feature, 12 stds, min 0.03")
     t_got = hcrfast.targeted_bound(model, x, sigma, targets=[0, 5])
     np.testing.assert_allclose(t_got.std, hcrfast.targeted_bound(whitened, x, 1.0, targets=[0, 5]).std, rtol=1e-5)
     a_got = hcrfast.gauss_newton_attack(model, x, sigma, draws=2)
@@ -55,11 +55,39 @@ def test_one_std_per_feature_is_the_whitened_problem(x, kind):
     np.testing.assert_allclose(equal.std, hcrfast.bound(model, x, 0.05, **QUICK).std, rtol=1e-3)
 
 
+def test_per_feature_sigma_wherever_a_scalar_works(x, tmp_path):
+    """Inside inference_mode, by keyword, with a plain function in the attack (which never certifies),
+    in summaries, and certified in float64 with the user's stds even for a float16 model."""
+    stds = np.linspace(0.03, 0.08, 12)
+    model = mlp()
+    want = hcrfast.bound(model, x, stds, **QUICK)
+    with torch.inference_mode():
+        np.testing.assert_array_equal(hcrfast.bound(model, x, stds, **QUICK).std, want.std)
+        hcrfast.targeted_bound(model, x, stds, targets=[0])
+        hcrfast.gauss_newton_attack(model, x, stds, draws=2)
+    hcrfast.gauss_newton_attack(model, x, noise_or_sigma=stds, draws=2)
+    hcrfast.gauss_newton_attack(lambda t: model(t), x, stds, draws=2)
+    res = hcrfast.bound(model, x, stds, targets=[0, 1], **QUICK)
+    for text in (res.summary(), res.targeted.summary(), hcrfast.targeted_bound(model, x, stds, targets=[0]).summary()):
+        assert "noise=Gaussian(sigma per feature, 12 stds, min 0.03, median 0.055, max 0.08, sha256 " in text
+    half = hcrfast.bound(mlp().half(), x.half(), stds, iterations=1, restarts=2, solver="lsqr",
+                         lsqr=hcrfast.LSQROptions(atol=1e-2, btol=1e-2, iter_lim=5))
+    d = np.expm1(((half.z / stds) ** 2).sum(axis=1))  # z in feature units, D from the user's float64 stds
+    np.testing.assert_allclose(half.divergence[np.arange(3), half.best_restart], d, rtol=1e-12)
+
+
 def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
     with pytest.raises(ValueError, match=r"sigma holds 5 stds, one per feature, but the model gives 12 features"):
         hcrfast.bound(mlp(), x, np.full(5, 0.05), **QUICK)
     with pytest.raises(ValueError, match=r"must be positive and finite; entries \[2\] are \[-0.1\]"):
         hcrfast.bound(mlp(), x, [0.1, 0.1, -0.1] + [0.1] * 9, **QUICK)
+    with pytest.raises(ValueError, match=r"values float32 cannot represent \(entries \[0, 1\] become 0 or inf\)"):
+        hcrfast.bound(mlp(), x, [1e-50, 1e50] + [0.1] * 10, **QUICK)
+    with pytest.raises(ValueError, match=r"sigma has the shape \(4, 3\), one std per feature, but the model's "
+                                         r"features have the shape \(12,\)"):
+        hcrfast.bound(mlp(), x, np.full((4, 3), 0.1), **QUICK)
+    with pytest.raises(TypeError, match="must hold real numbers"):
+        hcrfast.bound(mlp(), x, np.full(12, 0.1 + 0j), **QUICK)
 
 
 class Divide(torch.nn.Module):
@@ -80,11 +108,12 @@ class Scale(torch.nn.Module):
         return f * self.factor
 
 
-@pytest.mark.parametrize("sigma", [np.array([0.05]), torch.tensor([[0.05]]), np.float32(0.05)])
+@pytest.mark.parametrize("sigma", [np.array([0.05]), torch.tensor([[0.05]]), np.float32(0.05), [0.05]])
 def test_one_element_sigma_is_that_number(x, sigma):
+    number = float(np.asarray(sigma).item())
     got = hcrfast.bound(mlp(), x, sigma, **QUICK)
-    np.testing.assert_array_equal(got.std, hcrfast.bound(mlp(), x, sigma.item(), **QUICK).std)
-    assert got.params["sigma"] == sigma.item()
+    np.testing.assert_array_equal(got.std, hcrfast.bound(mlp(), x, number, **QUICK).std)
+    assert got.params["sigma"] == number
 
 
 def test_batch_with_nonfinite_values_names_examples(x):
@@ -172,6 +201,20 @@ def test_training_mode_is_switched_for_the_call_and_restored(x):
     assert np.all(np.isfinite(res.std))
 
 
+@pytest.mark.parametrize("sigma", [1.0, np.linspace(0.5, 1.5, 12)])
+def test_each_submodules_own_mode_is_restored(x, sigma):
+    """A model in training mode with one layer frozen in eval mode on purpose gets both back as they were."""
+    model = torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).train()
+    model[1].eval()
+    with pytest.warns(UserWarning, match="training mode"):
+        hcrfast.bound(model, x, sigma, **QUICK)
+    assert model.training and model[0].training and not model[1].training
+    mixed = torch.nn.Sequential(mlp(), torch.nn.Identity()).eval()
+    mixed[1].train()  # an eval model with a (harmless) submodule in training mode: nothing changes it
+    hcrfast.bound(mixed, x, sigma, **QUICK)
+    assert not mixed.training and mixed[1].training
+
+
 class BatchCentering(torch.nn.Module):
     def forward(self, t):
         f = t.flatten(1)
@@ -245,9 +288,10 @@ def test_inside_inference_mode_gives_the_bounds_of_a_plain_call(x, entry):
 
 
 @pytest.mark.parametrize("solver", ["lsqr", "dense"])
-def test_models_without_an_input_jacobian_are_named(x, solver):
+@pytest.mark.parametrize("jacobian", ["reverse", "forward"])  # forward mode gives J = 0 through .detach() silently
+def test_models_without_an_input_jacobian_are_named(x, solver, jacobian):
     with pytest.raises(ValueError, match=r"not differentiable with respect to its input .* remove \.detach\(\)"):
-        hcrfast.bound(Detached().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
+        hcrfast.bound(Detached().eval(), x, 0.05, solver=solver, jacobian=jacobian, **dict(QUICK, lsqr=None))
     with pytest.raises(TypeError, match=r"returns float64 features for a float32 batch.*model\.to\(torch\.float64\)"):
         hcrfast.bound(Float64Out().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
 
@@ -297,8 +341,9 @@ def test_a_restart_whose_eps_came_out_0_is_reported_as_bounding_nothing(x, monke
     monkeypatch.setattr(algorithm, "_certified_shift", first_row_lost)
     with pytest.warns(UserWarning, match=r"1 restarts' eps came out 0 in float32 .* bound nothing \(0\)"):
         res = hcrfast.bound(mlp(), x, 0.05, iterations=2, restarts=2, solver="dense")
-    assert res.infinite_reasons == ["example 0, restart 0: eps came out 0 (a step outside the range the solver's "
-                                    "dtype resolves), so D = 0 and this restart bounds nothing (0, not +inf)"]
+    assert res.infinite_reasons == []  # nothing is +inf
+    assert res.params["zero_step_reasons"] == ["example 0, restart 0: eps came out 0 (a step outside the range the "
+                                               "solver's dtype resolves), so this restart bounds nothing (0)"]
     assert res.divergence[0, 0] == 0 and np.all(np.isfinite(res.std)) and res.best_restart[0] == 1
 
 
@@ -338,9 +383,14 @@ class Blind(torch.nn.Module):
 
 @pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
 def test_features_that_ignore_the_input_are_named_and_targeted_bound_certifies_them(x, solver):
-    """J = 0: every ε is 0 for a reason other than range; the error says so and where +inf is proved."""
-    with pytest.raises(ValueError, match=r"features do not change when its input does .* null_probes=True"):
-        hcrfast.bound(Blind().eval(), x, 0.05, iterations=2, restarts=2, solver=solver)
+    """J = 0: every ε is 0 for a reason other than range, whatever the chunks; the warning and each
+    restart's reason say so and where +inf is proved."""
+    for chunk_size in (1, 3):
+        with pytest.warns(UserWarning, match=r"6 restarts found J = 0 at their example .* null_probes=True"):
+            res = hcrfast.bound(Blind().eval(), x, 0.05, iterations=2, restarts=2, solver=solver, chunk_size=chunk_size)
+        assert np.all(res.std == 0) and res.infinite_reasons == []
+        assert len(res.params["zero_step_reasons"]) == 6
+        assert all("J = 0 here" in r for r in res.params["zero_step_reasons"])
     res = hcrfast.targeted_bound(Blind().eval(), x, 0.05, targets=[0, 7], basis="pixel")
     assert np.all(np.isinf(res.std.reshape(3, -1)[:, [0, 7]]))
 
