@@ -266,6 +266,25 @@ def _features_move(model, x) -> np.ndarray:
     return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
 
 
+def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> tuple[list, int, int]:
+    """Why the restarts ``lost`` (examples × restarts, host bools) have ε = 0 and bound nothing: one line
+    each, and how many had each cause: a step outside the range of the solver's dtype, or J = 0 at their
+    example (``rows``: the chunk's inputs, one per example; a random step leaves the features unchanged)."""
+    examples = np.flatnonzero(lost.any(axis=1))
+    if examples.size == 0:
+        return [], 0, 0
+    blind = dict(zip(examples.tolist(), (~_features_move(model, rows[torch.as_tensor(examples)])).tolist()))
+    pairs = list(zip(*np.nonzero(lost)))
+    lines = [f"example {start + e}, restart {r}: " + (
+        "J = 0 here (the features do not move with this example's input), so Algorithm 1 has no direction and this "
+        "restart bounds nothing (0); hcrfast.targeted_bound(..., null_probes=True) certifies +inf for the modes the "
+        "features do not see" if blind[e] else
+        "eps came out 0 (a step outside the range the solver's dtype resolves), so this restart bounds nothing (0)")
+        for e, r in pairs]
+    n_blind = sum(blind[e] for e, _ in pairs)
+    return lines, len(pairs) - n_blind, n_blind
+
+
 def _certified_shift(model64, x, eps):
     """ε as actually applied and ``z = a(θ+ε) − a(θ)`` in float64 (forward passes)."""
     x64 = x.double()
@@ -790,22 +809,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                              for e, r in zip(*np.nonzero(zero_d & moved))]
                 reasons_of[start] = c_reasons
-                c_zero = []  # restarts whose eps is 0: they bound nothing; why, per example
-                lost = zero_d & ~moved
-                if lost.any():
-                    examples = np.flatnonzero(lost.any(axis=1))
-                    move = _features_move(model64 if certify else model, batch[start:stop][torch.as_tensor(examples)])
-                    blind = dict(zip(examples.tolist(), (~move).tolist()))
-                    c_zero = [f"example {start + e}, restart {r}: " + (
-                        "J = 0 here (the features do not move with this example's input), so Algorithm 1 has no "
-                        "direction and this restart bounds nothing (0); hcrfast.targeted_bound(..., "
-                        "null_probes=True) certifies +inf for the modes the features do not see" if blind[e] else
-                        "eps came out 0 (a step outside the range the solver's dtype resolves), so this restart "
-                        "bounds nothing (0)") for e, r in zip(*np.nonzero(lost))]
-                    degenerate[0] += sum(not blind[e] for e, _ in zip(*np.nonzero(lost)))
-                    degenerate[2] += sum(blind[e] for e, _ in zip(*np.nonzero(lost)))
+                c_zero, out_of_range, blind = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model,
+                                                                 batch[start:stop])
                 zero_of[start] = c_zero
+                degenerate[0] += out_of_range
                 degenerate[1] += int(overflow.sum())
+                degenerate[2] += blind
             if saved is not None:
                 with profiling.annotate("checkpoint"):
                     part = {name: to_host(a[start:stop]) for name, a in results.items()}
