@@ -41,6 +41,11 @@ __all__ = ["Gaussian", "Laplace", "MonteCarlo", "MonteCarloEstimate", "NoiseLaw"
 
 def _check_scale(name: str, value, hint: str = "pass the noise scale of the released features "
                                                 "(e.g. hcrfast.rms_sigma(features, 1.0))") -> float:
+    count = (value.numel() if isinstance(value, torch.Tensor) else
+             np.size(value) if isinstance(value, (np.ndarray, list, tuple)) else 1)
+    if count > 1:
+        raise TypeError(f"{name} must be one number, got {count} values; for one std per feature pass them as "
+                        f"sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law")
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)

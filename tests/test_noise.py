@@ -326,3 +326,10 @@ def test_laws_keep_cupy_arrays_on_the_device():
         d = law.divergence(cupy.asarray(z))
         assert isinstance(d, cupy.ndarray) and d.dtype == cupy.float64
         np.testing.assert_allclose(d.get(), law.divergence(z), rtol=1e-12)
+
+
+@pytest.mark.parametrize("law", [Gaussian, Laplace])
+def test_a_law_of_many_scales_points_to_per_feature_sigma(law):
+    with pytest.raises(TypeError, match=r"must be one number, got 3 values; for one std per feature pass them as "
+                                        r"sigma itself"):
+        law(np.ones(3))
