@@ -46,6 +46,7 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
+from hcrfast.results import load_npz, save_npz
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -161,6 +162,20 @@ class AttackResult:
     def to_numpy(self) -> AttackResult:
         """A copy whose arrays are NumPy arrays on the host."""
         return dataclasses.replace(self, **{k: to_host(getattr(self, k)) for k in self._ARRAYS})
+
+    _FORMAT = "hcrfast.AttackResult/1"
+
+    def save(self, path) -> None:
+        """Write every field to the ``.npz`` file ``path`` (atomically; ``numpy.load`` reads it too)."""
+        h = self.to_numpy()
+        save_npz(path, self._FORMAT, {k: getattr(h, k) for k in self._ARRAYS},
+                 dict(params=h.params, seconds=float(h.seconds)))
+
+    @classmethod
+    def load(cls, path) -> AttackResult:
+        """The :class:`AttackResult` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        arrays, meta = load_npz(path, cls._FORMAT, "AttackResult.save")
+        return cls(**{k: arrays[k] for k in cls._ARRAYS}, params=meta["params"], seconds=meta["seconds"])
 
     def summary(self) -> str:
         """A few lines: parameters, error quantiles, convergence, residuals."""

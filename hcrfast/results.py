@@ -23,6 +23,31 @@ def json_default(obj):
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+def save_npz(path, fmt: str, arrays: dict, meta: dict) -> None:
+    """A result file: NumPy ``arrays`` and a JSON ``meta`` (with ``format`` = ``fmt``), written atomically
+    to exactly ``path``; ``numpy.load(path)`` reads it without hcrfast."""
+    from hcrfast.checkpoint import atomic_savez
+
+    atomic_savez(Path(path), meta=np.array(json.dumps(dict(meta, format=fmt), default=json_default)), **arrays)
+
+
+def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of a file :func:`save_npz` wrote with ``fmt`` (by ``writer``, named in errors)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ValueError(f"{path} is not a file written by {writer} ({exc})") from exc
+    try:
+        meta = json.loads(str(arrays.pop("meta")))
+        if meta.get("format") != fmt:
+            raise ValueError(f"format {meta.get('format')!r}")
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{path} is not a file written by {writer} (no {fmt!r} header: {exc}); read it with "
+                         f"numpy.load instead") from exc
+    return arrays, meta
+
+
 @dataclass
 class Bounds:
     """Lower bounds on the standard deviation of every unbiased estimator of the input.
@@ -90,34 +115,21 @@ class Bounds:
         """Write every field to the ``.npz`` file ``path`` (exactly that name; atomically): the arrays
         as NumPy arrays, the rest (params, reasons, timings, the targeted bounds' own) as JSON.
         :meth:`load` reads it back; ``numpy.load(path)`` reads it without hcrfast."""
-        from hcrfast.checkpoint import atomic_savez
-
         h = self.to_numpy()
         arrays = {k: getattr(h, k) for k in self._ARRAYS}
         if h.std_algorithm1 is not None:
             arrays["std_algorithm1"] = h.std_algorithm1
-        meta = dict(format=_FORMAT, infinite_reasons=list(h.infinite_reasons), params=h.params,
-                    seconds=float(h.seconds), targeted=None)
+        meta = dict(infinite_reasons=list(h.infinite_reasons), params=h.params, seconds=float(h.seconds),
+                    targeted=None)
         if h.targeted is not None:
             t_arrays, meta["targeted"] = h.targeted.to_arrays()
             arrays.update({f"targeted.{k}": v for k, v in t_arrays.items()})
-        atomic_savez(Path(path), meta=np.array(json.dumps(meta, default=json_default)), **arrays)
+        save_npz(path, _FORMAT, arrays, meta)
 
     @classmethod
     def load(cls, path) -> "Bounds":
         """The :class:`Bounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise ValueError(f"{path} is not a file written by Bounds.save ({exc})") from exc
-        try:
-            meta = json.loads(str(arrays.pop("meta")))
-            if meta.get("format") != _FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}")
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f"{path} is not a file written by Bounds.save (no {_FORMAT!r} header: {exc}); "
-                             f"read it with numpy.load instead") from exc
+        arrays, meta = load_npz(path, _FORMAT, "Bounds.save")
         targeted = None
         if meta["targeted"] is not None:
             from hcrfast.targeted import TargetedBounds  # here: hcrfast.targeted imports this module's users

@@ -57,7 +57,7 @@ from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tenso
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import json_default
+from hcrfast.results import json_default, load_npz, save_npz
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -230,6 +230,20 @@ class TargetedBounds:
     @classmethod
     def from_arrays(cls, arrays: dict, meta: dict) -> TargetedBounds:
         return cls(**{k: arrays.get(k) for k in cls._ARRAYS + ("modes",)}, **meta)
+
+    _FORMAT = "hcrfast.TargetedBounds/1"
+
+    def save(self, path) -> None:
+        """Write every field to the ``.npz`` file ``path`` (atomically; ``numpy.load`` reads it too)."""
+        arrays, meta = self.to_arrays()
+        save_npz(path, self._FORMAT, arrays, meta)
+
+    @classmethod
+    def load(cls, path) -> TargetedBounds:
+        """The :class:`TargetedBounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        arrays, meta = load_npz(path, cls._FORMAT, "TargetedBounds.save")
+        meta.pop("format")
+        return cls.from_arrays(arrays, meta)
 
     @classmethod
     def concatenate(cls, parts, xp=np) -> TargetedBounds:

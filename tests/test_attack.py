@@ -1,4 +1,6 @@
 """hcrfast.attack: the Gauss–Newton attacker against least squares and the exact LS covariance."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -252,3 +254,17 @@ def test_an_attack_that_takes_no_step_is_refused_not_reported_as_perfect():
                                          r"features of RMS"):
         gauss_newton_attack(model, x, 1e20, draws=3, steps=2)
     assert np.any(gauss_newton_attack(model, x, 0.3, draws=3, steps=2).steps > 0)
+
+
+def test_attack_results_save_and_load(tmp_path):
+    _, _, model, x = _linear_problem(3)
+    res = gauss_newton_attack(model, x, 0.3, draws=3, steps=2)
+    res.save(tmp_path / "a.npz")
+    back = AttackResult.load(tmp_path / "a.npz")
+    for name in AttackResult._ARRAYS:
+        np.testing.assert_array_equal(getattr(back, name), getattr(res, name), err_msg=name)
+    assert back.params == json.loads(json.dumps(res.params)) and back.seconds == res.seconds
+    assert compare(hcrfast.bound(model, x, 0.3, iterations=1, restarts=1), back)["n_modes"] == res.rmse.size
+    hcrfast.bound(model, x, 0.3, iterations=1, restarts=1).save(tmp_path / "b.npz")
+    with pytest.raises(ValueError, match=r"not a file written by AttackResult.save .*'hcrfast.AttackResult/1'"):
+        AttackResult.load(tmp_path / "b.npz")

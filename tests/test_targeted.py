@@ -224,3 +224,15 @@ def test_summary_and_to_numpy():
     assert host.std.shape == (2, 1, 4, 4) and host.eps.shape == (2, 4, 1, 4, 4) and host.divergence.shape == (2, 4)
     text = res.summary()
     assert "targeted HCR bounds (dense) for 2 examples x 4 dct modes" in text and "null space" in text
+
+
+def test_targeted_bounds_save_and_load(tmp_path):
+    model = relu_model_with_dead_units()
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    res = targeted_bound(model, x, 0.3, targets="low:2")
+    res.save(tmp_path / "t.npz")
+    back = hcrfast.TargetedBounds.load(tmp_path / "t.npz")
+    for name in res._ARRAYS + ("modes",):
+        np.testing.assert_array_equal(getattr(back, name), getattr(res, name), err_msg=name)
+    assert back.infinite_reasons == res.infinite_reasons and back.method == res.method
+    assert back.summary().splitlines()[0] == res.summary().splitlines()[0]
