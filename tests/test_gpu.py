@@ -159,6 +159,26 @@ def test_targeted_bound_on_gpu_matches_cpu(method):
     np.testing.assert_array_equal(gpu.infinite, cpu.infinite)
 
 
+def test_per_feature_sigma_and_input_checks_on_gpu():
+    """One std per feature (a CUDA tensor too), the batch copy, a model blind to the input and an
+    attack that takes no step: as on the CPU."""
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    stds = np.linspace(0.03, 0.08, 48)
+    kw = dict(iterations=2, restarts=2, solver="krylov", targets="low:2")
+    cpu = hcrfast.bound(mlp(), x, stds, **kw)
+    for sigma in (stds, torch.as_tensor(stds, device="cuda")):
+        gpu = hcrfast.bound(mlp().cuda(), x.cuda(), sigma, **kw).to_numpy()
+        np.testing.assert_allclose(gpu.std, cpu.std, rtol=1e-6)
+        np.testing.assert_allclose(gpu.z, cpu.z, rtol=1e-6)
+        assert gpu.params["noise"] == cpu.params["noise"]
+    blind = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 6, bias=True)).double().cuda().eval()
+    with torch.no_grad():
+        blind[1].weight.zero_()
+    with pytest.warns(UserWarning, match="found J = 0"):
+        res = hcrfast.bound(blind, x.cuda(), 0.05, iterations=1, restarts=2, solver="lsqr")
+    assert all("J = 0 here" in r for r in res.params["zero_step_reasons"])
+
+
 @pytest.mark.parametrize("impl", ["twin", "numba"])
 def test_bound_float32_on_gpu_with_each_kernel_impl(impl):
     model = mlp(torch.float32).cuda()
