@@ -46,6 +46,7 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
+from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.results import load_npz, save_npz
 from hcrfast.operators import RowScaled
 
@@ -199,6 +200,10 @@ class AttackResult:
         return "\n".join(lines)
 
 
+#: What a :func:`gauss_newton_attack` checkpoint's chunk files hold (:mod:`hcrfast.checkpoint`).
+CHECKPOINT_FORMAT = "hcrfast.gauss_newton_attack checkpoint/1"
+
+
 def _damped_steps(model, points, rhs, lam, *, options, jacobian):
     """Solve ``min ‖J_b δ − rhs_b‖² + λ_b²‖δ‖²`` for every row b; returns ``(δ, itn, ‖J‖ estimate)``.
 
@@ -337,7 +342,7 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 1e-3,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
                         tol: float | None = None, jacobian: str = "reverse", chunk_size: int | None = None,
-                        example_ids=None, progress: bool = False) -> AttackResult:
+                        example_ids=None, progress: bool = False, checkpoint=None) -> AttackResult:
     """Reconstruct each input from noisy features by damped Gauss–Newton; report the per-mode error.
 
     For example θ and draw d: ``X = a(θ) + Z_d``; from ``θ̂₀`` (``start``) repeat
@@ -399,6 +404,13 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         Global indices of the examples (default 0..B−1), used only to seed their noise.
     progress : bool
         One line per finished chunk on stderr: examples done, elapsed time, ETA.
+    checkpoint : str or os.PathLike, optional
+        A folder: each finished chunk of examples is written there at once (atomically),
+        and the same call made again after a crash or an interrupt reads them back and
+        attacks only the missing examples (as :func:`hcrfast.bound`'s ``checkpoint``; a
+        call with another model, batch, noise or arguments is refused with
+        :class:`hcrfast.CheckpointMismatchError`). ``params["checkpoint"]`` says how many
+        examples were read back.
 
     Returns
     -------
@@ -433,6 +445,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     if tol is not None:
         tol = validation.positive_float("tol", tol)
     chunk_size = validation.chunk_size(chunk_size)
+    checkpoint = validation.checkpoint_folder(checkpoint)
+    progress = validation.flag("progress", progress)
     batch = validation.model_and_batch(model, batch, basis)
     start_points = _check_start(start, batch)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
@@ -496,14 +510,37 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                         "damping"):
                 out[key][lo:hi] = run[key].reshape(m, draws)
             out["residual_history"][lo:hi] = run["residual_history"].reshape(m, draws, steps + 1)
+            if saved is not None:
+                saved.save(lo, hi, **{k: to_host(a[lo:hi]) for k, a in out.items()})
+            done[0] += hi - lo
             if progress:
-                _progress_line("hcrfast attack", f"examples {hi}/{B}", t_start, t_start, hi, B)
+                _progress_line("hcrfast attack", f"examples {B - to_compute + done[0]}/{B}", t_start, t_start,
+                               done[0], to_compute)
 
         def on_halve(chunk):
             if progress:
                 print(f"hcrfast attack: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 
-        _in_chunks(B, chunk_size, compute, batch.device, store=store, on_halve=on_halve)
+        todo, saved = [(0, B)], None
+        if checkpoint is not None:
+            saved = Checkpoint(checkpoint, dict(
+                format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
+                batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} sha256:{sha256_tensors(batch)}",
+                noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
+                start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",
+                tol=tol, lsqr=dataclasses.asdict(options), jacobian=jacobian), example_ids,
+                features.detach().cpu().numpy())
+            finished = saved.finished()
+            for lo, hi, arrays in finished:
+                for k, a in out.items():
+                    a[lo:hi] = xp.asarray(arrays[k])
+            todo = gaps(B, finished)
+        to_compute, done = sum(hi - lo for lo, hi in todo), [0]
+        if progress and to_compute < B:
+            print(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}", file=sys.stderr)
+        for lo, hi in todo:
+            chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
+                                    store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
 
     stalled, finite = (int(v) for v in to_host(xp.stack([
         ((out["steps"] == 0) & ~out["converged"]).sum(), xp.isfinite(out["rmse"]).all().astype(xp.int64)])))
@@ -520,7 +557,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                   steps=steps, damping=damping, start=start if isinstance(start, str) else "tensor",
                   seed=int(seed), noise_stream=f"default_rng([seed, e, {NOISE_STREAM}])", basis=basis, tol=tol,
                   lsqr=dataclasses.asdict(options), jacobian=jacobian, dtype=validation.dtype_name(batch.dtype),
-                  device=str(batch.device), n_features=n, n_inputs=p)
+                  device=str(batch.device), n_features=n, n_inputs=p,
+                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=B - to_compute))
     return AttackResult(**out, params=params, seconds=time.perf_counter() - t_start)
 
 

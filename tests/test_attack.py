@@ -268,3 +268,31 @@ def test_attack_results_save_and_load(tmp_path):
     hcrfast.bound(model, x, 0.3, iterations=1, restarts=1).save(tmp_path / "b.npz")
     with pytest.raises(ValueError, match=r"not a file written by AttackResult.save .*'hcrfast.AttackResult/1'"):
         AttackResult.load(tmp_path / "b.npz")
+
+
+def test_attack_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
+    from hcrfast import attack
+
+    _, _, model, x = _linear_problem(4, examples=5)
+    kw = dict(draws=3, steps=2, chunk_size=2)
+    whole = gauss_newton_attack(model, x, 0.3, **kw)
+    real, calls = attack._gauss_newton, []
+
+    def crash_on_the_third_chunk(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attack, "_gauss_newton", crash_on_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        gauss_newton_attack(model, x, 0.3, checkpoint=tmp_path, **kw)
+    monkeypatch.setattr(attack, "_gauss_newton", real)
+    capsys.readouterr()
+    again = gauss_newton_attack(model, x, 0.3, checkpoint=tmp_path, progress=True, **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert "hcrfast attack: 4 of 5 examples read back" in capsys.readouterr().err
+    for name in AttackResult._ARRAYS:
+        np.testing.assert_array_equal(getattr(again, name), getattr(whole, name), err_msg=name)
+    with pytest.raises(hcrfast.CheckpointMismatchError, match="draws: 3 -> 4"):
+        gauss_newton_attack(model, x, 0.3, checkpoint=tmp_path, **dict(kw, draws=4))

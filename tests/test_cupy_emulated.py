@@ -263,3 +263,15 @@ def test_device_arrays_reach_torch_through_dlpack_without_a_copy(emulated):
     assert t.data_ptr() == a.data.ptr and t.shape == (3, 4)
     t[1, 2] = -1.0
     assert float(a[1, 2]) == -1.0
+
+
+def test_attack_checkpoint_on_the_cupy_path(emulated, tmp_path):
+    x = batch(3)
+    with emulated.off():
+        want = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2, chunk_size=2)
+    first = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2, chunk_size=2, checkpoint=tmp_path)
+    again = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2, chunk_size=2, checkpoint=tmp_path)
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+    for got in (first, again):
+        assert isinstance(got.rmse, emulated.module.ndarray)
+        np.testing.assert_allclose(got.to_numpy().rmse, want.rmse, rtol=1e-12)
