@@ -41,7 +41,8 @@ def add_subparser(subparsers) -> None:
         "table",
         help="bounds over a grid of (sigma, C, N, T, kappa)",
         description="One row per combination of the grid: the worst-case success "
-        "bound, the MSE lower bound, the PSNR and NCC upper bounds.",
+        "bound, the MSE lower bound, the PSNR and NCC upper bounds. ncc_finite_n, the rigorous "
+        "bound on the mean sample Pearson coefficient, needs N >= 3 and reads nan below.",
     )
     table.add_argument("--sigma", type=float, nargs="+", required=True,
                        help="noise multiplier(s) sigma")
