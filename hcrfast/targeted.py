@@ -503,7 +503,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     TargetedBounds
     """
     t_start = time.perf_counter()
-    law = as_noise(validation.sigma_or_law(sigma))
+    law = as_noise(validation.sigma_or_law(sigma, laws=False))
     if not isinstance(law, Gaussian):
         raise NotImplementedError(f"targeted_bound needs Gaussian noise (its directions are scaled to a Gaussian "
                                   f"feature shift); got {law.describe().split(':')[0]}: hcrfast.bound takes that law")

@@ -42,18 +42,24 @@ SIGMA_HINT = ("; pass the noise std of the released features, e.g. hcrfast.rms_s
               "or a noise law such as hcrfast.Laplace(b)")
 
 
-def sigma_or_law(value):
-    """The ``sigma`` argument of ``bound`` and the attack: a noise law passes; else one positive number."""
+GAUSSIAN_HINT = ("; pass the noise std of the released features, e.g. hcrfast.rms_sigma(features, 1.0), or "
+                 "one std per feature")
+
+
+def sigma_or_law(value, *, laws: bool = True):
+    """The ``sigma`` argument of ``bound``, ``targeted_bound`` and the attack: a noise law passes; else one
+    positive number. ``laws``: whether the caller takes other laws than Gaussian (said in the messages)."""
     from hcrfast.noise import NoiseLaw
 
     if isinstance(value, NoiseLaw):
         return value
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]  # [0.05]: one number (one std per feature is a longer sequence)
+    hint = SIGMA_HINT if laws else GAUSSIAN_HINT
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor, np.ndarray)):
-        raise TypeError(f"sigma must be a real number, got {type(value).__name__}{SIGMA_HINT} "
-                        f"(any i.i.d. density: hcrfast.MonteCarlo.from_scipy(dist))")
-    return positive_float("sigma", value, SIGMA_HINT)
+        raise TypeError(f"sigma must be a real number, got {type(value).__name__}{hint}"
+                        + (" (any i.i.d. density: hcrfast.MonteCarlo.from_scipy(dist))" if laws else ""))
+    return positive_float("sigma", value, hint)
 
 
 def dtype_name(dtype) -> str:

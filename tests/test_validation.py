@@ -424,6 +424,8 @@ def test_repeated_example_ids_are_refused(x):
 
 
 def test_targeted_bound_takes_a_gaussian_law_and_names_the_others(x):
+    with pytest.raises(TypeError, match=r"got str; pass the noise std .* or one std per feature$"):
+        hcrfast.targeted_bound(mlp(), x, "0.05", targets=[0])  # no noise law suggested: it takes none
     kw = dict(targets=[0, 3])
     np.testing.assert_array_equal(hcrfast.targeted_bound(mlp(), x, hcrfast.Gaussian(0.05), **kw).std,
                                   hcrfast.targeted_bound(mlp(), x, 0.05, **kw).std)
