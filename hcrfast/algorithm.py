@@ -228,6 +228,9 @@ def divergence_underflow(noise, count: int) -> str:
             f"(hcrfast.rms_sigma(features, scale))")
 
 
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+
+
 def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=None, features_move=None) -> None:
     """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
     shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε that was meant to
@@ -785,12 +788,15 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 coords = xp.abs(coords.reshape(m, restarts, p))
                 zero_d = d == 0
                 safe_d = xp.where(zero_d, 1.0, d)
-                per_restart = coords / xp.sqrt(safe_d)[..., None]
+                # +inf is for D = 0 only: a finite bound beyond float64's range (σ ≥ 1e100 against
+                # saturated features) is reported as float64's largest value, still a lower bound.
+                with np.errstate(over="ignore"):
+                    per_restart = xp.minimum(coords / xp.sqrt(safe_d)[..., None], _FLOAT64_MAX)
+                    sq = xp.einsum("bri,bri->br", eps64.reshape(m, restarts, p), eps64.reshape(m, restarts, p)) / p
+                    mse_r = xp.where(zero_d, xp.where(sq > 0, xp.inf, 0.0), xp.minimum(sq / safe_d, _FLOAT64_MAX))
                 per_restart = xp.where(zero_d[..., None] & (coords > 0), xp.inf, per_restart)
                 per_restart = xp.where(zero_d[..., None] & (coords == 0), 0.0, per_restart)
                 std[start:stop] = per_restart.max(axis=1)
-                sq = xp.einsum("bri,bri->br", eps64.reshape(m, restarts, p), eps64.reshape(m, restarts, p)) / p
-                mse_r = xp.where(zero_d, xp.where(sq > 0, xp.inf, 0.0), sq / safe_d)
                 best = xp.argmax(mse_r, axis=1)
                 rows = xp.arange(m) * restarts + best
                 mse[start:stop] = mse_r[xp.arange(m), best]

@@ -447,3 +447,15 @@ def test_a_torchscript_model_is_certified_without_torchs_internal_warnings(x):
         warnings.simplefilter("error")
         got = hcrfast.bound(scripted, x, 0.05, **QUICK)
     np.testing.assert_allclose(got.std, hcrfast.bound(mlp(), x, 0.05, **QUICK).std, rtol=1e-6)
+
+
+def test_a_finite_bound_beyond_float64s_range_is_its_largest_value_not_inf(x):
+    """At sigma = 1e100 against saturated tanh features D ~ 1e-200 and the MSE bound ~1e396: a finite bound
+    that float64 cannot hold is reported as float64's largest value (still a lower bound); +inf stays
+    reserved for D = 0."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh()).double().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        res = hcrfast.bound(model, x.double(), 1e100, iterations=2, restarts=2, solver="dense")
+    assert np.all(res.mse == np.finfo(np.float64).max) and not np.isinf(res.std).any()
+    assert res.infinite_reasons == []
