@@ -774,9 +774,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 # Null-space probes stay out of the bound: huge or infinite values there are an
                 # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
                 # bound on the identifiable part.
-                targeted_of[start] = targeted_bound(
-                    model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
-                    basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
+                with warnings.catch_warnings():  # bound's summary speaks of its bounds of 0 itself
+                    warnings.filterwarnings("ignore", message=r".* pairs got no direction", category=UserWarning)
+                    targeted_of[start] = targeted_bound(
+                        model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
+                        basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
             with profiling.annotate("bound"):
                 m = stop - start
                 with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0, counted below

@@ -542,11 +542,26 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
 
+    # A draw that took no step (a zero step counts as converged) kept its start point: if all did, the
+    # errors are those of the starts (0 from the truth) and say nothing about an attacker.
     stalled, finite = (int(v) for v in to_host(xp.stack([
-        ((out["steps"] == 0) & ~out["converged"]).sum(), xp.isfinite(out["rmse"]).all().astype(xp.int64)])))
-    if stalled == B * draws or not finite:
-        raise ValueError(f"gauss_newton_attack took no step at any of its {B * draws} draws ({noise.describe().split(':')[0]} "
-                         f"against features of RMS {float(to_host(xp.sqrt(xp.mean(f_all * f_all)))):.3g}): no damped "
+        (out["steps"] == 0).sum(), xp.isfinite(out["rmse"]).all().astype(xp.int64)])))
+    law = noise.describe().split(':')[0]
+    if not finite:
+        raise ValueError(f"gauss_newton_attack's errors overflowed (inf or NaN) with {law}: the observations are "
+                         f"beyond what the {validation.dtype_name(batch.dtype)} model resolves; pass a sigma nearer "
+                         f"the features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch")
+    if stalled == B * draws:
+        from hcrfast.algorithm import _features_move
+
+        with validation.entry_point(model, batch.device):  # eval mode, as the attack ran
+            blind = not _features_move(model, batch).any()
+        if blind:
+            raise ValueError("gauss_newton_attack took no step: the model's features do not move with its input "
+                             "(J = 0 at every example), so no estimator can leave its start; the bounds are 0 "
+                             "there too, and hcrfast.targeted_bound(..., null_probes=True) certifies +inf")
+        raise ValueError(f"gauss_newton_attack took no step at any of its {B * draws} draws ({law} against "
+                         f"features of RMS {float(to_host(xp.sqrt(xp.mean(f_all * f_all)))):.3g}): no damped "
                          f"Gauss-Newton step lowered a residual, so each estimate is its start point and its error "
                          f"says nothing about an attacker; pass a sigma nearer the features' scale "
                          f"(hcrfast.rms_sigma(features, scale))")

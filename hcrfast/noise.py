@@ -46,6 +46,8 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
     if count > 1:
         raise TypeError(f"{name} must be one number, got {count} values; for one std per feature pass them as "
                         f"sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law")
+    if isinstance(value, (np.ndarray, torch.Tensor)) and count == 1:  # a one-element array is its number
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
@@ -563,12 +565,13 @@ class PerFeatureStd(torch.nn.Module):
     user's values exactly; ``shape`` is the per-example shape of the features they belong to (or None
     for a flat vector)."""
 
-    def __init__(self, model, stds: np.ndarray, shape=None):
+    def __init__(self, model, stds: np.ndarray, shape=None, device=None):
         super().__init__()
         self.model = model
         self.shape = shape
         with torch.inference_mode(False):  # a buffer made under inference_mode could not be differentiated
-            self.register_buffer("stds", torch.as_tensor(np.asarray(stds, dtype=np.float64).reshape(-1)))
+            self.register_buffer("stds", torch.as_tensor(np.asarray(stds, dtype=np.float64).reshape(-1),
+                                                         device=device))
         self.training = bool(getattr(model, "training", False))  # mirrors the model's flag; changes none of it
 
     def forward(self, x):
@@ -647,18 +650,19 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
                              f"represent (entries "
                              f"{torch.nonzero(lost.reshape(-1)).flatten()[:10].tolist()} become 0 or inf); scale the "
                              f"features (and the stds) nearer 1, or run in float64")
-    return PerFeatureStd(model, stds, shape=tuple(stds.shape) if stds.ndim > 1 else None)
+    return PerFeatureStd(model, stds, shape=tuple(stds.shape) if stds.ndim > 1 else None,
+                         device=batch.device if isinstance(batch, torch.Tensor) else None)
 
 
 def accepts_per_feature_sigma(fn):
     """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
     as its third argument (by position or name): it runs on :class:`PerFeatureStd` with the unit
     :class:`PerFeatureGaussian`, and its result says so in ``params`` (``sigma`` None, ``noise`` naming
-    the stds) and gives feature shifts (``z``) in the model's own units. One number or a noise law goes
-    straight to ``fn``."""
+    the stds) and gives feature shifts (``z``) in the model's own units (the attack's residuals stay in
+    those of the divided features). One number or a noise law goes straight to ``fn``."""
     signature = inspect.signature(fn)
     model_name, batch_name, sigma_name = list(signature.parameters)[:3]
-    certifies = "certify" in signature.parameters  # the attack never makes a float64 copy
+    certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -668,7 +672,7 @@ def accepts_per_feature_sigma(fn):
         if stds is None:
             return fn(*args, **kwargs)
         label = per_feature_label(stds)
-        certify = bound_args.arguments.get("certify", True) if certifies else False
+        certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
         bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name],
                                                    stds, certify)
         bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)

@@ -40,11 +40,15 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
         raise ValueError(f"{path} is not a file written by {writer} ({exc})") from exc
     try:
         meta = json.loads(str(arrays.pop("meta")))
-        if meta.get("format") != fmt:
-            raise ValueError(f"format {meta.get('format')!r}")
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{path} is not a file written by {writer} (no {fmt!r} header: {exc}); read it with "
                          f"numpy.load instead") from exc
+    found = meta.get("format")
+    if found != fmt:
+        readers = {"hcrfast.Bounds/1": "hcrfast.Bounds.load", "hcrfast.TargetedBounds/1": "hcrfast.TargetedBounds.load",
+                   "hcrfast.AttackResult/1": "hcrfast.AttackResult.load"}
+        raise ValueError(f"{path} is not a file written by {writer} (its format is {found!r}, not {fmt!r}); "
+                         + (f"read it with {readers[found]}" if found in readers else "read it with numpy.load"))
     return arrays, meta
 
 

@@ -43,6 +43,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -577,6 +578,13 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
                                 features=features)
     result.timings["total"] = time.perf_counter() - t_start
+    if not (method == "dense" and null_probes):
+        # A mode J does not see gets no direction, hence bound 0; only the dense null-space probes tell it +inf.
+        unseen = int(to_host((result.std.reshape(B, -1)[:, xp.asarray(modes)] == 0).sum()))
+        if unseen:
+            warnings.warn(f"{unseen} (example, mode) pairs got no direction (J does not see the mode there): their "
+                          f"bound is 0, which guarantees nothing; method='dense' with null_probes=True certifies "
+                          f"+inf where the features do not move", UserWarning, stacklevel=3)
     return result
 
 

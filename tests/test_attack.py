@@ -296,3 +296,13 @@ def test_attack_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, monkeyp
         np.testing.assert_array_equal(getattr(again, name), getattr(whole, name), err_msg=name)
     with pytest.raises(hcrfast.CheckpointMismatchError, match="draws: 3 -> 4"):
         gauss_newton_attack(model, x, 0.3, checkpoint=tmp_path, **dict(kw, draws=4))
+
+
+def test_an_attack_on_a_model_blind_to_its_input_is_refused_with_that_cause():
+    """J = 0: every step is 0, which counts as converged; the estimates stay at the truth (error 0)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(P, 6)).double().eval()
+    with torch.no_grad():
+        model[1].weight.zero_()
+    x = torch.randn(2, *SHAPE, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"took no step: the model's features do not move with its input \(J = 0"):
+        gauss_newton_attack(model, x, 0.3, draws=3, steps=2)

@@ -18,7 +18,7 @@ def mlp(p=16, n=12):
 
 @pytest.fixture
 def x():
-    return torch.rand(3, 1, 4, 4)
+    return torch.rand(3, 1, 4, 4, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("sigma", [0.0, -1.0, math.nan, math.inf])
@@ -40,16 +40,16 @@ def test_one_std_per_feature_is_the_whitened_problem(x, kind):
     stds = np.linspace(0.03, 0.08, 12)
     sigma = dict(tensor=torch.as_tensor(stds), numpy=stds, list=stds.tolist())[kind]
     model = mlp()
-    whitened = torch.nn.Sequential(model, Divide(torch.as_tensor(stds, dtype=torch.float32))).eval()
+    whitened = torch.nn.Sequential(model, Divide(stds)).eval()
     got, want = hcrfast.bound(model, x, sigma, **QUICK), hcrfast.bound(whitened, x, 1.0, **QUICK)
-    np.testing.assert_allclose(got.std, want.std, rtol=1e-5)
-    np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-5)
-    np.testing.assert_allclose(got.z, want.z * stds, rtol=1e-5)
+    np.testing.assert_array_equal(got.std, want.std)  # the same computation, bit for bit
+    np.testing.assert_array_equal(got.divergence, want.divergence)
+    np.testing.assert_allclose(got.z, want.z * stds, rtol=1e-15)
     assert got.params["sigma"] is None and got.params["noise"].startswith("Gaussian(sigma per feature, 12 stds, min 0.03")
     t_got = hcrfast.targeted_bound(model, x, sigma, targets=[0, 5])
-    np.testing.assert_allclose(t_got.std, hcrfast.targeted_bound(whitened, x, 1.0, targets=[0, 5]).std, rtol=1e-5)
+    np.testing.assert_array_equal(t_got.std, hcrfast.targeted_bound(whitened, x, 1.0, targets=[0, 5]).std)
     a_got = hcrfast.gauss_newton_attack(model, x, sigma, draws=2)
-    np.testing.assert_allclose(a_got.rmse, hcrfast.gauss_newton_attack(whitened, x, 1.0, draws=2).rmse, rtol=1e-4)
+    np.testing.assert_array_equal(a_got.rmse, hcrfast.gauss_newton_attack(whitened, x, 1.0, draws=2).rmse)
     assert hcrfast.compare(got, a_got)["n_modes"] == got.std.size  # the same noise in both params
     equal = hcrfast.bound(model, x, np.full(12, 0.05), **QUICK)  # float32 features / 0.05 round otherwise
     np.testing.assert_allclose(equal.std, hcrfast.bound(model, x, 0.05, **QUICK).std, rtol=1e-3)
@@ -76,6 +76,17 @@ def test_per_feature_sigma_wherever_a_scalar_works(x, tmp_path):
     np.testing.assert_allclose(half.divergence[np.arange(3), half.best_restart], d, rtol=1e-12)
 
 
+def test_per_feature_stds_live_on_the_batch_device():
+    """The buffer is made where the batch is (a CPU buffer would fail against a CUDA batch at the first
+    division, and moving it per call would copy it at every product); the meta device shows it here."""
+    from hcrfast.noise import _whiten
+
+    model = torch.nn.Linear(4, 3).to("meta")
+    batch = torch.zeros(2, 4, device="meta")
+    wrapped = _whiten(model, batch, np.array([0.1, 0.2, 0.3]), certify=False)
+    assert wrapped.stds.device.type == "meta" and wrapped(batch).device.type == "meta"
+
+
 def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
     with pytest.raises(ValueError, match=r"sigma holds 5 stds, one per feature, but the model gives 12 features"):
         hcrfast.bound(mlp(), x, np.full(5, 0.05), **QUICK)
@@ -91,12 +102,14 @@ def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
 
 
 class Divide(torch.nn.Module):
+    """The explicit whitening: features / stds, the stds float64 and cast to the features' dtype."""
+
     def __init__(self, stds):
         super().__init__()
-        self.register_buffer("stds", stds)
+        self.register_buffer("stds", torch.as_tensor(stds, dtype=torch.float64))
 
     def forward(self, f):
-        return f / self.stds
+        return f / self.stds.to(f.dtype)
 
 
 class Scale(torch.nn.Module):
@@ -393,6 +406,9 @@ def test_features_that_ignore_the_input_are_named_and_targeted_bound_certifies_t
         assert all("J = 0 here" in r for r in res.params["zero_step_reasons"])
     res = hcrfast.targeted_bound(Blind().eval(), x, 0.05, targets=[0, 7], basis="pixel")
     assert np.all(np.isinf(res.std.reshape(3, -1)[:, [0, 7]]))
+    with pytest.warns(UserWarning, match=r"6 \(example, mode\) pairs got no direction .* null_probes=True"):
+        res = hcrfast.targeted_bound(Blind().eval(), x, 0.05, targets=[0, 7], basis="pixel", method="lsqr")
+    assert np.all(res.std.reshape(3, -1)[:, [0, 7]] == 0)
 
 
 def test_summary_says_what_a_bound_of_0_means_and_names_the_rank(x):
