@@ -27,7 +27,7 @@ import torch
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from hcrfast.checkpoint import Checkpoint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
 from hcrfast.distributed import World
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast import kernels
@@ -691,7 +691,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         if checkpoint is not None:
             key = dict(
                 format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
-                batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} sha256:{sha256_tensors(batch)}",
+                batch=batch_fingerprint(batch),
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,

@@ -46,7 +46,7 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
-from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.results import load_npz, save_npz
 from hcrfast.operators import RowScaled
 
@@ -525,7 +525,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         if checkpoint is not None:
             saved = Checkpoint(checkpoint, dict(
                 format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
-                batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} sha256:{sha256_tensors(batch)}",
+                batch=batch_fingerprint(batch),
                 noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
                 start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",
                 tol=tol, lsqr=dataclasses.asdict(options), jacobian=jacobian), example_ids,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
-           "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
+           "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
 FORMAT = "hcrfast.bound checkpoint/1"
@@ -73,6 +73,11 @@ def sha256_tensors(*tensors) -> str:
         a = t.detach().cpu().contiguous().numpy() if isinstance(t, torch.Tensor) else np.ascontiguousarray(t)
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def batch_fingerprint(batch: torch.Tensor) -> str:
+    """A checkpoint key's name for a batch: its shape, dtype and SHA-256."""
+    return f"{tuple(batch.shape)} {str(batch.dtype).replace('torch.', '')} sha256:{sha256_tensors(batch)}"
 
 
 def model_fingerprint(model) -> str:

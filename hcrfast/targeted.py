@@ -54,7 +54,7 @@ from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _c
                                _progress_line, divergence_underflow)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
-from hcrfast.checkpoint import Checkpoint, gaps, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
@@ -571,8 +571,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
             result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint,
                                 key=lambda: dict(  # hashed only for a checkpoint
                                     format=CHECKPOINT_FORMAT, model=model_fingerprint(model),
-                                    batch=f"{tuple(batch.shape)} {validation.dtype_name(batch.dtype)} "
-                                          f"sha256:{sha256_tensors(batch)}",
+                                    batch=batch_fingerprint(batch),
                                     noise=repr(noise), size=size, modes=sha256_tensors(modes), basis=basis,
                                     method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
                                     null_probes=bool(null_probes), tf32=bool(tf32)),

@@ -282,8 +282,7 @@ def test_shard_in_a_single_process_is_a_plain_checkpointed_call(tmp_path):
 
 
 def tanh_mlp():
-    """J has full column rank (16 inputs, 20 features): no null-space probes, whose huge bounds from
-    rounding-level feature changes depend on how the rows are grouped into passes."""
+    """J has full column rank (16 inputs, 20 features): Cramér–Rao directions only, no null-space probes."""
     torch.manual_seed(2)
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh(),
                                torch.nn.Linear(24, 20)).double().eval()
