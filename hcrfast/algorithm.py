@@ -269,23 +269,23 @@ def _features_move(model, x) -> np.ndarray:
     return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
 
 
-def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> tuple[list, int, int]:
+_BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
+
+
+def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
     """Why the restarts ``lost`` (examples × restarts, host bools) have ε = 0 and bound nothing: one line
-    each, and how many had each cause: a step outside the range of the solver's dtype, or J = 0 at their
-    example (``rows``: the chunk's inputs, one per example; a random step leaves the features unchanged)."""
+    each, naming the cause: a step outside the range of the solver's dtype, or J = 0 at their example
+    (``rows``: the chunk's inputs, one per example; a random step leaves the features unchanged)."""
     examples = np.flatnonzero(lost.any(axis=1))
     if examples.size == 0:
-        return [], 0, 0
+        return []
     blind = dict(zip(examples.tolist(), (~_features_move(model, rows[torch.as_tensor(examples)])).tolist()))
-    pairs = list(zip(*np.nonzero(lost)))
-    lines = [f"example {start + e}, restart {r}: " + (
-        "J = 0 here (the features do not move with this example's input), so Algorithm 1 has no direction and this "
+    return [f"example {start + e}, restart {r}: " + (
+        f"{_BLIND} (the features do not move with this example's input), so Algorithm 1 has no direction and this "
         "restart bounds nothing (0); hcrfast.targeted_bound(..., null_probes=True) certifies +inf for the modes the "
         "features do not see" if blind[e] else
         "eps came out 0 (a step outside the range the solver's dtype resolves), so this restart bounds nothing (0)")
-        for e, r in pairs]
-    n_blind = sum(blind[e] for e, _ in pairs)
-    return lines, len(pairs) - n_blind, n_blind
+        for e, r in zip(*np.nonzero(lost))]
 
 
 def _certified_shift(model64, x, eps):
@@ -681,7 +681,6 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
         zero_of = {}  # chunk start -> its lines of zero-step reasons (restarts whose eps is 0)
-        degenerate = [0, 0, 0]  # restarts computed here whose eps came out 0, whose D overflowed, at J = 0
         filled = set()  # the (start, stop) of every chunk whose rows are filled
         world = World(batch.device.type, set_device=False) if shard else None
         tag = "" if world is None else world.tag
@@ -810,19 +809,15 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
                 moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
-                zero_d, moved, overflow, underflow = to_host(xp.stack([zero_d, moved, xp.isinf(d), zero_d & shifted]))
+                zero_d, moved, underflow = to_host(xp.stack([zero_d, moved, zero_d & shifted]))
                 if underflow.any():
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                              for e, r in zip(*np.nonzero(zero_d & moved))]
                 reasons_of[start] = c_reasons
-                c_zero, out_of_range, blind = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model,
-                                                                 batch[start:stop])
+                c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
                 zero_of[start] = c_zero
-                degenerate[0] += out_of_range
-                degenerate[1] += int(overflow.sum())
-                degenerate[2] += blind
             if saved is not None:
                 with profiling.annotate("checkpoint"):
                     part = {name: to_host(a[start:stop]) for name, a in results.items()}
@@ -886,6 +881,10 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             world.close()
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
         zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
+        # Counted over the whole result, chunks read back from a checkpoint included, so that a
+        # resumed call warns as the uninterrupted one did.
+        n_blind = sum(_BLIND in line for line in zero_steps)
+        degenerate = (len(zero_steps) - n_blind, int(to_host(xp.isinf(divergence)).sum()), n_blind)
         # stacklevel 3: the user's call, past accepts_per_feature_sigma
         if degenerate[0]:
             warnings.warn(f"{degenerate[0]} restarts' eps came out 0 in {validation.dtype_name(batch.dtype)} "

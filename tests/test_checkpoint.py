@@ -1,6 +1,7 @@
 """hcrfast.bound(..., checkpoint=DIR): a call killed after some chunks and made again ends with the
 bounds of an uninterrupted call, computing only the examples that were missing."""
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -414,3 +415,56 @@ def test_per_feature_sigma_resumes_and_other_stds_are_refused(tmp_path):
     np.testing.assert_array_equal(again.z, whole.z)
     with pytest.raises(CheckpointMismatchError, match="model: "):
         hcrfast.bound(relu_mlp(), batch(), stds * 1.01, checkpoint=tmp_path, **kw("dense"))
+
+
+class HalfBlind(torch.nn.Module):
+    """Rows whose first pixel is negative give features that ignore the input (J = 0 there: their
+    restarts' ε is 0 and bounds nothing); the other rows are a steep tanh layer, whose D overflows
+    at a large step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 12).double()
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        seen = (flat[:, :1] >= 0).to(flat.dtype)
+        return torch.tanh(self.lin(flat * seen))
+
+
+def test_a_resumed_call_warns_and_explains_as_the_uninterrupted_one(tmp_path, monkeypatch):
+    """The zero-step and overflow warnings count the chunks read back too (they used to count only
+    the ones computed by the call, so a resumed run fell silent on them)."""
+    x = batch(6, seed=4)
+    x[:, 0, 0, 0] = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, 1.0])  # rows 1 and 4 blind
+    call = dict(iterations=2, restarts=3, size=0.01, chunk_size=2, solver="dense")
+
+    def warned(**extra):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = hcrfast.bound(HalfBlind().eval(), x, 0.5, **call, **extra)
+        return res, sorted(str(w.message) for w in caught)
+
+    whole, messages = warned()
+    assert any(m.startswith("6 restarts found J = 0") for m in messages)  # 2 blind rows × 3 restarts
+    crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(HalfBlind().eval(), x, 0.5, checkpoint=tmp_path, **call)  # rows 0..3 saved, 1 blind
+    crash_after(monkeypatch, None)
+    again, messages_again = warned(checkpoint=tmp_path)
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert messages_again == messages
+    assert again.params["zero_step_reasons"] == whole.params["zero_step_reasons"]
+
+    # A step of 2e4 σ: D overflows for every seeing row's restarts, read back or not.
+    big = dict(call, size=2e4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hcrfast.bound(HalfBlind().eval(), x, 0.01, checkpoint=tmp_path / "big", **big)
+    first = sorted(str(w.message) for w in caught if "overflowed" in str(w.message))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = hcrfast.bound(HalfBlind().eval(), x, 0.01, checkpoint=tmp_path / "big", **big)
+    assert res.params["checkpoint"]["examples_read_back"] == 6
+    assert sorted(str(w.message) for w in caught if "overflowed" in str(w.message)) == first != []
