@@ -341,6 +341,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         body.append(f'<p class="warn">{inf["coordinates"]:,} bounds ({inf["fraction"]:.3%}) are infinite, from '
                     f'{inf["restarts_with_zero_divergence"]:,} restarts in {inf["examples_affected"]:,} examples: '
                     f"{e(inf['reason'])}. They are left out of the histograms and quantiles.</p>")
+    zero = s.get("zero_steps") or {}
+    if zero.get("restarts"):
+        body.append(f'<p class="warn">{zero["restarts"]:,} restarts in {zero["examples_affected"]:,} examples bound '
+                    f'nothing ({zero["at_zero_jacobian"]:,} of them at J = 0): {e(zero["reason"])}.</p>')
     body.append(
         f"<p>Hammersley-Chapman-Robbins lower bounds on the standard deviation of any unbiased "
         f"estimator of the {e(s['bounds_on'])}, given the features released with Gaussian noise of "

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -297,7 +298,16 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
               for k in _CHUNK_ARRAYS}
     arrays["seconds"] = np.float64(res.seconds)
+    # (example, restart, J = 0 there) of every restart whose eps came out 0: it bounds nothing, and
+    # its D = 0 proves no +inf. Kept per chunk so that the merge after a resume still knows them.
+    arrays["zero_steps"] = np.array(
+        [(int(ids[0]) + int(m["e"]), int(m["r"]), _algorithm._BLIND in line) for line in res.params["zero_step_reasons"]
+         for m in [_ZERO_STEP_LINE.match(line).groupdict()]], dtype=np.int64).reshape(-1, 3)
     return arrays
+
+
+# How hcrfast.bound's params["zero_step_reasons"] begin: the example's place in the batch, the restart.
+_ZERO_STEP_LINE = re.compile(r"example (?P<e>\d+), restart (?P<r>\d+): ")
 
 
 # ----------------------------------------------------------------------------------------
@@ -701,7 +711,12 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                       UserWarning, stacklevel=2)
     example_ids = np.concatenate([p["example_ids"] for p in parts])
     bound_seconds = float(sum(float(p["seconds"]) for p in parts))
-    infinite = np.argwhere(merged["divergence"] == 0)  # (example, restart) pairs with D = 0
+    # Chunks written before zero steps were recorded have none: such runs' restarts with eps = 0 count as D = 0.
+    zero_steps = np.concatenate([p.get("zero_steps", np.zeros((0, 3), np.int64)) for p in parts])
+    bounding_nothing = np.zeros(merged["divergence"].shape, dtype=bool)
+    bounding_nothing[zero_steps[:, 0], zero_steps[:, 1]] = True
+    # (example, restart) pairs with D = 0 from a step that moved the input: their bounds are +inf
+    infinite = np.argwhere((merged["divergence"] == 0) & ~bounding_nothing)
     params = dict(key, sigma=sigma, rms=rms, basis="dct", bounds_on="coefficients of the orthonormal 2-D "
                   "DCT-II (per channel) of the normalized image", normalization=[list(v) for v in zm.normalization])
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
@@ -755,6 +770,14 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "observations, so no unbiased estimator exists for the DCT coordinates that eps "
                        "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "
                        "nothing, and hcrfast.bound warns of it)"),
+        },
+        "zero_steps": {
+            "restarts": int(zero_steps.shape[0]),
+            "at_zero_jacobian": int(zero_steps[:, 2].sum()),
+            "examples_affected": int(np.unique(zero_steps[:, 0]).size),
+            "reason": ("these restarts' eps came out 0, so they bound nothing (0): either J = 0 at their example "
+                       "(its features do not move with its input) or the step is outside the range the solver's "
+                       "dtype resolves; the other restarts of the example still bound it"),
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),

@@ -463,3 +463,33 @@ def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise
         assert cli.main(base + ["--threads", "2"]) == 0
     arithmetic = json.loads((out / "summary.json").read_text())["chunks_arithmetic"]
     assert len(arithmetic) == 2 and all("torch threads" in a for a in arithmetic)
+
+
+def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(weights, tmp_path, monkeypatch):
+    """A restart with eps = 0 has D = 0 but proves no +inf: the summary counts it under zero_steps
+    (it used to count as a restart with infinite bounds), and a resumed run still knows it."""
+    from hcrfast import algorithm
+
+    real = algorithm._certified_shift
+
+    def first_row_lost(model64, rows, eps):  # restart 0 of each chunk's first example
+        eps = eps.copy()
+        eps[0] = 0
+        return real(model64, rows, eps)
+
+    monkeypatch.setattr(algorithm, "_certified_shift", first_row_lost)
+    out = tmp_path / "zero"
+    argv = ["reproduce", "digits", *TINY, "--out", str(out), "--weights", str(weights), "--no-progress"]
+    for run in range(2):  # the second run reads every chunk back
+        if run == 0:
+            with pytest.warns(UserWarning, match="restarts' eps came out 0"):  # hcrfast.bound's, per chunk
+                assert cli.main(argv) == 0
+        else:
+            assert cli.main(argv) == 0
+        s = json.loads((out / "summary.json").read_text())
+        assert s["timings"]["chunks_reused"] == (0, 3)[run]
+        assert {k: s["zero_steps"][k] for k in ("restarts", "at_zero_jacobian", "examples_affected")} == {
+            "restarts": 3, "at_zero_jacobian": 0, "examples_affected": 3}
+        assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
+        assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
+        assert "3 restarts in 3 examples bound nothing (0 of them at J = 0)" in (out / "report.html").read_text()
