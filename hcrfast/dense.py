@@ -120,6 +120,25 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     mode = resolve_jacobian_mode(mode, n, p)
     rows = default_chunk_rows(n, p) if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
     out = torch.empty((B, n, p), dtype=x.dtype, device=x.device)
+    try:
+        _fill_jacobian(out, f, x, mode, rows)
+    except RuntimeError as exc:
+        text = str(exc)
+        if isinstance(exc, torch.OutOfMemoryError) or not any(
+                k in text for k in ("vmap", "captured Tensor", "Batching rule", "functorch", "BatchedTensor")):
+            raise
+        raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this model's "
+                         f"forward does not support (torch: {text.splitlines()[0]}); a forward that changes its "
+                         f"own buffers or attributes in place is the usual cause: pass solver='lsqr' (or, for "
+                         f"targeted_bound, method='lsqr'), which needs no vmap, or keep the forward free of "
+                         f"in-place changes to the model's state") from exc
+    return out
+
+
+def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int) -> None:
+    """``out[b] = J_b`` (n × p) for every example of ``x``, ``rows`` example rows per vmapped pass."""
+    B, n, p = out.shape
+    input_shape = tuple(x.shape[1:])
     group = min(B, rows)
     with torch.no_grad():  # torch.func differentiates inside; the outer no_grad keeps the parameters out of it
         for g0 in range(0, B, group):
@@ -148,7 +167,6 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                     cot[torch.arange(i1 - i0), torch.arange(i0, i1)] = 1.0
                     rows_ = vmap(row)(cot)  # (c, bg, *input_shape)
                     out[g0:g0 + bg, i0:i1, :] = rows_.reshape(i1 - i0, bg, p).permute(1, 0, 2)
-    return out
 
 
 @dataclass

@@ -565,6 +565,9 @@ class PerFeatureStd(torch.nn.Module):
     user's values exactly; ``shape`` is the per-example shape of the features they belong to (or None
     for a flat vector)."""
 
+    #: hcrfast's warnings name the user's model and its submodules, not this wrapper (``model.``)
+    wraps_user_model = True
+
     def __init__(self, model, stds: np.ndarray, shape=None, device=None):
         super().__init__()
         self.model = model

@@ -109,11 +109,37 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
             f"subclass of torch.nn.Module whose forward calls your function, with the modules it uses as its "
             f"attributes), or pass a float64 model and batch, or certify=False (z_eps then comes from forward "
             f"passes in {dtype_name(batch.dtype)}, exact up to that rounding)")
+    fixes = (f"or pass a float64 model and batch, or certify=False (z_eps then comes from forward passes in "
+             f"{dtype_name(batch.dtype)}, exact up to that rounding)")
     with warnings.catch_warnings():
         # .double() of a TorchScript module reads .grad of its non-leaf parameters; torch warns about it
         warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
                                 category=UserWarning)
-        return copy.deepcopy(model).double()
+        try:
+            model64 = copy.deepcopy(model).double()
+        except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
+            raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, "
+                            f"but the model cannot be copied (torch: {exc}); with torch.nn.utils.weight_norm or "
+                            f"spectral_norm use torch.nn.utils.parametrizations.weight_norm / spectral_norm, which "
+                            f"copy, {fixes}") from None
+    # Checked on one example now, not after the whole solve: a forward that casts its input
+    # (x.float(), x.to(self.dtype)), keeps tensors outside its parameters and buffers, or has
+    # frozen TorchScript constants is not converted by .double().
+    try:
+        with torch.no_grad():
+            out = model64(batch[:1].double())
+    except RuntimeError as exc:
+        raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model "
+                        f"(copy.deepcopy(model).double()), but that copy fails on a float64 example (torch: "
+                        f"{str(exc).splitlines()[0]}): some tensor or cast in its forward stays "
+                        f"{dtype_name(batch.dtype)} (a cast such as x.float(), tensors kept outside its parameters "
+                        f"and buffers, frozen TorchScript constants); make the forward follow its input's dtype, "
+                        f"{fixes}") from None
+    if isinstance(out, torch.Tensor) and out.dtype != torch.float64:
+        raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, "
+                        f"but that copy returns {dtype_name(out.dtype)} features (a cast at the end of its forward, "
+                        f"e.g. .float()), so the certification would not be in float64; drop that cast, {fixes}")
+    return model64
 
 
 def checkpoint_folder(value):
@@ -238,10 +264,13 @@ def entry_point(model, device, *, tf32: bool = False):
 @contextlib.contextmanager
 def eval_mode(model, stacklevel: int = 3):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored."""
-    if isinstance(model, torch.nn.Module) and model.training:
-        warnings.warn("the model was in training mode; hcrfast switched it to eval mode for the bound "
-                      "(BatchNorm with running statistics, no dropout) and restores it afterwards. "
-                      "Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
+    training = _in_training_mode(model)
+    if training:
+        which = ("the model was" if training[0] == "" else
+                 f"{len(training)} of the model's submodules ({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
+        warnings.warn(f"{which} in training mode; hcrfast switched the model to eval mode for the bound "
+                      f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
+                      f"Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
         flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
         model.eval()
         try:
@@ -251,6 +280,20 @@ def eval_mode(model, stacklevel: int = 3):
                 m.training = flag
     else:
         yield model
+
+
+def _in_training_mode(model) -> list[str]:
+    """The names of the modules of ``model`` in training mode ("" for the model itself), root first.
+    A submodule in training mode under a model in eval mode counts too: its forwards would update
+    running statistics or draw dropout masks."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    if getattr(model, "wraps_user_model", False):  # noise.PerFeatureStd mirrors its model's flag
+        return _in_training_mode(model.model)
+    try:
+        return [name for name, m in model.named_modules() if getattr(m, "training", False)]
+    except (AttributeError, RuntimeError):  # frozen TorchScript modules list no submodules
+        return [""] if getattr(model, "training", False) else []
 
 
 def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
@@ -265,16 +308,28 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     """
     from hcrfast.bindings import TorchJacobian, from_torch, to_torch
 
-    probe = batch[:3] if batch.shape[0] >= 2 else batch.repeat(2, *([1] * (batch.ndim - 1)))
+    B = batch.shape[0]
+    probe = batch[:3] if B >= 2 else batch.repeat(2, *([1] * (batch.ndim - 1)))
     with torch.no_grad():
-        alone = model(probe[:1]).reshape(1, -1)
-        together = model(probe).reshape(probe.shape[0], -1)
-        scale = together.abs().max().clamp_min(torch.finfo(together.dtype).tiny)
-        value_gap = (alone[0] - together[0]).abs().max() / scale
+        scale = features.abs().max().clamp_min(torch.finfo(features.dtype).tiny)
+        again = model(batch).reshape(B, -1)
+        noise_gap = (again - features).abs().max() / scale
+        if noise_gap > rtol:
+            raise ValueError(
+                f"the model gives other features for the same batch at each call (relative change "
+                f"{float(noise_gap):.2e} between two calls): it draws random numbers (dropout called with "
+                f"training=True, torch.randn/rand or a random augmentation in its forward). HCR bounds are for a "
+                f"fixed feature map plus the released noise: make the forward deterministic (its only randomness "
+                f"is the noise hcrfast models)")
+        # Each probe row alone against the same row in the whole batch: a statistic of the batch (its
+        # max, its mean) that one row dominates leaves that row's features alone as in the batch.
+        rows = sorted({0, 1, 2, B - 1} & set(range(B)))
+        alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
+        value_gap = (alone - features[rows]).abs().max() / scale
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
-    def product(how):
+    def product(how, chosen=True):
         try:
             return to_torch(TorchJacobian(model, probe, mode=how).matvec(from_torch(tangent.reshape(probe.shape[0],
                                                                                                     -1))))
@@ -284,12 +339,35 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                 raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
                                  f"the features with respect to the input: make its first layers out of place (e.g. "
                                  f"nn.ReLU(inplace=False))") from exc
+            twice = "double backward" in text or "donated buffers" in text or "differentiate twice" in text
+            if how == "reverse" and "not have been used in the graph" in text:
+                twice = once_differentiable()  # J^T u works, only its own derivative (J v) does not
+            if chosen and how == "reverse" and twice:
+                raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
+                                 f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward "
+                                 f"and @once_differentiable functions refuse it); pass jacobian='forward' (forward-mode AD: "
+                                 f"an autograd.Function needs setup_context and a jvp staticmethod for it), or for "
+                                 f"a compiled model the module before compiling (model._orig_mod)") from exc
+            if how == "forward" and ("setup_context" in text or "forward AD" in text or "forward-mode" in text):
+                raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
+                                 f"jacobian='forward' uses for J v; pass jacobian='reverse' (the default), or give "
+                                 f"its autograd.Functions setup_context and a jvp staticmethod") from exc
             if "does not require grad" in text or "not have been used in the graph" in text:
                 raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
                                  f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
-                                 f"torch.no_grad() and non-differentiable steps (torch.round, argmax) from the path "
-                                 f"from input to features, or give them a straight-through gradient") from exc
+                                 f"torch.no_grad() and non-differentiable steps (torch.round, argmax, quantized "
+                                 f"layers: bound the float model they were quantized from) from the path from "
+                                 f"input to features, or give them a straight-through gradient") from exc
             raise
+
+    def once_differentiable():
+        """Whether one backward pass (J^T u) runs and sees the input, where the double one failed."""
+        try:
+            jtu = TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(torch.ones_like(features[:1]).expand(
+                probe.shape[0], -1).contiguous()))
+        except RuntimeError:
+            return False
+        return bool(to_torch(jtu).abs().max() > 0)
 
     jv = product(mode)
     own = jv[0].abs().max()
@@ -298,9 +376,23 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         # refuses it (a ValueError from product). A model that is flat at this input passes, and so
         # does one whose ops reverse mode cannot run (no double backward): nothing to tell then.
         try:
-            product("reverse")
+            product("reverse", chosen=False)
         except RuntimeError:
             pass
+    if mode == "forward" and float(own) > 0:
+        # LSQR also needs J^T u, by reverse mode; the two must be adjoint. Forward mode goes through
+        # torch.no_grad() sections that reverse mode sees as constants.
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        u = torch.randn(jv.shape, generator=gen, dtype=jv.dtype).to(jv.device)
+        jtu = to_torch(TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(u)))
+        left = float((jv.double() * u.double()).sum())
+        right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
+        size = float(jv.double().norm() * u.double().norm())
+        if abs(left - right) > 1e-3 * size:
+            raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
+                             f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
+                             f"mode differentiates through and reverse mode does not; remove it from the path from "
+                             f"input to features (jacobian='reverse' names it)")
     leak = jv[1:].abs().max()
     if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):
         raise ValueError(

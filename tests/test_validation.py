@@ -223,8 +223,9 @@ def test_each_submodules_own_mode_is_restored(x, sigma):
         hcrfast.bound(model, x, sigma, **QUICK)
     assert model.training and model[0].training and not model[1].training
     mixed = torch.nn.Sequential(mlp(), torch.nn.Identity()).eval()
-    mixed[1].train()  # an eval model with a (harmless) submodule in training mode: nothing changes it
-    hcrfast.bound(mixed, x, sigma, **QUICK)
+    mixed[1].train()  # an eval model with a submodule in training mode: switched for the call, then restored
+    with pytest.warns(UserWarning, match=r"1 of the model's submodules \(1\) were in training mode"):
+        hcrfast.bound(mixed, x, sigma, **QUICK)
     assert not mixed.training and mixed[1].training
 
 
@@ -475,3 +476,168 @@ def test_a_finite_bound_beyond_float64s_range_is_its_largest_value_not_inf(x):
         res = hcrfast.bound(model, x.double(), 1e100, iterations=2, restarts=2, solver="dense")
     assert np.all(res.mse == np.finfo(np.float64).max) and not np.isinf(res.std).any()
     assert res.infinite_reasons == []
+
+
+# --------------------------------------------------------------------------------------------
+# Models as users bring them (a compatibility probe's findings): each works or is refused early,
+# naming the cause and the fix, and is left as it was.
+
+
+class CastsToFloat32(torch.nn.Module):
+    """A forward that casts its input (or its output) to float32: its float64 copy is not float64."""
+
+    def __init__(self, where):
+        super().__init__()
+        self.where, self.lin = where, mlp()
+
+    def forward(self, x):
+        if self.where == "input":
+            return self.lin(x.float())
+        return self.lin(x).float()
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_float64_copy_that_is_not_float64_is_refused_before_the_solve(x, where, monkeypatch):
+    """It used to crash with torch's dtype error after the whole solve (input), or certify in float32
+    without a word (output)."""
+    from hcrfast import algorithm
+
+    monkeypatch.setattr(algorithm, "_chunk_perturbations", None)  # the solve must not start
+    with pytest.raises(TypeError, match=r"float64 copy of the model.*(fails on a float64 example|returns float32 "
+                                        r"features).*certify=False"):
+        hcrfast.bound(CastsToFloat32(where).eval(), x, 0.05, **QUICK)
+
+
+def test_a_frozen_torchscript_model_runs_uncertified_and_is_named_when_certified(x):
+    model = mlp()
+    frozen = torch.jit.freeze(torch.jit.script(model))  # no training flag; constants ignore .double()
+    with pytest.raises(TypeError, match=r"frozen TorchScript constants.*certify=False"):
+        hcrfast.bound(frozen, x, 0.05, **QUICK)
+    got = hcrfast.bound(frozen, x, 0.05, certify=False, **QUICK)
+    np.testing.assert_allclose(got.std, hcrfast.bound(model, x, 0.05, certify=False, **QUICK).std, rtol=1e-5)
+
+
+def test_legacy_weight_norm_names_the_parametrization_that_copies(x):
+    model = mlp()
+    torch.nn.utils.weight_norm(model[1])
+    with pytest.raises(TypeError, match=r"cannot be copied.*parametrizations\.weight_norm.*certify=False"):
+        hcrfast.bound(model, x, 0.05, **QUICK)
+
+
+class Counter(torch.nn.Module):
+    """Counts its calls in a buffer, in place: torch.func.vmap refuses it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = mlp()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+def test_a_forward_that_changes_its_buffers_names_the_matrix_free_solver(x):
+    with pytest.raises(ValueError, match=r"torch\.func\.vmap.*changes its own buffers.*solver='lsqr'"):
+        hcrfast.bound(Counter().eval(), x, 0.05, solver="dense", **QUICK)
+    got = hcrfast.bound(Counter().eval(), x, 0.05, solver="lsqr", **QUICK)
+    np.testing.assert_array_equal(got.std, hcrfast.bound(mlp(), x, 0.05, solver="lsqr", **QUICK).std)
+
+
+class DividesByBatchMax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = mlp()
+
+    def forward(self, x):
+        return self.lin(x / x.abs().max())
+
+
+def test_mixing_is_caught_when_the_first_example_dominates_the_batch(x):
+    """Example 0 holds the batch's max, so it alone equals it in the batch; the other rows do not."""
+    x = x.clone()
+    x[0] *= 10
+    with pytest.raises(ValueError, match="mixes the examples of a batch"):
+        hcrfast.bound(DividesByBatchMax().eval(), x, 0.05, **QUICK)
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = mlp()
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.lin(x), 0.5, training=True)
+
+
+def test_a_model_that_draws_random_numbers_is_named_as_such(x):
+    """It used to be called a model that mixes the examples."""
+    with pytest.raises(ValueError, match=r"other features for the same batch at each call.*dropout called with "
+                                         r"training=True"):
+        hcrfast.bound(Noisy().eval(), x, 0.05, **QUICK)
+
+
+def test_a_submodule_in_training_mode_under_an_eval_model_is_switched_and_untouched(x):
+    """Only the root's flag used to be looked at: the call ran the submodule in training mode and
+    its running statistics moved."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten()).eval()
+    model[1].train()
+    stats = [t.clone() for t in model[1].buffers()]
+    with pytest.warns(UserWarning, match=r"1 of the model's submodules \(1\) were in training mode"):
+        got = hcrfast.bound(model, x, 0.05, **QUICK)
+    assert model[1].training and not model.training and not model[0].training
+    assert all(torch.equal(a, b) for a, b in zip(stats, model[1].buffers()))
+    np.testing.assert_array_equal(got.std, hcrfast.bound(model.eval(), x, 0.05, **QUICK).std)
+
+
+class NoGradFirstLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.rest = torch.nn.Linear(16, 16), mlp()
+
+    def forward(self, x):
+        with torch.no_grad():
+            h = self.first(x.flatten(1))
+        return self.rest(h + x.flatten(1) * 0.1)
+
+
+def test_forward_and_reverse_jacobians_that_disagree_are_named(x):
+    """Forward mode differentiates through the no_grad section, reverse mode does not: LSQR's J and
+    J^T would not be adjoint. It used to end in 'every eps came out 0 ... sigma'."""
+    with pytest.raises(ValueError, match=r"forward and reverse mode give different Jacobians.*torch\.no_grad\(\)"):
+        hcrfast.bound(NoGradFirstLayer().eval(), x, 0.05, jacobian="forward", solver="lsqr", **QUICK)
+
+
+class Once(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t * 2
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        return g * 2
+
+
+class OnceDifferentiable(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(Once.apply(x)).flatten(1)
+
+
+def test_models_differentiable_once_only_are_named(x):
+    with pytest.raises(ValueError, match=r"cannot be differentiated twice.*jacobian='forward'"):
+        hcrfast.bound(OnceDifferentiable().eval(), x, 0.05, solver="lsqr", **QUICK)
+    with pytest.raises(ValueError, match=r"does not support forward-mode AD.*jvp staticmethod"):
+        hcrfast.bound(OnceDifferentiable().eval(), x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+
+
+def test_a_compiled_model_points_to_forward_mode_which_gives_the_plain_models_bounds(x):
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8, 5)).eval()
+    compiled = torch.compile(model, backend="aot_eager")  # its compiled backward refuses create_graph
+    with pytest.raises(ValueError, match=r"cannot be differentiated twice.*jacobian='forward'.*model\._orig_mod"):
+        hcrfast.bound(compiled, x, 0.05, solver="lsqr", **QUICK)
+    got = hcrfast.bound(compiled, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    np.testing.assert_allclose(got.std, hcrfast.bound(model, x, 0.05, solver="lsqr", jacobian="forward", **QUICK).std,
+                               rtol=1e-5)
