@@ -57,8 +57,8 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--sigma-scale", type=float, default=None, metavar="K",
                    help="sigma = K x RMS of the clean features")
     g.add_argument("--limit", action="store_true",
-                   help="the 'limit' setting: default size and iterations become size_limit and "
-                        "iterations_limit (default --out runs/NAME_limit)")
+                   help="the 'limit' setting: the default size and iterations become the values in "
+                        "parentheses below (default --out runs/NAME_limit)")
     g.add_argument("--seed", type=int, default=0, help="seed of the start vectors and the dithering (default 0)")
     g.add_argument("--linearize-at", choices=("input", "current"), default="input",
                    help="apply the Jacobian at the input (the paper) or at the current point "

@@ -41,6 +41,13 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         print(f"hcrfast: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from hcrfast.data import DownloadError  # imported here: --help stays fast
+
+        if not isinstance(exc, DownloadError):
+            raise
+        print(f"hcrfast: error: {exc}", file=sys.stderr)  # no network: the message says how to do without
+        return 1
     except KeyboardInterrupt:
         resume = "; the chunks that finished are kept, and the same command resumes" if args.command == "reproduce" else ""
         print(f"hcrfast: interrupted{resume}", file=sys.stderr)

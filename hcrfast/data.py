@@ -138,8 +138,13 @@ def _digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
 # MNIST, CIFAR-10
 
 
+class DownloadError(RuntimeError):
+    """Something the user asked to download (``--download``, ``--weights default``) could not be
+    fetched; the message says what and how to do without network."""
+
+
 def _download_failed(name: str, where: Path, exc: BaseException) -> RuntimeError:
-    return RuntimeError(
+    return DownloadError(
         f"Downloading {name} into {where} failed ({type(exc).__name__}: {str(exc).strip()[:300]}). "
         f"This needs network access; otherwise copy the files there from a machine that has them."
     )

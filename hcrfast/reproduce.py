@@ -188,7 +188,8 @@ def _positive_float(name: str, value, flag: str) -> float:
 def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, train_epochs):
     """What to pass to ``zoo.build`` and how to name it in the run key and the report.
 
-    Returns ``(weights_arg, fingerprint, description, published)``.
+    Returns ``(weights_arg, fingerprint, description, trained)``: ``trained`` is False for a random
+    initialization only (a state dict of the user's is taken as given).
     """
     if weights is None and name in _TRAINED_HERE:
         path = out / f"{name}_state_dict.pt"
@@ -564,7 +565,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
     # -- model ---------------------------------------------------------------------------
-    weights_arg, fingerprint, weights_text, published = _weights(
+    weights_arg, fingerprint, weights_text, trained = _weights(
         name, weights, out, world=world, progress=progress and world.rank == 0, train_epochs=train_epochs)
     zm = _zoo.build(name, weights=weights_arg)
     zm.model.to(dev).eval()
@@ -732,7 +733,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     summary = {
         "experiment": name,
         "command": _command_line(name, key, weights, out, data_root),
-        "published_weights": published,
+        # False for a random initialization only: torchvision's weights, a state dict given with
+        # --weights or the digits model trained here all count as trained weights.
+        "trained_weights": trained,
         "weights": weights_text,
         "examples": n_examples,
         "restarts": restarts,

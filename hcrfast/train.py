@@ -1,4 +1,4 @@
-"""Train the small zoo models with the published recipe (METHOD.md §3).
+"""Train the small zoo models with the published recipe (AdamW, batch 32; the paper's epochs).
 
 AdamW (lr 1e-3, PyTorch's other defaults), minibatches of 32 reshuffled every epoch,
 cross-entropy on the logits of ``ZooModel.model`` applied to normalized images; 6 epochs for
@@ -246,7 +246,8 @@ def add_subparser(subparsers) -> None:
         description=__doc__.splitlines()[0],
     )
     p.add_argument("name", choices=sorted(DEFAULT_EPOCHS), help="model to train")
-    p.add_argument("--data-root", default=None, help="data directory (default ./data)")
+    p.add_argument("--data", "--data-root", dest="data_root", default=None, metavar="DIR",
+                   help="data directory (default ./data)")
     p.add_argument("--download", action="store_true", help="download MNIST/CIFAR-10 if missing")
     p.add_argument("--epochs", type=int, default=None, help="default: digits 30, mnist 6, cifar10 7")
     p.add_argument("--batch-size", type=int, default=32, help="default 32")

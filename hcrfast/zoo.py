@@ -360,12 +360,15 @@ def _default_state_dict(name: str, weights_enum) -> Mapping[str, torch.Tensor]:
         # torch.hub's cache first (no network when the file is already there).
         return weights_enum.get_state_dict(progress=True, check_hash=True)
     except Exception as exc:  # URLError, OSError, hash mismatch, ...: all mean "could not fetch"
+        from hcrfast.data import DownloadError
+
         cache = Path(torch.hub.get_dir()) / "checkpoints"
-        raise RuntimeError(
+        raise DownloadError(
             f"Could not get torchvision's pretrained {weights_enum} for {name} ({type(exc).__name__}: "
             f"{_first_line(exc)}). weights='default' needs network access to download {url} "
             f"(once; it is then cached in {cache}). Without network, copy that file into {cache} "
-            f"or pass its path: hcrfast.zoo.build({name!r}, weights='/path/to/{os.path.basename(url)}')."
+            f"or pass its path (--weights /path/to/{os.path.basename(url)}, or in Python "
+            f"hcrfast.zoo.build({name!r}, weights='/path/to/{os.path.basename(url)}') after import hcrfast.zoo)."
         ) from exc
 
 

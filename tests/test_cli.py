@@ -74,3 +74,27 @@ def test_errors_exit_2_with_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["train", "resnet18"])
     assert exc.value.code == 2
+
+
+def test_a_download_that_fails_offline_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    import urllib.error
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+
+    def no_network(url, *args, **kwargs):
+        raise urllib.error.URLError("no network in this test")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    code = cli.main(["reproduce", "resnet18", "--weights", "default", "--examples", "1", "--out", str(tmp_path / "r"),
+                     "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("hcrfast: error: Could not get torchvision's pretrained") and "--weights /path/to/" in err
+
+    from torchvision import datasets
+
+    monkeypatch.setattr(datasets.MNIST, "download", lambda self: no_network(None))
+    assert cli.main(["train", "mnist", "--download", "--data-root", str(tmp_path / "d"), "--quiet",
+                     "--out", str(tmp_path / "m.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hcrfast: error: Downloading MNIST into") and "Traceback" not in err

@@ -79,7 +79,7 @@ def test_every_output_is_written(first, weights, capsys):
     assert params["sigma"] == float(b["sigma"])
 
     s = json.loads((first / "summary.json").read_text())
-    assert s["examples"] == 10 and s["chunks"] == 3 and s["published_weights"]
+    assert s["examples"] == 10 and s["chunks"] == 3 and s["trained_weights"]
     assert 0 <= s["accuracy"]["clean"] <= 1 and 0 <= s["accuracy"]["dithered"] <= 1
     assert len(s["accuracy"]["dithered_per_draw"]) == 2
     assert s["accuracy"]["dithered"] == pytest.approx(np.mean(s["accuracy"]["dithered_per_draw"]))
@@ -326,13 +326,13 @@ def test_interrupt_is_one_line_saying_the_run_resumes(monkeypatch, capsys):
 def test_imagenet_models_without_weights_warn_loudly(tmp_path, capsys):
     world = reproduce._World("cpu")
     with pytest.warns(UserWarning, match="RANDOMLY INITIALIZED"):
-        arg, fingerprint, text, published = reproduce._weights("resnet18", None, tmp_path, world=world,
+        arg, fingerprint, text, trained = reproduce._weights("resnet18", None, tmp_path, world=world,
                                                                progress=False, train_epochs=None)
-    assert arg is None and not published and "NOT the published" in text
+    assert arg is None and not trained and "NOT the published" in text
     assert "WARNING" in capsys.readouterr().err
-    arg, fingerprint, _, published = reproduce._weights("swin_t", "default", tmp_path, world=world,
+    arg, fingerprint, _, trained = reproduce._weights("swin_t", "default", tmp_path, world=world,
                                                         progress=False, train_epochs=None)
-    assert arg == "default" and published and fingerprint.startswith("torchvision:")  # nothing downloaded yet
+    assert arg == "default" and trained and fingerprint.startswith("torchvision:")  # nothing downloaded yet
 
 
 # ----------------------------------------------------------------------------------------
