@@ -104,7 +104,9 @@ def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
         frequencies of every channel, modes ``(c, i, j)`` with ``i, j < K``.
         A sequence of flat indices into the flattened example, or of tuples
         ``(c, i, j)`` (one index per axis of an example). A boolean array of the
-        example's shape selects its True entries.
+        example's shape selects its True entries. A bare tuple of one int per axis,
+        such as ``(1, 2, 3)``, is refused as ambiguous: ``[(1, 2, 3)]`` is that mode,
+        ``[1, 2, 3]`` three flat indices.
     input_shape : tuple of int
     basis : {"dct", "pixel"}
     """
@@ -129,6 +131,11 @@ def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
             mask[..., :k, :k] = True
             return np.flatnonzero(mask)
         raise ValueError(f"targets must be 'all', 'low:K', a list of modes or a boolean mask, got {targets!r}")
+    if (isinstance(targets, tuple) and len(targets) == len(input_shape) > 1
+            and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in targets)):
+        raise ValueError(f"targets={targets!r} could be one mode given by its index per axis of an example "
+                         f"{input_shape} or {len(targets)} flat indices; pass [{targets!r}] for the mode, or a "
+                         f"list {list(targets)!r} for flat indices")
     arr = np.asarray(targets)
     if arr.size == 0:
         raise ValueError("targets selects no mode")

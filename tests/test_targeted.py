@@ -186,6 +186,10 @@ def test_parse_targets():
     assert low.tolist() == [0, 1, 4, 5, 16, 17, 20, 21]
     assert parse_targets([(1, 0, 1), (0, 0, 0), (0, 0, 0)], shape, "dct").tolist() == [0, 17]
     assert parse_targets([5, 3, 5], shape, "pixel").tolist() == [3, 5]
+    assert parse_targets((5, 3), shape, "pixel").tolist() == [3, 5]  # not one index per axis: flat
+    with pytest.raises(ValueError, match=r"targets=\(1, 0, 1\) could be one mode .* pass \[\(1, 0, 1\)\] for the "
+                                         r"mode, or a list \[1, 0, 1\] for flat indices"):
+        parse_targets((1, 0, 1), shape, "dct")
     mask = np.zeros(shape, dtype=bool)
     mask[1, 2, 3] = True
     assert parse_targets(mask, shape, "dct").tolist() == [16 + 11]
