@@ -457,7 +457,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
 
     with validation.entry_point(model, batch.device):
         features = validation.features_of(model, batch)
-        validation.check_independent(model, batch, features)
+        validation.check_independent(model, batch, features, mode=jacobian)
         xp = array_module_for(batch.device)
         B, n = features.shape
         input_shape = tuple(batch.shape[1:])

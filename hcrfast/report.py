@@ -327,7 +327,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     s = summary
     path = Path(path)
     body = [f"<h1>hcrfast reproduce {e(s['experiment'])}</h1>"]
-    if not s.get("trained_weights", True):
+    if not s.get("trained_weights", s.get("published_weights", True)):  # its name before 2026-11-23
         body.append(f'<p class="warn">The model is not the published one: {e(s["weights"])}. '
                     f"The bounds and accuracies below are NOT the paper's.</p>")
     tg = s.get("targeted")

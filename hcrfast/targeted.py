@@ -540,7 +540,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
     with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
-        validation.check_independent(model, batch, features)
+        lsqr_mode = "reverse" if jacobian == "auto" else jacobian
+        validation.check_independent(model, batch, features, mode=lsqr_mode)
         xp = array_module_for(batch.device)
         B, n = features.shape
         K = len(modes)
@@ -554,7 +555,6 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                       f"pass lsqr=LSQROptions(...)")
         options = (dataclasses.replace(TARGETED_LSQR[batch.dtype], iter_lim=LSQR_ITER_FACTOR * max(n, p))
                    if lsqr is None and method == "lsqr" else lsqr)
-        lsqr_mode = "reverse" if jacobian == "auto" else jacobian
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
         model64 = validation.float64_model(model, batch, certify)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64

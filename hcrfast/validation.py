@@ -266,8 +266,9 @@ def eval_mode(model, stacklevel: int = 3):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored."""
     training = _in_training_mode(model)
     if training:
-        which = ("the model was" if training[0] == "" else
-                 f"{len(training)} of the model's submodules ({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
+        which = ("the model was" if training[0] == "" else f"the model's submodule {training[0]} was"
+                 if len(training) == 1 else f"{len(training)} of the model's submodules "
+                 f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
         warnings.warn(f"{which} in training mode; hcrfast switched the model to eval mode for the bound "
                       f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
                       f"Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
@@ -298,17 +299,21 @@ def _in_training_mode(model) -> list[str]:
 
 def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
-    """Refuse models that mix the examples of a batch.
+    """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
+    cannot be computed the way :func:`hcrfast.bound` will compute them (``mode``).
 
-    Two cheap probes on (at most) the first three examples: (1) the features of
-    example 0 computed alone equal those computed in the batch; (2) a JVP whose
-    tangent is non-zero on example 0 only leaves the other rows unchanged (computed
-    the way :func:`hcrfast.bound` will compute its products, ``mode``).
-    BatchNorm with batch statistics or attention across the batch fail both.
+    Cheap probes: (1) a second forward of the batch gives the same features (else the model is
+    random); (2) examples 0, 1, 2 and the last, each alone, give their features in the batch;
+    (3) a JVP whose tangent is non-zero on example 0 only leaves the other rows of the first
+    three unchanged; (4) in forward mode, that JVP is adjoint to reverse mode's VJP. BatchNorm
+    with batch statistics, attention across the batch or a statistic of the batch fail (2) or (3).
+    ``rtol`` is relative to the largest feature, and at least 4 ulps of the features' dtype (a
+    float16 model may round one example differently alone than in a batch).
     """
     from hcrfast.bindings import TorchJacobian, from_torch, to_torch
 
     B = batch.shape[0]
+    rtol = max(rtol, 4 * torch.finfo(features.dtype).eps)
     probe = batch[:3] if B >= 2 else batch.repeat(2, *([1] * (batch.ndim - 1)))
     with torch.no_grad():
         scale = features.abs().max().clamp_min(torch.finfo(features.dtype).tiny)
@@ -318,9 +323,10 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise ValueError(
                 f"the model gives other features for the same batch at each call (relative change "
                 f"{float(noise_gap):.2e} between two calls): it draws random numbers (dropout called with "
-                f"training=True, torch.randn/rand or a random augmentation in its forward). HCR bounds are for a "
-                f"fixed feature map plus the released noise: make the forward deterministic (its only randomness "
-                f"is the noise hcrfast models)")
+                f"training=True, torch.randn/rand or a random augmentation in its forward) or updates its own "
+                f"state as it runs. HCR bounds are for a "
+                f"fixed feature map plus the released noise: make the forward deterministic and stateless (its "
+                f"only randomness is the noise hcrfast models)")
         # Each probe row alone against the same row in the whole batch: a statistic of the batch (its
         # max, its mean) that one row dominates leaves that row's features alone as in the batch.
         rows = sorted({0, 1, 2, B - 1} & set(range(B)))
@@ -340,18 +346,27 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                                  f"the features with respect to the input: make its first layers out of place (e.g. "
                                  f"nn.ReLU(inplace=False))") from exc
             twice = "double backward" in text or "donated buffers" in text or "differentiate twice" in text
-            if how == "reverse" and "not have been used in the graph" in text:
+            if how == "reverse" and ("not have been used in the graph" in text or "is not implemented" in text):
                 twice = once_differentiable()  # J^T u works, only its own derivative (J v) does not
             if chosen and how == "reverse" and twice:
                 raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
-                                 f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward "
-                                 f"and @once_differentiable functions refuse it); pass jacobian='forward' (forward-mode AD: "
-                                 f"an autograd.Function needs setup_context and a jvp staticmethod for it), or for "
-                                 f"a compiled model the module before compiling (model._orig_mod)") from exc
-            if how == "forward" and ("setup_context" in text or "forward AD" in text or "forward-mode" in text):
+                                 f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward, "
+                                 f"@once_differentiable functions and fused attention kernels refuse it); pass "
+                                 f"jacobian='forward' (forward-mode AD: an autograd.Function needs setup_context and "
+                                 f"a jvp staticmethod for it), or for a compiled model the module before compiling "
+                                 f"(model._orig_mod), or for attention run the call under "
+                                 f"torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)") from exc
+            if how == "forward" and ("setup_context" in text or "forward AD" in text or "forward-mode" in text
+                                     or "is not implemented" in text):
+                try:
+                    product("reverse", chosen=False)
+                    other = "pass jacobian='reverse' (the default), or "
+                except (RuntimeError, ValueError):
+                    other = ("reverse mode fails on it too; for attention run the call under "
+                             "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), and ")
                 raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
-                                 f"jacobian='forward' uses for J v; pass jacobian='reverse' (the default), or give "
-                                 f"its autograd.Functions setup_context and a jvp staticmethod") from exc
+                                 f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
+                                 f"setup_context and a jvp staticmethod") from exc
             if "does not require grad" in text or "not have been used in the graph" in text:
                 raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
                                  f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
@@ -361,13 +376,13 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise
 
     def once_differentiable():
-        """Whether one backward pass (J^T u) runs and sees the input, where the double one failed."""
+        """Whether one backward pass (J^T u) runs where the double one failed (a detached model fails both)."""
         try:
-            jtu = TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(torch.ones_like(features[:1]).expand(
+            TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(torch.ones_like(features[:1]).expand(
                 probe.shape[0], -1).contiguous()))
         except RuntimeError:
             return False
-        return bool(to_torch(jtu).abs().max() > 0)
+        return True
 
     jv = product(mode)
     own = jv[0].abs().max()

@@ -224,7 +224,7 @@ def test_each_submodules_own_mode_is_restored(x, sigma):
     assert model.training and model[0].training and not model[1].training
     mixed = torch.nn.Sequential(mlp(), torch.nn.Identity()).eval()
     mixed[1].train()  # an eval model with a submodule in training mode: switched for the call, then restored
-    with pytest.warns(UserWarning, match=r"1 of the model's submodules \(1\) were in training mode"):
+    with pytest.warns(UserWarning, match=r"the model's submodule 1 was in training mode"):
         hcrfast.bound(mixed, x, sigma, **QUICK)
     assert not mixed.training and mixed[1].training
 
@@ -550,7 +550,7 @@ class DividesByBatchMax(torch.nn.Module):
         self.lin = mlp()
 
     def forward(self, x):
-        return self.lin(x / x.abs().max())
+        return self.lin(x / x.abs().max().detach())  # detached: the JVP leak check cannot see it
 
 
 def test_mixing_is_caught_when_the_first_example_dominates_the_batch(x):
@@ -584,7 +584,7 @@ def test_a_submodule_in_training_mode_under_an_eval_model_is_switched_and_untouc
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten()).eval()
     model[1].train()
     stats = [t.clone() for t in model[1].buffers()]
-    with pytest.warns(UserWarning, match=r"1 of the model's submodules \(1\) were in training mode"):
+    with pytest.warns(UserWarning, match=r"the model's submodule 1 was in training mode"):
         got = hcrfast.bound(model, x, 0.05, **QUICK)
     assert model[1].training and not model.training and not model[0].training
     assert all(torch.equal(a, b) for a, b in zip(stats, model[1].buffers()))
@@ -641,3 +641,38 @@ def test_a_compiled_model_points_to_forward_mode_which_gives_the_plain_models_bo
     got = hcrfast.bound(compiled, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
     np.testing.assert_allclose(got.std, hcrfast.bound(model, x, 0.05, solver="lsqr", jacobian="forward", **QUICK).std,
                                rtol=1e-5)
+
+
+def test_targeted_bound_and_the_attack_probe_with_the_jacobian_mode_they_were_given(x):
+    """They probed in reverse mode whatever jacobian= said, so a compiled model was refused with
+    'pass jacobian=forward' although it had been passed."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                                torch.nn.Linear(8, 5)).eval()
+    compiled = torch.compile(model, backend="aot_eager")
+    got = hcrfast.targeted_bound(compiled, x, 0.05, targets=[0, 3], method="lsqr", jacobian="forward")
+    want = hcrfast.targeted_bound(model, x, 0.05, targets=[0, 3], method="lsqr", jacobian="forward")
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-4)
+    got = hcrfast.gauss_newton_attack(compiled, x, 0.05, draws=2, jacobian="forward")
+    np.testing.assert_allclose(got.rmse, hcrfast.gauss_newton_attack(model, x, 0.05, draws=2, jacobian="forward").rmse,
+                               rtol=1e-4)
+
+
+def test_fused_attention_names_the_math_backend_which_then_runs():
+    """torch's fused CPU attention has no double backward (reverse mode's J v) and its multi-head
+    fast path no forward AD: both used to end in torch's raw RuntimeError."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16,
+                            num_classes=5).eval()
+    torch.nn.init.normal_(vit.heads.head.weight)  # torchvision starts the head at 0: J = 0
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"cannot be differentiated twice.*sdpa_kernel\(torch\.nn\.attention\."
+                                         r"SDPBackend\.MATH\)"):
+        hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
+    with pytest.raises(ValueError, match=r"does not support forward-mode AD.*reverse mode fails on it too.*sdpa_kernel"):
+        hcrfast.bound(vit, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    with sdpa_kernel(SDPBackend.MATH):
+        res = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
+    assert np.all(np.isfinite(res.std)) and np.all(res.mse > 0)
