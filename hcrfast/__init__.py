@@ -7,6 +7,7 @@
 from hcrfast.attack import AttackResult, compare, gauss_newton_attack
 from hcrfast.algorithm import DEFAULT_LSQR, bound, rms_sigma, start_vectors
 from hcrfast.checkpoint import CheckpointMismatchError
+from hcrfast.distributed import ShardError
 from hcrfast.lsqr import LSQROptions, LSQRResult
 from hcrfast.noise import Gaussian, Laplace, MonteCarlo, NoiseLaw, as_noise
 from hcrfast.results import Bounds
@@ -15,4 +16,4 @@ from hcrfast.targeted import TargetedBounds, targeted_bound
 __version__ = "0.1.0"
 
 __all__ = ["AttackResult", "Bounds", "CheckpointMismatchError", "compare", "gauss_newton_attack", "DEFAULT_LSQR", "Gaussian", "Laplace", "MonteCarlo", "NoiseLaw", "as_noise", "LSQROptions", "LSQRResult", "bound",
-           "TargetedBounds", "rms_sigma", "start_vectors", "targeted_bound"]
+           "ShardError", "TargetedBounds", "rms_sigma", "start_vectors", "targeted_bound"]

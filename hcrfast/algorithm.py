@@ -19,7 +19,9 @@ import math
 import os
 import sys
 import time
+import uuid
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps as checkpoint_gaps, model_fingerprint, sha256_tensors
-from hcrfast.distributed import World
+from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
@@ -149,6 +151,38 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     release_device_memory(x.device)
     half = x.shape[0] // 2
     return torch.cat([_features(model, x[:half]), _features(model, x[half:])])
+
+
+def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):
+    """The first step of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
+    key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
+    ``(checkpoint, chunk_size, token)``: the chunk size is rank 0's, the token the file rank 0 left in
+    the folder for the others to find (rank 0 removes it once all have looked)."""
+    saved = token = None
+    if world.rank == 0:
+        saved = Checkpoint(checkpoint, key, example_ids, features)
+        token = f".shard-{uuid.uuid4().hex}"
+        (saved.path / token).touch()
+    mine = json.loads(json.dumps(key, sort_keys=True, default=str))
+    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
+    first = every[0]
+    diffs = []
+    for r, other in enumerate(every[1:], 1):
+        fields = [f"{k} ({first['key'].get(k)!r} on rank 0, {other['key'].get(k)!r} on rank {r})"
+                  for k in differences(first["key"], other["key"])]
+        if fields:
+            diffs.append(f"rank {r} differs in {', '.join(fields)}")
+    if diffs:
+        raise ShardError(f"hcrfast.bound(shard=True): the processes do not make the same call: {'; '.join(diffs)}; "
+                         f"make the same call (model, batch, sigma, arguments) on every process")
+    token = Path(checkpoint) / first["token"]
+    if world.rank != 0:
+        if not token.is_file():
+            raise ValueError(f"checkpoint={str(checkpoint)!r} on rank {world.rank} is not rank 0's folder (rank 0's "
+                             f"file {token.name} is not in it): every process must pass the same folder, on a "
+                             f"filesystem they all see")
+        saved = Checkpoint(checkpoint, key, example_ids, features)
+    return saved, first["chunk_size"], token
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
@@ -574,14 +608,30 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     shard : bool
         Under ``torchrun`` (or a process group the caller initialized), every process makes
         the same call and computes every N-th piece of ``chunk_size`` examples (rank 0's
-        size) into ``checkpoint``, a folder all processes see; after a barrier every process
+        size) into ``checkpoint``, a folder all processes see; once all are done every process
         reads the others' pieces and returns the whole result. Needs ``checkpoint``.
         ``params["shard"]`` says which rank this was and how many examples it computed.
+        The processes first check that they make the same call on the same folder; an error
+        on one process (or a process that does not come within ``HCRFAST_SHARD_TIMEOUT``
+        seconds, 30 minutes by default) is raised on every process as
+        :class:`hcrfast.distributed.ShardError`, naming the rank and its error.
 
     Returns
     -------
     Bounds
     """
+    call = dict(locals())  # every argument as given, for _bound
+    if not validation.flag("shard", shard):
+        return _bound(**call, world=None)
+    world = World(getattr(batch, "device", torch.device("cpu")).type, set_device=False)
+    with world.session("hcrfast.bound(shard=True)"):
+        return _bound(**call, world=world)
+
+
+def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_at, lsqr, basis, certify, jacobian,
+           chunk_size, example_ids, progress, targets, targeted_method, tf32, warm_start, solver, krylov_pilots,
+           checkpoint, shard, world) -> Bounds:
+    """:func:`bound`, its arguments unchecked; ``world`` is this process's place in a sharded call (or None)."""
     t_start = time.perf_counter()
     noise = as_noise(validation.sigma_or_law(sigma))
     size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
@@ -609,10 +659,13 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                          f"0..krylov_pilots-1; pass at most {restarts}")
     chunk_size = validation.chunk_size(chunk_size)
     checkpoint = validation.checkpoint_folder(checkpoint)
-    shard = validation.flag("shard", shard)
+    shard = world is not None
     if shard and checkpoint is None:
         raise ValueError("shard=True shares the chunks among the processes through the checkpoint folder; pass "
                          "checkpoint=DIR on a filesystem every process sees")
+    if shard and world.size == 1:
+        warnings.warn("shard=True, but this process is alone (not started by torchrun, and no process group): it "
+                      "computes every example itself", UserWarning, stacklevel=4)
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
         from hcrfast.targeted import METHODS, parse_targets
@@ -682,10 +735,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
         zero_of = {}  # chunk start -> its lines of zero-step reasons (restarts whose eps is 0)
         filled = set()  # the (start, stop) of every chunk whose rows are filled
-        world = World(batch.device.type, set_device=False) if shard else None
         tag = "" if world is None else world.tag
-        if world is not None:
-            chunk_size = world.from_rank0(chunk_size)  # one cut of the batch for every process
         saved = None
         if checkpoint is not None:
             key = dict(
@@ -695,8 +745,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
                 krylov_pilots=krylov_pilots)
-            saved = Checkpoint.open(checkpoint, key, example_ids, features=features.detach().cpu().numpy(),
-                                    world=world)
+            clean = features.detach().cpu().numpy()
+            if world is None or world.size == 1:
+                saved = Checkpoint(checkpoint, key, example_ids, clean)
+            else:
+                saved, chunk_size, token = _join(world, checkpoint, key, example_ids, clean, chunk_size)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
@@ -867,7 +920,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             if progress and reused:
                 print(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
         if world is not None and world.size > 1:
-            world.barrier()  # every process has listed the folder before any writes to it
+            try:
+                world.agree("listed")  # every process has listed the folder before any writes to it
+            finally:
+                if world.rank == 0:  # every process has looked for it (or one failed)
+                    token.unlink(missing_ok=True)
             pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
             todo = pieces[world.rank::world.size]
         # examples computed by this call, since when, and how many it has to compute
@@ -876,9 +933,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
         if world is not None and world.size > 1:
-            world.barrier()  # every piece is in the folder now
-            read_back()  # the other processes' pieces
-            world.close()
+            world.agree("done")  # every piece is in the folder now (or a process's error is raised here)
+            missing = checkpoint_gaps(B, read_back())  # the other processes' pieces
+            if missing:
+                raise RuntimeError(f"rows {', '.join(f'{a}..{b - 1}' for a, b in missing)} of the batch are in no "
+                                   f"chunk of {checkpoint} after every process finished: a process wrote them "
+                                   f"elsewhere; every process must see the same folder")
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
         zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
         # Counted over the whole result, chunks read back from a checkpoint included, so that a

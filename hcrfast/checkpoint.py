@@ -168,25 +168,6 @@ class Checkpoint:
                 f"fingerprint does not see (what a plain function closes over, or a module attribute outside its "
                 f"state_dict). {fix}")
 
-    @classmethod
-    def open(cls, path, key: dict, example_ids, *, features=None, world=None) -> "Checkpoint":
-        """The checkpoint in ``path``; among several processes (:class:`hcrfast.distributed.World`), rank 0
-        writes or checks ``key.json`` first and its failure is raised on every rank, so none waits forever."""
-        if world is None or world.size == 1:
-            return cls(path, key, example_ids, features)
-        opened = failure = None
-        if world.rank == 0:
-            try:
-                opened = cls(path, key, example_ids, features)
-            except (CheckpointMismatchError, OSError) as exc:
-                failure = exc
-        message = world.from_rank0(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if failure is not None:
-            raise failure
-        if message is not None:
-            raise CheckpointMismatchError(f"rank 0 could not open the checkpoint: {message}")
-        return opened if opened is not None else cls(path, key, example_ids, features)
-
     def finished(self) -> list[tuple[int, int, dict]]:
         """``(start, stop, arrays)`` of every finished chunk, by start. A chunk file that cannot be
         read is reported and left out (its examples are computed again)."""

@@ -43,10 +43,12 @@ def main(argv=None) -> int:
         return 2
     except RuntimeError as exc:
         from hcrfast.data import DownloadError  # imported here: --help stays fast
+        from hcrfast.distributed import ShardError
 
-        if not isinstance(exc, DownloadError):
+        if not isinstance(exc, (DownloadError, ShardError)):
             raise
-        print(f"hcrfast: error: {exc}", file=sys.stderr)  # no network: the message says how to do without
+        # No network, or another torchrun process's failure: the message says what to do.
+        print(f"hcrfast: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         resume = "; the chunks that finished are kept, and the same command resumes" if args.command == "reproduce" else ""

@@ -1,17 +1,57 @@
-"""Processes started by ``torchrun``: which one this is, and the few collectives hcrfast needs.
+"""Processes started by ``torchrun``: which one this is, and how they agree.
 
 ``hcrfast reproduce`` and ``hcrfast.bound(..., shard=True)`` share their chunks of examples
-among the processes through a folder every process sees; they only need a barrier and a
-broadcast from rank 0, over gloo on the CPU and NCCL on CUDA.
+among the processes through a folder every process sees. The processes meet at a few named
+steps (:meth:`World.agree`) through the process group's key-value store: each posts what it
+holds (its call's key, rank 0's choices) and waits for the others. A process that fails in
+between posts its error instead, so the others raise it at their next step rather than wait
+forever, and a process that never comes is named after ``HCRFAST_SHARD_TIMEOUT`` seconds at the
+first step. No tensor collective is involved: the same code serves gloo and NCCL groups.
+
+A process group hcrfast creates stays up for the life of the process (later calls reuse it;
+a second ``init_process_group`` would hang in its rendezvous) and is destroyed at exit.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
+import itertools
+import json
 import os
+import time
 
 import torch
 
-__all__ = ["World"]
+__all__ = ["World", "ShardError", "join_timeout"]
+
+_TIMEOUT_ENV = "HCRFAST_SHARD_TIMEOUT"
+_DEFAULT_JOIN_TIMEOUT = 1800.0  # torch's own default for a collective
+_calls = itertools.count()  # every process makes the same calls in the same order: their keys match
+
+
+class ShardError(RuntimeError):
+    """Another process failed, disagreed or did not come. ``from_others``: every process raises it
+    (another's failure, or a disagreement all of them see), so it is not posted again."""
+
+    def __init__(self, message: str, *, from_others: bool = True):
+        super().__init__(message)
+        self.from_others = from_others
+
+
+def join_timeout() -> float:
+    """Seconds the first step waits for every process: ``HCRFAST_SHARD_TIMEOUT``, else 30 minutes."""
+    text = os.environ.get(_TIMEOUT_ENV)
+    if text is None:
+        return _DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{_TIMEOUT_ENV}={text!r} is not a positive number of seconds; unset it for the default "
+                         f"({_DEFAULT_JOIN_TIMEOUT:g}) or set e.g. {_TIMEOUT_ENV}=3600")
+    return value
 
 
 class World:
@@ -19,7 +59,7 @@ class World:
 
     def __init__(self, device_type: str, *, set_device: bool = True):
         self.rank, self.size, self.local_rank, self.dist = 0, 1, 0, None
-        self._owns_group = False
+        self._prefix = None  # of this session's keys in the store
         import torch.distributed as dist
 
         initialized = dist.is_available() and dist.is_initialized()  # by the caller, perhaps without torchrun
@@ -31,35 +71,83 @@ class World:
             if device_type == "cuda" and set_device:
                 torch.cuda.set_device(self.local_rank)
             if not initialized:
-                # The final barrier waits for the slowest process's chunks, which can take hours
-                # for the ImageNet models on a CPU: far beyond the 30-minute default. A failed
-                # process is still noticed at once: torchrun stops the others.
+                # The store's waits below have their own limits; the group's only matters to a
+                # caller's collectives, and the ImageNet models' chunks take hours on a CPU.
                 dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
                                         timeout=datetime.timedelta(hours=72))
-                self._owns_group = True
+                atexit.register(_destroy, dist)
             self.dist = dist
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
-
-    def barrier(self) -> None:
-        if self.dist is None:
-            return
-        if self.dist.get_backend() == "nccl":  # name the device: NCCL would guess it from the rank
-            self.dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            self.dist.barrier()
-
-    def from_rank0(self, obj):
-        """``obj`` as rank 0 has it, on every rank."""
-        if self.dist is None:
-            return obj
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def close(self) -> None:
-        if self.dist is not None and self._owns_group:
-            self.dist.destroy_process_group()
 
     @property
     def tag(self) -> str:
         return "" if self.size == 1 else f" [rank {self.rank}/{self.size}]"
+
+    @contextlib.contextmanager
+    def session(self, what: str):
+        """One shared call (``what`` names it in messages). An exception raised inside is posted
+        for the other processes, which raise :class:`ShardError` naming it at their next step."""
+        if self.size == 1:
+            yield self
+            return
+        # Keys unique to this call of this job (and of this restart, under torchrun's elastic agent,
+        # whose store outlives the workers it restarts).
+        self._prefix = (f"hcrfast/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+                        f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_calls)}/")
+        self._what = what
+        try:
+            yield self
+        except BaseException as exc:
+            if not getattr(exc, "from_others", False):
+                with contextlib.suppress(Exception):  # the store may be gone too; the error itself matters
+                    store = self._store()
+                    store.set(f"{self._prefix}failed/{self.rank}", f"{type(exc).__name__}: {exc}")
+                    store.add(f"{self._prefix}failures", 1)
+            raise
+        finally:
+            self._prefix = None
+
+    def agree(self, step: str, payload=None, *, timeout: float | None = None) -> list:
+        """Every process's ``payload`` (JSON-able), by rank, once all have reached ``step``.
+
+        Raises :class:`ShardError` if another process failed first, or if ``timeout`` seconds
+        pass (None: wait as long as it takes) with the ranks that did not come named."""
+        if self.size == 1:
+            return [payload]
+        if self._prefix is None:
+            raise RuntimeError("World.agree is called inside World.session only")
+        store = self._store()
+        keys = [f"{self._prefix}{step}/{r}" for r in range(self.size)]
+        store.set(keys[self.rank], json.dumps(payload))
+        t0, pause = time.monotonic(), 0.01
+        while not store.check(keys):
+            if store.add(f"{self._prefix}failures", 0):
+                failed = [f"rank {r}: {store.get(f'{self._prefix}failed/{r}').decode()}" for r in range(self.size)
+                          if store.check([f"{self._prefix}failed/{r}"])]
+                raise ShardError(f"{self._what} stopped on rank {self.rank} because another process failed: "
+                                 + "; ".join(failed))
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                missing = [r for r in range(self.size) if not store.check([keys[r]])]
+                raise ShardError(
+                    f"{self._what}: rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
+                    f"{self.size} did not come within {timeout:g} s; every process of the job must make the same "
+                    f"call (set {_TIMEOUT_ENV}=SECONDS to wait longer for a slow start)", from_others=False)
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+        return [json.loads(store.get(k)) for k in keys]
+
+    def _store(self):
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+
+
+def _destroy(dist) -> None:
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def differences(mine: dict, theirs: dict) -> list[str]:
+    """The keys whose values differ between two calls' keys, sorted."""
+    return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))

@@ -669,7 +669,11 @@ def accepts_per_feature_sigma(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        bound_args = signature.bind(*args, **kwargs)
+        try:
+            bound_args = signature.bind(*args, **kwargs)
+        except TypeError as exc:  # bind's message does not say whose arguments these are
+            known = ", ".join(name for name in signature.parameters)
+            raise TypeError(f"{fn.__module__.split('.')[0]}.{fn.__name__}(): {exc}; its arguments are {known}") from None
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
         if stds is None:

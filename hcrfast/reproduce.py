@@ -30,10 +30,12 @@ so a killed and restarted run ends with the bounds of an uninterrupted one.
 
 Under ``torchrun`` (``WORLD_SIZE`` and ``RANK`` set) every process takes the
 chunks ``c`` with ``c % world_size == rank`` (``torch.distributed`` with gloo on
-the CPU, NCCL on CUDA); rank 0 fixes σ for all, and after a barrier merges the
-chunks and writes the outputs. Bitwise equality with a one-process run holds
-when every process computes with the same arithmetic: on the CPU the same
-number of threads (torchrun sets ``OMP_NUM_THREADS=1`` unless it is set).
+the CPU, NCCL on CUDA); rank 0 fixes σ for all once every process has shown the
+same run key, and when all are done merges the chunks and writes the outputs. A
+process's error stops the others at their next step (:mod:`hcrfast.distributed`).
+Bitwise equality with a one-process run holds when every process computes with
+the same arithmetic: on the CPU the same number of threads (torchrun sets
+``OMP_NUM_THREADS=1`` unless it is set).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ import torch
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
-from hcrfast.distributed import World as _World
+from hcrfast.distributed import ShardError as _ShardError, World as _World, differences, join_timeout
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
@@ -199,7 +201,7 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
             _say(progress, f"hcrfast reproduce {name}: no --weights given; training the {name} model first "
                            f"(saved to {path} and reused on reruns)")
             _train.train(name, out=path, progress=progress, epochs=train_epochs, seed=0)  # written atomically
-        world.barrier()
+        world.agree("weights")  # as long as rank 0's training takes
         return path, _weights_fingerprint(path), f"{path} (trained by hcrfast reproduce)", True
     if weights is None and name in ("mnist", "cifar10"):
         raise ValueError(
@@ -538,7 +540,7 @@ def run(
         raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
 
     world = _World(device)
-    try:
+    with world.session(f"hcrfast reproduce {name}"):
         return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
@@ -546,8 +548,6 @@ def run(
                     lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
                     progress=progress, train_epochs=train_epochs,
                     crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
-    finally:
-        world.close()
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
@@ -556,6 +556,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
+    world.agree("join", timeout=join_timeout())  # a process that never comes is named, not waited for
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "chunks").mkdir(exist_ok=True)
@@ -637,16 +638,17 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     key_json = json.dumps(key, sort_keys=True)
 
     # -- σ: rank 0 fixes it (from run.json on a rerun), everyone uses that one --------------
-    verdict = None
-    if world.rank == 0:
-        try:
-            verdict = ("ok", _check_or_write_run(out, key, sigma_fresh))
-        except RunMismatchError as exc:
-            verdict = ("error", str(exc))
-    verdict = world.from_rank0(verdict)
-    if verdict[0] == "error":
-        raise RunMismatchError(verdict[1])
-    sigma = float(verdict[1])
+    every = world.agree("key", json.loads(key_json))
+    others = [f"rank {r}: {', '.join(differences(every[0], theirs))}"
+              for r, theirs in enumerate(every) if differences(every[0], theirs)]
+    if others:  # a process with other arguments must not write into rank 0's run
+        raise _ShardError(f"{tag}: the processes do not run the same thing; where they differ from rank 0 "
+                          f"({'; '.join(others)}): give every process the same arguments")
+    # rank 0's error (another run in --out) is raised on the others at this step
+    sigma = world.agree("sigma", _check_or_write_run(out, key, sigma_fresh) if world.rank == 0 else None)[0]
+    if world.rank != 0 and not (out / "run.json").is_file():
+        raise RunMismatchError(f"{tag}: --out {out} has no run.json although rank 0 wrote its own: the processes "
+                               f"do not see the same folder; pass one on a filesystem every process sees")
 
     # -- accuracies (cheap: the head only) --------------------------------------------------
     clean_acc, dithered_acc, dithered_per_draw = _accuracies(zm, feats, labels, sigma, seed=seed, restarts=restarts)
@@ -689,7 +691,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             # Test hook for the resume test: die as a kill would, without cleanup.
             sys.stderr.flush()
             os._exit(1)
-    world.barrier()
+    world.agree("done")  # every chunk is in the folder now (or a process's error is raised here)
 
     bounds_path, summary_path, report_path = out / "bounds.npz", out / "summary.json", out / "report.html"
     if world.rank != 0:

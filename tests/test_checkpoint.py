@@ -1,6 +1,8 @@
 """hcrfast.bound(..., checkpoint=DIR): a call killed after some chunks and made again ends with the
 bounds of an uninterrupted call, computing only the examples that were missing."""
 import json
+import os
+import re
 import warnings
 
 import numpy as np
@@ -264,8 +266,103 @@ def test_torchrun_processes_all_stop_when_rank_0_finds_another_run_in_the_folder
     hcrfast.bound(relu_mlp(), batch(), 0.5, checkpoint=tmp_path / "ck", **kw("dense"))
     proc = torchrun_shard(tmp_path, "dense", 0.3)
     assert proc.returncode != 0
-    assert "noise: " in proc.stderr  # rank 0's own error names what differs
-    assert "rank 0 could not open the checkpoint: CheckpointMismatchError" in proc.stderr  # rank 1's
+    # rank 1 raises rank 0's error (torchrun may stop rank 0 before its own traceback is printed)
+    assert ("stopped on rank 1 because another process failed: rank 0: CheckpointMismatchError: "
+            in proc.stderr), proc.stderr[-3000:]
+    assert "noise: 'Gaussian(sigma=0.5)' -> 'Gaussian(sigma=0.3)'" in proc.stderr  # what differs
+
+
+MISUSE_SCRIPT = """
+import json, os, sys
+import torch
+sys.path.insert(0, {tests!r})
+import hcrfast
+from test_checkpoint import batch, kw, relu_mlp
+
+torch.set_num_threads(1)
+rank = int(os.environ["RANK"])
+got = {{}}
+
+
+def attempt(name, **given):
+    args = dict(kw("dense"), sigma=0.3, checkpoint=os.path.join({root!r}, name), shard=True)
+    args.update(given)
+    try:
+        got[name] = hcrfast.bound(relu_mlp(), batch(), args.pop("sigma"), **args).std.tolist()
+    except Exception as exc:  # caught, as a notebook or a sweep would: the others must not hang
+        got[name] = "%s: %s" % (type(exc).__name__, exc)
+
+
+attempt("first")
+attempt("second")  # the process group hcrfast made for the first call serves this one
+attempt("sigma", sigma=0.3 if rank == 0 else 0.5)
+attempt("invalid", size=1 / 200 if rank == 0 else -1.0)  # rank 1 fails before any step
+attempt("folders", checkpoint=os.path.join({root!r}, "folder%d" % rank))
+attempt("absent", shard=rank == 0)  # rank 1 never joins; rank 0 gives up after HCRFAST_SHARD_TIMEOUT
+with open(os.path.join({root!r}, "rank%d.json" % rank), "w") as fh:
+    json.dump(got, fh)
+"""
+
+
+def test_torchrun_misuse_is_an_error_on_every_process_not_a_hang(tmp_path):
+    """Each process catches its exception and goes on: none waits on a process that failed, asked
+    for something else, looked in another folder or never came, and the two calls made right
+    share the work and match one process's result."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "misuse.py"
+    script.write_text(MISUSE_SCRIPT.format(tests=str(Path(__file__).parent), root=str(tmp_path)))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HCRFAST_SHARD_TIMEOUT": "10"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw("dense")).std
+    for name in ("first", "second"):
+        for r in (0, 1):
+            np.testing.assert_allclose(np.array(got[r][name]), whole, rtol=1e-10, atol=0, err_msg=f"{name} rank {r}")
+    for r in (0, 1):  # both name the field and both values
+        assert got[r]["sigma"].startswith("ShardError: hcrfast.bound(shard=True): the processes do not make the "
+                                          "same call: rank 1 differs in noise ('Gaussian(sigma=0.3)' on rank 0, "
+                                          "'Gaussian(sigma=0.5)' on rank 1)"), got[r]["sigma"]
+    assert got[1]["invalid"].startswith("ValueError: size must be")
+    assert got[0]["invalid"].startswith("ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another "
+                                        "process failed: rank 1: ValueError: size must be"), got[0]["invalid"]
+    assert re.match(r"ValueError: checkpoint='.*folder1' on rank 1 is not rank 0's folder \(rank 0's file "
+                    r"\.shard-[0-9a-f]+ is not in it\)", got[1]["folders"]), got[1]["folders"]
+    assert got[0]["folders"].startswith("ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another "
+                                        "process failed: rank 1: ValueError: checkpoint="), got[0]["folders"]
+    assert not list((tmp_path / "folder0").glob(".shard-*"))  # rank 0 took its file back
+    np.testing.assert_allclose(np.array(got[1]["absent"]), whole, rtol=1e-10, atol=0)  # alone, unsharded
+    assert got[0]["absent"] == ("ShardError: hcrfast.bound(shard=True): rank 1 of 2 did not come within 10 s; every "
+                                "process of the job must make the same call (set HCRFAST_SHARD_TIMEOUT=SECONDS to "
+                                "wait longer for a slow start)")
+
+
+def test_shard_is_bounds_alone_and_a_stray_keyword_names_the_function():
+    with pytest.raises(TypeError, match=r"^hcrfast\.targeted_bound\(\): got an unexpected keyword argument 'shard'; "
+                                        r"its arguments are model, batch, sigma, targets, "):
+        hcrfast.targeted_bound(relu_mlp(), batch(), 0.3, targets="low:2", shard=True)
+    with pytest.raises(TypeError, match=r"^hcrfast\.bound\(\): missing a required argument: 'sigma'"):
+        hcrfast.bound(relu_mlp(), batch())
+
+
+def test_the_shard_timeout_is_read_from_the_environment_and_checked(monkeypatch):
+    from hcrfast.distributed import join_timeout
+
+    monkeypatch.delenv("HCRFAST_SHARD_TIMEOUT", raising=False)
+    assert join_timeout() == 1800
+    monkeypatch.setenv("HCRFAST_SHARD_TIMEOUT", "2.5")
+    assert join_timeout() == 2.5
+    for bad in ("soon", "0", "-3", "nan"):
+        monkeypatch.setenv("HCRFAST_SHARD_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=rf"HCRFAST_SHARD_TIMEOUT='{bad}' is not a positive number of seconds"):
+            join_timeout()
 
 
 def test_shard_needs_a_checkpoint_folder():
@@ -277,7 +374,8 @@ def test_shard_needs_a_checkpoint_folder():
 
 def test_shard_in_a_single_process_is_a_plain_checkpointed_call(tmp_path):
     whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw("dense"))
-    res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, shard=True, **kw("dense"))
+    with pytest.warns(UserWarning, match="shard=True, but this process is alone"):
+        res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, shard=True, **kw("dense"))
     assert res.params["shard"] == dict(rank=0, world_size=1, examples_computed=7)
     assert_same(res, whole)
 

@@ -199,6 +199,47 @@ def test_torchrun_two_processes_match_one(first, weights, tmp_path):
     _assert_same_bounds(first / "bounds.npz", out / "bounds.npz")
 
 
+TORCHRUN_TWICE = """
+import contextlib, io, json, os, sys
+from hcrfast import cli
+
+rank = int(os.environ["RANK"])
+got = {{}}
+for name, examples in (("mismatch", "10" if rank == 0 else "8"), ("same", "10")):
+    argv = {tiny!r}
+    argv[argv.index("--examples") + 1] = examples
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["reproduce", "digits", *argv, "--out", os.path.join({root!r}, name), "--weights", {weights!r}])
+    got[name] = [code, err.getvalue()]
+with open(os.path.join({root!r}, "rank%d.json" % rank), "w") as fh:
+    json.dump(got, fh)
+"""
+
+
+def test_torchrun_processes_with_other_arguments_all_stop_and_the_next_run_works(first, weights, tmp_path):
+    """reproduce.run called per process (a script, not one command line): a process with other
+    arguments must not write into rank 0's run; every process says so, and the next run in the
+    same processes (the process group hcrfast made, reused) gives the one-process bounds."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "twice.py"
+    script.write_text(TORCHRUN_TWICE.format(tiny=TINY, root=str(tmp_path), weights=str(weights)))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], check=False, capture_output=True, text=True, env=_ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in (0, 1):
+        code, err = got[r]["mismatch"]
+        assert code == 1 and (f"hcrfast: error: hcrfast reproduce digits [rank {r}/2]: the processes do not run the "
+                              f"same thing; where they differ from rank 0 (rank 1: data, examples): give every process "
+                              f"the same arguments") in err, err
+        assert got[r]["same"][0] == 0, got[r]["same"][1]
+    assert not (tmp_path / "mismatch" / "run.json").exists()  # nothing was started there
+    _assert_same_bounds(first / "bounds.npz", tmp_path / "same" / "bounds.npz")
+
+
 # ----------------------------------------------------------------------------------------
 # errors
 
