@@ -933,6 +933,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
         if world is not None and world.size > 1:
+            if progress:
+                print(f"hcrfast{tag}: this process's pieces are done; waiting for the others", file=sys.stderr)
             world.agree("done")  # every piece is in the folder now (or a process's error is raised here)
             missing = checkpoint_gaps(B, read_back())  # the other processes' pieces
             if missing:

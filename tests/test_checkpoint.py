@@ -251,6 +251,7 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
                                                  dict(rank=1, world_size=2, examples_computed=2)]
     assert all(r.params["checkpoint"]["examples_read_back"] == 2 for r in ranks)
     assert "[rank 1/2]: 2/2 of this process's examples done" in proc.stderr
+    assert "hcrfast [rank 0/2]: this process's pieces are done; waiting for the others" in proc.stderr
     for r in ranks:
         assert r.infinite_reasons == whole.infinite_reasons
         for name in ARRAYS:
