@@ -637,10 +637,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
     iterations = validation.positive_int("iterations", iterations)
     restarts = validation.positive_int("restarts", restarts)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be a non-negative integer, got {seed!r} ({type(seed).__name__})")
-    if seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    seed = validation.seed(seed)
     validation.choice("linearize_at", linearize_at, ("input", "current"))
     validation.choice("basis", basis, ("dct", "pixel"))
     validation.choice("jacobian", jacobian, ("reverse", "forward"))

@@ -432,10 +432,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     damping = float(damping)
     if not math.isfinite(damping) or damping < 0:
         raise ValueError(f"damping must be a finite number >= 0, got {damping!r}; 0 gives pure Gauss-Newton steps")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be a non-negative integer, got {seed!r} ({type(seed).__name__})")
-    if seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    seed = validation.seed(seed)
     validation.choice("basis", basis, ("dct", "pixel"))
     validation.choice("jacobian", jacobian, ("reverse", "forward"))
     if validation.lsqr_options(lsqr) is not None:

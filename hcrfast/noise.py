@@ -34,6 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from hcrfast import validation
 from hcrfast.backend import get_array_module, to_host
 
 __all__ = ["Gaussian", "Laplace", "MonteCarlo", "MonteCarloEstimate", "NoiseLaw", "as_noise"]
@@ -334,11 +335,7 @@ class MonteCarlo:
             raise ValueError(f"confidence must be in [0.5, 1), got {confidence!r}; an upper confidence bound "
                              f"below 0.5 is not conservative and 1 needs infinitely many draws (typical: 0.99)")
         self.confidence = confidence
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"seed must be a non-negative integer, got {seed!r} ({type(seed).__name__})")
-        if seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed}")
-        self.seed = int(seed)
+        self.seed = validation.seed(seed)
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         self.name = name

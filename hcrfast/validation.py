@@ -25,6 +25,15 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def seed(value) -> int:
+    """A seed of ``numpy.random.default_rng``: a non-negative integer (NumPy's own integers too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"seed must be a non-negative integer, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {value}")
+    return int(value)
+
+
 def positive_float(name: str, value, hint: str = "") -> float:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         if (value.size if isinstance(value, np.ndarray) else value.numel()) != 1:
