@@ -44,6 +44,20 @@ def from_torch(t: torch.Tensor):
     return t.numpy()
 
 
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array (an index, say) as a tensor on ``device``, without the host waiting for the device.
+
+    ``torch.as_tensor(a, device="cuda")`` copies from pageable memory and synchronizes the
+    stream; a copy from pinned memory with ``non_blocking=True`` is only queued on torch's
+    current stream, behind the work that reads it (torch keeps the pinned block until the copy
+    has run). On the CPU the tensor shares ``a``'s memory, as ``torch.as_tensor`` would.
+    """
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def array_module_for(device: torch.device):
     """NumPy for CPU tensors, CuPy for CUDA tensors."""
     if device.type == "cuda":

@@ -37,7 +37,7 @@ import torch
 
 from hcrfast import profiling
 from hcrfast.backend import get_array_module, to_host
-from hcrfast.bindings import from_torch, ieee_float32, solver_stream, to_torch
+from hcrfast.bindings import from_torch, ieee_float32, solver_stream, to_device, to_torch
 from hcrfast.lsqr import LSQROptions, compact, lsqr_init, lsqr_step
 
 #: Basis steps per example when the options give no ``iter_lim`` (LSQR's own default, 2·p, is
@@ -168,7 +168,7 @@ class KrylovBasis:
         if self.batch and self._group_of.min() < 0:
             raise ValueError("KrylovBasis: some examples belong to no group")
         # each group's members as a device index, made once (not a host copy per solve)
-        self._index = [torch.as_tensor(g.members, device=g.U.device) for g in self.groups]
+        self._index = [to_device(g.members, g.U.device) for g in self.groups]
 
     @property
     def batch(self) -> int:
@@ -449,7 +449,7 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                     if finished:  # all the rest: the buffers themselves, cut to size (no gather)
                         parts = (U, V, alfa, beta)
                     else:
-                        pick = torch.as_tensor(idx, device=dev)
+                        pick = to_device(idx, dev)
                         parts = (t.index_select(0, pick) for t in (U, V, alfa, beta))
                     made, sv = _factors(rows[idx], itn[idx], *parts, damp=float(opts.damp), rtol=rtol)
                     groups.append(made)
@@ -460,7 +460,7 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                 live = np.flatnonzero(active)
                 state, op, rows = compact(state, full_op, rows, live)
                 scale = scale[xp.asarray(live)]
-                index = torch.as_tensor(live, device=dev)
+                index = to_device(live, dev)
                 U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
             if adaptive and passes == 1:
                 # lsqr_step consumes its state's vectors: the starting point is a copy (4 vectors a row)
@@ -525,14 +525,14 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
             out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=dev)
         per = max(1, 2**26 // max(1, g.V.shape[1] * p))
         for lo in range(0, pos.size, per):
-            at = torch.as_tensor(pos[lo:lo + per], device=dev)
+            at = to_device(pos[lo:lo + per], dev)
             V = g.V.index_select(0, at).to(torch.float64)                 # (s, k, p)
             Y, filt = g.Y.index_select(0, at), g.filt.index_select(0, at)[:, :, None]
             h = torch.bmm(Y.transpose(1, 2), V @ q64.T)                     # Yᵀ V_kᵀ q: (s, r, K)
             lin = torch.sqrt((h * h * filt).sum(dim=1))                     # ‖J ε‖ before scaling: (s, K)
             scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
             y = torch.bmm(Y, h * filt) * scale[:, None, :]                  # (B_kᵀB_k)⁺ V_kᵀ q, scaled: (s, k, K)
-            out[torch.as_tensor(g.members[pos[lo:lo + per]] // pilots, device=dev)] = torch.bmm(y.transpose(1, 2), V)
+            out[to_device(g.members[pos[lo:lo + per]] // pilots, dev)] = torch.bmm(y.transpose(1, 2), V)
     if out is None:
         out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=q.device)
     return out

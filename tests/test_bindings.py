@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hcrfast.bindings import TorchJacobian, from_torch, to_torch
+from hcrfast.bindings import TorchJacobian, from_torch, to_device, to_torch
 
 
 def conv_model():
@@ -98,6 +98,14 @@ def test_operator_output_shares_memory_with_torch_result(monkeypatch):
     op = TorchJacobian(model, torch.randn(2, 2, 5, 5, dtype=torch.float64))
     out = op.matvec(np.ones((2, 50)))
     assert out.ctypes.data == produced[-1].data_ptr()
+
+
+def test_to_device_on_cpu_is_the_host_array_itself():
+    a = np.arange(5, dtype=np.int64)[::-1]  # not contiguous: copied once, to a long tensor
+    t = to_device(a, torch.device("cpu"))
+    assert t.dtype == torch.int64 and t.tolist() == [4, 3, 2, 1, 0]
+    b = np.arange(4)
+    assert to_device(b, torch.device("cpu")).data_ptr() == b.ctypes.data
 
 
 def test_bridge_rejects_other_types():

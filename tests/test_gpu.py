@@ -107,6 +107,25 @@ def test_krylov_rollback_at_exhaustion_on_gpu_gives_pinv(cupy):
     assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
 
 
+def test_to_device_queues_the_copy_without_waiting():
+    """A host index reaches the device through pinned memory, queued on torch's stream: torch's
+    sync-debug mode, which raises on a pageable copy (torch.as_tensor(..., device="cuda")), stays
+    silent, and the values arrive behind the work queued before them."""
+    from hcrfast.bindings import to_device
+
+    a = np.arange(1000, dtype=np.int64)[::-1].copy()
+    busy = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        busy = busy @ busy  # keeps the stream busy while the copy is queued behind it
+        t = to_device(a, torch.device("cuda"))
+        got = busy[0, :0].sum() + t  # ordered on the same stream
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert t.is_cuda and t.dtype == torch.int64
+    np.testing.assert_array_equal(got.cpu().numpy(), a)
+
+
 def test_no_host_transfer_inside_the_krylov_build(cupy, monkeypatch):
     """The basis' steps never wait for the device between checks (torch's sync-debug mode raises; the
     factorization after the loop copies α, β to the host on purpose and runs outside it), and the only
