@@ -680,7 +680,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
 
     with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
-        validation.check_independent(model, batch, features, mode=jacobian)
+        validation.check_independent(model, batch, features, mode=jacobian, tf32=tf32)
         xp = array_module_for(batch.device)
         B, n = features.shape
         input_shape = tuple(batch.shape[1:])

@@ -541,7 +541,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
         lsqr_mode = "reverse" if jacobian == "auto" else jacobian
-        validation.check_independent(model, batch, features, mode=lsqr_mode)
+        validation.check_independent(model, batch, features, mode=lsqr_mode, tf32=tf32)
         xp = array_module_for(batch.device)
         B, n = features.shape
         K = len(modes)

@@ -307,6 +307,24 @@ def _in_training_mode(model) -> list[str]:
 
 
 def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
+                      rtol: float = 1e-4, tf32: bool = False) -> None:
+    """:func:`probe_independent` of the model, in IEEE float32 arithmetic.
+
+    With ``tf32`` (the call lets float32 matmuls and convolutions use TF32) the probe runs in
+    IEEE float32 all the same, against features computed that way: it asks how the model
+    treats the rows of a batch, not about its arithmetic, and TF32 rounds at ~5e-4 of the
+    features, with cuBLAS and cuDNN free to take other kernels for one row than for the
+    batch, which the probe would read as examples mixed at its 1e-4 tolerance.
+    """
+    if not tf32:  # the entry point runs in IEEE float32 already
+        return probe_independent(model, batch, features, mode=mode, rtol=rtol)
+    from hcrfast.bindings import ieee_float32
+
+    with ieee_float32(True):
+        probe_independent(model, batch, features_of(model, batch), mode=mode, rtol=rtol)
+
+
+def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
     cannot be computed the way :func:`hcrfast.bound` will compute them (``mode``).

@@ -1,4 +1,5 @@
 """hcrfast.bound: validity against the exact least-squares covariance, rigor, determinism."""
+import functools
 import threading
 import warnings
 
@@ -8,6 +9,7 @@ import scipy.fft
 import torch
 
 import hcrfast
+from hcrfast import validation
 from hcrfast.noise import Gaussian
 from hcrfast.targeted import DenseDirections
 
@@ -263,9 +265,47 @@ def test_bound_runs_in_ieee_float32_unless_tf32_is_allowed(tf32):
     try:
         torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32"
         res = hcrfast.bound(model, x, 0.2, iterations=1, restarts=1, lsqr=FAST, tf32=tf32)
-        assert model.seen == ({("tf32", "tf32")} if tf32 else {("ieee", "ieee")})
+        # with tf32, only the probe of how the model treats its rows runs in IEEE float32
+        assert model.seen == ({("tf32", "tf32"), ("ieee", "ieee")} if tf32 else {("ieee", "ieee")})
         assert res.params["tf32"] is tf32
         assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("tf32", "tf32")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+class RoundsLikeTF32(torch.nn.Module):
+    """``inner``, with an error of the kind TF32 makes where torch allows it: 1e-3 of the features,
+    and another one for a row alone than in a batch (cuBLAS and cuDNN pick other kernels)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        out = self.inner(x)
+        if torch.backends.cuda.matmul.fp32_precision == "tf32":
+            out = out * (1 + 1e-3 * (x.shape[0] == 1))
+        return out
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
+                    reason="torch before the fp32_precision settings")
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_tf32_rounding_is_not_taken_for_examples_mixed(entry):
+    """The probe that refuses models mixing a batch's rows compares a row alone with the batch at
+    1e-4; under tf32=True it runs in IEEE float32, where TF32's kernel-dependent rounding is absent."""
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 4, 4)))
+    model = RoundsLikeTF32(_small_tanh_net()).eval()
+    call = functools.partial(getattr(hcrfast, entry), model, x, 0.2)
+    kwargs = dict(targets=[0, 5]) if entry == "targeted_bound" else dict(iterations=1, restarts=1, lsqr=FAST)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32"
+        res = call(tf32=True, **kwargs)
+        assert np.all(np.isfinite(res.std)) and np.all(res.std.reshape(3, -1)[:, 0] > 0)  # mode 0 of each example
+        # the same probe run in TF32 reads the 1e-3 as examples mixed: the test can fail
+        with pytest.raises(ValueError, match="mixes the examples"), torch.no_grad():
+            validation.probe_independent(model, x, model(x).reshape(3, -1))
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
 
