@@ -449,7 +449,10 @@ def _is_oom(exc: BaseException) -> bool:
     if type(exc).__name__ == "OutOfMemoryError":  # CuPy's cupy.cuda.memory.OutOfMemoryError
         return True
     text = str(exc)
+    # torch's AcceleratorError (a RuntimeError) says "CUDA error: out of memory" where an allocation
+    # outside its caching allocator failed (a kernel module loaded lazily, a library's workspace)
     if isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text
+                                          or "CUDA error: out of memory" in text
                                           or "cudaErrorMemoryAllocation" in text):  # CuPy's CUDARuntimeError
         return True
     # numba.cuda's CudaAPIError is no RuntimeError: "[CUresult.CUDA_ERROR_OUT_OF_MEMORY] Call to cuMemAlloc ..."

@@ -322,6 +322,10 @@ def test_out_of_memory_errors_are_recognised():
     assert _is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
     # CuPy's CUDARuntimeError (a RuntimeError) outside its pool, numba-cuda's CudaAPIError (not one)
     assert _is_oom(RuntimeError("cudaErrorMemoryAllocation: out of memory"))
+    # torch's AcceleratorError, where an allocation outside its caching allocator failed
+    accelerator_error = getattr(torch, "AcceleratorError", RuntimeError)
+    assert _is_oom(accelerator_error("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"))
+    assert not _is_oom(accelerator_error("CUDA error: an illegal memory access was encountered"))
 
     class CudaAPIError(Exception):
         pass
