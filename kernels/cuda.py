@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -57,7 +58,8 @@ _MAX_ROW_THREADS = 256
 _MIN_ROW_THREADS = 32  # one warp
 # Edge of the DCT's shared-memory tiles; its blocks are _TILE × _TILE threads.
 _TILE = 16
-# Grid limit in y and z (x allows 2³¹ − 1); every kernel grid-strides past its grid.
+# Grid limit in y and z (x allows 2³¹ − 1); every kernel grid-strides past its grid, but for
+# batched_matmul's rows (a DCT's image axis, far fewer than _MAX_GRID · _TILE).
 _MAX_GRID = 65535
 
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -239,20 +241,30 @@ def _row_threads(n_cols: int) -> int:
     return threads
 
 
+def _configured(kernel, grid, block, stream):
+    """``kernel[grid, block, stream]``, without Numba's warning for grids under 128 blocks: a
+    small batch (one block a row) is no mistake here, and the warning would come at every launch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU under-utilization")
+        return kernel[grid, block, stream]
+
+
 def _launch_rows(kernel, n_rows, n_cols, stream, *args):
-    kernel[min(n_rows, _MAX_GRID), _row_threads(n_cols), stream](*args)
+    _configured(kernel, min(n_rows, _MAX_GRID), _row_threads(n_cols), stream)(*args)
 
 
 def _launch_xw(kernel, n_rows, n_cols, stream, *args):
     threads = _row_threads(n_cols)
     grid = (min(-(-n_cols // threads), _MAX_GRID), min(n_rows, _MAX_GRID))
-    kernel[grid, (threads, 1), stream](*args)
+    _configured(kernel, grid, (threads, 1), stream)(*args)
 
 
 def _launch_matmul(kernel, a, b, out, stream):
     n_batch, n_rows, n_cols = out.shape
-    grid = (-(-n_cols // _TILE), min(-(-n_rows // _TILE), _MAX_GRID), min(n_batch, _MAX_GRID))
-    kernel[grid, (_TILE, _TILE), stream](a, b, out)
+    if n_rows > _MAX_GRID * _TILE:  # its rows do not grid-stride (the DCT's are one image axis)
+        raise ValueError(f"batched_matmul: {n_rows} rows, more than the {_MAX_GRID * _TILE} one grid covers")
+    grid = (-(-n_cols // _TILE), -(-n_rows // _TILE), min(n_batch, _MAX_GRID))
+    _configured(kernel, grid, (_TILE, _TILE), stream)(a, b, out)
 
 
 # ---------------------------------------------------------------------------
@@ -370,7 +382,10 @@ def _launch(arrays, stream):
     ptr = current.ptr if stream is None else _stream_ptr(stream)
     with contextlib.ExitStack() as scope:
         if ptr != current.ptr:
-            scope.enter_context(cupy.cuda.ExternalStream(ptr))
+            with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
+                warnings.simplefilter("ignore", DeprecationWarning)
+                external = cupy.cuda.ExternalStream(ptr, cupy.cuda.Device().id)
+            scope.enter_context(external)
         scope.enter_context(cuda.gpus[cupy.cuda.Device().id])
         yield _Launch(kind, cuda.external_stream(ptr), cupy)
 
