@@ -745,6 +745,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,
                 krylov_pilots=krylov_pilots)
+            if targets is not None:  # (absent without them: checkpoints made before they were keyed still resume)
+                key.update(targets=f"{len(modes)} modes sha256:{sha256_tensors(np.asarray(modes, dtype=np.int64))}",
+                           targeted_method=targeted_method)
             clean = features.detach().cpu().numpy()
             if world is None or world.size == 1:
                 saved = Checkpoint(checkpoint, key, example_ids, clean)

@@ -186,6 +186,24 @@ def test_a_different_call_is_refused_naming_what_differs(tmp_path, change, named
     assert json.loads((tmp_path / "key.json").read_text())["iterations"] == 3  # the first call's key is kept
 
 
+@pytest.mark.parametrize("first, then, named", [
+    (None, "low:2", "targets"),             # a KeyError on the missing targeted rows, before they were keyed
+    ("low:2", [0, 1, 2], "targets"),        # other modes would have been mixed into the kept chunks
+    ("low:2", None, "targets"),
+    (("low:2", "dense"), ("low:2", "lsqr"), "targeted_method"),
+])
+def test_other_targets_are_refused_and_the_same_ones_resume(tmp_path, first, then, named):
+    def call(targets):
+        targets, method = targets if isinstance(targets, tuple) else (targets, "auto")
+        return hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, targets=targets, targeted_method=method,
+                             **kw("dense"))
+
+    made = call(first)
+    with pytest.raises(CheckpointMismatchError, match=rf"{named}: .* -> "):
+        call(then)
+    assert_same(call(first), made)
+
+
 def test_bad_checkpoint_arguments(tmp_path):
     model, x = relu_mlp(), batch()
     with pytest.raises(TypeError, match="checkpoint must be a folder path"):
