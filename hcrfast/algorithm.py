@@ -163,6 +163,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
         saved = Checkpoint(checkpoint, key, example_ids, features)
         token = f".shard-{uuid.uuid4().hex}"
         (saved.path / token).touch()
+        world.at_end((saved.path / token).unlink, missing_ok=True)  # however the call ends
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
     every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
     first = every[0]
@@ -664,8 +665,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         raise ValueError("shard=True shares the chunks among the processes through the checkpoint folder; pass "
                          "checkpoint=DIR on a filesystem every process sees")
     if shard and world.size == 1:
-        warnings.warn("shard=True, but this process is alone (not started by torchrun, and no process group): it "
-                      "computes every example itself", UserWarning, stacklevel=4)
+        alone = ("its torchrun job has 1 process" if world.dist is not None
+                 else "not started by torchrun, and no process group")
+        validation.warn(f"shard=True, but this process is alone ({alone}): it computes every example itself")
     batch = validation.model_and_batch(model, batch, basis)
     if targets is not None:  # fail before the long run, not after it
         from hcrfast.targeted import METHODS, parse_targets
@@ -950,20 +952,18 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # resumed call warns as the uninterrupted one did.
         n_blind = sum(_BLIND in line for line in zero_steps)
         degenerate = (len(zero_steps) - n_blind, int(to_host(xp.isinf(divergence)).sum()), n_blind)
-        # stacklevel 3: the user's call, past accepts_per_feature_sigma
         if degenerate[0]:
-            warnings.warn(f"{degenerate[0]} restarts' eps came out 0 in {validation.dtype_name(batch.dtype)} "
-                          f"(their steps are outside the range it resolves): they bound nothing (0); see "
-                          f"params['zero_step_reasons']", UserWarning, stacklevel=3)
+            validation.warn(f"{degenerate[0]} restarts' eps came out 0 in {validation.dtype_name(batch.dtype)} "
+                            f"(their steps are outside the range it resolves): they bound nothing (0); see "
+                            f"params['zero_step_reasons']")
         if degenerate[2]:
-            warnings.warn(f"{degenerate[2]} restarts found J = 0 at their example (its features do not move with "
-                          f"its input): they bound nothing (0); hcrfast.targeted_bound(..., null_probes=True) "
-                          f"certifies +inf for the modes the features do not see; see params['zero_step_reasons']",
-                          UserWarning, stacklevel=3)
+            validation.warn(f"{degenerate[2]} restarts found J = 0 at their example (its features do not move with "
+                            f"its input): they bound nothing (0); hcrfast.targeted_bound(..., null_probes=True) "
+                            f"certifies +inf for the modes the features do not see; see params['zero_step_reasons']")
         if degenerate[1]:
-            warnings.warn(f"D(z) overflowed for {degenerate[1]} restarts (the model moved its features far beyond the "
-                          f"noise for a step of the asked size), so they bound nothing (0); a smaller size gives "
-                          f"finite D", UserWarning, stacklevel=3)
+            validation.warn(f"D(z) overflowed for {degenerate[1]} restarts (the model moved its features far beyond "
+                            f"the noise for a step of the asked size), so they bound nothing (0); a smaller size "
+                            f"gives finite D")
 
         targeted = None
         std_algorithm1 = None

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hcrfast import validation
+
 __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
            "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
@@ -183,8 +185,8 @@ class Checkpoint:
                     arrays = {k: z[k] for k in z.files}
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
                 aside = file.with_name(f".{file.name}.unreadable")
-                warnings.warn(f"{file} is unreadable ({exc}); computing its examples again (the file is kept as "
-                              f"{aside.name})", UserWarning, stacklevel=3)
+                validation.warn(f"{file} is unreadable ({exc}); computing its examples again (the file is kept as "
+                                f"{aside.name})")
                 try:  # out of the way of the chunks that will replace it, whatever their size
                     file.replace(aside)
                 except OSError:

@@ -60,6 +60,7 @@ class World:
     def __init__(self, device_type: str, *, set_device: bool = True):
         self.rank, self.size, self.local_rank, self.dist = 0, 1, 0, None
         self._prefix = None  # of this session's keys in the store
+        self._at_end = []  # what to run when the session ends
         import torch.distributed as dist
 
         initialized = dist.is_available() and dist.is_initialized()  # by the caller, perhaps without torchrun
@@ -95,6 +96,7 @@ class World:
         self._prefix = (f"hcrfast/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
                         f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_calls)}/")
         self._what = what
+        self._at_end = []
         try:
             yield self
         except BaseException as exc:
@@ -106,6 +108,13 @@ class World:
             raise
         finally:
             self._prefix = None
+            for call, args, kwargs in reversed(self._at_end):
+                with contextlib.suppress(Exception):  # tidying up; the call's own outcome matters
+                    call(*args, **kwargs)
+
+    def at_end(self, call, *args, **kwargs) -> None:
+        """Run ``call(*args, **kwargs)`` when this process leaves the session, however it leaves it."""
+        self._at_end.append((call, args, kwargs))
 
     def agree(self, step: str, payload=None, *, timeout: float | None = None) -> list:
         """Every process's ``payload`` (JSON-able), by rank, once all have reached ``step``.

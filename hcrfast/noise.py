@@ -498,10 +498,10 @@ class MonteCarlo:
             ess[sl] = ess_r
         low = np.nan_to_num(ess, nan=np.inf) < 50
         if low.any():
-            warnings.warn(f"MonteCarlo({self.name}): effective sample size {np.nanmin(ess):.1f} < 50 in "
-                          f"{int(low.sum())} of {B} rows: the per-draw terms are heavy-tailed at these shifts and "
-                          f"the normal-theory upper bound on D may under-cover; increase n_samples "
-                          f"(now {m})", RuntimeWarning, stacklevel=2)
+            validation.warn(f"MonteCarlo({self.name}): effective sample size {np.nanmin(ess):.1f} < 50 in "
+                            f"{int(low.sum())} of {B} rows: the per-draw terms are heavy-tailed at these shifts "
+                            f"and the normal-theory upper bound on D may under-cover; increase n_samples "
+                            f"(now {m})", RuntimeWarning)
         return MonteCarloEstimate(upper=upper, point=point, log_std_error=log_se, ess=ess,
                                   confidence=self.confidence, n_samples=m)
 

@@ -588,9 +588,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         # A mode J does not see gets no direction, hence bound 0; only the dense null-space probes tell it +inf.
         unseen = int(to_host((result.std.reshape(B, -1)[:, xp.asarray(modes)] == 0).sum()))
         if unseen:
-            warnings.warn(f"{unseen} (example, mode) pairs got no direction (J does not see the mode there): their "
-                          f"bound is 0, which guarantees nothing; method='dense' with null_probes=True certifies "
-                          f"+inf where the features do not move", UserWarning, stacklevel=3)
+            validation.warn(f"{unseen} (example, mode) pairs got no direction (J does not see the mode there): "
+                            f"their bound is 0, which guarantees nothing; method='dense' with null_probes=True "
+                            f"certifies +inf where the features do not move")
     return result
 
 

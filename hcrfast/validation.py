@@ -10,6 +10,7 @@ import copy
 import math
 import numbers
 import os
+import sys
 import threading
 import warnings
 
@@ -23,6 +24,24 @@ def positive_int(name: str, value) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
+
+
+def _inside_hcrfast(filename: str) -> bool:
+    """A frame of hcrfast's three packages (or of contextlib, between its context managers' frames)."""
+    import hcrfast.bindings
+    import hcrfast.kernels
+
+    roots = [os.path.dirname(m.__file__) + os.sep for m in (sys.modules["hcrfast"], hcrfast.kernels, hcrfast.bindings)]
+    return filename == contextlib.__file__ or any(filename.startswith(root) for root in roots)
+
+
+def warn(message: str, category=UserWarning) -> None:
+    """``warnings.warn`` naming the user's line: the first frame outside hcrfast, however deep the call
+    (a fixed ``stacklevel`` goes stale as soon as a wrapper or a helper adds a frame)."""
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and _inside_hcrfast(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def seed(value) -> int:
@@ -265,22 +284,22 @@ def entry_point(model, device, *, tf32: bool = False):
     and convolutions unless ``tf32``."""
     from hcrfast.bindings import ieee_float32, solver_stream
 
-    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model, stacklevel=7), solver_stream(device),
+    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model), solver_stream(device),
           ieee_float32(not tf32)):
         yield
 
 
 @contextlib.contextmanager
-def eval_mode(model, stacklevel: int = 3):
+def eval_mode(model):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored."""
     training = _in_training_mode(model)
     if training:
         which = ("the model was" if training[0] == "" else f"the model's submodule {training[0]} was"
                  if len(training) == 1 else f"{len(training)} of the model's submodules "
                  f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
-        warnings.warn(f"{which} in training mode; hcrfast switched the model to eval mode for the bound "
-                      f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
-                      f"Call model.eval() first to silence this.", UserWarning, stacklevel=stacklevel)
+        warn(f"{which} in training mode; hcrfast switched the model to eval mode for the bound "
+             f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
+             f"Call model.eval() first to silence this.")
         flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
         model.eval()
         try:

@@ -1,5 +1,6 @@
 """Every bad input of hcrfast.bound raises the documented error, naming the value and the fix."""
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -212,6 +213,28 @@ def test_training_mode_is_switched_for_the_call_and_restored(x):
         res = hcrfast.bound(model, x, 1.0, **QUICK)
     assert model.training
     assert np.all(np.isfinite(res.std))
+
+
+@pytest.mark.parametrize("per_feature", [False, True])  # one std per feature: a wrapper deeper
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_warnings_name_the_callers_own_line(x, entry, per_feature):
+    """However deep inside hcrfast a warning is raised, it names the line that called hcrfast."""
+    kwargs = dict(bound=QUICK, targeted_bound=dict(targets=[0, 1], method="lsqr"),
+                  gauss_newton_attack=dict(draws=1, steps=1))[entry]
+    call = getattr(hcrfast, entry)
+    trained = torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).train()
+    sigma = np.linspace(0.5, 1.5, 12) if per_feature else 1.0
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        call(trained, x, sigma, **kwargs); line = sys._getframe().f_lineno  # noqa: E702
+        if entry == "bound":
+            blind_sigma = np.ones(6) if per_feature else 1.0  # Blind has 6 features
+            call(Blind().eval(), x, blind_sigma, solver="lsqr", **kwargs); blind_line = sys._getframe().f_lineno  # noqa: E702
+    said = {(w.filename, w.lineno) for w in got if "training mode" in str(w.message)}
+    assert said == {(__file__, line)}, [(w.filename, w.lineno, str(w.message)[:60]) for w in got]
+    if entry == "bound":
+        said = {(w.filename, w.lineno) for w in got if "found J = 0" in str(w.message)}
+        assert said == {(__file__, blind_line)}, [(w.filename, w.lineno, str(w.message)[:60]) for w in got]
 
 
 @pytest.mark.parametrize("sigma", [1.0, np.linspace(0.5, 1.5, 12)])
