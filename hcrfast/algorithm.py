@@ -13,7 +13,9 @@ Hammersley-Chapman-Robbins bounds, Algorithm 1 and eqs. (5), (6), (12).
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -500,6 +502,30 @@ def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=N
     return chunk
 
 
+#: The processes' shared session of the sharded :func:`bound` call this thread is in (None: not sharded).
+_SHARD_WORLD = contextvars.ContextVar("hcrfast_shard_world", default=None)
+
+
+def _sharded(fn):
+    """With ``shard=True``, open the processes' shared session before anything else of ``fn`` runs
+    (the checks of a per-feature sigma included), so that one process's error stops them all."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not validation.flag("shard", kwargs.get("shard", False)):
+            return fn(*args, **kwargs)
+        batch = args[1] if len(args) > 1 else kwargs.get("batch")
+        world = World(getattr(batch, "device", torch.device("cpu")).type, set_device=False)
+        with world.session("hcrfast.bound(shard=True)"):
+            token = _SHARD_WORLD.set(world)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _SHARD_WORLD.reset(token)
+
+    return wrapper
+
+
+@_sharded
 @accepts_per_feature_sigma
 def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, restarts: int = 25,
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
@@ -625,11 +651,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     Bounds
     """
     call = dict(locals())  # every argument as given, for _bound
-    if not validation.flag("shard", shard):
-        return _bound(**call, world=None)
-    world = World(getattr(batch, "device", torch.device("cpu")).type, set_device=False)
-    with world.session("hcrfast.bound(shard=True)"):
-        return _bound(**call, world=world)
+    return _bound(**call, world=_SHARD_WORLD.get() if shard else None)
 
 
 def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_at, lsqr, basis, certify, jacobian,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import itertools
 import json
 import os
 import time
@@ -27,7 +26,9 @@ __all__ = ["World", "ShardError", "join_timeout"]
 
 _TIMEOUT_ENV = "HCRFAST_SHARD_TIMEOUT"
 _DEFAULT_JOIN_TIMEOUT = 1800.0  # torch's own default for a collective
-_calls = itertools.count()  # every process makes the same calls in the same order: their keys match
+# The index of this process's next shared call: the processes' calls meet by index. A process the
+# others gave up waiting for at a call (marked absent there) skips that index when it comes.
+_next_call = 0
 
 
 class ShardError(RuntimeError):
@@ -91,26 +92,32 @@ class World:
         if self.size == 1:
             yield self
             return
+        global _next_call
+        store = self._store()
         # Keys unique to this call of this job (and of this restart, under torchrun's elastic agent,
         # whose store outlives the workers it restarts).
-        self._prefix = (f"hcrfast/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-                        f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_calls)}/")
-        self._what = what
-        self._at_end = []
+        base = f"hcrfast/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        call = _next_call
+        while store.check([f"{base}{call}/absent/{self.rank}"]):  # the others gave up waiting for this process there
+            call += 1
+        _next_call = call + 1
+        self._prefix, self._what, self._steps, self._at_end = f"{base}{call}/", what, 0, []
         try:
             yield self
         except BaseException as exc:
             if not getattr(exc, "from_others", False):
                 with contextlib.suppress(Exception):  # the store may be gone too; the error itself matters
-                    store = self._store()
                     store.set(f"{self._prefix}failed/{self.rank}", f"{type(exc).__name__}: {exc}")
                     store.add(f"{self._prefix}failures", 1)
             raise
+        else:  # a process still waiting at a step this one never reached is told so
+            with contextlib.suppress(Exception):
+                store.set(f"{self._prefix}left/{self.rank}", str(self._steps))
         finally:
             self._prefix = None
-            for call, args, kwargs in reversed(self._at_end):
+            for call_at_end, args, kwargs in reversed(self._at_end):
                 with contextlib.suppress(Exception):  # tidying up; the call's own outcome matters
-                    call(*args, **kwargs)
+                    call_at_end(*args, **kwargs)
 
     def at_end(self, call, *args, **kwargs) -> None:
         """Run ``call(*args, **kwargs)`` when this process leaves the session, however it leaves it."""
@@ -119,15 +126,20 @@ class World:
     def agree(self, step: str, payload=None, *, timeout: float | None = None) -> list:
         """Every process's ``payload`` (JSON-able), by rank, once all have reached ``step``.
 
-        Raises :class:`ShardError` if another process failed first, or if ``timeout`` seconds
-        pass (None: wait as long as it takes) with the ranks that did not come named."""
+        The processes' steps meet in order: the n-th ``agree`` of each process is the same step,
+        or all of them raise :class:`ShardError` naming where each one is (they took different
+        paths, e.g. with other arguments). Also raises it if another process failed first, left
+        the call without reaching this step, or, with ``timeout`` seconds (None: wait as long as
+        it takes), did not come; those that did not come are named, and marked absent so that
+        their next call skips this one."""
         if self.size == 1:
             return [payload]
         if self._prefix is None:
             raise RuntimeError("World.agree is called inside World.session only")
         store = self._store()
-        keys = [f"{self._prefix}{step}/{r}" for r in range(self.size)]
-        store.set(keys[self.rank], json.dumps(payload))
+        index, self._steps = self._steps, self._steps + 1
+        keys = [f"{self._prefix}step{index}/{r}" for r in range(self.size)]
+        store.set(keys[self.rank], json.dumps(dict(step=step, payload=payload)))
         t0, pause = time.monotonic(), 0.01
         while not store.check(keys):
             if store.add(f"{self._prefix}failures", 0):
@@ -135,15 +147,27 @@ class World:
                           if store.check([f"{self._prefix}failed/{r}"])]
                 raise ShardError(f"{self._what} stopped on rank {self.rank} because another process failed: "
                                  + "; ".join(failed))
+            missing = [r for r in range(self.size) if not store.check([keys[r]])]
+            gone = [r for r in missing if store.check([f"{self._prefix}left/{r}"])]
+            if gone:  # every process still waiting sees it: not posted
+                raise ShardError(f"{self._what}: rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} "
+                                 f"finished the call without reaching the step {step!r} that rank {self.rank} waits "
+                                 f"at: the processes took different paths; give every process the same call")
             if timeout is not None and time.monotonic() - t0 > timeout:
-                missing = [r for r in range(self.size) if not store.check([keys[r]])]
+                for r in missing:
+                    store.set(f"{self._prefix}absent/{r}", "1")
                 raise ShardError(
                     f"{self._what}: rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
                     f"{self.size} did not come within {timeout:g} s; every process of the job must make the same "
                     f"call (set {_TIMEOUT_ENV}=SECONDS to wait longer for a slow start)", from_others=False)
             time.sleep(pause)
             pause = min(1.0, pause * 2)
-        return [json.loads(store.get(k)) for k in keys]
+        got = [json.loads(store.get(k)) for k in keys]
+        if len({g["step"] for g in got}) > 1:  # every process sees it: not posted
+            where = ", ".join(f"rank {r} at {g['step']!r}" for r, g in enumerate(got))
+            raise ShardError(f"{self._what}: the processes reached different steps ({where}): they took different "
+                             f"paths; give every process the same call")
+        return [g["payload"] for g in got]
 
     def _store(self):
         from torch.distributed import distributed_c10d

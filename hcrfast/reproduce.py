@@ -50,6 +50,7 @@ import re
 import shlex
 import sys
 import time
+import uuid
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -193,15 +194,18 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
     Returns ``(weights_arg, fingerprint, description, trained)``: ``trained`` is False for a random
     initialization only (a state dict of the user's is taken as given).
     """
-    if weights is None and name in _TRAINED_HERE:
-        path = out / f"{name}_state_dict.pt"
-        if world.rank == 0 and not path.is_file():
-            from hcrfast import train as _train
+    trained_here = weights is None and name in _TRAINED_HERE
+    path = out / f"{name}_state_dict.pt"
+    if trained_here and world.rank == 0 and not path.is_file():
+        from hcrfast import train as _train
 
-            _say(progress, f"hcrfast reproduce {name}: no --weights given; training the {name} model first "
-                           f"(saved to {path} and reused on reruns)")
-            _train.train(name, out=path, progress=progress, epochs=train_epochs, seed=0)  # written atomically
-        world.agree("weights")  # as long as rank 0's training takes
+        _say(progress, f"hcrfast reproduce {name}: no --weights given; training the {name} model first "
+                       f"(saved to {path} and reused on reruns)")
+        _train.train(name, out=path, progress=progress, epochs=train_epochs, seed=0)  # written atomically
+    # as long as rank 0's training takes; every process comes here, so that one given other weights
+    # meets the others at the next step, where the run keys name the difference
+    world.agree("weights")
+    if trained_here:
         return path, _weights_fingerprint(path), f"{path} (trained by hcrfast reproduce)", True
     if weights is None and name in ("mnist", "cifar10"):
         raise ValueError(
@@ -504,43 +508,43 @@ def run(
     RunResult
     """
     t_start = time.perf_counter()
-    if name not in EXPERIMENTS:
-        raise ValueError(f"Unknown experiment {name!r}; valid names: {', '.join(EXPERIMENTS)}")
-    restarts = _positive_int("restarts", restarts, "--restarts")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r} (--seed)")
-    if linearize_at not in ("input", "current"):
-        raise ValueError(f"linearize_at must be 'input' or 'current', got {linearize_at!r} (--linearize-at)")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r} (--device)")
-    if solver not in _algorithm.SOLVERS:
-        raise ValueError(f"solver must be one of {', '.join(_algorithm.SOLVERS)}, got {solver!r} (--solver)")
-    if solver in ("dense", "krylov") and linearize_at != "input":
-        raise ValueError(f"--solver {solver} works on J at the input only; it needs --linearize-at input "
-                         f"(or use --solver lsqr)")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
-    lsqr_given = {k: v for k, v in (("atol", lsqr_atol), ("btol", lsqr_btol)) if v is not None}  # --lsqr-*
-    if lsqr_iter_lim is not None:
-        lsqr_given["iter_lim"] = _positive_int("lsqr_iter_lim", lsqr_iter_lim, "--lsqr-iter-lim")
-    lsqr = dataclasses.replace(hcrfast.DEFAULT_LSQR, **lsqr_given)
-    chunk_examples = _positive_int("chunk_examples", DEFAULT_CHUNK_EXAMPLES[name] if chunk_examples is None
-                                   else chunk_examples, "--chunk-examples")
-    if crash_after_chunks is not None:
-        crash_after_chunks = _positive_int("crash_after_chunks", crash_after_chunks, "test hook")
-    # Values given are checked before the run folder is made or a model trained; the defaults are the model's.
-    for label, value, check, flag in (("examples", examples, _positive_int, "--examples"),
-                                      ("iterations", iterations, _positive_int, "--iterations"),
-                                      ("size", size, _positive_float, "--size"),
-                                      ("sigma_scale", sigma_scale, _positive_float, "--sigma-scale")):
-        if value is not None:
-            check(label, value, flag)
-    out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
-
     world = _World(device)
+    # Every other check inside the processes' session: one process's bad argument stops them all.
     with world.session(f"hcrfast reproduce {name}"):
+        if name not in EXPERIMENTS:
+            raise ValueError(f"Unknown experiment {name!r}; valid names: {', '.join(EXPERIMENTS)}")
+        restarts = _positive_int("restarts", restarts, "--restarts")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r} (--seed)")
+        if linearize_at not in ("input", "current"):
+            raise ValueError(f"linearize_at must be 'input' or 'current', got {linearize_at!r} (--linearize-at)")
+        if solver not in _algorithm.SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(_algorithm.SOLVERS)}, got {solver!r} (--solver)")
+        if solver in ("dense", "krylov") and linearize_at != "input":
+            raise ValueError(f"--solver {solver} works on J at the input only; it needs --linearize-at input "
+                             f"(or use --solver lsqr)")
+        lsqr_given = {k: v for k, v in (("atol", lsqr_atol), ("btol", lsqr_btol)) if v is not None}  # --lsqr-*
+        if lsqr_iter_lim is not None:
+            lsqr_given["iter_lim"] = _positive_int("lsqr_iter_lim", lsqr_iter_lim, "--lsqr-iter-lim")
+        lsqr = dataclasses.replace(hcrfast.DEFAULT_LSQR, **lsqr_given)
+        chunk_examples = _positive_int("chunk_examples", DEFAULT_CHUNK_EXAMPLES[name] if chunk_examples is None
+                                       else chunk_examples, "--chunk-examples")
+        if crash_after_chunks is not None:
+            crash_after_chunks = _positive_int("crash_after_chunks", crash_after_chunks, "test hook")
+        # Values given are checked before the run folder is made or a model trained; the defaults are the model's.
+        for label, value, check, flag in (("examples", examples, _positive_int, "--examples"),
+                                          ("iterations", iterations, _positive_int, "--iterations"),
+                                          ("size", size, _positive_float, "--size"),
+                                          ("sigma_scale", sigma_scale, _positive_float, "--sigma-scale")):
+            if value is not None:
+                check(label, value, flag)
+        out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
         return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                     sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                     data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
@@ -556,13 +560,24 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
          crash_after_chunks,
          world, t_start) -> RunResult:
     tag = f"hcrfast reproduce {name}{world.tag}"
-    world.agree("join", timeout=join_timeout())  # a process that never comes is named, not waited for
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "chunks").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--out {out}: the run folder cannot be created ({exc.strerror}: {exc.filename}); pass a "
-                         f"folder you can write to") from None
+    token = None
+    if world.rank == 0:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "chunks").mkdir(exist_ok=True)
+            if world.size > 1:  # for the others to find: the same folder, before anything is trained or written
+                token = out / f".shard-{uuid.uuid4().hex}"
+                token.touch()
+                world.at_end(token.unlink, missing_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--out {out}: the run folder cannot be created ({exc.strerror}: {exc.filename}); "
+                             f"pass a folder you can write to") from None
+    # a process that never comes is named, not waited for
+    token = world.agree("join", None if token is None else token.name, timeout=join_timeout())[0]
+    if world.rank != 0 and not (out / token).is_file():
+        raise RunMismatchError(f"{tag}: --out {out} is not rank 0's run folder (rank 0's file {token} is not in it): "
+                               f"every process must pass the same --out, on a filesystem they all see")
+    world.agree("folder")  # every process has looked for the token (or one failed); rank 0 removes it at the end
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
     # -- model ---------------------------------------------------------------------------

@@ -292,7 +292,8 @@ def test_torchrun_processes_all_stop_when_rank_0_finds_another_run_in_the_folder
 
 
 MISUSE_SCRIPT = """
-import json, os, sys
+import json, os, sys, time
+import numpy as np
 import torch
 sys.path.insert(0, {tests!r})
 import hcrfast
@@ -318,6 +319,16 @@ attempt("sigma", sigma=0.3 if rank == 0 else 0.5)
 attempt("invalid", size=1 / 200 if rank == 0 else -1.0)  # rank 1 fails before any step
 attempt("folders", checkpoint=os.path.join({root!r}, "folder%d" % rank))
 attempt("absent", shard=rank == 0)  # rank 1 never joins; rank 0 gives up after HCRFAST_SHARD_TIMEOUT
+given_up = os.path.join({root!r}, "given_up")
+if rank == 0:
+    open(given_up, "w").close()
+while not os.path.exists(given_up):  # else rank 1's next call is the one rank 0 still waits for, rightly
+    time.sleep(0.05)
+attempt("after_absent")  # rank 1 skips the call rank 0 gave up on; the two meet again
+n = relu_mlp()(batch()).shape[1]
+attempt("stds", sigma=np.full(n, 0.3) if rank == 0 else np.r_[-1.0, np.full(n - 1, 0.3)])  # refused before bound
+attempt("targets", targets="low:2" if rank == 0 else None)
+attempt("last")
 with open(os.path.join({root!r}, "rank%d.json" % rank), "w") as fh:
     json.dump(got, fh)
 """
@@ -361,6 +372,17 @@ def test_torchrun_misuse_is_an_error_on_every_process_not_a_hang(tmp_path):
     assert got[0]["absent"] == ("ShardError: hcrfast.bound(shard=True): rank 1 of 2 did not come within 10 s; every "
                                 "process of the job must make the same call (set HCRFAST_SHARD_TIMEOUT=SECONDS to "
                                 "wait longer for a slow start)")
+    for r in (0, 1):  # the processes meet again after the call rank 0 gave up on, and after each error
+        for name in ("after_absent", "last"):
+            np.testing.assert_allclose(np.array(got[r][name]), whole, rtol=1e-10, atol=0, err_msg=f"{name} rank {r}")
+        # other targets: named, on both (they were in no key: one process returned, the other died on a KeyError)
+        assert got[r]["targets"].startswith("ShardError: hcrfast.bound(shard=True): the processes do not make the "
+                                            "same call: rank 1 differs in targeted_method ('auto' on rank 0, None "
+                                            "on rank 1), targets ('4 modes sha256:"), got[r]["targets"]
+    # a per-feature sigma refused on rank 1 before bound's own checks is told to rank 0 at once
+    assert got[1]["stds"].startswith("ValueError: sigma as one std per feature"), got[1]["stds"]
+    assert got[0]["stds"].startswith("ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another "
+                                     "process failed: rank 1: ValueError: sigma as one std per feature"), got[0]["stds"]
 
 
 def test_shard_is_bounds_alone_and_a_stray_keyword_names_the_function():

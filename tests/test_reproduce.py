@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,12 +206,24 @@ from hcrfast import cli
 
 rank = int(os.environ["RANK"])
 got = {{}}
-for name, examples in (("mismatch", "10" if rank == 0 else "8"), ("same", "10")):
+for name, given in (("mismatch", dict(examples="10" if rank == 0 else "8")),
+                    ("weights", dict(weights=None, train_epochs="1") if rank == 0 else {{}}),  # rank 0 trains its own
+                    ("folders", dict(out="folders%d" % rank)),
+                    ("bad", dict(size="-1") if rank == 1 else {{}}),  # refused on rank 1 before any step
+                    ("same", {{}})):
     argv = {tiny!r}
-    argv[argv.index("--examples") + 1] = examples
+    options = {{"out": name, "weights": {weights!r}, **given}}
+    for option, value in options.items():
+        flag = "--" + option.replace("_", "-")
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        elif option == "out":
+            argv += [flag, os.path.join({root!r}, value)]
+        elif value is not None:
+            argv += [flag, value]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = cli.main(["reproduce", "digits", *argv, "--out", os.path.join({root!r}, name), "--weights", {weights!r}])
+        code = cli.main(["reproduce", "digits", *argv])
     got[name] = [code, err.getvalue()]
 with open(os.path.join({root!r}, "rank%d.json" % rank), "w") as fh:
     json.dump(got, fh)
@@ -235,8 +248,17 @@ def test_torchrun_processes_with_other_arguments_all_stop_and_the_next_run_works
         assert code == 1 and (f"hcrfast: error: hcrfast reproduce digits [rank {r}/2]: the processes do not run the "
                               f"same thing; where they differ from rank 0 (rank 1: data, examples): give every process "
                               f"the same arguments") in err, err
+        code, err = got[r]["weights"]  # rank 0 trained its own: the keys name it (this hung at rank 0's training)
+        assert code == 1 and "where they differ from rank 0 (rank 1: weights)" in err, err
+        code, err = got[r]["folders"]
+        assert code != 0 and re.search(r"--out .*folders1 is not rank 0's run folder \(rank 0's file \.shard-[0-9a-f]+ "
+                                       r"is not in it\)", err), err
+        code, err = got[r]["bad"]  # rank 1's bad value, checked inside the processes' session, reaches rank 0 at once
+        assert code != 0 and "size must be a positive finite number, got -1.0 (--size)" in err, err
         assert got[r]["same"][0] == 0, got[r]["same"][1]
     assert not (tmp_path / "mismatch" / "run.json").exists()  # nothing was started there
+    # rank 0 made its folder and looked no further: no weights trained, no key written, no token left
+    assert [p.name for p in (tmp_path / "folders0").rglob("*")] == ["chunks"] and not (tmp_path / "folders1").exists()
     _assert_same_bounds(first / "bounds.npz", tmp_path / "same" / "bounds.npz")
 
 
