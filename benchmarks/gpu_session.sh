@@ -117,7 +117,7 @@ EOF
     modes)
         ensure_installed
         # The default set fits one 600-s call (5 x 75 s plus the install); the others:
-        # MODES="--jacobian forward|--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
+        # MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
         IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--reorth-passes 2|--solver dense|--solver lsqr|--jacobian forward}"
         if (( ${#modes[@]} * ${MODE_TIMEOUT_S:-75} > 540 )); then
             say "note: ${#modes[@]} modes x ${MODE_TIMEOUT_S:-75} s may outlast one 600-s call; split MODES over calls"

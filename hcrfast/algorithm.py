@@ -156,18 +156,18 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):
-    """The first step of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
-    key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
-    ``(checkpoint, chunk_size, token)``: the chunk size is rank 0's, the token the file rank 0 left in
-    the folder for the others to find (rank 0 removes it once all have looked)."""
+    """The first steps of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
+    key), then every process checks that it makes rank 0's call on rank 0's folder (where rank 0
+    left a file for the others to find). Returns ``(checkpoint, chunk_size)``, the chunk size rank 0's."""
     saved = token = None
     if world.rank == 0:
         saved = Checkpoint(checkpoint, key, example_ids, features)
-        token = f".shard-{uuid.uuid4().hex}"
-        (saved.path / token).touch()
-        world.at_end((saved.path / token).unlink, missing_ok=True)  # however the call ends
+        token = saved.path / f".shard-{uuid.uuid4().hex}"
+        token.touch()
+        world.at_end(token.unlink, missing_ok=True)  # if the call ends before every process has looked
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
-    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
+    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token and token.name),
+                        timeout=join_timeout())
     first = every[0]
     diffs = []
     for r, other in enumerate(every[1:], 1):
@@ -178,14 +178,19 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
     if diffs:
         raise ShardError(f"hcrfast.bound(shard=True): the processes do not make the same call: {'; '.join(diffs)}; "
                          f"make the same call (model, batch, sigma, arguments) on every process")
-    token = Path(checkpoint) / first["token"]
+    # Where a process misses the file, every process raises at once, after this step: had rank 0 failed
+    # meanwhile (and taken its file back), the step raises rank 0's error instead.
+    seen = world.agree("folder", dict(found=(Path(checkpoint) / first["token"]).is_file(), folder=str(checkpoint)))
+    if world.rank == 0:
+        token.unlink(missing_ok=True)
+    lost = [f"rank {r}'s {s['folder']!r}" for r, s in enumerate(seen) if not s["found"]]
+    if lost:
+        raise ShardError(f"hcrfast.bound(shard=True): checkpoint={seen[0]['folder']!r} on rank 0, but "
+                         f"{', '.join(lost)} is not that folder (rank 0's file {first['token']} is not in it): every "
+                         f"process must pass the same folder, on a filesystem they all see")
     if world.rank != 0:
-        if not token.is_file():
-            raise ValueError(f"checkpoint={str(checkpoint)!r} on rank {world.rank} is not rank 0's folder (rank 0's "
-                             f"file {token.name} is not in it): every process must pass the same folder, on a "
-                             f"filesystem they all see")
         saved = Checkpoint(checkpoint, key, example_ids, features)
-    return saved, first["chunk_size"], token
+    return saved, first["chunk_size"]
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
@@ -687,7 +692,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         raise ValueError("shard=True shares the chunks among the processes through the checkpoint folder; pass "
                          "checkpoint=DIR on a filesystem every process sees")
     if shard and world.size == 1:
-        alone = ("its torchrun job has 1 process" if world.dist is not None
+        alone = ("its process group has 1 process" if world.dist is not None
                  else "not started by torchrun, and no process group")
         validation.warn(f"shard=True, but this process is alone ({alone}): it computes every example itself")
     batch = validation.model_and_batch(model, batch, basis)
@@ -776,7 +781,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if world is None or world.size == 1:
                 saved = Checkpoint(checkpoint, key, example_ids, clean)
             else:
-                saved, chunk_size, token = _join(world, checkpoint, key, example_ids, clean, chunk_size)
+                saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size)
 
         def compute(start, stop):
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
@@ -947,11 +952,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if progress and reused:
                 print(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
         if world is not None and world.size > 1:
-            try:
-                world.agree("listed")  # every process has listed the folder before any writes to it
-            finally:
-                if world.rank == 0:  # every process has looked for it (or one failed)
-                    token.unlink(missing_ok=True)
+            world.agree("listed")  # every process has listed the folder before any writes to it
             pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
             todo = pieces[world.rank::world.size]
         # examples computed by this call, since when, and how many it has to compute

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 import zipfile
 from pathlib import Path
 

@@ -22,11 +22,12 @@ Nothing is downloaded unless ``download=True`` (MNIST and CIFAR-10 only). ``root
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from hcrfast import validation
 
 __all__ = ["DATASETS", "load"]
 
@@ -252,11 +253,8 @@ def _imagenet(root: Path, split: str, limit, resize, interpolation) -> tuple[tor
     if len(ds) == 0:
         raise FileNotFoundError(f"ImageNet not found: the class folders in {folder} hold no images. {hint}")
     if len(ds.classes) != 1000:
-        warnings.warn(
-            f"{folder} has {len(ds.classes)} class folders, not 1,000: labels are positions among "
-            f"these folders, not torchvision's ImageNet class indices.",
-            stacklevel=3,
-        )
+        validation.warn(f"{folder} has {len(ds.classes)} class folders, not 1,000: labels are positions among "
+                        f"these folders, not torchvision's ImageNet class indices.")
     n = len(ds)
     if limit is None or limit >= n:
         index = range(n)

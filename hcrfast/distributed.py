@@ -14,10 +14,12 @@ a second ``init_process_group`` would hang in its rendezvous) and is destroyed a
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import datetime
 import json
 import os
+import threading
 import time
 
 import torch
@@ -26,9 +28,10 @@ __all__ = ["World", "ShardError", "join_timeout"]
 
 _TIMEOUT_ENV = "HCRFAST_SHARD_TIMEOUT"
 _DEFAULT_JOIN_TIMEOUT = 1800.0  # torch's own default for a collective
-# The index of this process's next shared call: the processes' calls meet by index. A process the
-# others gave up waiting for at a call (marked absent there) skips that index when it comes.
-_next_call = 0
+# The index of this process's next shared call (by its rank: a process has one), where the processes'
+# calls meet. A process the others gave up waiting for at a call (marked absent there) skips that index.
+_next_call = collections.defaultdict(int)
+_next_call_lock = threading.Lock()
 
 
 class ShardError(RuntimeError):
@@ -89,19 +92,23 @@ class World:
     def session(self, what: str):
         """One shared call (``what`` names it in messages). An exception raised inside is posted
         for the other processes, which raise :class:`ShardError` naming it at their next step."""
+        self._at_end = []
         if self.size == 1:
-            yield self
+            try:
+                yield self
+            finally:
+                self._run_at_end()
             return
-        global _next_call
         store = self._store()
         # Keys unique to this call of this job (and of this restart, under torchrun's elastic agent,
         # whose store outlives the workers it restarts).
         base = f"hcrfast/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-        call = _next_call
-        while store.check([f"{base}{call}/absent/{self.rank}"]):  # the others gave up waiting for this process there
-            call += 1
-        _next_call = call + 1
-        self._prefix, self._what, self._steps, self._at_end = f"{base}{call}/", what, 0, []
+        with _next_call_lock:
+            call = _next_call[self.rank]
+            while store.check([f"{base}{call}/absent/{self.rank}"]):  # the others gave up waiting for it there
+                call += 1
+            _next_call[self.rank] = call + 1
+        self._prefix, self._what, self._steps = f"{base}{call}/", what, 0
         try:
             yield self
         except BaseException as exc:
@@ -112,16 +119,21 @@ class World:
             raise
         else:  # a process still waiting at a step this one never reached is told so
             with contextlib.suppress(Exception):
-                store.set(f"{self._prefix}left/{self.rank}", str(self._steps))
+                store.set(f"{self._prefix}left/{self.rank}", str(self._steps))  # after its last step's key
+                store.add(f"{self._prefix}lefts", 1)
         finally:
             self._prefix = None
-            for call_at_end, args, kwargs in reversed(self._at_end):
-                with contextlib.suppress(Exception):  # tidying up; the call's own outcome matters
-                    call_at_end(*args, **kwargs)
+            self._run_at_end()
 
     def at_end(self, call, *args, **kwargs) -> None:
         """Run ``call(*args, **kwargs)`` when this process leaves the session, however it leaves it."""
         self._at_end.append((call, args, kwargs))
+
+    def _run_at_end(self) -> None:
+        for call, args, kwargs in reversed(self._at_end):
+            with contextlib.suppress(Exception):  # tidying up; the call's own outcome matters
+                call(*args, **kwargs)
+        self._at_end = []
 
     def agree(self, step: str, payload=None, *, timeout: float | None = None) -> list:
         """Every process's ``payload`` (JSON-able), by rank, once all have reached ``step``.
@@ -147,13 +159,15 @@ class World:
                           if store.check([f"{self._prefix}failed/{r}"])]
                 raise ShardError(f"{self._what} stopped on rank {self.rank} because another process failed: "
                                  + "; ".join(failed))
-            missing = [r for r in range(self.size) if not store.check([keys[r]])]
-            gone = [r for r in missing if store.check([f"{self._prefix}left/{r}"])]
+            # A process writes `left` after its last step's key: `left` first, then no key, is conclusive.
+            gone = ([r for r in range(self.size) if store.check([f"{self._prefix}left/{r}"])
+                     and not store.check([keys[r]])] if store.add(f"{self._prefix}lefts", 0) else [])
             if gone:  # every process still waiting sees it: not posted
                 raise ShardError(f"{self._what}: rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} "
                                  f"finished the call without reaching the step {step!r} that rank {self.rank} waits "
                                  f"at: the processes took different paths; give every process the same call")
             if timeout is not None and time.monotonic() - t0 > timeout:
+                missing = [r for r in range(self.size) if not store.check([keys[r]])]
                 for r in missing:
                     store.set(f"{self._prefix}absent/{r}", "1")
                 raise ShardError(

@@ -51,7 +51,6 @@ import shlex
 import sys
 import time
 import uuid
-import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,7 @@ import torch
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
+from hcrfast import validation
 from hcrfast.distributed import ShardError as _ShardError, World as _World, differences, join_timeout
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
@@ -216,7 +216,7 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
         message = (f"{name}: no --weights given, so the model is RANDOMLY INITIALIZED: the bounds and "
                    f"accuracies are NOT the published ones. Pass --weights default to download "
                    f"torchvision's ImageNet weights (once), or --weights PATH to a state dict.")
-        warnings.warn(message, UserWarning, stacklevel=3)
+        validation.warn(message)
         if world.rank == 0:
             print("\n" + "!" * 78 + f"\nWARNING: {message}\n" + "!" * 78 + "\n", file=sys.stderr, flush=True)
         return None, "random-init:seed=0", "random initialization (seed 0): NOT the published weights", False
@@ -279,7 +279,7 @@ def _read_chunk(path: Path, key_json: str, ids: np.ndarray):
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        warnings.warn(f"{path} is unreadable ({exc}); computing that chunk again", UserWarning, stacklevel=2)
+        validation.warn(f"{path} is unreadable ({exc}); computing that chunk again")
         return None
     if str(arrays.get("key")) != key_json:
         raise RunMismatchError(
@@ -573,11 +573,18 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             raise ValueError(f"--out {out}: the run folder cannot be created ({exc.strerror}: {exc.filename}); "
                              f"pass a folder you can write to") from None
     # a process that never comes is named, not waited for
-    token = world.agree("join", None if token is None else token.name, timeout=join_timeout())[0]
-    if world.rank != 0 and not (out / token).is_file():
-        raise RunMismatchError(f"{tag}: --out {out} is not rank 0's run folder (rank 0's file {token} is not in it): "
-                               f"every process must pass the same --out, on a filesystem they all see")
-    world.agree("folder")  # every process has looked for the token (or one failed); rank 0 removes it at the end
+    name0 = world.agree("join", None if token is None else token.name, timeout=join_timeout())[0]
+    if world.size > 1:
+        # Where a process misses the file, every process raises at once, after this step: had rank 0
+        # failed meanwhile (and taken its file back), the step raises rank 0's error instead.
+        seen = world.agree("folder", dict(found=(out / name0).is_file(), out=str(out)))
+        if token is not None:
+            token.unlink(missing_ok=True)
+        lost = [f"rank {r}'s {s['out']}" for r, s in enumerate(seen) if not s["found"]]
+        if lost:
+            raise _ShardError(f"{tag}: --out {seen[0]['out']} on rank 0, but {', '.join(lost)} is not that folder "
+                              f"(rank 0's file {name0} is not in it): every process must pass the same --out, on "
+                              f"a filesystem they all see")
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
     # -- model ---------------------------------------------------------------------------
@@ -610,8 +617,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     images, labels = _data.load(zm.dataset, split="test", root=data_root, download=download, limit=examples,
                                 **load_kwargs)
     if images.shape[0] < examples:
-        warnings.warn(f"{name}: asked for {examples} examples but the test split has {images.shape[0]}; "
-                      f"using all {images.shape[0]}", UserWarning, stacklevel=2)
+        validation.warn(f"{name}: asked for {examples} examples but the test split has {images.shape[0]}; "
+                        f"using all {images.shape[0]}")
     n_examples = int(images.shape[0])
     xn = zm.normalize(images).to(dev)
     feats = _features(zm, xn, chunk_examples)
@@ -723,10 +730,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     merged = {k: np.concatenate([p[k] for p in parts]) for k in _CHUNK_ARRAYS}
     arithmetics = sorted({str(p["arithmetic"]) if "arithmetic" in p else "not recorded" for p in parts})
     if len(arithmetics) > 1:
-        warnings.warn(f"{out}'s chunks were computed with different arithmetic ({'; '.join(arithmetics)}): the bounds "
-                      f"agree up to rounding, but are not bitwise those "
-                      f"of one uninterrupted run; resume with the first run's --threads to keep them bitwise",
-                      UserWarning, stacklevel=2)
+        validation.warn(f"{out}'s chunks were computed with different arithmetic ({'; '.join(arithmetics)}): the "
+                        f"bounds agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
+                        f"with the first run's --threads to keep them bitwise")
     example_ids = np.concatenate([p["example_ids"] for p in parts])
     bound_seconds = float(sum(float(p["seconds"]) for p in parts))
     # Chunks written before zero steps were recorded have none: such runs' restarts with eps = 0 count as D = 0.

@@ -43,7 +43,6 @@ import json
 import math
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -241,12 +241,30 @@ def _row_threads(n_cols: int) -> int:
     return threads
 
 
+@functools.lru_cache(maxsize=1)
+def _numba_config():
+    """The config module numba's CUDA dispatcher reads (numba-cuda's own, or numba's before it)."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:
+        from numba.core import config
+    return config
+
+
 def _configured(kernel, grid, block, stream):
-    """``kernel[grid, block, stream]``, without Numba's warning for grids under 128 blocks: a
-    small batch (one block a row) is no mistake here, and the warning would come at every launch."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU under-utilization")
+    """``kernel[grid, block, stream]``, without Numba's warning for grids under 128 blocks: a small
+    batch (one block a row) is no mistake here, and the warning would come at every launch. Numba's
+    own switch is turned off for that moment: a ``warnings.catch_warnings`` block would reset every
+    module's record of warnings already shown once, at each launch."""
+    if math.prod(grid if isinstance(grid, tuple) else (grid,)) >= 128:
         return kernel[grid, block, stream]
+    config = _numba_config()
+    saved = getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0)
+    config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+    try:
+        return kernel[grid, block, stream]
+    finally:
+        config.CUDA_LOW_OCCUPANCY_WARNINGS = saved
 
 
 def _launch_rows(kernel, n_rows, n_cols, stream, *args):

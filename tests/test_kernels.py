@@ -251,3 +251,35 @@ def test_importing_kernels_needs_no_numba_cuda():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("grid, quiet", [(4, True), ((16, 7), True), ((8, 16), False), (4096, False)])
+def test_small_launches_turn_off_numbas_low_occupancy_warning_for_that_moment_only(grid, quiet):
+    """A launch of fewer than 128 blocks (one block a row of a small batch) is configured with Numba's
+    own warning switch off, then the switch is put back; the warnings module is left alone, so a
+    user's warning shown once is not shown again after each launch."""
+    from hcrfast.kernels import cuda as cuda_kernels
+
+    config = cuda_kernels._numba_config()
+    seen = []
+
+    class Kernel:  # what numba's dispatcher reads when a launch is configured
+        def __getitem__(self, launch):
+            seen.append(config.CUDA_LOW_OCCUPANCY_WARNINGS)
+            return lambda *args: None
+
+    saved = getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 1)
+    config.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+    try:
+        def shout():  # one place in the code: "default" shows its warning there once
+            warnings.warn("shown once here", UserWarning)
+
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("default")
+            shout()
+            cuda_kernels._configured(Kernel(), grid, 32, None)()
+            shout()
+        assert seen == [0 if quiet else 1] and config.CUDA_LOW_OCCUPANCY_WARNINGS == 1
+        assert len(got) == 1
+    finally:
+        config.CUDA_LOW_OCCUPANCY_WARNINGS = saved
