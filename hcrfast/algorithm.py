@@ -21,7 +21,6 @@ import math
 import os
 import sys
 import time
-import uuid
 import warnings
 from pathlib import Path
 
@@ -157,17 +156,14 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):
     """The first steps of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
-    key), then every process checks that it makes rank 0's call on rank 0's folder (where rank 0
-    left a file for the others to find). Returns ``(checkpoint, chunk_size)``, the chunk size rank 0's."""
+    key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
+    ``(checkpoint, chunk_size)``, the chunk size rank 0's."""
     saved = token = None
     if world.rank == 0:
         saved = Checkpoint(checkpoint, key, example_ids, features)
-        token = saved.path / f".shard-{uuid.uuid4().hex}"
-        token.touch()
-        world.at_end(token.unlink, missing_ok=True)  # if the call ends before every process has looked
+        token = world.mark_folder(saved.path)
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
-    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token and token.name),
-                        timeout=join_timeout())
+    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
     first = every[0]
     diffs = []
     for r, other in enumerate(every[1:], 1):
@@ -178,16 +174,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
     if diffs:
         raise ShardError(f"hcrfast.bound(shard=True): the processes do not make the same call: {'; '.join(diffs)}; "
                          f"make the same call (model, batch, sigma, arguments) on every process")
-    # Where a process misses the file, every process raises at once, after this step: had rank 0 failed
-    # meanwhile (and taken its file back), the step raises rank 0's error instead.
-    seen = world.agree("folder", dict(found=(Path(checkpoint) / first["token"]).is_file(), folder=str(checkpoint)))
-    if world.rank == 0:
-        token.unlink(missing_ok=True)
-    lost = [f"rank {r}'s {s['folder']!r}" for r, s in enumerate(seen) if not s["found"]]
-    if lost:
-        raise ShardError(f"hcrfast.bound(shard=True): checkpoint={seen[0]['folder']!r} on rank 0, but "
-                         f"{', '.join(lost)} is not that folder (rank 0's file {first['token']} is not in it): every "
-                         f"process must pass the same folder, on a filesystem they all see")
+    world.check_folder(checkpoint, first["token"], "checkpoint")
     if world.rank != 0:
         saved = Checkpoint(checkpoint, key, example_ids, features)
     return saved, first["chunk_size"]

@@ -21,6 +21,8 @@ import json
 import os
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import torch
 
@@ -182,6 +184,32 @@ class World:
             raise ShardError(f"{self._what}: the processes reached different steps ({where}): they took different "
                              f"paths; give every process the same call")
         return [g["payload"] for g in got]
+
+    def mark_folder(self, folder) -> str | None:
+        """Rank 0 leaves a file in ``folder`` for the others to find (taken back by
+        :meth:`check_folder`, or however the session ends); its name, None on the other ranks."""
+        if self.rank != 0 or self.size == 1:
+            return None
+        token = Path(folder) / f".shard-{uuid.uuid4().hex}"
+        token.touch()
+        self.at_end(token.unlink, missing_ok=True)
+        return token.name
+
+    def check_folder(self, folder, name: str, label: str) -> None:
+        """Every process looks for rank 0's file ``name`` (from :meth:`mark_folder`) in its own
+        ``folder``. Where one misses it, every process raises :class:`ShardError` naming the folders,
+        after a step, so that an error of rank 0 in the meantime (which took its file back) is raised
+        instead. Rank 0 then takes its file back. ``label`` names the argument (``checkpoint``, ``--out``)."""
+        if self.size == 1:
+            return
+        seen = self.agree("folder", dict(found=(Path(folder) / name).is_file(), folder=str(folder)))
+        if self.rank == 0:
+            (Path(folder) / name).unlink(missing_ok=True)
+        lost = [f"rank {r}'s {s['folder']!r}" for r, s in enumerate(seen) if not s["found"]]
+        if lost:
+            raise ShardError(f"{self._what}: {label} {seen[0]['folder']!r} on rank 0, but {', '.join(lost)} is not "
+                             f"that folder (rank 0's file {name} is not in it): every process must pass the same "
+                             f"{label}, on a filesystem they all see")
 
     def _store(self):
         from torch.distributed import distributed_c10d

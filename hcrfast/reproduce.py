@@ -50,7 +50,6 @@ import re
 import shlex
 import sys
 import time
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -565,26 +564,12 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / "chunks").mkdir(exist_ok=True)
-            if world.size > 1:  # for the others to find: the same folder, before anything is trained or written
-                token = out / f".shard-{uuid.uuid4().hex}"
-                token.touch()
-                world.at_end(token.unlink, missing_ok=True)
+            token = world.mark_folder(out)  # for the others: the same folder, before anything is trained or written
         except OSError as exc:
             raise ValueError(f"--out {out}: the run folder cannot be created ({exc.strerror}: {exc.filename}); "
                              f"pass a folder you can write to") from None
     # a process that never comes is named, not waited for
-    name0 = world.agree("join", None if token is None else token.name, timeout=join_timeout())[0]
-    if world.size > 1:
-        # Where a process misses the file, every process raises at once, after this step: had rank 0
-        # failed meanwhile (and taken its file back), the step raises rank 0's error instead.
-        seen = world.agree("folder", dict(found=(out / name0).is_file(), out=str(out)))
-        if token is not None:
-            token.unlink(missing_ok=True)
-        lost = [f"rank {r}'s {s['out']}" for r, s in enumerate(seen) if not s["found"]]
-        if lost:
-            raise _ShardError(f"{tag}: --out {seen[0]['out']} on rank 0, but {', '.join(lost)} is not that folder "
-                              f"(rank 0's file {name0} is not in it): every process must pass the same --out, on "
-                              f"a filesystem they all see")
+    world.check_folder(out, world.agree("join", token, timeout=join_timeout())[0], "--out")
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
     # -- model ---------------------------------------------------------------------------

@@ -364,7 +364,7 @@ def test_torchrun_misuse_is_an_error_on_every_process_not_a_hang(tmp_path):
     assert got[0]["invalid"].startswith("ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another "
                                         "process failed: rank 1: ValueError: size must be"), got[0]["invalid"]
     for r in (0, 1):  # both name both folders
-        assert re.match(r"ShardError: hcrfast.bound\(shard=True\): checkpoint='.*folder0' on rank 0, but rank 1's "
+        assert re.match(r"ShardError: hcrfast.bound\(shard=True\): checkpoint '.*folder0' on rank 0, but rank 1's "
                         r"'.*folder1' is not that folder \(rank 0's file \.shard-[0-9a-f]+ is not in it\)",
                         got[r]["folders"]), got[r]["folders"]
     assert not list((tmp_path / "folder0").glob(".shard-*"))  # rank 0 took its file back

@@ -251,7 +251,7 @@ def test_torchrun_processes_with_other_arguments_all_stop_and_the_next_run_works
         code, err = got[r]["weights"]  # rank 0 trained its own: the keys name it (this hung at rank 0's training)
         assert code == 1 and "where they differ from rank 0 (rank 1: weights)" in err, err
         code, err = got[r]["folders"]  # both name both folders
-        assert code != 0 and re.search(r"--out .*folders0 on rank 0, but rank 1's .*folders1 is not that folder "
+        assert code != 0 and re.search(r"--out '.*folders0' on rank 0, but rank 1's '.*folders1' is not that folder "
                                        r"\(rank 0's file \.shard-[0-9a-f]+ is not in it\)", err), err
         code, err = got[r]["bad"]  # rank 1's bad value, checked inside the processes' session, reaches rank 0 at once
         assert code != 0 and "size must be a positive finite number, got -1.0 (--size)" in err, err
