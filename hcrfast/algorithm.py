@@ -22,7 +22,6 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch

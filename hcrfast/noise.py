@@ -26,7 +26,6 @@ import inspect
 
 import math
 import numbers
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable

@@ -653,9 +653,6 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                           f"({'; '.join(others)}): give every process the same arguments")
     # rank 0's error (another run in --out) is raised on the others at this step
     sigma = world.agree("sigma", _check_or_write_run(out, key, sigma_fresh) if world.rank == 0 else None)[0]
-    if world.rank != 0 and not (out / "run.json").is_file():
-        raise RunMismatchError(f"{tag}: --out {out} has no run.json although rank 0 wrote its own: the processes "
-                               f"do not see the same folder; pass one on a filesystem every process sees")
 
     # -- accuracies (cheap: the head only) --------------------------------------------------
     clean_acc, dithered_acc, dithered_per_draw = _accuracies(zm, feats, labels, sigma, seed=seed, restarts=restarts)

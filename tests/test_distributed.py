@@ -4,7 +4,6 @@ import collections
 import threading
 
 import pytest
-import torch
 
 from hcrfast import distributed
 from hcrfast.distributed import ShardError, World
