@@ -13,7 +13,8 @@
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
 #             of stopped problems on vs off, Numba vs twin kernels, TF32, and what solver="auto"
 #             takes on CUDA (the Krylov basis, "auto" Gram-Schmidt vs two passes every step) vs LSQR
-#             (warm and cold starts) vs the dense solve
+#             (warm and cold starts) vs the dense solve, the solver's arrays in torch's caching
+#             allocator (the default) vs CuPy's own pool
 #   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP),
 #             with solver="auto" (the Krylov basis on CUDA)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
@@ -27,7 +28,7 @@
 #             budget (an estimate puts the whole run near 1e17 FLOP in IEEE float32, beyond one call)
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #
-# MODES="--jacobian forward|--solver dense" picks the modes ('|'-separated; the default set, five,
+# MODES="--jacobian forward|--solver dense" picks the modes ('|'-separated; the default set, six,
 # fits one call).
 #
 # Every command runs under `timeout` (TIMEOUT_S, default 240 s) so that one slow run cannot eat
@@ -116,9 +117,9 @@ EOF
         ;;
     modes)
         ensure_installed
-        # The default set fits one 600-s call (5 x 75 s plus the install); the others:
+        # The default set fits one 600-s call (6 x 75 s plus the install); the others:
         # MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--reorth-passes 2|--solver dense|--solver lsqr|--jacobian forward}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--reorth-passes 2|--solver dense|--solver lsqr|--jacobian forward|--cupy-allocator cupy}"
         if (( ${#modes[@]} * ${MODE_TIMEOUT_S:-75} > 540 )); then
             say "note: ${#modes[@]} modes x ${MODE_TIMEOUT_S:-75} s may outlast one 600-s call; split MODES over calls"
         fi

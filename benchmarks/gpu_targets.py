@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -62,6 +63,7 @@ import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
 from hcrfast import dense as dense_mod  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
+from hcrfast.bindings.bridge import ALLOCATOR_ENV, cupy_allocator_choice  # noqa: E402
 
 #: name: (examples, restarts, iterations, target seconds or None) of the issue.
 TARGETS = {
@@ -223,7 +225,7 @@ def run(args, on_slice=None) -> dict:
             workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
             slices=len(slices), restarts=restarts, iterations=iterations,
             size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
-            tf32=args.tf32,
+            tf32=args.tf32, cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
             lsqr=dataclasses.asdict(opts),
             inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                               else "uniform random images"),
@@ -284,7 +286,10 @@ def run(args, on_slice=None) -> dict:
 
     out = summary(wall, timeline, inside)
     if device.type == "cuda":
+        # With the torch allocator (the default) these include the solver's CuPy arrays; with
+        # HCRFAST_CUPY_ALLOCATOR=cupy those sit in CuPy's pool, whose size at the end is below.
         out["peak_torch_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        out["peak_torch_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
         try:
             import cupy
 
@@ -337,8 +342,10 @@ def report(r: dict) -> str:
            else f"median LSQR iterations per solve {r['median_lsqr_iterations']:.0f}")
         + f"; bound median {r['bound']['median']:.4g}, p90 {r['bound']['p90']:.4g}, "
         f"{r['bound']['n_inf']} infinite",
-    ] + ([f"  peak memory: torch {r['peak_torch_bytes'] / 2**30:.1f} GiB, CuPy pool "
-          f"{r.get('cupy_pool_bytes', 0) / 2**30:.1f} GiB"] if "peak_torch_bytes" in r else []))
+    ] + ([f"  peak memory: torch {r['peak_torch_bytes'] / 2**30:.1f} GiB allocated, "
+          f"{r.get('peak_torch_reserved_bytes', 0) / 2**30:.1f} GiB reserved; CuPy pool "
+          f"{r.get('cupy_pool_bytes', 0) / 2**30:.1f} GiB (solver arrays in {r.get('cupy_allocator')}'s pool)"]
+         if "peak_torch_bytes" in r else []))
 
 
 def main(argv=None) -> int:
@@ -362,6 +369,9 @@ def main(argv=None) -> int:
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     add_reorth_option(ap)
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
+    ap.add_argument("--cupy-allocator", default=None, choices=("torch", "cupy"),
+                    help="where the solver's CuPy arrays live: torch's caching allocator (hcrfast's default) or "
+                         "CuPy's own pool (sets HCRFAST_CUPY_ALLOCATOR)")
     ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")
     ap.add_argument("--threads", type=int, default=None)
@@ -373,6 +383,8 @@ def main(argv=None) -> int:
                     help="seconds: stop after the slice that passes it and extrapolate the time to all examples")
     ap.add_argument("--out", default=None, help="directory for gpu_targets_<workload>_<device>_<date>.json")
     args = ap.parse_args(argv)
+    if args.cupy_allocator is not None:
+        os.environ[ALLOCATOR_ENV] = args.cupy_allocator
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_targets: --device cuda but torch sees no CUDA device; skipped (use --device cpu for a smoke run).")
         return 0

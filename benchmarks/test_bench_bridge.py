@@ -123,3 +123,24 @@ def test_product_gpu(benchmark, mlp, rows, product, side):
         res = benchmark(timed)
     assert res.shape[0] == rows
     benchmark.extra_info.update(rows=rows, product=product, side=side, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allocator", ["torch", "cupy"])
+def test_allocation_gpu(benchmark, allocator, monkeypatch):
+    """What one CuPy allocation costs on the host in the solver's block: a block of torch's caching
+    allocator (hcrfast's default, a Python call per allocation) vs CuPy's own pool. 64 arrays of
+    800 × 784 float32 (one LSQR iteration's vectors at the race's size) made and dropped per round."""
+    import cupy
+
+    from hcrfast.bindings import solver_stream
+
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", allocator)
+    with solver_stream(torch.device("cuda")):
+        def churn():
+            arrays = [cupy.empty((800, 784), dtype=cupy.float32) for _ in range(64)]
+            return len(arrays)
+
+        churn()  # both pools warm
+        assert benchmark(churn) == 64
+    benchmark.extra_info.update(allocator=allocator, arrays=64, device="cuda")

@@ -7,10 +7,16 @@ Stream rule: hcrfast issues all of its CuPy work and all of its torch work on
 one stream, torch's current stream, which :func:`solver_stream` hands to CuPy
 (``cupy.cuda.ExternalStream``). Work on the two sides is then ordered by the
 stream itself and no event or synchronisation is needed at the hand-over.
+
+Memory rule: in the same block CuPy allocates from torch's caching allocator
+(:func:`torch_malloc`), so the two libraries draw on one pool.
+``HCRFAST_CUPY_ALLOCATOR=cupy`` gives CuPy its own pool back.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import sys
 import warnings
 
@@ -83,15 +89,60 @@ def solver_stream(device: torch.device):
         with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
             warnings.simplefilter("ignore", DeprecationWarning)
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
-        with cupy.cuda.Device(index), stream:
+        with cupy.cuda.Device(index), stream, _cupy_allocations(cupy):
             yield stream
+
+
+#: Environment variable choosing where the solver's CuPy arrays live on the GPU: ``torch`` (the
+#: default: in torch's caching allocator, one pool for the model's tensors and the solver's
+#: vectors) or ``cupy`` (CuPy's own memory pool beside torch's).
+ALLOCATOR_ENV = "HCRFAST_CUPY_ALLOCATOR"
+_ALLOCATORS = ("torch", "cupy")
+
+
+def cupy_allocator_choice() -> str:
+    """``HCRFAST_CUPY_ALLOCATOR`` (``torch`` when unset), checked."""
+    choice = os.environ.get(ALLOCATOR_ENV, "torch").strip().lower() or "torch"
+    if choice not in _ALLOCATORS:
+        raise ValueError(f"{ALLOCATOR_ENV}={os.environ[ALLOCATOR_ENV]!r} is not one of {', '.join(_ALLOCATORS)}: "
+                         f"'torch' puts the solver's CuPy arrays in torch's caching allocator (the default), "
+                         f"'cupy' in CuPy's own memory pool; set it to one of them or unset it")
+    return choice
+
+
+def _cupy_allocations(cupy):
+    """Within :func:`solver_stream`: CuPy allocates from torch's caching allocator (see :func:`torch_malloc`),
+    unless ``HCRFAST_CUPY_ALLOCATOR=cupy``. CuPy's allocator setting is thread-local and restored after."""
+    if cupy_allocator_choice() == "cupy":
+        return contextlib.nullcontext()
+    return cupy.cuda.using_allocator(functools.partial(torch_malloc, cupy))
+
+
+def torch_malloc(cupy, size: int):
+    """A CuPy allocation (``cupy.cuda.alloc``'s interface) carved from torch's caching allocator.
+
+    With two pools, the blocks the solver frees stay in CuPy's pool, where the model's next
+    forward or backward pass cannot use them: it runs out of memory with the memory idle, and
+    the chunk is halved and computed again. With one pool they are reused at once, and
+    ``torch.cuda.mem_get_info`` / ``memory_allocated`` see the solver too. The block is a
+    ``torch.uint8`` tensor owned by the CuPy memory object; torch frees it when the last CuPy
+    array on it dies. torch ties a block to the stream it was allocated on, so this path is
+    taken only when CuPy's current stream is torch's (as :func:`solver_stream` makes it);
+    on any other stream the allocation comes from CuPy's own pool.
+    """
+    device = cupy.cuda.Device().id
+    if cupy.cuda.get_current_stream().ptr != torch.cuda.current_stream(device).cuda_stream:
+        return cupy.get_default_memory_pool().malloc(size)
+    block = torch.empty(size, dtype=torch.uint8, device=device)
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), size, block, device), 0)
 
 
 def release_device_memory(device: torch.device) -> None:
     """Give the cached free blocks of torch's and CuPy's memory pools back to the device.
 
-    torch and CuPy keep separate pools: after an out-of-memory error the solver's
-    freed vectors sit in CuPy's pool, where torch cannot reuse them until released.
+    The solver's arrays live in torch's pool by default, but CuPy's own pool serves
+    allocations on other streams and every allocation under ``HCRFAST_CUPY_ALLOCATOR=cupy``;
+    its freed blocks stay there, where torch cannot reuse them until released.
     """
     if device.type != "cuda":
         return

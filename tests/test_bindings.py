@@ -156,3 +156,19 @@ def test_forward_mode_entry_points_do_not_pass_on_torchs_jit_warning():
     proc = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_cupy_allocator_setting_is_checked(monkeypatch):
+    """HCRFAST_CUPY_ALLOCATOR: torch by default (unset or empty), cupy on request, anything else
+    refused with the value and the choices (the allocations themselves are test_gpu.py's)."""
+    from hcrfast.bindings.bridge import cupy_allocator_choice
+
+    monkeypatch.delenv("HCRFAST_CUPY_ALLOCATOR", raising=False)
+    assert cupy_allocator_choice() == "torch"
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "")
+    assert cupy_allocator_choice() == "torch"
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", " CuPy ")
+    assert cupy_allocator_choice() == "cupy"
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "rmm")
+    with pytest.raises(ValueError, match=r"HCRFAST_CUPY_ALLOCATOR='rmm' is not one of torch, cupy"):
+        cupy_allocator_choice()

@@ -289,6 +289,51 @@ def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, hos
     assert dtoh == len(calls) == 40 // 10 + 1, {k: v for k, v in names.items() if "Memcpy" in k}
 
 
+def test_solver_arrays_come_from_torchs_caching_allocator(cupy, monkeypatch):
+    """In the solver's block a CuPy array is a block of torch's pool (torch counts it, and has it back
+    when the array dies), CuPy's own pool stays untouched; on a stream other than torch's, and with
+    HCRFAST_CUPY_ALLOCATOR=cupy, CuPy's pool serves instead."""
+    from hcrfast.bindings import solver_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    pool = cupy.get_default_memory_pool()
+    size = 1 << 22
+    with solver_stream(device):
+        before, pool_before = torch.cuda.memory_allocated(device), pool.used_bytes()
+        a = cupy.ones(size, dtype=cupy.uint8)
+        assert torch.cuda.memory_allocated(device) >= before + size
+        assert pool.used_bytes() == pool_before
+        assert int(a.sum()) == size and a.data.mem.device_id == device.index
+        del a
+        assert torch.cuda.memory_allocated(device) == before
+        with cupy.cuda.Stream():
+            b = cupy.ones(size, dtype=cupy.uint8)
+            assert torch.cuda.memory_allocated(device) == before and pool.used_bytes() >= pool_before + size
+            del b
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "cupy")
+    with solver_stream(device):
+        c = cupy.ones(size, dtype=cupy.uint8)
+        assert torch.cuda.memory_allocated(device) == before and pool.used_bytes() >= pool_before + size
+        del c
+
+
+def test_bound_keeps_its_vectors_in_torchs_pool_and_matches_cupys_pool(cupy, monkeypatch):
+    """A whole call (LSQR, kernels, DCT, certification) allocates nothing from CuPy's pool by default,
+    and gives the bounds it gives with the solver's arrays in CuPy's pool."""
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(3)).cuda()
+    kw = dict(iterations=3, restarts=4, lsqr=hcrfast.LSQROptions(atol=1e-6, btol=1e-6, iter_lim=100))
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    used = pool.used_bytes()
+    total = pool.total_bytes()
+    shared = hcrfast.bound(mlp(torch.float32).cuda(), x, 0.05, **kw).to_numpy()
+    assert pool.total_bytes() == total and pool.used_bytes() == used
+    monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "cupy")
+    apart = hcrfast.bound(mlp(torch.float32).cuda(), x, 0.05, **kw).to_numpy()
+    np.testing.assert_allclose(shared.std, apart.std, rtol=1e-5)
+    np.testing.assert_allclose(shared.divergence, apart.divergence, rtol=1e-5)
+
+
 @pytest.mark.parametrize("solver", ["lsqr", "krylov"])
 def test_checkpointed_call_on_gpu_resumes_to_the_uninterrupted_bounds(solver, tmp_path, monkeypatch):
     """A CUDA call killed after one chunk and made again reads the chunk back (CuPy rows from host files)
