@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import sys
 import warnings
@@ -89,7 +90,7 @@ def solver_stream(device: torch.device):
         with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
             warnings.simplefilter("ignore", DeprecationWarning)
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
-        with cupy.cuda.Device(index), stream, _cupy_allocations(cupy):
+        with cupy.cuda.Device(index), stream, _cupy_allocations(cupy, stream, index):
             yield stream
 
 
@@ -110,31 +111,58 @@ def cupy_allocator_choice() -> str:
     return choice
 
 
-def _cupy_allocations(cupy):
-    """Within :func:`solver_stream`: CuPy allocates from torch's caching allocator (see :func:`torch_malloc`),
-    unless ``HCRFAST_CUPY_ALLOCATOR=cupy``. CuPy's allocator setting is thread-local and restored after."""
-    if cupy_allocator_choice() == "cupy":
+def _torch_caches_memory() -> bool:
+    """False under ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, where every free would be a synchronizing cudaFree."""
+    return os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+def _cupy_allocations(cupy, stream, device: int):
+    """Within :func:`solver_stream`: CuPy allocates from torch's caching allocator (:func:`torch_malloc`).
+
+    Left alone: under ``HCRFAST_CUPY_ALLOCATOR=cupy``, when torch does not cache device memory, and when
+    the caller gave CuPy an allocator of their own (RMM, say): only CuPy's default pool is replaced.
+    CuPy's allocator setting is thread-local and restored after the block.
+    """
+    current = cupy.cuda.get_allocator()
+    if (cupy_allocator_choice() == "cupy" or not _torch_caches_memory()
+            or getattr(current, "__self__", None) is not cupy.get_default_memory_pool()):
         return contextlib.nullcontext()
-    return cupy.cuda.using_allocator(functools.partial(torch_malloc, cupy))
+    return cupy.cuda.using_allocator(functools.partial(torch_malloc, cupy, stream.ptr, device, current))
 
 
-def torch_malloc(cupy, size: int):
+class _TorchBlock:
+    """Owner of one block of torch's caching allocator: gives it back when the last CuPy array on it dies."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __del__(self):
+        try:
+            torch.cuda.caching_allocator_delete(self.ptr)
+        except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone before the array
+            pass
+
+
+def torch_malloc(cupy, stream_ptr: int, device: int, fallback, size: int):
     """A CuPy allocation (``cupy.cuda.alloc``'s interface) carved from torch's caching allocator.
 
     With two pools, the blocks the solver frees stay in CuPy's pool, where the model's next
     forward or backward pass cannot use them: it runs out of memory with the memory idle, and
     the chunk is halved and computed again. With one pool they are reused at once, and
-    ``torch.cuda.mem_get_info`` / ``memory_allocated`` see the solver too. The block is a
-    ``torch.uint8`` tensor owned by the CuPy memory object; torch frees it when the last CuPy
-    array on it dies. torch ties a block to the stream it was allocated on, so this path is
-    taken only when CuPy's current stream is torch's (as :func:`solver_stream` makes it);
-    on any other stream the allocation comes from CuPy's own pool.
+    ``torch.cuda.mem_get_info`` / ``memory_allocated`` see the solver too. The block comes from
+    ``torch.cuda.caching_allocator_alloc`` (torch's interface for other frameworks) on the
+    solver's stream, and goes back when the CuPy memory object that owns it dies. torch ties a
+    block to the stream it was allocated for, so this path is taken only while CuPy's current
+    stream is the solver's; on any other stream ``fallback`` (CuPy's pool) serves.
     """
-    device = cupy.cuda.Device().id
-    if cupy.cuda.get_current_stream().ptr != torch.cuda.current_stream(device).cuda_stream:
-        return cupy.get_default_memory_pool().malloc(size)
-    block = torch.empty(size, dtype=torch.uint8, device=device)
-    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), size, block, device), 0)
+    if cupy.cuda.get_current_stream().ptr != stream_ptr:
+        return fallback(size)
+    if size == 0:
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
+    block = _TorchBlock(torch.cuda.caching_allocator_alloc(size, device, stream_ptr))
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.ptr, size, block, device), 0)
 
 
 def release_device_memory(device: torch.device) -> None:
@@ -146,6 +174,7 @@ def release_device_memory(device: torch.device) -> None:
     """
     if device.type != "cuda":
         return
+    gc.collect()  # arrays in reference cycles (a failed chunk's traceback) hold blocks of both pools
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         cupy.get_default_memory_pool().free_all_blocks()

@@ -981,6 +981,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)
+        # Read on the solver's stream and allocator (a strided slice's get() copies on the device).
+        krylov_steps = to_host(itn[:, :krylov_pilots, 0]) if solver == "krylov" else None
 
     params = dict(sigma=gaussian_sigma, noise=noise.describe(), noise_asked=noise_asked, size=size,
                   iterations=iterations,
@@ -991,7 +993,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   dense=None if solver != "dense" else dict(
                       jacobian_products=min(n, p), rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
                   krylov=None if solver != "krylov" else _krylov_params(
-                      to_host(itn[:, :krylov_pilots, 0]), ranks, krylov_pilots, redone=redone),
+                      krylov_steps, ranks, krylov_pilots, redone=redone),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,

@@ -1,4 +1,6 @@
 """Torch Jacobian operators against dense torch.func Jacobians; the zero-copy bridge."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -172,3 +174,62 @@ def test_cupy_allocator_setting_is_checked(monkeypatch):
     monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "rmm")
     with pytest.raises(ValueError, match=r"HCRFAST_CUPY_ALLOCATOR='rmm' is not one of torch, cupy"):
         cupy_allocator_choice()
+
+
+class _FakeCupy:
+    """Just the CuPy names ``_cupy_allocations`` and ``torch_malloc`` read, recording what they are asked."""
+
+    def __init__(self, allocator=None, stream_ptr=7):
+        import types
+
+        self.pool = types.SimpleNamespace()
+        self.pool.malloc = types.MethodType(lambda pool, size: ("pool", size), self.pool)
+        self.installed = []
+        current = self.pool.malloc if allocator is None else allocator
+        self.cuda = types.SimpleNamespace(
+            get_allocator=lambda: current,
+            using_allocator=lambda fn: self.installed.append(fn) or contextlib.nullcontext(),
+            get_current_stream=lambda: types.SimpleNamespace(ptr=stream_ptr),
+            UnownedMemory=lambda ptr, size, owner, device: ("unowned", ptr, size, owner, device),
+            MemoryPointer=lambda mem, offset: ("pointer", mem, offset))
+
+    def get_default_memory_pool(self):
+        return self.pool
+
+
+def test_cupy_allocations_replace_only_cupys_default_pool(monkeypatch):
+    """torch's allocator is installed over CuPy's default pool, and not over an allocator the caller
+    chose, under HCRFAST_CUPY_ALLOCATOR=cupy or when torch does not cache device memory."""
+    import types
+
+    from hcrfast.bindings.bridge import _cupy_allocations
+
+    stream = types.SimpleNamespace(ptr=7)
+    monkeypatch.delenv("HCRFAST_CUPY_ALLOCATOR", raising=False)
+    monkeypatch.delenv("PYTORCH_NO_CUDA_MEMORY_CACHING", raising=False)
+    fake = _FakeCupy()
+    with _cupy_allocations(fake, stream, 0):
+        pass
+    (installed,) = fake.installed
+    assert installed.args == (fake, 7, 0, fake.pool.malloc)
+    users = _FakeCupy(allocator=lambda size: ("rmm", size))
+    with _cupy_allocations(users, stream, 0):
+        pass
+    assert users.installed == []
+    for env, value in (("HCRFAST_CUPY_ALLOCATOR", "cupy"), ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")):
+        monkeypatch.setenv(env, value)
+        fake = _FakeCupy()
+        with _cupy_allocations(fake, stream, 0):
+            pass
+        assert fake.installed == [], env
+        monkeypatch.delenv(env)
+
+
+def test_torch_malloc_leaves_other_streams_and_empty_arrays_to_others():
+    """On a stream that is not the solver's the fallback serves; a 0-byte array needs no block."""
+    from hcrfast.bindings.bridge import torch_malloc
+
+    fake = _FakeCupy(stream_ptr=9)
+    assert torch_malloc(fake, 7, 0, fake.pool.malloc, 4096) == ("pool", 4096)
+    fake = _FakeCupy(stream_ptr=7)
+    assert torch_malloc(fake, 7, 0, fake.pool.malloc, 0) == ("pointer", ("unowned", 0, 0, None, 0), 0)

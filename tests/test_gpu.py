@@ -289,47 +289,81 @@ def test_device_to_host_copies_in_lsqr_are_only_the_checks_by_profiler(cupy, hos
     assert dtoh == len(calls) == 40 // 10 + 1, {k: v for k, v in names.items() if "Memcpy" in k}
 
 
-def test_solver_arrays_come_from_torchs_caching_allocator(cupy, monkeypatch):
-    """In the solver's block a CuPy array is a block of torch's pool (torch counts it, and has it back
-    when the array dies), CuPy's own pool stays untouched; on a stream other than torch's, and with
-    HCRFAST_CUPY_ALLOCATOR=cupy, CuPy's pool serves instead."""
+@pytest.fixture
+def pool_mallocs(cupy):
+    """A list that grows by one per allocation CuPy's default pool serves on this thread (a memory hook)."""
+    calls = []
+
+    class Count(cupy.cuda.MemoryHook):
+        name = "hcrfast-test-count"
+
+        def malloc_preprocess(self, **kwargs):
+            calls.append(kwargs["mem_size"])
+
+    with Count():
+        yield calls
+
+
+def test_solver_arrays_come_from_torchs_caching_allocator(cupy, pool_mallocs, monkeypatch):
+    """In the solver's block a CuPy array is a block of torch's caching allocator (owned by the array's
+    memory, counted by torch, given back when the array dies) and CuPy's pool serves nothing; on a
+    stream other than the solver's, and with HCRFAST_CUPY_ALLOCATOR=cupy, CuPy's pool serves."""
+    import gc
+    import weakref
+
     from hcrfast.bindings import solver_stream
 
     device = torch.device("cuda", torch.cuda.current_device())
-    pool = cupy.get_default_memory_pool()
     size = 1 << 22
+    gc.collect()
     with solver_stream(device):
-        before, pool_before = torch.cuda.memory_allocated(device), pool.used_bytes()
+        before = torch.cuda.memory_allocated(device)
         a = cupy.ones(size, dtype=cupy.uint8)
+        owner = a.data.mem._owner
+        assert owner is not None and owner.ptr == a.data.ptr and a.data.mem.device_id == device.index
         assert torch.cuda.memory_allocated(device) >= before + size
-        assert pool.used_bytes() == pool_before
-        assert int(a.sum()) == size and a.data.mem.device_id == device.index
-        del a
+        assert int(a.sum()) == size
+        assert pool_mallocs == []
+        gone = weakref.ref(owner)
+        del owner, a
+        assert gone() is None
         assert torch.cuda.memory_allocated(device) == before
+        empty = cupy.empty(0, dtype=cupy.float32)
+        assert empty.size == 0 and pool_mallocs == []
         with cupy.cuda.Stream():
             b = cupy.ones(size, dtype=cupy.uint8)
-            assert torch.cuda.memory_allocated(device) == before and pool.used_bytes() >= pool_before + size
+            assert pool_mallocs and pool_mallocs[-1] >= size and b.data.mem.__class__.__name__ != "UnownedMemory"
             del b
     monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "cupy")
+    pool_mallocs.clear()
     with solver_stream(device):
         c = cupy.ones(size, dtype=cupy.uint8)
-        assert torch.cuda.memory_allocated(device) == before and pool.used_bytes() >= pool_before + size
+        assert pool_mallocs and pool_mallocs[-1] >= size
         del c
 
 
-def test_bound_keeps_its_vectors_in_torchs_pool_and_matches_cupys_pool(cupy, monkeypatch):
-    """A whole call (LSQR, kernels, DCT, certification) allocates nothing from CuPy's pool by default,
-    and gives the bounds it gives with the solver's arrays in CuPy's pool."""
+def test_a_users_own_cupy_allocator_is_left_in_place(cupy, pool_mallocs):
+    """An allocator the caller set (here CuPy's raw cudaMalloc, no pool) serves the solver's arrays."""
+    from hcrfast.bindings import solver_stream
+
+    with cupy.cuda.using_allocator(cupy.cuda.memory._malloc):
+        with solver_stream(torch.device("cuda")):
+            a = cupy.ones(1 << 20, dtype=cupy.uint8)
+            assert type(a.data.mem).__name__ == "Memory" and pool_mallocs == []
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "krylov"])
+def test_bound_keeps_its_vectors_in_torchs_pool_and_matches_cupys_pool(cupy, pool_mallocs, monkeypatch, solver):
+    """A whole call (solve, kernels, DCT, certification, the result's reads) takes nothing from CuPy's
+    pool by default, and gives the bounds it gives with the solver's arrays in CuPy's pool."""
     x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(3)).cuda()
-    kw = dict(iterations=3, restarts=4, lsqr=hcrfast.LSQROptions(atol=1e-6, btol=1e-6, iter_lim=100))
-    pool = cupy.get_default_memory_pool()
-    pool.free_all_blocks()
-    used = pool.used_bytes()
-    total = pool.total_bytes()
+    kw = dict(iterations=3, restarts=4, solver=solver,
+              lsqr=hcrfast.LSQROptions(atol=1e-6, btol=1e-6, iter_lim=100) if solver == "lsqr" else None)
     shared = hcrfast.bound(mlp(torch.float32).cuda(), x, 0.05, **kw).to_numpy()
-    assert pool.total_bytes() == total and pool.used_bytes() == used
+    assert pool_mallocs == []
     monkeypatch.setenv("HCRFAST_CUPY_ALLOCATOR", "cupy")
     apart = hcrfast.bound(mlp(torch.float32).cuda(), x, 0.05, **kw).to_numpy()
+    assert pool_mallocs
     np.testing.assert_allclose(shared.std, apart.std, rtol=1e-5)
     np.testing.assert_allclose(shared.divergence, apart.divergence, rtol=1e-5)
 
