@@ -259,12 +259,15 @@ def divergence_underflow(noise, count: int) -> str:
 _FLOAT64_MAX = float(np.finfo(np.float64).max)
 
 
-def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=None, features_move=None) -> None:
+def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=None, features_move=None,
+                         derivative_vanishes=None) -> None:
     """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
     shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε that was meant to
     be non-zero (rows ``intended``, default all) 0 (σ·s too small: the solver's vectors underflow, or
     ε vanishes added to the inputs). One host read. ``features_move()``, asked only then, tells that
-    case from examples whose features do not depend on their input (J = 0: no ε exists), which pass."""
+    case from examples whose features do not depend on their input (J = 0: no ε exists), which pass;
+    ``derivative_vanishes()``, asked where they do depend on it, tells piecewise-constant features
+    (torch's J is 0 though a finite step moves them) from steps outside the dtype's range."""
     xp = get_array_module(eps64)
     bad = ~xp.all(xp.isfinite(eps64), axis=1) | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
@@ -272,8 +275,16 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
         moved = moved | ~intended
     n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), moved.sum()])))
     name = validation.dtype_name(dtype)
-    if n_moved == 0 and features_move is not None and not features_move():
-        return  # J = 0 at every example here: no step exists, whatever sigma; the caller reports each
+    if n_moved == 0 and features_move is not None:
+        if not features_move():
+            return  # J = 0 at every example here: no step exists, whatever sigma; the caller reports each
+        if derivative_vanishes is not None and derivative_vanishes():
+            raise ValueError("every step's eps came out 0 because torch's derivative of the features is 0 at every "
+                             "example, although a finite step of the inputs moves them: the features are piecewise "
+                             "constant (floor, round, sign, argmax, a quantizer), and Algorithm 1 follows the "
+                             "derivative, so it finds no direction whatever sigma; bound the features before that "
+                             "step (a model that returns them unrounded), or give the step a derivative (a "
+                             "straight-through estimator) and certify the bound by its forward passes as usual")
     if n_bad:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
@@ -284,6 +295,18 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"bound can be computed: the steps are outside the range the {name} solver resolves (its "
                          f"vectors' squares underflow or overflow); pass a sigma nearer the features' scale "
                          f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
+
+
+def _derivative_vanishes(model, x) -> bool:
+    """Whether torch's derivative of ``model``'s features at ``x`` is exactly 0: ``Jᵀu`` for a random ``u``."""
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        f = model(x).reshape(x.shape[0], -1)
+        if not f.requires_grad:
+            return True
+        u = torch.randn(f.shape, generator=torch.Generator(device="cpu").manual_seed(0), dtype=f.dtype)
+        (g,) = torch.autograd.grad(f, x, u.to(f.device), allow_unused=True)
+    return g is None or not bool(g.any())
 
 
 def _features_move(model, x) -> np.ndarray:
@@ -298,6 +321,7 @@ def _features_move(model, x) -> np.ndarray:
 
 
 _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
+_UNRESOLVED = "not float64"  # how a zero-step reason names D = 0 from uncertified lower-precision passes
 
 
 def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
@@ -719,6 +743,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = validation.float64_model(model, batch, certify)
+        # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
+        z_dtype = "float64" if certify else validation.dtype_name(batch.dtype)
+        z_exact = z_dtype == "float64"
         # The targeted directions, from the dense solve's J and factorization, or (targeted_method
         # "auto") from the Krylov basis: its space's Cramér-Rao directions cost no model product, where
         # targeted_bound's own LSQR would cost two solves per (example, mode).
@@ -816,7 +843,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
-                                 features_move=lambda: bool(_features_move(model64 if certify else model, x).any()))
+                                 features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
+                                 derivative_vanishes=lambda: _derivative_vanishes(model, x))
             return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
                     targeted_dirs)
 
@@ -860,14 +888,20 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 coords = xp.abs(coords.reshape(m, restarts, p))
                 zero_d = d == 0
                 safe_d = xp.where(zero_d, 1.0, d)
+                moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
+                # D = 0 proves +inf only where z_ε comes from float64 passes (taken as exact): features
+                # left unchanged by uncertified float32 passes may only have rounded the shift away.
+                unresolved = zero_d & moved & (not z_exact)
+                infinite = zero_d & ~unresolved
                 # +inf is for D = 0 only: a finite bound beyond float64's range (σ ≥ 1e100 against
                 # saturated features) is reported as float64's largest value, still a lower bound.
                 with np.errstate(over="ignore"):
                     per_restart = xp.minimum(coords / xp.sqrt(safe_d)[..., None], _FLOAT64_MAX)
                     sq = xp.einsum("bri,bri->br", eps64.reshape(m, restarts, p), eps64.reshape(m, restarts, p)) / p
-                    mse_r = xp.where(zero_d, xp.where(sq > 0, xp.inf, 0.0), xp.minimum(sq / safe_d, _FLOAT64_MAX))
-                per_restart = xp.where(zero_d[..., None] & (coords > 0), xp.inf, per_restart)
-                per_restart = xp.where(zero_d[..., None] & (coords == 0), 0.0, per_restart)
+                    mse_r = xp.where(zero_d, xp.where(infinite & (sq > 0), xp.inf, 0.0),
+                                     xp.minimum(sq / safe_d, _FLOAT64_MAX))
+                per_restart = xp.where(infinite[..., None] & (coords > 0), xp.inf, per_restart)
+                per_restart = xp.where(zero_d[..., None] & ~(infinite[..., None] & (coords > 0)), 0.0, per_restart)
                 std[start:stop] = per_restart.max(axis=1)
                 best = xp.argmax(mse_r, axis=1)
                 rows = xp.arange(m) * restarts + best
@@ -878,16 +912,20 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 divergence[start:stop] = d
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
-                moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
-                zero_d, moved, underflow = to_host(xp.stack([zero_d, moved, zero_d & shifted]))
+                zero_d, moved, underflow, unresolved = to_host(xp.stack([zero_d, moved, zero_d & shifted,
+                                                                         unresolved]))
                 if underflow.any():
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
-                             for e, r in zip(*np.nonzero(zero_d & moved))]
+                             for e, r in zip(*np.nonzero(zero_d & moved & ~unresolved))]
                 reasons_of[start] = c_reasons
                 c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
+                c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in {z_dtype}, {_UNRESOLVED} "
+                           f"(certify=False): {z_dtype} may have rounded the features' shift away, so D = 0 is not "
+                           f"established and this restart bounds nothing (0); certify=True decides it"
+                           for e, r in zip(*np.nonzero(unresolved))]
                 zero_of[start] = c_zero
             if saved is not None:
                 with profiling.annotate("checkpoint"):
@@ -960,7 +998,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # Counted over the whole result, chunks read back from a checkpoint included, so that a
         # resumed call warns as the uninterrupted one did.
         n_blind = sum(_BLIND in line for line in zero_steps)
-        degenerate = (len(zero_steps) - n_blind, int(to_host(xp.isinf(divergence)).sum()), n_blind)
+        n_unresolved = sum(_UNRESOLVED in line for line in zero_steps)
+        degenerate = (len(zero_steps) - n_blind - n_unresolved, int(to_host(xp.isinf(divergence)).sum()), n_blind)
+        if n_unresolved:
+            validation.warn(f"{n_unresolved} restarts left the features exactly unchanged in uncertified "
+                            f"{validation.dtype_name(batch.dtype)} forward passes (certify=False), which may have "
+                            f"rounded the shift away: D = 0 is not established and they bound nothing (0); "
+                            f"certify=True recomputes the shift in float64; see params['zero_step_reasons']")
         if degenerate[0]:
             validation.warn(f"{degenerate[0]} restarts' eps came out 0 in {validation.dtype_name(batch.dtype)} "
                             f"(their steps are outside the range it resolves): they bound nothing (0); see "

@@ -174,6 +174,9 @@ def checkpoint_folder(value):
     """None or a folder path (str or os.PathLike): the ``checkpoint`` argument."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {value!r}")
+    if value is not None and not os.fspath(value).strip():
+        raise ValueError(f"checkpoint={os.fspath(value)!r} names no folder (it would write into the current "
+                         f"directory); pass a folder, e.g. checkpoint='runs/bounds', or None for no checkpoint")
     return value
 
 
@@ -376,7 +379,14 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         # Each probe row alone against the same row in the whole batch: a statistic of the batch (its
         # max, its mean) that one row dominates leaves that row's features alone as in the batch.
         rows = sorted({0, 1, 2, B - 1} & set(range(B)))
-        alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
+        try:
+            alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); hcrfast runs it on "
+                             f"other batch sizes (single examples, chunks, each example's restarts stacked), so its "
+                             f"forward must take any batch size: reshape with x.flatten(1) or x.view(x.shape[0], -1), "
+                             f"not a fixed batch size") from exc
         value_gap = (alone - features[rows]).abs().max() / scale
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
@@ -422,13 +432,15 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise
 
     def once_differentiable():
-        """Whether one backward pass (J^T u) runs where the double one failed (a detached model fails both)."""
+        """Whether one backward pass (J^T u) runs where the double one failed (a detached model fails both)
+        and gives a derivative: torch.round and friends give J^T u = 0, whose graph holds no u to
+        differentiate again, and are not differentiable, not once-differentiable."""
         try:
-            TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(torch.ones_like(features[:1]).expand(
+            jtu = TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(torch.ones_like(features[:1]).expand(
                 probe.shape[0], -1).contiguous()))
         except RuntimeError:
             return False
-        return True
+        return bool(to_torch(jtu).any())
 
     jv = product(mode)
     own = jv[0].abs().max()

@@ -131,6 +131,31 @@ def test_certified_float64_matches_direct_recomputation_for_float32_models():
     np.testing.assert_allclose(uncertified.std, res.std, rtol=1e-3)
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+def test_uncertified_float32_shift_rounded_to_zero_claims_no_infinite_bound(solver):
+    """Features of order 100 in float32 and σ = 1e-5: ‖Jε‖ ≈ sσ = 5e-8 is below their ulp (7.6e-6),
+    so the uncertified float32 passes see a(θ+ε) == a(θ) though W is invertible, and the least-squares
+    estimator (an unbiased one) has a finite std. Those restarts must bound nothing (0), with a reason
+    and a warning, never +inf; certified, the same call gives finite bounds below the LS std."""
+    rng = np.random.default_rng(5)
+    shape = (1, 4, 4)
+    W = matrix_with_condition(rng, 16, 16, 3.0)
+    model = linear_model(W, np.full(16, 100.0), shape).float()
+    x = torch.rand(2, *shape)
+    sigma = 1e-5
+    kw = dict(iterations=2, restarts=3, basis="pixel", solver=solver, lsqr=FAST if solver == "lsqr" else None)
+    with pytest.warns(UserWarning, match=r"exactly unchanged in uncertified float32 .* D = 0 is not established"):
+        res = hcrfast.bound(model, x, sigma, certify=False, **kw)
+    assert not np.isinf(res.std).any() and res.infinite_reasons == []
+    assert np.all(res.divergence == 0) and np.all(res.std == 0)
+    assert len(res.params["zero_step_reasons"]) == 6
+    assert all("not established" in line for line in res.params["zero_step_reasons"])
+    exact = sigma * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))
+    certified = hcrfast.bound(model, x, sigma, **kw)
+    assert np.all(np.isfinite(certified.std)) and np.all(certified.std > 0)
+    assert np.all(certified.std.reshape(2, -1) <= exact * (1 + 1e-3))
+
+
 def test_gaussian_divergence_matches_monte_carlo():
     """E[(f(Z−z)/f(Z) − 1)²] by simulation against exp(‖z‖²/σ²) − 1."""
     rng = np.random.default_rng(0)

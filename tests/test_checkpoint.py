@@ -208,6 +208,9 @@ def test_bad_checkpoint_arguments(tmp_path):
     model, x = relu_mlp(), batch()
     with pytest.raises(TypeError, match="checkpoint must be a folder path"):
         hcrfast.bound(model, x, 0.3, checkpoint=3)
+    for empty in ("", "  "):  # Path("") is the current directory: not what an empty setting meant
+        with pytest.raises(ValueError, match=rf"checkpoint='{empty}' names no folder .*pass a folder"):
+            hcrfast.bound(model, x, 0.3, checkpoint=empty)
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="pass a folder"):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "file")

@@ -699,3 +699,47 @@ def test_fused_attention_names_the_math_backend_which_then_runs():
     with sdpa_kernel(SDPBackend.MATH):
         res = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
     assert np.all(np.isfinite(res.std)) and np.all(res.mse > 0)
+
+
+class _Quantized(torch.nn.Module):
+    """Features rounded to 1/100: piecewise constant, so torch's derivative is 0 (floor) or absent (round)."""
+
+    def __init__(self, op):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.op = torch.nn.Linear(16, 12), op
+
+    def forward(self, x):
+        out = self.op(self.lin(x.flatten(1)) * 100) / 100
+        return out + 0 * x.flatten(1).sum(dim=1, keepdim=True) if self.op is torch.floor else out
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+def test_piecewise_constant_features_are_named_not_blamed_on_sigma(x, solver):
+    """floor: autograd's J is 0 while a finite step moves the features (so not 'J = 0 here': the
+    examples are not blind) and every eps is 0; the error names the piecewise-constant map, not σ's range."""
+    with pytest.raises(ValueError, match=r"derivative of the features is 0 at every example, although a finite "
+                                         r"step of the inputs moves them: the features are piecewise constant"):
+        hcrfast.bound(_Quantized(torch.floor).eval(), x, 1.0, iterations=2, restarts=2, solver=solver)
+
+
+def test_round_is_called_not_differentiable_not_once_differentiable(x):
+    """torch.round's backward gives J^T u = 0 without u in its graph: the double backward fails, but
+    jacobian='forward' would not help; the error says the features are not differentiable."""
+    with pytest.raises(ValueError, match=r"features are not differentiable with respect to its input"):
+        hcrfast.bound(_Quantized(torch.round).eval(), x, 1.0, iterations=2, restarts=2)
+
+
+def test_a_model_with_a_fixed_batch_size_is_told_to_take_any(x):
+    """x.view(3, -1) works on the batch of 3 and fails on one example: the error says why hcrfast needs any size."""
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.lin(x.view(3, -1))
+
+    with pytest.raises(ValueError, match=r"ran on the batch of 3 examples but fails on one example alone .*"
+                                         r"must take any batch size"):
+        hcrfast.bound(Fixed().eval(), x, 1.0, iterations=1, restarts=2)
