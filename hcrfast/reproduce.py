@@ -64,6 +64,7 @@ from hcrfast.distributed import ShardError as _ShardError, World as _World, diff
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
+from hcrfast.results import _FORMAT as BOUNDS_FORMAT, save_npz
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -304,12 +305,19 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
               for k in _CHUNK_ARRAYS}
     arrays["seconds"] = np.float64(res.seconds)
+    # the call's run-wide parameters, for bounds.npz's Bounds header
+    arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
     # (example, restart, J = 0 there) of every restart whose eps came out 0: it bounds nothing, and
     # its D = 0 proves no +inf. Kept per chunk so that the merge after a resume still knows them.
     arrays["zero_steps"] = np.array(
         [(int(ids[0]) + int(m["e"]), int(m["r"]), _algorithm._BLIND in line) for line in res.params["zero_step_reasons"]
          for m in [_ZERO_STEP_LINE.match(line).groupdict()]], dtype=np.int64).reshape(-1, 3)
     return arrays
+
+
+# The entries of hcrfast.bound's params that are the same for every chunk of a run.
+_RUN_WIDE_PARAMS = ("noise", "certify", "basis", "jacobian", "dtype", "tf32", "solver", "warm_start", "lsqr",
+                    "device", "n_features", "n_inputs")
 
 
 # How hcrfast.bound's params["zero_step_reasons"] begin: the example's place in the batch, the restart.
@@ -726,8 +734,15 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     params = dict(key, sigma=sigma, rms=rms, basis="dct", bounds_on="coefficients of the orthonormal 2-D "
                   "DCT-II (per channel) of the normalized image", normalization=[list(v) for v in zm.normalization])
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
-    atomic_savez(bounds_path, **saved, labels=labels.numpy(), example_ids=example_ids,
-                  sigma=np.float64(sigma), infinite=infinite.astype(np.int64), params=np.array(_json_str(params)))
+    # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
+    reasons = [f"example {e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no unbiased estimator exists "
+               f"for the coordinates this eps moves (their bound is +inf)" for e, r in infinite.tolist()]
+    save_npz(bounds_path, BOUNDS_FORMAT,
+             dict(saved, labels=labels.numpy(), example_ids=example_ids, sigma=np.float64(sigma),
+                  infinite=infinite.astype(np.int64), params=np.array(_json_str(params))),
+             dict(infinite_reasons=reasons, seconds=bound_seconds, targeted=None,
+                  params=dict(json.loads(str(parts[0]["bound_params"])) if "bound_params" in parts[0] else {},
+                              **json.loads(_json_str(params)))))
     for stray in (out / "chunks").glob(".chunk_*.tmp"):
         stray.unlink(missing_ok=True)  # left by killed processes; every chunk is final now
 

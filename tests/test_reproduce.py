@@ -17,6 +17,7 @@ import pytest
 import scipy.fft
 import torch
 
+import hcrfast
 from hcrfast import cli, report, reproduce, zoo
 
 TINY = ["--examples", "10", "--restarts", "2", "--iterations", "2", "--lsqr-atol", "1e-3",
@@ -40,7 +41,7 @@ def _arrays(path: Path) -> dict:
 
 def _assert_same_bounds(a: Path, b: Path) -> None:
     x, y = _arrays(a), _arrays(b)
-    assert set(x) == set(y) == set(ARRAYS)
+    assert set(x) == set(y) == set(ARRAYS) | {"meta"}  # meta: the Bounds header, with the run's timings
     for k in ARRAYS:
         assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, k
         # bitwise: the same bytes, NaN/inf included
@@ -78,6 +79,13 @@ def test_every_output_is_written(first, weights, capsys):
     params = json.loads(str(b["params"]))
     assert params["restarts"] == 2 and params["iterations"] == 2 and params["lsqr"]["iter_lim"] == 30
     assert params["sigma"] == float(b["sigma"])
+    # the same file as hcrfast.Bounds.save writes: Bounds.load reads it, with the run's parameters
+    loaded = hcrfast.Bounds.load(first / "bounds.npz")
+    for k in ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_iterations", "lsqr_istop"):
+        assert np.array_equal(getattr(loaded, k), b[k]), k
+    assert loaded.params["sigma"] == float(b["sigma"]) and loaded.params["certify"] is True
+    assert loaded.params["noise"].startswith("Gaussian(sigma=") and loaded.infinite_reasons == []
+    assert "None" not in loaded.summary()
 
     s = json.loads((first / "summary.json").read_text())
     assert s["examples"] == 10 and s["chunks"] == 3 and s["trained_weights"]
