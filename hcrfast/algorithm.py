@@ -95,7 +95,22 @@ def rms_sigma(features, scale: float = 1.0) -> float:
     RMS = sqrt(mean of the squared feature entries over all given examples).
     """
     scale = validation.positive_float("scale", scale)
-    f = features.detach().double() if isinstance(features, torch.Tensor) else torch.as_tensor(np.asarray(features, dtype=np.float64))
+    if isinstance(features, torch.Tensor):
+        # .double() of a complex tensor drops the imaginary part with a mere warning; a bool tensor is
+        # no feature vector. Integers are taken, as in arrays and lists.
+        if features.is_complex() or features.dtype == torch.bool:
+            fix = ("pass the real features that are released, e.g. features.real or features.abs()"
+                   if features.is_complex() else "pass the model's outputs, model(batch)")
+            raise TypeError(f"features must be a tensor of real numbers, got dtype "
+                            f"{validation.dtype_name(features.dtype)}; {fix}")
+        f = features.detach().double()
+    else:
+        values = np.asarray(features)
+        if values.dtype.kind not in "iuf":  # as before: NumPy arrays and lists of real numbers
+            raise TypeError(f"features must hold real numbers, got an array of dtype {values.dtype}; pass the "
+                            f"model's outputs as a float tensor or array"
+                            + (", e.g. features.real or abs(features)" if values.dtype.kind == "c" else ""))
+        f = torch.as_tensor(values.astype(np.float64))
     rms = float(torch.sqrt(torch.mean(f * f)))
     if not math.isfinite(rms) or rms <= 0:
         raise ValueError(f"the features' RMS is {rms!r}; sigma = scale x RMS needs non-zero finite features")
@@ -116,8 +131,26 @@ def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float,
     generator, so the result is bitwise that of one thread. A user's Monte Carlo
     sampler is always called from this thread.
     """
-    law = as_noise(sigma) if noise is None else noise
-    ids = [int(e) for e in example_ids]
+    restarts = validation.positive_int("restarts", restarts)
+    n = validation.positive_int("n", n)
+    seed = validation.seed(seed)
+    size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
+    workers = None if workers is None else validation.positive_int("workers", workers)
+    if noise is None and sigma is None:
+        raise TypeError("start_vectors needs the noise: pass sigma (the Gaussian noise std) or noise (a law such "
+                        "as hcrfast.Laplace(b))")
+    if noise is not None and sigma is not None:
+        raise ValueError(f"pass sigma or noise, not both (got sigma={sigma!r} and noise={noise!r}); "
+                         f"sigma=s is noise=hcrfast.Gaussian(s)")
+    law = as_noise(validation.sigma_or_law(sigma) if noise is None else noise)
+    ids = np.asarray(example_ids if isinstance(example_ids, (np.ndarray, torch.Tensor)) else list(example_ids))
+    if ids.ndim != 1 or ids.size and ids.dtype.kind not in "iu":
+        raise TypeError(f"example_ids must be a sequence of non-negative integers (each seeds its example's "
+                        f"stream), got an array of shape {ids.shape} and dtype {ids.dtype}")
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"example_ids must be non-negative integers (each seeds its example's stream), got "
+                         f"{ids[ids < 0][:10].tolist()}")
+    ids = [int(e) for e in ids]
     out = np.empty((len(ids) * restarts, n))
     scale = size / math.sqrt(n)
 
@@ -706,11 +739,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                  else "not started by torchrun, and no process group")
         validation.warn(f"shard=True, but this process is alone ({alone}): it computes every example itself")
     batch = validation.model_and_batch(model, batch, basis)
-    if targets is not None:  # fail before the long run, not after it
-        from hcrfast.targeted import METHODS, parse_targets
+    from hcrfast.targeted import METHODS, parse_targets
 
+    validation.choice("targeted_method", targeted_method, METHODS)  # checked without targets too
+    if targets is not None:  # fail before the long run, not after it
         parse_targets(targets, batch.shape[1:], basis)
-        validation.choice("targeted_method", targeted_method, METHODS)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
     noise_asked = noise.describe()  # what compare() matches an attack against
     if isinstance(noise, MonteCarlo):
@@ -733,6 +766,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
+        if solver == "dense" and given_options is not None:
+            unused = [f.name for f in dataclasses.fields(LSQROptions) if f.name != "kernels"
+                      and getattr(given_options, f.name) != getattr(LSQROptions(), f.name)]
+            if unused:  # its kernels choice serves the DCT; the rest has nothing to stop
+                validation.warn(f"solver='dense' solves every step exactly and runs no LSQR, so these lsqr options "
+                                f"go unused: {', '.join(unused)} (its kernels choice is used); pass solver='lsqr' "
+                                f"to solve by LSQR with them")
         # Per example (and pilot): the dense J's or the Krylov bases' ranks, and the Krylov steps run
         # twice (one-pass Gram–Schmidt blocks rolled back).
         ranks = np.zeros((B, krylov_pilots), dtype=np.int64)

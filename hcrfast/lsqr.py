@@ -16,6 +16,8 @@ host synchronisation is the deliberate check in :func:`lsqr` every
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,18 +62,54 @@ class LSQROptions:
     kernels: str = "auto"
 
     def __post_init__(self):
+        # Checked here, once, so that a bad option fails at construction (also through
+        # ``dataclasses.replace``), not inside the solver after the model has run. Values are
+        # stored as Python numbers: NumPy scalars would reach the JSON of params and checkpoints.
         for name in ("damp", "atol", "btol", "conlim"):
-            value = getattr(self, name)
-            if not (np.isfinite(value) and value >= 0):
-                raise ValueError(f"LSQROptions.{name} must be finite and >= 0, got {value!r}")
-        if self.iter_lim is not None and int(self.iter_lim) < 1:
-            raise ValueError(f"LSQROptions.iter_lim must be >= 1 or None, got {self.iter_lim!r}")
-        if int(self.check_every) < 1:
-            raise ValueError(f"LSQROptions.check_every must be >= 1, got {self.check_every!r}")
-        if not 0.0 <= self.compact_below <= 1.0:
-            raise ValueError(f"LSQROptions.compact_below must lie in [0, 1], got {self.compact_below!r}")
+            value = _real(name, getattr(self, name), "a finite number >= 0")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"LSQROptions.{name} must be finite and >= 0, got {value!r}; "
+                                 f"pass e.g. {name}={getattr(LSQROptions, name)!r}")
+            object.__setattr__(self, name, value)
+        if self.iter_lim is not None:
+            iter_lim = _integer("iter_lim", self.iter_lim, "an integer >= 1 or None (None: 2 x n_cols)")
+            if iter_lim < 1:
+                raise ValueError(f"LSQROptions.iter_lim must be >= 1 or None (None: 2 x n_cols), got {iter_lim!r}")
+            object.__setattr__(self, "iter_lim", iter_lim)
+        check_every = _integer("check_every", self.check_every, "an integer >= 1")
+        if check_every < 1:
+            raise ValueError(f"LSQROptions.check_every must be >= 1, got {check_every!r}; "
+                             f"pass e.g. check_every={LSQROptions.check_every}")
+        object.__setattr__(self, "check_every", check_every)
+        compact_below = _real("compact_below", self.compact_below, "a number in [0, 1]")
+        if not 0.0 <= compact_below <= 1.0:
+            raise ValueError(f"LSQROptions.compact_below must lie in [0, 1] (0: never compact, 1: whenever a "
+                             f"problem stopped), got {compact_below!r}")
+        object.__setattr__(self, "compact_below", compact_below)
+        if not isinstance(self.kernels, str):
+            raise TypeError(f"LSQROptions.kernels must be one of {kernels.IMPLS} (a str), got {self.kernels!r} "
+                            f"({type(self.kernels).__name__})")
         if self.kernels not in kernels.IMPLS:
             raise ValueError(f"LSQROptions.kernels must be one of {kernels.IMPLS}, got {self.kernels!r}")
+        object.__setattr__(self, "kernels", str(self.kernels))
+
+
+def _real(name: str, value, expected: str) -> float:
+    """``value`` as a float if it is a real number (NumPy's too; not a bool), else a TypeError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"LSQROptions.{name} must be {expected}, got {value!r} ({type(value).__name__}); "
+                        f"pass a number, e.g. {name}={getattr(LSQROptions, name)!r}")
+    return float(value)
+
+
+def _integer(name: str, value, expected: str) -> int:
+    """``value`` as an int if it is an integer (NumPy's too; not a bool, not a float), else a TypeError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        example = max(1, int(value)) if isinstance(value, (float, np.floating)) and math.isfinite(value) else \
+            getattr(LSQROptions, name) or 100
+        raise TypeError(f"LSQROptions.{name} must be {expected}, got {value!r} ({type(value).__name__}); "
+                        f"pass an int, e.g. {name}={example}")
+    return int(value)
 
 
 @dataclass

@@ -48,7 +48,10 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
                         f"sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law")
     if isinstance(value, (np.ndarray, torch.Tensor)) and count == 1:  # a one-element array is its number
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    # NumPy's complex scalars have __float__ (it drops the imaginary part, with a mere warning), and
+    # NumPy's bool has it too: neither is a scale.
+    if (isinstance(value, (bool, np.bool_, complex, np.complexfloating))
+            or not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value) or value <= 0:

@@ -297,7 +297,8 @@ _CHUNK_ARRAYS = ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_i
 def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     res = hcrfast.bound(
         zm.features, xn, sigma, size=cfg["size"], iterations=cfg["iterations"], restarts=cfg["restarts"],
-        seed=cfg["seed"], linearize_at=cfg["linearize_at"], lsqr=lsqr, example_ids=ids, progress=False,
+        seed=cfg["seed"], linearize_at=cfg["linearize_at"], example_ids=ids, progress=False,
+        lsqr=None if cfg.get("solver") == "dense" else lsqr,  # the dense solve runs no LSQR (the key keeps lsqr)
         targets=cfg.get("targets"), warm_start=cfg["warm_start"], solver=cfg.get("solver", "lsqr"),
         krylov_pilots=cfg.get("krylov_pilots", 1),
     ).to_numpy()
@@ -627,6 +628,10 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most {restarts}")
     if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
         lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **lsqr_given)
+    if solver == "dense" and lsqr_given:
+        validation.warn(f"--solver dense solves every step exactly and runs no LSQR, so these options go unused: "
+                        f"{', '.join('--lsqr-' + k.replace('_', '-') for k in lsqr_given)}; add --solver lsqr to "
+                        f"solve by LSQR with them")
 
     key = {
         "format": _FORMAT,

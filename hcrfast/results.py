@@ -52,6 +52,19 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
+def quantile_line(std) -> str:
+    """The summaries' line of bound quantiles: 10/50/90% of the finite bounds in ``std`` (+inf bounds,
+    from D = 0, have no quantile worth printing), how many are finite when some are not, and "all +inf"
+    when none is."""
+    std = np.asarray(std)
+    finite = std[np.isfinite(std)]
+    if not finite.size:
+        return "  std bounds: all +inf"
+    q = np.quantile(finite, [0.1, 0.5, 0.9])
+    return (f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"
+            + (f" ({finite.size} finite of {std.size})" if finite.size < std.size else ""))
+
+
 @dataclass
 class Bounds:
     """Lower bounds on the standard deviation of every unbiased estimator of the input.
@@ -149,27 +162,24 @@ class Bounds:
         """A few lines: parameters, bound quantiles, LSQR work, infinities."""
         h = self.to_numpy()
         std = h.std.reshape(h.std.shape[0], -1)
-        finite = std[np.isfinite(std)]
         p = self.params
-        if finite.size:
-            q = np.quantile(finite, [0.1, 0.5, 0.9])
-            quantiles = f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"
-        else:
-            quantiles = "  std bounds: all +inf"
         lines = [
             f"HCR bounds for {std.shape[0]} examples x {std.shape[1]} {p.get('basis', '?')} modes "
             f"(noise={str(p.get('noise')).split(':')[0]}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
-            quantiles + (f" ({finite.size} finite of {std.size})" if 0 < finite.size < std.size else ""),
+            quantile_line(std),
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
         if p.get("solver") == "dense":
-            d = p.get("dense") or {}
+            d = p.get("dense")
             lines.append(f"  dense solve: J built with {d.get('jacobian_products')} products per example, rank of J "
-                         f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact")
+                         f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact"
+                         if d else "  dense solve: every step exact")  # (reproduce's merged runs: no per-call counts)
+        elif p.get("solver") == "krylov" and not p.get("krylov"):
+            lines.append("  Krylov basis per example, every step projected on it")
         elif p.get("solver") == "krylov":
-            k = p.get("krylov") or {}
+            k = p["krylov"]
             lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s); one reorthogonalized "
                          f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "

@@ -57,7 +57,7 @@ from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_finger
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import json_default, load_npz, save_npz
+from hcrfast.results import json_default, load_npz, quantile_line, save_npz
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -271,13 +271,11 @@ class TargetedBounds:
         h = self.to_numpy()
         B = h.std.shape[0]
         vals = h.std.reshape(B, -1)[:, h.modes]
-        finite = vals[np.isfinite(vals)]
-        q = np.quantile(finite, [0.1, 0.5, 0.9]) if finite.size else [np.nan] * 3
         noise = self.params.get("noise") or f"Gaussian(sigma={self.params.get('sigma')})"  # older files: sigma only
         lines = [(f"targeted HCR bounds ({self.method}) for {B} examples x {len(self.modes)} "
                   f"{self.params.get('basis', '?')} modes (noise={noise.split(': D(z)')[0]}, "
                   f"size={self.params.get('size', float('nan')):.4g})"),
-                 f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"]
+                 quantile_line(vals)]
         if h.null_dim is not None:
             lines.append(f"  local null space of J: dimension median {np.median(h.null_dim):.0f}, "
                          f"max {np.max(h.null_dim)}")

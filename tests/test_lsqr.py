@@ -1,4 +1,6 @@
 """Batched LSQR against scipy.sparse.linalg.lsqr run problem by problem, and numpy.linalg.lstsq."""
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse.linalg as spla
@@ -186,6 +188,66 @@ def test_bad_options_and_shapes():
         LSQROptions(iter_lim=0)
     with pytest.raises(ValueError, match="Shape mismatch"):
         lsqr(DenseBatchOperator(np.ones((2, 3, 4))), np.ones((2, 4)))
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(check_every="8"), TypeError, r"check_every must be an integer >= 1, got '8' \(str\); pass an int"),
+    (dict(check_every=2.5), TypeError, r"check_every .* got 2\.5 \(float\); pass an int, e\.g\. check_every=2"),
+    (dict(check_every=True), TypeError, r"check_every .* got True \(bool\)"),
+    (dict(check_every=0), ValueError, r"check_every must be >= 1, got 0"),
+    (dict(iter_lim=2.9), TypeError, r"iter_lim must be an integer >= 1 or None .* got 2\.9 \(float\)"),
+    (dict(iter_lim=3.0), TypeError, r"iter_lim .* got 3\.0 \(float\); pass an int, e\.g\. iter_lim=3"),
+    (dict(iter_lim="5"), TypeError, r"iter_lim .* got '5' \(str\)"),
+    (dict(iter_lim=np.bool_(True)), TypeError, r"iter_lim .* \(bool\)"),
+    (dict(iter_lim=-2), ValueError, r"iter_lim must be >= 1 or None"),
+    (dict(atol=True), TypeError, r"atol must be a finite number >= 0, got True \(bool\); pass a number"),
+    (dict(atol="a"), TypeError, r"atol must be a finite number >= 0, got 'a' \(str\)"),
+    (dict(btol=None), TypeError, r"btol .* got None \(NoneType\)"),
+    (dict(damp="0"), TypeError, r"damp .* got '0' \(str\)"),
+    (dict(damp=-0.1), ValueError, r"damp must be finite and >= 0, got -0\.1"),
+    (dict(conlim=float("inf")), ValueError, r"conlim must be finite and >= 0, got inf"),
+    (dict(conlim=[1e8]), TypeError, r"conlim .* \(list\)"),
+    (dict(compact_below="0.5"), TypeError, r"compact_below must be a number in \[0, 1\], got '0\.5' \(str\)"),
+    (dict(compact_below=False), TypeError, r"compact_below .* \(bool\)"),
+    (dict(compact_below=float("nan")), ValueError, r"compact_below must lie in \[0, 1\]"),
+    (dict(compact_below=1.5), ValueError, r"compact_below must lie in \[0, 1\]"),
+    (dict(kernels=None), TypeError, r"kernels must be one of .* got None \(NoneType\)"),
+    (dict(kernels=["auto"]), TypeError, r"kernels must be one of .* \(list\)"),
+    (dict(kernels="cuda"), ValueError, r"kernels must be one of \('auto', 'twin', 'numba'\), got 'cuda'"),
+])
+def test_every_option_is_checked_at_construction(kw, error, match):
+    """A bad option fails when the options are made (or replaced), naming the field, the value and the fix;
+    not inside the solver after the model has run, and not truncated (iter_lim=2.9 is not 2)."""
+    with pytest.raises(error, match=r"LSQROptions\." + match):
+        LSQROptions(**kw)
+    with pytest.raises(error, match=r"LSQROptions\." + match):
+        dataclasses.replace(LSQROptions(), **kw)
+
+
+def test_bad_option_of_a_call_fails_before_any_product():
+    op = DenseBatchOperator(np.ones((2, 3, 4)))
+    op.matvec = op.rmatvec = None  # a product would fail with another error
+    with pytest.raises(TypeError, match=r"LSQROptions\.check_every .* got '8'"):
+        lsqr(op, np.ones((2, 3)), check_every="8")
+
+
+def test_numpy_numbers_are_accepted_and_stored_as_python_numbers():
+    opts = LSQROptions(damp=np.float32(0.5), atol=0, btol=np.int64(0), conlim=np.float64(1e6), iter_lim=np.int32(7),
+                       check_every=np.uint8(3), compact_below=1, kernels=np.str_("twin"))
+    assert opts == LSQROptions(damp=0.5, atol=0.0, btol=0.0, conlim=1e6, iter_lim=7, check_every=3,
+                               compact_below=1.0, kernels="twin")
+    assert [type(getattr(opts, f.name)) for f in dataclasses.fields(opts)] == \
+        [float, float, float, float, int, int, float, str]
+
+
+def test_the_packages_own_options_pass_the_checks():
+    import hcrfast
+    from hcrfast import attack, krylov, targeted
+
+    for opts in (hcrfast.DEFAULT_LSQR, krylov.DEFAULT_OPTIONS, *targeted.TARGETED_LSQR.values(),
+                 *attack.ATTACK_LSQR.values()):
+        assert dataclasses.replace(opts, iter_lim=targeted.LSQR_ITER_FACTOR * 3) == \
+            dataclasses.replace(opts, iter_lim=12)
 
 
 @pytest.mark.parametrize("scale", [2.0**-34, 2.0**-20, 2.0**20, 2.0**34])

@@ -201,6 +201,18 @@ def test_laplace_rejects_non_numbers(value):
         Laplace(value)
 
 
+@pytest.mark.parametrize("value", [np.complex128(2 + 3j), np.complex64(2), np.bool_(True), np.array([2 + 0j])])
+@pytest.mark.parametrize("law,name", [(Gaussian, "sigma"), (Laplace, "scale"), (as_noise, "sigma")])
+def test_complex_and_numpy_bool_scales_are_refused(law, name, value):
+    """NumPy's complex and bool scalars have ``__float__``: they were taken as a scale (the imaginary part
+    dropped with a mere ComplexWarning, True as 1.0)."""
+    refused = rf"{name} must be a real number, got (complex|bool)"
+    if law is as_noise and np.ndim(value):
+        refused = "noise must be a positive float"  # as_noise takes no array, real or not
+    with pytest.raises(TypeError, match=refused):
+        law(value)
+
+
 def test_monte_carlo_validation():
     t5 = stats.t(5)
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -564,3 +565,13 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
         assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
         assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
         assert "3 restarts in 3 examples bound nothing (0 of them at J = 0)" in (out / "report.html").read_text()
+
+
+def test_dense_solve_names_the_lsqr_options_it_does_not_use(weights, tmp_path):
+    """--solver dense with --lsqr-atol: one warning naming it; the chunks' bound calls raise none of their own."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--out", str(tmp_path / "d"),
+                         "--weights", str(weights)]) == 0
+    said = [str(w.message) for w in caught if "runs no LSQR" in str(w.message)]
+    assert len(said) == 1 and "go unused: --lsqr-atol" in said[0], said

@@ -67,3 +67,25 @@ def test_load_refuses_files_it_did_not_write(tmp_path):
     text.write_text("hello")
     with pytest.raises(ValueError, match="not a file written by Bounds.save"):
         hcrfast.Bounds.load(text)
+
+
+def bounds_with_std(std):
+    """A Bounds of 2 examples x 3 modes whose std is ``std``, the rest plain numbers: what summary() reads."""
+    std = np.asarray(std, dtype=np.float64)
+    return hcrfast.Bounds(std=std, mse=np.ones(2), eps=np.zeros((2, 3)), z=np.zeros((2, 4)),
+                          divergence=np.ones((2, 1)), best_restart=np.zeros(2, int),
+                          lsqr_iterations=np.ones((2, 1, 1), int), lsqr_istop=np.ones((2, 1, 1), int),
+                          params=dict(basis="pixel", size=1.0, iterations=1, restarts=1))
+
+
+@pytest.mark.parametrize("std,line", [
+    ([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], "  std bound quantiles 10/50/90%: 1.5 / 3.5 / 5.5"),
+    ([[1.0, np.inf, 3.0], [np.inf, 5.0, np.inf]], "  std bound quantiles 10/50/90%: 1.4 / 3 / 4.6 (3 finite of 6)"),
+    ([[np.inf] * 3] * 2, "  std bounds: all +inf"),
+])
+def test_summary_quantiles_skip_infinite_bounds(std, line):
+    """The quantiles are those of the finite bounds; +inf ones are counted, not averaged into nan. The line
+    is the one TargetedBounds.summary() prints for its own bounds."""
+    assert hcrfast.results.quantile_line(np.asarray(std)) == line
+    text = bounds_with_std(std).summary()
+    assert text.splitlines()[1] == line and "nan" not in text

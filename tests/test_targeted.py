@@ -240,3 +240,31 @@ def test_targeted_bounds_save_and_load(tmp_path):
         np.testing.assert_array_equal(getattr(back, name), getattr(res, name), err_msg=name)
     assert back.infinite_reasons == res.infinite_reasons and back.method == res.method
     assert back.summary().splitlines()[0] == res.summary().splitlines()[0]
+
+
+def dead_pixels_model():
+    """Features that ignore pixels 32..63 exactly: their targeted bounds are certified +inf."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5)).eval()
+    with torch.no_grad():
+        model[1].weight[:, 32:] = 0
+    return model
+
+
+@pytest.mark.parametrize("targets,line", [
+    ([40, 41], "  std bounds: all +inf"),
+    ([3, 40], "finite of 4)"),
+    ([3, 4], "  std bound quantiles 10/50/90%: "),
+])
+def test_summary_of_infinite_bounds_says_so_as_bounds_summary_does(targets, line):
+    x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    res = targeted_bound(dead_pixels_model(), x, 1.0, targets=targets, basis="pixel")
+    vals = res.std.reshape(2, -1)[:, res.modes]
+    n_finite = int(np.isfinite(vals).sum())
+    assert n_finite == {0: 0, 1: 2, 2: 4}[sum(t < 32 for t in targets)]
+    text = res.summary()
+    assert "nan" not in text
+    assert text.splitlines()[1] == hcrfast.results.quantile_line(vals)
+    assert line in text.splitlines()[1]
+    if 0 < n_finite < vals.size:
+        assert text.splitlines()[1].endswith(f" ({n_finite} finite of {vals.size})")
