@@ -328,7 +328,17 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))
-    value = xp.where(zero_d, xp.where(coord > 0, xp.inf, 0.0), value)
+    # D = 0 proves +inf only from float64 passes (taken as exact): uncertified float32 ones may only
+    # have rounded the shift away, and such a step bounds nothing (0).
+    exact = certify or batch.dtype == torch.float64
+    value = xp.where(zero_d, xp.where((coord > 0) & exact, xp.inf, 0.0), value)
+    if not exact:
+        unresolved = int(to_host((zero_d & (coord > 0)).sum()))
+        if unresolved:
+            validation.warn(f"{unresolved} targeted steps left the features exactly unchanged in uncertified "
+                            f"{validation.dtype_name(batch.dtype)} forward passes (certify=False), which may have "
+                            f"rounded the shift away: D = 0 is not established and they bound nothing (0); "
+                            f"certify=True recomputes the shift in float64")
     return eps64, d, value
 
 

@@ -268,3 +268,23 @@ def test_summary_of_infinite_bounds_says_so_as_bounds_summary_does(targets, line
     assert line in text.splitlines()[1]
     if 0 < n_finite < vals.size:
         assert text.splitlines()[1].endswith(f" ({n_finite} finite of {vals.size})")
+
+
+def test_uncertified_float32_targeted_steps_rounded_to_zero_claim_no_infinite_bound():
+    """Features of order 100 in float32, σ = 1e-5: the targeted steps' shifts (~5e-8) are below the
+    features' ulp, so uncertified float32 passes leave them unchanged though W is invertible. No +inf
+    (the LS std is finite): a warning, and those modes bound nothing; certified, every bound is finite."""
+    W = np.linalg.qr(np.random.default_rng(2).standard_normal((16, 16)))[0] * 2.0
+    lin = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.as_tensor(W))
+        lin.bias.fill_(100.0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin).eval()
+    x = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=r"targeted steps left the features exactly unchanged in uncertified float32"):
+        res = targeted_bound(model, x, 1e-5, targets=[0, 5, 9], basis="pixel", method="dense", certify=False)
+    assert not np.isinf(res.std).any() and res.infinite_reasons == []
+    certified = targeted_bound(model, x, 1e-5, targets=[0, 5, 9], basis="pixel", method="dense")
+    exact = 1e-5 * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))[[0, 5, 9]]
+    got = certified.std.reshape(2, 16)[:, [0, 5, 9]]
+    assert np.all(np.isfinite(got)) and np.all(got <= exact * (1 + 1e-6)) and np.all(got >= 0.99 * exact)
