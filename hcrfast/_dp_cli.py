@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import decimal
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,6 +26,26 @@ _TABLE_COLUMNS = (
 )
 _DEFAULT_SIGMAS = tuple(float(s) for s in np.logspace(-2, 1, 13))
 _PHOTO_PATCH = 64
+
+
+def _float_literal(text: str) -> float:
+    """A float option, refused where float64 would silently change a nonzero number.
+
+    ``float("1e-400")`` is 0.0, ``float("1e400")`` inf and ``float("1e-320")``
+    a subnormal with five correct digits: the library would then reject 0 or inf
+    as if the user had typed them, or compute with another number.
+    """
+    try:
+        value = float(text)
+        exact = decimal.Decimal(text.strip().replace("_", ""))
+    except (ValueError, decimal.InvalidOperation):
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if exact.is_finite() and exact != 0 and not (sys.float_info.min <= abs(value) < math.inf):
+        raise argparse.ArgumentTypeError(
+            f"{text} is outside float64's normal range [2.2e-308, 1.8e+308] (it would be read as "
+            f"{value:.6g}); pass a value in that range"
+        )
+    return value
 
 
 def add_subparser(subparsers) -> None:
@@ -42,19 +64,22 @@ def add_subparser(subparsers) -> None:
         help="bounds over a grid of (sigma, C, N, T, kappa)",
         description="One row per combination of the grid: the worst-case success "
         "bound, the MSE lower bound, the PSNR and NCC upper bounds. ncc_finite_n, the rigorous "
-        "bound on the mean sample Pearson coefficient, needs N >= 3 and reads nan below.",
+        "bound on the mean sample Pearson coefficient, needs N >= 3 and reads nan below. "
+        "Every quantity must be a normal float64: a sigma for which one is not (for C = T = 1, "
+        "outside about 1.5e-154 .. 1.3e154, where C^2 sigma^2 / T leaves float64) is refused "
+        "with the range that works for its C, N and T.",
     )
-    table.add_argument("--sigma", type=float, nargs="+", required=True,
+    table.add_argument("--sigma", type=_float_literal, nargs="+", required=True,
                        help="noise multiplier(s) sigma")
-    table.add_argument("--C", type=float, nargs="+", default=[1.0],
+    table.add_argument("--C", type=_float_literal, nargs="+", default=[1.0],
                        help="clipping norm(s) C (default 1)")
     table.add_argument("--N", type=int, nargs="+", required=True,
                        help="data dimension(s) N, e.g. 784 for 28x28 images")
     table.add_argument("--T", type=int, nargs="+", default=[1],
                        help="number(s) of DP-SGD steps T (default 1)")
-    table.add_argument("--kappa", type=float, nargs="+", default=[0.1],
+    table.add_argument("--kappa", type=_float_literal, nargs="+", default=[0.1],
                        help="prior success probability(ies) kappa in (0, 1) (default 0.1)")
-    table.add_argument("--data-range", type=float, default=1.0,
+    table.add_argument("--data-range", type=_float_literal, default=1.0,
                        help="max(X) - min(X) for PSNR (default 1, images in [0, 1])")
     table.add_argument("--format", choices=("table", "csv"), default="table",
                        help="aligned table or CSV (default table)")
@@ -71,11 +96,11 @@ def add_subparser(subparsers) -> None:
     figure.add_argument("--source", choices=("digits", "photo"), default="digits",
                         help="digits: 8x8 handwritten digits in [0, 1]; photo: 64x64 "
                         "grayscale patches of scikit-learn's sample photographs")
-    figure.add_argument("--sigmas", type=float, nargs="+", default=list(_DEFAULT_SIGMAS),
+    figure.add_argument("--sigmas", type=_float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
                         help="noise multipliers to simulate (default 13 values, 1e-2..10)")
     figure.add_argument("--n-images", type=int, default=64,
                         help="number of images (default 64; at most 30 for photo)")
-    figure.add_argument("--C", type=float, default=1.0, help="clipping norm (default 1)")
+    figure.add_argument("--C", type=_float_literal, default=1.0, help="clipping norm (default 1)")
     figure.add_argument("--T", type=int, default=1, help="DP-SGD steps averaged (default 1)")
     figure.add_argument("--repeats", type=int, default=16,
                         help="independent noise draws per image and sigma (default 16)")
@@ -172,8 +197,9 @@ def _run_figure(args: argparse.Namespace) -> int:
     out = _figure_path(args.out)
     sigmas = np.sort(np.asarray(args.sigmas, dtype=np.float64))
     for s in sigmas:
-        dp.effective_sigma(sigma=float(s), T=args.T)  # validates sigma and T up front
-    dp.mse_lower_bound(sigma=1.0, C=args.C)  # validates C
+        # Validates sigma, C and T up front, and that C^2 sigma^2 / T is a normal float64.
+        dp.effective_sigma(sigma=float(s), T=args.T)
+        dp.mse_lower_bound(sigma=float(s), C=args.C, T=args.T)
     if args.dpi < 10:
         raise ValueError(f"dpi must be at least 10, got {args.dpi}")
     if args.repeats < 1:

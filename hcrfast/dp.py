@@ -15,7 +15,8 @@ Three groups of functions live here:
 
 * closed-form moments and bounds: :func:`expected_mse`, :func:`mse_lower_bound`,
   :func:`psnr_upper_bound`, :func:`ncc_expected`, :func:`ncc_upper_bound`,
-  :func:`worst_case_success`, collected by :func:`report`;
+  :func:`worst_case_success`, collected by :func:`report` (for the noise
+  multipliers :func:`report_sigma_range` gives);
 * distributions: :func:`mse_cdf` (noncentral chi-square), the ReRo bounds
   :func:`rero_mse` and :func:`rero_psnr`, and :func:`ncc_cdf` (the sample
   Pearson correlation, reduced to a noncentral t variable);
@@ -23,7 +24,9 @@ Three groups of functions live here:
   Monte Carlo counterpart the bounds are tested against.
 
 All public arguments are keyword-only (as in Opacus); everything is NumPy and
-SciPy, no torch.
+SciPy, no torch. A bound that float64 cannot hold as a normal number is refused
+with a ValueError naming it and the range that works, never returned as 0, inf
+or a subnormal: 0 would be a false upper bound, inf a false lower bound.
 
 References
 ----------
@@ -36,9 +39,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 
 import numpy as np
-from scipy import special, stats
+from scipy import integrate, special, stats
 
 __all__ = [
     "AttackMetrics",
@@ -53,6 +57,7 @@ __all__ = [
     "ncc_upper_bound",
     "psnr_upper_bound",
     "report",
+    "report_sigma_range",
     "rero_mse",
     "rero_psnr",
     "simulate_attack",
@@ -60,11 +65,21 @@ __all__ = [
 ]
 
 # Equal-probability (quantile) nodes for integrating over the noise of the
-# sample Pearson correlation. The integrands are bounded and monotone in the
-# quantile, so the midpoint rule cannot err by more than 1/nodes; in practice
-# (checked against 4e6-draw Monte Carlo and scipy.stats.nct) the error is ~1e-5.
+# sample Pearson correlation in ncc_cdf. The integrand is bounded and monotone
+# in the quantile, so the midpoint rule cannot err by more than 1/nodes; in
+# practice (checked against 4e6-draw Monte Carlo and scipy.stats.nct) ~1e-5.
 _NCC_NODES = 4096
-_NCC_MEAN_NODES = 1024
+
+# float64's normal range. A bound that falls outside it is refused rather
+# than returned as 0, inf or a subnormal with few correct digits: 0 would be a
+# false upper bound on reconstruction quality, inf a false lower bound on MSE.
+_TINY = sys.float_info.min
+_HUGE = sys.float_info.max
+_SQRT_TINY = math.sqrt(_TINY)
+_SQRT_HUGE = math.sqrt(_HUGE)
+_NORMAL_RANGE = "float64's normal range [2.2e-308, 1.8e+308]"
+# N and T enter the formulas as float64, which holds every integer only up to 2**53.
+_MAX_COUNT = 2**53
 
 
 # --------------------------------------------------------------------------
@@ -96,20 +111,41 @@ def _check_clip(C) -> float:
     return C
 
 
-def _check_count(name: str, value, what: str, minimum: int = 1) -> int:
+def _int_text(value: int) -> str:
+    """An integer for a message: in full if short, else as 1.23e+400 (digits counted exactly)."""
+    digits = str(abs(value))
+    if len(digits) <= 20:
+        return str(value)
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
+
+
+def _check_count(name: str, value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(float(value)) and float(value) == int(value) and int(value) >= minimum):
-        raise ValueError(f"{name} must be an integer {what} >= {minimum}, got {value!r}")
-    return int(value)
+    if isinstance(value, numbers.Integral):
+        count = int(value)  # compared as an int: float() of a huge int would overflow
+    else:
+        as_float = float(value)
+        if not (math.isfinite(as_float) and as_float == int(as_float)):
+            raise ValueError(f"{name} must be an integer {what} >= {minimum}, got {value!r}")
+        count = int(as_float)
+    if count < minimum:
+        raise ValueError(f"{name} must be an integer {what} >= {minimum}, got {_int_text(count)}")
+    if maximum is not None and count > maximum:
+        raise ValueError(
+            f"{name} = {_int_text(count)} is too large: the bounds use {name} as a float64, which "
+            f"holds every integer only up to 2**53 = {maximum}; pass {name} <= {maximum}"
+        )
+    return count
 
 
 def _check_T(T) -> int:
-    return _check_count("T", T, "number of DP-SGD steps")
+    return _check_count("T", T, "number of DP-SGD steps", maximum=_MAX_COUNT)
 
 
 def _check_N(N, minimum: int = 1) -> int:
-    return _check_count("N", N, "data dimension (values per example)", minimum)
+    return _check_count("N", N, "data dimension (values per example)", minimum, maximum=_MAX_COUNT)
 
 
 def _check_kappa(kappa) -> float:
@@ -118,6 +154,11 @@ def _check_kappa(kappa) -> float:
         raise ValueError(
             f"kappa must be a prior success probability in (0, 1), got {kappa!r}; "
             "for an adversary guessing among m candidates use 1/m"
+        )
+    if kappa < _TINY:
+        raise ValueError(
+            f"kappa = {kappa!r} is a subnormal float64 (below 2.2e-308), too small to compute "
+            "the success bound (at least kappa) to float precision; pass kappa >= 2.2e-308"
         )
     return kappa
 
@@ -165,9 +206,35 @@ def _scalar_or_array(out: np.ndarray):
     return float(out) if out.ndim == 0 else out
 
 
+def _sci(log10_value: float) -> str:
+    """``10**log10_value`` written out (1e-320, 1.3e+154), also where float64 cannot hold it."""
+    exponent = math.floor(log10_value)
+    mantissa = round(10.0 ** (log10_value - exponent), 2)
+    if mantissa >= 10.0:
+        mantissa, exponent = mantissa / 10.0, exponent + 1
+    return f"{mantissa:.3g}e{exponent:+03d}"
+
+
 def _noise_var(sigma: float, C: float, T: int) -> float:
-    """Per-coordinate variance s^2 = C^2 sigma^2 / T of the averaged noise."""
-    return C * C * sigma * sigma / T
+    """Per-coordinate variance s^2 = C^2 sigma^2 / T of the averaged noise.
+
+    Refused (ValueError) where it leaves float64's normal range: it would
+    round to 0 or a subnormal (ratios by it turn into inf or lose their digits)
+    or to inf. Where s^2 is in range, ``C sigma`` is too (T <= 2**53), so the
+    product below cannot over- or underflow on the way.
+    """
+    noise_sd = C * sigma / math.sqrt(T)
+    s2 = noise_sd * noise_sd
+    if not _TINY <= s2 <= _HUGE:
+        log_s2 = 2.0 * math.log10(C) + 2.0 * math.log10(sigma) - math.log10(T)
+        log_root_T = 0.5 * math.log10(T)
+        raise ValueError(
+            f"the noise variance C^2 sigma^2 / T = {_sci(log_s2)} (sigma = {sigma:g}, C = {C:g}, "
+            f"T = {T}) is outside {_NORMAL_RANGE}; for this C and T pass "
+            f"{_sci(math.log10(_SQRT_TINY) + log_root_T - math.log10(C))} <= sigma <= "
+            f"{_sci(math.log10(_SQRT_HUGE) + log_root_T - math.log10(C))}"
+        )
+    return s2
 
 
 # --------------------------------------------------------------------------
@@ -184,8 +251,21 @@ def effective_sigma(*, sigma, T) -> float:
         DP-SGD noise multiplier, > 0.
     T : int
         Number of steps (independent noisy observations), >= 1.
+
+    Raises
+    ------
+    ValueError
+        Where ``sigma / sqrt(T)`` would underflow float64's normal range.
     """
-    return _check_sigma(sigma) / math.sqrt(_check_T(T))
+    sigma, T = _check_sigma(sigma), _check_T(T)
+    sigma_eff = sigma / math.sqrt(T)
+    if sigma_eff < _TINY:
+        raise ValueError(
+            f"sigma / sqrt(T) = {_sci(math.log10(sigma) - 0.5 * math.log10(T))} (sigma = {sigma:g}, "
+            f"T = {T}) is below float64's smallest normal number 2.2e-308; for this T pass "
+            f"sigma >= {_sci(math.log10(_TINY) + 0.5 * math.log10(T))}"
+        )
+    return sigma_eff
 
 
 def expected_mse(*, sigma, C, T=1, beta=1.0, mean_square=0.0) -> float:
@@ -259,14 +339,41 @@ def psnr_upper_bound(*, sigma, C, T=1, data_range=1.0, N=None) -> float:
         ``max X - min X`` (or an upper bound of it), > 0.
     N : int, optional
         Data dimension. Given, the Jensen gap is added.
+
+    Notes
+    -----
+    The logarithm is taken term by term, ``20 log10 R + 10 log10 T - 20 log10 C
+    - 20 log10 sigma``: the ratio inside it over- or underflows float64 long
+    before the bound does, so every positive finite input has a finite bound.
     """
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     data_range = _check_data_range(data_range)
-    bound = 10.0 * math.log10(data_range**2 / _noise_var(sigma, C, T))
+    bound = math.fsum((20.0 * math.log10(data_range), 10.0 * math.log10(T),
+                       -20.0 * math.log10(C), -20.0 * math.log10(sigma)))
     if N is not None:
-        half = _check_N(N) / 2.0
-        bound += 10.0 / math.log(10.0) * (math.log(half) - float(special.digamma(half)))
+        bound += 10.0 / math.log(10.0) * _log_minus_digamma(_check_N(N) / 2.0)
     return bound
+
+
+def _log_minus_digamma(x: float) -> float:
+    r"""``ln x - psi(x)`` for ``x > 0``, to full relative precision.
+
+    For large ``x`` the two terms agree to about ``log10(x)`` digits and their
+    float difference is noise (it even turns negative near ``x = 1e17``), so
+    from ``x = 10`` on the asymptotic series (Abramowitz & Stegun 6.3.18)
+
+    .. math:: \ln x - \psi(x) = \frac1{2x} + \sum_{k\ge1} \frac{B_{2k}}{2k\,x^{2k}}
+
+    is summed up to ``k = 7``. The first term left out, ``B_16 / (16 x^16)``,
+    is negative and below ``5e-17`` in size: the truncated sum errs high, in
+    the safe direction for the PSNR upper bound, by less than 1e-15 relative.
+    """
+    if x < 10.0:
+        return math.log(x) - float(special.digamma(x))
+    inv2 = 1.0 / (x * x)
+    tail = inv2 * (1 / 12 + inv2 * (-1 / 120 + inv2 * (1 / 252 + inv2 * (
+        -1 / 240 + inv2 * (1 / 132 + inv2 * (-691 / 32760 + inv2 * (1 / 12)))))))
+    return 0.5 / x + tail
 
 
 def ncc_expected(*, sigma, C, T=1, beta, variance, N=None) -> float:
@@ -287,7 +394,8 @@ def ncc_expected(*, sigma, C, T=1, beta, variance, N=None) -> float:
     ``r = t / sqrt(t^2 + N - 2)`` where ``t`` is noncentral t with ``N - 2``
     degrees of freedom and noncentrality ``beta ||x_c|| / s`` (the slope
     t-statistic of regressing ``X_hat`` on ``X``), ``||x_c||^2 = N Var(X)``.
-    The mean is integrated on a grid of equal-probability nodes (error < 1e-3).
+    The mean is computed from the exact one-dimensional integral of
+    :func:`_pearson_mean` (to about 1e-14 relative).
 
     Parameters
     ----------
@@ -303,12 +411,16 @@ def ncc_expected(*, sigma, C, T=1, beta, variance, N=None) -> float:
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     beta = _check_beta(beta)
     variance = _check_nonneg("variance", variance, "variance of the example's values")
-    s2 = _noise_var(sigma, C, T)
+    noise_sd = math.sqrt(_noise_var(sigma, C, T))
+    if N is not None:
+        N = _check_N(N, minimum=3)
+    if variance == 0.0:
+        return 0.0
+    # Ratios of standard deviations, not of variances: beta^2 Var(X) may overflow.
+    signal_sd = beta * math.sqrt(variance)
     if N is None:
-        signal = beta * beta * variance
-        return math.sqrt(signal / (signal + s2))
-    N = _check_N(N, minimum=3)
-    return _pearson_mean(beta * math.sqrt(N * variance / s2), N - 2)
+        return 1.0 / math.hypot(1.0, noise_sd / signal_sd)
+    return _pearson_mean(signal_sd * math.sqrt(N) / noise_sd, N - 2)
 
 
 def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
@@ -341,6 +453,13 @@ def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
     T : int, default 1
     finite_n : bool, default False
         Return the rigorous bound on the mean sample Pearson coefficient.
+
+    Raises
+    ------
+    ValueError
+        Where the bound would fall below float64's smallest normal number
+        (``sigma`` above about ``sqrt(T / N) / 2.2e-308``): returning 0 there
+        would understate the bound.
     """
     sigma, T = _check_sigma(sigma), _check_T(T)
     if not isinstance(finite_n, (bool, np.bool_)):
@@ -349,9 +468,23 @@ def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
         if N is None:
             raise ValueError("finite_n=True needs the data dimension N; pass N=...")
         N = _check_N(N, minimum=3)
-        return _pearson_mean(math.sqrt(T) / sigma, N - 2)
-    dim = 1 if N is None else _check_N(N)
-    return math.sqrt(1.0 / (1.0 + dim * sigma * sigma / T))
+        # sqrt(T) / sigma may overflow to inf; _pearson_mean returns the limit 1 then.
+        bound = _pearson_mean(math.sqrt(T) / sigma, N - 2)
+        what = "the finite-N NCC bound"
+    else:
+        N = 1 if N is None else _check_N(N)
+        # 1 / sqrt(1 + N sigma^2 / T) as 1 / hypot(1, sigma sqrt(N / T)): sigma^2 overflows
+        # from sigma = 1.3e154 on, and would turn a bound of 1e-200 into 0.
+        bound = 1.0 / math.hypot(1.0, sigma * (math.sqrt(N) / math.sqrt(T)))
+        what = "the NCC bound 1 / sqrt(1 + N sigma^2 / T)"
+    if bound < _TINY:
+        log_bound = -math.log10(sigma) - 0.5 * math.log10(N) + 0.5 * math.log10(T)
+        raise ValueError(
+            f"{what} (sigma = {sigma:g}, N = {N}, T = {T}) is about {_sci(log_bound)}, below "
+            f"float64's smallest normal number 2.2e-308; for this N and T pass sigma <= "
+            f"{_sci(log_bound + math.log10(sigma) - math.log10(_TINY))}"
+        )
+    return bound
 
 
 def worst_case_success(*, kappa, sigma, T=1) -> float:
@@ -371,8 +504,11 @@ def worst_case_success(*, kappa, sigma, T=1) -> float:
     T : int, default 1
     """
     kappa, sigma, T = _check_kappa(kappa), _check_sigma(sigma), _check_T(T)
-    mu = math.sqrt(T) / sigma
-    return float(special.ndtr(special.ndtri(kappa) + mu))
+    mu = math.sqrt(T) / sigma  # inf where it overflows: Phi(inf) = 1 is then the rounded bound
+    success = float(special.ndtr(special.ndtri(kappa) + mu))
+    # Phi(Phi^-1(kappa) + mu) lies in [kappa, 1] for mu >= 0; ndtri and ndtr round, and for
+    # kappa near 1e-300 can land below kappa. The clamp is exact, not an approximation.
+    return min(1.0, max(kappa, success))
 
 
 # --------------------------------------------------------------------------
@@ -415,7 +551,9 @@ def mse_cdf(eta, *, sigma, C, N, T=1, lam=0.0):
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     lam = _check_nonneg("lam", lam, "noncentrality")
-    q = N * _real_array("eta", eta) / _noise_var(sigma, C, T)
+    eta, s2 = _real_array("eta", eta), _noise_var(sigma, C, T)
+    with np.errstate(over="ignore"):  # q = inf where eta is huge: the CDF's limit 1 is then exact
+        q = N * eta / s2
     out = stats.chi2.cdf(q, N) if lam == 0.0 else stats.ncx2.cdf(q, N, lam)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))
 
@@ -433,7 +571,9 @@ def rero_mse(*, eta, sigma, C, N, T=1):
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     eta = np.maximum(_real_array("eta", eta), 0.0)
-    gamma = special.gammainc(N / 2.0, N * eta / (2.0 * _noise_var(sigma, C, T)))
+    s2 = _noise_var(sigma, C, T)
+    with np.errstate(over="ignore"):  # inf where eta is huge: gammainc's limit 1 is then exact
+        gamma = special.gammainc(N / 2.0, N * eta / (2.0 * s2))
     return _scalar_or_array(np.asarray(gamma, dtype=np.float64))
 
 
@@ -453,17 +593,50 @@ def rero_psnr(*, eta, sigma, C, N, T=1, data_range=1.0):
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     data_range = _check_data_range(data_range)
     eta = _real_array("eta", eta)
-    eta_hat = 10.0 ** (2.0 * math.log10(data_range) - eta / 10.0)
-    gamma = special.gammainc(N / 2.0, N * eta_hat / (2.0 * _noise_var(sigma, C, T)))
+    s2 = _noise_var(sigma, C, T)
+    with np.errstate(over="ignore"):  # inf where eta is very negative: gammainc's limit 1 is exact
+        eta_hat = 10.0 ** (2.0 * math.log10(data_range) - eta / 10.0)
+        gamma = special.gammainc(N / 2.0, N * eta_hat / (2.0 * s2))
     return _scalar_or_array(np.asarray(gamma, dtype=np.float64))
 
 
 def _pearson_mean(nc: float, dof: int) -> float:
-    """E[z / sqrt(z^2 + w)], z ~ N(nc, 1), w ~ chi^2_dof, on a quantile grid."""
-    p = (np.arange(_NCC_MEAN_NODES) + 0.5) / _NCC_MEAN_NODES
-    z = nc + special.ndtri(p)
-    w = stats.chi2.ppf(p, dof)
-    return float(np.mean(z[:, None] / np.sqrt(z[:, None] ** 2 + w[None, :])))
+    r"""``E[z / sqrt(z^2 + w)]``, ``z ~ N(nc, 1)``, ``w ~ chi^2_dof``, ``nc >= 0``.
+
+    Writing ``(z^2 + w)^{-1/2} = pi^{-1/2} int_0^inf t^{-1/2} e^{-t(z^2 + w)} dt``
+    and taking the Gaussian and chi-square expectations inside gives the exact
+    one-dimensional form (with ``u = 2t / (1 + 2t) = v^2``)
+
+    .. math::
+        E = \sqrt{2/\pi}\;\mathrm{nc}\int_0^1 (1 - v^2)^{\mathrm{dof}/2}
+            e^{-\mathrm{nc}^2 v^2 / 2}\,dv
+          = \mathrm{nc}\,\frac{\Gamma(\frac{\mathrm{dof}}2 + 1)}
+            {\sqrt2\,\Gamma(\frac{\mathrm{dof}+3}2)}\;
+            {}_1F_1\Bigl(\tfrac12; \tfrac{\mathrm{dof}+3}2; -\tfrac{\mathrm{nc}^2}2\Bigr),
+
+    the mean of the cosine between ``N(nc e_1, I_{dof+1})`` and ``e_1``
+    (``dof = 0`` gives ``erf(nc / sqrt 2)``). SciPy's ``hyp1f1`` loses digits
+    for large ``dof`` and ``nc``, so the integral is evaluated instead, after
+    ``v = h s``, ``h = 1 / sqrt(nc^2 + dof)``: the integrand is then at most
+    ``exp(-s^2 / 2)`` and has unit width for every ``nc`` and ``dof``, and
+    ``integrate.quad`` reaches about 1e-14 relative (checked against mpmath).
+    Nothing is squared that could overflow: ``nc h = 1 / hypot(1, sqrt(dof) / nc)``.
+    """
+    if nc == 0.0:
+        return 0.0
+    if math.isinf(nc):
+        return 1.0
+    h = 1.0 / math.hypot(nc, math.sqrt(dof))
+    nc_h = 1.0 / math.hypot(1.0, math.sqrt(dof) / nc)
+    a, h2, half_dof = nc_h * nc_h, h * h, 0.5 * dof
+
+    def integrand(s: float) -> float:
+        return math.exp(-0.5 * a * s * s + half_dof * math.log1p(-h2 * s * s))
+
+    # exp(-s^2/2) bounds the integrand: past s = 40 it is below 1e-347.
+    integral, _ = integrate.quad(integrand, 0.0, min(1.0 / h, 40.0), epsabs=0.0, epsrel=1e-13,
+                                 limit=200)
+    return min(1.0, math.sqrt(2.0 / math.pi) * nc_h * integral)
 
 
 def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=None):
@@ -531,6 +704,55 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
 # --------------------------------------------------------------------------
 # summary
 # --------------------------------------------------------------------------
+def report_sigma_range(*, C, N, T=1) -> tuple[float, float]:
+    r"""The noise multipliers for which :func:`report` can represent every quantity.
+
+    Each positive quantity of the report must be a normal float64 (between
+    ``2.2e-308`` and ``1.8e308``); outside, it would round to 0, inf or a
+    subnormal with few correct digits, and a bound of 0 or inf is false. With
+    ``t``, ``h`` float64's smallest normal and largest numbers:
+
+    * ``sigma / sqrt(T) >= t`` (``sigma_eff``);
+    * ``sqrt(t) <= C sigma / sqrt(T) <= sqrt(h)`` (``mse = C^2 sigma^2 / T``);
+    * ``sigma sqrt(N / T) <= 1 / t`` (``ncc``; ``ncc_finite_n`` is larger);
+    * ``mu = sqrt(T) / sigma``, ``psnr`` and ``worst_case_success`` then hold.
+
+    The range returned is shrunk by a relative ``2**-48`` at both ends, so
+    that the roundings of the formulas cannot push a quantity at an edge out.
+
+    Returns
+    -------
+    (float, float)
+        ``(lo, hi)``: :func:`report` accepts ``lo <= sigma <= hi``.
+    """
+    C, N, T = _check_clip(C), _check_N(N), _check_T(T)
+    root_T = math.sqrt(T)
+    lo = max(_TINY * root_T, _SQRT_TINY * root_T / C)
+    # Terms that overflow become inf and drop out of the min.
+    hi = min(_HUGE, _SQRT_HUGE * root_T / C, root_T / (math.sqrt(N) * _TINY))
+    return lo * (1.0 + 2.0**-48), hi * (1.0 - 2.0**-48)
+
+
+def _report_range_reasons(sigma: float, C: float, N: int, T: int) -> str:
+    """Which of report's quantities leave float64's normal range at this sigma, and their values."""
+    log_tiny, log_huge = math.log10(_TINY), math.log10(_HUGE)
+    log_sigma, log_C, log_T, log_N = math.log10(sigma), math.log10(C), math.log10(T), math.log10(N)
+    log_ncc_arg = log_N + 2.0 * log_sigma - log_T  # log10(N sigma^2 / T)
+    quantities = (
+        ("sigma_eff = sigma / sqrt(T)", log_sigma - 0.5 * log_T),
+        ("mu = sqrt(T) / sigma", 0.5 * log_T - log_sigma),
+        ("the MSE bound C^2 sigma^2 / T", 2.0 * log_C + 2.0 * log_sigma - log_T),
+        ("the NCC bound 1 / sqrt(1 + N sigma^2 / T)",
+         -0.5 * float(np.logaddexp(0.0, log_ncc_arg * math.log(10.0))) / math.log(10.0)),
+    )
+    reasons = [
+        f"{name} would be {_sci(value)}, " + ("below float64's smallest normal number 2.2e-308"
+                                           if value < log_tiny else "above float64's largest 1.8e+308")
+        for name, value in quantities if not log_tiny <= value <= log_huge
+    ]
+    return "; ".join(reasons) or "a quantity would come within a few roundings of float64's limits"
+
+
 def report(*, sigma, C, N, T=1, kappa, data_range=1.0) -> dict:
     """All bounds for one DP-SGD configuration.
 
@@ -543,9 +765,23 @@ def report(*, sigma, C, N, T=1, kappa, data_range=1.0) -> dict:
         plus the inputs, ``sigma_eff``, ``mu`` (the GDP parameter), and the
         rigorous bounds on the finite-``N`` means ``psnr_finite_n`` and
         ``ncc_finite_n`` (NaN when ``N < 3``).
+
+    Raises
+    ------
+    ValueError
+        Where ``sigma`` lies outside :func:`report_sigma_range` (about
+        ``1.5e-154 .. 1.3e154`` for ``C = T = 1``): some quantity would not be
+        a normal float64. The message names it and the range that works.
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     kappa, data_range = _check_kappa(kappa), _check_data_range(data_range)
+    lo, hi = report_sigma_range(C=C, N=N, T=T)
+    if not lo <= sigma <= hi:
+        raise ValueError(
+            f"sigma = {sigma:g} is outside the range the report can represent for C = {C:g}, "
+            f"N = {N}, T = {T}: {_report_range_reasons(sigma, C, N, T)}. Every reported quantity "
+            f"is a normal float64 only for {lo:.3g} <= sigma <= {hi:.3g}; pass a sigma in that range"
+        )
     return {
         "sigma": sigma,
         "C": C,

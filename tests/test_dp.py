@@ -1,15 +1,19 @@
 """DP-SGD reconstruction bounds (hcrfast.dp) against oracles written elsewhere.
 
 Oracles: scipy.special.gammainc / digamma, scipy.stats (chi2, ncx2, nct, norm,
-pearsonr), np.corrcoef, and seeded Monte Carlo of the linear-layer attack
+pearsonr), np.corrcoef, seeded Monte Carlo of the linear-layer attack
 written out here in full N-dimensional form (not through the reductions the
-module uses).
+module uses), and, for the extreme regimes, the formulas evaluated in mpmath
+at 50 digits (the finite-N NCC mean through its closed form with 1F1, which
+the module does not use).
 """
 from __future__ import annotations
 
 import csv
 import io
 import math
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -449,3 +453,209 @@ def test_cli_figure_prints_the_path_it_writes_and_checks_it_first(tmp_path, caps
     for out, text in ((tmp_path, "is a folder; pass a file name"), (tmp_path / "no" / "x.png", "does not exist")):
         assert main(["dp", "figure", "--out", str(out), "--sigmas", "0.3"]) == 2
         assert text in capsys.readouterr().err
+
+
+# ------------------------------------------------------- extreme regimes
+# Every quantity is either the exact value (to float precision) or refused
+# with a ValueError that names it; never 0, inf or a subnormal standing in
+# for a bound. The oracles are the formulas in mpmath at 50 digits.
+TINY, HUGE = sys.float_info.min, sys.float_info.max
+SWEEP = (5e-324, 1e-320, 1e-300, 1e-160, 1.6e-154, 1e-20, 1e-3, 1.0, 1e3, 1e20, 1.3e154, 1e160,
+         1e200, 1e300, 1.7e308)
+
+
+@pytest.fixture(scope="module")
+def mp():
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    return mpmath
+
+
+def _exact_pearson_mean(mp, nc, N):
+    """E[cos angle(N(nc e1, I_{N-1}), e1)] in closed form, with 1F1 (not the module's integral)."""
+    nc, b = mp.mpf(nc), mp.mpf(N + 1) / 2
+    return nc * mp.gamma(mp.mpf(N) / 2) / (mp.sqrt(2) * mp.gamma(b)) * mp.hyp1f1(0.5, b, -nc**2 / 2)
+
+
+def _exact_report(mp, sigma, C, N, T, kappa, R):
+    s, C, T, R = mp.mpf(sigma), mp.mpf(C), mp.mpf(T), mp.mpf(R)
+    mu = mp.sqrt(T) / s
+    psnr = 10 * mp.log10(R**2 * T / (C**2 * s**2))
+    half = mp.mpf(N) / 2
+    return {
+        "sigma_eff": s / mp.sqrt(T),
+        "mu": mu,
+        "mse": C**2 * s**2 / T,
+        "psnr": psnr,
+        "ncc": 1 / mp.sqrt(1 + N * s**2 / T),
+        "psnr_finite_n": psnr + 10 / mp.log(10) * (mp.log(half) - mp.digamma(half)),
+        "ncc_finite_n": _exact_pearson_mean(mp, mu, N),
+        "worst_case_success": mp.ncdf(mp.sqrt(2) * mp.erfinv(2 * mp.mpf(kappa) - 1) + mu),
+    }
+
+
+@pytest.mark.parametrize("C, N, T", [(1.0, 784, 1), (1e100, 784, 1), (1e-100, 10, 7), (2.0, 3, 10**6)])
+def test_report_sigma_sweep_is_exact_or_refused(mp, C, N, T):
+    kappa, R = 0.1, 1.0
+    for sigma in SWEEP:
+        exact = _exact_report(mp, sigma, C, N, T, kappa, R)
+        positive = ("sigma_eff", "mu", "mse", "ncc", "ncc_finite_n")
+        if not all(TINY <= exact[k] <= HUGE for k in positive):
+            with pytest.raises(ValueError, match=re.escape(f"sigma = {sigma:g} is outside the range the "
+                                                           "report can represent")
+                               + r".*only for \S+ <= sigma <= \S+; pass"):
+                dp.report(sigma=sigma, C=C, N=N, T=T, kappa=kappa, data_range=R)
+            continue
+        got = dp.report(sigma=sigma, C=C, N=N, T=T, kappa=kappa, data_range=R)
+        for key in positive:
+            assert got[key] == pytest.approx(float(exact[key]), rel=1e-13, abs=0), (sigma, key)
+        for key in ("psnr", "psnr_finite_n"):
+            assert got[key] == pytest.approx(float(exact[key]), rel=1e-14, abs=1e-11), (sigma, key)
+        assert got["worst_case_success"] == pytest.approx(float(exact["worst_case_success"]), rel=1e-12, abs=0)
+        assert kappa <= got["worst_case_success"] <= 1.0
+
+
+@pytest.mark.parametrize("C, N, T", [(1.0, 784, 1), (1e-300, 3, 1), (1e300, 2**53, 2**53), (3.0, 64, 100)])
+def test_report_fields_consistent_and_monotone_across_the_range(C, N, T):
+    lo, hi = dp.report_sigma_range(C=C, N=N, T=T)
+    sigmas = np.geomspace(lo, hi, 60)
+    rows = [dp.report(sigma=float(s), C=C, N=N, T=T, kappa=0.01, data_range=1.0) for s in sigmas]
+    col = {k: np.array([r[k] for r in rows]) for k in rows[0]}
+    for key in ("sigma_eff", "mu", "mse", "ncc", "ncc_finite_n", "worst_case_success"):
+        assert np.all((col[key] >= TINY) & (col[key] <= HUGE)), key
+    assert np.all(np.diff(col["mse"]) > 0) and np.all(np.diff(col["sigma_eff"]) > 0)
+    assert np.all(np.diff(col["mu"]) < 0) and np.all(np.diff(col["psnr"]) < 0)
+    for key in ("ncc", "ncc_finite_n", "worst_case_success"):
+        assert np.all(np.diff(col[key]) <= 0), key
+    # PSNR is 10 log10(R^2 / MSE) of the MSE bound; the finite-N forms only add to the bounds.
+    assert np.allclose(col["psnr"], -10 * np.log10(col["mse"]), rtol=1e-13, atol=1e-10)
+    assert np.all(col["psnr_finite_n"] >= col["psnr"])  # equal where the gap (~4.3/N dB) is below an ulp
+    assert np.all(col["ncc_finite_n"] >= col["ncc"] * (1 - 1e-14))
+
+
+def test_report_sigma_range_edges(mp):
+    for C, N, T in [(1.0, 784, 1), (1e-300, 3, 1), (1e300, 2**53, 2**53), (5e-324, 10, 1)]:
+        lo, hi = dp.report_sigma_range(C=C, N=N, T=T)
+        rt = mp.sqrt(T)
+        lo_exact = max(mp.mpf(TINY) * rt, mp.sqrt(TINY) * rt / mp.mpf(C))
+        hi_exact = min(mp.mpf(HUGE), mp.sqrt(HUGE) * rt / mp.mpf(C), rt / (mp.sqrt(N) * mp.mpf(TINY)))
+        assert lo == pytest.approx(float(lo_exact), rel=1e-13, abs=0)
+        assert hi == pytest.approx(float(hi_exact), rel=1e-13, abs=0)
+        for sigma in (lo, hi):
+            r = dp.report(sigma=sigma, C=C, N=N, T=T, kappa=0.1)
+            assert all(TINY <= r[k] <= HUGE for k in ("sigma_eff", "mu", "mse", "ncc", "ncc_finite_n"))
+        for sigma in (float(np.nextafter(lo, 0)), float(np.nextafter(hi, np.inf))):
+            if sigma < HUGE:
+                with pytest.raises(ValueError, match="outside the range the report can represent"):
+                    dp.report(sigma=sigma, C=C, N=N, T=T, kappa=0.1)
+
+
+@pytest.mark.parametrize("N", [3, 4, 5, 11, 784, 10**6])
+def test_ncc_finite_n_matches_closed_form_at_every_noise_level(mp, N):
+    for sigma in (1e300, 1e20, 1e3, 2.0, 1.0, 1 / 3, 1e-2, 1e-4, 1e-150, 1e-300):
+        want = _exact_pearson_mean(mp, mp.mpf(1) / mp.mpf(sigma), N)
+        got = dp.ncc_upper_bound(sigma=sigma, N=N, finite_n=True)
+        assert got == pytest.approx(float(want), rel=1e-13, abs=0), sigma
+        assert got >= dp.ncc_upper_bound(sigma=sigma, N=N) * (1 - 1e-14)
+    # sqrt(T) / sigma overflows float64 here; the bound is its limit, 1.
+    assert dp.ncc_upper_bound(sigma=1e-320, N=N, finite_n=True) == 1.0
+    # The same mean through ncc_expected: nc = beta sqrt(N Var) / s.
+    got = dp.ncc_expected(sigma=1e100, C=1.0, beta=0.5, variance=4e-100 / N, N=N)
+    nc = mp.mpf(0.5) * mp.sqrt(mp.mpf(4e-100)) / mp.mpf(1e100)
+    assert got == pytest.approx(float(_exact_pearson_mean(mp, nc, N)), rel=1e-13, abs=0)
+
+
+def test_ncc_bounds_for_huge_sigma_are_not_zero(mp):
+    for sigma, N, T in [(1e200, 784, 1), (1e300, None, 1), (1e300, 784, 2**53)]:
+        dim = 1 if N is None else N
+        want = 1 / mp.sqrt(1 + dim * mp.mpf(sigma) ** 2 / T)
+        assert dp.ncc_upper_bound(sigma=sigma, N=N, T=T) == pytest.approx(float(want), rel=1e-14, abs=0)
+    with pytest.raises(ValueError, match=r"NCC bound .* is about 2\.1e-310, below float64's smallest "
+                                         r"normal number 2\.2e-308; for this N and T pass sigma <= 1\.61e\+306"):
+        dp.ncc_upper_bound(sigma=1.7e308, N=784)
+    with pytest.raises(ValueError, match="finite-N NCC bound"):
+        dp.ncc_upper_bound(sigma=1.7e308, N=784, finite_n=True)
+
+
+def test_psnr_bound_in_log_space_and_jensen_term(mp):
+    for sigma, C, T, R in [(1e-300, 1.0, 1, 1.0), (1e200, 1.0, 1, 1.0), (1e-300, 1e300, 1, 1.0),
+                           (5e-324, 1.0, 2**53, 1e300), (1.7e308, 5e-324, 1, 1e-300)]:
+        want = 10 * mp.log10(mp.mpf(R) ** 2 * T / (mp.mpf(C) ** 2 * mp.mpf(sigma) ** 2))
+        assert dp.psnr_upper_bound(sigma=sigma, C=C, T=T, data_range=R) == pytest.approx(
+            float(want), rel=1e-14, abs=1e-11)
+    # With sigma = C = R = T = 1 the N-aware bound is the Jensen term alone; ln x - psi(x)
+    # cancels to noise in floats from x ~ 1e8 on (0 or negative near 1e17).
+    for N in (1, 2, 3, 19, 20, 21, 784, 10**6, 10**12, 10**15, 2**53):
+        half = mp.mpf(N) / 2
+        want = 10 / mp.log(10) * (mp.log(half) - mp.digamma(half))
+        got = dp.psnr_upper_bound(sigma=1.0, C=1.0, N=N)
+        assert got == pytest.approx(float(want), rel=1e-13, abs=0), N
+        assert got > 0
+
+
+def test_worst_case_success_at_extreme_kappa_and_sigma(mp):
+    for kappa in (1e-300, 1e-20, 0.1, 0.9):
+        with mp.workdps(400):
+            z = mp.sqrt(2) * mp.erfinv(2 * mp.mpf(kappa) - 1)
+            previous = 1.0
+            for sigma in (1e-300, 1e-3, 1.0, 1e3, 1e300):
+                want = mp.ncdf(z + 1 / mp.mpf(sigma))
+                got = dp.worst_case_success(kappa=kappa, sigma=sigma)
+                assert got == pytest.approx(float(want), rel=1e-10, abs=0), (kappa, sigma)
+                assert kappa <= got <= previous
+                previous = got
+    with pytest.raises(ValueError, match=r"kappa = 5e-324 is a subnormal float64"):
+        dp.worst_case_success(kappa=5e-324, sigma=1.0)
+
+
+def test_noise_variance_outside_float64_is_refused():
+    for call in (lambda: dp.mse_lower_bound(sigma=1e200, C=1.0),
+                 lambda: dp.expected_mse(sigma=1e-170, C=1.0),
+                 lambda: dp.rero_mse(eta=0.1, sigma=1e-300, C=1.0, N=10)):
+        with pytest.raises(ValueError, match=r"noise variance C\^2 sigma\^2 / T = 1e[+-]\d+ .* outside "
+                                             r"float64's normal range .* pass 1\.49e-154 <= sigma <= 1\.34e\+154"):
+            call()
+    assert dp.mse_lower_bound(sigma=1e-140, C=1e-4, T=2**53) == pytest.approx(1e-288 / 2**53, rel=1e-14, abs=0)
+    with pytest.raises(ValueError, match=r"sigma / sqrt\(T\) = 1\.05e-308 .*pass sigma >= 2\.11e-300"):
+        dp.effective_sigma(sigma=1e-300, T=2**53)
+
+
+def test_counts_beyond_float64_integers_are_refused():
+    with pytest.raises(ValueError, match=r"N = 1\.00e\+400 is too large: .* 2\*\*53 = 9007199254740992"):
+        dp.report(sigma=1.0, C=1.0, N=10**400, kappa=0.1)
+    with pytest.raises(ValueError, match=r"T = 9007199254740993 is too large"):
+        dp.effective_sigma(sigma=1.0, T=2**53 + 1)
+    with pytest.raises(ValueError, match=r"N = 1\.00e\+300 is too large"):
+        dp.psnr_upper_bound(sigma=1.0, C=1.0, N=1e300)
+    assert dp.ncc_upper_bound(sigma=1.0, N=2**53) == pytest.approx(2**-26.5, rel=1e-15, abs=0)
+
+
+def test_cli_table_extreme_sigma_is_refused_cleanly(capsys):
+    """The three reported failures: a traceback, 'math domain error', and ncc_finite_n = 0."""
+    for sigma, quantity in (("1e-300", r"1e-600, below"), ("1e200", r"1e\+400, above"),
+                            ("1e-160", r"1e-320, below")):
+        assert main(["dp", "table", "--sigma", sigma, "--N", "784"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        head = re.escape(f"hcrfast: error: sigma = {float(sigma):g} is outside the range")
+        assert re.search(head + rf".*MSE bound C\^2 sigma\^2 / T would be {quantity} "
+                                r".*1\.49e-154 <= sigma <= 1\.34e\+154", captured.err), captured.err
+    # With C = 1e100 the same sigma = 1e-160 is representable: both NCC bounds are 1.
+    assert main(["dp", "table", "--sigma", "1e-160", "--C", "1e100", "--N", "784", "--format", "csv"]) == 0
+    row = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert float(row["ncc"]) == 1.0 and float(row["ncc_finite_n"]) == 1.0
+    assert float(row["mse"]) == pytest.approx(1e-120, rel=1e-5, abs=0)
+    assert float(row["psnr"]) == pytest.approx(1200.0)
+
+
+@pytest.mark.parametrize("option, text, read_as", [("--sigma", "1e-400", "0"), ("--sigma", "1e400", "inf"),
+                                                   ("--C", "1e-320", "9.99989e-321"),
+                                                   ("--data-range", "1e-999", "0")])
+def test_cli_refuses_numbers_float64_would_change(capsys, option, text, read_as):
+    argv = ["dp", "table", "--N", "64", option, text] + ([] if option == "--sigma" else ["--sigma", "1"])
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {text} is outside float64's normal range" in err
+    assert f"(it would be read as {read_as})" in err
