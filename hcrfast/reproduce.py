@@ -194,6 +194,7 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
     Returns ``(weights_arg, fingerprint, description, trained)``: ``trained`` is False for a random
     initialization only (a state dict of the user's is taken as given).
     """
+    _check_weights(name, weights)
     trained_here = weights is None and name in _TRAINED_HERE
     path = out / f"{name}_state_dict.pt"
     if trained_here and world.rank == 0 and not path.is_file():
@@ -207,11 +208,6 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
     world.agree("weights")
     if trained_here:
         return path, _weights_fingerprint(path), f"{path} (trained by hcrfast reproduce)", True
-    if weights is None and name in ("mnist", "cifar10"):
-        raise ValueError(
-            f"{name} needs trained weights: run `hcrfast train {name}` first (add --download to fetch "
-            f"the data; it writes ./{name}_state_dict.pt) and pass --weights {name}_state_dict.pt"
-        )
     if weights is None:
         message = (f"{name}: no --weights given, so the model is RANDOMLY INITIALIZED: the bounds and "
                    f"accuracies are NOT the published ones. Pass --weights default to download "
@@ -221,16 +217,30 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
             print("\n" + "!" * 78 + f"\nWARNING: {message}\n" + "!" * 78 + "\n", file=sys.stderr, flush=True)
         return None, "random-init:seed=0", "random initialization (seed 0): NOT the published weights", False
     if weights == "default":
+        _, enum, _ = _zoo._torchvision(name)
+        return "default", f"torchvision:{enum}", f"torchvision {enum}", True
+    path = Path(weights).expanduser()
+    return path, _weights_fingerprint(path), str(path), True
+
+
+def _check_weights(name: str, weights) -> None:
+    """The refusals of ``--weights`` that need nothing trained or loaded (run before the run folder is made)."""
+    if weights is None and name in ("mnist", "cifar10"):
+        raise ValueError(
+            f"{name} needs trained weights: run `hcrfast train {name}` first (add --download to fetch "
+            f"the data; it writes ./{name}_state_dict.pt) and pass --weights {name}_state_dict.pt"
+        )
+    if weights is None:
+        return
+    if weights == "default":
         if name not in ("resnet18", "swin_t"):
             raise ValueError(f"--weights default exists only for resnet18 and swin_t (torchvision's ImageNet "
                              f"weights); for {name} run `hcrfast train {name}` and pass the state dict's path")
-        _, enum, _ = _zoo._torchvision(name)
-        return "default", f"torchvision:{enum}", f"torchvision {enum}", True
+        return
     path = Path(weights).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"No weights file at {path.resolve()} (--weights). Pass a state dict saved by "
                                 f"`hcrfast train {name}`" + (" or 'default'" if name in ("resnet18", "swin_t") else ""))
-    return path, _weights_fingerprint(path), str(path), True
 
 
 # ----------------------------------------------------------------------------------------
@@ -550,6 +560,11 @@ def run(
                                           ("sigma_scale", sigma_scale, _positive_float, "--sigma-scale")):
             if value is not None:
                 check(label, value, flag)
+        if targets is not None:  # a bad --targets fails before a model is trained or a folder made
+            from hcrfast.targeted import parse_targets
+
+            parse_targets(targets, _zoo.published_parameters(name)["input_shape"], "dct")
+        _check_weights(name, weights)
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
@@ -586,10 +601,6 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         name, weights, out, world=world, progress=progress and world.rank == 0, train_epochs=train_epochs)
     zm = _zoo.build(name, weights=weights_arg)
     zm.model.to(dev).eval()
-    if targets is not None:  # a bad --targets fails now, not after the first chunk
-        from hcrfast.targeted import parse_targets
-
-        parse_targets(targets, zm.input_shape, "dct")
 
     # -- parameters: published defaults unless given ----------------------------------------
     examples = zm.examples if examples is None else _positive_int("examples", examples, "--examples")

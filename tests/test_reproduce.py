@@ -575,3 +575,17 @@ def test_dense_solve_names_the_lsqr_options_it_does_not_use(weights, tmp_path):
                          "--weights", str(weights)]) == 0
     said = [str(w.message) for w in caught if "runs no LSQR" in str(w.message)]
     assert len(said) == 1 and "go unused: --lsqr-atol" in said[0], said
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["digits", "--targets", "low:0"], r"K must lie in 1\.\.8"),  # before the digits model is trained
+    (["mnist"], r"mnist needs trained weights"),
+    (["digits", "--weights", "default"], r"--weights default exists only for resnet18 and swin_t"),
+    (["cifar10", "--weights", "no/such/file.pt"], r"No weights file at"),
+])
+def test_refused_arguments_leave_nothing_behind(argv, error, tmp_path):
+    """Arguments that need no model or data are refused before the run folder is made or a model trained."""
+    out = tmp_path / "run"
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        reproduce.run(argv[0], out=out, **dict(zip((a.lstrip("-") for a in argv[1::2]), argv[2::2])))
+    assert not out.exists()
