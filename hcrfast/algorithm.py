@@ -783,6 +783,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         model64 = validation.float64_model(model, batch, certify)
+        validation.warn_uncertified(batch, certify)
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
         z_dtype = "float64" if certify else validation.dtype_name(batch.dtype)
         z_exact = z_dtype == "float64"

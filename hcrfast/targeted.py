@@ -564,6 +564,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                    if lsqr is None and method == "lsqr" else lsqr)
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
         model64 = validation.float64_model(model, batch, certify)
+        validation.warn_uncertified(batch, certify)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
         params = {"sigma": sigma, "noise": noise.describe(), "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,

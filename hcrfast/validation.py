@@ -124,6 +124,17 @@ def chunk_size(value):
     return None if value is None else positive_int("chunk_size", value)
 
 
+def warn_uncertified(batch: torch.Tensor, certify: bool) -> None:
+    """With ``certify=False`` and a batch below float64: the bounds are not certified, say so (once per call)."""
+    if certify or batch.dtype == torch.float64:
+        return
+    name = dtype_name(batch.dtype)
+    warn(f"certify=False: every feature shift z_eps comes from forward passes in {name}, whose rounding moves D "
+         f"either way, so these bounds are not certified: they can come out above the valid bound by that rounding "
+         f"(the smaller size, the more); certify=True (a float64 copy of the model) or a float64 model and batch "
+         f"certifies them")
+
+
 def float64_model(model, batch: torch.Tensor, certify: bool):
     """The model that certifies (computes ``z_ε`` in float64): a float64 copy of a torch Module, the
     model itself for a float64 batch or ``certify=False``. A plain function cannot be copied to float64."""

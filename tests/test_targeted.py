@@ -1,5 +1,7 @@
 """hcrfast.targeted: per-mode bounds against the exact least-squares std, dense against LSQR,
 the null space of ReLU models against numpy.linalg.matrix_rank, certification by forward passes."""
+import warnings
+
 import numpy as np
 import pytest
 import scipy.fft
@@ -288,3 +290,22 @@ def test_uncertified_float32_targeted_steps_rounded_to_zero_claim_no_infinite_bo
     exact = 1e-5 * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))[[0, 5, 9]]
     got = certified.std.reshape(2, 16)[:, [0, 5, 9]]
     assert np.all(np.isfinite(got)) and np.all(got <= exact * (1 + 1e-6)) and np.all(got >= 0.99 * exact)
+
+
+def test_certified_float32_bounds_stay_below_the_ls_std_and_uncertified_ones_are_named():
+    """A float32 linear model: certified (float64 passes) every targeted bound is at most the exact LS std;
+    with certify=False a warning says the bounds are not certified (their float32 rounding can lift them)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16)
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin).eval()
+    x = torch.randn(2, 1, 4, 4)
+    W = lin.weight.detach().double().numpy()
+    Q = scipy.fft.dctn(np.eye(16).reshape(16, 1, 4, 4), axes=(-2, -1), norm="ortho").reshape(16, 16).T
+    exact = 0.01 * np.sqrt(np.diag(Q @ np.linalg.inv(W.T @ W) @ Q.T))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        certified = targeted_bound(model, x, 0.01, size=1e-3)
+    assert np.all(np.asarray(certified.std).reshape(2, -1) <= exact * (1 + 1e-7))
+    with pytest.warns(UserWarning, match=r"certify=False: every feature shift z_eps comes from forward passes in "
+                                         r"float32.* not certified"):
+        targeted_bound(model, x, 0.01, size=1e-3, certify=False)
