@@ -110,6 +110,7 @@ def test_bound_is_computed_from_forward_passes_not_the_linearization():
     assert np.all(res.std >= coords * (1 - 1e-12))
 
 
+@pytest.mark.filterwarnings("ignore:certify=False. every feature shift")  # uncertified on purpose
 def test_certified_float64_matches_direct_recomputation_for_float32_models():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.ReLU(),
@@ -131,6 +132,7 @@ def test_certified_float64_matches_direct_recomputation_for_float32_models():
     np.testing.assert_allclose(uncertified.std, res.std, rtol=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore:certify=False. every feature shift")  # uncertified on purpose
 @pytest.mark.parametrize("solver", ["lsqr", "dense"])
 def test_uncertified_float32_shift_rounded_to_zero_claims_no_infinite_bound(solver):
     """Features of order 100 in float32 and σ = 1e-5: ‖Jε‖ ≈ sσ = 5e-8 is below their ulp (7.6e-6),
