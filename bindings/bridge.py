@@ -90,8 +90,17 @@ def solver_stream(device: torch.device):
         with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
             warnings.simplefilter("ignore", DeprecationWarning)
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
-        with cupy.cuda.Device(index), stream, _cupy_allocations(cupy, stream, index):
-            yield stream
+        with cupy.cuda.Device(index):
+            outer = cupy.cuda.get_current_stream()
+            try:
+                with stream, _cupy_allocations(cupy, stream, index):
+                    yield stream
+            finally:
+                # CuPy work after the block (a result's .get()) runs on CuPy's stream of the caller; where
+                # that is not torch's (a non-blocking torch stream), it waits for the block's last work,
+                # on the device, without stopping the host.
+                if outer.ptr != stream.ptr:
+                    outer.wait_event(stream.record())
 
 
 #: Environment variable choosing where the solver's CuPy arrays live on the GPU: ``torch`` (the
@@ -133,7 +142,7 @@ def _cupy_allocations(cupy, stream, device: int):
 class _TorchBlock:
     """Owner of one block of torch's caching allocator: gives it back when the last CuPy array on it dies."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("ptr", "__weakref__")
 
     def __init__(self, ptr: int):
         self.ptr = ptr

@@ -339,7 +339,7 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
 
 
 @accepts_per_feature_sigma
-def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 1e-3,
+def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 0.0,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
                         tol: float | None = None, jacobian: str = "reverse", chunk_size: int | None = None,
                         example_ids=None, progress: bool = False, checkpoint=None) -> AttackResult:
@@ -370,8 +370,12 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         Most Gauss–Newton iterations per problem.
     damping : float
         λ ≥ 0 of the step (LSQR's ``damp``, absolute: in units of the Jacobian's
-        singular values). 0 gives pure Gauss–Newton steps, which on a linear
-        model land on the least-squares estimator in one step.
+        singular values) that accepted steps return to. 0 (the default) gives pure
+        Gauss–Newton steps, which on a linear model land on the least-squares
+        estimator in one step; a rejected step still raises λ from ``1e-3·‖J‖_F``.
+        A λ > 0 shrinks the directions whose singular values are below it towards
+        the start (a ridge estimator: with ``start="truth"`` a biased one that can
+        beat the bound, which :func:`compare`'s bias test cannot see at θ).
     start : {"truth", "mean"} or torch.Tensor
         ``θ̂₀``. ``"truth"``: θ itself — a *local* attacker that already knows roughly
         where θ is. It is the attacker's most favourable case (no spurious local
@@ -574,6 +578,18 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     return AttackResult(**out, params=params, seconds=time.perf_counter() - t_start)
 
 
+#: How an unnamed MonteCarlo law describes itself: two of them may be different densities.
+_UNNAMED_LAW = "MonteCarlo(custom density)"
+
+
+def _noise_law(text):
+    """The noise law a description names: a Monte Carlo law by its name alone (the attack only samples from
+    it; its confidence and draws are the bound's estimate of D), any other law by its whole description."""
+    if isinstance(text, str) and text.startswith("MonteCarlo("):
+        return text.split("):")[0] + ")"
+    return text
+
+
 def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0.95)) -> dict:
     """Over all (example, mode) pairs: the distribution of ``attack.rmse / bound``.
 
@@ -635,9 +651,15 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     # older results: their noise, or their sigma alone.
     bound_noise = (b_params.get("noise_asked") or b_params.get("noise")
                    or (Gaussian(b_params["sigma"]).describe() if b_params.get("sigma") else None))
-    if bound_noise is not None and bound_noise != attack.params.get("noise"):
+    attack_noise = attack.params.get("noise")
+    if bound_noise is not None and _noise_law(bound_noise) != _noise_law(attack_noise):
         raise ValueError(f"the bounds are for other noise than the attack: {bound_noise!r} against "
-                         f"{attack.params.get('noise')!r}; compute both with the same sigma or noise law")
+                         f"{attack_noise!r}; compute both with the same sigma or noise law")
+    if bound_noise is not None and _noise_law(bound_noise) == _UNNAMED_LAW:
+        validation.warn(f"the bounds and the attack both use an unnamed Monte Carlo density ({_UNNAMED_LAW}): "
+                        f"hcrfast cannot tell whether they are the same law; give each hcrfast.MonteCarlo(..., "
+                        f"name=...) a name that says which (hcrfast.MonteCarlo.from_scipy names scipy's laws with "
+                        f"their parameters)")
     for k, what in (("n_features", "features"), ("n_inputs", "input values")):
         if k in b_params and k in attack.params and b_params[k] != attack.params[k]:
             raise ValueError(f"the bounds were computed with {b_params[k]} {what} per example, the attack with "

@@ -12,6 +12,7 @@ thread count → same weights); the global RNG is not touched.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -154,8 +155,8 @@ def train(
     for label, value in (("epochs", epochs), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}.")
-    if not (lr > 0):
-        raise ValueError(f"lr must be positive, got {lr!r}.")
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r} (--lr); the recipe's is 1e-3.")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r} (--seed)")
     try:
@@ -203,6 +204,11 @@ def train(
                 f"train accuracy {int(correct) / n:.4f} ({time.perf_counter() - start:.1f} s)",
                 file=sys.stderr,
             )
+        # host read: once per epoch. A diverged run (lr too large) is refused before anything is saved.
+        if not math.isfinite(float(loss_sum)) or not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise ValueError(f"{name} training diverged at epoch {epoch} (loss {float(loss_sum) / n:g}, "
+                                     f"lr={lr:g}): no state dict was written; pass a smaller --lr (the recipe's "
+                                     f"is 1e-3)")
     train_seconds = time.perf_counter() - start
     model.eval()
 

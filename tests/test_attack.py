@@ -200,7 +200,7 @@ def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes(tmp_path)
         compare(hcrfast.targeted_bound(model, x, 0.05, targets=[0]), res)
     # a Monte Carlo law: the bound raises its confidence per restart inside; the pair still matches
     law = hcrfast.MonteCarlo(lambda z: -z**2 / (2 * 0.3**2) - np.log(0.3 * np.sqrt(2 * np.pi)),
-                             lambda rng, shape: rng.normal(0, 0.3, shape), n_samples=500)
+                             lambda rng, shape: rng.normal(0, 0.3, shape), n_samples=500, name="normal(0.3)")
     mc_bound = hcrfast.bound(model, x, law, iterations=1, restarts=3)
     assert mc_bound.params["noise"] != mc_bound.params["noise_asked"]
     mc_attack = gauss_newton_attack(model, x, law, draws=2, steps=1)
@@ -306,3 +306,43 @@ def test_an_attack_on_a_model_blind_to_its_input_is_refused_with_that_cause():
     x = torch.randn(2, *SHAPE, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"took no step: the model's features do not move with its input \(J = 0"):
         gauss_newton_attack(model, x, 0.3, draws=3, steps=2)
+
+
+def test_by_default_the_attack_is_least_squares_whatever_the_inputs_scale():
+    """A linear model on badly scaled inputs (J's singular values 3e-3 .. 3e-5): the default attack lands
+    on the least-squares estimate of each draw (as the README says), not on a ridge one that shrinks
+    the small directions towards the true input (absolute damping 1e-3 did: std 0.2x the exact one)."""
+    rng = np.random.default_rng(4)
+    W = matrix_with_condition(rng, N, P, 100.0) * 1e-3
+    b = rng.standard_normal(N)
+    model, x = linear_model(W, b, SHAPE), torch.as_tensor(rng.standard_normal((2,) + SHAPE))
+    sigma, draws = 1e-4, 8
+    res = gauss_newton_attack(model, x, sigma, draws=draws, steps=3, seed=5)
+    X = _observations(W, b, x, draws, sigma, seed=5)
+    ls = np.linalg.lstsq(W, (X - b).T, rcond=None)[0].T.reshape(res.estimates.shape)
+    np.testing.assert_allclose(res.estimates, ls, rtol=1e-6, atol=1e-8 * np.abs(ls).max())
+
+
+def test_compare_matches_a_monte_carlo_law_by_its_name_and_warns_when_it_has_none():
+    """The attack only samples the law: a scipy law at another confidence is the same law; two laws of
+    other names are refused; two unnamed custom densities may differ, which compare says."""
+    import scipy.stats as st
+
+    W, b, model, x = _linear_problem(6)
+    kw = dict(n_samples=300, pilot_samples=64)
+    res = hcrfast.bound(model, x, hcrfast.MonteCarlo.from_scipy(st.logistic(scale=0.3), **kw), restarts=2,
+                        iterations=1)
+    other_confidence = hcrfast.MonteCarlo.from_scipy(st.logistic(scale=0.3), confidence=0.95, **kw)
+    compare(res, gauss_newton_attack(model, x, other_confidence, draws=3, steps=1))
+    with pytest.raises(ValueError, match="the bounds are for other noise than the attack"):
+        compare(res, gauss_newton_attack(model, x, hcrfast.MonteCarlo.from_scipy(st.logistic(scale=3.0), **kw),
+                                         draws=3, steps=1))
+
+    def unnamed(scale):
+        d = st.logistic(scale=scale)
+        return hcrfast.MonteCarlo(d.logpdf, lambda rng, shape: d.rvs(size=shape, random_state=rng), **kw)
+
+    res = hcrfast.bound(model, x, unnamed(0.3), restarts=2, iterations=1)
+    with pytest.warns(UserWarning, match=r"both use an unnamed Monte Carlo density .*cannot tell whether they are "
+                                         r"the same law"):
+        compare(res, gauss_newton_attack(model, x, unnamed(30.0), draws=3, steps=1))

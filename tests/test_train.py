@@ -70,3 +70,17 @@ def test_refuses_imagenet_and_unknown_names(tmp_path):
         train.train("vgg", out=tmp_path / "x.pt")
     with pytest.raises(ValueError, match="epochs"):
         train.train("digits", epochs=0, out=tmp_path / "x.pt")
+
+
+@pytest.mark.parametrize("lr", [float("inf"), float("nan"), 0.0, -1e-3, True, "1e-3"])
+def test_refuses_a_learning_rate_that_is_not_positive_and_finite(lr, tmp_path):
+    with pytest.raises(ValueError, match=r"lr must be a positive finite number"):
+        train.train("digits", epochs=1, lr=lr, out=tmp_path / "x.pt", limit=64, progress=False)
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_diverged_run_writes_no_state_dict(tmp_path):
+    """lr = 1e6 turns the weights into NaN within two epochs: refused, nothing saved (it was saved, rc 0)."""
+    with pytest.raises(ValueError, match=r"digits training diverged at epoch [12] .*no state dict was written"):
+        train.train("digits", epochs=2, lr=1e6, out=tmp_path / "x.pt", limit=64, progress=False)
+    assert not (tmp_path / "x.pt").exists()
