@@ -502,7 +502,9 @@ def _is_oom(exc: BaseException) -> bool:
     text = str(exc)
     # torch's AcceleratorError (a RuntimeError) says "CUDA error: out of memory" where an allocation
     # outside its caching allocator failed (a kernel module loaded lazily, a library's workspace)
+    # torch's CPU allocator: "[enforce fail at alloc_cpu.cpp:...] DefaultCPUAllocator: can't allocate memory"
     if isinstance(exc, RuntimeError) and ("ALLOC_FAILED" in text or "CUDA out of memory" in text
+                                          or "DefaultCPUAllocator: can't allocate memory" in text
                                           or "CUDA error: out of memory" in text
                                           or "cudaErrorMemoryAllocation" in text):  # CuPy's CUDARuntimeError
         return True

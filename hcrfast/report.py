@@ -380,7 +380,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("LSQR atol / btol / iter_lim",
          "not used" if dense else
          f"{lsqr['atol']:g} / {lsqr['btol']:g} / {lsqr['iter_lim'] if lsqr['iter_lim'] is not None else '2·n'}"),
-        ("chunks × examples per chunk", f"{s['chunks']} × {s['chunk_examples']}"),
+        ("chunks × examples per chunk", f"{s['chunks']} × {min(s['chunk_examples'], s['examples'])}"),
         ("processes", s["world_size"]),
         ("device", s["device"]),
     ]))

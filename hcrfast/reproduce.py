@@ -411,10 +411,14 @@ def _command_line(name, key, weights, out, data_root) -> str:
     lsqr = key["lsqr"]
     parts = ["hcrfast", "reproduce", name, "--examples", key["examples"], "--restarts", key["restarts"],
              "--iterations", key["iterations"], "--size", repr(key["size"]), "--sigma-scale", key["sigma_scale"],
-             "--seed", key["seed"], "--linearize-at", key["linearize_at"], "--lsqr-atol", lsqr["atol"],
-             "--lsqr-btol", lsqr["btol"]]
-    if lsqr["iter_lim"] is not None:
-        parts += ["--lsqr-iter-lim", lsqr["iter_lim"]]
+             "--seed", key["seed"], "--linearize-at", key["linearize_at"]]
+    default = hcrfast.DEFAULT_LSQR
+    # The dense solve runs no LSQR: its default options are left out (given, they warn as unused).
+    if not (key.get("solver") == "dense" and (lsqr["atol"], lsqr["btol"], lsqr["iter_lim"])
+            == (default.atol, default.btol, default.iter_lim)):
+        parts += ["--lsqr-atol", lsqr["atol"], "--lsqr-btol", lsqr["btol"]]
+        if lsqr["iter_lim"] is not None:
+            parts += ["--lsqr-iter-lim", lsqr["iter_lim"]]
     if key["limit"]:
         parts.append("--limit")
     if key.get("targets") is not None:

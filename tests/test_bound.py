@@ -350,6 +350,9 @@ def test_out_of_memory_errors_are_recognised():
 
     assert _is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert _is_oom(MemoryError())
+    with pytest.raises(RuntimeError) as cpu:  # torch's CPU allocator (32 PiB), a plain RuntimeError
+        torch.empty(2**55, dtype=torch.uint8)
+    assert _is_oom(cpu.value)
     assert _is_oom(OutOfMemoryError("Out of memory allocating 1,048,576 bytes"))
     assert _is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
     # CuPy's CUDARuntimeError (a RuntimeError) outside its pool, numba-cuda's CudaAPIError (not one)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import warnings
@@ -481,6 +482,10 @@ def test_solver_is_resolved_into_the_run_key_and_never_mixed(weights, tmp_path, 
     assert json.loads((out / "run.json").read_text())["key"]["solver"] == "dense"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["solver"] == "dense" and "--solver dense" in summary["command"]
+    assert "--lsqr-" not in summary["command"]  # the dense solve runs no LSQR: rerun, they would warn as unused
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cli.main(shlex.split(summary["command"])[1:] + ["--no-progress"]) == 0  # resumes: same key
     assert summary["lsqr"]["istop_counts"] == {"-1": 4 * 2 * 2} and "dense" in summary["lsqr"]["istop_meaning"]["-1"]
     page = (out / "report.html").read_text()
     assert "<h2>Solver</h2>" in page and "no LSQR ran" in page and "<h2>LSQR</h2>" not in page
