@@ -363,6 +363,14 @@ def _default_state_dict(name: str, weights_enum) -> Mapping[str, torch.Tensor]:
         from hcrfast.data import DownloadError
 
         cache = Path(torch.hub.get_dir()) / "checkpoints"
+        cached = cache / os.path.basename(url)
+        if cached.is_file():  # torch.hub read its cache and failed: no download was tried
+            raise ValueError(
+                f"torchvision's pretrained {weights_enum} for {name} is cached in {cached}, but that file could "
+                f"not be read ({type(exc).__name__}: {_first_line(exc)}): it is corrupt or an interrupted "
+                f"download. Delete it and run again with network access (it is then downloaded from {url}), "
+                f"or replace it with a good copy of that file."
+            ) from exc
         raise DownloadError(
             f"Could not get torchvision's pretrained {weights_enum} for {name} ({type(exc).__name__}: "
             f"{_first_line(exc)}). weights='default' needs network access to download {url} "

@@ -240,3 +240,21 @@ def test_default_download_failure_explains_offline_use(tmp_path, monkeypatch):
         zoo.build("resnet18", weights="default")
     assert str(tmp_path / "hub" / "checkpoints") in str(info.value)
     assert "weights='/path/to/resnet18-f37072fd.pth'" in str(info.value)
+
+
+def test_corrupt_cached_default_weights_say_delete_it(tmp_path, monkeypatch):
+    # torch.hub finds the file in its cache and fails to read it; no download is tried, so
+    # "needs network access" would be the wrong advice: the file must go.
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+    cached = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"PK\x03\x04 truncated")
+
+    def no_network(url, *args, **kwargs):
+        raise AssertionError("a cached file must not be downloaded again")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    with pytest.raises(ValueError, match="corrupt or an interrupted download. Delete it") as info:
+        zoo.build("resnet18", weights="default")
+    assert str(cached) in str(info.value)
+    assert "needs network access" not in str(info.value)
