@@ -572,13 +572,29 @@ def run(
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
-        return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
-                    sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
-                    data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
-                    linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
-                    lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
-                    progress=progress, train_epochs=train_epochs,
-                    crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
+        made = [p for p in (out, out / "chunks") if not p.exists()]  # by this call: taken back if it fails early
+        try:
+            return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
+                        sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
+                        data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
+                        linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
+                        lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
+                        progress=progress, train_epochs=train_epochs,
+                        crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
+        except BaseException:
+            if world.rank == 0:
+                _remove_if_empty(made)
+            raise
+
+
+def _remove_if_empty(folders) -> None:
+    """Take back the folders a failed run made (deepest first), where nothing was written in them:
+    a run refused for missing data leaves no empty ``OUT/chunks/`` behind; a trained model stays."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone): kept
+            pass
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,

@@ -267,8 +267,9 @@ def test_torchrun_processes_with_other_arguments_all_stop_and_the_next_run_works
         assert code != 0 and "size must be a positive finite number, got -1.0 (--size)" in err, err
         assert got[r]["same"][0] == 0, got[r]["same"][1]
     assert not (tmp_path / "mismatch" / "run.json").exists()  # nothing was started there
-    # rank 0 made its folder and looked no further: no weights trained, no key written, no token left
-    assert [p.name for p in (tmp_path / "folders0").rglob("*")] == ["chunks"] and not (tmp_path / "folders1").exists()
+    # rank 0 made its folder, looked no further (no weights trained, no key written, no token left)
+    # and took the empty folder back
+    assert not (tmp_path / "folders0").exists() and not (tmp_path / "folders1").exists()
     _assert_same_bounds(first / "bounds.npz", tmp_path / "same" / "bounds.npz")
 
 
@@ -297,6 +298,17 @@ def test_mnist_missing_data_directory(mnist_weights, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("hcrfast: error: MNIST not found") and "--download" in err
+    assert not (tmp_path / "o").exists()  # the refused run leaves no empty run folder behind
+
+
+def test_failed_run_keeps_what_it_found_and_trained(mnist_weights, tmp_path):
+    out = tmp_path / "o"
+    (out / "chunks").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileNotFoundError, match="MNIST not found"):
+        reproduce.run("mnist", examples=2, weights=mnist_weights, data_root=tmp_path / "none", out=out,
+                      progress=False)
+    assert (out / "chunks").is_dir() and (out / "notes.txt").read_text() == "mine"  # not made by the run: kept
 
 
 def test_mnist_without_weights_says_to_train_first(tmp_path, capsys):
