@@ -433,11 +433,18 @@ def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int,
     basis on CUDA and for inputs beyond those limits (:data:`KRYLOV_MIN_INPUTS`); LSQR otherwise
     (``linearize_at="current"``, or ``lsqr=`` options given)."""
     validation.choice("solver", solver, SOLVERS)
+    beyond = p >= KRYLOV_MIN_INPUTS or n * p > DENSE_SOLVE_MAX_VALUES  # the dense solve's limits
+    if solver == "dense" and beyond:
+        validation.warn(f"solver='dense' builds every example's J: {n} features x {p} inputs = {n * p:,} values, "
+                        f"{5 * n * p * 8 / 2**30:.1f} GiB of float64 work per example (J, its factor and "
+                        f"pseudo-inverse), formed by {n:,} VJPs or {p:,} JVPs; that is beyond the dense "
+                        f"solve's limits ({DENSE_SOLVE_MAX_INPUTS} inputs, {DENSE_SOLVE_MAX_VALUES:,} values), "
+                        f"where solver='auto' takes the Krylov basis (solver='krylov')")
     if solver != "auto":
         return solver
     if linearize_at != "input" or lsqr_given:
         return "lsqr"
-    if p >= KRYLOV_MIN_INPUTS or n * p > DENSE_SOLVE_MAX_VALUES:  # beyond the dense solve's limits
+    if beyond:
         return "krylov"
     return "dense" if torch.device(device).type == "cpu" else "krylov"
 

@@ -471,6 +471,12 @@ def test_solver_auto_and_bad_solver_arguments():
     assert resolve_solver("auto", "current", torch.device("cuda"), 10, 16) == "lsqr"
     assert resolve_solver("auto", "input", torch.device("cpu"), 10, 16, lsqr_given=True) == "lsqr"
     assert resolve_solver("lsqr", "input", torch.device("cpu"), 10, 16) == "lsqr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_solver("dense", "input", torch.device("cpu"), 10, DENSE_SOLVE_MAX_INPUTS) == "dense"
+    # asked for beyond its limits (ResNet-18 at 91x91: 1000 features x 24,843 inputs): done, with its cost
+    with pytest.warns(UserWarning, match=r"24,843,000 values, 0\.9 GiB .* 1,000 VJPs or 24,843 JVPs.*'krylov'"):
+        assert resolve_solver("dense", "input", torch.device("cpu"), 1000, 3 * 91 * 91) == "dense"
     with pytest.raises(ValueError, match="linearize_at='input' or solver='lsqr'"):
         hcrfast.bound(net, x, 0.2, solver="dense", linearize_at="current")
     with pytest.raises(ValueError, match="solver must be one of"):
