@@ -47,7 +47,7 @@ from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
-from hcrfast.results import load_npz, save_npz
+from hcrfast.results import counted, load_npz, save_npz
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -187,7 +187,8 @@ class AttackResult:
         p = self.params
         worse = int((h.residual_norm > h.residual_truth).sum())
         lines = [
-            (f"Gauss-Newton attack on {B} examples x {p.get('draws')} draws x {rmse.shape[1]} {p.get('basis')} modes "
+            (f"Gauss-Newton attack on {counted(B, 'example')} x {counted(p.get('draws'), 'draw')} x "
+             f"{counted(rmse.shape[1], str(p.get('basis')) + ' mode')} "
              f"(noise={str(p.get('noise')).split(':')[0]}, start={p.get('start')}, damping={p.get('damping')}, "
              f"steps={p.get('steps')})"),
             f"  RMS error per mode, quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}",

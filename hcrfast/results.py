@@ -52,6 +52,11 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
+def counted(n: int, word: str) -> str:
+    """``"1 example"``, ``"3 examples"``: the summaries' counts."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def quantile_line(std) -> str:
     """The summaries' line of bound quantiles: 10/50/90% of the finite bounds in ``std`` (+inf bounds,
     from D = 0, have no quantile worth printing), how many are finite when some are not, and "all +inf"
@@ -164,7 +169,7 @@ class Bounds:
         std = h.std.reshape(h.std.shape[0], -1)
         p = self.params
         lines = [
-            f"HCR bounds for {std.shape[0]} examples x {std.shape[1]} {p.get('basis', '?')} modes "
+            f"HCR bounds for {counted(std.shape[0], 'example')} x {counted(std.shape[1], str(p.get('basis', '?')) + ' mode')} "
             f"(noise={str(p.get('noise')).split(':')[0]}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
             quantile_line(std),

@@ -57,7 +57,7 @@ from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_finger
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import json_default, load_npz, quantile_line, save_npz
+from hcrfast.results import counted, json_default, load_npz, quantile_line, save_npz
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -272,8 +272,8 @@ class TargetedBounds:
         B = h.std.shape[0]
         vals = h.std.reshape(B, -1)[:, h.modes]
         noise = self.params.get("noise") or f"Gaussian(sigma={self.params.get('sigma')})"  # older files: sigma only
-        lines = [(f"targeted HCR bounds ({self.method}) for {B} examples x {len(self.modes)} "
-                  f"{self.params.get('basis', '?')} modes (noise={noise.split(': D(z)')[0]}, "
+        lines = [(f"targeted HCR bounds ({self.method}) for {counted(B, 'example')} x "
+                  f"{counted(len(self.modes), str(self.params.get('basis', '?')) + ' mode')} (noise={noise.split(': D(z)')[0]}, "
                   f"size={self.params.get('size', float('nan')):.4g})"),
                  quantile_line(vals)]
         if h.null_dim is not None:

@@ -89,3 +89,13 @@ def test_summary_quantiles_skip_infinite_bounds(std, line):
     assert hcrfast.results.quantile_line(np.asarray(std)) == line
     text = bounds_with_std(std).summary()
     assert text.splitlines()[1] == line and "nan" not in text
+
+
+def test_summary_counts_read_as_english():
+    from hcrfast.results import counted
+
+    assert [counted(1, "example"), counted(2, "example"), counted(0, "dct mode")] == ["1 example", "2 examples",
+                                                                                     "0 dct modes"]
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3), torch.nn.Tanh()).double()
+    res = hcrfast.bound(net, torch.ones(1, 1, 2, 2, dtype=torch.float64), 0.1, restarts=1, iterations=1)
+    assert res.summary().startswith("HCR bounds for 1 example x 4 dct modes (")
