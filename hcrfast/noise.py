@@ -350,6 +350,15 @@ class MonteCarlo:
         self._u = np.random.default_rng(pick_seq).random(self.n_samples)  # picks J_i by inverse CDF of q
         self._logf_x = self._logpdf_at_draws(self._x)
         self._logf_x0 = self._logpdf_at_draws(self._x0)
+        # What the law computes with, for checkpoint keys and sharded runs (its repr): the draws and the
+        # log-density at them and on a fixed grid, so that two laws of one name (or of names that round
+        # alike, as from_scipy's do) never pass for each other.
+        with np.errstate(all="ignore"):
+            grid = np.asarray(self._logpdf(_FINGERPRINT_GRID), dtype=np.float64)
+        digest = hashlib.sha256()
+        for part in (self._x, self._logf_x, self._x0, self._logf_x0, grid):
+            digest.update(np.ascontiguousarray(part).tobytes())
+        self._fingerprint = digest.hexdigest()[:16]
         from scipy import stats  # deferred: only this law needs it
 
         m = self.n_samples
@@ -525,7 +534,11 @@ class MonteCarlo:
 
     def __repr__(self) -> str:
         return (f"MonteCarlo(name={self.name!r}, n_samples={self.n_samples}, confidence={self.confidence!r}, "
-                f"seed={self.seed}, pilot_samples={self.pilot_samples})")
+                f"seed={self.seed}, pilot_samples={self.pilot_samples}, sha256={self._fingerprint})")
+
+
+#: Where :class:`MonteCarlo`'s fingerprint reads its log-density (besides its draws): 0, ±10^k.
+_FINGERPRINT_GRID = np.concatenate([[0.0], *((-v, v) for v in np.logspace(-3, 3, 13))])
 
 
 def _check_count(name: str, value, minimum: int) -> int:

@@ -210,7 +210,9 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     if np.any(counts > 1):
         raise ValueError(f"example_ids must be distinct (each id seeds its example's own noise, so repeated ids "
                          f"give distinct examples the same draws); repeated: {values[counts > 1][:10].tolist()}")
-    return ids
+    if ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"example_ids must fit in int64 (they seed NumPy's streams), got {int(ids.max())}")
+    return ids.astype(np.int64)  # one dtype: the same ids in int32 make the same checkpoint key
 
 
 def check_batch(batch, basis: str) -> torch.Tensor:

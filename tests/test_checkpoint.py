@@ -186,6 +186,44 @@ def test_a_different_call_is_refused_naming_what_differs(tmp_path, change, named
     assert json.loads((tmp_path / "key.json").read_text())["iterations"] == 3  # the first call's key is kept
 
 
+def _laplace_law(scale, **kw):
+    from scipy import stats
+
+    law = stats.laplace(scale=scale)
+    return hcrfast.MonteCarlo(law.logpdf, lambda rng, shape: law.rvs(size=shape, random_state=rng),
+                              n_samples=500, **kw)
+
+
+def _scipy_law(scale):
+    from scipy import stats
+
+    return hcrfast.MonteCarlo.from_scipy(stats.laplace(scale=scale), n_samples=500)
+
+
+@pytest.mark.parametrize("first, other", [
+    (lambda: _laplace_law(0.3), lambda: _laplace_law(3.0)),  # one default name, "custom density"
+    (lambda: _scipy_law(0.3), lambda: _scipy_law(0.3000004)),  # names that round alike (:g)
+], ids=["same-name", "name-rounds-alike"])
+def test_another_monte_carlo_law_of_the_same_name_is_refused(tmp_path, first, other):
+    # Its repr was its name and settings alone: a resume (or another rank) with another law mixed
+    # the two laws' bounds in one result.
+    assert first().name == other().name
+    args = dict(iterations=1, restarts=1, size=0.01, chunk_size=2, solver="dense")
+    hcrfast.bound(relu_mlp(), batch(B=3), first(), checkpoint=tmp_path, **args)
+    with pytest.raises(CheckpointMismatchError, match=r"noise: .*sha256=.* -> "):
+        hcrfast.bound(relu_mlp(), batch(B=3), other(), checkpoint=tmp_path, **args)
+    again = hcrfast.bound(relu_mlp(), batch(B=3), first(), checkpoint=tmp_path, **args)  # the same law resumes
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+
+
+def test_the_same_example_ids_in_another_dtype_resume(tmp_path):
+    args = dict(sigma=0.3, checkpoint=tmp_path, **kw("dense"))
+    whole = hcrfast.bound(relu_mlp(), batch(), example_ids=np.arange(5, 12, dtype=np.int64), **args)
+    again = hcrfast.bound(relu_mlp(), batch(), example_ids=np.arange(5, 12, dtype=np.int32), **args)
+    assert again.params["checkpoint"]["examples_read_back"] == 7
+    assert_same(again, whole)
+
+
 @pytest.mark.parametrize("first, then, named", [
     (None, "low:2", "targets"),             # a KeyError on the missing targeted rows, before they were keyed
     ("low:2", [0, 1, 2], "targets"),        # other modes would have been mixed into the kept chunks
