@@ -457,7 +457,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     v = s["versions"]
     body.append(_table([
         ("bound computation, all chunks (s)", t["bound_seconds_all_chunks"]),
-        ("chunks computed by this run / reused", f"{t['chunks_computed_this_run']} / {t['chunks_reused']}"),
+        ("chunks computed by this run (all processes) / reused", f"{t['chunks_computed_this_run']} / {t['chunks_reused']}"),
         ("data loading and clean features (s)", t["data_and_features_seconds"]),
         ("figures (s)", t.get("figures_seconds")),
         ("wall time of this run (s)", t.get("wall_seconds_this_run")),

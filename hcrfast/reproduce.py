@@ -739,7 +739,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             # Test hook for the resume test: die as a kill would, without cleanup.
             sys.stderr.flush()
             os._exit(1)
-    world.agree("done")  # every chunk is in the folder now (or a process's error is raised here)
+    # every chunk is in the folder now (or a process's error is raised here); the counts are the run's, all ranks'
+    computed_all, reused_all = (sum(v) for v in zip(*world.agree("done", [len(todo), reused])))
 
     bounds_path, summary_path, report_path = out / "bounds.npz", out / "summary.json", out / "report.html"
     if world.rank != 0:
@@ -843,8 +844,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "timings": {
             "bound_seconds_all_chunks": bound_seconds,
             "data_and_features_seconds": seconds_data,
-            "chunks_computed_this_run": len(todo),
-            "chunks_reused": reused,
+            "chunks_computed_this_run": computed_all,
+            "chunks_reused": reused_all,
         },
         "versions": {
             "python": platform.python_version(),

@@ -207,6 +207,8 @@ def test_torchrun_two_processes_match_one(first, weights, tmp_path):
     assert proc.stdout.count("report:") == 1
     s = json.loads((out / "summary.json").read_text())
     assert s["world_size"] == 2
+    # the run's counts, both ranks' (rank 0 alone computed 2 of the 3)
+    assert s["timings"]["chunks_computed_this_run"] == 3 and s["timings"]["chunks_reused"] == 0
     _assert_same_bounds(first / "bounds.npz", out / "bounds.npz")
 
 
