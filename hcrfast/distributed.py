@@ -5,8 +5,9 @@ among the processes through a folder every process sees. The processes meet at a
 steps (:meth:`World.agree`) through the process group's key-value store: each posts what it
 holds (its call's key, rank 0's choices) and waits for the others. A process that fails in
 between posts its error instead, so the others raise it at their next step rather than wait
-forever, and a process that never comes is named after ``HCRFAST_SHARD_TIMEOUT`` seconds at the
-first step. No tensor collective is involved: the same code serves gloo and NCCL groups.
+forever, a process that never comes is named after ``HCRFAST_SHARD_TIMEOUT`` seconds at the
+first step, and one that dies (``kill -9``, out of memory: no error posted) is named once it has
+given no sign of life for a minute (each process beats from a thread of its own, computing or waiting). No tensor collective is involved: the same code serves gloo and NCCL groups.
 
 A process group hcrfast creates stays up for the life of the process (later calls reuse it;
 a second ``init_process_group`` would hang in its rendezvous) and is destroyed at exit.
@@ -30,6 +31,11 @@ __all__ = ["World", "ShardError", "join_timeout"]
 
 _TIMEOUT_ENV = "HCRFAST_SHARD_TIMEOUT"
 _DEFAULT_JOIN_TIMEOUT = 1800.0  # torch's own default for a collective
+# Each process of a session beats (a counter in the store) every _BEAT seconds from a thread of its own,
+# computing or waiting; one whose counter has not moved for _SILENT seconds is dead (killed, out of
+# memory, its machine lost). torchrun's agent stops the others then; a group launched by hand does not.
+_BEAT = 2.0
+_SILENT = 60.0
 # The index of this process's next shared call (by its rank: a process has one), where the processes'
 # calls meet. A process the others gave up waiting for at a call (marked absent there) skips that index.
 _next_call = collections.defaultdict(int)
@@ -111,6 +117,11 @@ class World:
                 call += 1
             _next_call[self.rank] = call + 1
         self._prefix, self._what, self._steps = f"{base}{call}/", what, 0
+        self._heard = {}  # rank -> (its beat counter, when this process saw it move)
+        stop = threading.Event()
+        beating = threading.Thread(target=_beat, args=(store, f"{self._prefix}beat/{self.rank}", stop),
+                                   name="hcrfast-shard-beat", daemon=True)
+        beating.start()
         try:
             yield self
         except BaseException as exc:
@@ -124,6 +135,8 @@ class World:
                 store.set(f"{self._prefix}left/{self.rank}", str(self._steps))  # after its last step's key
                 store.add(f"{self._prefix}lefts", 1)
         finally:
+            stop.set()
+            beating.join()
             self._prefix = None
             self._run_at_end()
 
@@ -168,6 +181,13 @@ class World:
                 raise ShardError(f"{self._what}: rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} "
                                  f"finished the call without reaching the step {step!r} that rank {self.rank} waits "
                                  f"at: the processes took different paths; give every process the same call")
+            silent = self._silent([r for r in range(self.size) if not store.check([keys[r]])])
+            if silent:  # dead: its error never comes, nor its key
+                raise ShardError(
+                    f"{self._what}: rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} of {self.size} "
+                    f"stopped answering ({_SILENT:g} s without a sign of life: killed, out of memory, or its machine "
+                    f"lost) while rank {self.rank} waited at step {step!r}; what was finished is kept: run the same "
+                    f"call again on every process to resume", from_others=False)
             if timeout is not None and time.monotonic() - t0 > timeout:
                 missing = [r for r in range(self.size) if not store.check([keys[r]])]
                 for r in missing:
@@ -184,6 +204,18 @@ class World:
             raise ShardError(f"{self._what}: the processes reached different steps ({where}): they took different "
                              f"paths; give every process the same call")
         return [g["payload"] for g in got]
+
+    def _silent(self, ranks) -> list:
+        """Those of ``ranks`` whose beat has not moved for ``_SILENT`` seconds, as this process saw it."""
+        store, now, silent = self._store(), time.monotonic(), []
+        for r in ranks:
+            count = store.add(f"{self._prefix}beat/{r}", 0)
+            seen, since = self._heard.get(r, (None, now))
+            if count != seen:
+                self._heard[r] = (count, now)
+            elif count and now - since > _SILENT:  # 0: not come yet (the first step's timeout waits for it)
+                silent.append(r)
+        return silent
 
     def mark_folder(self, folder) -> str | None:
         """Rank 0 leaves a file in ``folder`` for the others to find (taken back by
@@ -215,6 +247,15 @@ class World:
         from torch.distributed import distributed_c10d
 
         return distributed_c10d._get_default_store()
+
+
+def _beat(store, key: str, stop: threading.Event) -> None:
+    """Add 1 to ``key`` every ``_BEAT`` seconds until ``stop``: this process is alive."""
+    while True:
+        with contextlib.suppress(Exception):  # a store gone away: the waits name what follows
+            store.add(key, 1)
+        if stop.wait(_BEAT):
+            return
 
 
 def _destroy(dist) -> None:

@@ -375,6 +375,62 @@ with open(os.path.join({root!r}, "rank%d.json" % rank), "w") as fh:
 """
 
 
+KILLED_SCRIPT = """
+import os, signal, sys
+import torch
+sys.path.insert(0, {tests!r})
+import hcrfast
+import hcrfast.distributed
+from hcrfast import algorithm
+from test_checkpoint import batch, kw, relu_mlp
+
+hcrfast.distributed._SILENT = 3.0  # a minute by default
+torch.set_num_threads(1)
+if os.environ["RANK"] == "1":
+    def certify(model64, x, eps):  # killed in its first piece, as the kernel's OOM killer would: no error posted
+        os.kill(os.getpid(), signal.SIGKILL)
+    algorithm._certified_shift = certify
+try:
+    hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint={ck!r}, shard=True, **kw("dense"))
+except hcrfast.ShardError as exc:
+    print("ShardError:", exc)
+"""
+
+
+def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tmp_path):
+    """Without torchrun's agent nobody stops the others when one dies: they find it silent (its beat
+    stops) and raise, and the pieces finished stay for the resumed call."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert procs[0].returncode == 0, err[-3000:]
+    assert ("ShardError: hcrfast.bound(shard=True): rank 1 of 2 stopped answering (3 s without a sign of life: "
+            "killed, out of memory, or its machine lost) while rank 0 waited at step 'done'") in out, out + err
+    assert procs[1].wait() == -9
+    whole = hcrfast.bound(relu_mlp(), batch(), 0.3, **kw("dense"))
+    again = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == 4  # rank 0's pieces: examples 0-1 and 4-5
+    assert_same(again, whole)
+
+
 def test_torchrun_misuse_is_an_error_on_every_process_not_a_hang(tmp_path):
     """Each process catches its exception and goes on: none waits on a process that failed, asked
     for something else, looked in another folder or never came, and the two calls made right
