@@ -71,7 +71,7 @@ def add_subparser(subparsers) -> None:
                         "example and factored, every step exact); krylov (one reorthogonalized LSQR per example "
                         "keeps its Krylov basis, every step is projected on it). dense and krylov need "
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values whose J "
-                        "(features x inputs) holds at most 2^24 values (digits, MNIST, CIFAR-10), krylov beyond "
+                        "(features x inputs) holds at most 2^24 values (digits, MNIST, CIFAR-10), krylov on CUDA and beyond "
                         "(ImageNet models), LSQR otherwise")
     g.add_argument("--krylov-pilots", type=int, default=1, metavar="S",
                    help="with --solver krylov: restarts 0..S-1 each build their own Krylov basis and restart r "
