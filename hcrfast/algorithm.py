@@ -1043,6 +1043,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 raise RuntimeError(f"rows {', '.join(f'{a}..{b - 1}' for a, b in missing)} of the batch are in no "
                                    f"chunk of {checkpoint} after every process finished: a process wrote them "
                                    f"elsewhere; every process must see the same folder")
+        if saved is not None:
+            saved.tidy()  # every chunk is final: what killed writers left goes
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
         zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
         # Counted over the whole result, chunks read back from a checkpoint included, so that a

@@ -543,6 +543,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        if saved is not None:
+            saved.tidy()
 
     # A draw that took no step (a zero step counts as converged) kept its start point: if all did, the
     # errors are those of the starts (0 from the truth) and say nothing about an attacker.

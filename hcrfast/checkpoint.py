@@ -204,6 +204,22 @@ class Checkpoint:
                                               f"twice); delete {self.path} and start anew")
         return found
 
+    def tidy(self) -> None:
+        """Remove the partial chunk files (``.chunk_*.PID.tmp``) of processes killed while writing
+        one: called when every chunk of the call is in the folder. A file whose PID is alive on
+        this machine (another call's write, perhaps) is left alone."""
+        for file in self.path.glob(".chunk_*.tmp"):
+            try:
+                pid = int(file.name.rsplit(".", 2)[-2])
+                if pid != os.getpid():
+                    os.kill(pid, 0)  # raises if no such process
+                    continue
+            except ProcessLookupError:
+                pass
+            except (ValueError, OSError):  # not our name, or a process of another user: leave it
+                continue
+            file.unlink(missing_ok=True)
+
     def save(self, start: int, stop: int, **arrays) -> None:
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
                      **arrays)

@@ -634,6 +634,8 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
         if progress:
             _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, t_start,
                            computed, to_compute)
+    if saved is not None:
+        saved.tidy()
     result = TargetedBounds.concatenate([parts[start] for start in sorted(parts)], xp)
     result.params = dict(result.params, checkpoint=None if saved is None else dict(
         path=str(saved.path), examples_read_back=B - to_compute))

@@ -704,3 +704,18 @@ def test_a_resumed_call_warns_and_explains_as_the_uninterrupted_one(tmp_path, mo
         res = hcrfast.bound(HalfBlind().eval(), x, 0.01, checkpoint=tmp_path / "big", **big)
     assert res.params["checkpoint"]["examples_read_back"] == 6
     assert sorted(str(w.message) for w in caught if "overflowed" in str(w.message)) == first != []
+
+
+def test_a_finished_call_removes_what_killed_writers_left(tmp_path):
+    import subprocess
+    import sys
+
+    hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a PID no process holds now
+    stale = tmp_path / f".chunk_000000002_000000004.npz.{dead.pid}.tmp"
+    live = tmp_path / f".chunk_000000002_000000004.npz.{os.getppid()}.tmp"  # a live writer's: kept
+    for f in (stale, live):
+        f.write_bytes(b"PK\x03\x04 half written")
+    hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
+    assert not stale.exists() and live.exists()
