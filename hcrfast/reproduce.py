@@ -616,6 +616,25 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     world.check_folder(out, world.agree("join", token, timeout=join_timeout())[0], "--out")
     dev = torch.device(device if device == "cpu" or world.size == 1 else f"cuda:{world.local_rank}")
 
+    # -- data: first, so that a missing data set is named before weights are trained or downloaded --------
+    spec = _zoo._SPECS[name]
+    examples = spec["examples"] if examples is None else _positive_int("examples", examples, "--examples")
+    t_data = time.perf_counter()
+    load_kwargs = {}
+    if spec["dataset"] == "imagenet":
+        load_kwargs = {"resize": spec["resize"], "interpolation": spec["interpolation"]}
+    if download and spec["dataset"] not in ("mnist", "cifar10"):
+        _say(progress and world.rank == 0, f"{tag}: --download ignored: {spec['dataset']} is not downloadable "
+                                           f"(digits ships with scikit-learn; ImageNet must be local)")
+        download = False
+    images, labels = _data.load(spec["dataset"], split="test", root=data_root, download=download, limit=examples,
+                                **load_kwargs)
+    if images.shape[0] < examples:
+        validation.warn(f"{name}: asked for {examples} examples but the test split has {images.shape[0]}; "
+                        f"using all {images.shape[0]}")
+    n_examples = int(images.shape[0])
+    seconds_load = time.perf_counter() - t_data
+
     # -- model ---------------------------------------------------------------------------
     weights_arg, fingerprint, weights_text, trained = _weights(
         name, weights, out, world=world, progress=progress and world.rank == 0, train_epochs=train_epochs)
@@ -623,33 +642,19 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     zm.model.to(dev).eval()
 
     # -- parameters: published defaults unless given ----------------------------------------
-    examples = zm.examples if examples is None else _positive_int("examples", examples, "--examples")
     iterations = (zm.iterations_limit if limit else zm.iterations) if iterations is None else iterations
     iterations = _positive_int("iterations", iterations, "--iterations")
     size = _positive_float("size", (zm.size_limit if limit else zm.size) if size is None else size, "--size")
     sigma_scale = _positive_float("sigma_scale", zm.sigma_scale if sigma_scale is None else sigma_scale,
                                   "--sigma-scale")
 
-    # -- data ------------------------------------------------------------------------------
-    t_data = time.perf_counter()
-    load_kwargs = {}
-    if zm.dataset == "imagenet":
-        load_kwargs = {"resize": zm.resize, "interpolation": zm.interpolation}
-    if download and zm.dataset not in ("mnist", "cifar10"):
-        _say(progress and world.rank == 0, f"{tag}: --download ignored: {zm.dataset} is not downloadable "
-                                           f"(digits ships with scikit-learn; ImageNet must be local)")
-        download = False
-    images, labels = _data.load(zm.dataset, split="test", root=data_root, download=download, limit=examples,
-                                **load_kwargs)
-    if images.shape[0] < examples:
-        validation.warn(f"{name}: asked for {examples} examples but the test split has {images.shape[0]}; "
-                        f"using all {images.shape[0]}")
-    n_examples = int(images.shape[0])
+    # -- clean features and sigma -----------------------------------------------------------
+    t_features = time.perf_counter()
     xn = zm.normalize(images).to(dev)
     feats = _features(zm, xn, chunk_examples)
     sigma_fresh = hcrfast.rms_sigma(feats, sigma_scale)
     rms = sigma_fresh / sigma_scale
-    seconds_data = time.perf_counter() - t_data
+    seconds_data = seconds_load + time.perf_counter() - t_features  # loading and clean features
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
                                        int(np.prod(xn.shape[1:])), lsqr_given=bool(lsqr_given))  # --lsqr-*: LSQR
     if krylov_pilots != 1 and solver != "krylov":

@@ -85,8 +85,11 @@ def test_a_download_that_fails_offline_is_one_line_not_a_traceback(tmp_path, mon
         raise urllib.error.URLError("no network in this test")
 
     monkeypatch.setattr(torch.hub, "download_url_to_file", no_network)
+    from _fakedata import write_imagefolder
+
+    write_imagefolder(tmp_path / "imagenet" / "val", per_class=1)  # the data is there: the weights are not
     code = cli.main(["reproduce", "resnet18", "--weights", "default", "--examples", "1", "--out", str(tmp_path / "r"),
-                     "--no-progress"])
+                     "--data", str(tmp_path / "imagenet"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert err.startswith("hcrfast: error: Could not get torchvision's pretrained") and "--weights /path/to/" in err

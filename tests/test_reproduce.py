@@ -303,6 +303,18 @@ def test_mnist_missing_data_directory(mnist_weights, tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # the refused run leaves no empty run folder behind
 
 
+def test_missing_data_is_named_before_weights_are_downloaded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+
+    def download(url, *args, **kwargs):
+        raise AssertionError(f"downloaded {url} for a run whose data is missing")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", download)
+    code = cli.main(["reproduce", "resnet18", "--weights", "default", "--data", str(tmp_path / "no-imagenet"),
+                     "--out", str(tmp_path / "o")])
+    assert code == 2 and capsys.readouterr().err.startswith("hcrfast: error: ImageNet not found")
+
+
 def test_failed_run_keeps_what_it_found_and_trained(mnist_weights, tmp_path):
     out = tmp_path / "o"
     (out / "chunks").mkdir(parents=True)
