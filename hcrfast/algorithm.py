@@ -353,8 +353,72 @@ def _features_move(model, x) -> np.ndarray:
     return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
 
 
+#: A step whose float64 features came out exactly unchanged is scaled up to this fraction of its
+#: example's largest input magnitude (never down) before D = 0 is taken to mean +inf: features that
+#: move then were only rounded (the step is below float64's resolution against features of their size),
+#: as on a full-rank linear model with σ ~1e-12 of the features' RMS; those of inputs the model
+#: ignores do not move at any scale.
+_RESOLUTION_PROBE = 1e-3
+
+#: z from float64 passes is taken as exact while its relative rounding error, estimated as
+#: ``u · ‖a(θ)‖ / ‖z‖`` (u: float64's unit roundoff), stays below ``_ROUNDING_TOLERANCE``; up to
+#: ``_ROUNDING_LIMIT`` a bound may sit about that much above the valid one and a warning says so
+#: (σ·s ≲ 1e-10 × the features' scale); beyond, D is not established and the step bounds nothing (0).
+#: (An audit's full-rank linear model at σ = 1e-12 × its features' RMS: targeted bounds 1.45× the exact
+#: least-squares std without the limit.)
+_ROUNDING_TOLERANCE = 1e-6
+_ROUNDING_LIMIT = 1e-3
+
+
+def _rounded_away(model64, x, eps) -> np.ndarray:
+    """Per row of ``eps`` (steps at the inputs ``x``, one row each, whose float64 features did not
+    move): whether the float64 features move once the step is scaled up to
+    :data:`_RESOLUTION_PROBE` of its example's largest input magnitude: then its D = 0 was float64
+    rounding the shift away, not a direction the features do not see."""
+    x64 = x.double()
+    step = to_torch(eps).double().reshape(x64.shape)
+    reach = x64.reshape(len(x64), -1).abs().amax(dim=1)
+    reach = _RESOLUTION_PROBE * torch.where(reach > 0, reach, torch.ones_like(reach))
+    size = step.reshape(len(step), -1).abs().amax(dim=1)
+    grow = torch.clamp(reach / torch.where(size > 0, size, torch.ones_like(size)), min=1.0)
+    probe = step * grow.reshape((-1,) + (1,) * (step.dim() - 1))
+    return (_features(model64, x64 + probe) != _features(model64, x64)).any(dim=1).cpu().numpy()
+
+
+def _norms64(rows):
+    """The float64 norm of each row (examples' features or shifts, any trailing shape)."""
+    xp = get_array_module(rows)
+    return xp.linalg.norm(rows.reshape(rows.shape[0], -1).astype(xp.float64), axis=1)
+
+
+def _coarse_shifts(fnorm, znorm, what: str):
+    """Rows whose shift (norm ``znorm``, from float64 passes) is so small next to its clean features
+    (norm ``fnorm``) that float64's rounding may move D by more than :data:`_ROUNDING_LIMIT`: they
+    bound nothing (0), with a warning; a warning too for those past :data:`_ROUNDING_TOLERANCE`."""
+    xp = get_array_module(znorm)
+    rel = np.finfo(np.float64).eps / 2 * fnorm / xp.where(znorm > 0, znorm, xp.inf)  # 0 where z = 0
+    coarse = rel > _ROUNDING_LIMIT
+    n_coarse, n_risky, worst = (float(v) for v in to_host(xp.stack([
+        coarse.sum().astype(xp.float64), ((rel > _ROUNDING_TOLERANCE) & ~coarse).sum().astype(xp.float64),
+        rel.max()])))
+    if n_coarse:
+        validation.warn(f"{int(n_coarse)} {what} moved the features so little next to their size that float64's "
+                        f"rounding of a(theta+eps) - a(theta) may move D by more than {_ROUNDING_LIMIT:g} (relative; "
+                        f"up to ~{worst:.1g}): D is not established and they bound nothing (0); pass a sigma nearer "
+                        f"the features' scale (hcrfast.rms_sigma(features, scale))")
+    if n_risky:
+        validation.warn(f"{int(n_risky)} {what} moved the features so little next to their size that float64's "
+                        f"rounding of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to "
+                        f"~{min(worst, _ROUNDING_LIMIT):.1g} (relative), above or below; the bounds are exact to "
+                        f"float64 only for shifts well above its resolution: pass a sigma nearer the features' scale "
+                        f"(hcrfast.rms_sigma(features, scale))")
+    return coarse
+
+
 _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
 _UNRESOLVED = "not float64"  # how a zero-step reason names D = 0 from uncertified lower-precision passes
+_ROUNDED = "below float64's resolution"  # how it names D = 0 from a step float64 could not resolve
+_COARSE = "within float64's rounding"  # how it names a shift too small for float64 to give D reliably
 
 
 def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
@@ -940,8 +1004,24 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 safe_d = xp.where(zero_d, 1.0, d)
                 moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
                 # D = 0 proves +inf only where z_ε comes from float64 passes (taken as exact): features
-                # left unchanged by uncertified float32 passes may only have rounded the shift away.
+                # left unchanged by uncertified float32 passes may only have rounded the shift away, and
+                # float64 ones too where the same direction, scaled up, moves them.
                 unresolved = zero_d & moved & (not z_exact)
+                rounded = xp.zeros_like(zero_d)
+                if z_exact:
+                    rows = np.flatnonzero(to_host(zero_d & moved).ravel())
+                    if rows.size:
+                        lost = _rounded_away(model64 if certify else model,
+                                             batch[start:stop][torch.as_tensor(rows // restarts)],
+                                             eps64[xp.asarray(rows)])
+                        rounded = rounded.ravel()
+                        rounded[xp.asarray(rows[lost])] = True
+                        rounded = rounded.reshape(zero_d.shape)
+                    coarse = _coarse_shifts(xp.repeat(_norms64(from_torch(features[start:stop])), restarts),
+                                            _norms64(z64), "restarts' steps").reshape(zero_d.shape)
+                else:
+                    coarse = xp.zeros_like(zero_d)
+                unresolved = unresolved | rounded
                 infinite = zero_d & ~unresolved
                 # +inf is for D = 0 only: a finite bound beyond float64's range (σ ≥ 1e100 against
                 # saturated features) is reported as float64's largest value, still a lower bound.
@@ -952,6 +1032,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                      xp.minimum(sq / safe_d, _FLOAT64_MAX))
                 per_restart = xp.where(infinite[..., None] & (coords > 0), xp.inf, per_restart)
                 per_restart = xp.where(zero_d[..., None] & ~(infinite[..., None] & (coords > 0)), 0.0, per_restart)
+                per_restart = xp.where(coarse[..., None], 0.0, per_restart)  # D not established
+                mse_r = xp.where(coarse, 0.0, mse_r)
                 std[start:stop] = per_restart.max(axis=1)
                 best = xp.argmax(mse_r, axis=1)
                 rows = xp.arange(m) * restarts + best
@@ -963,8 +1045,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
-                zero_d, moved, underflow, unresolved = to_host(xp.stack([zero_d, moved, zero_d & shifted,
-                                                                         unresolved]))
+                zero_d, moved, underflow, unresolved, rounded, coarse = to_host(xp.stack([
+                    zero_d, moved, zero_d & shifted, unresolved, rounded, coarse]))
                 if underflow.any():
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
                 c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
@@ -975,7 +1057,15 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in {z_dtype}, {_UNRESOLVED} "
                            f"(certify=False): {z_dtype} may have rounded the features' shift away, so D = 0 is not "
                            f"established and this restart bounds nothing (0); certify=True decides it"
-                           for e, r in zip(*np.nonzero(unresolved))]
+                           for e, r in zip(*np.nonzero(unresolved & ~rounded))]
+                c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in float64, but the features "
+                           f"move when this eps is scaled up to {_RESOLUTION_PROBE:g} of the inputs' scale: the step "
+                           f"is {_ROUNDED} against features of this size, so D = 0 is rounding, not a direction the "
+                           f"features do not see, and this restart bounds nothing (0)"
+                           for e, r in zip(*np.nonzero(rounded))]
+                c_zero += [f"example {start + e}, restart {r}: a(theta+eps) - a(theta) is {_COARSE} of features "
+                           f"this size (it may move D by more than {_ROUNDING_LIMIT:g}), so D is not established and "
+                           f"this restart bounds nothing (0)" for e, r in zip(*np.nonzero(coarse))]
                 zero_of[start] = c_zero
             if saved is not None:
                 with profiling.annotate("checkpoint"):
@@ -1051,7 +1141,16 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # resumed call warns as the uninterrupted one did.
         n_blind = sum(_BLIND in line for line in zero_steps)
         n_unresolved = sum(_UNRESOLVED in line for line in zero_steps)
-        degenerate = (len(zero_steps) - n_blind - n_unresolved, int(to_host(xp.isinf(divergence)).sum()), n_blind)
+        n_rounded = sum(_ROUNDED in line for line in zero_steps)
+        n_coarse = sum(_COARSE in line for line in zero_steps)  # warned of by _coarse_shifts
+        degenerate = (len(zero_steps) - n_blind - n_unresolved - n_rounded - n_coarse,
+                      int(to_host(xp.isinf(divergence)).sum()), n_blind)
+        if n_rounded:
+            validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but the same "
+                            f"directions scaled up move them: their steps are {_ROUNDED} against features of this "
+                            f"size (sigma * size too small next to the features), so D = 0 is rounding and they "
+                            f"bound nothing (0); pass a sigma nearer the features' scale "
+                            f"(hcrfast.rms_sigma(features, scale)); see params['zero_step_reasons']")
         if n_unresolved:
             validation.warn(f"{n_unresolved} restarts left the features exactly unchanged in uncertified "
                             f"{validation.dtype_name(batch.dtype)} forward passes (certify=False), which may have "

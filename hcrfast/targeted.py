@@ -50,7 +50,8 @@ import torch
 
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _in_chunks,
-                               _progress_line, divergence_underflow)
+                               _coarse_shifts, _norms64, _progress_line, _rounded_away,
+                               divergence_underflow)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
@@ -298,16 +299,19 @@ def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str) -> list
     return reasons
 
 
-def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk):
+def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
     Returns ``(eps64, d, value)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
-    (+inf where D = 0 and q·ε ≠ 0, 0 where both vanish), all float64.
+    (+inf where D = 0 and q·ε ≠ 0, unless the step was only rounded away; 0 where both vanish), all
+    float64. ``null_probes``: the candidates are null-space steps, whose shifts are rounding by
+    design (no warning that they are small).
     """
     xp = array_module_for(batch.device)
     R = eps.shape[0]
     eps64 = xp.empty((R, eps.shape[1]))
     d = xp.empty(R)
+    znorm = xp.empty(R)  # the shifts' norms, for the rounding check
     example_of = xp.asarray(example_of)
 
     def work(r0, r1):
@@ -319,6 +323,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
             e64, z64 = _applied_shift(model, x, eps[r0:r1].astype(from_torch(x[:1]).dtype),
                                       f0[example_of[r0:r1]])
         eps64[r0:r1] = e64
+        znorm[r0:r1] = _norms64(z64)
         d[r0:r1] = noise.divergence(z64)
         underflow = int(to_host(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum()))
         if underflow:
@@ -329,9 +334,26 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))
     # D = 0 proves +inf only from float64 passes (taken as exact): uncertified float32 ones may only
-    # have rounded the shift away, and such a step bounds nothing (0).
+    # have rounded the shift away, and such a step bounds nothing (0); so may float64 ones where the
+    # same direction, scaled up, moves the features.
     exact = certify or batch.dtype == torch.float64
-    value = xp.where(zero_d, xp.where((coord > 0) & exact, xp.inf, 0.0), value)
+    proven = (coord > 0) & exact
+    if exact:
+        rows = np.flatnonzero(to_host(zero_d & proven))
+        if rows.size:
+            lost = _rounded_away(model64 if certify else model, batch[torch.as_tensor(to_host(example_of)[rows])],
+                                 eps64[xp.asarray(rows)])
+            if lost.any():
+                proven[xp.asarray(rows[lost])] = False
+            if lost.any() and not null_probes:  # a generic null space's steps are rounding by design
+                validation.warn(f"{int(lost.sum())} targeted steps left the float64 features exactly unchanged, but "
+                                f"the same directions scaled up move them: the steps are below float64's resolution "
+                                f"against features of this size (sigma * size too small next to the features), so "
+                                f"D = 0 is rounding and they bound nothing (0); pass a sigma nearer the features' "
+                                f"scale (hcrfast.rms_sigma(features, scale))")
+        if not null_probes:  # a generic null space's steps are rounding by design: huge finite bounds, valid
+            value = xp.where(_coarse_shifts(_norms64(f0)[example_of], znorm, "targeted steps"), 0.0, value)
+    value = xp.where(zero_d, xp.where(proven, xp.inf, 0.0), value)
     if not exact:
         unresolved = int(to_host((zero_d & (coord > 0)).sum()))
         if unresolved:
@@ -695,7 +717,7 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             ex = np.repeat(ex_sel, m)
             with np.errstate(over="ignore"):  # large null-space steps may overflow D: bound 0, never picked
                 c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                                              certify=params["certify"], noise=noise, chunk=chunk)
+                                              certify=params["certify"], noise=noise, chunk=chunk, null_probes=True)
             c_val = c_val.reshape(-1, m)
             best = xp.argmax(c_val, axis=1)
             pick = xp.arange(sel.shape[0]) * m + best

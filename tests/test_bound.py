@@ -162,6 +162,45 @@ def test_uncertified_float32_shift_rounded_to_zero_claims_no_infinite_bound(solv
     assert np.all(certified.std.reshape(4, -1) <= exact * (1 + 1e-3))
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "dense"])
+def test_float64_shift_below_resolution_claims_no_infinite_bound(solver):
+    """A full-rank float64 linear model with inputs of order 1, features of order 1e4 and σ = 1e-12:
+    the feature shifts (~5e-15) are below float64's resolution of the features (~2e-12), so
+    a(θ+ε) == a(θ) exactly, though ε is applied and the least-squares estimator has a finite std. Such a D = 0 is rounding: the same
+    direction scaled up moves the features, so it bounds nothing (0) instead of +inf, with a reason
+    and a warning; so do the shifts float64 gives too coarsely for D (beyond _ROUNDING_LIMIT: without
+    it, targeted bounds reached 1.45x the exact std here). Inputs the model ignores still get +inf
+    (test_zero_divergence_gives_infinite_bound_with_reason)."""
+    rng = np.random.default_rng(0)
+    shape = (1, 4, 5)
+    W = rng.standard_normal((24, 20))
+    model = linear_model(W, 1e4 * rng.standard_normal(24), shape)
+    x = torch.as_tensor(rng.standard_normal((3,) + shape))
+    sigma = 1e-12
+    exact = sigma * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))  # pixel basis
+    kw = dict(iterations=3, restarts=4, basis="pixel", solver=solver, lsqr=FAST if solver == "lsqr" else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = hcrfast.bound(model, x, sigma, **kw)
+        tb = hcrfast.targeted_bound(model, x, sigma, basis="pixel")
+    text = " ".join(str(w.message) for w in caught)
+    assert not np.isinf(res.std).any() and res.infinite_reasons == [] and not np.isinf(tb.std).any()
+    assert "below float64's resolution" in text and "D is not established and they bound nothing (0)" in text
+    reasons = res.params["zero_step_reasons"]
+    assert len([r for r in reasons if "below float64's resolution" in r]) == int((res.divergence == 0).sum()) > 0
+    assert len([r for r in reasons if "within float64's rounding" in r]) == int((res.divergence > 0).sum())
+    for got in (res.std, tb.std):  # nothing above the exact std
+        assert np.all(got.reshape(3, -1) <= exact * (1 + 1e-3))
+    # a sigma float64 resolves against these features: finite bounds, the targeted ones at the exact std
+    # times sqrt(s^2 / expm1(s^2)) (s = 1/200), no warning of rounding
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tb = hcrfast.targeted_bound(model, x, 1e-2, basis="pixel")
+    np.testing.assert_allclose(tb.std.reshape(3, -1),
+                               np.tile(1e-2 / sigma * exact * np.sqrt(0.005**2 / np.expm1(0.005**2)), (3, 1)),
+                               rtol=1e-6)
+
+
 def test_gaussian_divergence_matches_monte_carlo():
     """E[(f(Z−z)/f(Z) − 1)²] by simulation against exp(‖z‖²/σ²) − 1."""
     rng = np.random.default_rng(0)
