@@ -364,8 +364,8 @@ _RESOLUTION_PROBE = 1e-3
 #: ``u · ‖a(θ)‖ / ‖z‖`` (u: float64's unit roundoff), stays below ``_ROUNDING_TOLERANCE``; up to
 #: ``_ROUNDING_LIMIT`` a bound may sit about that much above the valid one and a warning says so
 #: (σ·s ≲ 1e-10 × the features' scale); beyond, D is not established and the step bounds nothing (0).
-#: (An audit's full-rank linear model at σ = 1e-12 × its features' RMS: targeted bounds 1.45× the exact
-#: least-squares std without the limit.)
+#: (A full-rank linear model at σ ~1e-12 of its features' RMS had targeted bounds above the exact
+#: least-squares std without the limit: tests/test_bound.py.)
 _ROUNDING_TOLERANCE = 1e-6
 _ROUNDING_LIMIT = 1e-3
 
