@@ -169,21 +169,27 @@ def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float,
 
 
 def _features(model, x: torch.Tensor) -> torch.Tensor:
-    """Features of the rows of ``x``; a forward that runs out of memory is split in halves.
+    """Features of the rows of ``x``, flat; a forward that runs out of memory is split in halves.
 
     The forwards of a chunk (restart steps, float64 certification) come after its LSQR
     solves: splitting them keeps that work instead of failing the whole chunk.
     """
+    return forward(model, x).reshape(x.shape[0], -1)
+
+
+def forward(model, x: torch.Tensor):
+    """``model(x)`` without autograd, split in halves (and concatenated) where it runs out of memory:
+    what the model returns, unchecked (:func:`hcrfast.validation.features_of` checks it)."""
     with torch.no_grad():
         try:
-            return model(x).reshape(x.shape[0], -1)
+            return model(x)
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
             if not _is_oom(exc) or x.shape[0] < 2:
                 raise
     # Out of the except block: the exception's frames no longer hold the failed forward's memory.
     release_device_memory(x.device)
     half = x.shape[0] // 2
-    return torch.cat([_features(model, x[:half]), _features(model, x[half:])])
+    return torch.cat([forward(model, x[:half]), forward(model, x[half:])])
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):

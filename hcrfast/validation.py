@@ -265,9 +265,11 @@ def model_dtype_device(model, batch: torch.Tensor) -> None:
 
 
 def features_of(model, batch: torch.Tensor) -> torch.Tensor:
-    """Run the model once and check what it returns: (B, n) features, all finite."""
-    with torch.no_grad():
-        out = model(batch)
+    """Run the model once (split where it runs out of memory) and check what it returns: (B, n)
+    features, all finite."""
+    from hcrfast.algorithm import forward  # here: algorithm imports this module
+
+    out = forward(model, batch)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"the model must return a torch.Tensor of features, got {type(out).__name__}; "
                         f"wrap it so that it returns the feature tensor only")
@@ -372,6 +374,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     ``rtol`` is relative to the largest feature, and at least 4 ulps of the features' dtype (a
     float16 model may round one example differently alone than in a batch).
     """
+    from hcrfast.algorithm import forward  # split where it runs out of memory, as every later forward
     from hcrfast.bindings import TorchJacobian, from_torch, to_torch
 
     B = batch.shape[0]
@@ -379,7 +382,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     probe = batch[:3] if B >= 2 else batch.repeat(2, *([1] * (batch.ndim - 1)))
     with torch.no_grad():
         scale = features.abs().max().clamp_min(torch.finfo(features.dtype).tiny)
-        again = model(batch).reshape(B, -1)
+        again = forward(model, batch).reshape(B, -1)
         noise_gap = (again - features).abs().max() / scale
         if noise_gap > rtol:
             raise ValueError(
