@@ -538,7 +538,9 @@ def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, op
     memory beside the product graphs and the restarts' vectors (measured as in :func:`_auto_chunk`)."""
     values = pilots * krylov.basis_values(n, p, options)
     if batch.device.type != "cuda":
-        return max(1, _KRYLOV_ELEMENTS // values)
+        # the bases, and per pilot and restart ~16 rows of n + p 4-byte values: LSQR's vectors, the
+        # restarts' z̃, ε, features and their float64 certification (R = 400 doubled the peak without)
+        return max(1, _KRYLOV_ELEMENTS // (values + 16 * (pilots + restarts) * (n + p)))
     free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
     # The basis, two product graphs (the chunk's and the compacted one's), LSQR's vectors on one row,
     # and the restarts' own vectors (z̃, ε, features, their float64 certification) on R rows.

@@ -480,3 +480,16 @@ def test_stacked_groups_padding_and_pilots_against_each_examples_own_oracle():
     got = krylov.solve(twice, c.reshape(12, 30), pilots=2)  # solver arrays (NumPy here)
     np.testing.assert_allclose(np.asarray(got).reshape(4, 3, 20), want, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(krylov.directions(twice, q, pilots=2).numpy(), dirs, rtol=1e-8, atol=1e-10)
+
+
+def test_the_automatic_cpu_chunk_makes_room_for_the_restarts():
+    """Each restart keeps ~16 rows of n + p values beside the bases: the automatic chunk shrinks with R
+    (it did not, and 400 restarts doubled the peak memory of 25), as the LSQR and dense chunks do."""
+    from hcrfast import algorithm
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 784)).eval()
+    x = torch.zeros(2, 1, 28, 28)
+    opts = hcrfast.LSQROptions(atol=0, btol=0, iter_lim=32)
+    chunks = [algorithm._krylov_chunk(model, x, R, 784, 784, "reverse", opts) for R in (1, 25, 400)]
+    per_example = hcrfast.krylov.basis_values(784, 784, opts) + 16 * (1 + 400) * (784 + 784)
+    assert chunks[0] > chunks[1] > chunks[2] == algorithm._KRYLOV_ELEMENTS // per_example
