@@ -219,7 +219,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
 
 
 def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options, jacobian, warm_start=False,
-                          min_norm=None, basis=None, krylov_pilots=1):
+                          min_norm=None, basis=None, krylov_pilots=1, progress=None):
     """Run Algorithm 1 for the problems of one chunk (rows of ``x``: examples × restarts).
 
     Returns ``(eps, itn, istop)`` as solver arrays: the final ε (P, p) and the
@@ -276,7 +276,8 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
                     # z̃(j) = c·z(j−1) ≈ c·J ε(j−1): c·ε(j−1) nearly solves this step already.
                     c = xp.where(znorm > 0, target / xp.where(znorm > 0, znorm, 1), 0).astype(eps.dtype)
                     x0 = eps * c[:, None]
-                res = lsqr(op, ztilde, options, x0=x0)
+                res = lsqr(op, ztilde, options, x0=x0,
+                           progress=None if progress is None else functools.partial(progress, j))
             eps = res.x if eps is None else xp.where(stuck[:, None], eps, res.x)
             itns.append(res.itn)
             istops.append(res.istop)
@@ -567,8 +568,27 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float):
     def report(steps, active):
         if steps - last[0] >= 256 or active == 0:
             last[0] = steps
-            print(f"hcrfast: examples {start}-{stop} of {total}: Krylov basis {steps} steps, {active} still running "
+            print(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} still running "
                   f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+    return report
+
+
+#: Seconds between the progress lines from inside a chunk (LSQR's solves, the attack's iterations).
+_PROGRESS_EVERY = 10.0
+
+
+def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: float):
+    """``progress=True`` under LSQR: a line at most every :data:`_PROGRESS_EVERY` seconds from inside a
+    chunk's solves (a chunk of the automatic size can take many minutes): its step of Algorithm 1,
+    LSQR's iteration and the problems still running."""
+    last, every = [time.perf_counter()], _PROGRESS_EVERY
+
+    def report(j, steps, active, rows):
+        now = time.perf_counter()
+        if now - last[0] >= every:
+            last[0] = now
+            print(f"hcrfast: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration "
+                  f"{steps}, {active} of {rows} problems running ({now - t_start:.1f} s)", file=sys.stderr)
     return report
 
 
@@ -955,7 +975,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 eps, c_itn, c_istop = _chunk_perturbations(
                     model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
                     options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
-                    krylov_pilots=krylov_pilots)
+                    krylov_pilots=krylov_pilots,
+                    progress=_lsqr_progress(start, stop, B, iterations, t_start) if progress and solver == "lsqr"
+                    else None)
             c_ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             if basis is not None:  # the pilots' first steps are where the products went
                 first = (xp.arange(stop - start)[:, None] * restarts + xp.arange(krylov_pilots)[None, :]).ravel()

@@ -245,14 +245,30 @@ def _row_norms64(a, xp):
     return xp.sqrt(xp.einsum("bi,bi->b", a, a))
 
 
-def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, jacobian):
+def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
+    """``progress=True``: a line at most every ``algorithm._PROGRESS_EVERY`` seconds from inside a
+    chunk's Gauss–Newton iterations (a chunk of the automatic size can take minutes)."""
+    from hcrfast import algorithm
+
+    last, every = [time.perf_counter()], algorithm._PROGRESS_EVERY
+
+    def report(j, running, rows):
+        now = time.perf_counter()
+        if now - last[0] >= every:
+            last[0] = now
+            print(f"hcrfast attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, {running} "
+                  f"of {rows} draws running ({now - t_start:.1f} s)", file=sys.stderr)
+    return report
+
+
+def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, jacobian, progress=None):
     """Levenberg–Marquardt for the rows of ``est`` (P, p) against observations ``X`` (P, n, float64).
 
     Damping per problem by levels: λ = ``damping`` at level 0, ``unit·10^level`` above it,
     with ``unit = max(damping, FIRST_DAMPING/10 · ‖J‖)`` fixed at the first rejection. A
     rejected step raises the level by one, an accepted one lowers it by one (Marquardt).
     Only the still-running problems are solved; which ones is decided on the host once
-    per Gauss–Newton iteration.
+    per Gauss–Newton iteration, when ``progress(j, running, P)`` is told too.
     """
     xp = get_array_module(X)
     P = est.shape[0]
@@ -278,6 +294,8 @@ def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, j
 
     for j in range(steps):
         idx_host = np.flatnonzero(to_host(running))  # the deliberate host look, once per iteration
+        if progress is not None:
+            progress(j, idx_host.size, P)
         if idx_host.size == 0:
             history[:, j + 1:] = cost[:, None]
             break
@@ -489,7 +507,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             est = from_torch(start_points[lo:hi].repeat_interleave(draws, dim=0).reshape(m * draws, p)).copy()
             with np.errstate(over="ignore", invalid="ignore"):  # a run that stalls on them is refused below
                 return Z, _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
-                                        options=options, jacobian=jacobian)
+                                        options=options, jacobian=jacobian,
+                                        progress=_gn_progress(lo, hi, B, steps, t_start) if progress else None)
 
         def store(lo, hi, result):
             Z, run = result

@@ -397,7 +397,7 @@ def compact(state: LSQRState, full_op, rows: np.ndarray, keep: np.ndarray):
     return state.take(xp.asarray(keep)), full_op.take(xp.asarray(rows)), rows
 
 
-def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, **overrides) -> LSQRResult:
+def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, progress=None, **overrides) -> LSQRResult:
     """Solve ``min ‖A_k x_k − b_k‖² + damp²‖x_k‖²`` for every problem k of a batch.
 
     Parameters
@@ -415,6 +415,9 @@ def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, **overrides) -> 
         ``‖x0‖ + ‖δ‖`` for ``‖x‖`` (SciPy: ``‖δ‖``), so a good start stops at about the
         residual a start from zero stops at, in fewer iterations. One extra product
         ``A x0`` per problem. The reported ``xnorm`` is ``‖δ‖``'s estimate, as SciPy's.
+    progress : callable, optional
+        Called as ``progress(steps, active, total)`` at every host check (every ``check_every``
+        steps), with the problems still running: no host synchronisation of its own.
 
     Returns
     -------
@@ -442,6 +445,8 @@ def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, **overrides) -> 
         # The one deliberate host synchronisation: which problems are still running.
         active = to_host(state.active)
         finished = steps >= iter_lim or not active.any()
+        if progress is not None:
+            progress(steps, 0 if finished else int(active.sum()), b.shape[0])
         if finished or active.mean() < opts.compact_below:
             done = np.ones_like(active) if finished else ~active
             src = xp.asarray(np.flatnonzero(done))

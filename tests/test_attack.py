@@ -1,5 +1,6 @@
 """hcrfast.attack: the Gauss–Newton attacker against least squares and the exact LS covariance."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -346,3 +347,19 @@ def test_compare_matches_a_monte_carlo_law_by_its_name_and_warns_when_it_has_non
     with pytest.warns(UserWarning, match=r"both use an unnamed Monte Carlo density .*cannot tell whether they are "
                                          r"the same law"):
         compare(res, gauss_newton_attack(model, x, unnamed(30.0), draws=3, steps=1))
+
+
+def test_progress_speaks_from_inside_a_long_chunk(capsys, monkeypatch):
+    """One chunk of the automatic size can run for minutes: lines come from its iterations too (at most
+    every algorithm._PROGRESS_EVERY seconds, 0 here), and the results are the quiet run's."""
+    from hcrfast import algorithm
+
+    _, _, model, x = _linear_problem(3, examples=3)
+    quiet = gauss_newton_attack(model, x, 0.2, draws=2, steps=2)
+    monkeypatch.setattr(algorithm, "_PROGRESS_EVERY", 0.0)
+    loud = gauss_newton_attack(model, x, 0.2, draws=2, steps=2, progress=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(r"hcrfast attack: examples 0-2 of 3: Gauss-Newton step 1/2, 6 of 6 draws running "
+                        r"\(\d+\.\d s\)", lines[0]), lines
+    assert lines[-1].startswith("hcrfast attack: examples 3/3 done")
+    np.testing.assert_array_equal(loud.estimates, quiet.estimates)

@@ -1,6 +1,7 @@
 """hcrfast.bound: validity against the exact least-squares covariance, rigor, determinism."""
 import functools
 import threading
+import re
 import warnings
 
 import numpy as np
@@ -802,3 +803,23 @@ def test_targeted_method_is_checked_without_targets():
     with pytest.raises(ValueError, match="targeted_method"):
         hcrfast.bound(linear_model(np.eye(16), np.zeros(16), (1, 4, 4)), torch.rand(2, 1, 4, 4, dtype=torch.float64),
                       0.5, targeted_method="x")
+
+
+def test_progress_speaks_from_inside_a_long_lsqr_chunk(capsys, monkeypatch):
+    """Under LSQR one chunk of the automatic size (2^24 values) can run for many minutes: lines come
+    from its solves too, at LSQR's host checks (at most every algorithm._PROGRESS_EVERY seconds, 0
+    here), naming the step, the iteration and the problems still running; the bounds are the quiet run's."""
+    from hcrfast import algorithm
+
+    net = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(8).standard_normal((3, 1, 4, 4)))
+    kw = dict(iterations=2, restarts=2, solver="lsqr", lsqr=hcrfast.LSQROptions(atol=1e-8, btol=1e-8, iter_lim=16))
+    quiet = hcrfast.bound(net, x, 0.2, **kw)
+    monkeypatch.setattr(algorithm, "_PROGRESS_EVERY", 0.0)
+    loud = hcrfast.bound(net, x, 0.2, progress=True, **kw)
+    lines = capsys.readouterr().err.strip().splitlines()
+    inside = [line for line in lines if "LSQR iteration" in line]
+    assert inside[0].startswith("hcrfast: examples 0-2 of 3: step 1/2, LSQR iteration 0, 6 of 6 problems running (")
+    assert any(re.match(r"hcrfast: examples 0-2 of 3: step 2/2, LSQR iteration \d+, 0 of 6 problems running", line)
+               for line in inside), inside
+    np.testing.assert_array_equal(loud.std, quiet.std)
