@@ -7,7 +7,8 @@ holds (its call's key, rank 0's choices) and waits for the others. A process tha
 between posts its error instead, so the others raise it at their next step rather than wait
 forever, a process that never comes is named after ``HCRFAST_SHARD_TIMEOUT`` seconds at the
 first step, and one that dies (``kill -9``, out of memory: no error posted) is named once it has
-given no sign of life for a minute (each process beats from a thread of its own, computing or waiting). No tensor collective is involved: the same code serves gloo and NCCL groups.
+given no sign of life for a minute (each process beats from a thread of its own, computing or
+waiting). No tensor collective is involved: the same code serves gloo and NCCL groups.
 
 A process group hcrfast creates stays up for the life of the process (later calls reuse it;
 a second ``init_process_group`` would hang in its rendezvous) and is destroyed at exit.
@@ -136,7 +137,7 @@ class World:
                 store.add(f"{self._prefix}lefts", 1)
         finally:
             stop.set()
-            beating.join()
+            beating.join(timeout=2 * _BEAT)  # a beat stuck on a store gone away is left behind (a daemon)
             self._prefix = None
             self._run_at_end()
 
