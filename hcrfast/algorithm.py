@@ -398,28 +398,32 @@ def _norms64(rows):
     return xp.linalg.norm(rows.reshape(rows.shape[0], -1).astype(xp.float64), axis=1)
 
 
-def _coarse_shifts(fnorm, znorm, what: str):
-    """Rows whose shift (norm ``znorm``, from float64 passes) is so small next to its clean features
-    (norm ``fnorm``) that float64's rounding may move D by more than :data:`_ROUNDING_LIMIT`: they
-    bound nothing (0), with a warning; a warning too for those past :data:`_ROUNDING_TOLERANCE`."""
+def _coarse_shifts(fnorm, znorm):
+    """Float64's rounding of shifts of norms ``znorm`` next to clean features of norms ``fnorm``
+    (one per shift): ``(coarse, risky, worst)``: the rows where it may move D by more than
+    :data:`_ROUNDING_LIMIT` (they bound nothing, 0), how many others pass :data:`_ROUNDING_TOLERANCE`,
+    and the largest such estimate among those (0 if none). One host read."""
     xp = get_array_module(znorm)
     rel = np.finfo(np.float64).eps / 2 * fnorm / xp.where(znorm > 0, znorm, xp.inf)  # 0 where z = 0
     coarse = rel > _ROUNDING_LIMIT
-    n_coarse, n_risky, worst = (float(v) for v in to_host(xp.stack([
-        coarse.sum().astype(xp.float64), ((rel > _ROUNDING_TOLERANCE) & ~coarse).sum().astype(xp.float64),
-        rel.max()])))
+    risky = (rel > _ROUNDING_TOLERANCE) & ~coarse
+    n_risky, worst = (float(v) for v in to_host(xp.stack([risky.sum().astype(xp.float64),
+                                                            xp.where(risky, rel, 0.0).max()])))
+    return coarse, int(n_risky), worst
+
+
+def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float) -> None:
+    """The warnings for :func:`_coarse_shifts`' rows, ``what`` naming them ("restarts")."""
     if n_coarse:
-        validation.warn(f"{int(n_coarse)} {what} moved the features so little next to their size that float64's "
-                        f"rounding of a(theta+eps) - a(theta) may move D by more than {_ROUNDING_LIMIT:g} (relative; "
-                        f"up to ~{worst:.1g}): D is not established and they bound nothing (0); pass a sigma nearer "
-                        f"the features' scale (hcrfast.rms_sigma(features, scale))")
-    if n_risky:
-        validation.warn(f"{int(n_risky)} {what} moved the features so little next to their size that float64's "
-                        f"rounding of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to "
-                        f"~{min(worst, _ROUNDING_LIMIT):.1g} (relative), above or below; the bounds are exact to "
-                        f"float64 only for shifts well above its resolution: pass a sigma nearer the features' scale "
+        validation.warn(f"{n_coarse} {what} moved the features so little next to their size that float64's "
+                        f"rounding of a(theta+eps) - a(theta) may move D by more than {_ROUNDING_LIMIT:g} (relative): "
+                        f"D is not established and they bound nothing (0); pass a sigma nearer the features' scale "
                         f"(hcrfast.rms_sigma(features, scale))")
-    return coarse
+    if n_risky:
+        validation.warn(f"{n_risky} {what} moved the features so little next to their size that float64's rounding "
+                        f"of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to ~{worst:.1g} "
+                        f"(relative), above or below; the bounds are exact to float64 only for shifts well above its "
+                        f"resolution: pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))")
 
 
 _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
@@ -918,6 +922,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons
         zero_of = {}  # chunk start -> its lines of zero-step reasons (restarts whose eps is 0)
+        risky_of = {}  # chunk start -> (restarts whose D float64 may have rounded by > 1e-6, the worst estimate)
         filled = set()  # the (start, stop) of every chunk whose rows are filled
         tag = "" if world is None else world.tag
         saved = None
@@ -1047,10 +1052,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         rounded = rounded.ravel()
                         rounded[xp.asarray(rows[lost])] = True
                         rounded = rounded.reshape(zero_d.shape)
-                    coarse = _coarse_shifts(xp.repeat(_norms64(from_torch(features[start:stop])), restarts),
-                                            _norms64(z64), "restarts' steps").reshape(zero_d.shape)
+                    coarse, n_risky, worst = _coarse_shifts(
+                        xp.repeat(_norms64(from_torch(features[start:stop])), restarts), _norms64(z64))
+                    coarse = coarse.reshape(zero_d.shape)
                 else:
-                    coarse = xp.zeros_like(zero_d)
+                    coarse, n_risky, worst = xp.zeros_like(zero_d), 0, 0.0
+                risky_of[start] = (n_risky, worst)
                 unresolved = unresolved | rounded
                 infinite = zero_d & ~unresolved
                 # +inf is for D = 0 only: a finite bound beyond float64's range (σ ≥ 1e100 against
@@ -1106,7 +1113,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                     targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                                reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
-                               **part)
+                               rounding=np.array(risky_of[start], dtype=np.float64), **part)
             computed[0] += stop - start
             filled.add((start, stop))
             if progress:
@@ -1131,6 +1138,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
+                    n_risky, worst = arrays.get("rounding", (0, 0.0))
+                    risky_of[start] = (int(n_risky), float(worst))
                     if targets is not None:
                         targeted_of[start] = TargetedBounds.from_arrays(
                             {k[len("targeted."):]: v for k, v in arrays.items() if k.startswith("targeted.")},
@@ -1172,9 +1181,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         n_blind = sum(_BLIND in line for line in zero_steps)
         n_unresolved = sum(_UNRESOLVED in line for line in zero_steps)
         n_rounded = sum(_ROUNDED in line for line in zero_steps)
-        n_coarse = sum(_COARSE in line for line in zero_steps)  # warned of by _coarse_shifts
+        n_coarse = sum(_COARSE in line for line in zero_steps)
         degenerate = (len(zero_steps) - n_blind - n_unresolved - n_rounded - n_coarse,
                       int(to_host(xp.isinf(divergence)).sum()), n_blind)
+        _warn_rounding("restarts' steps", n_coarse, sum(n for n, _ in risky_of.values()),
+                       max((w for _, w in risky_of.values()), default=0.0))
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but the same "
                             f"directions scaled up move them: their steps are {_ROUNDED} against features of this "

@@ -50,7 +50,7 @@ import torch
 
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _in_chunks,
-                               _coarse_shifts, _norms64, _progress_line, _rounded_away,
+                               _coarse_shifts, _norms64, _progress_line, _rounded_away, _warn_rounding,
                                divergence_underflow)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
@@ -352,7 +352,9 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
                                 f"D = 0 is rounding and they bound nothing (0); pass a sigma nearer the features' "
                                 f"scale (hcrfast.rms_sigma(features, scale))")
         if not null_probes:  # a generic null space's steps are rounding by design: huge finite bounds, valid
-            value = xp.where(_coarse_shifts(_norms64(f0)[example_of], znorm, "targeted steps"), 0.0, value)
+            coarse, n_risky, worst = _coarse_shifts(_norms64(f0)[example_of], znorm)
+            value = xp.where(coarse, 0.0, value)
+            _warn_rounding("targeted steps", int(to_host(coarse.sum())), n_risky, worst)
     value = xp.where(zero_d, xp.where(proven, xp.inf, 0.0), value)
     if not exact:
         unresolved = int(to_host((zero_d & (coord > 0)).sum()))
