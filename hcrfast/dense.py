@@ -123,15 +123,24 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     try:
         _fill_jacobian(out, f, x, mode, rows)
     except RuntimeError as exc:
-        text = str(exc)
-        if isinstance(exc, torch.OutOfMemoryError) or not any(
-                k in text for k in ("vmap", "captured Tensor", "Batching rule", "functorch", "BatchedTensor")):
+        from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
+
+        if _is_oom(exc):  # the caller halves the chunk
             raise
-        raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this model's "
-                         f"forward does not support (torch: {text.splitlines()[0]}); a forward that changes its "
-                         f"own buffers or attributes in place is the usual cause: pass solver='lsqr' (or, for "
-                         f"targeted_bound, method='lsqr'), which needs no vmap, or keep the forward free of "
-                         f"in-place changes to the model's state") from exc
+        # The plain-autograd probes of the entry point passed: what fails here is torch.func's.
+        text = str(exc)
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if any(k in text for k in ("vmap", "captured Tensor", "Batching rule", "functorch", "BatchedTensor")):
+            raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this "
+                             f"model's forward does not support (torch: {first}); a forward that changes its "
+                             f"own buffers or attributes in place is the usual cause: pass solver='lsqr' (or, for "
+                             f"targeted_bound, method='lsqr'), which needs no vmap, or keep the forward free of "
+                             f"in-place changes to the model's state") from exc
+        raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
+                         f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
+                         f"(torch: {first}; activation checkpointing and cuDNN's recurrent layers are known "
+                         f"cases): pass solver='lsqr' (or, for targeted_bound, method='lsqr'), which needs plain "
+                         f"autograd only") from exc
     return out
 
 

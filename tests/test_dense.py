@@ -197,3 +197,29 @@ def test_min_norm_solver_directions_match_decompose_in_float32():
     np.testing.assert_array_equal(solver.null_dim.numpy(), a.null_dim.numpy())
     np.testing.assert_allclose(db.eps.numpy(), da.eps.numpy(), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(db.null_part.numpy(), da.null_part.numpy(), atol=1e-8)
+
+
+class Checkpointed(torch.nn.Module):
+    """Activation checkpointing (torch.utils.checkpoint, non-reentrant): plain autograd takes it,
+    torch.func's vjp does not (saved tensor hooks)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh()).double()
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+
+
+def test_a_model_torch_func_cannot_run_is_refused_with_the_solver_that_can():
+    import hcrfast
+
+    model = Checkpointed().eval()
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
+    with pytest.raises(ValueError, match=r"runs the model under torch.func \(vmap over vjp\).* saved tensor hooks.*"
+                                         r"pass solver='lsqr'"):
+        hcrfast.bound(model, x, 0.1, restarts=1, iterations=1)  # the CPU default for 16 inputs: dense
+    res = hcrfast.bound(model, x, 0.1, restarts=1, iterations=1, solver="lsqr")
+    with torch.no_grad():  # its certified shift is the model's own, checked in float64
+        np.testing.assert_allclose(res.z, (model(x + torch.as_tensor(res.eps)) - model(x)).numpy(), atol=1e-12)
