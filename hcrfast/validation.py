@@ -269,7 +269,14 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
     features, all finite."""
     from hcrfast.algorithm import forward  # here: algorithm imports this module
 
+    before = batch.clone()
     out = forward(model, batch)
+    if not torch.equal(batch, before):  # else its next forwards see other inputs: "random", wrongly
+        raise ValueError("the model writes into its input in place: its forward changed the batch it was given "
+                         "(torchvision's normalize(..., inplace=True), x.sub_(mean), nn.ReLU(inplace=True) first, "
+                         "...); hcrfast runs it many times on the same inputs and differentiates with respect to "
+                         "them: make those steps out of place (normalize(..., inplace=False), x = x - mean, "
+                         "nn.ReLU(inplace=False))")
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"the model must return a torch.Tensor of features, got {type(out).__name__}; "
                         f"wrap it so that it returns the feature tensor only")
@@ -407,45 +414,52 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
+
     def product(how, chosen=True):
         try:
             return to_torch(TorchJacobian(model, probe, mode=how).matvec(from_torch(tangent.reshape(probe.shape[0],
                                                                                                     -1))))
         except RuntimeError as exc:
-            text = str(exc)
-            if "in-place operation" in text:
-                raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
-                                 f"the features with respect to the input: make its first layers out of place (e.g. "
-                                 f"nn.ReLU(inplace=False))") from exc
-            twice = "double backward" in text or "donated buffers" in text or "differentiate twice" in text
-            if how == "reverse" and ("not have been used in the graph" in text or "is not implemented" in text):
-                twice = once_differentiable()  # J^T u works, only its own derivative (J v) does not
-            if chosen and how == "reverse" and twice:
-                raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
-                                 f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward, "
-                                 f"@once_differentiable functions and fused attention kernels refuse it); pass "
-                                 f"jacobian='forward' (forward-mode AD: an autograd.Function needs setup_context and "
-                                 f"a jvp staticmethod for it), or for a compiled model the module before compiling "
-                                 f"(model._orig_mod), or for attention run the call under "
-                                 f"torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)") from exc
-            if how == "forward" and ("setup_context" in text or "forward AD" in text or "forward-mode" in text
-                                     or "is not implemented" in text):
-                try:
-                    product("reverse", chosen=False)
-                    other = "pass jacobian='reverse' (the default), or "
-                except (RuntimeError, ValueError):
-                    other = ("reverse mode fails on it too; for attention run the call under "
-                             "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), and ")
-                raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
-                                 f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
-                                 f"setup_context and a jvp staticmethod") from exc
-            if "does not require grad" in text or "not have been used in the graph" in text:
-                raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
-                                 f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
-                                 f"torch.no_grad() and non-differentiable steps (torch.round, argmax, quantized "
-                                 f"layers: bound the float model they were quantized from) from the path from "
-                                 f"input to features, or give them a straight-through gradient") from exc
+            explain(exc, how, chosen)
             raise
+
+    def explain(exc, how, chosen=True):
+        """Raise the ValueError naming the fix for torch's error ``exc`` from a product in mode ``how``
+        (``chosen``: the mode the call asked for); return where there is none to name."""
+        text = str(exc)
+        if "in-place operation" in text:
+            raise ValueError(f"the model writes into its input in place (torch: {text}); hcrfast differentiates "
+                             f"the features with respect to the input: make its first layers out of place (e.g. "
+                             f"nn.ReLU(inplace=False))") from exc
+        twice = "double backward" in text or "donated buffers" in text or "differentiate twice" in text
+        if how == "reverse" and ("not have been used in the graph" in text or "is not implemented" in text):
+            twice = once_differentiable()  # J^T u works, only its own derivative (J v) does not
+        if chosen and how == "reverse" and twice:
+            raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
+                             f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward, "
+                             f"@once_differentiable functions and fused attention kernels refuse it); pass "
+                             f"jacobian='forward' (forward-mode AD: an autograd.Function needs setup_context and "
+                             f"a jvp staticmethod for it), or for a compiled model the module before compiling "
+                             f"(model._orig_mod), or for attention run the call under "
+                             f"torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)") from exc
+        if how == "forward" and ("setup_context" in text or "forward AD" in text or "forward-mode" in text
+                                 or "is not implemented" in text):
+            try:
+                product("reverse", chosen=False)
+                other = "pass jacobian='reverse' (the default), or "
+            except (RuntimeError, ValueError):
+                other = ("reverse mode fails on it too; for attention run the call under "
+                         "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), and ")
+            raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
+                             f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
+                             f"setup_context and a jvp staticmethod") from exc
+        if ("does not require grad" in text or "not have been used in the graph" in text
+                or "doesn't have storage" in text):  # the last: forward mode's dual tensor in NumPy
+            raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
+                             f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
+                             f"torch.no_grad() and non-differentiable steps (torch.round, argmax, quantized "
+                             f"layers: bound the float model they were quantized from) from the path from "
+                             f"input to features, or give them a straight-through gradient") from exc
 
     def once_differentiable():
         """Whether one backward pass (J^T u) runs where the double one failed (a detached model fails both)
@@ -473,7 +487,11 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         # torch.no_grad() sections that reverse mode sees as constants.
         gen = torch.Generator(device="cpu").manual_seed(1)
         u = torch.randn(jv.shape, generator=gen, dtype=jv.dtype).to(jv.device)
-        jtu = to_torch(TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(u)))
+        try:
+            jtu = to_torch(TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(u)))
+        except RuntimeError as exc:
+            explain(exc, "reverse", chosen=False)
+            raise
         left = float((jv.double() * u.double()).sum())
         right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
         size = float(jv.double().norm() * u.double().norm())

@@ -325,22 +325,50 @@ def test_inside_inference_mode_gives_the_bounds_of_a_plain_call(x, entry):
     np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
 
 
+class NoGradInside(Detached):
+    def forward(self, t):
+        with torch.no_grad():
+            return self.net(t)
+
+
+class NumpyRoundTrip(Detached):
+    def forward(self, t):
+        return self.net(torch.as_tensor(t.detach().numpy() if t.requires_grad else t.numpy()))
+
+
 @pytest.mark.parametrize("solver", ["lsqr", "dense"])
 @pytest.mark.parametrize("jacobian", ["reverse", "forward"])  # forward mode gives J = 0 through .detach() silently
-def test_models_without_an_input_jacobian_are_named(x, solver, jacobian):
+@pytest.mark.parametrize("model", [Detached, NoGradInside, NumpyRoundTrip])  # forward mode: raw torch errors were
+def test_models_without_an_input_jacobian_are_named(x, solver, jacobian, model):
     with pytest.raises(ValueError, match=r"not differentiable with respect to its input .* remove \.detach\(\)"):
-        hcrfast.bound(Detached().eval(), x, 0.05, solver=solver, jacobian=jacobian, **dict(QUICK, lsqr=None))
+        hcrfast.bound(model().eval(), x, 0.05, solver=solver, jacobian=jacobian, **dict(QUICK, lsqr=None))
     with pytest.raises(TypeError, match=r"returns float64 features for a float32 batch.*model\.to\(torch\.float64\)"):
         hcrfast.bound(Float64Out().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
 
 
-def test_a_model_that_writes_into_its_input_is_named_and_the_batch_is_untouched(x):
-    model = torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Flatten(), torch.nn.Linear(16, 6)).eval()
+class NormalizesInPlace(torch.nn.Module):
+    """torchvision's normalize(..., inplace=True) first: each forward shifts the batch it is given again."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, t):
+        import torchvision.transforms.functional as TF
+
+        return self.net(TF.normalize(t, [0.5], [0.25], inplace=True))
+
+
+@pytest.mark.parametrize("jacobian", ["reverse", "forward"])
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_a_model_that_writes_into_its_input_is_named_and_the_batch_is_untouched(x, jacobian, entry):
+    relu = torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Flatten(), torch.nn.Linear(16, 6)).eval()
     x = x - 0.5  # negative entries, which the in-place ReLU would zero
     before = x.clone()
-    with pytest.raises(ValueError, match=r"writes into its input in place .* nn\.ReLU\(inplace=False\)"):
-        hcrfast.bound(model, x, 0.05, **QUICK)
-    assert torch.equal(x, before)
+    for model in (relu, NormalizesInPlace().eval()):  # the second was refused as random
+        with pytest.raises(ValueError, match=r"writes into its input in place.* nn\.ReLU\(inplace=False\)"):
+            getattr(hcrfast, entry)(model, x, 0.05, jacobian=jacobian)
+        assert torch.equal(x, before)
 
 
 @pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
