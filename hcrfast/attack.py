@@ -470,9 +470,13 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     batch = validation.model_and_batch(model, batch, basis)
     start_points = _check_start(start, batch)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
+    missing = [what for what, given in (("tol=1e-3", tol), ("lsqr=hcrfast.LSQROptions(atol=1e-3, btol=1e-3)", lsqr))
+               if given is None]
+    if batch.dtype not in DEFAULT_TOL and missing:  # both named at once: one refusal, not two in a row
+        raise NotImplementedError(f"gauss_newton_attack has no default tolerances for {batch.dtype} (float32 and "
+                                  f"float64 only): pass {' and '.join(missing)} (values near that dtype's "
+                                  f"resolution), or run the attack in float32: model.float(), batch.float()")
     if tol is None:
-        if batch.dtype not in DEFAULT_TOL:
-            raise NotImplementedError(f"no default tolerance for dtype {batch.dtype}; pass tol=")
         tol = DEFAULT_TOL[batch.dtype]
 
     with validation.entry_point(model, batch.device):
@@ -483,8 +487,6 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         input_shape = tuple(batch.shape[1:])
         p = math.prod(input_shape)
         if lsqr is None:
-            if batch.dtype not in ATTACK_LSQR:
-                raise NotImplementedError(f"no default LSQR settings for dtype {batch.dtype}; pass lsqr=LSQROptions(...)")
             options = dataclasses.replace(ATTACK_LSQR[batch.dtype], iter_lim=LSQR_ITER_FACTOR * max(n, p))
         else:
             options = lsqr
@@ -585,9 +587,10 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                              "there too, and hcrfast.targeted_bound(..., null_probes=True) certifies +inf")
         raise ValueError(f"gauss_newton_attack took no step at any of its {B * draws} draws ({law} against "
                          f"features of RMS {float(to_host(xp.sqrt(xp.mean(f_all * f_all)))):.3g}): no damped "
-                         f"Gauss-Newton step lowered a residual, so each estimate is its start point and its error "
-                         f"says nothing about an attacker; pass a sigma nearer the features' scale "
-                         f"(hcrfast.rms_sigma(features, scale))")
+                         f"Gauss-Newton step lowered a residual in steps={steps}, so each estimate is its start "
+                         f"point and its error says nothing about an attacker. A rejected step raises the damping "
+                         f"for the next one, so more steps (steps={max(4 * steps, 10)}) may find one; a sigma far "
+                         f"from the features' scale (hcrfast.rms_sigma(features, scale)) is the other cause")
     for key in ("rmse", "bias", "bias_se", "std"):
         out[key] = out[key].reshape((B,) + input_shape)
     out["estimates"] = out["estimates"].reshape((B, draws) + input_shape)

@@ -363,3 +363,32 @@ def test_progress_speaks_from_inside_a_long_chunk(capsys, monkeypatch):
                         r"\(\d+\.\d s\)", lines[0]), lines
     assert lines[-1].startswith("hcrfast attack: examples 3/3 done")
     np.testing.assert_array_equal(loud.estimates, quiet.estimates)
+
+
+def test_no_step_in_few_iterations_names_more_steps_as_the_fix():
+    """A ReLU CNN at sigma = its features' RMS: the first undamped steps are rejected and two steps do
+    not give the damping room to rise; the message names more steps (sigma is already at scale), and
+    with them the attack runs."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(4, 4, 3, padding=1)).eval()
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x), 1.0)
+    with pytest.raises(ValueError, match=r"in steps=2, .* more steps \(steps=10\) may find one"):
+        gauss_newton_attack(model, x, sigma, draws=2, steps=2)
+    assert np.any(gauss_newton_attack(model, x, sigma, draws=2, steps=10).steps > 0)
+
+
+def test_float16_names_both_settings_it_needs_at_once():
+    _, _, model, x = _linear_problem(3)
+    model, x = model.half(), x.half()
+    with pytest.raises(NotImplementedError, match=r"no default tolerances for torch.float16 .* pass tol=1e-3 and "
+                                                  r"lsqr=hcrfast.LSQROptions\(atol=1e-3, btol=1e-3\)"):
+        gauss_newton_attack(model, x, 0.2, draws=2, steps=2)
+    with pytest.raises(NotImplementedError, match=r"pass lsqr=hcrfast.LSQROptions\(atol=1e-3, btol=1e-3\) \("):
+        gauss_newton_attack(model, x, 0.2, draws=2, steps=2, tol=1e-3)
+    res = gauss_newton_attack(model, x, 0.2, draws=2, steps=2, tol=1e-3,
+                              lsqr=hcrfast.LSQROptions(atol=1e-3, btol=1e-3))
+    assert np.all(np.isfinite(res.rmse))
