@@ -349,6 +349,35 @@ def _derivative_vanishes(model, x) -> bool:
     return g is None or not bool(g.any())
 
 
+def infinite_derivative(rows, start: int = 0) -> ValueError:
+    """The error for examples (``rows``, offset by ``start``) where torch's derivative of the features
+    is not finite: no Jacobian-based step exists there, whatever sigma or dtype."""
+    shown = ", ".join(str(start + r) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+    return ValueError(f"the model's derivative is not finite at examples {shown} (inf or NaN in torch's Jacobian "
+                      f"products): a step like sqrt, pow(x, a < 1), log or a norm has an infinite derivative at "
+                      f"exactly 0 (sqrt of MNIST's black pixels, say), so Algorithm 1 has no step there, whatever "
+                      f"sigma or dtype; make the forward differentiable at these inputs (sqrt(x + 1e-12), a clamp "
+                      f"before log)")
+
+
+def _nonfinite_derivative(model, x) -> list[int]:
+    """Rows of ``x`` where torch's ``Jᵀu`` (one backward pass, a random ``u``) is not finite; none
+    where reverse mode cannot run (the products will say why)."""
+    x = x.detach().requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            f = model(x).reshape(x.shape[0], -1)
+            if not f.requires_grad:
+                return []
+            u = torch.randn(f.shape, generator=torch.Generator(device="cpu").manual_seed(0), dtype=f.dtype)
+            (g,) = torch.autograd.grad(f, x, u.to(f.device), allow_unused=True)
+    except RuntimeError:
+        return []
+    if g is None:
+        return []
+    return torch.nonzero(~torch.isfinite(g.reshape(len(g), -1)).all(dim=1)).flatten().tolist()
+
+
 def _features_move(model, x) -> np.ndarray:
     """Per row of ``x``: whether a random step of 1e-3 × the inputs' largest magnitude changes ``model``'s
     features (in the model's own dtype)."""
@@ -944,6 +973,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size)
 
         def compute(start, stop):
+            bad = _nonfinite_derivative(model, batch[start:stop])  # one backward pass: the step's premise
+            if bad:
+                raise infinite_derivative(bad, start)
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
             f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
             with np.errstate(over="ignore"):  # an inf here is refused after the solve, with its cause

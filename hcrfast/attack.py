@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import _auto_chunk, _in_chunks, _progress_line
+from hcrfast.algorithm import _auto_chunk, _in_chunks, _nonfinite_derivative, _progress_line, infinite_derivative
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
     TorchJacobian,
@@ -503,6 +503,9 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         f_all = from_torch(features).astype(xp.float64)
 
         def compute(lo, hi):
+            bad = _nonfinite_derivative(model, batch[lo:hi])  # no Gauss-Newton step exists there
+            if bad:
+                raise infinite_derivative(bad, lo)
             m = hi - lo
             Z = xp.asarray(observation_noise(example_ids[lo:hi], draws, n, seed=int(seed), noise=noise))
             X = xp.repeat(f_all[lo:hi], draws, axis=0) + Z

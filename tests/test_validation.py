@@ -773,3 +773,28 @@ def test_a_model_with_a_fixed_batch_size_is_told_to_take_any(x):
     with pytest.raises(ValueError, match=r"ran on the batch of 3 examples but fails on one example alone .*"
                                          r"must take any batch size"):
         hcrfast.bound(Fixed().eval(), x, 1.0, iterations=1, restarts=2)
+
+
+class SqrtFeatures(torch.nn.Module):
+    """sqrt of the pixels beside the pixels: its derivative is infinite where a pixel is exactly 0."""
+
+    def forward(self, t):
+        return torch.cat([t.sqrt().flatten(1), t.flatten(1)], 1)
+
+
+@pytest.mark.parametrize("entry, kw", [
+    ("bound", dict(solver="dense")), ("bound", dict(solver="lsqr")), ("bound", dict(solver="krylov")),
+    ("targeted_bound", dict(targets="low:2")), ("gauss_newton_attack", dict(draws=2, steps=10))])
+def test_an_infinite_derivative_at_the_input_is_named_not_blamed_on_sigma(entry, kw):
+    """sqrt at MNIST-like black pixels: J is infinite there, so no step exists; it was blamed on sigma,
+    size or the dtype (or raised SciPy's 'array must not contain infs or NaNs' under Krylov)."""
+    x = torch.rand(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.1
+    x[1, :, :2, :2] = 0.0  # example 1 only: named by its index in the batch, not in its chunk
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(SqrtFeatures()(x), 1.0)
+    chunk = dict(chunk_size=1) if entry != "targeted_bound" else {}
+    with pytest.raises(ValueError, match=r"derivative is not finite at examples 1 \(.*sqrt\(x \+ 1e-12\)"):
+        getattr(hcrfast, entry)(SqrtFeatures().eval(), x, sigma, **chunk, **kw)
+    x[1] += 0.1  # no zero pixel: the same model has finite bounds
+    res = getattr(hcrfast, entry)(SqrtFeatures().eval(), x, sigma, **chunk, **kw)
+    assert np.all(np.isfinite(res.std if entry != "gauss_newton_attack" else res.rmse))
