@@ -30,7 +30,7 @@ __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_writ
            "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
-FORMAT = "hcrfast.bound checkpoint/1"
+FORMAT = "hcrfast.bound checkpoint/2"  # /2: float64-rounded D = 0 bounds 0, not +inf (2026-11-25)
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 

@@ -74,7 +74,7 @@ DEFAULT_RESTARTS = 25
 # for digits/MNIST; the ImageNet models take far longer per example.
 DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 8, "swin_t": 8}
 _TRAINED_HERE = {"digits"}
-_FORMAT = 1
+_FORMAT = 2  # 2: float64-rounded D = 0 bounds 0, not +inf (2026-11-25); chunks of 1 are refused
 # Tags the dithering noise stream of example e, default_rng([seed, e, _DITHER_STREAM]),
 # apart from the start-vector stream default_rng([seed, e]) of hcrfast.start_vectors.
 _DITHER_STREAM = 0x64697468

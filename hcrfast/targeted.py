@@ -627,7 +627,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/1"
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/2"  # /2: as hcrfast.bound checkpoint/2
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
