@@ -371,7 +371,9 @@ def _nonfinite_derivative(model, x) -> list[int]:
                 return []
             u = torch.randn(f.shape, generator=torch.Generator(device="cpu").manual_seed(0), dtype=f.dtype)
             (g,) = torch.autograd.grad(f, x, u.to(f.device), allow_unused=True)
-    except RuntimeError:
+    except RuntimeError as exc:
+        if _is_oom(exc):  # the chunk is halved
+            raise
         return []
     if g is None:
         return []
@@ -389,12 +391,14 @@ def _features_move(model, x) -> np.ndarray:
     return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
 
 
-#: A step whose float64 features came out exactly unchanged is scaled up to this fraction of its
-#: example's largest input magnitude (never down) before D = 0 is taken to mean +inf: features that
-#: move then were only rounded (the step is below float64's resolution against features of their size),
-#: as on a full-rank linear model with σ ~1e-12 of the features' RMS; those of inputs the model
-#: ignores do not move at any scale.
-_RESOLUTION_PROBE = 1e-3
+#: A step whose float64 features came out exactly unchanged (D = 0) is +inf only if they stay
+#: unchanged once ε is scaled up (never down) far enough that float64 would resolve the shift:
+#: by ``c`` with ``c·max|J ε|`` (its float64 JVP, free of cancellation against the features' size)
+#: and ``c²·max|ε|²`` (a second-order shift, where J ε = 0) each this factor above float64's
+#: rounding of the features, ``u·max|a|``. Inputs the model ignores, dead ReLUs and straight-through
+#: constants stay +inf; a full-rank model at σ ~1e-12 of its features' scale, or with features
+#: offset by 1e17, no longer reads as +inf.
+_RESOLUTION_MARGIN = 1e3
 
 #: z from float64 passes is taken as exact while its relative rounding error, estimated as
 #: ``u · ‖a(θ)‖ / ‖z‖`` (u: float64's unit roundoff), stays below ``_ROUNDING_TOLERANCE``; up to
@@ -406,34 +410,46 @@ _ROUNDING_TOLERANCE = 1e-6
 _ROUNDING_LIMIT = 1e-3
 
 
-def _rounded_away(model64, x, eps) -> np.ndarray:
+def _rounded_away(model64, x, eps, jacobian: str = "reverse") -> np.ndarray:
     """Per row of ``eps`` (steps at the inputs ``x``, one row each, whose float64 features did not
-    move): whether the float64 features move once the step is scaled up to
-    :data:`_RESOLUTION_PROBE` of its example's largest input magnitude: then its D = 0 was float64
-    rounding the shift away, not a direction the features do not see."""
+    move): whether the features move once the step is scaled up far enough for float64 to resolve its
+    shift (:data:`_RESOLUTION_MARGIN`): then that D = 0 was rounding, not a direction the features do
+    not see. A JVP that cannot be taken counts as rounding."""
     x64 = x.double()
     step = to_torch(eps).double().reshape(x64.shape)
-    reach = x64.reshape(len(x64), -1).abs().amax(dim=1)
-    reach = _RESOLUTION_PROBE * torch.where(reach > 0, reach, torch.ones_like(reach))
-    size = step.reshape(len(step), -1).abs().amax(dim=1)
-    grow = torch.clamp(reach / torch.where(size > 0, size, torch.ones_like(size)), min=1.0)
-    probe = step * grow.reshape((-1,) + (1,) * (step.dim() - 1))
-    return (_features(model64, x64 + probe) != _features(model64, x64)).any(dim=1).cpu().numpy()
+    flat = step.reshape(len(step), -1)
+    a = _features(model64, x64)
+    resolution = np.finfo(np.float64).eps / 2 * a.abs().amax(dim=1)  # float64's rounding of the features
+    try:
+        jv = to_torch(TorchJacobian(model64, x64, mode=jacobian).matvec(from_torch(flat.contiguous())))
+    except RuntimeError:
+        return np.ones(len(flat), dtype=bool)
+    jmax, size = jv.abs().amax(dim=1), flat.abs().amax(dim=1)
+    first = torch.where(jmax > 0, _RESOLUTION_MARGIN * resolution / torch.where(jmax > 0, jmax, 1.0), 1.0)
+    second = _RESOLUTION_MARGIN * torch.sqrt(resolution) / torch.where(size > 0, size, torch.ones_like(size))
+    grow = torch.clamp(torch.maximum(first, second), min=1.0)
+    probe = x64 + step * grow.reshape((-1,) + (1,) * (step.dim() - 1))
+    return (_features(model64, probe) != a).any(dim=1).cpu().numpy()
 
 
-def _norms64(rows):
-    """The float64 norm of each row (examples' features or shifts, any trailing shape)."""
-    xp = get_array_module(rows)
-    return xp.linalg.norm(rows.reshape(rows.shape[0], -1).astype(xp.float64), axis=1)
+def _rounding_error(f0, z64):
+    """Per row: float64's relative rounding error in ``‖z‖²`` (hence in D, and twice that in a bound),
+    to first order: ``u·Σ|a_i||z_i| / Σ z_i²`` with ``a`` the clean features (rows of ``f0``, in the
+    units of ``z``): each ``z_i = a_i(θ+ε) − a_i(θ)`` carries up to ``u·|a_i|``, and a feature that
+    does not move adds nothing. 0 where z = 0."""
+    xp = get_array_module(z64)
+    z = z64.reshape(z64.shape[0], -1)
+    num = np.finfo(np.float64).eps / 2 * xp.einsum("ij,ij->i", xp.abs(f0.reshape(f0.shape[0], -1).astype(xp.float64)),
+                                                     xp.abs(z))
+    den = xp.einsum("ij,ij->i", z, z)
+    return num / xp.where(den > 0, den, xp.inf)
 
 
-def _coarse_shifts(fnorm, znorm):
-    """Float64's rounding of shifts of norms ``znorm`` next to clean features of norms ``fnorm``
-    (one per shift): ``(coarse, risky, worst)``: the rows where it may move D by more than
-    :data:`_ROUNDING_LIMIT` (they bound nothing, 0), how many others pass :data:`_ROUNDING_TOLERANCE`,
-    and the largest such estimate among those (0 if none). One host read."""
-    xp = get_array_module(znorm)
-    rel = np.finfo(np.float64).eps / 2 * fnorm / xp.where(znorm > 0, znorm, xp.inf)  # 0 where z = 0
+def _coarse_shifts(rel):
+    """``(coarse, risky, worst)`` of the rounding errors ``rel`` (:func:`_rounding_error`): the rows
+    where it may move D by more than :data:`_ROUNDING_LIMIT` (they bound nothing, 0), how many
+    others pass :data:`_ROUNDING_TOLERANCE`, and the largest such estimate (0 if none). One host read."""
+    xp = get_array_module(rel)
     coarse = rel > _ROUNDING_LIMIT
     risky = (rel > _ROUNDING_TOLERANCE) & ~coarse
     n_risky, worst = (float(v) for v in to_host(xp.stack([risky.sum().astype(xp.float64),
@@ -972,12 +988,15 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             else:
                 saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size)
 
+        def f0_of(start, stop):  # the chunk's clean features, one row per restart
+            return from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
+
         def compute(start, stop):
             bad = _nonfinite_derivative(model, batch[start:stop])  # one backward pass: the step's premise
             if bad:
                 raise infinite_derivative(bad, start)
             x = batch[start:stop].repeat_interleave(restarts, dim=0)
-            f0 = from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
+            f0 = f0_of(start, stop)
             with np.errstate(over="ignore"):  # an inf here is refused after the solve, with its cause
                 z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
                                 dtype=f0.dtype)
@@ -1080,12 +1099,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     if rows.size:
                         lost = _rounded_away(model64 if certify else model,
                                              batch[start:stop][torch.as_tensor(rows // restarts)],
-                                             eps64[xp.asarray(rows)])
+                                             eps64[xp.asarray(rows)], jacobian)
                         rounded = rounded.ravel()
                         rounded[xp.asarray(rows[lost])] = True
                         rounded = rounded.reshape(zero_d.shape)
-                    coarse, n_risky, worst = _coarse_shifts(
-                        xp.repeat(_norms64(from_torch(features[start:stop])), restarts), _norms64(z64))
+                    coarse, n_risky, worst = _coarse_shifts(_rounding_error(f0_of(start, stop), z64))
                     coarse = coarse.reshape(zero_d.shape)
                 else:
                     coarse, n_risky, worst = xp.zeros_like(zero_d), 0, 0.0
@@ -1127,10 +1145,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                            f"(certify=False): {z_dtype} may have rounded the features' shift away, so D = 0 is not "
                            f"established and this restart bounds nothing (0); certify=True decides it"
                            for e, r in zip(*np.nonzero(unresolved & ~rounded))]
-                c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in float64, but the features "
-                           f"move when this eps is scaled up to {_RESOLUTION_PROBE:g} of the inputs' scale: the step "
-                           f"is {_ROUNDED} against features of this size, so D = 0 is rounding, not a direction the "
-                           f"features do not see, and this restart bounds nothing (0)"
+                c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in float64, but J eps is not "
+                           f"0 (or the features move once eps is scaled up): the shift is {_ROUNDED} against "
+                           f"features of this size, so D = 0 is rounding, not a direction the features do not see, "
+                           f"and this restart bounds nothing (0)"
                            for e, r in zip(*np.nonzero(rounded))]
                 c_zero += [f"example {start + e}, restart {r}: a(theta+eps) - a(theta) is {_COARSE} of features "
                            f"this size (it may move D by more than {_ROUNDING_LIMIT:g}), so D is not established and "
@@ -1219,8 +1237,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         _warn_rounding("restarts' steps", n_coarse, sum(n for n, _ in risky_of.values()),
                        max((w for _, w in risky_of.values()), default=0.0))
         if n_rounded:
-            validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but the same "
-                            f"directions scaled up move them: their steps are {_ROUNDED} against features of this "
+            validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
+                            f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "
                             f"size (sigma * size too small next to the features), so D = 0 is rounding and they "
                             f"bound nothing (0); pass a sigma nearer the features' scale "
                             f"(hcrfast.rms_sigma(features, scale)); see params['zero_step_reasons']")

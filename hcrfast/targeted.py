@@ -49,9 +49,9 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, validation
-from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _in_chunks,
-                               _coarse_shifts, _norms64, _progress_line, _rounded_away, _warn_rounding,
-                               divergence_underflow)
+from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
+                               _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
+                               _warn_rounding, divergence_underflow, infinite_derivative)
 from hcrfast.backend import to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
@@ -299,7 +299,8 @@ def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str) -> list
     return reasons
 
 
-def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False):
+def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False,
+              jacobian="reverse"):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
     Returns ``(eps64, d, value)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
@@ -311,7 +312,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     R = eps.shape[0]
     eps64 = xp.empty((R, eps.shape[1]))
     d = xp.empty(R)
-    znorm = xp.empty(R)  # the shifts' norms, for the rounding check
+    rel = xp.empty(R)  # float64's rounding error in each shift's D (algorithm._rounding_error)
     example_of = xp.asarray(example_of)
 
     def work(r0, r1):
@@ -323,7 +324,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
             e64, z64 = _applied_shift(model, x, eps[r0:r1].astype(from_torch(x[:1]).dtype),
                                       f0[example_of[r0:r1]])
         eps64[r0:r1] = e64
-        znorm[r0:r1] = _norms64(z64)
+        rel[r0:r1] = _rounding_error(f0[example_of[r0:r1]], z64)
         d[r0:r1] = noise.divergence(z64)
         underflow = int(to_host(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum()))
         if underflow:
@@ -342,17 +343,18 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
         rows = np.flatnonzero(to_host(zero_d & proven))
         if rows.size:
             lost = _rounded_away(model64 if certify else model, batch[torch.as_tensor(to_host(example_of)[rows])],
-                                 eps64[xp.asarray(rows)])
+                                 eps64[xp.asarray(rows)], jacobian)
             if lost.any():
                 proven[xp.asarray(rows[lost])] = False
             if lost.any() and not null_probes:  # a generic null space's steps are rounding by design
                 validation.warn(f"{int(lost.sum())} targeted steps left the float64 features exactly unchanged, but "
-                                f"the same directions scaled up move them: the steps are below float64's resolution "
+                                f"J eps is not 0 (or the features move once eps is scaled up): the shifts are below "
+                                f"float64's resolution "
                                 f"against features of this size (sigma * size too small next to the features), so "
                                 f"D = 0 is rounding and they bound nothing (0); pass a sigma nearer the features' "
                                 f"scale (hcrfast.rms_sigma(features, scale))")
         if not null_probes:  # a generic null space's steps are rounding by design: huge finite bounds, valid
-            coarse, n_risky, worst = _coarse_shifts(_norms64(f0)[example_of], znorm)
+            coarse, n_risky, worst = _coarse_shifts(rel)
             value = xp.where(coarse, 0.0, value)
             _warn_rounding("targeted steps", int(to_host(coarse.sum())), n_risky, worst)
     value = xp.where(zero_d, xp.where(proven, xp.inf, 0.0), value)
@@ -599,6 +601,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
         def piece(start: int, stop: int) -> TargetedBounds:
             """The targeted bounds of examples ``start:stop``."""
+            if directions is None:  # (bound(), which shares its directions, checked its chunks already)
+                bad = _nonfinite_derivative(model, batch[start:stop])
+                if bad:
+                    raise infinite_derivative(bad, start)
             return _targeted_piece(model, model64, batch[start:stop], from_torch(features[start:stop]), qmat, modes,
                                    noise=noise, size=size, method=method, jacobian=jacobian, options=options,
                                    null_probes=null_probes, chunk=chunk, chunk_size=chunk_size,
@@ -695,7 +701,7 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
     t0 = time.perf_counter()
     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0
         eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
-                                    certify=params["certify"], noise=noise, chunk=chunk)
+                                    certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used)
     # A mode whose direction is 0 (J does not see it) is the null-space probes' to settle.
     _check_perturbations(eps64, d, noise, size, batch.dtype, intended=xp.any(unit != 0, axis=1))
     timings["certify"] = time.perf_counter() - t0
@@ -719,7 +725,8 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             ex = np.repeat(ex_sel, m)
             with np.errstate(over="ignore"):  # large null-space steps may overflow D: bound 0, never picked
                 c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                                              certify=params["certify"], noise=noise, chunk=chunk, null_probes=True)
+                                              certify=params["certify"], noise=noise, chunk=chunk, null_probes=True,
+                                              jacobian=jac_used)
             c_val = c_val.reshape(-1, m)
             best = xp.argmax(c_val, axis=1)
             pick = xp.arange(sel.shape[0]) * m + best

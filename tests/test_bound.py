@@ -202,6 +202,64 @@ def test_float64_shift_below_resolution_claims_no_infinite_bound(solver):
                                rtol=1e-6)
 
 
+class OffsetLinear(torch.nn.Module):
+    """W x, then ``offset`` added to every feature (``constant=False``) or one constant feature of that size
+    appended (``constant=True``)."""
+
+    def __init__(self, W, offset, constant):
+        super().__init__()
+        self.W, self.offset, self.constant = torch.as_tensor(W), offset, constant
+
+    def forward(self, x):
+        f = x.flatten(1) @ self.W.T
+        return torch.cat([f, torch.full_like(f[:, :1], self.offset)], 1) if self.constant else f + self.offset
+
+
+def test_rounding_guards_neither_pass_a_false_inf_nor_zero_a_resolved_bound():
+    """Features offset by 1e17 at σ = 1e-2: every shift rounds away and even a step of 1e-3 of the
+    inputs is below the features' resolution (a false +inf for all 60 entries before); the JVP sizes the
+    probe that shows it. A constant feature of 1e12 beside moving ones adds no rounding to their shifts
+    (its z is exactly 0): the bounds stay the exact ones (they were all zeroed by a norm-based estimate)."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((24, 20))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 4, 5)))
+    exact = np.sqrt(np.diag(np.linalg.inv(W.T @ W)))  # per unit σ, pixel basis
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        far = OffsetLinear(W, 1e17, constant=False).eval()
+        res = hcrfast.bound(far, x, 1e-2, iterations=2, restarts=2, basis="pixel", solver="dense")
+        tb = hcrfast.targeted_bound(far, x, 1e-2, basis="pixel")
+    assert not np.isinf(res.std).any() and not np.isinf(tb.std).any()
+    assert np.all(tb.std.reshape(3, -1) <= 1e-2 * exact * (1 + 1e-3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no rounding warning either
+        tb = hcrfast.targeted_bound(OffsetLinear(W, 1e12, constant=True).eval(), x, 0.05, basis="pixel")
+    np.testing.assert_allclose(tb.std.reshape(3, -1), np.tile(0.05 * exact * np.sqrt(0.005**2 / np.expm1(0.005**2)),
+                                                              (3, 1)), rtol=1e-6)
+
+
+class DeadBeyond(torch.nn.Module):
+    """relu(sum(x) - threshold): dead at x and for any step that raises sum(x) by less than ``margin``."""
+
+    def __init__(self, x, margin):
+        super().__init__()
+        self.threshold = float(x.sum()) + margin
+
+    def forward(self, t):
+        a = t.flatten(1).sum(1, keepdim=True) - self.threshold
+        return torch.relu(torch.cat([a, a - 1.0], 1))
+
+
+def test_a_dead_relu_keeps_the_infinite_bound_its_null_step_certifies():
+    """The DC mode's null-space step (1e-2 of the inputs' RMS) leaves the features exactly unchanged,
+    really: +inf stands (a probe at 1e-3 of the inputs' largest value woke the ReLU and took it away)."""
+    x = torch.rand(1, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tb = hcrfast.targeted_bound(DeadBeyond(x, 0.055).eval(), x, 0.05, targets="low:1", method="dense",
+                                null_probes=True)
+    assert np.isinf(tb.std.reshape(-1)[0]) and tb.from_null_space.ravel()[0]
+    assert "leaves a(theta+eps) == a(theta) exactly" in tb.infinite_reasons[0]
+
+
 def test_gaussian_divergence_matches_monte_carlo():
     """E[(f(Z−z)/f(Z) − 1)²] by simulation against exp(‖z‖²/σ²) − 1."""
     rng = np.random.default_rng(0)
