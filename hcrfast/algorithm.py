@@ -394,10 +394,12 @@ def _features_move(model, x) -> np.ndarray:
 #: A step whose float64 features came out exactly unchanged (D = 0) is +inf only if they stay
 #: unchanged once ε is scaled up (never down) far enough that float64 would resolve the shift:
 #: by ``c`` with ``c·max|J ε|`` (its float64 JVP, free of cancellation against the features' size)
-#: and ``c²·max|ε|²`` (a second-order shift, where J ε = 0) each this factor above float64's
-#: rounding of the features, ``u·max|a|``. Inputs the model ignores, dead ReLUs and straight-through
-#: constants stay +inf; a full-rank model at σ ~1e-12 of its features' scale, or with features
-#: offset by 1e17, no longer reads as +inf.
+#: this factor above float64's rounding of the features, ``u·max|a|``, and, for a second-order shift
+#: (where J ε = 0), ``c·max|ε|`` this factor times ``sqrt(u)`` of the inputs' largest magnitude
+#: (relative to the inputs, so that their units do not matter). Inputs the model ignores, dead ReLUs
+#: and straight-through constants stay +inf; a full-rank model at σ ~1e-12 of its features' scale,
+#: or with features offset by 1e17, no longer reads as +inf. Rounding inside the model (a bias of
+#: 1e15 that a later layer takes away) is beyond what the outputs show: float64 is taken as exact there.
 _RESOLUTION_MARGIN = 1e3
 
 #: z from float64 passes is taken as exact while its relative rounding error, estimated as
@@ -426,7 +428,9 @@ def _rounded_away(model64, x, eps, jacobian: str = "reverse") -> np.ndarray:
         return np.ones(len(flat), dtype=bool)
     jmax, size = jv.abs().amax(dim=1), flat.abs().amax(dim=1)
     first = torch.where(jmax > 0, _RESOLUTION_MARGIN * resolution / torch.where(jmax > 0, jmax, 1.0), 1.0)
-    second = _RESOLUTION_MARGIN * torch.sqrt(resolution) / torch.where(size > 0, size, torch.ones_like(size))
+    reach = x64.reshape(len(x64), -1).abs().amax(dim=1)
+    reach = math.sqrt(np.finfo(np.float64).eps / 2) * torch.where(reach > 0, reach, torch.ones_like(reach))
+    second = _RESOLUTION_MARGIN * reach / torch.where(size > 0, size, torch.ones_like(size))
     grow = torch.clamp(torch.maximum(first, second), min=1.0)
     probe = x64 + step * grow.reshape((-1,) + (1,) * (step.dim() - 1))
     return (_features(model64, probe) != a).any(dim=1).cpu().numpy()

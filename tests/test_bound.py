@@ -239,7 +239,8 @@ def test_rounding_guards_neither_pass_a_false_inf_nor_zero_a_resolved_bound():
 
 
 class DeadBeyond(torch.nn.Module):
-    """relu(sum(x) - threshold): dead at x and for any step that raises sum(x) by less than ``margin``."""
+    """relu(sum(x) - threshold): dead at x and for any step that raises sum(x) by less than ``margin``;
+    beside it a live feature, pixel (0, 0) + 1, that the DC mode's (cleaned) null-space step leaves alone."""
 
     def __init__(self, x, margin):
         super().__init__()
@@ -247,14 +248,16 @@ class DeadBeyond(torch.nn.Module):
 
     def forward(self, t):
         a = t.flatten(1).sum(1, keepdim=True) - self.threshold
-        return torch.relu(torch.cat([a, a - 1.0], 1))
+        return torch.cat([torch.relu(torch.cat([a, a - 1.0], 1)), t[:, 0, 0, 0:1] + 1.0], 1)
 
 
-def test_a_dead_relu_keeps_the_infinite_bound_its_null_step_certifies():
+@pytest.mark.parametrize("units", [1.0, 1e-4, 1e-5])
+def test_a_dead_relu_keeps_the_infinite_bound_its_null_step_certifies(units):
     """The DC mode's null-space step (1e-2 of the inputs' RMS) leaves the features exactly unchanged,
-    really: +inf stands (a probe at 1e-3 of the inputs' largest value woke the ReLU and took it away)."""
-    x = torch.rand(1, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    tb = hcrfast.targeted_bound(DeadBeyond(x, 0.055).eval(), x, 0.05, targets="low:1", method="dense",
+    really: +inf stands, in any units of the inputs (a probe at 1e-3 of the inputs' largest value woke
+    the ReLU and took it away; one sized in absolute units did so for inputs of order 1e-4)."""
+    x = units * torch.rand(1, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tb = hcrfast.targeted_bound(DeadBeyond(x, 0.5 * units).eval(), x, 0.05, targets="low:1", method="dense",
                                 null_probes=True)
     assert np.isinf(tb.std.reshape(-1)[0]) and tb.from_null_space.ravel()[0]
     assert "leaves a(theta+eps) == a(theta) exactly" in tb.infinite_reasons[0]
