@@ -630,19 +630,25 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float):
 _PROGRESS_EVERY = 10.0
 
 
-def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: float):
-    """``progress=True`` under LSQR: a line at most every :data:`_PROGRESS_EVERY` seconds from inside a
-    chunk's solves (a chunk of the automatic size can take many minutes): its step of Algorithm 1,
-    LSQR's iteration and the problems still running."""
+def _every(t_start: float, line):
+    """A progress reporter for inside a chunk: prints ``line(*args)`` and the seconds since
+    ``t_start``, at most every :data:`_PROGRESS_EVERY` seconds."""
     last, every = [time.perf_counter()], _PROGRESS_EVERY
 
-    def report(j, steps, active, rows):
+    def report(*args):
         now = time.perf_counter()
         if now - last[0] >= every:
             last[0] = now
-            print(f"hcrfast: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration "
-                  f"{steps}, {active} of {rows} problems running ({now - t_start:.1f} s)", file=sys.stderr)
+            print(f"{line(*args)} ({now - t_start:.1f} s)", file=sys.stderr)
     return report
+
+
+def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: float):
+    """``progress=True`` under LSQR: lines from inside a chunk's solves (a chunk of the automatic size
+    can take many minutes): its step of Algorithm 1, LSQR's iteration and the problems still running."""
+    return _every(t_start, lambda j, steps, active, rows: (
+        f"hcrfast: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration {steps}, "
+        f"{active} of {rows} problems running"))
 
 
 def _is_oom(exc: BaseException) -> bool:

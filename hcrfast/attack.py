@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import _auto_chunk, _in_chunks, _nonfinite_derivative, _progress_line, infinite_derivative
+from hcrfast.algorithm import (_auto_chunk, _every, _in_chunks, _nonfinite_derivative, _progress_line,
+                               infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
     TorchJacobian,
@@ -246,19 +247,11 @@ def _row_norms64(a, xp):
 
 
 def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
-    """``progress=True``: a line at most every ``algorithm._PROGRESS_EVERY`` seconds from inside a
-    chunk's Gauss–Newton iterations (a chunk of the automatic size can take minutes)."""
-    from hcrfast import algorithm
-
-    last, every = [time.perf_counter()], algorithm._PROGRESS_EVERY
-
-    def report(j, running, rows):
-        now = time.perf_counter()
-        if now - last[0] >= every:
-            last[0] = now
-            print(f"hcrfast attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, {running} "
-                  f"of {rows} draws running ({now - t_start:.1f} s)", file=sys.stderr)
-    return report
+    """``progress=True``: lines from inside a chunk's Gauss–Newton iterations (a chunk of the automatic
+    size can take minutes)."""
+    return _every(t_start, lambda j, running, rows: (
+        f"hcrfast attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, {running} of "
+        f"{rows} draws running"))
 
 
 def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, jacobian, progress=None):
