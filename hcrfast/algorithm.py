@@ -189,7 +189,10 @@ def forward(model, x: torch.Tensor):
     # Out of the except block: the exception's frames no longer hold the failed forward's memory.
     release_device_memory(x.device)
     half = x.shape[0] // 2
-    return torch.cat([forward(model, x[:half]), forward(model, x[half:])])
+    parts = [forward(model, x[:half]), forward(model, x[half:])]
+    if not all(isinstance(part, torch.Tensor) for part in parts):
+        return parts[0]  # no tensor to join: validation.features_of names what the model returned
+    return torch.cat(parts)
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):

@@ -393,6 +393,18 @@ def test_the_whole_batch_forward_out_of_memory_is_split_too(entry):
     np.testing.assert_allclose(got.std, want.std, rtol=1e-10 if entry != "gauss_newton_attack" else 1e-7)
 
 
+def test_a_split_forward_of_a_model_that_returns_no_tensor_is_named_not_a_torch_cat_error():
+    inner = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((4, 1, 4, 4)))
+
+    class Dict(torch.nn.Module):
+        def forward(self, t):
+            return {"features": inner(t)}
+
+    with pytest.raises(TypeError, match="must return a torch.Tensor of features, got dict"):
+        hcrfast.bound(OutOfMemoryAbove(Dict(), rows=2).eval(), x, 0.2)
+
+
 class RecordsPrecision(torch.nn.Module):
     """``inner``, noting torch's float32 matmul and convolution settings at every call."""
 
