@@ -340,15 +340,22 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
 
 
-def _derivative_vanishes(model, x) -> bool:
-    """Whether torch's derivative of ``model``'s features at ``x`` is exactly 0: ``Jᵀu`` for a random ``u``."""
+def _random_vjp(model, x):
+    """torch's ``Jᵀu`` of ``model``'s features at ``x`` for a fixed random ``u`` (one backward pass), flat
+    per row; None where the features do not depend on ``x`` through autograd."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         f = model(x).reshape(x.shape[0], -1)
         if not f.requires_grad:
-            return True
+            return None
         u = torch.randn(f.shape, generator=torch.Generator(device="cpu").manual_seed(0), dtype=f.dtype)
         (g,) = torch.autograd.grad(f, x, u.to(f.device), allow_unused=True)
+    return None if g is None else g.reshape(len(g), -1)
+
+
+def _derivative_vanishes(model, x) -> bool:
+    """Whether torch's derivative of ``model``'s features at ``x`` is exactly 0 (:func:`_random_vjp`)."""
+    g = _random_vjp(model, x)
     return g is None or not bool(g.any())
 
 
@@ -364,23 +371,17 @@ def infinite_derivative(rows, start: int = 0) -> ValueError:
 
 
 def _nonfinite_derivative(model, x) -> list[int]:
-    """Rows of ``x`` where torch's ``Jᵀu`` (one backward pass, a random ``u``) is not finite; none
-    where reverse mode cannot run (the products will say why)."""
-    x = x.detach().requires_grad_(True)
+    """Rows of ``x`` where torch's ``Jᵀu`` (:func:`_random_vjp`) is not finite; none where reverse mode
+    cannot run (the products will say why)."""
     try:
-        with torch.enable_grad():
-            f = model(x).reshape(x.shape[0], -1)
-            if not f.requires_grad:
-                return []
-            u = torch.randn(f.shape, generator=torch.Generator(device="cpu").manual_seed(0), dtype=f.dtype)
-            (g,) = torch.autograd.grad(f, x, u.to(f.device), allow_unused=True)
+        g = _random_vjp(model, x)
     except RuntimeError as exc:
         if _is_oom(exc):  # the chunk is halved
             raise
         return []
     if g is None:
         return []
-    return torch.nonzero(~torch.isfinite(g.reshape(len(g), -1)).all(dim=1)).flatten().tolist()
+    return torch.nonzero(~torch.isfinite(g).all(dim=1)).flatten().tolist()
 
 
 def _features_move(model, x) -> np.ndarray:
