@@ -957,7 +957,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # The targeted bounds are found chunk by chunk, after Algorithm 1's, by targeted_bound.
         share = None  # where a chunk's targeted directions come from: "dense", "krylov" or None (its own)
         if targets is not None:
-            from hcrfast.targeted import DenseDirections, TargetedBounds, parse_targets, resolve_method, targeted_bound
+            from hcrfast.targeted import (DenseDirections, TargetedBounds, _warn_targeted, parse_targets, resolve_method,
+                                          targeted_bound)
 
             modes = parse_targets(targets, input_shape, basis)
             if targeted_method != "lsqr":
@@ -1086,8 +1087,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 # Null-space probes stay out of the bound: huge or infinite values there are an
                 # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
                 # bound on the identifiable part.
-                with warnings.catch_warnings():  # bound's summary speaks of its bounds of 0 itself
+                with warnings.catch_warnings():  # bound's summary speaks of its bounds of 0 itself, and
+                    # bound warns once of the targeted steps that rounding decided, over all chunks
                     warnings.filterwarnings("ignore", message=r".* pairs got no direction", category=UserWarning)
+                    warnings.filterwarnings("ignore", message=r"\d+ targeted steps", category=UserWarning)
                     targeted_of[start] = targeted_bound(
                         model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
                         basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
@@ -1281,6 +1284,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
             reasons.extend(targeted.infinite_reasons)
+            _warn_targeted(targeted.rounding, batch.dtype)  # chunks read back from a checkpoint included
         # Read on the solver's stream and allocator (a strided slice's get() copies on the device).
         krylov_steps = to_host(itn[:, :krylov_pilots, 0]) if solver == "krylov" else None
 

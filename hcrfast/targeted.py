@@ -163,6 +163,37 @@ def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
     return np.unique(flat)
 
 
+#: The counts behind the targeted steps' rounding warnings (:func:`_warn_targeted`), kept with the
+#: bounds (``TargetedBounds.rounding``, checkpoint pieces included) so that a resumed call warns as
+#: the uninterrupted one: steps whose D = 0 was rounding, steps too coarse for D (0), how many more
+#: float64 resolves only roughly and the worst such error, D = 0 from uncertified passes.
+ROUNDING_COUNTS = dict(rounded=0, coarse=0, risky=0, worst=0.0, unresolved=0)
+
+
+def _sum_rounding(counts) -> dict:
+    """The rounding counts of several pieces as those of one (the worst error is the largest)."""
+    counts = [dict(ROUNDING_COUNTS, **c) for c in counts]
+    return {k: max((c[k] for c in counts), default=v) if k == "worst" else sum(c[k] for c in counts)
+            for k, v in ROUNDING_COUNTS.items()}
+
+
+def _warn_targeted(rounding: dict, dtype) -> None:
+    """The warnings of a call's targeted steps that rounding decided (``rounding``: their counts)."""
+    r = dict(ROUNDING_COUNTS, **rounding)
+    if r["rounded"]:
+        validation.warn(f"{r['rounded']} targeted steps left the float64 features exactly unchanged, but J eps is "
+                        f"not 0 (or the features move once eps is scaled up): the shifts are below float64's "
+                        f"resolution against features of this size (sigma * size too small next to the features), "
+                        f"so D = 0 is rounding and they bound nothing (0); pass a sigma nearer the features' scale "
+                        f"(hcrfast.rms_sigma(features, scale))")
+    _warn_rounding("targeted steps", r["coarse"], r["risky"], r["worst"])
+    if r["unresolved"]:
+        validation.warn(f"{r['unresolved']} targeted steps left the features exactly unchanged in uncertified "
+                        f"{validation.dtype_name(dtype)} forward passes (certify=False), which may have "
+                        f"rounded the shift away: D = 0 is not established and they bound nothing (0); "
+                        f"certify=True recomputes the shift in float64")
+
+
 @dataclass
 class TargetedBounds:
     """Per-mode HCR bounds from :func:`targeted_bound`.
@@ -198,6 +229,9 @@ class TargetedBounds:
     params : dict
     timings : dict
         Seconds per phase and ``"total"``.
+    rounding : dict
+        How many targeted steps float64's rounding decided (:data:`ROUNDING_COUNTS`'s keys): the
+        counts behind the call's warnings, each such step bounding nothing (0).
     """
 
     std: object
@@ -215,6 +249,7 @@ class TargetedBounds:
     infinite_reasons: list = field(default_factory=list)
     params: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    rounding: dict = field(default_factory=lambda: dict(ROUNDING_COUNTS))
 
     _ARRAYS = ("std", "targeted", "divergence", "eps", "infinite", "from_null_space", "null_dim",
                "null_fraction", "lsqr_iterations", "lsqr_istop")
@@ -233,7 +268,7 @@ class TargetedBounds:
         h = self.to_numpy()
         arrays = {k: getattr(h, k) for k in self._ARRAYS + ("modes",) if getattr(h, k) is not None}
         return arrays, dict(method=h.method, infinite_reasons=list(h.infinite_reasons), params=h.params,
-                            timings=h.timings)
+                            timings=h.timings, rounding=h.rounding)
 
     @classmethod
     def from_arrays(cls, arrays: dict, meta: dict) -> TargetedBounds:
@@ -265,7 +300,8 @@ class TargetedBounds:
         return dataclasses.replace(
             first, **rows,
             infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"]),
-            timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings})
+            timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings},
+            rounding=_sum_rounding(p.rounding for p in parts))
 
     def summary(self) -> str:
         """A few lines: method, targeted-bound quantiles, infinities, timings."""
@@ -283,6 +319,11 @@ class TargetedBounds:
         n_inf = int(h.infinite.sum())
         if n_inf:
             lines.append(f"  {n_inf} (example, mode) pairs have bound +inf (D = 0); see .infinite_reasons")
+        r = dict(ROUNDING_COUNTS, **self.rounding)
+        if r["rounded"] + r["coarse"] + r["unresolved"]:
+            lines.append(f"  {counted(r['rounded'] + r['coarse'] + r['unresolved'], 'targeted step')} bound nothing "
+                         f"(0): rounding decided their D (sigma * size too small next to the features"
+                         + (", or uncertified passes" if r["unresolved"] else "") + "); see .rounding")
         lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()))
         return "\n".join(lines)
 
@@ -303,10 +344,11 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
               jacobian="reverse"):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
-    Returns ``(eps64, d, value)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
+    Returns ``(eps64, d, value, rounding)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
     (+inf where D = 0 and q·ε ≠ 0, unless the step was only rounded away; 0 where both vanish), all
-    float64. ``null_probes``: the candidates are null-space steps, whose shifts are rounding by
-    design (no warning that they are small).
+    float64, and the counts behind the rounding warnings (:func:`_warn_targeted`), which the caller
+    gives once for the whole call. ``null_probes``: the candidates are null-space steps, whose shifts
+    are rounding by design (not counted as such).
     """
     xp = array_module_for(batch.device)
     R = eps.shape[0]
@@ -339,6 +381,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     # same direction, scaled up, moves the features.
     exact = certify or batch.dtype == torch.float64
     proven = (coord > 0) & exact
+    rounding = dict(ROUNDING_COUNTS)
     if exact:
         rows = np.flatnonzero(to_host(zero_d & proven))
         if rows.size:
@@ -346,26 +389,16 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
                                  eps64[xp.asarray(rows)], jacobian)
             if lost.any():
                 proven[xp.asarray(rows[lost])] = False
-            if lost.any() and not null_probes:  # a generic null space's steps are rounding by design
-                validation.warn(f"{int(lost.sum())} targeted steps left the float64 features exactly unchanged, but "
-                                f"J eps is not 0 (or the features move once eps is scaled up): the shifts are below "
-                                f"float64's resolution "
-                                f"against features of this size (sigma * size too small next to the features), so "
-                                f"D = 0 is rounding and they bound nothing (0); pass a sigma nearer the features' "
-                                f"scale (hcrfast.rms_sigma(features, scale))")
+            if not null_probes:  # a generic null space's steps are rounding by design
+                rounding["rounded"] = int(lost.sum())
         if not null_probes:  # a generic null space's steps are rounding by design: huge finite bounds, valid
-            coarse, n_risky, worst = _coarse_shifts(rel)
+            coarse, rounding["risky"], rounding["worst"] = _coarse_shifts(rel)
             value = xp.where(coarse, 0.0, value)
-            _warn_rounding("targeted steps", int(to_host(coarse.sum())), n_risky, worst)
+            rounding["coarse"] = int(to_host(coarse.sum()))
     value = xp.where(zero_d, xp.where(proven, xp.inf, 0.0), value)
     if not exact:
-        unresolved = int(to_host((zero_d & (coord > 0)).sum()))
-        if unresolved:
-            validation.warn(f"{unresolved} targeted steps left the features exactly unchanged in uncertified "
-                            f"{validation.dtype_name(batch.dtype)} forward passes (certify=False), which may have "
-                            f"rounded the shift away: D = 0 is not established and they bound nothing (0); "
-                            f"certify=True recomputes the shift in float64")
-    return eps64, d, value
+        rounding["unresolved"] = int(to_host((zero_d & (coord > 0)).sum()))
+    return eps64, d, value, rounding
 
 
 @dataclass
@@ -622,6 +655,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
                                 features=features)
     result.timings["total"] = time.perf_counter() - t_start
+    _warn_targeted(result.rounding, batch.dtype)  # once for the call, pieces read back included
     if not (method == "dense" and null_probes):
         # A mode J does not see gets no direction, hence bound 0; only the dense null-space probes tell it +inf.
         unseen = int(to_host((result.std.reshape(B, -1)[:, xp.asarray(modes)] == 0).sum()))
@@ -700,8 +734,8 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
 
     t0 = time.perf_counter()
     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0
-        eps64, d, value = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
-                                    certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used)
+        eps64, d, value, rounding = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
+                                              certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used)
     # A mode whose direction is 0 (J does not see it) is the null-space probes' to settle.
     _check_perturbations(eps64, d, noise, size, batch.dtype, intended=xp.any(unit != 0, axis=1))
     timings["certify"] = time.perf_counter() - t0
@@ -724,9 +758,10 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             cand = cand.reshape(-1, p)
             ex = np.repeat(ex_sel, m)
             with np.errstate(over="ignore"):  # large null-space steps may overflow D: bound 0, never picked
-                c_eps, c_d, c_val = _evaluate(model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                                              certify=params["certify"], noise=noise, chunk=chunk, null_probes=True,
-                                              jacobian=jac_used)
+                c_eps, c_d, c_val, c_rounding = _evaluate(
+                    model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
+                    certify=params["certify"], noise=noise, chunk=chunk, null_probes=True, jacobian=jac_used)
+            rounding = _sum_rounding([rounding, c_rounding])
             c_val = c_val.reshape(-1, m)
             best = xp.argmax(c_val, axis=1)
             pick = xp.arange(sel.shape[0]) * m + best
@@ -749,4 +784,4 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
         infinite=infinite.reshape((B,) + input_shape),
         from_null_space=from_null.reshape(B, K), null_dim=null_dim, null_fraction=null_fraction,
         lsqr_iterations=itn, lsqr_istop=istop, method=method, infinite_reasons=reasons,
-        params=dict(params, jacobian=jac_used), timings=timings)
+        params=dict(params, jacobian=jac_used), timings=timings, rounding=rounding)

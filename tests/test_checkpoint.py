@@ -719,3 +719,79 @@ def test_a_finished_call_removes_what_killed_writers_left(tmp_path):
         f.write_bytes(b"PK\x03\x04 half written")
     hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
     assert not stale.exists() and live.exists()
+
+
+class Biased(torch.nn.Module):
+    """W x + b in float64, with b of order 1e4: at σ = 1e-12 the steps' feature shifts are at or below
+    float64's resolution of the features."""
+
+    def __init__(self, W, b):
+        super().__init__()
+        self.W, self.b = torch.as_tensor(W), torch.as_tensor(b)
+
+    def forward(self, x):
+        return x.flatten(1) @ self.W.T + self.b
+
+
+def test_rounding_warnings_count_every_chunk_once_read_back_or_not(tmp_path, monkeypatch):
+    """The warnings of steps that float64's rounding decided, Algorithm 1's and the targeted ones, come
+    once per call and count every chunk, those read back from a checkpoint included: a resumed call
+    warns as the uninterrupted one. (The targeted ones came once per chunk, and not at all for the
+    chunks read back.) Every targeted step they count bounds nothing: the counts are the zero bounds."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((24, 20))
+    model = Biased(W, 1e4 * rng.standard_normal(24)).eval()
+    x = torch.as_tensor(rng.standard_normal((5, 1, 4, 5)))
+    modes = [0, 7]
+    call = dict(iterations=2, restarts=2, basis="pixel", solver="dense", targets=modes, chunk_size=2)
+
+    def warned(**extra):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = hcrfast.bound(model, x, 1e-12, **call, **extra)
+        return res, sorted(str(w.message) for w in caught)
+
+    whole, messages = warned()
+    targeted = [m for m in messages if "targeted steps" in m]
+    kinds = [m.split(" ", 1)[1][:40] for m in targeted]
+    assert targeted and len(kinds) == len(set(kinds))  # one warning of each kind for the call
+    zeros = int((whole.targeted.std.reshape(5, -1)[:, modes] == 0).sum())
+    assert sum(int(m.split()[0]) for m in targeted if "bound nothing" in m) == zeros > 2  # beyond one chunk's
+    assert whole.targeted.rounding["rounded"] + whole.targeted.rounding["coarse"] == zeros
+    assert f"{zeros} targeted steps bound nothing (0)" in whole.targeted.summary()
+
+    crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(model, x, 1e-12, checkpoint=tmp_path, **call)  # rows 0..3 saved
+    crash_after(monkeypatch, None)
+    again, messages_again = warned(checkpoint=tmp_path)
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert messages_again == messages and again.targeted.rounding == whole.targeted.rounding
+
+    # targeted_bound alone, in pieces of one example (its chunk_size counts example x mode rows)
+    alone = dict(targets=modes, basis="pixel", method="dense", chunk_size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tb = hcrfast.targeted_bound(model, x, 1e-12, **alone)
+    first = sorted(str(w.message) for w in caught if "targeted steps" in str(w.message))
+    assert [m.split(" ", 1)[1] for m in first] == [m.split(" ", 1)[1] for m in targeted]
+    assert sum(int(m.split()[0]) for m in first if "bound nothing" in m) == int((tb.std.reshape(5, -1)[:, modes] == 0).sum())
+    from hcrfast import targeted as targeted_module
+    real, done = targeted_module._targeted_piece, []
+
+    def piece(*args, **kwargs):
+        if len(done) == 3:
+            raise Crash
+        done.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(targeted_module, "_targeted_piece", piece)
+    with pytest.raises(Crash), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hcrfast.targeted_bound(model, x, 1e-12, checkpoint=tmp_path / "t", **alone)
+    monkeypatch.setattr(targeted_module, "_targeted_piece", real)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = hcrfast.targeted_bound(model, x, 1e-12, checkpoint=tmp_path / "t", **alone)
+    assert resumed.params["checkpoint"]["examples_read_back"] == 3
+    assert sorted(str(w.message) for w in caught if "targeted steps" in str(w.message)) == first
