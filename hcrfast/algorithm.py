@@ -420,7 +420,22 @@ def _rounded_away(model64, x, eps, jacobian: str = "reverse") -> np.ndarray:
     """Per row of ``eps`` (steps at the inputs ``x``, one row each, whose float64 features did not
     move): whether the features move once the step is scaled up far enough for float64 to resolve its
     shift (:data:`_RESOLUTION_MARGIN`): then that D = 0 was rounding, not a direction the features do
-    not see. A JVP that cannot be taken counts as rounding."""
+    not see. A JVP that cannot be taken counts as rounding; one that runs out of memory is split in
+    halves (the rows are independent), never taken for rounding."""
+    try:
+        return _rounded_away_rows(model64, x, eps, jacobian)
+    except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
+        if not _is_oom(exc) or x.shape[0] < 2:
+            raise
+    # Out of the except block: the exception's frames no longer hold the failed pass's memory.
+    release_device_memory(x.device)
+    half = x.shape[0] // 2
+    return np.concatenate([_rounded_away(model64, x[:half], eps[:half], jacobian),
+                           _rounded_away(model64, x[half:], eps[half:], jacobian)])
+
+
+def _rounded_away_rows(model64, x, eps, jacobian: str) -> np.ndarray:
+    """:func:`_rounded_away` on all rows at once."""
     x64 = x.double()
     step = to_torch(eps).double().reshape(x64.shape)
     flat = step.reshape(len(step), -1)
@@ -428,7 +443,9 @@ def _rounded_away(model64, x, eps, jacobian: str = "reverse") -> np.ndarray:
     resolution = np.finfo(np.float64).eps / 2 * a.abs().amax(dim=1)  # float64's rounding of the features
     try:
         jv = to_torch(TorchJacobian(model64, x64, mode=jacobian).matvec(from_torch(flat.contiguous())))
-    except RuntimeError:
+    except RuntimeError as exc:
+        if _is_oom(exc):  # torch.OutOfMemoryError is a RuntimeError: split by _rounded_away, not "rounding"
+            raise
         return np.ones(len(flat), dtype=bool)
     jmax, size = jv.abs().amax(dim=1), flat.abs().amax(dim=1)
     first = torch.where(jmax > 0, _RESOLUTION_MARGIN * resolution / torch.where(jmax > 0, jmax, 1.0), 1.0)

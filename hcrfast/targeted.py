@@ -384,9 +384,16 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     rounding = dict(ROUNDING_COUNTS)
     if exact:
         rows = np.flatnonzero(to_host(zero_d & proven))
-        if rows.size:
-            lost = _rounded_away(model64 if certify else model, batch[torch.as_tensor(to_host(example_of)[rows])],
-                                 eps64[xp.asarray(rows)], jacobian)
+        if rows.size:  # probed in slices of chunk rows, as certified (the rows may be every example x mode)
+            lost = np.zeros(rows.size, dtype=bool)
+            owner = to_host(example_of)
+
+            def probe(r0, r1):
+                lost[r0:r1] = _rounded_away(model64 if certify else model,
+                                            batch[torch.as_tensor(owner[rows[r0:r1]])],
+                                            eps64[xp.asarray(rows[r0:r1])], jacobian)
+
+            _in_chunks(rows.size, chunk, probe, batch.device)
             if lost.any():
                 proven[xp.asarray(rows[lost])] = False
             if not null_probes:  # a generic null space's steps are rounding by design

@@ -896,3 +896,21 @@ def test_progress_speaks_from_inside_a_long_lsqr_chunk(capsys, monkeypatch):
     assert any(re.match(r"hcrfast: examples 0-2 of 3: step 2/2, LSQR iteration \d+, 0 of 6 problems running", line)
                for line in inside), inside
     np.testing.assert_array_equal(loud.std, quiet.std)
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_out_of_memory_in_the_rounding_probe_is_split_not_taken_for_rounding(solver):
+    """The float64 JVP of _rounded_away runs on every restart whose D = 0 at once (examples x
+    restarts rows, beyond the rows the dense and Krylov chunks were sized for): torch's
+    OutOfMemoryError is a RuntimeError, and was read as 'no JVP', so a straight-through map's valid
+    +inf bounds all became 0 with a warning blaming sigma."""
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    kw = dict(iterations=2, restarts=4, solver=solver)
+    want = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, **kw)
+    tight = OutOfMemoryAbove(FrozenFeatures(), grad_rows=3).eval()  # 8 restarts' rows do not fit, 2 do
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = hcrfast.bound(tight, x, 0.5, **kw)
+    assert tight.refused >= 1
+    np.testing.assert_array_equal(got.std, want.std)
+    assert np.isinf(got.std).sum() == np.isinf(want.std).sum() > 0
