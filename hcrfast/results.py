@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,14 +61,33 @@ def counted(n: int, word: str) -> str:
 def quantile_line(std) -> str:
     """The summaries' line of bound quantiles: 10/50/90% of the finite bounds in ``std`` (+inf bounds,
     from D = 0, have no quantile worth printing), how many are finite when some are not, and "all +inf"
-    when none is."""
+    when none is. Bounds of 0 (which bound nothing) are among the quantiles, as the valid lower bounds
+    they are, and counted apart so that a quantile of 0 is not read as a measured bound."""
     std = np.asarray(std)
     finite = std[np.isfinite(std)]
     if not finite.size:
         return "  std bounds: all +inf"
     q = np.quantile(finite, [0.1, 0.5, 0.9])
+    notes = [f"{finite.size} finite of {std.size}"] if finite.size < std.size else []
+    n_zero = int((finite == 0).sum())
+    if n_zero:
+        notes.append(f"{n_zero} of {std.size} are 0, which bounds nothing")
     return (f"  std bound quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}"
-            + (f" ({finite.size} finite of {std.size})" if finite.size < std.size else ""))
+            + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def noise_label(described) -> str:
+    """The short name of a noise law from its ``describe()`` line, with the confidence of bounds that
+    hold only with that confidence (Monte Carlo; bound()'s ``params["noise_asked"]``: the law as asked,
+    before each restart's confidence was raised so that their maximum holds at it)."""
+    text = str(described)
+    label = text.split(": D(z)")[0] if ": D(z)" in text else text.split(":")[0]
+    match = re.search(r"upper ([0-9.eE+-]+)-confidence", text)
+    return label + (f", bounds at {match.group(1)} confidence" if match else "")
+
+
+# How a reason of params["zero_step_reasons"] or of infinite_reasons names its restart.
+_RESTART = re.compile(r"example (\d+), restart (\d+): ")
 
 
 @dataclass
@@ -170,12 +190,27 @@ class Bounds:
         p = self.params
         lines = [
             f"HCR bounds for {counted(std.shape[0], 'example')} x {counted(std.shape[1], str(p.get('basis', '?')) + ' mode')} "
-            f"(noise={str(p.get('noise')).split(':')[0]}, size={p.get('size', float('nan')):.4g}, "
+            f"(noise={noise_label(p.get('noise_asked') or p.get('noise'))}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
             quantile_line(std),
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
+        # the restarts that bound nothing, and why (the markers of bound()'s zero-step reasons)
+        from hcrfast import algorithm
+
+        nothing = p.get("zero_step_reasons") or []
+        causes = [(algorithm._COARSE, "float64's rounding leaves their D not established"),
+                  (algorithm._ROUNDED, "their shift is below float64's resolution of the features"),
+                  (algorithm._UNRESOLVED, "D = 0 in uncertified passes"),
+                  (algorithm._BLIND, "J = 0 at their example")]
+        counts = [(sum(marker in r for r in nothing), why) for marker, why in causes]
+        counts.append((len(nothing) - sum(c for c, _ in counts), "their eps came out 0"))
+        if nothing:
+            lines.append(f"  {counted(len(nothing), 'restart')} bound nothing (0): "
+                         + "; ".join(f"{c} {why}" for c, why in counts if c)
+                         + ("; sigma * size is too small next to the features" if counts[0][0] + counts[1][0] else "")
+                         + "; see params['zero_step_reasons']")
         if p.get("solver") == "dense":
             d = p.get("dense")
             lines.append(f"  dense solve: J built with {d.get('jacobian_products')} products per example, rank of J "
@@ -205,15 +240,34 @@ class Bounds:
                          f"are the larger of the two)")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
-            lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): {len(self.infinite_reasons)} restarts "
-                         f"left the features exactly unchanged; see .infinite_reasons")
+            by_restart = sum(bool(_RESTART.match(r)) for r in self.infinite_reasons)
+            by_target = len(self.infinite_reasons) - by_restart
+            lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): "
+                         + " and ".join(part for part in (
+                             counted(by_restart, "restart") if by_restart else "",
+                             counted(by_target, "targeted (example, mode) step") if by_target else "") if part)
+                         + " left the features exactly unchanged; see .infinite_reasons")
         n_zero = int((std == 0).sum())
         if n_zero:
+            # examples all of whose restarts bound nothing: their zeros have the reasons above
+            per_example = {}
+            for r in nothing:
+                m = _RESTART.match(r)
+                if m:
+                    per_example.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+            dead = [e for e, rs in per_example.items() if len(rs) >= (p.get("restarts") or 0) and e < std.shape[0]]
+            n_dead = int((std[dead] == 0).sum()) if dead else 0
             rank = (p.get("dense") or p.get("krylov") or {}).get("rank_min")
             rank_note = (f" J's rank is as low as {rank} of {std.shape[1]} inputs: some modes may be invisible to "
                          f"the features." if rank is not None and rank < std.shape[1] else "")
-            lines.append(f"  {n_zero} coordinates have bound 0: no restart moved them. 0 guarantees nothing; it does "
-                         f"not show they are exposed.{rank_note} hcrfast.targeted_bound(..., null_probes=True) "
-                         f"aims a step at each mode and finds those the features do not see (+inf)")
+            if n_dead:
+                lines.append(f"  {n_dead} coordinates have bound 0 because every restart of their "
+                             f"{counted(len(dead), 'example')} bound nothing (above). 0 guarantees nothing; it "
+                             f"does not show they are exposed")
+            if n_zero > n_dead:
+                lines.append(f"  {n_zero - n_dead} coordinates have bound 0: no restart moved them. 0 guarantees "
+                             f"nothing; it does not show they are exposed.{rank_note} "
+                             f"hcrfast.targeted_bound(..., null_probes=True) aims a step at each mode and finds "
+                             f"those the features do not see (+inf)")
         lines.append(f"  wall time {self.seconds:.2f} s")
         return "\n".join(lines)

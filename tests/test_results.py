@@ -82,6 +82,8 @@ def bounds_with_std(std):
     ([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], "  std bound quantiles 10/50/90%: 1.5 / 3.5 / 5.5"),
     ([[1.0, np.inf, 3.0], [np.inf, 5.0, np.inf]], "  std bound quantiles 10/50/90%: 1.4 / 3 / 4.6 (3 finite of 6)"),
     ([[np.inf] * 3] * 2, "  std bounds: all +inf"),
+    ([[0.0, np.inf, 3.0], [0.0, 5.0, 1.0]],
+     "  std bound quantiles 10/50/90%: 0 / 1 / 4.2 (5 finite of 6; 2 of 6 are 0, which bounds nothing)"),
 ])
 def test_summary_quantiles_skip_infinite_bounds(std, line):
     """The quantiles are those of the finite bounds; +inf ones are counted, not averaged into nan. The line
@@ -99,3 +101,54 @@ def test_summary_counts_read_as_english():
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3), torch.nn.Tanh()).double()
     res = hcrfast.bound(net, torch.ones(1, 1, 2, 2, dtype=torch.float64), 0.1, restarts=1, iterations=1)
     assert res.summary().startswith("HCR bounds for 1 example x 4 dct modes (")
+
+
+class Quantized(torch.nn.Module):
+    """A straight-through quantizer: the Jacobian is the linear layer's, the features move in steps of
+    1/4, so small perturbations leave them exactly unchanged (D = 0, +inf bounds)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 20).double()
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return h + (torch.round(h * 4) / 4 - h).detach()
+
+
+def test_summary_names_what_gave_each_infinite_and_zero_bound():
+    """+inf bounds: the restarts and the targeted steps counted apart (it said '14 restarts' for 6 restarts
+    and 8 targeted pairs). Zeros: a restart zeroed by float64's rounding is named as such (it said 'no
+    restart moved them'), and so is a Monte Carlo law's confidence (it was cut off)."""
+    import warnings
+
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hcrfast.bound(Quantized().eval(), x, 0.1, restarts=3, iterations=2, targets="low:2")
+    n_restarts = int((res.divergence == 0).sum())
+    n_targeted = int(res.targeted.infinite.sum())
+    assert n_restarts and n_targeted and len(res.infinite_reasons) == n_restarts + n_targeted
+    assert (f"{int(np.isinf(res.std).sum())} coordinates have bound +inf (D = 0): {n_restarts} restarts and "
+            f"{n_targeted} targeted (example, mode) steps left the features exactly unchanged") in res.summary()
+
+    net = mlp()
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(net(x), 1e-13)  # every step's shift below float64's resolution, or too coarse
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny = hcrfast.bound(net, x, sigma, restarts=3, iterations=2)
+    text = tiny.summary()
+    assert np.all(tiny.std == 0) and "no restart moved them" not in text
+    assert "(32 of 32 are 0, which bounds nothing)" in text
+    assert "6 restarts bound nothing (0): " in text and "sigma * size is too small next to the features" in text
+    assert "32 coordinates have bound 0 because every restart of their 2 examples bound nothing" in text
+
+    import scipy.stats
+
+    law = hcrfast.MonteCarlo(scipy.stats.norm(scale=0.5).logpdf, lambda rng, shape: 0.5 * rng.standard_normal(shape),
+                             name="norm", n_samples=2000, confidence=0.95)
+    mc = hcrfast.bound(net, x, law, restarts=2, iterations=2)
+    assert "noise=MonteCarlo(norm), bounds at 0.95 confidence, size=" in mc.summary()  # as asked (each
+    assert "0.975-confidence" in mc.params["noise"]  # restart's D at 1 - 0.05 / 2, so that their max holds at it)
