@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast.kernels import dct2, idct2
+from hcrfast.krylov import MAX_STEPS
 
 __all__ = ["reconstructions", "write_figures", "write_html"]
 
@@ -83,7 +84,10 @@ def _histogram(path: Path, values: np.ndarray, *, title: str, xlabel: str) -> di
     log_x = positive.size > 0 and positive.max() > 10 * positive.min()
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
     shown = positive if log_x else finite
-    if shown.size:
+    if shown.size and not shown.any():
+        ax.text(0.5, 0.5, f"all {shown.size:,} finite bounds are 0: they bound nothing", ha="center", va="center",
+                transform=ax.transAxes)
+    elif shown.size:
         if log_x:
             bins = np.logspace(np.log10(shown.min()), np.log10(shown.max()), 257)
             ax.set_xscale("log")
@@ -91,8 +95,9 @@ def _histogram(path: Path, values: np.ndarray, *, title: str, xlabel: str) -> di
         else:
             bins = 256
         ax.hist(shown, bins=bins, color="tab:blue")
-        med = float(np.median(finite))
-        ax.axvline(med, color="tab:red", linestyle="--", linewidth=1.2, label=f"median {med:.3g}")
+        med = float(np.median(shown))  # of what is drawn: a median of 0 has no place on a log axis
+        ax.axvline(med, color="tab:red", linestyle="--", linewidth=1.2,
+                   label=f"median {med:.3g}" + (" (of the values shown)" if shown.size < finite.size else ""))
         ax.legend(loc="upper right", fontsize=9)
     else:
         ax.text(0.5, 0.5, "no finite bounds to show", ha="center", va="center", transform=ax.transAxes)
@@ -344,7 +349,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     zero = s.get("zero_steps") or {}
     if zero.get("restarts"):
         body.append(f'<p class="warn">{zero["restarts"]:,} restarts in {zero["examples_affected"]:,} examples bound '
-                    f'nothing ({zero["at_zero_jacobian"]:,} of them at J = 0): {e(zero["reason"])}.</p>')
+                    f'nothing (0): {e(zero["reason"])}.</p>')
     body.append(
         f"<p>Hammersley-Chapman-Robbins lower bounds on the standard deviation of any unbiased "
         f"estimator of the {e(s['bounds_on'])}, given the features released with Gaussian noise of "
@@ -354,8 +359,13 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         f"of the [0, 1] image.</p>")
     med, med_px = s["bounds"].get("q50"), s.get("bounds_pixel_units", {}).get("q50")
     if med is not None and med_px is not None:
-        body.append(f"<p><b>Median bound: {med:.3g} (normalized units) = {med_px:.3g} in [0, 1] pixel "
-                    f"units.</b> Clean accuracy {s['accuracy']['clean']:.3f}; with the noise "
+        n_zero, n_all = s["bounds"].get("zero", 0), s["bounds"]["finite"] + s["bounds"]["infinite"]
+        body.append(f"<p><b>Median bound: {med:.4g} (normalized units) = {med_px:.4g} in [0, 1] pixel "
+                    f"units.</b>"
+                    + (f' <span class="warn">{n_zero:,} of the {n_all:,} bounds are 0, which bounds nothing '
+                       f'(among the quantiles below, as the valid lower bounds they are; see the restarts that '
+                       f'bound nothing above).</span>' if n_zero else "")
+                    + f" Clean accuracy {s['accuracy']['clean']:.3f}; with the noise "
                     f"{s['accuracy']['dithered']:.3f}.</p>")
     body.append(f"<p class=\"note\">Command: <code>{e(s.get('command', ''))}</code></p>")
 
@@ -379,7 +389,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
          else f"LSQR, {'warm' if s.get('warm_start', True) else 'cold'} starts"),
         ("LSQR atol / btol / iter_lim",
          "not used" if dense else
-         f"{lsqr['atol']:g} / {lsqr['btol']:g} / {lsqr['iter_lim'] if lsqr['iter_lim'] is not None else '2·n'}"),
+         f"{lsqr['atol']:g} / {lsqr['btol']:g} / "
+         + (str(lsqr["iter_lim"]) if lsqr["iter_lim"] is not None
+            else f"{MAX_STEPS} basis steps (never more than min(features, inputs))" if s.get("solver") == "krylov"
+            else "2 × the inputs (SciPy's cap)")),
         ("chunks × examples per chunk", f"{s['chunks']} × {min(s['chunk_examples'], s['examples'])}"),
         ("processes", s["world_size"]),
         ("device", s["device"]),

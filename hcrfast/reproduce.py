@@ -64,7 +64,7 @@ from hcrfast.distributed import ShardError as _ShardError, World as _World, diff
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
-from hcrfast.results import _FORMAT as BOUNDS_FORMAT, save_npz
+from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, save_npz
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -74,7 +74,7 @@ DEFAULT_RESTARTS = 25
 # for digits/MNIST; the ImageNet models take far longer per example.
 DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 8, "swin_t": 8}
 _TRAINED_HERE = {"digits"}
-_FORMAT = 2  # 2: float64-rounded D = 0 bounds 0, not +inf (2026-11-25); chunks of 1 are refused
+_FORMAT = 3  # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why (2026-11-25); older are refused
 # Tags the dithering noise stream of example e, default_rng([seed, e, _DITHER_STREAM]),
 # apart from the start-vector stream default_rng([seed, e]) of hcrfast.start_vectors.
 _DITHER_STREAM = 0x64697468
@@ -318,12 +318,25 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     arrays["seconds"] = np.float64(res.seconds)
     # the call's run-wide parameters, for bounds.npz's Bounds header
     arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
-    # (example, restart, J = 0 there) of every restart whose eps came out 0: it bounds nothing, and
-    # its D = 0 proves no +inf. Kept per chunk so that the merge after a resume still knows them.
+    # (example, restart, why: _ZERO_STEP_KINDS) of every restart that bounds nothing: its D = 0, if
+    # any, proves no +inf. Kept per chunk so that the merge after a resume still knows them.
     arrays["zero_steps"] = np.array(
-        [(int(ids[0]) + int(m["e"]), int(m["r"]), _algorithm._BLIND in line) for line in res.params["zero_step_reasons"]
+        [(int(ids[0]) + int(m["e"]), int(m["r"]), _zero_step_kind(line)) for line in res.params["zero_step_reasons"]
          for m in [_ZERO_STEP_LINE.match(line).groupdict()]], dtype=np.int64).reshape(-1, 3)
     return arrays
+
+
+#: Why a restart bounds nothing, by the code in the third column of a chunk's ``zero_steps``.
+_ZERO_STEP_KINDS = {0: "eps_zero", 1: "at_zero_jacobian", 2: "rounding", 3: "uncertified"}
+
+
+def _zero_step_kind(line: str) -> int:
+    """The :data:`_ZERO_STEP_KINDS` code of one of hcrfast.bound's zero-step reasons."""
+    if _algorithm._BLIND in line:
+        return 1
+    if _algorithm._ROUNDED in line or _algorithm._COARSE in line:
+        return 2
+    return 3 if _algorithm._UNRESOLVED in line else 0
 
 
 # The entries of hcrfast.bound's params that are the same for every chunk of a run.
@@ -367,14 +380,37 @@ def _check_or_write_run(out: Path, key: dict, sigma: float) -> float:
 
 
 def _quantiles(values: np.ndarray) -> dict:
+    """Percentiles, min, max and mean of the finite ``values``, zeros (which bound nothing) among them
+    and counted apart, as are the infinite ones (left out)."""
     finite = values[np.isfinite(values)]
     qs = (5, 25, 50, 75, 95)
     if finite.size == 0:
-        return {f"q{q}": None for q in qs} | {"finite": 0, "infinite": int(values.size)}
+        return {f"q{q}": None for q in qs} | {"finite": 0, "zero": 0, "infinite": int(values.size)}
     got = np.percentile(finite, qs)
     return ({f"q{q}": float(v) for q, v in zip(qs, got)}
             | {"min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean()),
-               "finite": int(finite.size), "infinite": int(values.size - finite.size)})
+               "finite": int(finite.size), "zero": int((finite == 0).sum()),
+               "infinite": int(values.size - finite.size)})
+
+
+def _zero_steps_summary(zero_steps: np.ndarray, restarts: int) -> dict:
+    """summary.json's account of the restarts that bound nothing (``zero_steps``: example, restart,
+    :data:`_ZERO_STEP_KINDS` code): how many of each kind, in how many examples, and why."""
+    kinds = {name: int((zero_steps[:, 2] == code).sum()) for code, name in _ZERO_STEP_KINDS.items()}
+    examples, per_example = np.unique(zero_steps[:, 0], return_counts=True)
+    whole = int((per_example >= restarts).sum())
+    why = {"eps_zero": "their eps came out 0 (outside the range the solver's dtype resolves)",
+           "at_zero_jacobian": "J = 0 at their example (its features do not move with its input)",
+           "rounding": "float64 could not resolve the shift of the features or establish its D (sigma * size too "
+                       "small next to the features' size: a larger --sigma-scale resolves it)",
+           "uncertified": "D = 0 in uncertified lower-precision passes"}
+    reason = ("; ".join(f"{n} because {why[k]}" for k, n in kinds.items() if n)
+              + (f"; every restart of {counted(whole, 'example')} bounds nothing, so Algorithm 1 bounds "
+                 f"{'its' if whole == 1 else 'their'} modes by 0, which guarantees nothing" if whole else "")
+              + ("; the other affected examples' remaining restarts still bound them" if whole < examples.size
+                 else ""))
+    return {"restarts": int(zero_steps.shape[0]), **kinds, "examples_affected": int(examples.size),
+            "examples_bounding_nothing": whole, "reason": reason}
 
 
 def _lsqr_stats(itn: np.ndarray, istop: np.ndarray) -> dict:
@@ -836,14 +872,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "
                        "nothing, and hcrfast.bound warns of it)"),
         },
-        "zero_steps": {
-            "restarts": int(zero_steps.shape[0]),
-            "at_zero_jacobian": int(zero_steps[:, 2].sum()),
-            "examples_affected": int(np.unique(zero_steps[:, 0]).size),
-            "reason": ("these restarts' eps came out 0, so they bound nothing (0): either J = 0 at their example "
-                       "(its features do not move with its input) or the step is outside the range the solver's "
-                       "dtype resolves; the other restarts of the example still bound it"),
-        },
+        "zero_steps": _zero_steps_summary(zero_steps, restarts),
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),
         "timings": {
@@ -873,6 +902,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     atomic_write_text(summary_path, _json_str(summary) + "\n")
     _report.write_html(report_path, summary, figures)
     _say(progress, f"{tag}: done in {_duration(time.perf_counter() - t_start)}; "
-                   f"median bound {_fmt_or_inf(summary['bounds']['q50'])}, clean accuracy {clean_acc:.4f}, "
+                   f"median bound {_fmt_or_inf(summary['bounds']['q50'])}"
+                   + (f" ({summary['bounds']['zero']:,} of {std.size:,} bounds are 0, which bounds nothing: see "
+                      f"summary.json's zero_steps)" if summary["bounds"].get("zero") else "")
+                   + f", clean accuracy {clean_acc:.4f}, "
                    f"dithered {dithered_acc:.4f}")
     return RunResult(out, bounds_path, summary_path, report_path, summary, len(todo), reused)

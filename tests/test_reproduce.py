@@ -591,11 +591,32 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
             assert cli.main(argv) == 0
         s = json.loads((out / "summary.json").read_text())
         assert s["timings"]["chunks_reused"] == (0, 3)[run]
-        assert {k: s["zero_steps"][k] for k in ("restarts", "at_zero_jacobian", "examples_affected")} == {
-            "restarts": 3, "at_zero_jacobian": 0, "examples_affected": 3}
+        assert {k: v for k, v in s["zero_steps"].items() if k != "reason"} == {
+            "restarts": 3, "eps_zero": 3, "at_zero_jacobian": 0, "rounding": 0, "uncertified": 0,
+            "examples_affected": 3, "examples_bounding_nothing": 0}
         assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
         assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
-        assert "3 restarts in 3 examples bound nothing (0 of them at J = 0)" in (out / "report.html").read_text()
+        assert ("3 restarts in 3 examples bound nothing (0): 3 because their eps came out 0"
+                in (out / "report.html").read_text())
+
+
+def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights, tmp_path, capsys):
+    """At --sigma-scale 1e-11 every step's shift is below float64's resolution of the digits model's
+    features (or too coarse for D): every bound is 0. The outputs say so and why (they said 'median
+    bound 0' with the reason of an eps that came out 0, and 'the other restarts still bound it')."""
+    out = tmp_path / "tiny"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hcrfast.bound's own warnings, per chunk
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "1e-11",
+                         "--out", str(out), "--weights", str(weights)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    std = _arrays(out / "bounds.npz")["std"]
+    assert s["bounds"]["zero"] == int((std == 0).sum()) == std.size  # the oracle: the saved bounds
+    assert {k: s["zero_steps"][k] for k in ("restarts", "rounding", "eps_zero", "examples_bounding_nothing")} == {
+        "restarts": 20, "rounding": 20, "eps_zero": 0, "examples_bounding_nothing": 10}
+    assert "float64 could not resolve" in s["zero_steps"]["reason"] and "still bound" not in s["zero_steps"]["reason"]
+    assert f"({std.size:,} of {std.size:,} bounds are 0, which bounds nothing" in capsys.readouterr().err
+    assert f"{std.size:,} of the {std.size:,} bounds are 0, which bounds nothing" in (out / "report.html").read_text()
 
 
 def test_dense_solve_names_the_lsqr_options_it_does_not_use(weights, tmp_path):
