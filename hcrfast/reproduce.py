@@ -815,12 +815,20 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
     reasons = [f"example {e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no unbiased estimator exists "
                f"for the coordinates this eps moves (their bound is +inf)" for e, r in infinite.tolist()]
+    # the restarts that bound nothing, as hcrfast.bound's params name them (Bounds.summary counts them)
+    zero_reasons = [f"example {e}, restart {r}: " + {
+        0: "eps came out 0 in the solver's dtype: this restart bounds nothing (0)",
+        1: f"{_algorithm._BLIND}: J = 0 at this example, this restart bounds nothing (0)",
+        2: f"the features' shift is {_algorithm._COARSE} of features this size (or below its resolution): "
+           f"D is not established and this restart bounds nothing (0)",
+        3: f"D = 0 in uncertified passes, {_algorithm._UNRESOLVED}: this restart bounds nothing (0)"}[k]
+        for e, r, k in zero_steps.tolist()]
     save_npz(bounds_path, BOUNDS_FORMAT,
              dict(saved, labels=labels.numpy(), example_ids=example_ids, sigma=np.float64(sigma),
                   infinite=infinite.astype(np.int64), params=np.array(_json_str(params))),
              dict(infinite_reasons=reasons, seconds=bound_seconds, targeted=None,
                   params=dict(json.loads(str(parts[0]["bound_params"])) if "bound_params" in parts[0] else {},
-                              **json.loads(_json_str(params)))))
+                              **json.loads(_json_str(params)), zero_step_reasons=zero_reasons)))
     for stray in (out / "chunks").glob(".chunk_*.tmp"):
         stray.unlink(missing_ok=True)  # left by killed processes; every chunk is final now
 
@@ -866,7 +874,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "coordinates": n_inf,
             "fraction": n_inf / std.size,
             "restarts_with_zero_divergence": int(infinite.shape[0]),
-            "examples_affected": int(np.unique(infinite[:, 0]).size) if infinite.size else 0,
+            # (example, mode) pairs whose +inf came from their targeted step alone
+            "targeted_steps": int((np.isinf(std) & ~np.isinf(merged["std_algorithm1"])).sum()) if targets else 0,
+            "examples_affected": int(np.isinf(std).reshape(len(std), -1).any(axis=1).sum()),
             "reason": ("a(theta+eps) == a(theta) exactly (D = 0): theta and theta+eps give identical "
                        "observations, so no unbiased estimator exists for the DCT coordinates that eps "
                        "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "

@@ -493,6 +493,11 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
     np.testing.assert_allclose(tg["modes_lifted_fraction"], np.mean(std > alg1))
     assert "--targets low:2" in summary["command"]
     assert "Targeted bounds (low:2)" in (out / "report.html").read_text()
+    assert summary["infinite"]["targeted_steps"] == int((np.isinf(std) & ~np.isinf(alg1)).sum())
+    # Bounds.load keeps Algorithm 1's bounds beside the larger ones, and its summary says which are which
+    assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's (.std_algorithm1) and "
+            f"the targeted ones, which lifted {np.mean(std > alg1):.1%} of them"
+            in hcrfast.Bounds.load(out / "bounds.npz").summary())
     with pytest.raises(ValueError, match="low"):
         reproduce.run("digits", examples=4, weights=str(weights), out=tmp_path / "bad", targets="low:99",
                       progress=False)
@@ -617,6 +622,8 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     assert "float64 could not resolve" in s["zero_steps"]["reason"] and "still bound" not in s["zero_steps"]["reason"]
     assert f"({std.size:,} of {std.size:,} bounds are 0, which bounds nothing" in capsys.readouterr().err
     assert f"{std.size:,} of the {std.size:,} bounds are 0, which bounds nothing" in (out / "report.html").read_text()
+    loaded = hcrfast.Bounds.load(out / "bounds.npz").summary()  # the zero steps' reasons travel with the bounds
+    assert "20 restarts bound nothing (0): 20 float64's rounding" in loaded and "no restart moved them" not in loaded
 
 
 def test_dense_solve_names_the_lsqr_options_it_does_not_use(weights, tmp_path):
