@@ -177,6 +177,24 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     return forward(model, x).reshape(x.shape[0], -1)
 
 
+def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_features` of ``x`` and of ``y`` (as many rows), computed in the same pieces: halved
+    together on out-of-memory, so that a row the model maps identically comes out bitwise equal in
+    both (D = 0 is decided by that equality, and a device's kernels may round differently for other
+    batch shapes)."""
+    with torch.no_grad():
+        try:
+            return model(x).reshape(x.shape[0], -1), model(y).reshape(y.shape[0], -1)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
+            if not _is_oom(exc) or x.shape[0] < 2:
+                raise
+    # Out of the except block: the exception's frames no longer hold the failed forward's memory.
+    release_device_memory(x.device)
+    half = x.shape[0] // 2
+    first, second = _features_pair(model, x[:half], y[:half]), _features_pair(model, x[half:], y[half:])
+    return torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]])
+
+
 def forward(model, x: torch.Tensor):
     """``model(x)`` without autograd, split in halves (and concatenated) where it runs out of memory:
     what the model returns, unchecked (:func:`hcrfast.validation.features_of` checks it)."""
@@ -392,7 +410,8 @@ def _features_move(model, x) -> np.ndarray:
     x = x.to(dtype)
     gen = torch.Generator(device="cpu").manual_seed(0)
     step = torch.randn(x.shape, generator=gen, dtype=dtype).to(x.device) * (1e-3 * float(x.abs().max() or 1.0))
-    return (_features(model, x + step) != _features(model, x)).any(dim=1).cpu().numpy()
+    moved, still = _features_pair(model, x + step, x)
+    return (moved != still).any(dim=1).cpu().numpy()
 
 
 #: A step whose float64 features came out exactly unchanged (D = 0) is +inf only if they stay
@@ -454,7 +473,8 @@ def _rounded_away_rows(model64, x, eps, jacobian: str) -> np.ndarray:
     second = _RESOLUTION_MARGIN * reach / torch.where(size > 0, size, torch.ones_like(size))
     grow = torch.clamp(torch.maximum(first, second), min=1.0)
     probe = x64 + step * grow.reshape((-1,) + (1,) * (step.dim() - 1))
-    return (_features(model64, probe) != a).any(dim=1).cpu().numpy()
+    moved, still = _features_pair(model64, probe, x64)  # a again, in the pieces of the probe's pass
+    return (moved != still).any(dim=1).cpu().numpy()
 
 
 def _rounding_error(f0, z64):
@@ -523,8 +543,8 @@ def _certified_shift(model64, x, eps):
     x64 = x.double()
     pert = x64 + to_torch(eps).reshape(x.shape).double()
     eps64 = (pert - x64).reshape(x.shape[0], -1)  # exact: a sum of two float32 values fits in float64
-    z = _features(model64, pert) - _features(model64, x64)
-    return from_torch(eps64), from_torch(z)
+    moved, still = _features_pair(model64, pert, x64)
+    return from_torch(eps64), from_torch(moved - still)
 
 
 def _applied_shift(model, x, eps, f0):

@@ -376,6 +376,40 @@ def test_forward_passes_out_of_memory_are_split_without_losing_the_chunk():
         _features(lambda t: 1 / 0, x)
 
 
+class BatchShaped(torch.nn.Module):
+    """Features that never move (a straight-through constant) but whose last bits depend on the batch
+    size, as a device's kernels may round differently for other shapes; the first pass of more than one
+    row without autograd after ``armed`` is set runs out of memory, once (a transient shortage)."""
+
+    armed = failed = False
+
+    def forward(self, x):
+        if self.armed and not self.failed and not torch.is_grad_enabled() and x.shape[0] > 1:
+            self.failed = True
+            raise torch.cuda.OutOfMemoryError("fake: once")
+        flat = x.flatten(1)
+        return flat - flat.detach() + 1.0 + x.shape[0] * 2.0**-40
+
+
+@pytest.mark.parametrize("probe", ["certify", "rounded_away"])
+def test_the_two_passes_behind_a_d_of_0_are_split_alike(probe):
+    """D = 0 is decided by comparing a(θ+ε) with a(θ) bit for bit: a transient out-of-memory error that
+    splits one of the two passes and not the other made them differ by the batch shape's rounding, so a
+    valid +inf was lost. Both passes are now split together."""
+    from hcrfast import algorithm
+
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((4, 1, 2, 2)))
+    eps = np.full((4, 4), 1e-3)
+    model = BatchShaped()
+    model.armed = True
+    if probe == "certify":
+        _, z = algorithm._certified_shift(model, x, eps)
+        assert model.failed and np.all(z == 0)
+    else:
+        assert not algorithm._rounded_away(model, x, eps).any()  # still unchanged: a real D = 0
+        assert model.failed
+
+
 @pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
 def test_the_whole_batch_forward_out_of_memory_is_split_too(entry):
     """The first forwards of a call (the clean features and the independence probe) run on the whole
