@@ -88,6 +88,12 @@ def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, sol
     expected = (np.abs(eps).reshape(3, R, p) / np.sqrt(d)[..., None]).max(axis=1)
     np.testing.assert_allclose(res.std.reshape(3, p), expected, rtol=1e-7)
     np.testing.assert_allclose(res.divergence, d, rtol=1e-7)
+    # the MSE bound (eq. 6) is the largest over the restarts, and its restart's eps and z are the ones kept
+    mse = (np.sum(eps**2, axis=1).reshape(3, R) / p) / d
+    np.testing.assert_array_equal(res.best_restart, mse.argmax(axis=1))
+    np.testing.assert_allclose(res.mse, mse.max(axis=1), rtol=1e-7)
+    np.testing.assert_allclose(res.eps.reshape(3, p), eps.reshape(3, R, p)[np.arange(3), res.best_restart], rtol=1e-7,
+                               atol=1e-12)
 
 
 def test_bound_is_computed_from_forward_passes_not_the_linearization():
@@ -190,6 +196,7 @@ def test_float64_shift_below_resolution_claims_no_infinite_bound(solver):
     reasons = res.params["zero_step_reasons"]
     assert len([r for r in reasons if "below float64's resolution" in r]) == int((res.divergence == 0).sum()) > 0
     assert len([r for r in reasons if "within float64's rounding" in r]) == int((res.divergence > 0).sum())
+    assert np.all(res.std == 0) and np.all(res.mse == 0)  # every restart is rounded away or coarse: D not established
     for got in (res.std, tb.std):  # nothing above the exact std
         assert np.all(got.reshape(3, -1) <= exact * (1 + 1e-3))
     # a sigma float64 resolves against these features: finite bounds, the targeted ones at the exact std
@@ -236,6 +243,61 @@ def test_rounding_guards_neither_pass_a_false_inf_nor_zero_a_resolved_bound():
         tb = hcrfast.targeted_bound(OffsetLinear(W, 1e12, constant=True).eval(), x, 0.05, basis="pixel")
     np.testing.assert_allclose(tb.std.reshape(3, -1), np.tile(0.05 * exact * np.sqrt(0.005**2 / np.expm1(0.005**2)),
                                                               (3, 1)), rtol=1e-6)
+
+
+def test_the_resolution_of_the_features_is_their_largest_not_their_smallest():
+    """As test_rounding_guards_neither_pass_a_false_inf_nor_zero_a_resolved_bound (features offset by 1e17,
+    every shift rounded away), with one feature of exactly 0 beside them: float64 resolves the features to
+    u times their largest magnitude, and the zero feature must not make the probe too small to show it."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((24, 20))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 4, 5)))
+    far = OffsetLinear(W, 1e17, constant=False)
+    model = lambda t: torch.cat([far(t), torch.zeros_like(far(t)[:, :1])], 1)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hcrfast.bound(model, x, 1e-2, iterations=2, restarts=2, basis="pixel", solver="dense")
+    assert not np.isinf(res.std).any() and res.infinite_reasons == []
+
+
+def test_shifts_float64_gives_to_within_the_limit_keep_their_bounds_with_a_warning():
+    """Features offset by 1e4 at σ = 1e-4: float64's rounding of each shift is ~1e-5 of it, between
+    _ROUNDING_TOLERANCE and _ROUNDING_LIMIT: the bounds stand (finite, positive, at most the exact
+    least-squares std to that rounding), with a warning of how far D may be off; they are not zeroed."""
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((24, 20))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 4, 5)))
+    exact = 1e-4 * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))  # pixel basis
+    with pytest.warns(UserWarning, match=r"may move D, and the bounds with it, by up to ~1e-05 \(relative\)"):
+        res = hcrfast.bound(OffsetLinear(W, 1e4, constant=False).eval(), x, 1e-4, iterations=2, restarts=2,
+                            basis="pixel", solver="dense")
+    assert res.params["zero_step_reasons"] == []
+    assert np.all(res.std > 0) and np.all(res.mse > 0)
+    assert np.all(res.std.reshape(3, -1) <= exact * (1 + 1e-3))
+
+
+class SecondOrder(torch.nn.Module):
+    """A straight-through feature per input (its forward value is 1 whatever x, its derivative the identity)
+    beside (x_0 − x_1)² + 1, whose derivative is 0 at inputs with x_0 = x_1 but which a step moving x_0 − x_1
+    by δ changes by δ²: a D = 0 from float64 rounding that only a second-order probe shows."""
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        return torch.cat([flat - flat.detach() + 1.0, (flat[:, :1] - flat[:, 1:2]) ** 2 + 1.0], 1)
+
+
+def test_a_second_order_shift_rounded_away_is_no_infinite_bound():
+    """Steps of ~1e-9 move (x_0 − x_1)² + 1 by ~1e-18, which float64 rounds away next to 1; the features
+    do move (the true D is tiny but not 0), so no +inf; the probe sized sqrt(u) times the inputs shows it."""
+    x = torch.rand(2, 1, 2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[:, 0, 0, 1] = x[:, 0, 0, 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hcrfast.bound(SecondOrder().eval(), x, 1e-7, iterations=1, restarts=2, basis="pixel", solver="lsqr",
+                            lsqr=FAST)
+    assert np.all(res.divergence == 0)
+    assert not np.isinf(res.std).any() and res.infinite_reasons == []
+    assert all("below float64's resolution" in r for r in res.params["zero_step_reasons"])
 
 
 class DeadBeyond(torch.nn.Module):
@@ -565,6 +627,22 @@ def test_warm_start_computes_algorithm_1s_iterates_with_fewer_lsqr_steps(lineari
         hcrfast.bound(model, x, 0.2, warm_start="yes", **kw)
 
 
+def test_on_a_linear_model_the_warm_start_of_every_later_solve_is_its_exact_solution():
+    """a = Wθ + b with n > p: z(j−1) = W ε(j−1) exactly, so z̃(j) = c·z(j−1) with c = ‖z‖/‖z(j−1)‖ (here
+    about sqrt(n/p), as z(1) is z projected on W's range) is solved by x0 = c·ε(j−1): LSQR stops at its
+    first test, where a start from zero (or from a wrongly scaled ε(j−1)) runs a whole solve."""
+    rng = np.random.default_rng(4)
+    W = matrix_with_condition(rng, 40, 24, 30.0)
+    model = linear_model(W, rng.standard_normal(40), (1, 4, 6))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 4, 6)))
+    kw = dict(iterations=3, restarts=2, basis="pixel", solver="lsqr", lsqr=FAST)
+    warm = hcrfast.bound(model, x, 0.3, warm_start=True, **kw)
+    cold = hcrfast.bound(model, x, 0.3, warm_start=False, **kw)
+    assert np.all(cold.lsqr_iterations[..., 1:] >= 10)
+    assert np.all(warm.lsqr_iterations[..., 1:] <= 2)
+    np.testing.assert_allclose(warm.std, cold.std, rtol=1e-6)
+
+
 def _relu_net_with_dead_units():
     """64 → 96 ReLU (a third of the units off for inputs of size ~1) → 80: J has zero rows and a null space."""
     torch.manual_seed(3)
@@ -759,6 +837,20 @@ def test_laplace_noise_never_exceeds_the_least_squares_variance():
     np.testing.assert_allclose(mc.std, res.std, rtol=0.1)
     with pytest.raises(NotImplementedError, match="Gaussian"):
         hcrfast.bound(model, x, hcrfast.Laplace(b), targets="all", **kw)
+
+
+def test_a_monte_carlo_law_is_raised_to_confidence_1_minus_delta_over_r_per_restart():
+    """The max over R restarts holds at level c only if each restart's upper bound on D holds at
+    1 − (1 − c)/R (Bonferroni): the D reported is that law's bound on the kept restart's z."""
+    from scipy import stats
+
+    model = linear_model(np.random.default_rng(0).standard_normal((6, 16)), np.zeros(6), (1, 4, 4))
+    x = torch.as_tensor(np.random.default_rng(1).standard_normal((2, 1, 4, 4)))
+    law = hcrfast.MonteCarlo.from_scipy(stats.laplace(scale=0.3), n_samples=2000, confidence=0.99)
+    res = hcrfast.bound(model, x, law, iterations=1, restarts=4, lsqr=FAST)
+    strict = law.with_confidence(1 - 0.01 / 4)
+    assert res.params["noise"] == strict.describe() and res.params["noise_asked"] == law.describe()
+    np.testing.assert_allclose(res.divergence[np.arange(2), res.best_restart], strict.divergence(res.z), rtol=1e-12)
 
 
 def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_examples_over_the_batch():

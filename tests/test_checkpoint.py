@@ -170,6 +170,8 @@ def test_unreadable_chunk_is_computed_again_with_a_warning(tmp_path):
     (dict(model=relu_mlp(seed=1)), "model"),
     (dict(x=batch(seed=2)), "batch"),
     (dict(iterations=4), "iterations"),
+    (dict(size=0.02), "size"),
+    (dict(warm_start=False), "warm_start"),
     (dict(solver="lsqr"), "solver"),
     (dict(example_ids=np.arange(10, 17)), "example_ids"),
 ])

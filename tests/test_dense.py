@@ -147,6 +147,43 @@ def test_min_norm_solver_matches_numpy_lstsq(n, p, driver):
     assert solver.driver == driver
 
 
+def test_the_rank_tolerance_is_matrix_ranks_default_and_relative_to_singular_values():
+    """Default tolerance: numpy.linalg.matrix_rank's, S_max·max(n, p)·eps (here 4.4e-15 for a 20 × 12
+    float64 J; min(n, p) would give 2.7e-15): a singular value of 3.5e-15 counts as zero, in both
+    factorizations. An explicit rtol is relative to the singular values, not to their squares, also in
+    the Gram-matrix (eigh) driver: cond 1e5 at rtol 1e-6 keeps every singular value, as lstsq does."""
+    J = np.zeros((1, 20, 12))
+    J[0, np.arange(12), np.arange(12)] = [1.0] * 11 + [3.5e-15]  # diagonal: its SVD is exact
+    assert np.linalg.matrix_rank(J[0]) == 11
+    assert dense.min_norm_solver(torch.as_tensor(J)).rank.tolist() == [11]
+    assert dense.decompose(torch.as_tensor(J)).rank.tolist() == [11]
+    rng = np.random.default_rng(3)
+    U, _ = np.linalg.qr(rng.standard_normal((20, 12)))
+    V, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    J = ((U * np.logspace(0, -5, 12)) @ V.T)[None]
+    z = rng.standard_normal((1, 4, 20))
+    want = np.linalg.lstsq(J[0], z[0].T, rcond=1e-6)[0].T
+    for driver in ("svd", "eigh"):
+        solver = dense.min_norm_solver(torch.as_tensor(J), rtol=1e-6, driver=driver)
+        assert solver.rank.tolist() == [12]
+        # (the Gram matrix squares cond = 1e5: ~1e-6 of the largest entry, cf. test_eigh_driver_agrees_with_svd_above_its_resolution)
+        np.testing.assert_allclose(solver.solve(torch.as_tensor(z)).numpy()[0], want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_tall_float64_jacobian_keeps_the_singular_values_a_gram_matrix_would_lose():
+    """100 × 12 float64 J of condition 1e10: the automatic driver must not square it (eigh of JᵀJ resolves
+    singular values only down to ~sqrt(eps64)·s_max = 1.5e-8): J⁺ z as numpy.linalg.lstsq gives it."""
+    rng = np.random.default_rng(8)
+    U, _ = np.linalg.qr(rng.standard_normal((100, 12)))
+    V, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    J = ((U * np.logspace(0, -10, 12)) @ V.T)[None]
+    z = rng.standard_normal((1, 3, 100))
+    solver = dense.min_norm_solver(torch.as_tensor(J))
+    assert solver.rank.tolist() == [12]
+    want = np.linalg.lstsq(J[0], z[0].T, rcond=None)[0].T
+    np.testing.assert_allclose(solver.solve(torch.as_tensor(z)).numpy()[0], want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
 def test_min_norm_solver_auto_driver_and_float32_tolerance():
     rng = np.random.default_rng(1)
     J32 = torch.as_tensor(rng.standard_normal((2, 9, 6)), dtype=torch.float32)

@@ -38,6 +38,22 @@ def test_a_basis_of_the_whole_row_space_solves_every_right_hand_side_like_pinv(n
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0**-60, 2.0**60])
+def test_the_default_basis_keeps_every_singular_value_above_its_tolerance_at_any_scale(scale):
+    """Rank 12, condition 1e9, float64: the default rank tolerance sqrt(max(n, p))·eps64 ~ 1.2e-15 (relative
+    to the singular values, not their squares) keeps all 12, and exhaustion is judged relative to the
+    largest α or β: J·k and b·k (k a power of two) give the same basis, pinv's solves times 1/k."""
+    rng = np.random.default_rng(4)
+    A = spectrum_batch(rng, 2, 30, 20, np.logspace(0, -9, 12))
+    b = rng.standard_normal((2, 30))
+    basis = krylov.build(DenseBatchOperator(A * scale), b * scale)
+    assert np.all(basis.rank == 12) and np.all(basis.steps <= 13) and set(basis.istop) <= {1, 2}
+    c = rng.standard_normal((2, 3, 30))
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A, rcond=1e-12), c)
+    got = basis.solve(torch.as_tensor(c * scale)).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_by_default_the_basis_stops_where_the_krylov_space_is_exhausted_in_float32():
     """No tolerance on the pilot (DEFAULT_OPTIONS): the basis runs to J's rank (12 of min(n, p) = 40) and
     stops there (rounding noise would follow); the solves are then pinv's up to float32 rounding."""

@@ -266,3 +266,56 @@ def test_scaling_a_and_b_together_changes_nothing(scale):
     np.testing.assert_array_equal(got.itn, want.itn)
     np.testing.assert_array_equal(got.istop, want.istop)
     np.testing.assert_array_equal(got.x, want.x)
+
+
+def test_default_iteration_limit_is_twice_the_columns_as_scipys():
+    """iter_lim=None is SciPy's 2·n_cols: with every tolerance off, each problem runs exactly that many
+    steps and stops with istop 7, as scipy.sparse.linalg.lsqr does."""
+    rng = np.random.default_rng(6)
+    A = random_batch(rng, 3, 30, 12, 1e6)
+    b = rng.standard_normal((3, 30))
+    res = lsqr(DenseBatchOperator(A), b, atol=0, btol=0, conlim=0)
+    for k in range(3):
+        ref = spla.lsqr(A[k], b[k], atol=0, btol=0, conlim=0)
+        assert res.itn[k] == ref[2] == 24 and res.istop[k] == ref[1] == 7
+
+
+def test_an_exactly_solved_problem_stops_with_scipys_code_1():
+    """rnorm = 0 exactly at step 1 (A = I, and a diagonal A with b = e_1): test1 = 0 <= rtol = 0 gives
+    SciPy's istop 1 even with every tolerance 0."""
+    A = np.stack([np.eye(6), np.diag([1.0, 2, 3, 4, 5, 6])])
+    b = np.stack([np.ones(6), np.eye(6)[0]])
+    res = lsqr(DenseBatchOperator(A), b, atol=0, btol=0, conlim=0)
+    for k in range(2):
+        ref = spla.lsqr(A[k], b[k], atol=0, btol=0, conlim=0)
+        assert res.istop[k] == ref[1] == 1 and res.itn[k] == ref[2] == 1
+        np.testing.assert_allclose(res.x[k], ref[0], rtol=1e-15)
+
+
+def _documented_warm_stop(A, b, x0, atol, btol, iter_lim):
+    """The first step whose test of :func:`lsqr` with ``x0`` fires, from SciPy's own per-step estimates
+    (``iter_lim=k``, every tolerance off): test1 ``r/‖b‖ ≤ btol + atol·‖A‖·(‖x0‖ + ‖δ‖)/‖b‖`` (‖b‖ of b
+    itself, not of b − A x0) or test2 ``‖Aᵀr‖/(‖A‖·r) ≤ atol``."""
+    nb, nx0 = np.linalg.norm(b), np.linalg.norm(x0)
+    for k in range(1, iter_lim + 1):
+        _, _, _, r1, _, anorm, _, arnorm, xnorm, _ = spla.lsqr(A, b, x0=x0, atol=0, btol=0, conlim=0, iter_lim=k)
+        if r1 / nb <= btol + atol * anorm * (xnorm + nx0) / nb or arnorm <= atol * anorm * r1:
+            return k
+    return iter_lim
+
+
+@pytest.mark.parametrize("atol, btol", [(1e-8, 0.0), (0.0, 1e-8)])
+def test_warm_start_stops_where_the_documented_tests_fire_on_scipys_estimates(atol, btol):
+    """With x0 the stopping tests keep ‖b‖ (not ‖b − A x0‖) and take ‖x0‖ + ‖δ‖ for ‖x‖ (SciPy: ‖δ‖). On
+    consistent systems started 1e-3 off the solution, either change moves the stop by 20-50% (SciPy's
+    ‖δ‖ alone, or ‖b − A x0‖ for ‖b‖); rounding near the threshold moves it by a few steps."""
+    rng = np.random.default_rng(11)
+    B, m, n = 3, 60, 40
+    A = random_batch(rng, B, m, n, 1e2)
+    b = np.einsum("bij,bj->bi", A, rng.standard_normal((B, n)))
+    exact = np.stack([np.linalg.lstsq(A[k], b[k], rcond=None)[0] for k in range(B)])
+    x0 = exact * (1 + 1e-3 * rng.standard_normal((B, n)))
+    res = lsqr(DenseBatchOperator(A), b, x0=x0, atol=atol, btol=btol, conlim=0, iter_lim=400)
+    for k in range(B):
+        want = _documented_warm_stop(A[k], b[k], x0[k], atol, btol, 400)
+        assert res.istop[k] in (1, 2) and abs(int(res.itn[k]) - want) <= max(3, want // 10), (k, res.itn[k], want)

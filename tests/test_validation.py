@@ -454,7 +454,7 @@ def test_features_that_ignore_the_input_are_named_and_targeted_bound_certifies_t
     for chunk_size in (1, 3):
         with pytest.warns(UserWarning, match=r"6 restarts found J = 0 at their example .* null_probes=True"):
             res = hcrfast.bound(Blind().eval(), x, 0.05, iterations=2, restarts=2, solver=solver, chunk_size=chunk_size)
-        assert np.all(res.std == 0) and res.infinite_reasons == []
+        assert np.all(res.std == 0) and np.all(res.mse == 0) and res.infinite_reasons == []
         assert len(res.params["zero_step_reasons"]) == 6
         assert all("J = 0 here" in r for r in res.params["zero_step_reasons"])
     res = hcrfast.targeted_bound(Blind().eval(), x, 0.05, targets=[0, 7], basis="pixel")
