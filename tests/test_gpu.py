@@ -442,3 +442,63 @@ def test_the_cpu_emulator_of_cupy_keeps_to_cupys_rules(cupy):
         for name, keywords in NAMES["keywords"]["module"].items():
             params = inspect.signature(getattr(cupy, name)).parameters
             assert set(keywords) <= set(params) or any(p.kind == p.VAR_KEYWORD for p in params.values()), name
+
+
+class _Quantized(torch.nn.Module):
+    """A straight-through quantizer (features in steps of 1/4; J of the linear layer): small steps leave
+    the features exactly unchanged, certified +inf; the rounding probe's JVP runs on the device."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(64, 48).double()
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return h + (torch.round(h * 4) / 4 - h).detach()
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_rounding_guards_and_infinite_bounds_on_gpu_match_cpu(solver):
+    """The D = 0 decisions on the device: certified +inf (a straight-through quantizer), and steps below
+    float64's resolution of the features (sigma 1e-13 of their RMS) that bound nothing, with the same
+    reasons and warnings as on the CPU."""
+    import warnings
+
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    kw = dict(iterations=2, restarts=3, solver=solver, targets="low:2")
+    for model, sigma in ((_Quantized().eval(), 0.1), (mlp(), 1e-13)):
+        runs = []
+        for device in ("cpu", "cuda"):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = hcrfast.bound(model.to(device), x.to(device), sigma, **kw).to_numpy()
+            runs.append((res, sorted(str(w.message).split(" ", 1)[1] for w in caught)))
+        (cpu, cpu_warned), (gpu, gpu_warned) = runs
+        np.testing.assert_array_equal(np.isinf(gpu.std), np.isinf(cpu.std))
+        np.testing.assert_array_equal(gpu.std == 0, cpu.std == 0)
+        assert gpu_warned == cpu_warned
+        assert len(gpu.params["zero_step_reasons"]) == len(cpu.params["zero_step_reasons"])
+        assert gpu.targeted.rounding == cpu.targeted.rounding
+    assert np.isinf(cpu.std).sum() == 0 and np.all(cpu.std == 0)  # the last model: sigma far below resolution
+
+
+def test_null_space_probes_on_gpu_certify_what_the_cpu_certifies():
+    """targeted_bound's null-space probes on the device: a dead ReLU's DC mode stays +inf."""
+    class DeadBeyond(torch.nn.Module):
+        def __init__(self, x, margin):
+            super().__init__()
+            self.threshold = float(x.sum()) + margin
+
+        def forward(self, t):
+            a = t.flatten(1).sum(1, keepdim=True) - self.threshold
+            return torch.cat([torch.relu(torch.cat([a, a - 1.0], 1)), t[:, 0, 0, 0:1] + 1.0], 1)
+
+    x = torch.rand(1, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kw = dict(targets="low:2", method="dense", null_probes=True)
+    cpu = hcrfast.targeted_bound(DeadBeyond(x, 0.5).eval(), x, 0.05, **kw)
+    gpu = hcrfast.targeted_bound(DeadBeyond(x, 0.5).eval().cuda(), x.cuda(), 0.05, **kw).to_numpy()
+    assert np.isinf(gpu.std.reshape(-1)[0]) and gpu.from_null_space.ravel()[0]
+    np.testing.assert_array_equal(np.isinf(gpu.std), np.isinf(cpu.std))
+    finite = np.isfinite(cpu.std) & (cpu.std > 0)
+    np.testing.assert_allclose(gpu.std[finite], cpu.std[finite], rtol=1e-6)
