@@ -66,9 +66,13 @@ ATTACK_LSQR = {
 #: Default convergence tolerance by dtype (relative step size and relative residual decrease).
 DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
-#: The first increase of a problem's damping goes to max(10·damping, FIRST_DAMPING · ‖J‖) with
-#: ‖J‖ LSQR's (Frobenius) norm estimate: with damping = 0 there is no scale to multiply.
+#: The first increase of a problem's damping goes to max(10·damping, FIRST_DAMPING · ‖J‖_F) with
+#: ‖J‖_F estimated from NORM_PROBES fixed Rademacher probes (Hutchinson: ‖J‖_F² = E‖Jv‖²), the same
+#: probes for every problem: LSQR's own ``anorm`` is not used, since it grows past ‖J‖_F once the
+#: iterations run beyond J's rank (lost orthogonality), by an amount set by rounding, so the damping,
+#: and every later step, changed with chunk_size and the other examples of a chunk.
 FIRST_DAMPING = 1e-3
+NORM_PROBES = 4
 
 #: A problem whose damping was raised this many times in a row without an accepted step stops.
 MAX_DAMPING_LEVEL = 30
@@ -194,7 +198,8 @@ class AttackResult:
              f"steps={p.get('steps')})"),
             f"  RMS error per mode, quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}",
             (f"  accepted steps: median {np.median(h.steps):.0f}; converged {int(h.converged.sum())}/{h.converged.size}; "
-             f"LSQR iterations per problem: median {np.median(h.lsqr_iterations):.0f}"),
+             f"LSQR iterations per problem: median {np.median(h.lsqr_iterations):.0f}; "
+             f"{int((h.steps == 0).sum())} never left their start"),
             (f"  final residual / |Z|: median {np.median(h.residual_norm / h.residual_truth):.4g}; "
              f"{worse} problems end with a worse fit than the truth"),
             f"  wall time {self.seconds:.2f} s",
@@ -254,6 +259,20 @@ def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
         f"{rows} draws running"))
 
 
+def _frobenius_estimate(model, points, *, jacobian, xp):
+    """Hutchinson estimate of ``‖J‖_F`` at each row of ``points`` with NORM_PROBES fixed Rademacher probes."""
+    P = points.shape[0]
+    p = math.prod(points.shape[1:])
+    op = TorchJacobian(model, points, mode=jacobian)
+    probes = np.random.default_rng(0).choice([-1.0, 1.0], size=(NORM_PROBES, p))
+    acc = xp.zeros(P)
+    dtype = from_torch(points[:1]).dtype
+    for v in probes:
+        jv = op.matvec(xp.broadcast_to(xp.asarray(v, dtype=dtype), (P, p)).copy())
+        acc += _row_norms64(jv, xp) ** 2
+    return xp.sqrt(acc / NORM_PROBES)
+
+
 def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, jacobian, progress=None):
     """Levenberg–Marquardt for the rows of ``est`` (P, p) against observations ``X`` (P, n, float64).
 
@@ -293,8 +312,8 @@ def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, j
             history[:, j + 1:] = cost[:, None]
             break
         idx = xp.asarray(idx_host)
-        delta, itn, anorm = _damped_steps(model, as_input(est[idx]), resid[idx].astype(dtype), lam[idx],
-                                          options=options, jacobian=jacobian)
+        delta, itn, _ = _damped_steps(model, as_input(est[idx]), resid[idx].astype(dtype), lam[idx],
+                                      options=options, jacobian=jacobian)
         cand = est[idx] + delta
         cand_resid = X[idx] - _features(model, as_input(cand)).astype(xp.float64)
         cand_cost = _row_norms64(cand_resid, xp)
@@ -308,9 +327,13 @@ def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, j
         tried[idx] += 1
         itn_total[idx] += itn
 
-        # Damping: the first raise of a problem fixes its unit from the norm of J.
+        # Damping: the first raise of a problem fixes its unit from the norm of J (at the point it stays at).
         u = unit[idx]
-        u = xp.where(~ok & (u == 0), xp.maximum(float(damping), (FIRST_DAMPING / 10) * anorm), u)
+        first = np.flatnonzero(to_host(~ok & (u == 0)))
+        if first.size:
+            f = xp.asarray(first)
+            fro = _frobenius_estimate(model, as_input(est[idx[f]]), jacobian=jacobian, xp=xp)
+            u[f] = xp.maximum(float(damping), (FIRST_DAMPING / 10) * fro)
         unit[idx] = u
         lev = xp.where(ok, xp.maximum(level[idx] - 1, 0), level[idx] + 1)
         level[idx] = lev
@@ -651,7 +674,9 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         bound (``n_compared`` of ``n_modes``); ``n_bound_infinite`` (bound +inf: no
         unbiased estimator exists there, left out), ``n_bound_zero`` (vacuous bound,
         left out); ``std_ratio_median``; ``significant_bias`` (fraction of compared
-        pairs with ``|bias| > 3·bias_se``); ``mc_band``; ``draws``.
+        pairs with ``|bias| > 3·bias_se``); ``mc_band``; ``draws``; ``n_draws_unmoved``
+        (draws with no accepted step: their estimate is their start, warned about);
+        ``fraction_converged``.
     """
     if not isinstance(attack, AttackResult):
         raise TypeError(f"attack must be an hcrfast.attack.AttackResult, got {type(attack).__name__}")
@@ -698,6 +723,13 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     std_ratio = att.std[keep] / std[keep]
     biased = np.abs(att.bias[keep]) > 3 * att.bias_se[keep]
     draws = int(attack.params.get("draws", att.estimates.shape[1]))
+    unmoved = int((np.asarray(att.steps) == 0).sum())
+    total = int(np.asarray(att.steps).size)
+    if unmoved:
+        validation.warn(f"{unmoved} of {total} attack draws never left their start (no accepted Gauss-Newton step): "
+                        f"their estimate is the start point (with start='truth' an error of exactly 0), so the ratios "
+                        f"understate the attacker's error and 'fraction_below_1' is not evidence of beating the bound; "
+                        f"rerun the attack with more steps (steps={2 * int(attack.params.get('steps') or 5)})")
     from scipy.stats import chi2
 
     band = (math.sqrt(chi2.ppf(0.05, draws) / draws), math.sqrt(chi2.ppf(0.95, draws) / draws))
@@ -716,4 +748,6 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         "n_bound_infinite": int(infinite.sum()),
         "n_bound_zero": int(zero.sum()),
         "draws": draws,
+        "n_draws_unmoved": unmoved,
+        "fraction_converged": float(np.mean(att.converged)),
     }

@@ -392,3 +392,24 @@ def test_float16_names_both_settings_it_needs_at_once():
     res = gauss_newton_attack(model, x, 0.2, draws=2, steps=2, tol=1e-3,
                               lsqr=hcrfast.LSQROptions(atol=1e-3, btol=1e-3))
     assert np.all(np.isfinite(res.rmse))
+
+
+def test_rejected_steps_do_not_make_the_attack_depend_on_chunking():
+    """The damping unit came from LSQR's anorm, which rounding inflates past ‖J‖_F: chunk_size moved estimates by 1e-2."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh(), torch.nn.Linear(20, 12),
+                                torch.nn.Tanh()).double().eval()
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                layer.weight.mul_(1.5)
+    torch.manual_seed(2)
+    x = torch.randn(4, 1, 4, 4, dtype=torch.float64)
+    kw = dict(draws=3, steps=4, seed=11)
+    a = gauss_newton_attack(model, x, 0.1, chunk_size=1, **kw)
+    b = gauss_newton_attack(model, x, 0.1, chunk_size=4, **kw)
+    assert np.any(a.iterations > a.steps)  # the rejection path ran
+    np.testing.assert_allclose(a.estimates, b.estimates, rtol=0, atol=1e-8)
+    with pytest.warns(UserWarning, match="never left their start"):
+        out = hcrfast.compare(np.full(a.rmse.shape, 0.05), gauss_newton_attack(model, x, 0.1, draws=3, steps=1, seed=11))
+    assert out["n_draws_unmoved"] > 0
