@@ -223,7 +223,7 @@ def check_batch(batch, basis: str) -> torch.Tensor:
         raise TypeError(f"batch must be a floating-point tensor, got dtype {batch.dtype}; use batch.float()")
     if batch.dtype == torch.bfloat16:
         raise TypeError("batch is torch.bfloat16, which the solver's arrays (NumPy, CuPy) cannot hold; run in float32: "
-                        "hcrfast.bound(model.float(), batch.float(), sigma) (the bounds are certified in float64 either way)")
+                        "pass model.float() and batch.float() (bounds are certified in float64 either way)")
     if batch.ndim < 2:
         raise ValueError(f"batch must have a leading batch axis, got shape {tuple(batch.shape)}; "
                          f"for one example pass batch[None] (shape (1, {', '.join(map(str, batch.shape))}))")
@@ -322,7 +322,7 @@ def eval_mode(model):
         which = ("the model was" if training[0] == "" else f"the model's submodule {training[0]} was"
                  if len(training) == 1 else f"{len(training)} of the model's submodules "
                  f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
-        warn(f"{which} in training mode; hcrfast switched the model to eval mode for the bound "
+        warn(f"{which} in training mode; hcrfast switched the model to eval mode for this call "
              f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
              f"Call model.eval() first to silence this.")
         flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
