@@ -148,7 +148,7 @@ def test_integer_batch(x):
 
 def test_bfloat16_batch_names_the_float32_fix(x):
     """NumPy and CuPy have no bfloat16: without this check torch's conversion fails with a bare ScalarType error."""
-    with pytest.raises(TypeError, match=r"bfloat16.*model\.float\(\), batch\.float\(\)"):
+    with pytest.raises(TypeError, match=r"bfloat16.*model\.float\(\) and batch\.float\(\)"):
         hcrfast.bound(mlp().bfloat16(), x.bfloat16(), 1.0, **QUICK)
 
 
