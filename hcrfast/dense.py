@@ -380,8 +380,11 @@ class MinNormSolver:
         linear_std = torch.linalg.vector_norm(w, dim=2)
         safe = torch.where(linear_std > 0, linear_std, torch.ones_like(linear_std))
         eps = (w @ self.matrix) / safe[..., None]                        # J⁺ w_k / ‖w_k‖
-        jq = torch.einsum("bnp,kp->bkn", J.to(torch.float64), q)         # J q_k
-        null_part = q[None] - self.solve(jq)                              # (I − J⁺J) q_k
+        # J q_k on the live rows only (solve reads no other row): half the float64 copy and product.
+        B, k = self.rows.shape
+        live = J.gather(1, self.rows[:, :, None].expand(B, k, J.shape[2])).to(torch.float64)
+        jq = torch.einsum("bip,kp->bki", live, q)                        # live rows of J q_k
+        null_part = q[None] - jq @ self.matrix                            # (I − J⁺J) q_k
         null_fraction = torch.linalg.vector_norm(null_part, dim=2) / torch.linalg.vector_norm(q, dim=1)[None]
         return CramerRaoDirections(eps=eps, linear_std=linear_std, null_part=null_part,
                                    null_fraction=null_fraction)
