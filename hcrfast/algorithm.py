@@ -1288,8 +1288,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         n_coarse = sum(_COARSE in line for line in zero_steps)
         degenerate = (len(zero_steps) - n_blind - n_unresolved - n_rounded - n_coarse,
                       int(to_host(xp.isinf(divergence)).sum()), n_blind)
-        _warn_rounding("restarts' steps", n_coarse, sum(n for n, _ in risky_of.values()),
-                       max((w for _, w in risky_of.values()), default=0.0))
+        # restarts whose D float64's rounding may move by more than _ROUNDING_TOLERANCE (bounds kept), the
+        # largest such estimate: in params["rounding"] beside the warning
+        n_risky, worst = sum(n for n, _ in risky_of.values()), max((w for _, w in risky_of.values()), default=0.0)
+        _warn_rounding("restarts' steps", n_coarse, n_risky, worst)
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "
@@ -1340,6 +1342,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,
                                                         examples_computed=computed[0]),
                   zero_step_reasons=zero_steps,
+                  rounding=dict(restarts=n_risky, worst=worst),
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

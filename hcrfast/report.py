@@ -353,6 +353,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     if zero.get("restarts"):
         body.append(f'<p class="warn">{zero["restarts"]:,} restarts in {zero["examples_affected"]:,} examples bound '
                     f'nothing (0): {e(zero["reason"])}.</p>')
+    rounding = s.get("rounding") or {}
+    if rounding.get("restarts"):
+        body.append(f'<p class="warn">{rounding["restarts"]:,} restarts are exact only to float64\'s rounding: '
+                    f'{e(rounding["reason"])} (~{rounding["worst_relative_error"]:.1g}).</p>')
     body.append(
         f"<p>Hammersley-Chapman-Robbins lower bounds on the standard deviation of any unbiased "
         f"estimator of the {e(s['bounds_on'])}, given the features released with Gaussian noise of "

@@ -316,6 +316,8 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
               for k in _CHUNK_ARRAYS}
     arrays["seconds"] = np.float64(res.seconds)
+    # restarts whose D float64's rounding may move by more than 1e-6 (bounds kept, warned), the worst estimate
+    arrays["rounding"] = np.array([res.params["rounding"]["restarts"], res.params["rounding"]["worst"]], np.float64)
     # the call's run-wide parameters, for bounds.npz's Bounds header
     arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
     # (example, restart, why: _ZERO_STEP_KINDS) of every restart that bounds nothing: its D = 0, if
@@ -883,6 +885,13 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "nothing, and hcrfast.bound warns of it)"),
         },
         "zero_steps": _zero_steps_summary(zero_steps, restarts),
+        "rounding": {
+            "restarts": int(sum(p.get("rounding", (0, 0.0))[0] for p in parts)),
+            "worst_relative_error": float(max(p.get("rounding", (0, 0.0))[1] for p in parts)),
+            "reason": ("float64's rounding of a(theta+eps) - a(theta) may move these restarts' D, and their bounds "
+                       "with it, by up to the worst relative error, above or below (sigma * size small next to the "
+                       "features' size: a larger --sigma-scale removes it)"),
+        },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),
         "timings": {

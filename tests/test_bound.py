@@ -272,6 +272,7 @@ def test_shifts_float64_gives_to_within_the_limit_keep_their_bounds_with_a_warni
         res = hcrfast.bound(OffsetLinear(W, 1e4, constant=False).eval(), x, 1e-4, iterations=2, restarts=2,
                             basis="pixel", solver="dense")
     assert res.params["zero_step_reasons"] == []
+    assert res.params["rounding"]["restarts"] == 6 and 1e-6 < res.params["rounding"]["worst"] < 1e-3  # 3 x 2, kept
     assert np.all(res.std > 0) and np.all(res.mse > 0)
     assert np.all(res.std.reshape(3, -1) <= exact * (1 + 1e-3))
 

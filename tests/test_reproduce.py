@@ -622,6 +622,17 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     assert "float64 could not resolve" in s["zero_steps"]["reason"] and "still bound" not in s["zero_steps"]["reason"]
     assert f"({std.size:,} of {std.size:,} bounds are 0, which bounds nothing" in capsys.readouterr().err
     assert f"{std.size:,} of the {std.size:,} bounds are 0, which bounds nothing" in (out / "report.html").read_text()
+    # at 3e-10 the shifts are resolved, but only to ~1e-4 of D: kept, and said so beside the warning
+    out = tmp_path / "rough"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "3e-10",
+                         "--out", str(out), "--weights", str(weights), "--no-progress"]) == 0
+    rough = json.loads((out / "summary.json").read_text())
+    assert rough["zero_steps"]["restarts"] == 0 and rough["bounds"]["zero"] == 0
+    assert rough["rounding"]["restarts"] == 20 and 1e-6 < rough["rounding"]["worst_relative_error"] < 1e-3
+    assert "20 restarts are exact only to float64's rounding" in (out / "report.html").read_text()
+    out = tmp_path / "tiny"
     loaded = hcrfast.Bounds.load(out / "bounds.npz").summary()  # the zero steps' reasons travel with the bounds
     assert "20 restarts bound nothing (0): 20 float64's rounding" in loaded and "no restart moved them" not in loaded
 
