@@ -270,7 +270,14 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
     from hcrfast.algorithm import forward  # here: algorithm imports this module
 
     before = batch.clone()
-    out = forward(model, batch)
+    try:
+        out = forward(model, batch)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # Python >= 3.11: the error itself, with what it was given
+            exc.add_note(f"hcrfast: the model raised this on its first forward pass over the batch, of shape "
+                         f"{tuple(batch.shape)}, {dtype_name(batch.dtype)}, on {batch.device}: check that the model "
+                         f"takes a batch of this shape, dtype and device")
+        raise
     if not torch.equal(batch, before):  # else its next forwards see other inputs: "random", wrongly
         raise ValueError("the model writes into its input in place: its forward changed the batch it was given "
                          "(torchvision's normalize(..., inplace=True), x.sub_(mean), nn.ReLU(inplace=True) first, "

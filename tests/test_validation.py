@@ -798,3 +798,15 @@ def test_an_infinite_derivative_at_the_input_is_named_not_blamed_on_sigma(entry,
     x[1] += 0.1  # no zero pixel: the same model has finite bounds
     res = getattr(hcrfast, entry)(SqrtFeatures().eval(), x, sigma, **chunk, **kw)
     assert np.all(np.isfinite(res.std if entry != "gauss_newton_attack" else res.rmse))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_a_model_that_fails_on_the_batch_raises_its_own_error_with_the_batch_named(entry):
+    """A batch the model cannot take (5 x 5 images for a 4 x 4 model): torch's own error, untouched in type
+    and message, with a note naming the batch's shape, dtype and device."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8)).eval()
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as info:
+        getattr(hcrfast, entry)(model, torch.rand(2, 1, 5, 5), 0.1)
+    assert any("first forward pass over the batch, of shape (2, 1, 5, 5), float32, on cpu" in note
+               for note in getattr(info.value, "__notes__", []))
