@@ -67,10 +67,10 @@ ATTACK_LSQR = {
 DEFAULT_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 #: The first increase of a problem's damping goes to max(10·damping, FIRST_DAMPING · ‖J‖_F) with
-#: ‖J‖_F estimated from NORM_PROBES fixed Rademacher probes (Hutchinson: ‖J‖_F² = E‖Jv‖²), the same
-#: probes for every problem: LSQR's own ``anorm`` is not used, since it grows past ‖J‖_F once the
-#: iterations run beyond J's rank (lost orthogonality), by an amount set by rounding, so the damping,
-#: and every later step, changed with chunk_size and the other examples of a chunk.
+#: ‖J‖_F estimated from NORM_PROBES fixed Gaussian probes (Hutchinson: ‖J‖_F² = E‖Jv‖²), the same
+#: probes for every problem. LSQR's own ``anorm`` serves only where they all give 0: it grows past
+#: ‖J‖_F once the iterations run beyond J's rank (lost orthogonality), by an amount set by rounding,
+#: so the damping, and every later step, changed with chunk_size and the other examples of a chunk.
 FIRST_DAMPING = 1e-3
 NORM_PROBES = 4
 
@@ -260,11 +260,11 @@ def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
 
 
 def _frobenius_estimate(model, points, *, jacobian, xp):
-    """Hutchinson estimate of ``‖J‖_F`` at each row of ``points`` with NORM_PROBES fixed Rademacher probes."""
+    """Hutchinson estimate of ``‖J‖_F`` at each row of ``points`` with NORM_PROBES fixed Gaussian probes."""
     P = points.shape[0]
     p = math.prod(points.shape[1:])
     op = TorchJacobian(model, points, mode=jacobian)
-    probes = np.random.default_rng(0).choice([-1.0, 1.0], size=(NORM_PROBES, p))
+    probes = np.random.default_rng(0).standard_normal((NORM_PROBES, p))  # Gaussian: J v = 0 only if J = 0
     acc = xp.zeros(P)
     dtype = from_torch(points[:1]).dtype
     for v in probes:
@@ -312,7 +312,7 @@ def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, j
             history[:, j + 1:] = cost[:, None]
             break
         idx = xp.asarray(idx_host)
-        delta, itn, _ = _damped_steps(model, as_input(est[idx]), resid[idx].astype(dtype), lam[idx],
+        delta, itn, anorm = _damped_steps(model, as_input(est[idx]), resid[idx].astype(dtype), lam[idx],
                                       options=options, jacobian=jacobian)
         cand = est[idx] + delta
         cand_resid = X[idx] - _features(model, as_input(cand)).astype(xp.float64)
@@ -333,6 +333,9 @@ def _gauss_newton(model, est, X, *, input_shape, steps, damping, tol, options, j
         if first.size:
             f = xp.asarray(first)
             fro = _frobenius_estimate(model, as_input(est[idx[f]]), jacobian=jacobian, xp=xp)
+            # J v = 0 for every probe while LSQR saw J != 0 (probability 0 for Gaussian probes, but a unit of 0
+            # would leave the damping at 0 for good): LSQR's estimate instead
+            fro = xp.where(fro > 0, fro, anorm[f])
             u[f] = xp.maximum(float(damping), (FIRST_DAMPING / 10) * fro)
         unit[idx] = u
         lev = xp.where(ok, xp.maximum(level[idx] - 1, 0), level[idx] + 1)

@@ -403,7 +403,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
             value = xp.where(coarse, 0.0, value)
             rounding["coarse"] = int(to_host(coarse.sum()))
     value = xp.where(zero_d, xp.where(proven, xp.inf, 0.0), value)
-    if not exact:
+    if not exact and not null_probes:  # a null-space candidate is one of several for its pair, not its bound
         rounding["unresolved"] = int(to_host((zero_d & (coord > 0)).sum()))
     return eps64, d, value, rounding
 

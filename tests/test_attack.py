@@ -413,3 +413,25 @@ def test_rejected_steps_do_not_make_the_attack_depend_on_chunking():
     with pytest.warns(UserWarning, match="never left their start"):
         out = hcrfast.compare(np.full(a.rmse.shape, 0.05), gauss_newton_attack(model, x, 0.1, draws=3, steps=1, seed=11))
     assert out["n_draws_unmoved"] > 0
+
+
+def test_a_jacobian_the_fixed_norm_probes_do_not_see_still_gets_a_damping_unit(monkeypatch):
+    """Features of x_1 - x_13 alone: sign probes that agree at 1 and 13 gave J v = 0 for every probe though
+    J != 0, and a unit of 0 left the damping at 0, so every draw whose first step was rejected never moved.
+    Gaussian probes see it; were the estimate still 0, LSQR's norm estimate gives the unit."""
+    from hcrfast import attack
+
+    class Difference(torch.nn.Module):
+        def forward(self, x):
+            d = x.flatten(1)[:, 1] - x.flatten(1)[:, 13]
+            return torch.stack([torch.sin(20 * d), torch.cos(20 * d)], 1)
+
+    x = torch.rand(4, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    kw = dict(draws=16, steps=10, seed=1, basis="pixel")
+    for blind in (False, True):
+        if blind:
+            monkeypatch.setattr(attack, "_frobenius_estimate", lambda model, points, **_: torch.zeros(len(points),
+                                                                                                  dtype=torch.float64).numpy())
+        res = gauss_newton_attack(Difference().eval(), x, 1.0, **kw)
+        assert np.any(res.iterations > res.steps)  # steps were rejected
+        assert np.all(res.damping[res.iterations > res.steps] > 0) and np.all(res.steps > 0)
