@@ -726,13 +726,15 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     std_ratio = att.std[keep] / std[keep]
     biased = np.abs(att.bias[keep]) > 3 * att.bias_se[keep]
     draws = int(attack.params.get("draws", att.estimates.shape[1]))
-    unmoved = int((np.asarray(att.steps) == 0).sum())
-    total = int(np.asarray(att.steps).size)
+    still = np.asarray(att.steps) == 0
+    unmoved, total = int(still.sum()), int(still.size)
     if unmoved:
+        running = int((still & ~np.asarray(att.converged)).sum())  # stopped by the step cap, not converged
         validation.warn(f"{unmoved} of {total} attack draws never left their start (no accepted Gauss-Newton step): "
                         f"their estimate is the start point (with start='truth' an error of exactly 0), so the ratios "
-                        f"understate the attacker's error and 'fraction_below_1' is not evidence of beating the bound; "
-                        f"rerun the attack with more steps (steps={2 * int(attack.params.get('steps') or 5)})")
+                        f"understate the attacker's error and 'fraction_below_1' is not evidence of beating the bound"
+                        + (f"; {running} of them had not converged: rerun the attack with more steps "
+                           f"(steps={2 * int(attack.params.get('steps', 10))})" if running else ""))
     from scipy.stats import chi2
 
     band = (math.sqrt(chi2.ppf(0.05, draws) / draws), math.sqrt(chi2.ppf(0.95, draws) / draws))

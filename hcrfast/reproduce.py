@@ -817,6 +817,13 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
     reasons = [f"example {e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no unbiased estimator exists "
                f"for the coordinates this eps moves (their bound is +inf)" for e, r in infinite.tolist()]
+    if targets is not None:  # and the modes whose +inf their targeted step gave, as hcrfast.bound names them
+        from hcrfast.targeted import _infinite_reasons
+
+        std_all = merged["std"]
+        by_target = np.isinf(std_all) & ~np.isinf(merged["std_algorithm1"])
+        reasons += _infinite_reasons(np.where(by_target, np.inf, 0.0).reshape(len(std_all), -1),
+                                     np.arange(std_all[0].size), std_all.shape[1:], "dct")
     # the restarts that bound nothing, as hcrfast.bound's params name them (Bounds.summary counts them)
     zero_reasons = [f"example {e}, restart {r}: " + {
         0: "eps came out 0 in the solver's dtype: this restart bounds nothing (0)",

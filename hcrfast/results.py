@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -259,7 +260,7 @@ class Bounds:
                 m = _RESTART.match(r)
                 if m:
                     per_example.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-            dead = [e for e, rs in per_example.items() if len(rs) >= (p.get("restarts") or 0) and e < std.shape[0]]
+            dead = [e for e, rs in per_example.items() if len(rs) >= (p.get("restarts") or math.inf) and e < std.shape[0]]
             n_dead = int((std[dead] == 0).sum()) if dead else 0
             rank = (p.get("dense") or p.get("krylov") or {}).get("rank_min")
             rank_note = (f" J's rank is as low as {rank} of {std.shape[1]} inputs: some modes may be invisible to "

@@ -299,7 +299,8 @@ class TargetedBounds:
         value = to_host(std.reshape(std.shape[0], -1)[:, xp.asarray(first.modes)])
         return dataclasses.replace(
             first, **rows,
-            infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"]),
+            infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"],
+                                               to_host(rows["from_null_space"])),
             timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings},
             rounding=_sum_rounding(p.rounding for p in parts))
 
@@ -328,14 +329,17 @@ class TargetedBounds:
         return "\n".join(lines)
 
 
-def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str) -> list[str]:
-    """One line per (example, mode) whose targeted bound ``value`` (B, K) is +inf."""
+def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str, from_null=None) -> list[str]:
+    """One line per (example, mode) whose targeted bound ``value`` (B, K) is +inf, naming the step that
+    gave it: a null-space probe (``from_null`` (B, K) True) or the mode's Cramér–Rao direction."""
     reasons = []
     for b, k in zip(*np.nonzero(np.isinf(value))):
         mode = np.unravel_index(modes[k], input_shape)
+        step = ("a step in the local null space of the Jacobian" if from_null is not None and from_null[b, k]
+                else "the step aimed at this mode")
         reasons.append(
-            f"example {b}, {basis} mode {tuple(int(i) for i in mode)}: a step in the local null space of the "
-            f"Jacobian leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
+            f"example {b}, {basis} mode {tuple(int(i) for i in mode)}: {step} "
+            f"leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
             f"exists locally (bound +inf); an estimator with a prior (biased) may still reconstruct it")
     return reasons
 
@@ -784,7 +788,8 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
     infinite = xp.isinf(std)
     targeted = np.zeros(p, dtype=bool)
     targeted[modes] = True
-    reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, params["basis"])
+    reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, params["basis"],
+                                to_host(from_null.reshape(B, K)))
     return TargetedBounds(
         std=std.reshape((B,) + input_shape), targeted=targeted.reshape(input_shape), modes=modes,
         divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),
