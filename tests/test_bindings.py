@@ -233,3 +233,62 @@ def test_torch_malloc_leaves_other_streams_and_empty_arrays_to_others():
     assert torch_malloc(fake, 7, 0, fake.pool.malloc, 4096) == ("pool", 4096)
     fake = _FakeCupy(stream_ptr=7)
     assert torch_malloc(fake, 7, 0, fake.pool.malloc, 0) == ("pointer", ("unowned", 0, 0, None, 0), 0)
+
+
+class _Cube(torch.autograd.Function):
+    """x**3 with a once-differentiable backward (reverse mode's J v needs a double backward) and a jvp."""
+
+    @staticmethod
+    def forward(x):
+        return x**3
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * grad
+
+    @staticmethod
+    def jvp(ctx, tangent):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2 * tangent
+
+
+class _CubeModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.lin = torch.nn.Linear(6, 4).double()
+
+    def forward(self, x):
+        return _Cube.apply(self.lin(x))
+
+
+def test_take_keeps_forward_mode_for_a_model_reverse_mode_cannot_differentiate_twice():
+    """op.take(rows) of a forward-mode operator is a forward-mode operator: J v at the rows, against the
+    analytic Jacobian diag(3 h^2) W (h = W x + b), where reverse mode's double backward fails."""
+    model = _CubeModel()
+    x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    W, b = model.lin.weight.detach().numpy(), model.lin.bias.detach().numpy()
+    h = x.numpy() @ W.T + b
+    J = 3 * h[:, :, None] ** 2 * W[None]  # (B, 4, 6)
+    rows = np.array([3, 0])
+    v = np.random.default_rng(11).standard_normal((2, 6))
+    with pytest.raises(RuntimeError):
+        TorchJacobian(model, x[rows]).matvec(v)  # reverse mode: once_differentiable refuses J v
+    sub = TorchJacobian(model, x, mode="forward").take(rows)
+    np.testing.assert_allclose(sub.matvec(v), np.einsum("bij,bj->bi", J[rows], v), rtol=1e-12, atol=1e-12)
+    u = np.random.default_rng(12).standard_normal((2, 4))
+    np.testing.assert_allclose(sub.rmatvec(u), np.einsum("bij,bi->bj", J[rows], u), rtol=1e-12, atol=1e-12)
+
+
+def test_from_torch_makes_a_non_contiguous_tensor_contiguous():
+    t = torch.arange(12, dtype=torch.float64).reshape(3, 4).T  # a transposed view: not contiguous
+    a = from_torch(t)
+    assert a.flags.c_contiguous
+    np.testing.assert_array_equal(a, np.arange(12.0).reshape(3, 4).T)

@@ -188,3 +188,11 @@ def test_an_error_inside_a_session_reaches_the_other_rank_and_cleanups_run_howev
     with alone.session("test"):
         alone.at_end(tidied.append, "alone")
     assert tidied[-1] == "alone"
+
+
+def test_differences_names_every_key_that_differs_or_is_missing_on_either_side():
+    mine = {"a": 1, "b": [1, 2], "c": "x", "only_mine": 0}
+    theirs = {"a": 1, "b": [1, 3], "c": "x", "only_theirs": None, "also_theirs": 5}
+    assert distributed.differences(mine, theirs) == ["also_theirs", "b", "only_mine"]
+    assert distributed.differences(theirs, mine) == ["also_theirs", "b", "only_mine"]
+    assert distributed.differences(mine, dict(mine)) == []

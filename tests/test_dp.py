@@ -659,3 +659,62 @@ def test_cli_refuses_numbers_float64_would_change(capsys, option, text, read_as)
     err = capsys.readouterr().err
     assert f"argument {option}: {text} is outside float64's normal range" in err
     assert f"(it would be read as {read_as})" in err
+
+
+def test_rero_mse_of_a_negative_threshold_is_zero():
+    """Pr[MSE <= eta] is 0 for eta < 0 (the MSE is never negative): the central chi-square CDF, not NaN."""
+    sigma, C, N, T = 0.8, 1.5, 20, 3
+    eta = np.array([-2.0, -1e-12, 0.0, 0.3])
+    want = stats.chi2.cdf(N * eta * T / (C * sigma) ** 2, N)
+    got = dp.rero_mse(eta=eta, sigma=sigma, C=C, N=N, T=T)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert dp.rero_mse(eta=-1.0, sigma=sigma, C=C, N=N) == 0.0
+
+
+def test_attack_metrics_psnr_uses_max_minus_min_of_each_image():
+    """Images whose minimum is not 0 (the digits' is): PSNR = 10 log10(ptp(x)^2 / MSE) per image."""
+    rng = np.random.default_rng(12)
+    imgs = rng.uniform(0.3, 0.9, size=(4, 5, 6))
+    rec = imgs + rng.normal(0, 0.05, imgs.shape)
+    m = dp.attack_metrics(imgs, rec)
+    for i in range(4):
+        x, y = imgs[i].ravel(), rec[i].ravel()
+        want = 10 * math.log10(np.ptp(x) ** 2 / np.mean((x - y) ** 2))
+        assert m.psnr[i] == pytest.approx(want, rel=1e-12)
+
+
+def test_report_and_cli_table_use_the_data_range():
+    """PSNR = 10 log10(R^2 T / (C^2 sigma^2)) (+ the Jensen term with N) for R != 1, in report and in the CLI."""
+    sigma, C, N, T, R = 0.5, 2.0, 64, 4, 0.25
+    method = 10 * math.log10(R**2 * T / (C * sigma) ** 2)
+    jensen = 10 / math.log(10) * (math.log(N / 2) - special.digamma(N / 2))
+    r = dp.report(sigma=sigma, C=C, N=N, T=T, kappa=0.1, data_range=R)
+    assert r["psnr"] == pytest.approx(method, rel=1e-12)
+    assert r["psnr_finite_n"] == pytest.approx(method + jensen, rel=1e-12)
+    out = io.StringIO()
+    stdout, sys.stdout = sys.stdout, out
+    try:
+        assert main(["dp", "table", "--sigma", str(sigma), "--C", str(C), "--N", str(N), "--T", str(T),
+                     "--data-range", str(R), "--format", "csv"]) == 0
+    finally:
+        sys.stdout = stdout
+    row = next(csv.DictReader(io.StringIO(out.getvalue())))
+    assert float(row["psnr"]) == pytest.approx(method, rel=1e-5)
+    assert float(row["psnr_finite_n"]) == pytest.approx(method + jensen, rel=1e-5)
+
+
+@pytest.mark.parametrize("N", [3, 4, 5, 12, 50])
+def test_ncc_cdf_quadrature_reaches_its_stated_precision(N):
+    """The quadrature is documented at about 1e-5 against scipy.stats.nct (its guaranteed 1/4096 is looser)."""
+    sigma, C, T, beta = 0.5, 1.0, 1, 1.0
+    k = N - 2
+    x = np.linspace(-0.99, 0.99, 199)
+    t = x * math.sqrt(k) / np.sqrt(1 - x**2)
+    for var in (0.0, 0.5 / N, 2.0 / N, 4.0 / N):
+        nc = beta * math.sqrt(N * var) / (C * sigma / math.sqrt(T))
+        want = stats.nct.cdf(t, k, nc) if nc > 0 else stats.t.cdf(t, k)
+        got = dp.ncc_cdf(x, sigma=sigma, C=C, N=N, T=T, beta=beta, variance=var)
+        known = np.isfinite(want)  # scipy.stats.nct gives NaN far in the lower tail, where the CDF is ~0
+        assert np.all(got[~known] < 1e-12) and known.mean() > 0.7
+        np.testing.assert_allclose(got[known], want[known], rtol=0, atol=3e-5)

@@ -659,3 +659,103 @@ def test_refused_arguments_leave_nothing_behind(argv, error, tmp_path):
     with pytest.raises((ValueError, FileNotFoundError), match=error):
         reproduce.run(argv[0], out=out, **dict(zip((a.lstrip("-") for a in argv[1::2]), argv[2::2])))
     assert not out.exists()
+
+
+def test_summary_statistics_against_numpy():
+    """summary.json's statistics, from arrays with zeros and infinities, against NumPy on the raw values."""
+    values = np.array([0.0, 1.0, 2.0, np.inf, 3.0, 10.0, np.inf, 0.5])
+    finite = values[np.isfinite(values)]
+    q = reproduce._quantiles(values)
+    for p in (5, 25, 50, 75, 95):
+        assert q[f"q{p}"] == pytest.approx(np.percentile(finite, p), rel=1e-15)
+    assert (q["min"], q["max"], q["finite"], q["zero"], q["infinite"]) == (0.0, 10.0, 6, 1, 2)
+    assert q["mean"] == pytest.approx(finite.mean(), rel=1e-15)
+    assert reproduce._quantiles(np.full(3, np.inf)) == {"q5": None, "q25": None, "q50": None, "q75": None,
+                                                         "q95": None, "finite": 0, "zero": 0, "infinite": 3}
+
+    itn = np.array([[[3, 5], [7, 30]], [[1, 1], [2, 9]]])
+    istop = np.array([[[1, 2], [1, 7]], [[1, 1], [2, 7]]])
+    s = reproduce._lsqr_stats(itn, istop)
+    assert s["solves"] == 8 and s["iterations_total"] == int(itn.sum()) and s["iterations_max"] == 30
+    assert s["iterations_median"] == float(np.median(itn)) and s["iterations_mean"] == pytest.approx(itn.mean())
+    assert s["istop_counts"] == {"1": 4, "2": 2, "7": 2}
+    assert set(s["istop_meaning"]) == {"1", "2", "7"} and "?" not in s["istop_meaning"].values()
+
+    alg1 = np.array([1.0, 2.0, 0.0, 4.0, np.inf, 3.0])
+    std = np.array([2.0, 2.0, 5.0, 6.0, np.inf, np.inf])
+    t = reproduce._targeted_stats("low:2", std, alg1)
+    ok = np.isfinite(std) & np.isfinite(alg1) & (alg1 > 0)       # gains of finite, non-zero bounds: [2, 1, 1.5]
+    lifted = std > alg1                                           # 0 -> 5 and 3 -> inf lift too, without a gain
+    assert t["targets"] == "low:2" and t["modes_lifted_fraction"] == pytest.approx(lifted.mean())
+    assert t["gain_over_algorithm1_all_modes"] == reproduce._quantiles(std[ok] / alg1[ok])
+    assert t["gain_over_algorithm1_all_modes"]["finite"] == 3 and t["gain_over_algorithm1_all_modes"]["infinite"] == 0
+    assert t["gain_over_algorithm1_lifted_modes"]["q50"] == pytest.approx(np.median([2.0, 1.5]))
+    assert t["bounds_algorithm1_only"] == reproduce._quantiles(alg1)
+    assert reproduce._targeted_stats(None, std, alg1) is None
+
+
+def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
+    # (example, restart, kind): example 0 loses both of its 2 restarts, examples 3 and 5 one each
+    zero_steps = np.array([[0, 0, 0], [0, 1, 2], [3, 1, 1], [5, 0, 2]])
+    s = reproduce._zero_steps_summary(zero_steps, restarts=2)
+    assert {k: v for k, v in s.items() if k != "reason"} == {
+        "restarts": 4, "eps_zero": 1, "at_zero_jacobian": 1, "rounding": 2, "uncertified": 0,
+        "examples_affected": 3, "examples_bounding_nothing": 1}
+    assert "every restart of 1 example bounds nothing" in s["reason"] and "still bound" in s["reason"]
+    every = reproduce._zero_steps_summary(np.array([[2, 0, 3], [2, 1, 3]]), restarts=2)
+    assert every["examples_affected"] == 1 and every["examples_bounding_nothing"] == 1
+    assert every["uncertified"] == 2 and "still bound" not in every["reason"]
+
+
+def test_summary_numbers_are_those_of_the_saved_arrays(first):
+    """summary.json against bounds.npz and the chunks on disk: pixel units, MSE, LSQR and timings."""
+    s = json.loads((first / "summary.json").read_text())
+    b = _arrays(first / "bounds.npz")
+    scale = np.asarray(s["normalization"]["std"]).reshape(1, -1, 1, 1)
+    assert scale.ravel()[0] != 1.0 and s["normalization"]["mean"] != s["normalization"]["std"]
+    assert s["bounds_pixel_units"]["q50"] == pytest.approx(np.median(b["std"] * scale), rel=1e-12)
+    assert s["bounds_pixel_units"]["mean"] == pytest.approx(np.mean(b["std"] * scale), rel=1e-12)
+    assert s["mse_bound"]["q50"] == pytest.approx(np.median(b["mse"]), rel=1e-12)
+    assert s["divergence"]["mean"] == pytest.approx(np.mean(b["divergence"]), rel=1e-12)
+    itn = b["lsqr_iterations"]
+    assert (s["lsqr"]["iterations_total"], s["lsqr"]["iterations_max"]) == (int(itn.sum()), int(itn.max()))
+    assert s["lsqr"]["iterations_median"] == float(np.median(itn))
+    chunk_seconds = [float(_arrays(p)["seconds"]) for p in sorted((first / "chunks").glob("chunk_*.npz"))]
+    assert len(chunk_seconds) == 3
+    assert s["timings"]["bound_seconds_all_chunks"] == pytest.approx(sum(chunk_seconds), rel=1e-12)
+
+
+def test_a_later_restart_that_bounds_nothing_is_not_counted_infinite(weights, tmp_path, monkeypatch):
+    """As the eps-came-out-0 test, for the last restart of each chunk's last example (not restart 0)."""
+    from hcrfast import algorithm
+
+    real = algorithm._certified_shift
+
+    def last_row_lost(model64, rows, eps):
+        eps = eps.copy()
+        eps[-1] = 0
+        return real(model64, rows, eps)
+
+    monkeypatch.setattr(algorithm, "_certified_shift", last_row_lost)
+    out = tmp_path / "zero_last"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--out", str(out), "--weights", str(weights),
+                         "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    b = _arrays(out / "bounds.npz")
+    assert s["zero_steps"]["restarts"] == s["zero_steps"]["eps_zero"] == 3
+    lost = [(e, r) for e, r in zip(*np.nonzero(b["divergence"] == 0))]
+    assert len(lost) == 3 and all(r == 1 for _, r in lost)  # the oracle: D = 0 at restart 1 of 3 examples
+    assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
+    assert b["infinite"].shape == (0, 2)
+
+
+def test_histogram_counts_zeros_left_out_only_on_a_log_axis(tmp_path):
+    """Bounds within a decade: a linear axis shows the zeros, so none are left out; spanning more, they are."""
+    narrow = np.array([0.0, 0.0, 1.0, 2.0, 3.0, np.inf])
+    notes = report._histogram(tmp_path / "n.png", narrow, title="t", xlabel="x")
+    assert notes == {"infinite_left_out": 1, "zeros_left_out": 0, "log_x": False}
+    wide = np.array([0.0, 0.0, 0.01, 2.0, 3.0, np.inf])
+    notes = report._histogram(tmp_path / "w.png", wide, title="t", xlabel="x")
+    assert notes == {"infinite_left_out": 1, "zeros_left_out": 2, "log_x": True}

@@ -310,3 +310,88 @@ def test_certified_float32_bounds_stay_below_the_ls_std_and_uncertified_ones_are
     with pytest.warns(UserWarning, match=r"certify=False: every feature shift z_eps comes from forward passes in "
                                          r"float32.* not certified"):
         targeted_bound(model, x, 0.01, size=1e-3, certify=False)
+
+
+def margin_model(m=0.01):
+    """4 pixels: 0 and 1 pass through live units; 2 and 3 feed ReLUs (both signs) that are off by m. J's
+    null space is span(e2, e3) exactly; a step along it leaves the features unchanged until it exceeds m."""
+    lin = torch.nn.Linear(4, 6).double()
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, -1, 0], [0, 0, 0, 1],
+                                       [0, 0, 0, -1]], dtype=torch.float64))
+        lin.bias.copy_(torch.tensor([10.0, 10, -m, -m, -m, -m], dtype=torch.float64))
+    return torch.nn.Sequential(lin, torch.nn.ReLU()).eval()
+
+
+def test_the_best_null_space_step_is_kept_not_the_first_or_the_worst():
+    """The null-space steps are tried at several sizes: the small ones leave the features exactly unchanged
+    (D = 0, bound +inf), the largest (~0.07 > m) wakes a unit (finite D). The bound is the sup: +inf."""
+    model, x, sigma = margin_model(), torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=torch.float64), 0.1
+    for k in (2, 3):
+        for step in (1e-3, -1e-3, 0.1, -0.1):  # the oracle: small null steps are exact, large ones are not
+            e = torch.zeros_like(x)
+            e[0, k] = step
+            assert torch.equal(model(x + e), model(x)) == (abs(step) < 0.01)
+    res = targeted_bound(model, x, sigma, targets=[0, 2, 3], basis="pixel")
+    std = res.std.reshape(-1)
+    assert np.all(np.isinf(std[[2, 3]])) and res.from_null_space[0].tolist() == [False, True, True]
+    own, z = forward_bound(model, x, res.eps, res.modes, sigma, basis="pixel")
+    np.testing.assert_array_equal(own, std[res.modes][None])
+    # the row-space mode: sigma / ||J row|| = sigma, at the linearization's accuracy
+    assert std[0] == pytest.approx(sigma, rel=1e-4)
+
+
+class _Curved(torch.nn.Module):
+    """a(x) = (x0 + x1) + c (x0 - x1)^2 at x0 = x1: J = [1, 1], null direction (1, -1) with strong curvature."""
+
+    def __init__(self, c=1e4):
+        super().__init__()
+        self.c = c
+
+    def forward(self, t):
+        return (t[:, :1] + t[:, 1:2]) + self.c * (t[:, :1] - t[:, 1:2]) ** 2
+
+
+def test_a_null_space_step_that_does_worse_than_the_row_space_step_is_not_taken():
+    """Both pixels reach half into the null space, but the curvature makes every null step's bound
+    (about sigma / (2 sqrt(2) c s)) far below the row-space one (sigma ||(J^+)_k|| = sigma / 2): the
+    bound, its eps (along (1, 1)) and from_null_space are the row-space step's."""
+    model, x, sigma = _Curved().eval(), torch.tensor([[1.0, 1.0]], dtype=torch.float64), 1.0
+    res = targeted_bound(model, x, sigma, targets="all", basis="pixel")
+    np.testing.assert_allclose(res.null_fraction, [[2**-0.5, 2**-0.5]], rtol=1e-12)
+    np.testing.assert_allclose(res.std, [[0.5, 0.5]], rtol=1e-4)
+    eps = res.eps.reshape(2, 2)
+    np.testing.assert_allclose(eps[:, 0], eps[:, 1], rtol=1e-12)  # row-space steps
+    assert not res.from_null_space.any()
+    own, _ = forward_bound(model, x, res.eps, res.modes, sigma, basis="pixel")
+    np.testing.assert_allclose(own, res.std, rtol=1e-12)
+
+
+def test_divergence_eps_and_bound_reported_together_after_the_null_probes():
+    """Each mode's reported divergence is D of its reported eps, by the test's own forward pass, where
+    the null-space probes replaced the row-space step."""
+    model = relu_model_with_dead_units()
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    sigma = 0.5
+    res = targeted_bound(model, x, sigma, method="dense", targets="low:3")
+    assert res.from_null_space.any()
+    e = torch.as_tensor(res.eps).reshape((-1,) + tuple(x.shape[1:]))
+    xr = x.repeat_interleave(len(res.modes), dim=0)
+    with torch.no_grad():
+        z = (model(xr + e) - model(xr)).reshape(len(e), -1).numpy()
+    # rtol for the row-space steps; atol for the null-space ones, whose D (~1e-29) is the features' rounding
+    # and so depends on how the pass is batched
+    np.testing.assert_allclose(res.divergence.reshape(-1), np.expm1((z**2).sum(axis=1) / sigma**2), rtol=1e-9,
+                               atol=1e-20)
+    row_space = targeted_bound(model, x, sigma, method="dense", targets="low:3", null_probes=False)
+    assert row_space.divergence.min() > 1e-8  # what the null-space steps replaced
+
+
+def test_rounding_counts_of_pieces_add_up_and_keep_the_worst():
+    from hcrfast.targeted import ROUNDING_COUNTS, _sum_rounding
+
+    pieces = [dict(rounded=2, coarse=1, risky=3, worst=1e-4, unresolved=0),
+              dict(rounded=1, coarse=0, risky=1, worst=5e-4, unresolved=4),
+              dict(coarse=2, worst=2e-5)]  # a piece that recorded only some counts
+    assert _sum_rounding(pieces) == dict(rounded=3, coarse=3, risky=4, worst=5e-4, unresolved=4)
+    assert _sum_rounding([]) == ROUNDING_COUNTS

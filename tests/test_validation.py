@@ -810,3 +810,94 @@ def test_a_model_that_fails_on_the_batch_raises_its_own_error_with_the_batch_nam
         getattr(hcrfast, entry)(model, torch.rand(2, 1, 5, 5), 0.1)
     assert any("first forward pass over the batch, of shape (2, 1, 5, 5), float32, on cpu" in note
                for note in getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_a_model_with_no_features_is_named(x):
+    """Features of shape (B, 0): the documented ValueError, not torch's error about max() of an empty tensor."""
+    empty = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 0)).eval()
+    assert empty(x).shape == (3, 0)
+    with pytest.raises(ValueError, match=r"the model returned no features \(0 entries per example\)"):
+        hcrfast.bound(empty, x, 1.0, **QUICK)
+
+
+@pytest.mark.parametrize("size", [0.0, -0.1])
+def test_a_size_that_is_not_positive_is_named_as_such(x, size):
+    """size <= 0 is refused by its own check, not taken downstream for an eps below the solver's resolution."""
+    with pytest.raises(ValueError, match=rf"size must be a positive finite number, got {size!r}"):
+        hcrfast.bound(mlp(), x, 1.0, size=size, **QUICK)
+
+
+class RoundsOtherwiseAlone(torch.nn.Module):
+    """``inner``, rounded up by one float16 ulp for a row alone: what another kernel for one row may do."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, t):
+        out = self.inner(t)
+        return torch.nextafter(out, torch.full_like(out, math.inf)) if t.shape[0] == 1 else out
+
+
+def test_the_independence_probe_allows_a_few_ulps_of_a_float16_model(x):
+    """The probe's tolerance is at least 4 ulps of the features' dtype: a float16 model whose row alone
+    rounds one ulp off its row in the batch does not mix the examples."""
+    from hcrfast import validation
+
+    model = RoundsOtherwiseAlone(mlp()).half()
+    xh = x.half()
+    with torch.no_grad():
+        feats = model(xh)
+        gap = ((model(xh[:1]) - feats[:1]).abs().max() / feats.abs().max()).item()
+    assert 1e-4 < gap <= 4 * torch.finfo(torch.float16).eps  # above the default rtol, within 4 ulps
+    validation.check_independent(model, xh, feats)  # no error
+
+
+class RunningMaxScale(torch.nn.Module):
+    """Each row divided by the running max of |x| over the rows up to it (detached): a row mixes the
+    rows before it only where one of them is larger than it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = mlp()
+
+    def forward(self, t):
+        scale = t.flatten(1).abs().amax(dim=1).cummax(dim=0).values.detach()
+        return self.lin(t / scale.reshape((-1,) + (1,) * (t.dim() - 1)))
+
+
+def test_mixing_that_reaches_only_the_last_example_is_caught(x):
+    """Rows of growing size, the last one small: only the last row's features change with the batch."""
+    xb = torch.rand(5, 1, 4, 4, generator=torch.Generator().manual_seed(3)) * torch.tensor(
+        [1.0, 2.0, 3.0, 4.0, 0.5]).reshape(5, 1, 1, 1)
+    model = RunningMaxScale().eval()
+    with torch.no_grad():
+        batch = model(xb)
+        alone = torch.cat([model(xb[i:i + 1]) for i in range(5)])
+    assert torch.allclose(alone[:4], batch[:4], rtol=0, atol=1e-6) and not torch.allclose(alone[4], batch[4], rtol=1e-2)
+    with pytest.raises(ValueError, match="mixes the examples of a batch"):
+        hcrfast.bound(model, xb, 0.05, **QUICK)
+
+
+class CouplesNextRowInDerivativeOnly(torch.nn.Module):
+    """Features of row i plus (g(x_{i-1}) - g(x_{i-1}).detach()): the values are those of row i alone,
+    the Jacobian couples each row to the row before it (row 0 to none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.g = mlp(), torch.nn.Linear(16, 12)
+
+    def forward(self, t):
+        g = self.g(t.flatten(1))
+        prev = torch.cat([torch.zeros_like(g[:1]), g[:-1]])
+        return self.lin(t) + (prev - prev.detach())
+
+
+def test_a_jacobian_that_couples_example_0_to_example_1_only_is_caught(x):
+    model = CouplesNextRowInDerivativeOnly().eval()
+    jac = torch.autograd.functional.jacobian(lambda t: model(t), x)  # (B, n, B, ...): the dense oracle
+    cross = jac.reshape(3, 12, 3, 16).abs().sum(dim=(1, 3))
+    assert cross[1, 0] > 0 and cross[2, 0] == 0 and cross[0, 1] == 0  # row 0 reaches row 1 only
+    with pytest.raises(ValueError, match="mixes the examples of a batch"):
+        hcrfast.bound(model, x, 0.05, **QUICK)
