@@ -12,6 +12,7 @@ Hammersley-Chapman-Robbins bounds, Algorithm 1 and eqs. (5), (6), (12).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
 import dataclasses
@@ -177,40 +178,47 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     return forward(model, x).reshape(x.shape[0], -1)
 
 
+def _halved(compute, join, x: torch.Tensor, *more):
+    """``compute(x, *more)``; where it runs out of memory, ``join`` of the same on the first and on the
+    second half of the rows of ``x`` and of every other argument (recursively: one row that does not
+    fit raises), after the torch and CuPy pools gave their cached blocks back."""
+    try:
+        return compute(x, *more)
+    except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
+        if not _is_oom(exc) or x.shape[0] < 2:
+            raise
+    # Out of the except block: the exception's frames no longer hold the failed pass's memory.
+    release_device_memory(x.device)
+    half = x.shape[0] // 2
+    return join(_halved(compute, join, x[:half], *(a[:half] for a in more)),
+                _halved(compute, join, x[half:], *(a[half:] for a in more)))
+
+
 def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_features` of ``x`` and of ``y`` (as many rows), computed in the same pieces: halved
     together on out-of-memory, so that a row the model maps identically comes out bitwise equal in
     both (D = 0 is decided by that equality, and a device's kernels may round differently for other
     batch shapes)."""
-    with torch.no_grad():
-        try:
+    def both(x, y):
+        with torch.no_grad():
             return model(x).reshape(x.shape[0], -1), model(y).reshape(y.shape[0], -1)
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
-            if not _is_oom(exc) or x.shape[0] < 2:
-                raise
-    # Out of the except block: the exception's frames no longer hold the failed forward's memory.
-    release_device_memory(x.device)
-    half = x.shape[0] // 2
-    first, second = _features_pair(model, x[:half], y[:half]), _features_pair(model, x[half:], y[half:])
-    return torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]])
+
+    return _halved(both, lambda a, b: (torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])), x, y)
 
 
 def forward(model, x: torch.Tensor):
     """``model(x)`` without autograd, split in halves (and concatenated) where it runs out of memory:
     what the model returns, unchecked (:func:`hcrfast.validation.features_of` checks it)."""
-    with torch.no_grad():
-        try:
-            return model(x)
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
-            if not _is_oom(exc) or x.shape[0] < 2:
-                raise
-    # Out of the except block: the exception's frames no longer hold the failed forward's memory.
-    release_device_memory(x.device)
-    half = x.shape[0] // 2
-    parts = [forward(model, x[:half]), forward(model, x[half:])]
-    if not all(isinstance(part, torch.Tensor) for part in parts):
-        return parts[0]  # no tensor to join: validation.features_of names what the model returned
-    return torch.cat(parts)
+    def run(rows):
+        with torch.no_grad():
+            return model(rows)
+
+    def join(first, second):
+        if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)):
+            return first  # no tensor to join: validation.features_of names what the model returned
+        return torch.cat([first, second])
+
+    return _halved(run, join, x)
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):
@@ -441,16 +449,8 @@ def _rounded_away(model64, x, eps, jacobian: str = "reverse") -> np.ndarray:
     shift (:data:`_RESOLUTION_MARGIN`): then that D = 0 was rounding, not a direction the features do
     not see. A JVP that cannot be taken counts as rounding; one that runs out of memory is split in
     halves (the rows are independent), never taken for rounding."""
-    try:
-        return _rounded_away_rows(model64, x, eps, jacobian)
-    except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
-        if not _is_oom(exc) or x.shape[0] < 2:
-            raise
-    # Out of the except block: the exception's frames no longer hold the failed pass's memory.
-    release_device_memory(x.device)
-    half = x.shape[0] // 2
-    return np.concatenate([_rounded_away(model64, x[:half], eps[:half], jacobian),
-                           _rounded_away(model64, x[half:], eps[half:], jacobian)])
+    return _halved(lambda x, eps: _rounded_away_rows(model64, x, eps, jacobian),
+                   lambda first, second: np.concatenate([first, second]), x, eps)
 
 
 def _rounded_away_rows(model64, x, eps, jacobian: str) -> np.ndarray:
@@ -520,6 +520,17 @@ _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted b
 _UNRESOLVED = "not float64"  # how a zero-step reason names D = 0 from uncertified lower-precision passes
 _ROUNDED = "below float64's resolution"  # how it names D = 0 from a step float64 could not resolve
 _COARSE = "within float64's rounding"  # how it names a shift too small for float64 to give D reliably
+
+#: Why a restart bounds nothing, by the marker its zero-step reason carries (no marker: its eps came
+#: out 0 in the solver's dtype): what the warnings, Bounds.summary and reproduce count.
+_ZERO_STEP_MARKERS = (("at_zero_jacobian", _BLIND), ("rounded", _ROUNDED), ("coarse", _COARSE),
+                      ("uncertified", _UNRESOLVED))
+
+
+def zero_step_kind(reason: str) -> str:
+    """The kind of one of ``params["zero_step_reasons"]``: "at_zero_jacobian", "rounded" (D = 0 below
+    float64's resolution), "coarse" (D not established), "uncertified" or "eps_zero"."""
+    return next((kind for kind, marker in _ZERO_STEP_MARKERS if marker in reason), "eps_zero")
 
 
 def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
@@ -1282,10 +1293,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
         # Counted over the whole result, chunks read back from a checkpoint included, so that a
         # resumed call warns as the uninterrupted one did.
-        n_blind = sum(_BLIND in line for line in zero_steps)
-        n_unresolved = sum(_UNRESOLVED in line for line in zero_steps)
-        n_rounded = sum(_ROUNDED in line for line in zero_steps)
-        n_coarse = sum(_COARSE in line for line in zero_steps)
+        kinds = collections.Counter(zero_step_kind(line) for line in zero_steps)
+        n_blind, n_unresolved = kinds["at_zero_jacobian"], kinds["uncertified"]
+        n_rounded, n_coarse = kinds["rounded"], kinds["coarse"]
         degenerate = (len(zero_steps) - n_blind - n_unresolved - n_rounded - n_coarse,
                       int(to_host(xp.isinf(divergence)).sum()), n_blind)
         # restarts whose D float64's rounding may move by more than _ROUNDING_TOLERANCE (bounds kept), the

@@ -334,11 +334,8 @@ _ZERO_STEP_KINDS = {0: "eps_zero", 1: "at_zero_jacobian", 2: "rounding", 3: "unc
 
 def _zero_step_kind(line: str) -> int:
     """The :data:`_ZERO_STEP_KINDS` code of one of hcrfast.bound's zero-step reasons."""
-    if _algorithm._BLIND in line:
-        return 1
-    if _algorithm._ROUNDED in line or _algorithm._COARSE in line:
-        return 2
-    return 3 if _algorithm._UNRESOLVED in line else 0
+    kind = _algorithm.zero_step_kind(line)
+    return {"eps_zero": 0, "at_zero_jacobian": 1, "rounded": 2, "coarse": 2, "uncertified": 3}[kind]
 
 
 # The entries of hcrfast.bound's params that are the same for every chunk of a run.

@@ -1,6 +1,7 @@
 """The named result of :func:`hcrfast.bound`."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -201,12 +202,13 @@ class Bounds:
         from hcrfast import algorithm
 
         nothing = p.get("zero_step_reasons") or []
-        causes = [(algorithm._COARSE, "float64's rounding leaves their D not established"),
-                  (algorithm._ROUNDED, "their shift is below float64's resolution of the features"),
-                  (algorithm._UNRESOLVED, "D = 0 in uncertified passes"),
-                  (algorithm._BLIND, "J = 0 at their example")]
-        counts = [(sum(marker in r for r in nothing), why) for marker, why in causes]
-        counts.append((len(nothing) - sum(c for c, _ in counts), "their eps came out 0"))
+        kinds = collections.Counter(algorithm.zero_step_kind(r) for r in nothing)
+        causes = [("coarse", "float64's rounding leaves their D not established"),
+                  ("rounded", "their shift is below float64's resolution of the features"),
+                  ("uncertified", "D = 0 in uncertified passes"),
+                  ("at_zero_jacobian", "J = 0 at their example"),
+                  ("eps_zero", "their eps came out 0")]
+        counts = [(kinds[kind], why) for kind, why in causes]
         if nothing:
             lines.append(f"  {counted(len(nothing), 'restart')} bound nothing (0): "
                          + "; ".join(f"{c} {why}" for c, why in counts if c)
