@@ -460,7 +460,7 @@ class BatchShaped(torch.nn.Module):
         return flat - flat.detach() + 1.0 + x.shape[0] * 2.0**-40
 
 
-@pytest.mark.parametrize("probe", ["certify", "rounded_away"])
+@pytest.mark.parametrize("probe", ["certify", "rounded_away", "features_move"])
 def test_the_two_passes_behind_a_d_of_0_are_split_alike(probe):
     """D = 0 is decided by comparing a(θ+ε) with a(θ) bit for bit: a transient out-of-memory error that
     splits one of the two passes and not the other made them differ by the batch shape's rounding, so a
@@ -474,10 +474,12 @@ def test_the_two_passes_behind_a_d_of_0_are_split_alike(probe):
     if probe == "certify":
         _, z = algorithm._certified_shift(model, x, eps)
         assert model.failed and np.all(z == 0)
-    else:
+    elif probe == "rounded_away":
         model.skip = 1  # a(θ), whose largest value sizes the probe, runs whole: the probe's pair fails
         assert not algorithm._rounded_away(model, x, eps).any()  # still unchanged: a real D = 0
         assert model.failed
+    elif probe == "features_move":  # the probe behind 'J = 0 here' (a blind example)
+        assert not algorithm._features_move(model, x).any() and model.failed
 
 
 @pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
