@@ -704,6 +704,11 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     if bound_noise is not None and _noise_law(bound_noise) != _noise_law(attack_noise):
         raise ValueError(f"the bounds are for other noise than the attack: {bound_noise!r} against "
                          f"{attack_noise!r}; compute both with the same sigma or noise law")
+    b_sigma, a_sigma = b_params.get("sigma"), attack.params.get("sigma")
+    if isinstance(b_sigma, (int, float)) and isinstance(a_sigma, (int, float)) and b_sigma != a_sigma:
+        # (describe() prints 6 digits: this is the full comparison)
+        raise ValueError(f"the bounds are for sigma = {b_sigma!r} but the attack for sigma = {a_sigma!r}; "
+                         f"compute both with the same sigma")
     if bound_noise is not None and _noise_law(bound_noise) == _UNNAMED_LAW:
         validation.warn(f"the bounds and the attack both use an unnamed Monte Carlo density ({_UNNAMED_LAW}): "
                         f"hcrfast cannot tell whether they are the same law; give each hcrfast.MonteCarlo(..., "

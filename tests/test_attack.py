@@ -199,6 +199,9 @@ def test_compare_leaves_out_infinite_and_zero_bounds_and_checks_shapes(tmp_path)
         compare(other_sigma, res)
     with pytest.raises(ValueError, match="same sigma or noise law"):
         compare(hcrfast.targeted_bound(model, x, 0.05, targets=[0]), res)
+    # a sigma that describe()'s 6 digits do not tell apart
+    with pytest.raises(ValueError, match=r"sigma = 0.3000001 but the attack for sigma = 0.3;"):
+        compare(hcrfast.bound(model, x, 0.3000001, iterations=1, restarts=1), res)
     # a Monte Carlo law: the bound raises its confidence per restart inside; the pair still matches
     law = hcrfast.MonteCarlo(lambda z: -z**2 / (2 * 0.3**2) - np.log(0.3 * np.sqrt(2 * np.pi)),
                              lambda rng, shape: rng.normal(0, 0.3, shape), n_samples=500, name="normal(0.3)")
