@@ -444,30 +444,19 @@ def test_the_cpu_emulator_of_cupy_keeps_to_cupys_rules(cupy):
             assert set(keywords) <= set(params) or any(p.kind == p.VAR_KEYWORD for p in params.values()), name
 
 
-class _Quantized(torch.nn.Module):
-    """A straight-through quantizer (features in steps of 1/4; J of the linear layer): small steps leave
-    the features exactly unchanged, certified +inf; the rounding probe's JVP runs on the device."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(64, 48).double()
-
-    def forward(self, x):
-        h = self.lin(x.flatten(1))
-        return h + (torch.round(h * 4) / 4 - h).detach()
-
-
 @pytest.mark.parametrize("solver", ["dense", "krylov"])
 def test_rounding_guards_and_infinite_bounds_on_gpu_match_cpu(solver):
     """The D = 0 decisions on the device: certified +inf (a straight-through quantizer), and steps below
-    float64's resolution of the features (sigma 1e-13 of their RMS) that bound nothing, with the same
-    reasons and warnings as on the CPU."""
+    float64's resolution of the features (sigma = 1e-13 against features of order 0.1 to 1) that bound
+    nothing, with the same reasons and warnings as on the CPU."""
     import warnings
 
-    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    from test_results import Quantized  # a straight-through quantizer, 4 x 4 inputs
+
+    gen = torch.Generator().manual_seed(2)
     kw = dict(iterations=2, restarts=3, solver=solver, targets="low:2")
-    for model, sigma in ((_Quantized().eval(), 0.1), (mlp(), 1e-13)):
+    for model, x, sigma in ((Quantized().eval(), torch.rand(3, 1, 4, 4, dtype=torch.float64, generator=gen), 0.1),
+                            (mlp(), torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=gen), 1e-13)):
         runs = []
         for device in ("cpu", "cuda"):
             with warnings.catch_warnings(record=True) as caught:
@@ -485,14 +474,7 @@ def test_rounding_guards_and_infinite_bounds_on_gpu_match_cpu(solver):
 
 def test_null_space_probes_on_gpu_certify_what_the_cpu_certifies():
     """targeted_bound's null-space probes on the device: a dead ReLU's DC mode stays +inf."""
-    class DeadBeyond(torch.nn.Module):
-        def __init__(self, x, margin):
-            super().__init__()
-            self.threshold = float(x.sum()) + margin
-
-        def forward(self, t):
-            a = t.flatten(1).sum(1, keepdim=True) - self.threshold
-            return torch.cat([torch.relu(torch.cat([a, a - 1.0], 1)), t[:, 0, 0, 0:1] + 1.0], 1)
+    from test_bound import DeadBeyond
 
     x = torch.rand(1, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     kw = dict(targets="low:2", method="dense", null_probes=True)
