@@ -124,6 +124,27 @@ def simulator_checks(dtypes) -> None:
 
     cuda.device_array = poisoned_device_array
 
+    # Poison shared memory too: the simulator allocates it with np.empty, whose contents are
+    # whatever memory it reuses, so a tile a kernel forgets to fill would be caught only by luck.
+    # (kernelapi's own numpy reference is swapped: wrapping FakeCUDAShared.array would change the
+    # call site it keys allocations by.)
+    import types
+
+    from numba.cuda.simulator import kernelapi
+
+    class PoisonedNumpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(shape, dtype=float, *args, **kwargs):
+            out = np.empty(shape, dtype, *args, **kwargs)
+            if out.dtype.kind == "f":
+                out.fill(np.nan)
+            return out
+
+    kernelapi.np = PoisonedNumpy("numpy")
+
     def nan(shape, dtype):
         return cuda.to_device(np.full(shape, np.nan, dtype=dtype))
 
@@ -155,7 +176,7 @@ def simulator_checks(dtypes) -> None:
 
             # per-row targets, Numba device arrays in and out, more than 2 axes
             a = rows((3, 2, 3, 5), dtype, zero_row=2)
-            target = np.array([0.5, 2.0, 3.0])
+            target = np.array([0.3, 2.0, 3.0])  # 0.3: a float64 target truncated to float32 shows
             want_scaled, want_norms = twins.normalize_rows(a, target)
             scaled, norms = kc.row_normalize(cuda.to_device(a), cuda.to_device(target))
             check_true(f"row_normalize[{tag}] returns device arrays for device input",
@@ -186,6 +207,17 @@ def simulator_checks(dtypes) -> None:
 
             check_close(f"row_norms[{tag}]", kc.row_norms(a), twins.row_norms(a), dtype)
 
+            # row_norms passes its input as the kernel's `scaled` too: with write_scaled off it
+            # must stay as it is. 70 columns get 128 threads (a non-power of two there breaks the
+            # tree reduction); 300 get the largest block, 256, the size of the shared buffer.
+            for n_cols in (70, 300):
+                a = rows((2, n_cols), dtype, zero_row=1)
+                dev = cuda.to_device(a)
+                check_close(f"row_norms[{tag}] {n_cols} columns (device)", kc.row_norms(dev).copy_to_host(),
+                            twins.row_norms(a), dtype)
+                check_true(f"row_norms[{tag}] {n_cols} columns leaves its input alone",
+                           np.array_equal(dev.copy_to_host(), a))
+
             # raw launch, one block of 32 threads: both grid-stride loops take several trips
             a = rows((3, 37), dtype, zero_row=0)
             target = np.array([1.0, 0.25, 4.0])
@@ -212,6 +244,10 @@ def simulator_checks(dtypes) -> None:
             check_true(f"lsqr_update_xw[{tag}] updates NumPy inputs in place", got_x is x_in and got_w is w_in)
             check_close(f"lsqr_update_xw[{tag}] x", x_in, want_x, dtype)
             check_close(f"lsqr_update_xw[{tag}] w", w_in, want_w, dtype)
+            # elementwise, no reduction: under the simulator the kernel rounds exactly as the twin's
+            # in-place NumPy ops (float64 steps on float32 rows), which a tolerance cannot see
+            check_true(f"lsqr_update_xw[{tag}] bit-exact roundings",
+                       np.array_equal(x_in, want_x) and np.array_equal(w_in, want_w))
             check_true(f"lsqr_update_xw[{tag}] frozen problem unchanged",
                        np.array_equal(x_in[1], x[1]) and np.array_equal(w_in[1], w[1]))
 
@@ -234,6 +270,8 @@ def simulator_checks(dtypes) -> None:
                 xd, wd, cuda.to_device(v), cuda.to_device(t1), cuda.to_device(t2))
             check_close(f"lsqr_update_xw kernel[{tag}] 1x1 grid, x", xd.copy_to_host(), want_x, dtype)
             check_close(f"lsqr_update_xw kernel[{tag}] 1x1 grid, w", wd.copy_to_host(), want_w, dtype)
+            check_true(f"lsqr_update_xw kernel[{tag}] 1x1 grid bit-exact roundings",
+                       np.array_equal(xd.copy_to_host(), want_x) and np.array_equal(wd.copy_to_host(), want_w))
 
     @section
     def restart_update():
@@ -242,7 +280,7 @@ def simulator_checks(dtypes) -> None:
             f0 = rows((3, 37), dtype)
             fp = rows((3, 37), dtype)
             fp[1] = f0[1]  # z = 0 in row 1
-            for target in (2.0, np.array([0.5, 1.0, 3.0])):
+            for target in (0.7, np.array([0.5, 1.0, 0.3])):  # 0.7, 0.3: not exact in float32
                 kind = "scalar" if np.ndim(target) == 0 else "per-row"
                 want = twins.restart_update(fp, f0, target)
                 got = kc.restart_update(fp, f0, target)
@@ -270,8 +308,9 @@ def simulator_checks(dtypes) -> None:
     @section
     def dct():
         # (1, 3, 5, 7) goes in and out as Numba device arrays; (8, 8) has no leading
-        # axes and runs in float64 only (the simulator is slow)
-        shapes = [(2, 1, 8, 8), (1, 3, 5, 7), (1, 1, 28, 28), (8, 8)]
+        # axes and runs in float64 only (the simulator is slow); (5, 20) has more column
+        # tiles than row tiles, so grid x and y (and blockIdx.x and .y) cannot be swapped
+        shapes = [(2, 1, 8, 8), (1, 3, 5, 7), (1, 1, 28, 28), (8, 8), (1, 5, 20)]
         for dtype in dtypes:
             tag = np.dtype(dtype).name
             for shape in shapes:
@@ -300,6 +339,14 @@ def simulator_checks(dtypes) -> None:
             check_close(f"batched_matmul kernel[{tag}] batch-strided", out.copy_to_host(), a @ b, dtype)
 
     @section
+    def launch_config():
+        # block_sum's tree reduction needs a power of two, and the shared buffer holds _MAX_ROW_THREADS
+        bad = [n for n in range(1, 2049)
+               if not (kc._MIN_ROW_THREADS <= kc._row_threads(n) <= kc._MAX_ROW_THREADS
+                       and kc._row_threads(n) & (kc._row_threads(n) - 1) == 0)]
+        check_true("row threads: a power of two within the shared buffer", not bad, f"bad for n_cols {bad[:5]}")
+
+    @section
     def errors():
         a = rows((3, 37), np.float64)
         check_raises("integer input", TypeError, lambda: kc.row_normalize(np.ones((3, 4), dtype=np.int64)))
@@ -317,7 +364,7 @@ def simulator_checks(dtypes) -> None:
         empty_scaled, empty_norms = kc.row_normalize(np.ones((0, 5)))
         check_true("empty batch", empty_scaled.shape == (0, 5) and empty_norms.shape == (0,))
 
-    for run in (row_normalize, lsqr_update_xw, restart_update, dct, errors):
+    for run in (row_normalize, lsqr_update_xw, restart_update, dct, launch_config, errors):
         run()
     check_true("outputs were poisoned", allocations[0] > 0, "the NaN-filling allocator was never called")
 
