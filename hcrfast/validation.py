@@ -220,7 +220,14 @@ def check_batch(batch, basis: str) -> torch.Tensor:
         raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
                         f"convert with torch.as_tensor(batch)")
     if not batch.is_floating_point():
-        raise TypeError(f"batch must be a floating-point tensor, got dtype {batch.dtype}; use batch.float()")
+        if batch.is_complex():
+            fix = "split it into real and imaginary channels (torch.view_as_real) inside a wrapper model"
+        else:
+            fix = ("for images stored as integers, pass batch.float() (scaled and normalized as the model "
+                   "expects); token or class ids are out of any derivative's reach: bound the embedded input "
+                   "instead (the model from after its embedding layer, with batch = embedding(ids))")
+        raise TypeError(f"batch must be a real floating-point tensor (the bound is on unbiased estimators of a "
+                        f"continuous input), got dtype {batch.dtype}; {fix}")
     if batch.dtype == torch.bfloat16:
         raise TypeError("batch is torch.bfloat16, which the solver's arrays (NumPy, CuPy) cannot hold; run in float32: "
                         "pass model.float() and batch.float() (bounds are certified in float64 either way)")

@@ -142,8 +142,13 @@ def test_batch_not_a_tensor(x):
 
 
 def test_integer_batch(x):
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match=r"floating-point.*torch.int64.*batch.float\(\).*embedding\(ids\)"):
         hcrfast.bound(mlp(), (x * 10).long(), 1.0, **QUICK)
+
+
+def test_complex_batch_names_the_real_split(x):
+    with pytest.raises(TypeError, match=r"torch.complex64.*view_as_real"):
+        hcrfast.bound(mlp(), x.to(torch.complex64), 1.0, **QUICK)
 
 
 def test_bfloat16_batch_names_the_float32_fix(x):
