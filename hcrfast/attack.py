@@ -48,7 +48,7 @@ from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
-from hcrfast.results import counted, load_npz, save_npz
+from hcrfast.results import counted, load_npz, save_npz, short_repr
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -164,6 +164,8 @@ class AttackResult:
     _ARRAYS = ("rmse", "bias", "bias_se", "std", "mse", "estimates", "residual_norm", "residual_start",
                "residual_truth", "residual_history", "steps", "iterations", "lsqr_iterations", "converged",
                "damping")
+
+    __repr__ = short_repr
 
     def to_numpy(self) -> AttackResult:
         """A copy whose arrays are NumPy arrays on the host."""

@@ -55,6 +55,16 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
+def short_repr(result) -> str:
+    """A result's repr: the first two lines of its ``summary()`` (what was bounded, with which noise and
+    settings, and the bounds' quantiles), not its arrays, which would fill a notebook cell."""
+    try:
+        head = [line.strip() for line in result.summary().splitlines()[:2]]
+    except Exception as exc:  # a repr must not raise: a result being built, or fields set by hand
+        return f"<{type(result).__name__} (no summary: {type(exc).__name__}: {exc})>"
+    return f"<{type(result).__name__}: {'; '.join(head)}; .summary() for the rest>"
+
+
 def counted(n: int, word: str) -> str:
     """``"1 example"``, ``"3 examples"``: the summaries' counts."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
@@ -145,6 +155,8 @@ class Bounds:
     std_algorithm1: object = None
 
     _ARRAYS = ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_iterations", "lsqr_istop")
+
+    __repr__ = short_repr
 
     def to_numpy(self) -> "Bounds":
         """A copy whose arrays are NumPy arrays on the host."""

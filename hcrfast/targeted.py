@@ -58,7 +58,7 @@ from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_finger
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import counted, json_default, load_npz, quantile_line, save_npz
+from hcrfast.results import counted, short_repr, json_default, load_npz, quantile_line, save_npz
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -256,6 +256,8 @@ class TargetedBounds:
 
     #: The fields with one row per example (all arrays but ``targeted``).
     _PER_EXAMPLE = tuple(k for k in _ARRAYS if k != "targeted")
+
+    __repr__ = short_repr
 
     def to_numpy(self) -> TargetedBounds:
         """A copy whose arrays are NumPy arrays on the host."""

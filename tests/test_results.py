@@ -93,6 +93,20 @@ def test_summary_quantiles_skip_infinite_bounds(std, line):
     assert text.splitlines()[1] == line and "nan" not in text
 
 
+def test_repr_is_the_summary_head_not_the_arrays():
+    """A result printed in a notebook shows what was bounded and the quantiles (numpy's, here the oracle),
+    not numpy's dump of eps and z; a Bounds whose fields make no summary still has a repr."""
+    std = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    res = bounds_with_std(std)
+    res.eps = np.arange(3e4).reshape(2, -1)  # numpy would print a summarized dump of it
+    text = repr(res)
+    q = np.quantile(std, [0.1, 0.5, 0.9])
+    assert text.startswith("<Bounds: HCR bounds for 2 examples") and "restarts=1" in text
+    assert f"{q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}" in text and "\n" not in text and len(text) < 300
+    assert "array" not in text and "29999" not in text
+    assert repr(hcrfast.Bounds(*[None] * 8)).startswith("<Bounds (no summary: ")
+
+
 def test_summary_counts_read_as_english():
     from hcrfast.results import counted
 
