@@ -9,6 +9,13 @@ and a test accuracy of 97–98% (see ``DEFAULT_EPOCHS``).
 The run is seeded — the initialization through ``hcrfast.zoo.build(name, seed=seed)``, the
 shuffling through its own ``torch.Generator`` — and deterministic on the CPU (same seed, same
 thread count → same weights); the global RNG is not touched.
+
+Runs resume: after every epoch the model, the optimizer and the shuffling generator are written
+(atomically) to ``OUT.resume`` beside the state dict ``OUT``; the same call made again after a crash
+or an interrupt goes on from the last finished epoch and ends with the weights of an uninterrupted
+run (bitwise on the CPU with the same thread count). The file goes once ``OUT`` is written. A call
+with other arguments or data is refused, naming what differs; more epochs than the interrupted run
+asked for extend it (the recipe has no schedule: its first epochs are those of any longer run).
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from torch import nn
 
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
-from hcrfast.checkpoint import atomic_write_bytes
+from hcrfast.checkpoint import CheckpointMismatchError, atomic_write_bytes, check_key, sha256_tensors
 
 __all__ = ["DEFAULT_EPOCHS", "TrainResult", "accuracy", "add_subparser", "train"]
 
@@ -171,6 +178,10 @@ def train(
     dataset = zm.dataset
     train_x, train_y = _data.load(dataset, split="train", root=data_root, download=download, limit=limit)
     test_x, test_y = _data.load(dataset, split="test", root=data_root, download=download, limit=limit)
+    # What an interrupted run must share with this one to be resumed by it (epochs excepted: see above).
+    key = {"format": _RESUME_FORMAT, "name": name, "batch_size": batch_size, "lr": float(lr), "seed": int(seed),
+           "device": device.type, "train_examples": int(train_x.shape[0]),
+           "train_data": sha256_tensors(train_x, train_y)[:16], "torch": str(torch.__version__)}
 
     model = zm.model.to(device)
     # Normalize once: the same values as normalizing each minibatch.
@@ -181,9 +192,14 @@ def train(
     generator = torch.Generator().manual_seed(seed)
     n = train_x.shape[0]
 
+    resume = resume_path(out)
+    done, seconds_before = _resume(resume, key, epochs, model, optimizer, generator, device)
+    if done and progress:
+        print(f"{name}: resuming after epoch {done}/{epochs} from {resume}", file=sys.stderr)
+
     model.train()
-    start = time.perf_counter()
-    for epoch in range(1, epochs + 1):
+    start = time.perf_counter() - seconds_before
+    for epoch in range(done + 1, epochs + 1):
         order = torch.randperm(n, generator=generator).to(device)
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -209,6 +225,10 @@ def train(
             raise ValueError(f"{name} training diverged at epoch {epoch} (loss {float(loss_sum) / n:g}, "
                                      f"lr={lr:g}): no state dict was written; pass a smaller --lr (the recipe's "
                                      f"is 1e-3)")
+        snapshot = {"key": key, "epoch": epoch, "seconds": time.perf_counter() - start,
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "generator": generator.get_state()}
+        atomic_write_bytes(resume, lambda fh: torch.save(snapshot, fh))
     train_seconds = time.perf_counter() - start
     model.eval()
 
@@ -217,6 +237,7 @@ def train(
     # Atomic, and through a file object: torch names the archive's records after a path it writes to,
     # so the same weights would give other bytes under another (temporary) name.
     atomic_write_bytes(out, lambda fh: torch.save(state, fh))
+    resume.unlink(missing_ok=True)
     if progress:
         print(
             f"{name}: test accuracy {test_accuracy:.4f} on {test_x.shape[0]} images; "
@@ -224,6 +245,39 @@ def train(
             file=sys.stderr,
         )
     return TrainResult(state_dict_path=out, test_accuracy=test_accuracy, train_seconds=train_seconds, epochs=epochs)
+
+
+#: The layout of ``OUT.resume``; a file of another layout is refused by its key.
+_RESUME_FORMAT = 1
+
+
+def resume_path(out) -> Path:
+    """Where :func:`train` keeps the last finished epoch of a run that writes its state dict to ``out``."""
+    out = Path(out)
+    return out.with_name(out.name + ".resume")
+
+
+def _resume(path: Path, key: dict, epochs: int, model, optimizer, generator, device) -> tuple[int, float]:
+    """Load the interrupted run in ``path`` into ``model``, ``optimizer`` and ``generator``: its finished
+    epochs and training seconds, or (0, 0.0) where there is none. A run of other arguments is refused."""
+    if not path.is_file():
+        return 0, 0.0
+    fix = f"Delete {path} to train from the start, or pass the arguments of the interrupted run."
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)
+        stored_key, done = saved["key"], int(saved["epoch"])
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: say which and how to go on
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CheckpointMismatchError(f"{path} is not a resumable run of hcrfast train ({type(exc).__name__}: "
+                                      f"{first}). {fix}") from None
+    check_key(path, stored_key, key, fix)
+    if done > epochs:
+        raise CheckpointMismatchError(f"{path} holds a run already trained for {done} epochs, more than the "
+                                      f"{epochs} asked for: pass --epochs {done} or more to finish it. {fix}")
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    generator.set_state(saved["generator"].cpu())
+    return done, float(saved["seconds"])
 
 
 # ----------------------------------------------------------------------------------------

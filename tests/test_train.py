@@ -84,3 +84,67 @@ def test_a_diverged_run_writes_no_state_dict(tmp_path):
     with pytest.raises(ValueError, match=r"digits training diverged at epoch [12] .*no state dict was written"):
         train.train("digits", epochs=2, lr=1e6, out=tmp_path / "x.pt", limit=64, progress=False)
     assert not (tmp_path / "x.pt").exists()
+
+
+def _interrupted(monkeypatch, after_epochs: int, **kw):
+    """A training killed (KeyboardInterrupt) as epoch ``after_epochs + 1`` starts: each epoch draws its
+    order with one torch.randperm call."""
+    calls = {"n": 0}
+    randperm = torch.randperm
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > after_epochs:
+            raise KeyboardInterrupt
+        return randperm(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "randperm", dying)
+        with pytest.raises(KeyboardInterrupt):
+            train.train("digits", progress=False, **kw)
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch, capsys):
+    """The state dict of a run killed after epoch 2 of 4 and made again equals that of one run of 4 epochs,
+    bitwise (model, AdamW's moments and step, the shuffling generator all resume); the second call trains
+    only epochs 3 and 4, and the resume file goes once the state dict is written."""
+    kw = dict(epochs=4, limit=256)
+    whole = train.train("digits", out=tmp_path / "whole.pt", progress=False, **kw)
+    out = tmp_path / "resumed.pt"
+    _interrupted(monkeypatch, 2, out=out, **kw)
+    assert not out.exists() and train.resume_path(out).is_file()
+    capsys.readouterr()
+    resumed = train.train("digits", out=out, **kw)
+    err = capsys.readouterr().err
+    assert "resuming after epoch 2/4" in err
+    assert [line.split(":")[0] for line in err.splitlines() if " epoch " in line and "loss" in line] == [
+        "digits epoch 3/4", "digits epoch 4/4"]
+    a, b = (torch.load(r.state_dict_path, weights_only=True) for r in (whole, resumed))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.test_accuracy == whole.test_accuracy
+    assert not train.resume_path(out).exists()
+
+
+def test_a_resumed_run_can_be_extended_but_not_changed(tmp_path, monkeypatch):
+    """More epochs extend the interrupted run (the recipe has no schedule: 2 epochs then 3 more are the
+    weights of 5); other arguments or data are refused, naming the difference, with the file kept."""
+    out = tmp_path / "m.pt"
+    _interrupted(monkeypatch, 2, out=out, epochs=3, limit=128)
+    with pytest.raises(train.CheckpointMismatchError, match=r"lr: 0.001 -> 0.002.*Delete .*m.pt.resume"):
+        train.train("digits", out=out, epochs=3, limit=128, lr=2e-3, progress=False)
+    with pytest.raises(train.CheckpointMismatchError, match=r"train_examples: 128 -> 64"):
+        train.train("digits", out=out, epochs=3, limit=64, progress=False)
+    with pytest.raises(train.CheckpointMismatchError, match=r"trained for 2 epochs, more than the 1 asked"):
+        train.train("digits", out=out, epochs=1, limit=128, progress=False)
+    assert train.resume_path(out).is_file()
+    longer = train.train("digits", out=out, epochs=5, limit=128, progress=False)
+    whole = train.train("digits", out=tmp_path / "whole.pt", epochs=5, limit=128, progress=False)
+    a, b = (torch.load(r.state_dict_path, weights_only=True) for r in (whole, longer))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_damaged_resume_file_is_refused_with_the_fix(tmp_path):
+    out = tmp_path / "m.pt"
+    train.resume_path(out).write_bytes(b"not a torch file")
+    with pytest.raises(train.CheckpointMismatchError, match=r"not a resumable run of hcrfast train.*Delete"):
+        train.train("digits", out=out, epochs=1, limit=64, progress=False)
