@@ -199,6 +199,7 @@ def train(
 
     model.train()
     start = time.perf_counter() - seconds_before
+    session = time.perf_counter()  # this call's epochs time the ETA: a resumed run's first ones ran elsewhere
     for epoch in range(done + 1, epochs + 1):
         order = torch.randperm(n, generator=generator).to(device)
         loss_sum = torch.zeros((), device=device)
@@ -215,9 +216,11 @@ def train(
             correct += (logits.detach().argmax(dim=1) == y).sum()
         if progress:
             # host copy: once per epoch
+            now = time.perf_counter()
+            eta = f", ETA {(now - session) / (epoch - done) * (epochs - epoch):.0f} s" if epoch < epochs else ""
             print(
                 f"{name} epoch {epoch}/{epochs}: loss {float(loss_sum) / n:.4f}, "
-                f"train accuracy {int(correct) / n:.4f} ({time.perf_counter() - start:.1f} s)",
+                f"train accuracy {int(correct) / n:.4f} ({now - start:.1f} s{eta})",
                 file=sys.stderr,
             )
         # host read: once per epoch. A diverged run (lr too large) is refused before anything is saved.

@@ -51,6 +51,7 @@ def test_progress_one_line_per_epoch(tmp_path, capsys):
     epoch_lines = [line for line in err if "epoch" in line]
     assert len(epoch_lines) == 2
     assert "loss" in epoch_lines[0] and "accuracy" in epoch_lines[0]
+    assert "ETA" in epoch_lines[0] and "ETA" not in epoch_lines[1]  # none once the last epoch is done
 
 
 def test_accuracy_oracle():
