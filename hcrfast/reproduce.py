@@ -64,7 +64,7 @@ from hcrfast.distributed import ShardError as _ShardError, World as _World, diff
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
-from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, save_npz
+from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -875,6 +875,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "lowfreq": L,
         "bounds_lowfreq": _quantiles(low.ravel()),
         "mse_bound": _quantiles(merged["mse"]),
+        # (1/p) Σ_k std_k²: every mode's own bound summed, at least eq. 6's (Bounds.mse_from_modes)
+        "mse_bound_modes": _quantiles(mse_from_modes(std)),
         "divergence": _quantiles(merged["divergence"].ravel()),
         "infinite": {
             "coordinates": n_inf,

@@ -55,6 +55,19 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
+def mse_from_modes(std) -> np.ndarray:
+    """``(1/p) Σ_k std_k²`` per example (row of ``std``, shape (B, ...)): :attr:`Bounds.mse_from_modes`."""
+    std = np.asarray(std, dtype=np.float64)
+    std = std.reshape(std.shape[0], -1)
+    finite = np.where(np.isfinite(std), np.abs(std), 0.0)
+    scale = finite.max(axis=1, keepdims=True)
+    scale = np.where(scale > 0, scale, 1.0)
+    with np.errstate(over="ignore"):
+        out = np.mean((std / scale) ** 2, axis=1) * scale[:, 0] * scale[:, 0]  # (≤ 1 · s) · s: no overflow of s²
+    out[np.isinf(out) & np.isfinite(std).all(axis=1)] = np.finfo(np.float64).max
+    return out
+
+
 def short_repr(result) -> str:
     """A result's repr: the first two lines of its ``summary()`` (what was bounded, with which noise and
     settings, and the bounds' quantiles), not its arrays, which would fill a notebook cell."""
@@ -115,7 +128,7 @@ class Bounds:
         ``inf`` where a certified ε with ``D = 0`` moves that coordinate.
     mse : array, shape (B,)
         Bound on the mean squared error per coordinate, paper eq. (6):
-        ``max_r (1/p)‖ε_r‖² / D(z_{ε_r})``.
+        ``max_r (1/p)‖ε_r‖² / D(z_{ε_r})``. :attr:`mse_from_modes` is a tighter one.
     eps, z : arrays, shapes (B, *input_shape) and (B, n)
         The perturbation of the restart with the largest ``mse`` bound per
         example, and its feature shift ``a(θ+ε) − a(θ)`` from forward passes.
@@ -157,6 +170,21 @@ class Bounds:
     _ARRAYS = ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_iterations", "lsqr_istop")
 
     __repr__ = short_repr
+
+    @property
+    def mse_from_modes(self) -> np.ndarray:
+        """Bound on the mean squared error per coordinate from every mode's own bound, shape (B,):
+        ``(1/p) Σ_k std_k²``.
+
+        Summing (5) over k with each mode's own best ε: the MSE of an unbiased estimator is
+        ``(1/p) Σ_k Var((Qθ̂)_k)`` (Q orthonormal) and each variance is at least ``std_k²``. As rigorous
+        as ``std`` (the same certified ε and D; a Monte Carlo law's at the same confidence), and at
+        least :attr:`mse` (eq. 6 sums (5) for one ε, and ``std_k ≥ |(Qε_r)_k|/√D_r`` for every restart
+        r): on the trained digits MLP the median is 1.67× eq. 6's, 7.6× with ``targets="low:8"``. ``+inf`` where a mode's bound is (no
+        unbiased estimator of the input exists there); a sum past float64's range from finite bounds
+        is float64's largest value, still a lower bound.
+        """
+        return mse_from_modes(to_host(self.std))
 
     def to_numpy(self) -> "Bounds":
         """A copy whose arrays are NumPy arrays on the host."""
@@ -207,7 +235,9 @@ class Bounds:
             f"(noise={noise_label(p.get('noise_asked') or p.get('noise'))}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
             quantile_line(std),
-            f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g}",
+            f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g} "
+            f"(eq. 6, one eps); from the per-mode bounds (.mse_from_modes): median "
+            f"{np.median(h.mse_from_modes):.4g}, min {np.min(h.mse_from_modes):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
         # the restarts that bound nothing, and why (the markers of bound()'s zero-step reasons)

@@ -793,6 +793,44 @@ def test_targets_lift_the_targeted_modes_to_the_least_squares_std(method):
     assert res.targeted is not None and res.params["targets"] == "low:2"
 
 
+def test_mse_from_modes_reaches_the_least_squares_mse_where_eq6_cannot():
+    """The unbiased LS estimator's MSE per coordinate is σ² tr((WᵀW)⁻¹)/p, whatever the basis. Eq. (6),
+    one ε, reaches at most σ²‖(WᵀW)⁻¹‖₂/p; (1/p)Σ_k std_k² with every mode targeted reaches the trace (to
+    the finite size's factor s²/expm1(s²)), never passes it, and is never below eq. (6)."""
+    rng = np.random.default_rng(5)
+    shape, p, n = (1, 4, 4), 16, 24
+    W = matrix_with_condition(rng, n, p, 30.0)
+    model = linear_model(W, rng.standard_normal(n), shape)
+    x = torch.as_tensor(rng.standard_normal((3,) + shape))
+    sigma, size = 0.5, 0.01
+    cov = sigma**2 * np.linalg.inv(W.T @ W)
+    exact, eq6_limit = np.trace(cov) / p, np.linalg.eigvalsh(cov)[-1] / p
+    res = hcrfast.bound(model, x, sigma, size=size, iterations=4, restarts=3, targets="all")
+    plain = hcrfast.bound(model, x, sigma, size=size, iterations=4, restarts=3)
+    for r in (res, plain):
+        np.testing.assert_allclose(r.mse_from_modes, (np.asarray(r.std).reshape(3, p) ** 2).mean(axis=1), rtol=1e-12)
+        assert np.all(r.mse_from_modes >= r.mse * (1 - 1e-12)) and np.all(r.mse_from_modes <= exact * (1 + 1e-9))
+    assert np.all(res.mse <= eq6_limit * (1 + 1e-9)) and eq6_limit < 0.5 * exact  # eq. (6) cannot get near
+    np.testing.assert_allclose(res.mse_from_modes, exact * size**2 / np.expm1(size**2), rtol=1e-3)
+    assert "from the per-mode bounds (.mse_from_modes): median" in res.summary()
+
+
+def test_mse_from_modes_is_inf_only_where_a_mode_is_and_saturates_past_float64():
+    """+inf needs a mode bounded by +inf (D = 0); finite bounds whose squares pass float64's range give
+    float64's largest value (a lower bound still), not a false +inf."""
+    from test_results import bounds_with_std
+
+    huge = np.finfo(np.float64).max / 4
+    res = bounds_with_std([[1.0, 2.0, np.inf], [huge, huge, 3.0]])
+    np.testing.assert_array_equal(res.mse_from_modes, [np.inf, np.finfo(np.float64).max])
+    # row 0: bounds of 0 add nothing; row 1: the sum of squares passes float64's range, their mean does not
+    # (and row 2: the largest square alone passes it, the mean does not)
+    some = bounds_with_std([[3e150, 0.0, 4e150], [1.2e154] * 3])
+    np.testing.assert_allclose(some.mse_from_modes, [25e300 / 3, 1.44e308], rtol=1e-14)
+    np.testing.assert_allclose(bounds_with_std([[2e154, 0.0, 0.0], [1.0] * 3]).mse_from_modes, [2e154 / 3 * 2e154, 1.0],
+                               rtol=1e-14)
+
+
 def test_dense_solve_shares_its_factorization_with_the_targeted_modes():
     """With solver="dense", bound(targets=...) derives the targeted directions from the J it already
     built and factored: the same certified bounds as targeted_bound computing its own, on a ReLU net

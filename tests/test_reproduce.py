@@ -716,6 +716,9 @@ def test_summary_numbers_are_those_of_the_saved_arrays(first):
     assert s["bounds_pixel_units"]["q50"] == pytest.approx(np.median(b["std"] * scale), rel=1e-12)
     assert s["bounds_pixel_units"]["mean"] == pytest.approx(np.mean(b["std"] * scale), rel=1e-12)
     assert s["mse_bound"]["q50"] == pytest.approx(np.median(b["mse"]), rel=1e-12)
+    per_mode = (b["std"].reshape(len(b["std"]), -1) ** 2).mean(axis=1)
+    assert s["mse_bound_modes"]["q50"] == pytest.approx(np.median(per_mode), rel=1e-12)
+    assert s["mse_bound_modes"]["min"] >= s["mse_bound"]["min"]
     assert s["divergence"]["mean"] == pytest.approx(np.mean(b["divergence"]), rel=1e-12)
     itn = b["lsqr_iterations"]
     assert (s["lsqr"]["iterations_total"], s["lsqr"]["iterations_max"]) == (int(itn.sum()), int(itn.max()))
