@@ -48,7 +48,7 @@ from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
-from hcrfast.results import counted, load_npz, save_npz, short_repr
+from hcrfast.results import counted, load_npz, mse_from_modes, save_npz, short_repr
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -681,7 +681,9 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         left out); ``std_ratio_median``; ``significant_bias`` (fraction of compared
         pairs with ``|bias| > 3·bias_se``); ``mc_band``; ``draws``; ``n_draws_unmoved``
         (draws with no accepted step: their estimate is their start, warned about);
-        ``fraction_converged``.
+        ``fraction_converged``; ``mse_ratio_median``: the median over examples of the attack's
+        ``mse`` over the bound's ``(1/p) Σ_k std_k²`` (:attr:`Bounds.mse_from_modes`), over the
+        examples where that is finite and positive.
     """
     if not isinstance(attack, AttackResult):
         raise TypeError(f"attack must be an hcrfast.attack.AttackResult, got {type(attack).__name__}")
@@ -746,6 +748,8 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
 
     band = (math.sqrt(chi2.ppf(0.05, draws) / draws), math.sqrt(chi2.ppf(0.95, draws) / draws))
     empty = ratio.size == 0
+    mse_bound = mse_from_modes(std)
+    has_mse = np.isfinite(mse_bound) & (mse_bound > 0)
     return {
         "median": float("nan") if empty else float(np.median(ratio)),
         "quantiles": {q: (float("nan") if empty else float(np.quantile(ratio, q))) for q in levels},
@@ -762,4 +766,5 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         "draws": draws,
         "n_draws_unmoved": unmoved,
         "fraction_converged": float(np.mean(att.converged)),
+        "mse_ratio_median": float(np.median(att.mse[has_mse] / mse_bound[has_mse])) if has_mse.any() else float("nan"),
     }

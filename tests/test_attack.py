@@ -103,6 +103,12 @@ def test_empirical_variance_matches_the_least_squares_covariance_and_respects_th
     assert 0.9 < c["median"] < 1.1 and c["quantiles"][0.05] >= np.sqrt(low)
     assert c["mc_band"][0] < 1 < c["mc_band"][1]
     assert compare(alg1, res)["median"] >= c["median"]          # Algorithm 1 is the looser bound
+    # per example, the attack's MSE against (1/p) Σ std² of the full targeted bound: the trace of the LS
+    # covariance over p, which the efficient attacker meets (MC error ~ 2% over 400 draws × 16 modes)
+    trace = np.trace(sigma**2 * np.linalg.inv(W.T @ W)) / P
+    assert c["mse_ratio_median"] == pytest.approx(np.median(res.mse / (full.std.reshape(2, P) ** 2).mean(axis=1)))
+    assert 0.9 < c["mse_ratio_median"] < 1.1 and np.all(full.mse_from_modes <= trace * (1 + 1e-9))
+    assert compare(alg1, res)["mse_ratio_median"] >= c["mse_ratio_median"]
 
 
 def test_tanh_mlp_residuals_decrease_per_problem_and_errors_are_finite():
