@@ -238,7 +238,10 @@ def check_batch(batch, basis: str) -> torch.Tensor:
         raise ValueError("batch is empty (shape[0] == 0)")
     if basis == "dct" and batch.ndim < 3:
         raise ValueError(f"basis='dct' transforms the last two axes (H, W), but the examples have shape "
-                         f"{tuple(batch.shape[1:])}; pass basis='pixel' for vector inputs")
+                         f"{tuple(batch.shape[1:])}; pass basis='pixel' for vector inputs, or for the 1-D DCT of "
+                         f"a signal the batch as batch[:, None] (examples of shape (1, {batch.shape[1]})) with a "
+                         f"model that drops that axis (lambda x: model(x[:, 0]) in an nn.Module): the DCT of a "
+                         f"length-1 axis is the identity")
     bad = _nonfinite_rows(batch)
     if bad:
         raise ValueError(f"batch contains NaN or inf in examples {bad[:10]}{' ...' if len(bad) > 10 else ''}; "

@@ -793,6 +793,33 @@ def test_targets_lift_the_targeted_modes_to_the_least_squares_std(method):
     assert res.targeted is not None and res.params["targets"] == "low:2"
 
 
+def test_a_1d_signal_gets_its_1d_dct_through_the_fix_the_error_names():
+    """basis='dct' refuses (B, L) inputs, naming two fixes; the second, batch[:, None] with a model that
+    drops the axis, bounds the modes of the 1-D orthonormal DCT-II (scipy.fft.dct): every mode targeted
+    on a linear model reaches σ²[C (WᵀW)⁻¹ Cᵀ]_kk to the finite size's factor."""
+    rng = np.random.default_rng(8)
+    L, n, sigma, size = 12, 20, 0.3, 0.01
+    W = matrix_with_condition(rng, n, L, 10.0)
+    inner = linear_model(W, rng.standard_normal(n), (L,))
+    x = torch.as_tensor(rng.standard_normal((2, L)))
+    with pytest.raises(ValueError, match=r"basis='pixel' for vector inputs.*batch\[:, None\].*\(1, 12\)"):
+        hcrfast.bound(inner, x, sigma)
+
+    class DropAxis(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x[:, 0])
+
+    res = hcrfast.bound(DropAxis(inner).eval(), x[:, None], sigma, size=size, iterations=2, restarts=2, targets="all")
+    C = scipy.fft.dct(np.eye(L), axis=0, norm="ortho")             # column j: the DCT of e_j
+    crb = sigma**2 * np.diag(C @ np.linalg.inv(W.T @ W) @ C.T)
+    np.testing.assert_allclose(res.std.reshape(2, L) ** 2, np.broadcast_to(crb * size**2 / np.expm1(size**2), (2, L)),
+                               rtol=2e-3)
+
+
 def test_mse_from_modes_reaches_the_least_squares_mse_where_eq6_cannot():
     """The unbiased LS estimator's MSE per coordinate is σ² tr((WᵀW)⁻¹)/p, whatever the basis. Eq. (6),
     one ε, reaches at most σ²‖(WᵀW)⁻¹‖₂/p; (1/p)Σ_k std_k² with every mode targeted reaches the trace (to
