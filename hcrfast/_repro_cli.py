@@ -79,7 +79,8 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
-                        "larger of the targeted and Algorithm 1 bounds, and the summary reports the gain")
+                        "largest of Algorithm 1's and the targeted steps' (each bounds every mode it moves), and the "
+                        "summary reports the gain")
     g.add_argument("--lsqr-atol", type=float, default=None,
                    help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
                         f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")

@@ -549,6 +549,43 @@ def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
         for e, r in zip(*np.nonzero(lost))]
 
 
+#: Values of one slice of :func:`_cross_bounds`' (examples × targets × modes) coordinates.
+_CROSS_VALUES = 1 << 24
+
+
+def _cross_bounds(targeted, basis: str, input_shape, kernel_impl) -> object:
+    """Per example and mode j, the best bound the targeted steps give mode j: ``max_k |(Q ε_k)_j| / √D_k``,
+    shape (B, p).
+
+    A targeted step ε_k is aimed at mode k, but (5) holds for every coordinate with the same ε and D: its
+    certified shift bounds every mode it moves. Only steps whose own bound is finite and positive count
+    (those the rounding guards zeroed, and D = 0 steps, whose +inf is claimed for their own mode only);
+    ``hcrfast reproduce digits --targets low:4`` (16 of 64 modes targeted): 82.2% of the other 48 modes'
+    bounds lifted above Algorithm 1's, median gain 1.84×; with ``low:8`` (every mode), 92.4% of the bounds
+    lifted against 63.8% with each step counted for its own mode only.
+    """
+    xp = get_array_module(targeted.std)
+    B, K = targeted.divergence.shape
+    p = math.prod(input_shape)
+    own = targeted.std.reshape(B, p)[:, xp.asarray(targeted.modes)]
+    d = targeted.divergence
+    valid = xp.isfinite(own) & (own > 0) & xp.isfinite(d) & (d > 0)
+    inv_sqrt_d = xp.where(valid, 1.0 / xp.sqrt(xp.where(valid, d, 1.0)), 0.0)
+    out = xp.zeros((B, p))
+    if K == 0:
+        return out
+    step = max(1, _CROSS_VALUES // (K * p))
+    for b0 in range(0, B, step):
+        b1 = min(B, b0 + step)
+        coords = targeted.eps[b0:b1].reshape(((b1 - b0) * K,) + tuple(input_shape))
+        if basis == "dct":
+            coords = kernels.dct2(coords, impl=kernel_impl)
+        with np.errstate(over="ignore"):
+            per_step = xp.abs(coords.reshape(b1 - b0, K, p)) * inv_sqrt_d[b0:b1, :, None]
+        out[b0:b1] = xp.minimum(per_step.max(axis=1), _FLOAT64_MAX)
+    return out
+
+
 def _certified_shift(model64, x, eps):
     """ε as actually applied and ``z = a(θ+ε) − a(θ)`` in float64 (forward passes)."""
     x64 = x.double()
@@ -843,7 +880,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     targets : "all", "low:K", sequence of modes, bool mask, or None
         Also aim one perturbation at each of these modes, the Cramér-Rao direction
         (:func:`hcrfast.targeted.targeted_bound`, without null-space probes), and
-        report, per mode, the larger of the two certified bounds. None: Algorithm 1
+        report, per mode, the largest certified bound: Algorithm 1's or any targeted step's
+        (each step's certified shift bounds every mode it moves, not only its own). None: Algorithm 1
         only, as in the paper. Found chunk by chunk, after each chunk's Algorithm 1
         (from its J and factor with the dense solve, from its Krylov bases with the
         Krylov solve), so checkpoints and shards hold them too.
@@ -1332,6 +1370,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             targeted = TargetedBounds.concatenate([targeted_of[start] for start in sorted(targeted_of)], xp)
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
             std = xp.maximum(std, targeted.std.reshape(B, p))  # the max of valid bounds is valid
+            with profiling.annotate("targeted-cross"):
+                std = xp.maximum(std, _cross_bounds(targeted, basis, input_shape, options.kernels))
             reasons.extend(targeted.infinite_reasons)
             _warn_targeted(targeted.rounding, batch.dtype)  # chunks read back from a checkpoint included
         # Read on the solver's stream and allocator (a strided slice's get() copies on the device).

@@ -74,7 +74,9 @@ DEFAULT_RESTARTS = 25
 # for digits/MNIST; the ImageNet models take far longer per example.
 DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 8, "swin_t": 8}
 _TRAINED_HERE = {"digits"}
-_FORMAT = 3  # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why (2026-11-25); older are refused
+# 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why; 4: a chunk's targeted steps bound every
+# mode they move, not only their own (all 2026-11-25); older are refused
+_FORMAT = 4
 # Tags the dithering noise stream of example e, default_rng([seed, e, _DITHER_STREAM]),
 # apart from the start-vector stream default_rng([seed, e]) of hcrfast.start_vectors.
 _DITHER_STREAM = 0x64697468
