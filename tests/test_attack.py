@@ -136,6 +136,114 @@ def test_tanh_mlp_residuals_decrease_per_problem_and_errors_are_finite():
     assert isinstance(res.summary(), str) and "Gauss-Newton attack" in res.summary()
 
 
+def test_per_mode_errors_are_the_statistics_of_the_dct_of_the_estimates_errors():
+    """rmse, bias, std (ddof 1), bias_se = std/sqrt(draws) and mse, recomputed from the reported estimates:
+    Q(θ̂ − θ) by scipy.fft.dctn (orthonormal DCT-II per channel), statistics by numpy over the draws."""
+    import scipy.fft
+
+    _, _, model, x = _linear_problem(8)
+    draws = 5
+    res = gauss_newton_attack(model, x, 0.3, draws=draws, steps=2, start="mean", seed=4)
+    err = res.estimates.astype(np.float64) - x.numpy()[:, None]                    # (B, draws, 1, 4, 4)
+    coords = scipy.fft.dctn(err, axes=(-2, -1), norm="ortho")
+    np.testing.assert_allclose(res.rmse, np.sqrt((coords**2).mean(axis=1)), rtol=1e-12)
+    np.testing.assert_allclose(res.bias, coords.mean(axis=1), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(res.std, coords.std(axis=1, ddof=1), rtol=1e-10)
+    np.testing.assert_allclose(res.bias_se, coords.std(axis=1, ddof=1) / np.sqrt(draws), rtol=1e-10)
+    np.testing.assert_allclose(res.mse, (err**2).reshape(2, -1).mean(axis=1), rtol=1e-12)
+    assert np.all(np.abs(res.bias) > 0)  # the start is not the truth: signed errors to get right
+
+
+def test_the_noise_of_example_e_is_the_documented_stream():
+    """Z of example e: noise.sample(default_rng([seed, e, 1]), (draws, n)), i.e. σ·standard normals of that
+    stream for the Gaussian; not Algorithm 1's start-vector stream default_rng([seed, e])."""
+    Z = observation_noise(np.array([3, 7]), 4, 5, seed=2, noise=0.3)
+    want = np.concatenate([0.3 * np.random.default_rng([2, e, 1]).standard_normal((4, 5)) for e in (3, 7)])
+    np.testing.assert_array_equal(Z, want)
+
+
+class _Wavy(torch.nn.Module):
+    """Two inputs, three features, curved enough that full Gauss–Newton steps from far away overshoot."""
+
+    def forward(self, x):
+        t = x.flatten(1)
+        return torch.stack([torch.sin(3 * t[:, 0]) + t[:, 1], torch.cos(2 * t[:, 1]), t[:, 0] * t[:, 1]], 1)
+
+
+def _wavy_jacobian(t):
+    return np.array([[3 * np.cos(3 * t[0]), 1.0], [0.0, -2 * np.sin(2 * t[1])], [t[1], t[0]]])
+
+
+def _wavy(t):
+    return np.array([np.sin(3 * t[0]) + t[1], np.cos(2 * t[1]), t[0] * t[1]])
+
+
+@pytest.mark.parametrize("start, steps, tol", [("mean", 12, 1e-10), ("truth", 40, 1e-2)])
+def test_levenberg_marquardt_schedule_against_a_numpy_oracle(start, steps, tol):
+    """The documented schedule, written out with the exact Jacobian: δ = (JᵀJ + λ²I)⁻¹Jᵀr, accepted iff
+    the residual norm drops; a rejection raises the level by one, an acceptance lowers it by one (not to
+    0); λ = damping at level 0, else unit·10^level with unit = damping here (damping ≥ 1e-4·‖J‖_F); a
+    draw stops on a relative step or gain under tol. Estimates, accepted and tried steps, the next λ and
+    the whole residual history of every draw, which stays at its last value once the draw has stopped
+    (with 40 steps and tol 1e-2 every draw stops early), and whether it converged."""
+    x = torch.tensor([[[[0.3, -0.2]]], [[[1.1, 0.4]]]], dtype=torch.float64)
+    sigma, draws, damping = 0.6, 6, 0.05
+    res = gauss_newton_attack(_Wavy().eval(), x, sigma, draws=draws, steps=steps, damping=damping, start=start,
+                              seed=3, basis="pixel", tol=tol)
+    hist = np.empty((2, draws, steps + 1))
+    for e in range(2):
+        Z = sigma * np.random.default_rng([3, e, 1]).standard_normal((draws, 3))
+        truth = x[e].reshape(2).numpy()
+        for d in range(draws):
+            X = _wavy(truth) + Z[d]
+            est = (x.mean(dim=0) if start == "mean" else x[e]).reshape(2).numpy().copy()
+            cost = np.linalg.norm(X - _wavy(est))
+            level, lam, accepted, tried = 0, damping, 0, 0
+            hist[e, d, 0] = cost
+            running, converged = True, False
+            for j in range(steps):
+                if running:
+                    J = _wavy_jacobian(est)
+                    delta = np.linalg.solve(J.T @ J + lam**2 * np.eye(2), J.T @ (X - _wavy(est)))
+                    cand = np.linalg.norm(X - _wavy(est + delta))
+                    ok = cand < cost
+                    old = cost
+                    if ok:
+                        est, cost, accepted = est + delta, cand, accepted + 1
+                    tried += 1
+                    level = max(level - 1, 0) if ok else level + 1
+                    lam = damping if level == 0 else damping * 10.0**level
+                    done = (np.linalg.norm(delta) <= tol * (np.linalg.norm(est) + tol)
+                            or (ok and old - cand <= tol * old))
+                    running, converged = not done and level <= 30, done
+                hist[e, d, j + 1] = cost
+            np.testing.assert_allclose(res.estimates[e, d].reshape(2), est, rtol=1e-7, atol=1e-9)
+            assert (res.steps[e, d], res.iterations[e, d], res.converged[e, d]) == (accepted, tried, converged)
+            np.testing.assert_allclose(res.damping[e, d], lam, rtol=1e-12)
+    np.testing.assert_allclose(res.residual_history, hist, rtol=1e-7, atol=1e-12)
+    assert np.any(res.iterations > res.steps) and np.any(res.damping > damping)  # rejections happened
+    assert np.any(res.iterations < steps) and np.all(res.iterations < 40)  # draws stopped early (all of them at 40)
+
+
+def test_the_first_damping_raise_is_a_thousandth_of_the_jacobians_frobenius_norm():
+    """damping = 0: the first rejected step sets λ = max(10·damping, 1e-3·‖J‖_F) for the next one. Features
+    sin(θ_i) of 400 inputs, J = diag(cos θ), ‖J‖_F = sqrt(Σ cos²θ) exactly; noise σ = 3 makes the first
+    undamped step overshoot. Its Hutchinson estimate (4 Gaussian probes of 400 values) is within 15%."""
+
+    class Sine(torch.nn.Module):
+        def forward(self, t):
+            return torch.sin(t.flatten(1))
+
+    x = torch.rand(2, 1, 20, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 3 - 1.5
+    res = gauss_newton_attack(Sine().eval(), x, 3.0, draws=4, steps=1, basis="pixel", seed=1)
+    rejected = res.steps == 0
+    assert rejected.any()
+    fro = np.sqrt((np.cos(x.reshape(2, -1).numpy()) ** 2).sum(axis=1))
+    ratio = res.damping / (1e-3 * fro[:, None])
+    assert np.all((ratio[rejected] > 0.85) & (ratio[rejected] < 1.15)), ratio
+    assert np.all(res.damping[~rejected] == 0)
+
+
 def test_seeds_are_reproducible_and_independent_of_chunking():
     _, _, model, x = _linear_problem(3, examples=3)
     kw = dict(draws=3, steps=2, damping=1e-3)

@@ -266,6 +266,94 @@ def test_gaps():
     assert gaps(4, [(0, 4, {})]) == []
 
 
+def test_the_features_check_is_relative_to_the_largest_magnitude_and_refuses_nan(tmp_path):
+    """FEATURES_RTOL = 1e-4 of the largest |feature|: negative features of magnitude up to 2000 moved by
+    1e-7 of it (another device's rounding) resume; moved by 1e-3 of it, or NaN, they are another model."""
+    from hcrfast.checkpoint import Checkpoint
+
+    ids = np.arange(3)
+    f = -np.linspace(1.0, 2000.0, 12).reshape(3, 4)
+    Checkpoint(tmp_path, {"a": 1}, ids, f)
+    Checkpoint(tmp_path, {"a": 1}, ids, f * (1 + 1e-7))
+    for other in (f + 2.0, np.where(f < -1000, np.nan, f)):
+        with pytest.raises(CheckpointMismatchError, match="a model that gave other features"):
+            Checkpoint(tmp_path, {"a": 1}, ids, other)
+    with pytest.raises(CheckpointMismatchError, match=r"features of shape \(3, 4\), this call's model gives \(4, 3\)"):
+        Checkpoint(tmp_path, {"a": 1}, ids, f.reshape(4, 3))
+
+
+def test_a_key_with_an_entry_more_or_less_is_refused_naming_it(tmp_path):
+    from hcrfast.checkpoint import Checkpoint
+
+    Checkpoint(tmp_path, {"a": 1, "t": (1, 2)}, np.arange(2))
+    Checkpoint(tmp_path, {"a": 1, "t": (1, 2)}, np.arange(2))  # a tuple reads back as the list it was stored as
+    with pytest.raises(CheckpointMismatchError, match=r"b: '\(absent\)' -> 2"):
+        Checkpoint(tmp_path, {"a": 1, "t": (1, 2), "b": 2}, np.arange(2))
+    with pytest.raises(CheckpointMismatchError, match=r"t: \[1, 2\] -> '\(absent\)'"):
+        Checkpoint(tmp_path, {"a": 1}, np.arange(2))
+
+
+def test_fingerprints_see_shapes_names_and_dtypes_not_only_the_bytes():
+    """The same bytes in another shape (or under another parameter name) are another model or batch."""
+    from hcrfast.checkpoint import batch_fingerprint, model_fingerprint
+
+    values = torch.arange(6, dtype=torch.float32)
+    assert batch_fingerprint(values.reshape(2, 3)) != batch_fingerprint(values.reshape(3, 2))
+    assert batch_fingerprint(values) != batch_fingerprint(values.view(torch.int32))
+
+    class Holder(torch.nn.Module):
+        def __init__(self, name, shape):
+            super().__init__()
+            self.register_buffer(name, values.reshape(shape))
+
+    fingerprints = {model_fingerprint(Holder(name, shape)) for name in ("w", "v") for shape in ((2, 3), (3, 2))}
+    assert len(fingerprints) == 4
+
+
+def test_chunk_files_are_checked_on_reading_rows_ids_and_overlaps(tmp_path):
+    """Each chunk file holds its example ids, checked against the call's at its rows; chunks that share
+    even one row are refused. gaps() against the rows a set of any (start, stop) leaves uncovered."""
+    from hcrfast.checkpoint import Checkpoint
+
+    ck = Checkpoint(tmp_path / "a", {"k": 1}, np.arange(4))
+    ck.save(0, 2, value=np.zeros(2))
+    other = Checkpoint(tmp_path / "a", {"k": 1}, np.arange(10, 14))
+    with pytest.raises(CheckpointMismatchError, match=r"holds examples \[0 1\] at rows 0:2"):
+        other.finished()
+    ck = Checkpoint(tmp_path / "b", {"k": 1}, np.arange(4))
+    ck.save(0, 3, value=np.zeros(3))
+    ck.save(2, 4, value=np.zeros(2))
+    with pytest.raises(CheckpointMismatchError, match=r"overlapping chunks \(rows 2 to 2 twice\)"):
+        ck.finished()
+    for finished in ([(0, 5), (1, 3)], [(2, 4), (3, 9)], [(1, 2), (4, 6), (5, 7)]):
+        covered = np.zeros(10, dtype=bool)
+        for a, b in finished:
+            covered[a:b] = True
+        free = np.flatnonzero(~covered)
+        want = [(int(r[0]), int(r[-1]) + 1) for r in np.split(free, np.flatnonzero(np.diff(free) > 1) + 1) if r.size]
+        assert gaps(10, finished) == want, finished
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    """The write goes to .NAME.PID.tmp beside the file (the PID is what tidy() reads), then os.replace; a
+    write that raises leaves the old content and removes its temporary file."""
+    from hcrfast.checkpoint import atomic_write_bytes
+
+    path = tmp_path / "chunk_000000000_000000002.npz"
+    path.write_bytes(b"old")
+    seen = []
+
+    def failing(fh):
+        fh.write(b"half")
+        seen.extend(p.name for p in tmp_path.iterdir())
+        raise RuntimeError("killed while writing")
+
+    with pytest.raises(RuntimeError, match="killed while writing"):
+        atomic_write_bytes(path, failing)
+    assert f".{path.name}.{os.getpid()}.tmp" in seen
+    assert path.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
 SHARD_SCRIPT = """
 import os, sys
 import torch

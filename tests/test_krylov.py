@@ -498,6 +498,70 @@ def test_stacked_groups_padding_and_pilots_against_each_examples_own_oracle():
     np.testing.assert_allclose(krylov.directions(twice, q, pilots=2).numpy(), dirs, rtol=1e-8, atol=1e-10)
 
 
+def test_directions_with_pilots_come_from_each_examples_first_pilot():
+    """krylov_pilots = 2, spaces of k = 4 < rank steps, so the two pilots of an example span different
+    spaces: example e's directions are those of basis 2e (restart 0's pilot), the maximizer of
+    (qᵀε)²/‖Aε‖² over ITS Krylov space (numpy QR of the Krylov matrix of its own b), not basis 2e + 1's."""
+    rng = np.random.default_rng(31)
+    A = spectrum_batch(rng, 2, 30, 20, np.logspace(0, -1, 20))
+    b = rng.standard_normal((4, 30))  # bases 2e and 2e + 1: example e's pilots 0 and 1
+    q = torch.as_tensor(rng.standard_normal((3, 20)))
+    k = 4
+    basis = krylov.build(DenseBatchOperator(np.repeat(A, 2, axis=0)), b, LSQROptions(atol=0, btol=0, conlim=0,
+                                                                                      iter_lim=k))
+    got = krylov.directions(basis, q, pilots=2).numpy()
+    assert got.shape == (2, 3, 20)
+    for e in range(2):
+        per_pilot = []
+        for j in range(2):
+            K = [A[e].T @ b[2 * e + j]]
+            for _ in range(k - 1):
+                K.append(A[e].T @ (A[e] @ K[-1]))
+            Q, _ = np.linalg.qr(np.stack(K, axis=1))
+            want = (Q @ np.linalg.solve(Q.T @ A[e].T @ A[e] @ Q, Q.T @ q.numpy().T)).T
+            per_pilot.append(want / np.linalg.norm(want @ A[e].T, axis=1)[:, None])
+        np.testing.assert_allclose(got[e], per_pilot[0], rtol=1e-7, atol=1e-9)
+        assert not np.allclose(per_pilot[0], per_pilot[1], rtol=1e-3)  # the pilots' spaces differ
+
+
+def test_after_a_rollback_the_rest_of_a_running_build_takes_two_passes(monkeypatch):
+    """REORTH_PASSES="auto" with a ratio no pass meets: the first block falls under it and is run again
+    with two passes; an example still running after that rerun is no exhausted space, so the whole rest
+    of its build takes two passes (not TWO_PASS_BLOCKS blocks, then one pass and another rollback):
+    exactly one block of check_every steps is run twice, on a 30 × 20 full-rank matrix (20 steps)."""
+    rng = np.random.default_rng(32)
+    A = spectrum_batch(rng, 2, 30, 20, np.logspace(0, -1, 20))
+    monkeypatch.setattr(krylov, "KEEP_RATIO", 2.0)
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 30)), check_every=3)
+    np.testing.assert_array_equal(basis.steps, [20, 20])
+    np.testing.assert_array_equal(basis.redone, [3, 3])
+
+
+def test_the_default_basis_runs_to_exhaustion_with_scipys_code_and_the_documented_rank_tolerance():
+    """A consistent full-rank square system is exhausted by β = 0 (b reached exactly): SciPy's LSQR says
+    istop 1 there, and so must the basis (2 is α = 0, Jᵀr = 0). The default rank tolerance is
+    sqrt(max(n, p))·eps of the data dtype."""
+    rng = np.random.default_rng(41)
+    A = spectrum_batch(rng, 1, 20, 20, np.logspace(0, -1, 20))
+    b = rng.standard_normal((1, 20))
+    basis = krylov.build(DenseBatchOperator(A), b)
+    assert spla.lsqr(A[0], b[0], atol=1e-14, btol=1e-14, conlim=0)[1] == 1
+    np.testing.assert_array_equal(basis.istop, [1])
+    np.testing.assert_array_equal(basis.steps, [20])
+    assert basis.rtol == np.sqrt(20) * np.finfo(np.float64).eps
+    tall = krylov.build(DenseBatchOperator(np.ascontiguousarray(A[:, :, :12])), b)  # 20 × 12: max(n, p) = n
+    assert tall.rtol == np.sqrt(20) * np.finfo(np.float64).eps
+    # cut short it is a run stopped by its step limit, SciPy's istop 7; at its own length it keeps istop 1
+    assert spla.lsqr(A[0], b[0], atol=0, btol=0, conlim=0, iter_lim=19)[1] == 7
+    np.testing.assert_array_equal(basis.truncated(19).istop, [7])
+    np.testing.assert_array_equal(basis.truncated(20).istop, [1])
+    # ‖b‖ = β_1 is no scale of J: a huge b must not raise the exhaustion floor (rank 20 = numpy's)
+    huge = krylov.build(DenseBatchOperator(A), 1e14 * b)
+    assert np.linalg.matrix_rank(A[0]) == 20
+    np.testing.assert_array_equal(huge.steps, [20])
+    np.testing.assert_array_equal(huge.rank, [20])
+
+
 def test_the_automatic_cpu_chunk_makes_room_for_the_restarts():
     """Each restart keeps ~16 rows of n + p values beside the bases: the automatic chunk shrinks with R
     (it did not, and 400 restarts doubled the peak memory of 25), as the LSQR and dense chunks do."""

@@ -7,6 +7,7 @@ Monte Carlo law's upper confidence bound, its coverage over repeated seeds.
 """
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -326,6 +327,68 @@ def test_monte_carlo_upper_bound_covers_at_the_stated_rate(name, confidence):
     assert np.all(misses <= allowed), f"misses per row {misses}, allowed {allowed:g} of {trials}"
     # the check has power: the plug-in estimate, which is not an upper bound, fails it
     assert np.all((point < truth).sum(axis=0)[:2] > allowed)
+
+
+@pytest.mark.parametrize("n_samples,shift", [(3000, 0.4), (30, 2.5)])
+def test_monte_carlo_of_one_coordinate_is_the_documented_statistic_of_its_own_draws(n_samples, shift):
+    """With one coordinate every draw picks it (q = 1) and the pilot's grid is that shift alone, so the
+    Notes' statistic can be written out from the law's recorded draws: c = pilot mean of (r − 1)², w =
+    1/(1 + c), K = log1p(c) − w·c, Y_i = w·(r(X_i) − 1)², point = expm1(K + Ȳ), s/√m with s of ddof 1,
+    upper = expm1(K + Ȳ + (s/√m)(t_{m−1,1−δ} + γ̂₊(2 z²_{1−δ} + 1)/(6√m))),
+    γ̂ = mean((Y − Ȳ)³)/s³, ess = (ΣY)²/ΣY² and its warning below 50. scipy.stats' Gumbel law is asymmetric, so the pilot must
+    take the tangent point at the shift's own sign; with_confidence keeps the same draws (pilot too)."""
+    dist = stats.gumbel_r(scale=0.6)
+    recorded = []
+
+    def sample(rng, size):
+        x = dist.rvs(size=size, random_state=rng)
+        recorded.append(x)
+        return x
+
+    law = MonteCarlo(dist.logpdf, sample, n_samples=n_samples, pilot_samples=70, seed=5)
+    main, pilot = recorded  # the main draws, then the pilot's (the sizes say which)
+    assert main.shape == (n_samples,) and pilot.shape == (70,)
+    z = np.array([[shift], [-shift]])
+
+    def ratio_m1_sq(x, t):
+        return np.expm1(dist.logpdf(x - t) - dist.logpdf(x)) ** 2
+
+    def oracle(confidence):
+        m = n_samples
+        out = []
+        for t in z[:, 0]:
+            c = ratio_m1_sq(pilot, t).mean()
+            w = 1.0 / (1.0 + c)
+            K = math.log1p(c) - w * c
+            y = w * ratio_m1_sq(main, t)
+            s = y.std(ddof=1)
+            skew = max(0.0, ((y - y.mean()) ** 3).mean() / s**3)
+            z_conf = stats.norm.ppf(confidence)
+            quantile = stats.t.ppf(confidence, m - 1) + skew * (2 * z_conf**2 + 1) / (6 * math.sqrt(m))
+            out.append((math.expm1(K + y.mean() + quantile * s / math.sqrt(m)), math.expm1(K + y.mean()),
+                        s / math.sqrt(m), y.sum() ** 2 / (y**2).sum()))
+        return np.array(out).T
+
+    upper, point, se, ess = oracle(0.99)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the warning is checked row by row below
+        est = law.estimate(z)
+    np.testing.assert_allclose(est.point, point, rtol=1e-12)
+    np.testing.assert_allclose(est.log_std_error, se, rtol=1e-12)
+    np.testing.assert_allclose(est.upper, upper, rtol=1e-12)
+    np.testing.assert_allclose(est.ess, ess, rtol=1e-12)
+    for row, low in enumerate(ess < 50):  # the warning, row by row: heavy tails below an ess of 50
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            law.estimate(z[row:row + 1])
+        assert sum("effective sample size" in str(w.message) for w in caught) == int(low)
+    assert n_samples > 1000 or np.any((5 < ess) & (ess < 50))  # (a threshold of 5 would not warn here)
+    stricter = law.with_confidence(0.9)
+    assert stricter.pilot_samples == 70
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_allclose(law.divergence(z), upper, rtol=1e-12)
+        np.testing.assert_allclose(stricter.estimate(z).upper, oracle(0.9)[0], rtol=1e-12)
 
 
 @pytest.mark.gpu

@@ -211,6 +211,20 @@ def test_parse_targets():
         parse_targets(np.ones((4, 4), dtype=bool), shape, "dct")
 
 
+def test_auto_method_is_dense_only_while_inputs_and_values_both_fit():
+    """"auto" is "dense" up to DENSE_MAX_INPUTS inputs AND while n·p + p² ≤ DENSE_MAX_VALUES (J and V of
+    one example in float64), else "lsqr"; explicit methods pass through."""
+    from hcrfast.targeted import DENSE_MAX_INPUTS, DENSE_MAX_VALUES, resolve_method
+
+    p = DENSE_MAX_INPUTS
+    n = DENSE_MAX_VALUES // p - p                  # n·p + p² = DENSE_MAX_VALUES exactly
+    assert resolve_method("auto", 24, 16) == "dense"
+    assert resolve_method("auto", n, p) == "dense"
+    assert resolve_method("auto", n + 1, p) == "lsqr"   # the values do not fit, though p does
+    assert resolve_method("auto", 2, p + 1) == "lsqr"   # p does not fit, though the values do
+    assert resolve_method("lsqr", 2, 4) == "lsqr" and resolve_method("dense", 10**6, 10**4) == "dense"
+
+
 def test_argument_checks():
     model = tanh_mlp(16, 20, 24)
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
@@ -339,6 +353,37 @@ def test_the_best_null_space_step_is_kept_not_the_first_or_the_worst():
     np.testing.assert_array_equal(own, std[res.modes][None])
     # the row-space mode: sigma / ||J row|| = sigma, at the linearization's accuracy
     assert std[0] == pytest.approx(sigma, rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dense", "lsqr"])
+def test_each_direction_is_scaled_to_a_linearized_feature_shift_of_size_times_sigma(method):
+    """ε_k ∝ (JᵀJ)⁺ q_k with ‖J ε_k‖ = s·σ (J by torch.func.jacrev; q_k the DCT-II vector of mode k from
+    scipy.fft): the direction against the test's own pinv, and the scale at σ ≠ 1, where a shift of
+    norm s alone (σ dropped) or an unscaled direction would still give certified, but other, bounds."""
+    model = tanh_mlp(16, 32, 24)
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    sigma, size = 0.3, 0.05
+    res = targeted_bound(model, x, sigma, targets="low:2", size=size, method=method, null_probes=False)
+    K = len(res.modes)
+    Q = scipy.fft.dctn(np.eye(16).reshape(16, 1, 4, 4), axes=(-2, -1), norm="ortho").reshape(16, 16).T
+    for b in range(2):
+        J = torch.func.jacrev(lambda t: model(t[None]).reshape(-1))(x[b]).reshape(24, 16).detach().numpy()
+        eps = res.eps[b].reshape(K, 16)
+        np.testing.assert_allclose(np.linalg.norm(eps @ J.T, axis=1), size * sigma, rtol=1e-6)
+        want = (np.linalg.pinv(J.T @ J) @ Q[res.modes].T).T
+        want *= size * sigma / np.linalg.norm(want @ J.T, axis=1)[:, None]
+        np.testing.assert_allclose(eps, want, rtol=1e-5, atol=1e-12)
+
+
+def test_null_space_steps_are_multiples_of_the_inputs_rms():
+    """NULL_STEPS are multiples of the RMS of the example's input values: on the margin model the first
+    (1e-3 · RMS) already leaves the features unchanged, so it is the step reported for the null modes."""
+    model, x = margin_model(), torch.tensor([[3.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    res = targeted_bound(model, x, 0.1, targets=[2, 3], basis="pixel")
+    assert res.from_null_space.all() and np.isinf(res.std.reshape(-1)[[2, 3]]).all()
+    rms = np.sqrt(np.mean(x.numpy() ** 2))
+    np.testing.assert_allclose(np.abs(res.eps.reshape(2, 4)), [[0, 0, 1e-3 * rms, 0], [0, 0, 0, 1e-3 * rms]],
+                               rtol=1e-12, atol=1e-15)
 
 
 class _Curved(torch.nn.Module):

@@ -69,6 +69,8 @@ def test_per_feature_sigma_wherever_a_scalar_works(x, tmp_path):
     hcrfast.gauss_newton_attack(model, x, noise_or_sigma=stds, draws=2)
     hcrfast.gauss_newton_attack(lambda t: model(t), x, stds, draws=2)
     res = hcrfast.bound(model, x, stds, targets=[0, 1], **QUICK)
+    # the targeted part's params say what bound()'s say: no one sigma (its whitened 1.0 is no σ of the features)
+    assert res.targeted.params["sigma"] is None and res.targeted.params["noise"] == res.params["noise"]
     for text in (res.summary(), res.targeted.summary(), hcrfast.targeted_bound(model, x, stds, targets=[0]).summary()):
         assert "noise=Gaussian(sigma per feature, 12 stds, min 0.03, median 0.055, max 0.08, sha256 " in text
     half = hcrfast.bound(mlp().half(), x.half(), stds, iterations=1, restarts=2, solver="lsqr",
@@ -93,6 +95,8 @@ def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
         hcrfast.bound(mlp(), x, np.full(5, 0.05), **QUICK)
     with pytest.raises(ValueError, match=r"must be positive and finite; entries \[2\] are \[-0.1\]"):
         hcrfast.bound(mlp(), x, [0.1, 0.1, -0.1] + [0.1] * 9, **QUICK)
+    with pytest.raises(ValueError, match=r"must be positive and finite; entries \[3\] are \[0.0\]"):
+        hcrfast.bound(mlp(), x, [0.1, 0.1, 0.1, 0.0] + [0.1] * 8, **QUICK)  # a zero std is no noise
     with pytest.raises(ValueError, match=r"values float32 cannot represent \(entries \[0, 1\] become 0 or inf\)"):
         hcrfast.bound(mlp(), x, [1e-50, 1e50] + [0.1] * 10, **QUICK)
     with pytest.raises(ValueError, match=r"sigma has the shape \(4, 3\), one std per feature, but the model's "
