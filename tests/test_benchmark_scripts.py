@@ -132,6 +132,7 @@ def test_lsqr_budget_script_runs_the_krylov_solver(tmp_path):
     t = full["targets"]
     assert t["method"] == "krylov" and 0 <= t["modes_lifted_fraction"] <= 1
     assert t["median_with_targets"] >= t["median_algorithm1"]  # a max of valid bounds
+    assert t["other_modes"] == 2 * 60 and t["other_median_with_targets"] >= t["other_median_algorithm1"]
 
 
 def test_krylov_depth_script_truncates_one_build(tmp_path):
