@@ -124,7 +124,7 @@ class Bounds:
     std : array, shape = batch.shape
         Per-coordinate bound in the chosen basis (DCT modes per channel, or
         pixels): ``max_r |(Q ε_r)_k| / sqrt(D(z_{ε_r}))`` over the restarts r,
-        and over the targeted direction of mode k when ``targets`` was given.
+        and over every targeted step (each bounds every mode it moves) when ``targets`` was given.
         ``inf`` where a certified ε with ``D = 0`` moves that coordinate.
     mse : array, shape (B,)
         Bound on the mean squared error per coordinate, paper eq. (6):
@@ -180,9 +180,9 @@ class Bounds:
         ``(1/p) Σ_k Var((Qθ̂)_k)`` (Q orthonormal) and each variance is at least ``std_k²``. As rigorous
         as ``std`` (the same certified ε and D; a Monte Carlo law's at the same confidence), and at
         least :attr:`mse` (eq. 6 sums (5) for one ε, and ``std_k ≥ |(Qε_r)_k|/√D_r`` for every restart
-        r): on the trained digits MLP the median is 1.67× eq. 6's, 11.1× with ``targets="low:8"``. ``+inf`` where a mode's bound is (no
-        unbiased estimator of the input exists there); a sum past float64's range from finite bounds
-        is float64's largest value, still a lower bound.
+        r): on the trained digits MLP the median is 1.67× eq. 6's, 11.1× with ``targets="low:8"``.
+        ``+inf`` where a mode's bound is (no unbiased estimator of the input exists there); a sum past
+        float64's range from finite bounds is float64's largest value, still a lower bound.
         """
         return mse_from_modes(to_host(self.std))
 
