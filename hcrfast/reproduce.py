@@ -331,13 +331,13 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
 
 
 #: Why a restart bounds nothing, by the code in the third column of a chunk's ``zero_steps``.
-_ZERO_STEP_KINDS = {0: "eps_zero", 1: "at_zero_jacobian", 2: "rounding", 3: "uncertified"}
+_ZERO_STEP_KINDS = {0: "eps_zero", 1: "at_zero_jacobian", 2: "rounded", 3: "uncertified", 4: "coarse"}
 
 
 def _zero_step_kind(line: str) -> int:
     """The :data:`_ZERO_STEP_KINDS` code of one of hcrfast.bound's zero-step reasons."""
     kind = _algorithm.zero_step_kind(line)
-    return {"eps_zero": 0, "at_zero_jacobian": 1, "rounded": 2, "coarse": 2, "uncertified": 3}[kind]
+    return {"eps_zero": 0, "at_zero_jacobian": 1, "rounded": 2, "uncertified": 3, "coarse": 4}[kind]
 
 
 # The entries of hcrfast.bound's params that are the same for every chunk of a run.
@@ -402,15 +402,20 @@ def _zero_steps_summary(zero_steps: np.ndarray, restarts: int) -> dict:
     whole = int((per_example >= restarts).sum())
     why = {"eps_zero": "their eps came out 0 (outside the range the solver's dtype resolves)",
            "at_zero_jacobian": "J = 0 at their example (its features do not move with its input)",
-           "rounding": "float64 could not resolve the shift of the features or establish its D (sigma * size too "
-                       "small next to the features' size: a larger --sigma-scale resolves it)",
+           "rounded": "float64 could not resolve the shift of the features: they came out exactly unchanged, but "
+                      "J eps is not 0 (sigma * size too small next to the features' size: a larger --sigma-scale "
+                      "resolves it)",
+           "coarse": "float64 could not establish D: the shift is within float64's rounding of features this size "
+                     "(sigma * size too small next to the features' size: a larger --sigma-scale resolves it)",
            "uncertified": "D = 0 in uncertified lower-precision passes"}
     reason = ("; ".join(f"{n} because {why[k]}" for k, n in kinds.items() if n)
               + (f"; every restart of {counted(whole, 'example')} bounds nothing, so Algorithm 1 bounds "
                  f"{'its' if whole == 1 else 'their'} modes by 0, which guarantees nothing" if whole else "")
               + ("; the other affected examples' remaining restarts still bound them" if whole < examples.size
                  else ""))
-    return {"restarts": int(zero_steps.shape[0]), **kinds, "examples_affected": int(examples.size),
+    # "rounding": both of float64's kinds together (the one count of run formats before 4)
+    return {"restarts": int(zero_steps.shape[0]), **kinds, "rounding": kinds["rounded"] + kinds["coarse"],
+            "examples_affected": int(examples.size),
             "examples_bounding_nothing": whole, "reason": reason}
 
 
@@ -827,9 +832,11 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     zero_reasons = [f"example {e}, restart {r}: " + {
         0: "eps came out 0 in the solver's dtype: this restart bounds nothing (0)",
         1: f"{_algorithm._BLIND}: J = 0 at this example, this restart bounds nothing (0)",
-        2: f"the features' shift is {_algorithm._COARSE} of features this size (or below its resolution): "
-           f"D is not established and this restart bounds nothing (0)",
-        3: f"D = 0 in uncertified passes, {_algorithm._UNRESOLVED}: this restart bounds nothing (0)"}[k]
+        2: f"a(theta+eps) == a(theta) in float64, but J eps is not 0: the shift is {_algorithm._ROUNDED} "
+           f"against features of this size, so D = 0 is rounding and this restart bounds nothing (0)",
+        3: f"D = 0 in uncertified passes, {_algorithm._UNRESOLVED}: this restart bounds nothing (0)",
+        4: f"the features' shift is {_algorithm._COARSE} of features this size: D is not established and this "
+           f"restart bounds nothing (0)"}[k]
         for e, r, k in zero_steps.tolist()]
     save_npz(bounds_path, BOUNDS_FORMAT,
              dict(saved, labels=labels.numpy(), example_ids=example_ids, sigma=np.float64(sigma),

@@ -611,8 +611,8 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
         s = json.loads((out / "summary.json").read_text())
         assert s["timings"]["chunks_reused"] == (0, 3)[run]
         assert {k: v for k, v in s["zero_steps"].items() if k != "reason"} == {
-            "restarts": 3, "eps_zero": 3, "at_zero_jacobian": 0, "rounding": 0, "uncertified": 0,
-            "examples_affected": 3, "examples_bounding_nothing": 0}
+            "restarts": 3, "eps_zero": 3, "at_zero_jacobian": 0, "rounded": 0, "coarse": 0, "rounding": 0,
+            "uncertified": 0, "examples_affected": 3, "examples_bounding_nothing": 0}
         assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
         assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
         assert ("3 restarts in 3 examples bound nothing (0): 3 because their eps came out 0"
@@ -633,7 +633,12 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     assert s["bounds"]["zero"] == int((std == 0).sum()) == std.size  # the oracle: the saved bounds
     assert {k: s["zero_steps"][k] for k in ("restarts", "rounding", "eps_zero", "examples_bounding_nothing")} == {
         "restarts": 20, "rounding": 20, "eps_zero": 0, "examples_bounding_nothing": 10}
-    assert "float64 could not resolve" in s["zero_steps"]["reason"] and "still bound" not in s["zero_steps"]["reason"]
+    assert "float64 could not" in s["zero_steps"]["reason"] and "still bound" not in s["zero_steps"]["reason"]
+    # the two kinds float64's rounding leaves, counted apart, as bound() names them (its reasons, kept in bounds.npz)
+    reasons = hcrfast.Bounds.load(out / "bounds.npz").params["zero_step_reasons"]
+    assert len(reasons) == 20
+    for kind, marker in (("rounded", "below float64's resolution"), ("coarse", "within float64's rounding")):
+        assert s["zero_steps"][kind] == sum(marker in r for r in reasons)
     assert f"({std.size:,} of {std.size:,} bounds are 0, which bounds nothing" in capsys.readouterr().err
     assert f"{std.size:,} of the {std.size:,} bounds are 0, which bounds nothing" in (out / "report.html").read_text()
     # at 3e-10 the shifts are resolved, but only to ~1e-4 of D: kept, and said so beside the warning
@@ -710,11 +715,12 @@ def test_summary_statistics_against_numpy():
 
 def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
     # (example, restart, kind): example 0 loses both of its 2 restarts, examples 3 and 5 one each
-    zero_steps = np.array([[0, 0, 0], [0, 1, 2], [3, 1, 1], [5, 0, 2]])
+    zero_steps = np.array([[0, 0, 0], [0, 1, 2], [3, 1, 1], [5, 0, 4]])
     s = reproduce._zero_steps_summary(zero_steps, restarts=2)
     assert {k: v for k, v in s.items() if k != "reason"} == {
-        "restarts": 4, "eps_zero": 1, "at_zero_jacobian": 1, "rounding": 2, "uncertified": 0,
-        "examples_affected": 3, "examples_bounding_nothing": 1}
+        "restarts": 4, "eps_zero": 1, "at_zero_jacobian": 1, "rounded": 1, "coarse": 1, "rounding": 2,
+        "uncertified": 0, "examples_affected": 3, "examples_bounding_nothing": 1}
+    assert "1 because float64 could not resolve" in s["reason"] and "1 because float64 could not establish D" in s["reason"]
     assert "every restart of 1 example bounds nothing" in s["reason"] and "still bound" in s["reason"]
     every = reproduce._zero_steps_summary(np.array([[2, 0, 3], [2, 1, 3]]), restarts=2)
     assert every["examples_affected"] == 1 and every["examples_bounding_nothing"] == 1
