@@ -52,7 +52,7 @@ from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
                                _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
                                _warn_rounding, divergence_underflow, infinite_derivative)
-from hcrfast.backend import to_host
+from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
@@ -258,6 +258,18 @@ class TargetedBounds:
     _PER_EXAMPLE = tuple(k for k in _ARRAYS if k != "targeted")
 
     __repr__ = short_repr
+
+    @property
+    def std_every_mode(self):
+        """Per example and mode j (targeted or not), the best bound the targeted steps give it, shape =
+        ``std``'s: the larger of ``std`` and ``max_k |(Q ε_k)_j| / √D_k`` over the steps whose own bound
+        is finite and positive. (5) holds for every coordinate with the same ε and D, so each step bounds
+        every mode it moves; ``bound(targets=)`` takes these into its bounds."""
+        from hcrfast.algorithm import _cross_bounds  # here: hcrfast.algorithm imports this module
+
+        xp = get_array_module(self.std)
+        cross = _cross_bounds(self, self.params["basis"], tuple(self.std.shape[1:]), "auto")
+        return xp.maximum(self.std, cross.reshape(self.std.shape))
 
     def to_numpy(self) -> TargetedBounds:
         """A copy whose arrays are NumPy arrays on the host."""

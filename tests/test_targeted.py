@@ -440,3 +440,26 @@ def test_rounding_counts_of_pieces_add_up_and_keep_the_worst():
               dict(coarse=2, worst=2e-5)]  # a piece that recorded only some counts
     assert _sum_rounding(pieces) == dict(rounded=3, coarse=3, risky=4, worst=5e-4, unresolved=4)
     assert _sum_rounding([]) == ROUNDING_COUNTS
+
+
+def test_std_every_mode_is_the_best_bound_of_every_step_for_every_mode():
+    """TargetedBounds.std_every_mode: per mode j, the larger of std and max_k |(Qε_k)_j|/√D_k over the
+    steps with a finite positive own bound. Oracle: scipy's DCT of the returned ε and D from the exact
+    shift W ε on a linear model; none passes the least-squares std."""
+    import scipy.fft
+
+    rng = np.random.default_rng(4)
+    shape, p, n, sigma = (1, 4, 4), 16, 24, 0.3
+    W = matrix_with_condition(rng, n, p, 50.0)
+    model = linear_model(W, rng.standard_normal(n), shape)
+    x = torch.as_tensor(rng.standard_normal((2,) + shape))
+    t = hcrfast.targeted_bound(model, x, sigma, targets="low:2")
+    eps = np.asarray(t.eps).reshape(2, 4, p)
+    D = np.expm1(((eps @ W.T) ** 2).sum(axis=2) / sigma**2)
+    coords = np.abs(scipy.fft.dctn(np.asarray(t.eps), axes=(-2, -1), norm="ortho").reshape(2, 4, p))
+    want = np.maximum(np.asarray(t.std).reshape(2, p), (coords / np.sqrt(D)[..., None]).max(axis=1))
+    got = np.asarray(t.std_every_mode).reshape(2, p)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert np.all(got > 0) and np.count_nonzero(np.asarray(t.std)) == 2 * 4  # every mode bounded, 4 targeted
+    crb = sigma**2 * np.diag(dct_basis(shape) @ np.linalg.inv(W.T @ W) @ dct_basis(shape).T)
+    assert np.all(got**2 <= crb * (1 + 1e-9))
