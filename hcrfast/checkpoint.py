@@ -30,7 +30,9 @@ __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_writ
            "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
-FORMAT = "hcrfast.bound checkpoint/2"  # /2: float64-rounded D = 0 bounds 0, not +inf (2026-11-25)
+# /2: float64-rounded D = 0 bounds 0, not +inf; /3: the rounding estimate counts input-sized terms a
+# feature cancels down from (algorithm._rounding_magnitude) (both 2026-11-25)
+FORMAT = "hcrfast.bound checkpoint/3"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 

@@ -51,6 +51,7 @@ import torch
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
                                _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
+                               _rounding_magnitude,
                                _warn_rounding, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
@@ -263,7 +264,7 @@ class TargetedBounds:
     def std_every_mode(self):
         """Per example and mode j (targeted or not), the best bound the targeted steps give it, shape =
         ``std``'s: the larger of ``std`` and ``max_k |(Q ε_k)_j| / √D_k`` over the steps whose own bound
-        is finite and positive. (5) holds for every coordinate with the same ε and D, so each step bounds
+        is finite and positive, null-space probes' excepted (their D is rounding by design). (5) holds for every coordinate with the same ε and D, so each step bounds
         every mode it moves; ``bound(targets=)`` takes these into its bounds."""
         from hcrfast.algorithm import _cross_bounds  # here: hcrfast.algorithm imports this module
 
@@ -359,7 +360,7 @@ def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str, from_nu
 
 
 def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False,
-              jacobian="reverse"):
+              jacobian="reverse", magnitude=None):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
     Returns ``(eps64, d, value, rounding)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
@@ -384,7 +385,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
             e64, z64 = _applied_shift(model, x, eps[r0:r1].astype(from_torch(x[:1]).dtype),
                                       f0[example_of[r0:r1]])
         eps64[r0:r1] = e64
-        rel[r0:r1] = _rounding_error(f0[example_of[r0:r1]], z64)
+        rel[r0:r1] = _rounding_error((f0 if magnitude is None else magnitude)[example_of[r0:r1]], z64)
         d[r0:r1] = noise.divergence(z64)
         underflow = int(to_host(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum()))
         if underflow:
@@ -692,7 +693,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/2"  # /2: as hcrfast.bound checkpoint/2
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/3"  # /2, /3: as hcrfast.bound checkpoint/2, /3
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
@@ -758,9 +759,12 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
         itn, istop = itn.reshape(B, K, 2), istop.reshape(B, K, 2)
 
     t0 = time.perf_counter()
+    magnitude = (_rounding_magnitude(model64 if params["certify"] else model, batch, f0, jac_used)
+                 if params["certify"] or batch.dtype == torch.float64 else None)
     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0
         eps64, d, value, rounding = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
-                                              certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used)
+                                              certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used,
+                                              magnitude=magnitude)
     # A mode whose direction is 0 (J does not see it) is the null-space probes' to settle.
     _check_perturbations(eps64, d, noise, size, batch.dtype, intended=xp.any(unit != 0, axis=1))
     timings["certify"] = time.perf_counter() - t0

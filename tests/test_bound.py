@@ -889,8 +889,9 @@ def test_targeted_steps_bound_every_mode_they_move(solver):
 
 
 def test_cross_bounds_leave_out_steps_whose_own_bound_was_withheld():
-    """A targeted step the rounding guards zeroed (own bound 0), or one with D = 0 or D = inf, bounds no
-    other mode through the cross bounds; the others give |(Qε)_j|/√D exactly (pixel basis: Q = I)."""
+    """A targeted step the rounding guards zeroed (own bound 0), one with D = 0 or D = inf, or a null-space
+    probe's, bounds no other mode through the cross bounds; the others give |(Qε)_j|/√D exactly (pixel
+    basis: Q = I)."""
     from hcrfast.algorithm import _cross_bounds
     from hcrfast.targeted import TargetedBounds
 
@@ -904,6 +905,9 @@ def test_cross_bounds_leave_out_steps_whose_own_bound_was_withheld():
                        from_null_space=np.zeros((1, 4), bool), null_dim=None, null_fraction=None,
                        lsqr_iterations=None, lsqr_istop=None, method="dense")
     np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape, "auto"), [[0.5, 1.0, 0.0, 0.0]])
+    # a null-space probe's step (D rounding by design, unguarded) bounds its own mode only
+    t.from_null_space = np.array([[True, False, False, False]])
+    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape, "auto"), [[0.0, 0.0, 0.0, 0.0]])
 
 
 def test_dense_solve_shares_its_factorization_with_the_targeted_modes():
@@ -1163,3 +1167,27 @@ def test_out_of_memory_in_the_rounding_probe_is_split_not_taken_for_rounding(sol
     assert tight.refused >= 1
     np.testing.assert_array_equal(got.std, want.std)
     assert np.isinf(got.std).sum() == np.isinf(want.std).sum() > 0
+
+
+@pytest.mark.parametrize("solver", ["dense", "lsqr"])
+def test_features_cancelled_down_from_large_inputs_are_no_silent_rounding(solver):
+    """a(θ) = W(θ − m) on inputs near 1e6 (the bias cancels the offset): features of order 1, so a
+    rounding estimate from |a| alone says float64 resolves the shifts to ~1e-12, but Wθ (~1e6) rounds at
+    ~1e-10 and at σ = 3e-5 moved the targeted bounds to 1.04x the exact least-squares variance (and
+    mse_from_modes above trace(cov)/p) with no warning. The estimate must count the input-sized terms: the
+    bounds stay at most the exact ones, and a warning says rounding decided D."""
+    rng = np.random.default_rng(3)
+    shape, p = (1, 4, 5), 20
+    W = rng.standard_normal((30, p))
+    x = torch.as_tensor(1e6 + rng.standard_normal((2,) + shape))
+    model = linear_model(W, -(W @ x.reshape(2, -1).mean(0).numpy()), shape)
+    sigma = 3e-5
+    Q = dct_basis(shape)
+    cov = Q @ np.linalg.inv(W.T @ W) @ Q.T
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = hcrfast.bound(model, x, sigma, targets="all", solver=solver, targeted_method=solver, restarts=3,
+                            iterations=2, lsqr=FAST if solver == "lsqr" else None)
+    assert any("float64's rounding" in str(w.message) for w in caught)
+    assert np.all(res.std.reshape(2, -1) ** 2 <= sigma**2 * np.diag(cov) * (1 + 1e-3))
+    assert np.all(res.mse_from_modes <= sigma**2 * np.trace(cov) / p * (1 + 1e-3))
