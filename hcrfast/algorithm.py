@@ -575,7 +575,7 @@ def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
 _CROSS_VALUES = 1 << 24
 
 
-def _cross_bounds(targeted, basis: str, input_shape, kernel_impl) -> object:
+def _cross_bounds(targeted, basis: str, input_shape) -> object:
     """Per example and mode j, the best bound the targeted steps give mode j: ``max_k |(Q ε_k)_j| / √D_k``,
     shape (B, p).
 
@@ -604,7 +604,7 @@ def _cross_bounds(targeted, basis: str, input_shape, kernel_impl) -> object:
         b1 = min(B, b0 + step)
         coords = targeted.eps[b0:b1].reshape(((b1 - b0) * K,) + tuple(input_shape))
         if basis == "dct":
-            coords = kernels.dct2(coords, impl=kernel_impl)
+            coords = kernels.dct2(coords)
         with np.errstate(over="ignore"):
             per_step = xp.abs(coords.reshape(b1 - b0, K, p)) * inv_sqrt_d[b0:b1, :, None]
         out[b0:b1] = xp.minimum(per_step.max(axis=1), _FLOAT64_MAX)

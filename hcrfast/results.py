@@ -229,6 +229,7 @@ class Bounds:
         """A few lines: parameters, bound quantiles, LSQR work, infinities."""
         h = self.to_numpy()
         std = h.std.reshape(h.std.shape[0], -1)
+        mse_modes = mse_from_modes(std)
         p = self.params
         lines = [
             f"HCR bounds for {counted(std.shape[0], 'example')} x {counted(std.shape[1], str(p.get('basis', '?')) + ' mode')} "
@@ -237,7 +238,7 @@ class Bounds:
             quantile_line(std),
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g} "
             f"(eq. 6, one eps); from the per-mode bounds (.mse_from_modes): median "
-            f"{np.median(h.mse_from_modes):.4g}, min {np.min(h.mse_from_modes):.4g}",
+            f"{np.median(mse_modes):.4g}, min {np.min(mse_modes):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
         # the restarts that bound nothing, and why (the markers of bound()'s zero-step reasons)

@@ -51,15 +51,14 @@ import torch
 from hcrfast import dense, kernels, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
                                _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _rounding_magnitude,
-                               _warn_rounding, divergence_underflow, infinite_derivative)
+                               _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import counted, short_repr, json_default, load_npz, quantile_line, save_npz
+from hcrfast.results import counted, json_default, load_npz, quantile_line, save_npz, short_repr
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -264,12 +263,13 @@ class TargetedBounds:
     def std_every_mode(self):
         """Per example and mode j (targeted or not), the best bound the targeted steps give it, shape =
         ``std``'s: the larger of ``std`` and ``max_k |(Q ε_k)_j| / √D_k`` over the steps whose own bound
-        is finite and positive, null-space probes' excepted (their D is rounding by design). (5) holds for every coordinate with the same ε and D, so each step bounds
-        every mode it moves; ``bound(targets=)`` takes these into its bounds."""
+        is finite and positive, null-space probes' excepted (their D is rounding by design). (5) holds
+        for every coordinate with the same ε and D, so each step bounds every mode it moves;
+        ``bound(targets=)`` takes these into its bounds."""
         from hcrfast.algorithm import _cross_bounds  # here: hcrfast.algorithm imports this module
 
         xp = get_array_module(self.std)
-        cross = _cross_bounds(self, self.params["basis"], tuple(self.std.shape[1:]), "auto")
+        cross = _cross_bounds(self, self.params["basis"], tuple(self.std.shape[1:]))
         return xp.maximum(self.std, cross.reshape(self.std.shape))
 
     def to_numpy(self) -> TargetedBounds:

@@ -904,10 +904,10 @@ def test_cross_bounds_leave_out_steps_whose_own_bound_was_withheld():
                        divergence=d, eps=eps.reshape((1, 4) + shape), infinite=np.isinf(std).reshape((1,) + shape),
                        from_null_space=np.zeros((1, 4), bool), null_dim=None, null_fraction=None,
                        lsqr_iterations=None, lsqr_istop=None, method="dense")
-    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape, "auto"), [[0.5, 1.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape), [[0.5, 1.0, 0.0, 0.0]])
     # a null-space probe's step (D rounding by design, unguarded) bounds its own mode only
     t.from_null_space = np.array([[True, False, False, False]])
-    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape, "auto"), [[0.0, 0.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape), [[0.0, 0.0, 0.0, 0.0]])
 
 
 def test_dense_solve_shares_its_factorization_with_the_targeted_modes():
