@@ -2,8 +2,12 @@
 # Everything a GPU machine should run for hcrfast, in stages, so that a short lease is spent
 # in few, full calls. Each stage appends to one log and writes its JSON next to it.
 #
+#   LEASE_S=420 bash benchmarks/gpu_session.sh lease     # the first call of a lease (see below)
+#   LEASE_S=300 bash benchmarks/gpu_session.sh lease2    # the second, if the lease has time left
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
+#   lease     = setup tests mnist race kernels: the GPU tests and the issues' MNIST and 50x targets
+#   lease2    = setup resnet18-krylov modes: the ResNet-18 target, then the mode comparisons
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation) and print
 #             the versions and the device
 #   tests     pytest -m gpu (GPU vs CPU, zero-copy, no host copy inside LSQR, kernels vs twins); the
@@ -19,64 +23,123 @@
 #             with solver="auto" (the Krylov basis on CUDA)
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
-#             256 x R = 25 it needs > 390k, far beyond one 10-minute call)
+#             256 x R = 25 it needs > 390k, far beyond one call)
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
 #             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
 #             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
-#             in 4 slices of 32 under a 360-s budget: what is not done by then is extrapolated
-#   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples under a 360-s
-#             budget (an estimate puts the whole run near 1e17 FLOP in IEEE float32, beyond one call)
+#             in 8 slices of 16 under what the call has left: what is not done by then is extrapolated
+#   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
+#   summary   the table of what ran (also printed by itself at the end of every call)
 #
-# MODES="--jacobian forward|--solver dense" picks the modes ('|'-separated; the default set, six,
-# fits one call).
+# The lease (device tool, 2026-11): 15 minutes of device time per task IN ALL, machine start
+# (a minute or more), every call, idle waits and the close included; one call at most 600 s; a
+# machine left idle 30 s goes back, and a later call starts a bare one. So: two calls at most,
+# the second issued at once after the first replies. LEASE_S (default 420) is the wall time of
+# this whole call: every command runs under `timeout` sized to what the call has left (and to its
+# own cap), a command that would get under MIN_RUN_S (20) is skipped and recorded as such, and
+# the in-run time budgets of gpu_targets.py follow the same clock; RESERVE_S (15) is kept for the
+# summary. Give the device tool a timeout_s ~30 s above LEASE_S. For the second call, LEASE_S =
+# the status' budget_left_s minus ~60 s (the close).
 #
-# Every command runs under `timeout` (TIMEOUT_S, default 240 s) so that one slow run cannot eat
-# the device tool's 10-minute call. Results go to a local folder and, after every command, into
-# ONE tarball in $OUT (the tool brings back at most 8 files): $OUT/gpu_session.tgz + the log.
+# MODES="--jacobian forward|--solver dense" picks the modes ('|'-separated).
+#
+# Results go to a local folder and, after every command, into ONE tarball in $OUT (the tool
+# brings back at most 8 files): $OUT/gpu_session.tgz + the log. Each command's output also goes
+# to <stage>.out and a line to ledger.tsv (stage, status, seconds, command) in that folder, which
+# the summary (benchmarks/gpu_summary.py) reads with the JSONs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEST=benchmarks/results/gpu_session
+DEST=${GPU_SESSION_DEST:-benchmarks/results/gpu_session}
 mkdir -p "$DEST"
 LOG="${OUT:-$DEST}/gpu_session.log"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 TIMEOUT_S=${TIMEOUT_S:-240}
 
+LEASE_S=${LEASE_S:-420}
+RESERVE_S=${RESERVE_S:-15}
+MIN_RUN_S=${MIN_RUN_S:-20}
+DEADLINE=$(( $(date +%s) + LEASE_S ))
+STAGE=setup
+
 say() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
 pack() { if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_session.tgz" -C "$DEST" . 2>/dev/null; fi; }
+ledger() { printf '%s\t%s\t%s\t%s\n' "$STAGE" "$1" "$2" "$3" >> "$DEST/ledger.tsv"; }
+# fit CAP: the seconds a command may run now, its cap or what the call has left before its reserve
+fit() { local left=$(( DEADLINE - $(date +%s) - RESERVE_S )); echo $(( left < $1 ? left : $1 )); }
+# run CMD...: under `timeout` (T, default TIMEOUT_S, cut to fit the call), logged, recorded, packed.
 # --line-buffered: a command killed at the tool's limit must not lose grep's last 4 KiB of output
 run() {
-    timeout -k 10 "$TIMEOUT_S" "$@" 2>&1 | grep --line-buffered -v "FutureWarning\|warnings.warn" | tee -a "$LOG"
-    local rc="${PIPESTATUS[0]}"
-    [ "$rc" = 124 ] && say "TIMEOUT after ${TIMEOUT_S} s: $*"
+    local t t0 rc
+    t=$(fit "${T:-$TIMEOUT_S}")
+    if (( t < MIN_RUN_S )); then
+        say "SKIPPED ($t s left of LEASE_S=$LEASE_S): $*"
+        ledger skipped 0 "$*"
+        return 125
+    fi
+    t0=$(date +%s)
+    timeout -k 10 "$t" "$@" 2>&1 | grep --line-buffered -v "FutureWarning\|warnings.warn" | tee -a "$LOG" "$DEST/$STAGE.out"
+    rc="${PIPESTATUS[0]}"
+    case "$rc" in
+        0) ledger ok $(( $(date +%s) - t0 )) "$*" ;;
+        124|137) say "TIMEOUT after $t s: $*"; ledger timeout $(( $(date +%s) - t0 )) "$*" ;;
+        *) ledger "rc=$rc" $(( $(date +%s) - t0 )) "$*" ;;
+    esac
     pack
     return "$rc"
 }
+# budget CAP OVERHEAD: a gpu_targets.py --time-budget for a command capped at CAP s that spends
+# OVERHEAD s outside its slices (imports, model, warm-up): what is left of the fitted cap, or 0
+# (stop after the first slice)
+budget() { local t; t=$(fit "$1"); echo $(( t - $2 > 0 ? t - $2 : 0 )); }
+summary() {
+    STAGE=summary
+    "$PY" benchmarks/gpu_summary.py "$DEST" 2>&1 | tee -a "$LOG" "$DEST/summary.txt"
+    pack
+}
 
-ensure_installed() {
+INSTALLED=
+ensure_installed() {  # once per call: the check imports torch (seconds), and a lease has none to spare
+    [ -n "$INSTALLED" ] && return 0
+    INSTALLED=1
     if "$PY" -c "import hcrfast.kernels, hcrfast.bindings" 2>/dev/null; then return 0; fi
     say "install hcrfast (editable, no dependencies, no build isolation: the machine is offline)"
     if ! run "$PY" -m pip install -q --no-deps --no-build-isolation -e .; then
         # Last resort: the layout of the wheel, put together by hand (kernels/ and bindings/
         # become hcrfast.kernels and hcrfast.bindings, as pyproject's package-dir maps them).
         say "pip failed; staging the package layout on PYTHONPATH instead"
-        stage=/tmp/hcrfast_stage && rm -rf "$stage" && mkdir -p "$stage"
-        cp -r hcrfast "$stage/" && cp -r kernels "$stage/hcrfast/kernels" && cp -r bindings "$stage/hcrfast/bindings"
-        export PYTHONPATH="$stage${PYTHONPATH:+:$PYTHONPATH}"
+        local staged=/tmp/hcrfast_stage && rm -rf "$staged" && mkdir -p "$staged"
+        cp -r hcrfast "$staged/" && cp -r kernels "$staged/hcrfast/kernels" && cp -r bindings "$staged/hcrfast/bindings"
+        export PYTHONPATH="$staged${PYTHONPATH:+:$PYTHONPATH}"
         # `python -m pytest` / `python -c` put the repo root first on sys.path, where ./hcrfast
         # (without kernels/ and bindings/) would shadow the staged package: don't add it.
         export PYTHONSAFEPATH=1
     fi
 }
 
+stages=()
 for stage in "$@"; do
+    case "$stage" in
+    lease) stages+=(setup tests mnist race kernels) ;;
+    lease2) stages+=(setup resnet18-krylov modes) ;;
+    setup|tests|kernels|modes|mnist|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
+    *)
+        echo "unknown stage '$stage'; stages: lease lease2 setup tests kernels modes mnist race resnet18 resnet18-krylov tf32 summary" >&2
+        exit 2
+        ;;
+    esac
+done
+say "gpu_session: ${stages[*]} (LEASE_S=$LEASE_S: done by $(date -u -d "@$DEADLINE" +%H:%M:%S))"
+
+for stage in "${stages[@]}"; do
+    STAGE=$stage
     case "$stage" in
     setup)
         ensure_installed
         say "environment"
-        run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-        run "$PY" - <<'EOF'
+        T=30 run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+        T=60 run "$PY" - <<'EOF'
 import importlib.metadata as md, platform, torch
 print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
@@ -90,7 +153,7 @@ from hcrfast.backend import cuda_available
 print("hcrfast sees CuPy + CUDA:", cuda_available())
 EOF
         say "smoke: one Numba kernel and one twin on a CuPy array, on torch's stream"
-        run "$PY" - <<'EOF'
+        T=90 run "$PY" - <<'EOF'
 import numba.cuda, torch
 numba.cuda.detect()
 import cupy as cp
@@ -106,64 +169,61 @@ EOF
         ensure_installed
         # Only the GPU tests: CI runs the CPU suites (the simulator's among them) on every submission.
         say "pytest -m gpu"
-        run "$PY" -m pytest tests -m gpu -q -rs -p no:cacheprovider
+        T=${TESTS_TIMEOUT_S:-180} run "$PY" -m pytest tests -m gpu -q -rs -p no:cacheprovider
         ;;
     kernels)
         ensure_installed
         say "kernel and LSQR benchmarks on the GPU"
-        run "$PY" -m pytest benchmarks/test_bench_kernels.py benchmarks/test_bench_lsqr.py benchmarks/test_bench_bridge.py \
-            -m gpu --benchmark-only -q -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
-            --benchmark-json "$DEST/bench_gpu_kernels.json"
+        T=${KERNELS_TIMEOUT_S:-150} run "$PY" -m pytest benchmarks/test_bench_kernels.py benchmarks/test_bench_lsqr.py \
+            benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q -p no:cacheprovider \
+            --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_kernels.json"
         ;;
     modes)
         ensure_installed
-        # The default set fits one 600-s call (6 x 75 s plus the install); the others:
-        # MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--reorth-passes 2|--solver dense|--solver lsqr|--jacobian forward|--cupy-allocator cupy}"
-        if (( ${#modes[@]} * ${MODE_TIMEOUT_S:-75} > 540 )); then
-            say "note: ${#modes[@]} modes x ${MODE_TIMEOUT_S:-75} s may outlast one 600-s call; split MODES over calls"
-        fi
+        # Six by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
+        # this order. Others: MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver lsqr|--solver dense|--jacobian forward|--reorth-passes 2|--cupy-allocator cupy}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
-            TIMEOUT_S=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \
-                --time-budget 45 $flags --out "$DEST"
+            # shellcheck disable=SC2086  # $flags is several words on purpose
+            T=${MODE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1000 --slices 4 \
+                --time-budget "$(budget "${MODE_TIMEOUT_S:-75}" 30)" $flags --out "$DEST"
         done
         ;;
     mnist)
         ensure_installed
         say "gpu_targets mnist (10,000 x 25 x 10, solver auto)"
-        TIMEOUT_S=${MNIST_TIMEOUT_S:-240} run "$PY" benchmarks/gpu_targets.py mnist --slices 4 --time-budget 180 \
-            --progress --out "$DEST"
+        T=${MNIST_TIMEOUT_S:-150} run "$PY" benchmarks/gpu_targets.py mnist --slices 8 \
+            --time-budget "$(budget "${MNIST_TIMEOUT_S:-150}" 45)" --progress --out "$DEST"
         ;;
     race)
         ensure_installed
         say "race on the GPU: reference vs hcrfast (MNIST MLP, 32 examples, R = 2, i = 10)"
-        TIMEOUT_S=${RACE_TIMEOUT_S:-300} run "$PY" benchmarks/race.py --model mlp --examples 32 --restarts 2 \
-            --iterations 10 --size 0.005 --device cuda --sweep-budget 60 --out "$DEST"
+        T=${RACE_TIMEOUT_S:-180} run "$PY" benchmarks/race.py --model mlp --examples 32 --restarts 2 \
+            --iterations 10 --size 0.005 --device cuda --sweep-budget 30 --out "$DEST"
         ;;
     resnet18)
         ensure_installed
-        say "gpu_targets resnet18 --solver lsqr (128 x 25 x 10 in 16 slices, 360-s budget, the rest extrapolated)"
-        TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --solver lsqr --slices 16 \
-            --time-budget "${RESNET_BUDGET_S:-360}" --progress --out "$DEST"
+        say "gpu_targets resnet18 --solver lsqr (128 x 25 x 10 in 16 slices, the rest extrapolated)"
+        T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver lsqr --slices 16 \
+            --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     resnet18-krylov)
         ensure_installed
-        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in 4 slices, 360-s budget, the rest extrapolated)"
-        TIMEOUT_S=${RESNET_TIMEOUT_S:-480} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov --slices 4 \
-            --time-budget "${RESNET_BUDGET_S:-360}" --progress --out "$DEST"
+        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in 8 slices, the rest extrapolated)"
+        T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov --slices 8 \
+            --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     tf32)
         ensure_installed
         for flags in "" "--tf32"; do
             say "gpu_targets resnet18 --examples 2 --iterations 1 $flags"
-            TIMEOUT_S=${TF32_TIMEOUT_S:-150} run "$PY" benchmarks/gpu_targets.py resnet18 --examples 2 --iterations 1 \
+            # shellcheck disable=SC2086
+            T=${TF32_TIMEOUT_S:-150} run "$PY" benchmarks/gpu_targets.py resnet18 --examples 2 --iterations 1 \
                 --solver lsqr $flags --out "$DEST"
         done
         ;;
-    *)
-        echo "unknown stage '$stage'; stages: setup tests kernels modes mnist race resnet18 resnet18-krylov tf32" >&2
-        exit 2
-        ;;
+    summary) ;;  # printed below, once, as every call's last lines
     esac
 done
+summary

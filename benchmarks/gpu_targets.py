@@ -248,6 +248,8 @@ def run(args, on_slice=None) -> dict:
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
             target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
+            at_target_size=(examples, restarts, iterations) == (default_examples, default_restarts,
+                                                                default_iterations),
             machine=machine_info("cuda" if device.type == "cuda" else "cpu"),
         )
 
@@ -312,8 +314,7 @@ def _version(dist: str):
 
 def report(r: dict) -> str:
     verdict = ""
-    full = (r["examples"], r["restarts"], r["iterations"]) == TARGETS[r["workload"]][:3]
-    if r["target_seconds"] is not None and r["device"].startswith("cuda") and full:
+    if r["target_seconds"] is not None and r["device"].startswith("cuda") and r["at_target_size"]:
         met = r["extrapolated_seconds"] < r["target_seconds"]
         verdict = (f" (target < {r['target_seconds']:.0f} s: {'met' if met else 'MISSED'}"
                    f"{'' if r['complete'] else ', extrapolated'})")

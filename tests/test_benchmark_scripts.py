@@ -166,3 +166,91 @@ def test_checkpoint_cost_script_times_three_calls_with_equal_bounds(tmp_path):
     assert r["chunk_files"] == 3 and r["bytes_written"] > 0 and r["bounds_equal"]
     assert r["best"]["read_back"] < r["best"]["checkpoint"]
     assert "all read back" in proc.stdout
+
+
+def _session(tmp_path, *stages, **env):
+    """Run gpu_session.sh with its folder and $OUT under tmp_path; (CompletedProcess, ledger rows, seconds)."""
+    import time
+    dest, out = tmp_path / "session", tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), *stages], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "GPU_SESSION_DEST": str(dest), "OUT": str(out),
+                               **{k: str(v) for k, v in env.items()}})
+    ledger = [line.split("\t") for line in (dest / "ledger.tsv").read_text().splitlines()]
+    return proc, ledger, time.monotonic() - t0
+
+
+def test_gpu_session_with_no_lease_left_starts_nothing_and_says_so(tmp_path):
+    proc, ledger, _ = _session(tmp_path, "lease", LEASE_S=0)
+    assert proc.returncode == 0, proc.stderr
+    # The preset's stages in order, every command recorded as skipped, none started.
+    assert [row[0] for row in ledger] == ["setup"] * 3 + ["tests", "mnist", "race", "kernels"]
+    assert {row[1] for row in ledger} == {"skipped"}
+    assert "FutureWarning" not in proc.stdout and "passed" not in proc.stdout
+    # The summary is the call's last output (the device tool returns only the tail), and it is packed.
+    tail = proc.stdout[proc.stdout.index("== hcrfast GPU session summary"):]
+    assert tail.count("skipped") == 5 and "(no pytest output)" in tail
+    assert (tmp_path / "out" / "gpu_session.tgz").stat().st_size > 0
+    assert (tmp_path / "out" / "gpu_session.log").read_text().endswith(tail)
+
+
+def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(tmp_path):
+    # A stand-in interpreter that hangs on any work; the install check and the summary use the real one.
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\ncase "$1" in -c|benchmarks/gpu_summary.py) exec {sys.executable} "$@";; esac\n'
+                    "sleep 100\n")
+    fake.chmod(0o755)
+    lease = 20
+    proc, ledger, wall = _session(tmp_path, "tests", "mnist", PYTHON=fake, LEASE_S=lease, RESERVE_S=2, MIN_RUN_S=5)
+    assert proc.returncode == 0, proc.stderr
+    (tests, mnist) = ledger
+    assert tests[:2] == ["tests", "timeout"] and 5 <= int(tests[2]) <= lease   # started, cut at what was left
+    assert mnist[:2] == ["mnist", "skipped"]                                     # nothing left for it
+    assert wall < lease + 10        # the call kept to its lease (timeout's TERM, not the 10-s KILL grace)
+    assert "TIMEOUT after" in proc.stdout and "SKIPPED" in proc.stdout
+    assert "(pytest printed no closing line: killed or crashed)" in proc.stdout
+
+
+def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path):
+    folder = tmp_path / "session"
+    run_script("race.py", "--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads",
+               "1", "--no-sweep", "--out", folder)
+    run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "3", "--restarts", "2", "--iterations",
+               "1", "--threads", "1", "--solver", "dense", "--slices", "3", "--time-budget", "0", "--out", folder)
+    (race_path,) = [p for p in folder.glob("race_*.json") if not p.stem.endswith("_reference")]
+    (target_path,) = folder.glob("gpu_targets_*.json")
+    race, target = json.loads(race_path.read_text()), json.loads(target_path.read_text())
+    (folder / "ledger.tsv").write_text("tests\tok\t95\tpytest\nmnist\ttimeout\t150\tgpu_targets.py mnist\n")
+    (folder / "tests.out").write_text("....\n=== 32 passed in 95.10s ===\n")
+
+    def summary():
+        return run_script("gpu_summary.py", folder).stdout
+
+    text = summary()
+    assert "32 passed in 95.10s" in text and "1 timeout" in text
+    best, ref = race["time_to_reference_median"], race["reference"]
+    assert f"{ref['seconds'] / best['seconds']:.1f}x" in text
+    assert "[cpu]" in text and ">= 50x" not in text               # no GPU verdict for a CPU race
+    assert "extrapolated from 1/3" in text and f"{target['extrapolated_seconds']:.0f} s" in text
+    assert "(< 60 s" not in text                                  # not the issue's size, not on a GPU
+
+    # The issue's verdicts, on the GPU at the full size: 60 s and 85% for MNIST, 50x for the race.
+    target.update(device="cuda:0", at_target_size=True, complete=True, examples_done=target["examples"])
+    race["args"]["device"] = "cuda"
+    best["seconds"] = race["time_to_reference_median"]["seconds"] = 0.5   # ratios exact in binary
+    for seconds, share, ratio, verdicts in ((59.0, 0.85, 50.0, ("met", "met", "met")),
+                                            (61.0, 0.84, 49.0, ("MISSED", "MISSED", "MISSED"))):
+        target.update(seconds=seconds, extrapolated_seconds=seconds, jvp_vjp_share=share)
+        race["reference"]["seconds"] = ratio * best["seconds"]
+        target_path.write_text(json.dumps(target))
+        race_path.write_text(json.dumps(race))
+        text = summary()
+        assert f"{seconds:.1f} s (< 60 s: {verdicts[0]})" in text
+        assert f"(>= 85%: {verdicts[1]})" in text
+        assert f"{ratio:.1f}x (>= 50x: {verdicts[2]})" in text
+
+    # A reference row whose hcrfast rows never finished is named, not dropped.
+    race_path.unlink()
+    assert "reference only" in summary()

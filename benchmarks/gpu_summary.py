@@ -1,0 +1,163 @@
+"""One table of what a ``gpu_session.sh`` call ran and what it measured, printed as its last lines.
+
+The device tool returns only the last 12,000 characters of a call's output, and a lease has no
+time to fetch and read files before the next call: this puts the verdicts where the reply shows
+them. It reads, in the session folder (``benchmarks/results/gpu_session`` by default):
+
+* ``ledger.tsv``: one line per command (stage, status, seconds, command) from ``gpu_session.sh``;
+* ``tests.out``: pytest's closing line of the GPU tests;
+* ``gpu_targets_*.json`` (``gpu_targets.py``), ``race_*.json`` (``race.py``) and
+  ``bench_gpu_kernels.json`` (pytest-benchmark).
+
+Standard library only, so that it runs, and says what did, even where torch or CuPy fails to
+import. Usage: ``python benchmarks/gpu_summary.py [FOLDER]``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+#: Issue #5's ratio over the reference method on the same GPU, at equal median bound.
+RACE_TARGET = 50.0
+_PYTEST_CLOSING = re.compile(r"\b\d+ (passed|failed|skipped|errors?|deselected)\b")
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return {"_error": f"{path.name}: {err}"}
+
+
+def stages(folder: Path) -> list[str]:
+    """One line per stage, in the order they first ran: commands, statuses, seconds."""
+    path = folder / "ledger.tsv"
+    if not path.exists():
+        return ["(no ledger.tsv: no command ran)"]
+    rows: dict[str, list[tuple[str, int]]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.reader(fh, delimiter="\t"):
+            if len(row) >= 3:
+                rows.setdefault(row[0], []).append((row[1], int(row[2]) if row[2].isdigit() else 0))
+    lines = [f"{'stage':<16} {'commands':>8}  {'status':<34} {'seconds':>7}"]
+    for stage, runs in rows.items():
+        counts: dict[str, int] = {}
+        for status, _ in runs:
+            counts[status] = counts.get(status, 0) + 1
+        status = ", ".join(f"{n} {s}" for s, n in counts.items())
+        extra = ""
+        if stage == "tests":
+            extra = "  " + pytest_closing(folder / "tests.out")
+        lines.append(f"{stage:<16} {len(runs):>8}  {status:<34} {sum(s for _, s in runs):>7}{extra}")
+    return lines
+
+
+def pytest_closing(path: Path) -> str:
+    """pytest's last summary line ('32 passed in 95.1s'), or why there is none."""
+    if not path.exists():
+        return "(no pytest output)"
+    found = [line.strip(" =") for line in path.read_text(errors="replace").splitlines() if _PYTEST_CLOSING.search(line)]
+    return found[-1] if found else "(pytest printed no closing line: killed or crashed)"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def target_line(r: dict) -> str:
+    """One gpu_targets.py run: size, solver and options, time (extrapolated if cut short), share, bound."""
+    if "_error" in r:
+        return f"  unreadable {r['_error']}"
+    cuda = str(r.get("device", "")).startswith("cuda")
+    opts = [f"solver={r.get('solver')}"]
+    opts += [f"{k}={r.get(k)}" for k, default in (("jacobian", "reverse"), ("kernels", "auto"), ("tf32", False),
+                                                  ("cupy_allocator", "torch"), ("warm_start", True))
+             if r.get(k, default) not in (default, None)]
+    if r.get("krylov_reorth_passes") not in (None, 1) and r.get("solver") == "krylov":
+        opts.append(f"reorth={r['krylov_reorth_passes']}")
+    if r.get("lsqr", {}).get("compact_below") == 0:
+        opts.append("compact_below=0")
+    size = f"{r['examples']}x{r['restarts']}x{r['iterations']}"
+    if r["complete"]:
+        time_s = f"{r['seconds']:.1f} s"
+    else:
+        time_s = f"{r['extrapolated_seconds']:.0f} s extrapolated from {r['examples_done']}/{r['examples']}"
+    verdicts = ""
+    if cuda and r.get("at_target_size") and r.get("target_seconds") is not None:
+        verdicts += f" (< {r['target_seconds']:.0f} s: {_verdict(r['extrapolated_seconds'] < r['target_seconds'])})"
+    share = f", JVP/VJP {r['jvp_vjp_share']:.1%} of the {'GPU timeline' if cuda else 'wall time'}"
+    if cuda and r.get("at_target_size"):
+        share += f" (>= {r['jvp_vjp_target']:.0%}: {_verdict(r['jvp_vjp_share'] >= r['jvp_vjp_target'])})"
+    bound = r.get("bound", {})
+    return (f"  {r['workload']} {size} [{r.get('device')}] {' '.join(opts)}: {time_s}{verdicts}{share}; "
+            f"{r['products_per_example']:.0f} products/example, median bound {bound.get('median', float('nan')):.4g}"
+            + (f", peak {r['peak_torch_bytes'] / 2**30:.1f} GiB" if "peak_torch_bytes" in r else ""))
+
+
+def race_line(r: dict) -> str:
+    """One race.py run: the reference's time and median, hcrfast's fastest row reaching it, the ratio."""
+    if "_error" in r:
+        return f"  unreadable {r['_error']}"
+    a, ref = r["args"], r["reference"]
+    head = (f"  race {a['model']} {a['examples']}x{a['restarts']}x{a['iterations']} [{a['device']}]: reference "
+            f"{ref['seconds']:.1f} s to median {ref['median']:.5g}; ")
+    best = r.get("time_to_reference_median")
+    if not best:
+        return head + "no hcrfast row reached the reference's median bound"
+    ratio = ref["seconds"] / best["seconds"]
+    verdict = f" (>= {RACE_TARGET:.0f}x: {_verdict(ratio >= RACE_TARGET)})" if a["device"] == "cuda" else ""
+    return head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
+
+
+def kernel_lines(path: Path, limit: int = 40) -> list[str]:
+    """pytest-benchmark's medians, one line each (at most ``limit``)."""
+    if path.stat().st_size == 0:   # pytest-benchmark leaves it empty when every benchmark skipped
+        return ["  (no benchmark ran: every one skipped)"]
+    r = _load(path)
+    if "_error" in r:
+        return [f"  unreadable {r['_error']}"]
+    rows = sorted(r.get("benchmarks", []), key=lambda b: (b.get("group") or "", b["name"]))
+    lines = [f"  {b['name']:<64} median {b['stats']['median'] * 1e3:10.3f} ms" for b in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"  ... {len(rows) - limit} more in {path.name}")
+    return lines or ["  (no benchmark ran)"]
+
+
+def summarize(folder: Path) -> str:
+    targets = [_load(p) for p in sorted(folder.glob("gpu_targets_*.json"))]
+    races = [_load(p) for p in sorted(folder.glob("race_*.json")) if not p.name.endswith("_reference.json")]
+    machine = next((r["machine"] for r in targets + races if "machine" in r), {})
+    head = " | ".join(f"{k} {machine[k]}" for k in ("gpu", "torch", "cupy") if machine.get(k))
+    out = [f"== hcrfast GPU session summary ({folder}){': ' + head if head else ''}", *stages(folder)]
+    if targets:
+        out.append("gpu_targets.py:")
+        out += [target_line(r) for r in targets]
+    if races:
+        out.append("race.py:")
+        out += [race_line(r) for r in races]
+    finished = [p.stem.rsplit("_", 1) for p in sorted(folder.glob("race_*.json")) if not p.stem.endswith("_reference")]
+    orphans = [p for p in sorted(folder.glob("race_*_reference.json"))   # race_<model>_<device>_<stamp>_reference
+               if not any(prefix == p.stem[:-len("_reference")].rsplit("_", 1)[0]
+                          and stamp >= p.stem[:-len("_reference")].rsplit("_", 1)[1] for prefix, stamp in finished)]
+    for p in orphans:  # the reference finished, the hcrfast rows did not
+        ref = _load(p).get("reference", {})
+        out.append(f"  {p.name}: reference only ({ref.get('seconds', float('nan')):.1f} s, median "
+                   f"{ref.get('median', float('nan')):.5g}); the hcrfast rows did not finish")
+    if (folder / "bench_gpu_kernels.json").exists():
+        out.append("bench_gpu_kernels.json:")
+        out += kernel_lines(folder / "bench_gpu_kernels.json")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    folder = Path(args[0] if args else "benchmarks/results/gpu_session")
+    print(summarize(folder))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
