@@ -100,9 +100,20 @@ summary() {
 }
 
 INSTALLED=
+WHEELS=${WHEELS:-.whl}
 ensure_installed() {  # once per call: the check imports torch (seconds), and a lease has none to spare
     [ -n "$INSTALLED" ] && return 0
     INSTALLED=1
+    # Wheels the image lacks, carried in $WHEELS (benchmarks/fetch_wheels.sh): installed once per machine,
+    # put on the path by every call.
+    if compgen -G "$WHEELS/*.whl" > /dev/null; then
+        if [ ! -e /tmp/hcrfast_site/.done ]; then
+            say "install the carried wheels: $(cd "$WHEELS" && echo *.whl)"
+            run "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target /tmp/hcrfast_site "$WHEELS"/*.whl && touch /tmp/hcrfast_site/.done
+        fi
+        export PYTHONPATH="/tmp/hcrfast_site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
     if "$PY" -c "import hcrfast.kernels, hcrfast.bindings" 2>/dev/null; then return 0; fi
     say "install hcrfast (editable, no dependencies, no build isolation: the machine is offline)"
     if ! run "$PY" -m pip install -q --no-deps --no-build-isolation -e .; then
