@@ -854,8 +854,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
-          tf32: bool = False, warm_start: bool = True, solver: str = "auto", krylov_pilots: int = 1,
-          checkpoint=None, shard: bool = False) -> Bounds:
+          keep_targeted_eps: bool = False, tf32: bool = False, warm_start: bool = True, solver: str = "auto",
+          krylov_pilots: int = 1, checkpoint=None, shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -913,6 +913,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         Krylov solve), so checkpoints and shards hold them too.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
+    keep_targeted_eps : bool
+        Keep every targeted step ε_k in ``result.targeted.eps`` (B·K·p float64 values: 12 GB
+        for CIFAR-10's 2,500 test images with ``targets="low:8"``, 230 MB per 224×224 image).
+        Default False: each chunk's steps are dropped once their bounds on every mode
+        (``result.targeted.std_every_mode``) are taken, and checkpoints hold no steps; the
+        bounds are the same. :func:`hcrfast.targeted.targeted_bound` always keeps them.
     warm_start : bool
         Start LSQR solve j > 1 of each restart from ``c·ε(j−1)``, ``c = ‖z‖/‖z(j−1)‖``,
         which nearly solves it (``z̃(j) = c·z(j−1) ≈ c·J ε(j−1)``), and stop on the
@@ -979,8 +985,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
 
 
 def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_at, lsqr, basis, certify, jacobian,
-           chunk_size, example_ids, progress, targets, targeted_method, tf32, warm_start, solver, krylov_pilots,
-           checkpoint, shard, world) -> Bounds:
+           chunk_size, example_ids, progress, targets, targeted_method, keep_targeted_eps, tf32, warm_start, solver,
+           krylov_pilots, checkpoint, shard, world) -> Bounds:
     """:func:`bound`, its arguments unchecked; ``world`` is this process's place in a sharded call (or None)."""
     t_start = time.perf_counter()
     noise = as_noise(validation.sigma_or_law(sigma))
@@ -996,8 +1002,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         raise ValueError(f"solver={solver!r} {'factors J' if solver == 'dense' else 'builds one Krylov basis of J'} "
                          f"at the input once, but linearize_at='current' needs a new J for every solve; pass "
                          f"linearize_at='input' or solver='lsqr'")
-    for name, value in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify), ("progress", progress)):
+    for name, value in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify), ("progress", progress),
+                        ("keep_targeted_eps", keep_targeted_eps)):
         validation.flag(name, value)
+    if keep_targeted_eps and targets is None:
+        raise ValueError("keep_targeted_eps=True keeps the targeted steps, but targets=None asks for none: pass "
+                         "targets= (e.g. 'low:8') or leave keep_targeted_eps out")
     given_options = validation.lsqr_options(lsqr)
     options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     krylov_pilots = validation.positive_int("krylov_pilots", krylov_pilots)
@@ -1109,6 +1119,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if targets is not None:  # (absent without them: checkpoints made before they were keyed still resume)
                 key.update(targets=f"{len(modes)} modes sha256:{sha256_tensors(np.asarray(modes, dtype=np.int64))}",
                            targeted_method=targeted_method)
+                if keep_targeted_eps:  # chunk files with the steps; the default's hold none
+                    key.update(keep_targeted_eps=True)
             clean = features.detach().cpu().numpy()
             if world is None or world.size == 1:
                 saved = Checkpoint(checkpoint, key, example_ids, clean)
@@ -1206,6 +1218,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     targeted_of[start] = targeted_bound(
                         model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
                         basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
+                if not keep_targeted_eps:  # their bounds on every mode are taken: K·p values an example freed
+                    targeted_of[start] = dataclasses.replace(targeted_of[start], eps=None)
             with profiling.annotate("bound"):
                 m = stop - start
                 with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0, counted below
@@ -1424,7 +1438,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],
-                      n_infinite=int(targeted.infinite.sum()), from_null_space=int(targeted.from_null_space.sum())))
+                      n_infinite=int(targeted.infinite.sum()), from_null_space=int(targeted.from_null_space.sum()),
+                      eps_kept=bool(keep_targeted_eps)))
     return Bounds(
         std=std.reshape((B,) + input_shape), mse=mse, eps=best_eps.reshape((B,) + input_shape), z=best_z,
         divergence=divergence, best_restart=best_restart, lsqr_iterations=itn, lsqr_istop=istop,

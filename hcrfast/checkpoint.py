@@ -31,8 +31,9 @@ __all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_writ
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
 # /2: float64-rounded D = 0 bounds 0, not +inf; /3: the rounding estimate counts input-sized terms a
-# feature cancels down from (algorithm._rounding_magnitude) (both 2026-11-25)
-FORMAT = "hcrfast.bound checkpoint/3"
+# feature cancels down from (algorithm._rounding_magnitude) (both 2026-11-25); /4: targeted parts carry
+# their bounds on every mode (std_every_mode), and hcrfast.bound's drop the steps unless kept (2026-11-26)
+FORMAT = "hcrfast.bound checkpoint/4"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 

@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hcrfast import dense, kernels, validation
+from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
-                               _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
+                               _cross_bounds, _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
                                _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
@@ -210,8 +210,16 @@ class TargetedBounds:
         Their flat indices; axis 1 of the per-target arrays below follows it.
     divergence : array, shape (B, K)
         ``D(z_ε)`` of the ε that gave each bound (float64).
-    eps : array, shape (B, K, *input_shape)
-        That ε, as applied (float64).
+    eps : array, shape (B, K, *input_shape), or None
+        That ε, as applied (float64). None in the ``targeted`` of :func:`hcrfast.bound`, which
+        drops each chunk's steps once their bounds are taken (B·K·p values: 12 GB for CIFAR-10's
+        2,500 test images with ``low:8``) unless ``keep_targeted_eps=True``.
+    std_every_mode : array, shape = batch.shape
+        Per example and mode j (targeted or not), the best bound the targeted steps give it: the
+        larger of ``std`` and ``max_k |(Q ε_k)_j| / √D_k`` over the steps whose own bound is finite
+        and positive, null-space probes' excepted (their D is rounding by design). (5) holds for
+        every coordinate with the same ε and D, so each step bounds every mode it moves;
+        ``bound(targets=)`` takes these into its bounds. Computed once, with the steps.
     infinite : array of bool, shape = batch.shape
         Modes with a certified bound +inf (features exactly unchanged).
     from_null_space : array of bool, shape (B, K)
@@ -246,31 +254,25 @@ class TargetedBounds:
     lsqr_iterations: object
     lsqr_istop: object
     method: str
+    std_every_mode: object = None
     infinite_reasons: list = field(default_factory=list)
     params: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     rounding: dict = field(default_factory=lambda: dict(ROUNDING_COUNTS))
 
     _ARRAYS = ("std", "targeted", "divergence", "eps", "infinite", "from_null_space", "null_dim",
-               "null_fraction", "lsqr_iterations", "lsqr_istop")
+               "null_fraction", "lsqr_iterations", "lsqr_istop", "std_every_mode")
 
     #: The fields with one row per example (all arrays but ``targeted``).
     _PER_EXAMPLE = tuple(k for k in _ARRAYS if k != "targeted")
 
     __repr__ = short_repr
 
-    @property
-    def std_every_mode(self):
-        """Per example and mode j (targeted or not), the best bound the targeted steps give it, shape =
-        ``std``'s: the larger of ``std`` and ``max_k |(Q ε_k)_j| / √D_k`` over the steps whose own bound
-        is finite and positive, null-space probes' excepted (their D is rounding by design). (5) holds
-        for every coordinate with the same ε and D, so each step bounds every mode it moves;
-        ``bound(targets=)`` takes these into its bounds."""
-        from hcrfast.algorithm import _cross_bounds  # here: hcrfast.algorithm imports this module
-
+    def with_every_mode(self) -> TargetedBounds:
+        """This, with ``std_every_mode`` computed from ``eps`` (one DCT of every step)."""
         xp = get_array_module(self.std)
         cross = _cross_bounds(self, self.params["basis"], tuple(self.std.shape[1:]))
-        return xp.maximum(self.std, cross.reshape(self.std.shape))
+        return dataclasses.replace(self, std_every_mode=xp.maximum(self.std, cross.reshape(self.std.shape)))
 
     def to_numpy(self) -> TargetedBounds:
         """A copy whose arrays are NumPy arrays on the host."""
@@ -287,7 +289,9 @@ class TargetedBounds:
 
     @classmethod
     def from_arrays(cls, arrays: dict, meta: dict) -> TargetedBounds:
-        return cls(**{k: arrays.get(k) for k in cls._ARRAYS + ("modes",)}, **meta)
+        made = cls(**{k: arrays.get(k) for k in cls._ARRAYS + ("modes",)}, **meta)
+        # Files saved before std_every_mode was kept (2026-11-26) hold the steps it comes from.
+        return made.with_every_mode() if made.std_every_mode is None and made.eps is not None else made
 
     _FORMAT = "hcrfast.TargetedBounds/1"
 
@@ -693,7 +697,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/3"  # /2, /3: as hcrfast.bound checkpoint/2, /3
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/4"  # /2, /3, /4: as hcrfast.bound checkpoint/2, /3, /4
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
@@ -808,10 +812,15 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
     targeted[modes] = True
     reasons = _infinite_reasons(to_host(value.reshape(B, K)), modes, input_shape, params["basis"],
                                 to_host(from_null.reshape(B, K)))
-    return TargetedBounds(
+    t0 = time.perf_counter()
+    made = TargetedBounds(
         std=std.reshape((B,) + input_shape), targeted=targeted.reshape(input_shape), modes=modes,
         divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),
         infinite=infinite.reshape((B,) + input_shape),
         from_null_space=from_null.reshape(B, K), null_dim=null_dim, null_fraction=null_fraction,
         lsqr_iterations=itn, lsqr_istop=istop, method=method, infinite_reasons=reasons,
         params=dict(params, jacobian=jac_used), timings=timings, rounding=rounding)
+    with profiling.annotate("targeted-cross"):  # each step bounds every mode it moves
+        made = made.with_every_mode()
+    timings["cross"] = time.perf_counter() - t0
+    return made

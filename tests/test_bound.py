@@ -870,7 +870,7 @@ def test_targeted_steps_bound_every_mode_they_move(solver):
     model = linear_model(W, rng.standard_normal(n), shape)
     x = torch.as_tensor(rng.standard_normal((3,) + shape))
     kw = dict(iterations=2, restarts=3, solver=solver, lsqr=None if solver == "dense" else FAST)
-    res = hcrfast.bound(model, x, sigma, targets="low:2", **kw)
+    res = hcrfast.bound(model, x, sigma, targets="low:2", keep_targeted_eps=True, **kw)
     t = res.targeted
     eps = np.asarray(t.eps)                                            # (3, 4, 1, 4, 4)
     D = np.expm1(np.einsum("bkn,bkn->bk", *(eps.reshape(3, 4, p) @ W.T,) * 2) / sigma**2)
@@ -886,6 +886,56 @@ def test_targeted_steps_bound_every_mode_they_move(solver):
     lifted = res.std.reshape(3, p)[:, others] > np.asarray(res.std_algorithm1).reshape(3, p)[:, others]
     assert lifted.mean() > 0.2
     assert "their steps also bound the other modes, and lifted" in res.summary()
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_bound_drops_the_targeted_steps_unless_kept_and_bounds_the_same(solver, tmp_path):
+    """bound(targets=) keeps each chunk's bounds on every mode and drops its (K, p) steps, unless
+    keep_targeted_eps=True: the same bounds bitwise, saved and checkpointed without the steps, and a
+    checkpoint of one setting refused by the other. Oracle for std_every_mode: scipy's DCT of the kept
+    steps over √D (test_targeted_steps_bound_every_mode_they_move checks those against W)."""
+    rng = np.random.default_rng(31)
+    shape, p, n, sigma = (1, 4, 4), 16, 24, 0.5
+    model = linear_model(matrix_with_condition(rng, n, p, 100.0), rng.standard_normal(n), shape)
+    x = torch.as_tensor(rng.standard_normal((3,) + shape))
+    kw = dict(iterations=2, restarts=3, solver=solver, targets="low:2", chunk_size=2)
+    kept = hcrfast.bound(model, x, sigma, keep_targeted_eps=True, **kw)
+    res = hcrfast.bound(model, x, sigma, **kw)
+    assert res.targeted.eps is None and kept.targeted.eps.shape == (3, 4) + shape
+    assert res.params["targeted"]["eps_kept"] is False and kept.params["targeted"]["eps_kept"] is True
+    np.testing.assert_array_equal(res.std, kept.std)
+    np.testing.assert_array_equal(res.targeted.std_every_mode, kept.targeted.std_every_mode)
+    coords = np.abs(scipy.fft.dctn(np.asarray(kept.targeted.eps), axes=(-2, -1), norm="ortho").reshape(3, 4, p))
+    cross = (coords / np.sqrt(np.asarray(kept.targeted.divergence))[..., None]).max(axis=1)
+    np.testing.assert_allclose(np.asarray(res.targeted.std_every_mode).reshape(3, p),
+                               np.maximum(np.asarray(kept.targeted.std).reshape(3, p), cross), rtol=1e-12)
+
+    res.save(tmp_path / "bounds.npz")
+    back = hcrfast.Bounds.load(tmp_path / "bounds.npz")
+    assert back.targeted.eps is None and "targeted.eps" not in np.load(tmp_path / "bounds.npz").files
+    np.testing.assert_array_equal(back.targeted.std_every_mode, res.targeted.std_every_mode)
+
+    folder = tmp_path / "ckpt"
+    first = hcrfast.bound(model, x, sigma, checkpoint=folder, **kw)
+    chunks = sorted(folder.glob("chunk_*.npz"))
+    assert len(chunks) == 2
+    for chunk in chunks:
+        files = np.load(chunk).files
+        assert "targeted.std_every_mode" in files and "targeted.eps" not in files
+    again = hcrfast.bound(model, x, sigma, checkpoint=folder, **kw)  # read back, not computed
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+    np.testing.assert_array_equal(again.std, first.std)
+    np.testing.assert_array_equal(first.std, res.std)
+    with pytest.raises(hcrfast.CheckpointMismatchError, match="keep_targeted_eps"):
+        hcrfast.bound(model, x, sigma, checkpoint=folder, keep_targeted_eps=True, **kw)
+
+
+def test_keep_targeted_eps_without_targets_or_not_a_flag_is_refused():
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match=r"keep_targeted_eps=True keeps the targeted steps, but targets=None"):
+        hcrfast.bound(FrozenFeatures().eval(), x, 0.5, keep_targeted_eps=True)
+    with pytest.raises(TypeError, match="keep_targeted_eps"):
+        hcrfast.bound(FrozenFeatures().eval(), x, 0.5, targets="low:2", keep_targeted_eps="yes")
 
 
 def test_cross_bounds_leave_out_steps_whose_own_bound_was_withheld():
@@ -984,14 +1034,15 @@ def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_example
     """bound(targets=...) finds the targeted bounds chunk by chunk: the same bounds as in one chunk, and
     the +inf reasons name the examples by their place in the whole batch."""
     x = torch.rand(5, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    kw = dict(iterations=2, restarts=2, targets="low:2", solver="dense")
+    kw = dict(iterations=2, restarts=2, targets="low:2", solver="dense", keep_targeted_eps=True)
     one = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=5, **kw)
     many = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=2, **kw)
     assert len(one.targeted.infinite_reasons) == 5 * 4  # every example, every targeted mode
     assert many.targeted.infinite_reasons == one.targeted.infinite_reasons
     assert many.targeted.infinite_reasons[-1].startswith("example 4,")
     assert many.infinite_reasons == one.infinite_reasons
-    for name in ("std", "divergence", "eps", "infinite", "from_null_space", "null_dim", "null_fraction"):
+    for name in ("std", "divergence", "eps", "infinite", "from_null_space", "null_dim", "null_fraction",
+                 "std_every_mode"):
         np.testing.assert_allclose(getattr(many.targeted, name), getattr(one.targeted, name), rtol=1e-12,
                                    err_msg=name)
     np.testing.assert_array_equal(many.std, one.std)

@@ -463,3 +463,8 @@ def test_std_every_mode_is_the_best_bound_of_every_step_for_every_mode():
     assert np.all(got > 0) and np.count_nonzero(np.asarray(t.std)) == 2 * 4  # every mode bounded, 4 targeted
     crb = sigma**2 * np.diag(dct_basis(shape) @ np.linalg.inv(W.T @ W) @ dct_basis(shape).T)
     assert np.all(got**2 <= crb * (1 + 1e-9))
+    # Computed once with the steps; a file saved before it was kept (2026-11-26) gets it from its steps.
+    arrays, meta = t.to_arrays()
+    del arrays["std_every_mode"]
+    old_file = hcrfast.targeted.TargetedBounds.from_arrays(arrays, meta)
+    np.testing.assert_array_equal(np.asarray(old_file.std_every_mode).reshape(2, p), got)
