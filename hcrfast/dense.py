@@ -125,7 +125,7 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     except RuntimeError as exc:
         from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
 
-        if _is_oom(exc):  # the caller halves the chunk
+        if _is_oom(exc) or _is_device_failure(exc):  # the caller halves the chunk; a device fault is no vmap limit
             raise
         # The plain-autograd probes of the entry point passed: what fails here is torch.func's.
         text = str(exc)
@@ -142,6 +142,16 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                          f"cases): pass solver='lsqr' (or, for targeted_bound, method='lsqr'), which needs plain "
                          f"autograd only") from exc
     return out
+
+
+#: What torch, cuBLAS and cuDNN say of a fault of the device or its libraries (not of the model's code).
+_DEVICE_FAULTS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error", "device-side assert")
+
+
+def _is_device_failure(exc: BaseException) -> bool:
+    """A fault of the GPU or its libraries (torch's AcceleratorError, cuBLAS, cuDNN), raised as it is: the
+    advice for a forward that torch.func cannot run would send the user after the wrong cause."""
+    return type(exc).__name__ == "AcceleratorError" or any(k in str(exc) for k in _DEVICE_FAULTS)
 
 
 def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int) -> None:

@@ -260,3 +260,28 @@ def test_a_model_torch_func_cannot_run_is_refused_with_the_solver_that_can():
     res = hcrfast.bound(model, x, 0.1, restarts=1, iterations=1, solver="lsqr")
     with torch.no_grad():  # its certified shift is the model's own, checked in float64
         np.testing.assert_allclose(res.z, (model(x + torch.as_tensor(res.eps)) - model(x)).numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("fault", [
+    RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with TORCH_USE_CUDA_DSA"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    torch.AcceleratorError("device-side assert triggered"),
+])
+def test_a_device_fault_while_building_j_is_raised_as_it_is(monkeypatch, fault):
+    """A fault of the GPU or its libraries inside the vmapped build of J is raised unchanged, not turned
+    into the advice for a forward torch.func cannot run (solver='lsqr'), which names the wrong cause."""
+    from hcrfast import dense
+
+    def broken(*args, **kwargs):
+        raise fault
+
+    monkeypatch.setattr(dense, "_fill_jacobian", broken)
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
+    with pytest.raises(type(fault)) as caught:
+        dense.jacobian(Checkpointed().inner, x)
+    assert caught.value is fault
+
+    monkeypatch.setattr(dense, "_fill_jacobian", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("vmap: boom")))
+    with pytest.raises(ValueError, match="solver='lsqr'"):   # what torch.func refuses still gets the advice
+        dense.jacobian(Checkpointed().inner, x)
