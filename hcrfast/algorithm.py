@@ -1412,8 +1412,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if targets is not None:
             targeted = TargetedBounds.concatenate([targeted_of[start] for start in sorted(targeted_of)], xp)
             std_algorithm1 = std.reshape((B,) + input_shape).copy()
-            with profiling.annotate("targeted-cross"):  # each targeted step bounds every mode it moves
-                std = xp.maximum(std, targeted.std_every_mode.reshape(B, p))  # the max of valid bounds is valid
+            # Each targeted step bounds every mode it moves (taken chunk by chunk, with the steps); the max
+            # of valid bounds is valid.
+            std = xp.maximum(std, targeted.std_every_mode.reshape(B, p))
             reasons.extend(targeted.infinite_reasons)
             _warn_targeted(targeted.rounding, batch.dtype)  # chunks read back from a checkpoint included
         # Read on the solver's stream and allocator (a strided slice's get() copies on the device).

@@ -50,8 +50,9 @@ import torch
 
 from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
-                               _cross_bounds, _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
+                               _cross_bounds, _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away,
+                               _rounding_error, _rounding_magnitude, _warn_rounding, divergence_underflow,
+                               infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
