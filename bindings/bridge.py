@@ -191,37 +191,52 @@ def release_device_memory(device: torch.device) -> None:
 
 
 #: The float32 settings of torch that may trade precision for speed: cuBLAS matmuls and
-#: cuDNN convolutions in TF32 (10-bit mantissa) on Ampere and later GPUs.
-_FP32_KNOBS = ("matmul", "conv")
+#: cuDNN convolutions (and recurrent layers) in TF32 (10-bit mantissa) on Ampere and later GPUs.
+_CUDNN_KNOBS = ("", "conv", "rnn")
 
 
-def _fp32_knob(name):
-    return torch.backends.cuda.matmul if name == "matmul" else torch.backends.cudnn.conv
+def _cudnn_knob(name):
+    return getattr(torch.backends.cudnn, name) if name else torch.backends.cudnn
 
 
 @contextlib.contextmanager
 def ieee_float32(enabled: bool = True):
-    """Run the block with float32 matmuls and convolutions in full IEEE float32 (no TF32).
+    """Run the block with float32 matmuls, convolutions and recurrent layers in full IEEE float32 (no TF32).
 
     torch's defaults let cuDNN convolutions use TF32 (about 1e-3 relative error), which
     makes a GPU's ``J v`` and ``Jᵀu`` differ from each other and from the CPU's by far more
-    than LSQR's tolerances. The previous settings are restored afterwards. With
+    than LSQR's tolerances. The previous settings are restored afterwards, exactly. With
     ``enabled=False`` the block runs with whatever the caller set. Uses torch's
-    ``fp32_precision`` settings where they exist, the ``allow_tf32`` flags otherwise
-    (torch refuses a mix of the two APIs).
+    ``fp32_precision`` settings where they exist, the ``allow_tf32`` flags otherwise.
+
+    cuDNN keeps a third flag beside its conv and rnn settings, which only the ``allow_tf32``
+    setter moves, and refuses to answer ``torch.backends.cudnn.allow_tf32`` (so does
+    ``torch.backends.cudnn.flags()``, which model code uses) while the three disagree: setting
+    conv (or conv and rnn) to "ieee" alone left every such read inside a call raising. So the
+    setter turns all three off first, then conv and rnn are named "ieee".
     """
     if not enabled:
         yield
         return
-    if all(hasattr(_fp32_knob(k), "fp32_precision") for k in _FP32_KNOBS):
-        saved = {k: _fp32_knob(k).fp32_precision for k in _FP32_KNOBS}
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision") and all(hasattr(_cudnn_knob(k), "fp32_precision") for k in _CUDNN_KNOBS):
+        saved_matmul = matmul.fp32_precision
+        saved = [_cudnn_knob(k).fp32_precision for k in _CUDNN_KNOBS]
         try:
-            for k in _FP32_KNOBS:
-                _fp32_knob(k).fp32_precision = "ieee"
+            saved_flag = torch.backends.cudnn.allow_tf32
+        except RuntimeError:  # the caller's own settings disagree already: theirs to keep, restored as they were
+            saved_flag = None
+        try:
+            matmul.fp32_precision = "ieee"
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "ieee"
             yield
         finally:
-            for k, value in saved.items():
-                _fp32_knob(k).fp32_precision = value
+            matmul.fp32_precision = saved_matmul
+            if saved_flag is not None:
+                torch.backends.cudnn.allow_tf32 = saved_flag
+            for k, value in zip(_CUDNN_KNOBS, saved):
+                _cudnn_knob(k).fp32_precision = value
         return
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # pragma: no cover - old torch
     try:  # pragma: no cover

@@ -119,6 +119,58 @@ def _fp32_settings():
     return torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
 
 
+def _tf32_state():
+    """torch's float32 settings as every reader sees them; the legacy cuDNN reader may refuse ("raises")."""
+    cudnn = torch.backends.cudnn
+    try:
+        flag = cudnn.allow_tf32
+    except RuntimeError:
+        flag = "raises"
+    return (torch.backends.cuda.matmul.fp32_precision, cudnn.fp32_precision, cudnn.conv.fp32_precision,
+            cudnn.rnn.fp32_precision, flag)
+
+
+def _caller_legacy(value):
+    torch.backends.cudnn.allow_tf32 = value
+
+
+def _caller_conv_only():    # a mix torch itself refuses to read back
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+
+
+def _caller_matmul_tf32():
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cudnn, "rnn"), reason="torch before the fp32_precision settings")
+@pytest.mark.parametrize("caller", [lambda: None, lambda: _caller_legacy(True), lambda: _caller_legacy(False),
+                                    _caller_conv_only, _caller_matmul_tf32],
+                         ids=["defaults", "legacy-on", "legacy-off", "conv-only", "matmul-tf32"])
+def test_ieee_float32_leaves_torchs_cudnn_flags_readable_and_restores_them(caller):
+    """Inside the block, model code that reads torch.backends.cudnn.allow_tf32 or enters
+    torch.backends.cudnn.flags() runs (both raised while conv alone was set to IEEE: torch refuses
+    to read cuDNN's flags while they disagree); matmuls, convolutions and recurrent layers are IEEE
+    (not TF32); afterwards every reader sees what the caller had set, whichever API set it."""
+    from hcrfast.bindings import ieee_float32
+
+    saved = _tf32_state()
+    try:
+        caller()
+        before = _tf32_state()
+        with ieee_float32():
+            inside = _tf32_state()
+            with torch.backends.cudnn.flags(enabled=True):
+                pass
+        assert inside[0] == inside[2] == inside[3] == "ieee" and inside[4] is False
+        assert _tf32_state() == before
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved[4] if saved[4] != "raises" else True
+        (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision,
+         torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision) = saved[:4]
+
+
 @pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
                     reason="torch before the fp32_precision settings")
 def test_ieee_float32_sets_and_restores_torch_precision():
