@@ -218,7 +218,7 @@ def lsqr_init(op, b, *, impl: str = "auto", x0=None) -> LSQRState:
         x0norm = xp.zeros(B, dtype=f64)
     else:
         bnorm = kernels.row_norms(b, impl=impl).astype(f64)
-        x = x0.astype(b.dtype, copy=True)
+        x = x0.astype(b.dtype, order="C", copy=True)  # the Numba x/w update writes C-ordered rows in place
         x0norm = kernels.row_norms(x, impl=impl).astype(f64)
         u, beta = kernels.row_normalize(b - op.matvec(x), 1.0, impl=impl)
         beta = beta.astype(f64)

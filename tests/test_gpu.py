@@ -251,6 +251,22 @@ def test_numba_kernels_match_twins_on_cupy(cupy, name):
             cupy.testing.assert_allclose(g, r, rtol=tol, atol=tol)
 
 
+def test_lsqr_from_a_fortran_ordered_start_runs_the_numba_kernels(cupy):
+    """The Numba x/w update writes C-ordered rows in place; a start x0 in Fortran order is taken in C
+    order, and the solve matches the twins' (the update refused it before: 'must be C-contiguous')."""
+    from hcrfast.lsqr import lsqr
+    from hcrfast.operators import DenseBatchOperator
+
+    rng = np.random.default_rng(5)
+    A, b, x0 = rng.standard_normal((3, 40, 30)), rng.standard_normal((3, 40)), rng.standard_normal((3, 30))
+    op = DenseBatchOperator(cupy.asarray(A))
+    start = cupy.asfortranarray(cupy.asarray(x0))
+    assert not start.flags.c_contiguous
+    got = lsqr(op, cupy.asarray(b), atol=1e-10, btol=1e-10, x0=start, kernels="numba")
+    want = lsqr(op, cupy.asarray(b), atol=1e-10, btol=1e-10, x0=start, kernels="twin")
+    cupy.testing.assert_allclose(got.x, want.x, rtol=1e-9, atol=1e-12)
+
+
 def test_no_host_transfer_inside_the_lsqr_loop(cupy, host_reads):
     """Between checks torch's side of the loop never waits for the device (its sync-debug mode raises
     on torch's synchronizing ops; it does not see CuPy's, which the profiler test below counts), and
