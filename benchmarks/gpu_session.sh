@@ -53,7 +53,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST=${GPU_SESSION_DEST:-benchmarks/results/gpu_session}
-mkdir -p "$DEST"
 LOG="${OUT:-$DEST}/gpu_session.log"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -143,6 +142,7 @@ for stage in "$@"; do
         ;;
     esac
 done
+mkdir -p "$DEST"   # after the stages are known: a refused call leaves nothing behind
 say "gpu_session: ${stages[*]} (LEASE_S=$LEASE_S: done by $(date -u -d "@$DEADLINE" +%H:%M:%S))"
 
 for stage in "${stages[@]}"; do

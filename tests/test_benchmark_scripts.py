@@ -74,8 +74,9 @@ def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
     script = ROOT / "benchmarks" / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     proc = subprocess.run(["bash", str(script), "no-such-stage"], capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path)})
+                          env={**os.environ, "OUT": str(tmp_path), "GPU_SESSION_DEST": str(tmp_path / "session")})
     assert proc.returncode == 2 and "unknown stage 'no-such-stage'" in proc.stderr
+    assert not (tmp_path / "session").exists()   # a refused call leaves no folder behind
 
 
 def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
@@ -254,3 +255,31 @@ def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path)
     # A reference row whose hcrfast rows never finished is named, not dropped.
     race_path.unlink()
     assert "reference only" in summary()
+
+
+def test_unpack_gpu_session_files_a_lease_under_its_device_and_summarizes_it(tmp_path):
+    """What a lease brings back (gpu_session.tgz + the log) lands in gpu_<device>_<date>/, named from
+    the JSONs' machine info, and its summary is printed."""
+    import tarfile
+
+    session = tmp_path / "session"
+    session.mkdir()
+    run = {"workload": "mnist", "examples": 10000, "examples_done": 10000, "complete": True, "restarts": 25,
+           "iterations": 10, "device": "cuda:0", "seconds": 41.5, "extrapolated_seconds": 41.5,
+           "jvp_vjp_share": 0.9, "jvp_vjp_target": 0.85, "target_seconds": 60.0, "at_target_size": True,
+           "products_per_example": 774.0, "solver": "krylov", "bound": {"median": 0.45},
+           "machine": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"}}
+    (session / "gpu_targets_mnist_cuda_20261126T120000.json").write_text(json.dumps(run))
+    (session / "ledger.tsv").write_text("mnist\tok\t50\tgpu_targets.py mnist\n")
+    back = tmp_path / "back"
+    back.mkdir()
+    with tarfile.open(back / "gpu_session.tgz", "w:gz") as tar:
+        tar.add(session, arcname=".")
+    (back / "gpu_session.log").write_text("=== gpu_session: mnist\n")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "unpack_gpu_session.sh"), str(back / "gpu_session.tgz")],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "RESULTS_DIR": str(tmp_path / "r")})
+    assert proc.returncode == 0, proc.stderr
+    (dest,) = (tmp_path / "r").glob("gpu_nvidia-h100-80gb-hbm3_*")
+    assert sorted(p.name for p in dest.iterdir()) == ["gpu_session.log", "gpu_targets_mnist_cuda_20261126T120000.json",
+                                                     "ledger.tsv"]
+    assert "41.5 s (< 60 s: met)" in proc.stdout and "NVIDIA H100 80GB HBM3" in proc.stdout
