@@ -63,6 +63,14 @@ def pytest_closing(path: Path) -> str:
     return found[-1] if found else "(pytest printed no closing line: killed or crashed)"
 
 
+def _safe(line, r) -> str:
+    """``line(r)``, or why it could not be read: one file of another layout costs its line, not the table."""
+    try:
+        return line(r)
+    except Exception as err:  # noqa: BLE001 - any layout problem, named
+        return f"  unreadable ({type(err).__name__}: {err}): {str(r)[:120]}"
+
+
 def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
@@ -109,21 +117,23 @@ def race_line(r: dict) -> str:
         return head + "no hcrfast row reached the reference's median bound"
     ratio = ref["seconds"] / best["seconds"]
     verdict = f" (>= {RACE_TARGET:.0f}x: {_verdict(ratio >= RACE_TARGET)})" if a["device"] == "cuda" else ""
-    return head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
+    unfinished = "" if r.get("complete", True) else "; the LSQR sweep did not finish"
+    return (head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
+            + unfinished)
 
 
-def kernel_lines(path: Path, limit: int = 40) -> list[str]:
+def kernel_lines(path: Path, limit: int = 40) -> str:
     """pytest-benchmark's medians, one line each (at most ``limit``)."""
     if path.stat().st_size == 0:   # pytest-benchmark leaves it empty when every benchmark skipped
-        return ["  (no benchmark ran: every one skipped)"]
+        return "  (no benchmark ran: every one skipped)"
     r = _load(path)
     if "_error" in r:
-        return [f"  unreadable {r['_error']}"]
+        return f"  unreadable {r['_error']}"
     rows = sorted(r.get("benchmarks", []), key=lambda b: (b.get("group") or "", b["name"]))
     lines = [f"  {b['name']:<64} median {b['stats']['median'] * 1e3:10.3f} ms" for b in rows[:limit]]
     if len(rows) > limit:
         lines.append(f"  ... {len(rows) - limit} more in {path.name}")
-    return lines or ["  (no benchmark ran)"]
+    return "\n".join(lines or ["  (no benchmark ran)"])
 
 
 def summarize(folder: Path) -> str:
@@ -134,10 +144,10 @@ def summarize(folder: Path) -> str:
     out = [f"== hcrfast GPU session summary ({folder}){': ' + head if head else ''}", *stages(folder)]
     if targets:
         out.append("gpu_targets.py:")
-        out += [target_line(r) for r in targets]
+        out += [_safe(target_line, r) for r in targets]
     if races:
         out.append("race.py:")
-        out += [race_line(r) for r in races]
+        out += [_safe(race_line, r) for r in races]
     finished = [p.stem.rsplit("_", 1) for p in sorted(folder.glob("race_*.json")) if not p.stem.endswith("_reference")]
     orphans = [p for p in sorted(folder.glob("race_*_reference.json"))   # race_<model>_<device>_<stamp>_reference
                if not any(prefix == p.stem[:-len("_reference")].rsplit("_", 1)[0]
@@ -148,7 +158,7 @@ def summarize(folder: Path) -> str:
                    f"{ref.get('median', float('nan')):.5g}); the hcrfast rows did not finish")
     if (folder / "bench_gpu_kernels.json").exists():
         out.append("bench_gpu_kernels.json:")
-        out += kernel_lines(folder / "bench_gpu_kernels.json")
+        out += _safe(kernel_lines, folder / "bench_gpu_kernels.json").split("\n")
     return "\n".join(out)
 
 

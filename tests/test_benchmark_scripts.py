@@ -187,7 +187,7 @@ def test_gpu_session_with_no_lease_left_starts_nothing_and_says_so(tmp_path):
     proc, ledger, _ = _session(tmp_path, "lease", LEASE_S=0)
     assert proc.returncode == 0, proc.stderr
     # The preset's stages in order, every command recorded as skipped, none started.
-    assert [row[0] for row in ledger] == ["setup"] * 4 + ["tests", "mnist", "race"]
+    assert [row[0] for row in ledger] == ["setup"] * 4 + ["tests", "race", "mnist"]
     assert {row[1] for row in ledger} == {"skipped"}
     assert "FutureWarning" not in proc.stdout and "passed" not in proc.stdout
     # The summary is the call's last output (the device tool returns only the tail), and it is packed.
