@@ -3,7 +3,7 @@
 # in few, full calls. Each stage appends to one log and writes its JSON next to it.
 #
 #   LEASE_S=450 bash benchmarks/gpu_session.sh lease     # the first call of a lease (see below)
-#   LEASE_S=290 bash benchmarks/gpu_session.sh lease2    # the second, if the lease has time left
+#   LEASE_S=260 bash benchmarks/gpu_session.sh lease2    # the second, at once: budget_left_s - 90
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
