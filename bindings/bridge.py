@@ -190,15 +190,6 @@ def release_device_memory(device: torch.device) -> None:
     torch.cuda.empty_cache()
 
 
-#: The float32 settings of torch that may trade precision for speed: cuBLAS matmuls and
-#: cuDNN convolutions (and recurrent layers) in TF32 (10-bit mantissa) on Ampere and later GPUs.
-_CUDNN_KNOBS = ("", "conv", "rnn")
-
-
-def _cudnn_knob(name):
-    return getattr(torch.backends.cudnn, name) if name else torch.backends.cudnn
-
-
 @contextlib.contextmanager
 def ieee_float32(enabled: bool = True):
     """Run the block with float32 matmuls, convolutions and recurrent layers in full IEEE float32 (no TF32).
@@ -218,29 +209,31 @@ def ieee_float32(enabled: bool = True):
     if not enabled:
         yield
         return
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision") and all(hasattr(_cudnn_knob(k), "fp32_precision") for k in _CUDNN_KNOBS):
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    # cuDNN's own setting and its conv and rnn ones (torch >= 2.9; before, only the allow_tf32 flags)
+    knobs = (cudnn, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None))
+    if all(hasattr(k, "fp32_precision") for k in (matmul, *knobs)):
         saved_matmul = matmul.fp32_precision
-        saved = [_cudnn_knob(k).fp32_precision for k in _CUDNN_KNOBS]
+        saved = [k.fp32_precision for k in knobs]
         try:
-            saved_flag = torch.backends.cudnn.allow_tf32
+            saved_flag = cudnn.allow_tf32
         except RuntimeError:  # the caller's own settings disagree already: theirs to keep, restored as they were
             saved_flag = None
         try:
             matmul.fp32_precision = "ieee"
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "ieee"
+            cudnn.allow_tf32 = False
+            cudnn.conv.fp32_precision = cudnn.rnn.fp32_precision = "ieee"
             yield
         finally:
             matmul.fp32_precision = saved_matmul
             if saved_flag is not None:
-                torch.backends.cudnn.allow_tf32 = saved_flag
-            for k, value in zip(_CUDNN_KNOBS, saved):
-                _cudnn_knob(k).fp32_precision = value
+                cudnn.allow_tf32 = saved_flag
+            for k, value in zip(knobs, saved):
+                k.fp32_precision = value
         return
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # pragma: no cover - old torch
-    try:  # pragma: no cover
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # old torch
+    try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         yield
-    finally:  # pragma: no cover
+    finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

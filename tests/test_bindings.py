@@ -171,6 +171,21 @@ def test_ieee_float32_leaves_torchs_cudnn_flags_readable_and_restores_them(calle
          torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision) = saved[:4]
 
 
+def test_ieee_float32_on_a_torch_with_only_the_allow_tf32_flags(monkeypatch):
+    """torch before the fp32_precision settings (pyproject allows 2.3) has neither them nor cudnn.rnn: the
+    block turns its two allow_tf32 flags off and restores them (a lookup of cudnn.rnn raised there)."""
+    import types
+
+    from hcrfast.bindings import ieee_float32
+
+    matmul, cudnn = types.SimpleNamespace(allow_tf32=True), types.SimpleNamespace(allow_tf32=True)
+    monkeypatch.setattr(torch, "backends", types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=matmul),
+                                                                 cudnn=cudnn))
+    with ieee_float32():
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
+    assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
+
+
 @pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"),
                     reason="torch before the fp32_precision settings")
 def test_ieee_float32_sets_and_restores_torch_precision():
