@@ -39,7 +39,7 @@ def stages(folder: Path) -> list[str]:
         return ["(no ledger.tsv: no command ran)"]
     rows: dict[str, list[tuple[str, int]]] = {}
     with path.open(newline="") as fh:
-        for row in csv.reader(fh, delimiter="\t"):
+        for row in csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):  # raw commands, quotes and all
             if len(row) >= 3:
                 rows.setdefault(row[0], []).append((row[1], int(row[2]) if row[2].isdigit() else 0))
     lines = [f"{'stage':<16} {'commands':>8}  {'status':<34} {'seconds':>7}"]

@@ -328,7 +328,8 @@ def report(r: dict) -> str:
         f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
         f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
-        (f"  hcrfast.bound: {r['seconds']:.2f} s wall" + (f" in {r.get('slices_done', r['slices'])} calls" if r["slices"] > 1 else "")
+        (f"  hcrfast.bound: {r['seconds']:.2f} s wall"
+         + (f" in {r.get('slices_done', r['slices'])} calls" if r["slices"] > 1 else "")
          + ("" if r["complete"] else f" for {r['examples_done']} of {r['examples']} examples (time budget spent); "
             f"extrapolated to all: {r['extrapolated_seconds']:.0f} s") + verdict),
         f"  inside JVP/VJP: {r['jvp_seconds'] + r['vjp_seconds']:.2f} s = {r['jvp_vjp_share']:.1%} of the "
