@@ -70,6 +70,39 @@ def test_gpu_targets_slices_keep_the_bounds_and_a_spent_budget_extrapolates(tmp_
     assert budget["extrapolated_seconds"] == pytest.approx(3 * budget["seconds"])
 
 
+def test_gpu_targets_times_the_bound_calls_not_the_host_work_between_slices(monkeypatch):
+    """With --slices, the JSON written after each slice (and the host copy of its result) is outside
+    the reported time and the JVP/VJP share's denominator. A clock that jumps 1000 s whenever a slice's
+    result is handed over would add 2000 s to both if they spanned the whole run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_targets
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import time as real_time
+    jump = {"s": 0.0}
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return real_time.perf_counter() + jump["s"]
+
+    monkeypatch.setattr(gpu_targets, "time", Clock)
+    args = gpu_targets.build_parser().parse_args(["mnist", "--device", "cpu", "--examples", "3", "--restarts", "2",
+                                                   "--iterations", "1", "--threads", "1", "--solver", "lsqr",
+                                                   "--slices", "3"])
+    handed = []
+
+    def on_slice(r):
+        handed.append(r["slices_done"])
+        jump["s"] += 1000.0
+
+    r = gpu_targets.run(args, on_slice=on_slice)
+    assert handed == [1, 2] and r["complete"]
+    assert 0 < r["seconds"] < 1000 and r["timeline_seconds"] == pytest.approx(r["seconds"])
+    assert 0 < r["jvp_vjp_share"] <= 1 and r["jvp_seconds"] + r["vjp_seconds"] <= r["seconds"]
+
+
 def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
     script = ROOT / "benchmarks" / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
