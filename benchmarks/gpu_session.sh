@@ -49,7 +49,7 @@
 #
 # Results go to a local folder and, after every command, into ONE tarball in $OUT (the tool
 # brings back at most 8 files): $OUT/gpu_session.tgz + the log. Each command's output also goes
-# to <stage>.out and a line to ledger.tsv (stage, status, seconds, command) in that folder, which
+# to <stage>.out and a line to ledger.tsv (stage, status, seconds, command, call) in that folder, which
 # the summary (benchmarks/gpu_summary.py) reads with the JSONs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,10 @@ STAGE=setup
 
 say() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
 pack() { if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_session.tgz" -C "$DEST" . 2>/dev/null; fi; }
-ledger() { printf '%s\t%s\t%s\t%s\n' "$STAGE" "$1" "$2" "$3" >> "$DEST/ledger.tsv"; }
+# ledger STATUS SECONDS COMMAND: one row (stage, status, seconds, command, call); the call (its start and
+# stages) tells the rows of two calls on one warm machine apart, which share the folder
+CALL="$(date -u +%H:%M:%S) $*"
+ledger() { printf '%s\t%s\t%s\t%s\t%s\n' "$STAGE" "$1" "$2" "${3//$'\t'/ }" "$CALL" >> "$DEST/ledger.tsv"; }
 # fit CAP: the seconds a command may run now, its cap or what the call has left before its reserve
 fit() { local left=$(( DEADLINE - $(date +%s) - RESERVE_S )); echo $(( left < $1 ? left : $1 )); }
 # run CMD...: under `timeout` (T, default TIMEOUT_S, cut to fit the call), logged, recorded, packed.
@@ -99,7 +102,7 @@ summary() {
     STAGE=summary
     "$PY" benchmarks/gpu_summary.py "$DEST" 2>&1 | tee -a "$LOG" "$DEST/summary.txt"
     if [ "${PIPESTATUS[0]}" != 0 ]; then  # the table failed: the raw ledger still says what ran
-        echo "== ledger (stage, status, seconds, command)" | tee -a "$LOG"
+        echo "== ledger (stage, status, seconds, command, call)" | tee -a "$LOG"
         tee -a "$LOG" < "$DEST/ledger.tsv" 2>/dev/null
     fi
     pack

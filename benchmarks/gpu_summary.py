@@ -4,7 +4,7 @@ The device tool returns only the last 12,000 characters of a call's output, and 
 time to fetch and read files before the next call: this puts the verdicts where the reply shows
 them. It reads, in the session folder (``benchmarks/results/gpu_session`` by default):
 
-* ``ledger.tsv``: one line per command (stage, status, seconds, command) from ``gpu_session.sh``;
+* ``ledger.tsv``: one line per command (stage, status, seconds, command, call) from ``gpu_session.sh``;
 * ``tests.out``: pytest's closing line of the GPU tests;
 * ``gpu_targets_*.json`` (``gpu_targets.py``), ``race_*.json`` (``race.py``) and
   ``bench_gpu_kernels.json`` (pytest-benchmark).
@@ -33,25 +33,31 @@ def _load(path: Path):
 
 
 def stages(folder: Path) -> list[str]:
-    """One line per stage, in the order they first ran: commands, statuses, seconds."""
+    """One line per stage, in the order they first ran: commands, statuses, seconds; the stages of each
+    call under a line naming it where the folder holds more than one (two calls on one warm machine)."""
     path = folder / "ledger.tsv"
     if not path.exists():
         return ["(no ledger.tsv: no command ran)"]
-    rows: dict[str, list[tuple[str, int]]] = {}
+    calls: dict[str, dict[str, list[tuple[str, int]]]] = {}
     with path.open(newline="") as fh:
         for row in csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):  # raw commands, quotes and all
             if len(row) >= 3:
-                rows.setdefault(row[0], []).append((row[1], int(row[2]) if row[2].isdigit() else 0))
+                call = row[4] if len(row) >= 5 else ""
+                calls.setdefault(call, {}).setdefault(row[0], []).append(
+                    (row[1], int(row[2]) if row[2].isdigit() else 0))
     lines = [f"{'stage':<16} {'commands':>8}  {'status':<34} {'seconds':>7}"]
-    for stage, runs in rows.items():
-        counts: dict[str, int] = {}
-        for status, _ in runs:
-            counts[status] = counts.get(status, 0) + 1
-        status = ", ".join(f"{n} {s}" for s, n in counts.items())
-        extra = ""
-        if stage == "tests":
-            extra = "  " + pytest_closing(folder / "tests.out")
-        lines.append(f"{stage:<16} {len(runs):>8}  {status:<34} {sum(s for _, s in runs):>7}{extra}")
+    for call, rows in calls.items():
+        if len(calls) > 1:
+            lines.append(f"-- call {call or '(unnamed)'}")
+        for stage, runs in rows.items():
+            counts: dict[str, int] = {}
+            for status, _ in runs:
+                counts[status] = counts.get(status, 0) + 1
+            status = ", ".join(f"{n} {s}" for s, n in counts.items())
+            extra = ""
+            if stage == "tests":
+                extra = "  " + pytest_closing(folder / "tests.out")
+            lines.append(f"{stage:<16} {len(runs):>8}  {status:<34} {sum(s for _, s in runs):>7}{extra}")
     return lines
 
 

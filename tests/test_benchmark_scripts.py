@@ -230,6 +230,21 @@ def test_gpu_session_with_no_lease_left_starts_nothing_and_says_so(tmp_path):
     assert (tmp_path / "out" / "gpu_session.log").read_text().endswith(tail)
 
 
+def test_gpu_session_ledger_tells_two_calls_on_one_machine_apart(tmp_path):
+    """Both presets run setup; their rows share the folder (a warm machine), and the summary shows each
+    call's stages under its own line instead of merging the two setups."""
+    _session(tmp_path, "lease", LEASE_S=0)
+    proc, ledger, _ = _session(tmp_path, "lease2", LEASE_S=0)
+    calls = [row[4] for row in ledger]
+    assert len(set(calls)) == 2 and all(c.endswith(" lease") for c in calls[:7])   # lease: 7 commands
+    assert all(c.endswith(" lease2") for c in calls[7:]) and [row[0] for row in ledger[7:11]] == ["setup"] * 4
+    tail = proc.stdout[proc.stdout.index("== hcrfast GPU session summary"):]
+    heads = [line for line in tail.splitlines() if line.startswith("-- call ")]
+    assert [h.split()[-1] for h in heads] == ["lease", "lease2"]
+    setups = [line.split() for line in tail.splitlines() if line.startswith("setup ")]
+    assert [row[1] for row in setups] == ["4", "4"]          # each call's 4 setup commands, not 8 in one line
+
+
 def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(tmp_path):
     # A stand-in interpreter that hangs on any work; the install check and the summary use the real one.
     fake = tmp_path / "python"
