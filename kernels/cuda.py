@@ -314,12 +314,37 @@ def _stream_ptr(stream) -> int:
     return int(stream)  # a Numba stream converts to its handle
 
 
+#: Most foreign streams one context keeps wrappers of (:func:`_external_stream`); past it they are dropped.
+_MAX_EXTERNAL_STREAMS = 64
+
+
+def _external_stream(ptr: int):
+    """Numba's wrapper of the foreign stream ``ptr`` in the current context, made once and reused.
+
+    numba-cuda caches launch configurations (``Dispatcher.configure``, an LRU of 128) keyed on the
+    stream object among others: a fresh ``external_stream`` at every launch would miss it every
+    time. The wrappers live in the context's own store (``Context.extras``), so a context that is
+    closed takes them with it; a handle CUDA reuses for a new stream is the same stream to a launch.
+    """
+    context = cuda.current_context()
+    extras = getattr(context, "extras", None)
+    if not isinstance(extras, dict):  # a Numba without the per-context store: no reuse
+        return cuda.external_stream(ptr)
+    streams = extras.setdefault("hcrfast_external_streams", {})
+    stream = streams.get(ptr)
+    if stream is None:
+        if len(streams) >= _MAX_EXTERNAL_STREAMS:
+            streams.clear()
+        stream = streams[ptr] = cuda.external_stream(ptr)
+    return stream
+
+
 def _numba_stream(stream):
     """A Numba stream (0 for the default stream) from None or a CuPy, PyTorch or Numba stream."""
     if stream is None:
         return 0
     if hasattr(stream, "ptr") or hasattr(stream, "cuda_stream"):
-        return cuda.external_stream(_stream_ptr(stream))
+        return _external_stream(_stream_ptr(stream))
     return stream
 
 
@@ -405,7 +430,7 @@ def _launch(arrays, stream):
                 external = cupy.cuda.ExternalStream(ptr, cupy.cuda.Device().id)
             scope.enter_context(external)
         scope.enter_context(cuda.gpus[cupy.cuda.Device().id])
-        yield _Launch(kind, cuda.external_stream(ptr), cupy)
+        yield _Launch(kind, _external_stream(ptr), cupy)
 
 
 def _check_dtype(name, view):

@@ -251,6 +251,26 @@ def test_numba_kernels_match_twins_on_cupy(cupy, name):
             cupy.testing.assert_allclose(g, r, rtol=tol, atol=tol)
 
 
+def test_launches_on_one_cupy_stream_reuse_one_numba_wrapper(cupy):
+    """Every launch on CuPy's current stream takes the same Numba stream object (numba-cuda's launch
+    configurations are cached on it); a side stream gets its own, and the results stay right."""
+    from hcrfast import kernels
+    from hcrfast.kernels import cuda as cuda_kernels
+
+    a = cupy.random.default_rng(3).standard_normal((8, 300))
+    kernels.row_norms(a, impl="numba")
+    ptr = cupy.cuda.get_current_stream().ptr
+    wrapper = cuda_kernels._external_stream(ptr)
+    kernels.row_norms(a, impl="numba")
+    assert cuda_kernels._external_stream(ptr) is wrapper and int(wrapper) == ptr
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        got = kernels.row_norms(a, impl="numba")
+        assert cuda_kernels._external_stream(side.ptr) is not wrapper
+    side.synchronize()
+    cupy.testing.assert_allclose(got, cupy.linalg.norm(a, axis=1), rtol=1e-12)
+
+
 def test_lsqr_from_a_fortran_ordered_start_runs_the_numba_kernels(cupy):
     """The Numba x/w update writes C-ordered rows in place; a start x0 in Fortran order is taken in C
     order, and the solve matches the twins' (the update refused it before: 'must be C-contiguous')."""

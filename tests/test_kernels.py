@@ -299,3 +299,38 @@ def test_small_launches_turn_off_numbas_low_occupancy_warning_for_that_moment_on
         assert len(got) == 1
     finally:
         config.CUDA_LOW_OCCUPANCY_WARNINGS = saved
+
+
+def test_foreign_streams_are_wrapped_once_per_context_and_handle(monkeypatch):
+    """A CuPy or torch stream gets one Numba wrapper per context, reused at every launch (numba-cuda's
+    launch-configuration cache is keyed on the stream object); another handle or another context gets
+    its own, and a context's store is bounded."""
+    from types import SimpleNamespace
+
+    from hcrfast.kernels import cuda as cuda_kernels
+
+    made = []
+    contexts = [SimpleNamespace(extras={}), SimpleNamespace(extras={})]
+    current = {"context": contexts[0]}
+
+    def external_stream(ptr):
+        made.append(ptr)
+        return SimpleNamespace(handle=ptr, n=len(made))
+
+    fake = SimpleNamespace(external_stream=external_stream, current_context=lambda: current["context"])
+    monkeypatch.setattr(cuda_kernels, "cuda", fake)
+
+    torch_like, cupy_like = SimpleNamespace(cuda_stream=0xA0), SimpleNamespace(ptr=0xB0)
+    first = cuda_kernels._numba_stream(torch_like)
+    assert cuda_kernels._numba_stream(torch_like) is first and first.handle == 0xA0
+    other = cuda_kernels._numba_stream(cupy_like)
+    assert other is not first and other.handle == 0xB0 and cuda_kernels._external_stream(0xB0) is other
+    assert made == [0xA0, 0xB0]
+    current["context"] = contexts[1]                 # another device (or a context made after a close)
+    assert cuda_kernels._numba_stream(torch_like) is not first and made == [0xA0, 0xB0, 0xA0]
+    assert cuda_kernels._numba_stream(None) == 0 and len(made) == 3
+    for ptr in range(cuda_kernels._MAX_EXTERNAL_STREAMS + 5):   # bounded, however many streams come
+        cuda_kernels._external_stream(0x1000 + ptr)
+    assert len(contexts[1].extras["hcrfast_external_streams"]) <= cuda_kernels._MAX_EXTERNAL_STREAMS
+    current["context"] = SimpleNamespace()           # a Numba without the per-context store: a fresh one
+    assert cuda_kernels._external_stream(0xC0) is not cuda_kernels._external_stream(0xC0)
