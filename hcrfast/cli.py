@@ -18,10 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from hcrfast import _dp_cli, _repro_cli, train
+    from hcrfast import _bound_cli, _dp_cli, _repro_cli, train
 
     train.add_subparser(sub)
     _repro_cli.add_subparser(sub)
+    _bound_cli.add_subparser(sub)
     _dp_cli.add_subparser(sub)
     return parser
 
@@ -51,7 +52,8 @@ def main(argv=None) -> int:
         print(f"hcrfast: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        resume = "; the chunks that finished are kept, and the same command resumes" if args.command == "reproduce" else ""
+        resume = ("; the chunks that finished are kept, and the same command resumes"
+                  if args.command in ("reproduce", "bound") else "")
         print(f"hcrfast: interrupted{resume}", file=sys.stderr)
         return 130
     finally:

@@ -15,12 +15,13 @@ def test_console_entry_point_help():
     proc = subprocess.run([sys.executable, "-m", "hcrfast.cli", "--help"], check=False, capture_output=True,
                           text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
     assert proc.returncode == 0
-    for command in ("train", "reproduce", "dp"):
+    for command in ("train", "reproduce", "bound", "dp"):
         assert command in proc.stdout
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--help"], ("train", "reproduce", "dp")),
+    (["--help"], ("train", "reproduce", "bound", "dp")),
+    (["bound", "--help"], ("MODEL", "INPUTS", "--sigma-scale", "--weights", "torchrun", "bounds.npz")),
     (["reproduce", "--help"], ("--examples", "--restarts", "--chunk-examples", "--weights", "torchrun",
                                "digits", "swin_t")),
     (["train", "--help"], ("--epochs", "--out", "digits")),

@@ -1,0 +1,351 @@
+"""``hcrfast bound``: the bounds of your own model on your own inputs, from the shell.
+
+``hcrfast reproduce`` runs the paper's experiments; this runs :func:`hcrfast.bound` on any
+``torch.nn.Module`` that a Python file or module makes, over inputs saved as ``.pt``, ``.npy`` or
+``.npz``, with what a long run needs: progress lines, a checkpoint folder that the same command
+made again after a crash resumes from, ``torchrun`` sharding, and the results written as
+``bounds.npz`` (``hcrfast.Bounds.load``) and ``summary.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+_INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
+
+
+def add_subparser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bound",
+        help="bound your own model on your own inputs (resumable, sharded under torchrun)",
+        description="HCR lower bounds (hcrfast.bound) for a model that MODEL names, on the inputs of INPUTS. "
+                    "Writes OUT/bounds.npz (hcrfast.Bounds.load reads it), OUT/summary.json and OUT/chunks/ "
+                    "(finished chunks: the same command made again after a crash computes only the rest).",
+        epilog="MODEL is 'path/to/file.py:NAME' or 'package.module:NAME' (the file or module is run, as "
+               "Python runs an import). NAME (dots reach attributes) is a torch.nn.Module, or a class or "
+               "function that makes one when called without arguments. The model runs in eval mode. "
+               "Under torchrun every process runs the same command and takes every N-th chunk; rank 0 "
+               "writes the results.",
+    )
+    p.add_argument("model", metavar="MODEL", help="file.py:NAME or package.module:NAME")
+    p.add_argument("inputs", metavar="INPUTS",
+                   help="a .pt (a tensor, or a dict of them with --key), .npy or .npz file of the inputs, "
+                        "shape (B, ...) as the model takes them (normalized as it expects)")
+    p.add_argument("--key", default=None, help="the entry of a .npz file or of a .pt dict that holds the inputs "
+                                               "(default: its only one)")
+    p.add_argument("--weights", default=None, metavar="PATH",
+                   help="a state dict (torch.save(model.state_dict(), PATH)) loaded into the model, strictly")
+    p.add_argument("--examples", type=int, default=None, metavar="N", help="the first N inputs only (default: all of them)")
+    noise = p.add_mutually_exclusive_group()
+    noise.add_argument("--sigma", type=float, default=None, help="the dithering's std, in the features' units")
+    noise.add_argument("--sigma-scale", type=float, default=None, metavar="K",
+                       help="sigma = K x the RMS of the clean features over the inputs (default when no sigma "
+                            "is given: K = 1, as published)")
+    noise.add_argument("--sigma-file", default=None, metavar="PATH",
+                       help="a .npy of one std per feature (the features' shape, or flat)")
+    b = p.add_argument_group("hcrfast.bound's arguments (defaults: its own, the published ones)")
+    b.add_argument("--size", type=float, default=1 / 200, metavar="S", help="start-vector size s (default 1/200)")
+    b.add_argument("--iterations", type=int, default=10, metavar="I", help="LSQR solves per restart (default 10)")
+    b.add_argument("--restarts", type=int, default=25, metavar="R",
+                   help="start vectors per example; the bound is the max over them (default 25)")
+    b.add_argument("--seed", type=int, default=0, help="example e draws from default_rng([seed, e]) (default 0)")
+    b.add_argument("--basis", choices=("dct", "pixel"), default="dct",
+                   help="the modes bounded: 2-D DCT-II over the last two axes per channel (default), or the inputs "
+                        "themselves")
+    b.add_argument("--linearize-at", choices=("input", "current"), default="input",
+                   help="J at the input (the paper, default) or at the current point (the published scripts)")
+    b.add_argument("--solver", choices=("auto", "lsqr", "dense", "krylov"), default="auto",
+                   help="how each step is solved (default auto: dense for small inputs on the CPU, krylov on CUDA "
+                        "and for large inputs); see hcrfast.bound")
+    b.add_argument("--targets", default=None, metavar="SPEC",
+                   help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
+    b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
+                   help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that refuse "
+                        "a double backward, torch.compile'd ones)")
+    b.add_argument("--cold-start", action="store_true", help="every LSQR solve from zero (warm_start=False)")
+    b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls use TF32 (still certified)")
+    b.add_argument("--chunk-size", type=int, default=None, metavar="K",
+                   help="examples per chunk, each written to OUT/chunks/ when done (default: sized from memory)")
+    p.add_argument("--out", default="runs/bound", metavar="DIR", help="the results' folder (default runs/bound)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model, inputs and solver run (default cpu)")
+    p.add_argument("--double", action="store_true",
+                   help="run the model and inputs in float64 (default: float32, or the weights' own float dtype)")
+    p.add_argument("--threads", type=int, default=None, metavar="T", help="torch's CPU threads")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_run)
+
+
+# ---------------------------------------------------------------------------
+# The model, the inputs, the noise
+# ---------------------------------------------------------------------------
+
+
+def load_model(spec: str):
+    """The ``torch.nn.Module`` that ``spec`` ('file.py:NAME' or 'package.module:NAME') names or makes."""
+    import torch
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"MODEL {spec!r}: pass 'path/to/file.py:NAME' or 'package.module:NAME' (NAME: a "
+                         f"torch.nn.Module, or a class or function that makes one)")
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise FileNotFoundError(f"MODEL {spec!r}: no Python file at {path.resolve()}")
+        module_name = "_hcrfast_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look their module up by name
+        sys.path.insert(0, str(path.resolve().parent))  # the file's own imports of its neighbours
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as exc:
+            if exc.name and where.startswith(exc.name):  # the module named, not one it imports
+                raise ValueError(f"MODEL {spec!r}: no module {exc.name!r} on the path (pass a file as "
+                                 f"path/to/file.py:{name}, or install the package)") from None
+            raise
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            found = sorted(k for k, v in vars(module).items()
+                           if not k.startswith("_") and (isinstance(v, torch.nn.Module) or callable(v)))
+            raise ValueError(f"MODEL {spec!r}: {where} has no {name!r}; it has "
+                             f"{', '.join(found[:10]) or 'no module, class or function'}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, torch.nn.Module):
+        if not callable(obj):
+            raise ValueError(f"MODEL {spec!r}: {name} is a {type(obj).__name__}, not a torch.nn.Module nor a "
+                             f"class or function that makes one")
+        try:
+            made = obj()
+        except TypeError as exc:
+            raise ValueError(f"MODEL {spec!r}: calling {name}() failed ({exc}); name a torch.nn.Module, or a "
+                             f"function that makes one without arguments") from exc
+        if not isinstance(made, torch.nn.Module):
+            raise ValueError(f"MODEL {spec!r}: {name}() returned a {type(made).__name__}, not a torch.nn.Module")
+        obj = made
+    return obj
+
+
+def load_inputs(path, key=None):
+    """The inputs tensor of a .pt / .npy / .npz file (``key``: its entry, where it holds several)."""
+    import torch
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _INPUT_SUFFIXES:
+        raise ValueError(f"INPUTS {path}: pass a {', '.join(_INPUT_SUFFIXES)} file (got {suffix or 'no suffix'})")
+    if not path.is_file():
+        raise FileNotFoundError(f"INPUTS {path}: no such file ({path.resolve()})")
+    if suffix == ".npy":
+        if key is not None:
+            raise ValueError(f"--key {key!r}: {path} is a .npy file, which holds one array; drop --key")
+        try:
+            value = np.load(path, allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"INPUTS {path}: not a .npy of numbers ({exc})") from exc
+    elif suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                entries = {k: z[k] for k in z.files}
+        except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise ValueError(f"INPUTS {path}: not a readable .npz ({exc})") from exc
+        value = _entry(path, entries, key)
+    else:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unreadable or pickled-object file, named
+            raise ValueError(f"INPUTS {path}: not a torch.save file of tensors ({str(exc).splitlines()[0][:200]}); "
+                             f"save the inputs with torch.save(tensor, path)") from exc
+        if isinstance(obj, dict):
+            value = _entry(path, obj, key)
+        elif key is not None:
+            raise ValueError(f"--key {key!r}: {path} holds a {type(obj).__name__}, not a dict; drop --key")
+        else:
+            value = obj
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"INPUTS {path}: holds a {type(value).__name__}, not a tensor or array")
+    if not (value.is_floating_point() and value.dtype in (torch.float16, torch.bfloat16, torch.float32,
+                                                          torch.float64)):
+        raise ValueError(f"INPUTS {path}: the inputs are {value.dtype}; bounds are on real-valued inputs: convert "
+                         f"them as your model expects them (for images of 0..255, x.float() / 255 and its "
+                         f"normalization) and save that")
+    if value.dim() < 2:
+        raise ValueError(f"INPUTS {path}: shape {tuple(value.shape)}; pass a batch (B, ...) with one input per row")
+    return value
+
+
+def _entry(path, entries: dict, key):
+    if key is None:
+        if len(entries) != 1:
+            raise ValueError(f"INPUTS {path}: holds {len(entries)} entries ({', '.join(map(str, list(entries)[:10]))}); "
+                             f"name the inputs with --key")
+        (key,) = entries
+    if key not in entries:
+        raise ValueError(f"--key {key!r}: {path} has no such entry; it has {', '.join(map(str, list(entries)[:10]))}")
+    return entries[key]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _clean_features(model, x, batch: int = 256):
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([model(x[i:i + batch]).reshape(min(batch, len(x) - i), -1) for i in range(0, len(x), batch)])
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def _positive(name, value, kind=int):
+    if value is not None and not (isinstance(value, kind) and value > 0):
+        raise ValueError(f"{name} {value!r}: pass a positive {'integer' if kind is int else 'number'}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hcrfast import algorithm, reproduce
+    from hcrfast.results import json_default
+
+    t_start = time.perf_counter()
+    for flag, value in (("--examples", args.examples), ("--iterations", args.iterations),
+                        ("--restarts", args.restarts), ("--chunk-size", args.chunk_size), ("--threads", args.threads)):
+        _positive(flag, value)
+    for flag, value in (("--sigma", args.sigma), ("--sigma-scale", args.sigma_scale), ("--size", args.size)):
+        if value is not None and not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} {value!r}: pass a positive finite number")
+    if args.targets is not None and args.targets != "all" and not args.targets.startswith("low:"):
+        raise ValueError(f"--targets {args.targets!r}: pass 'all' or 'low:K' (the K x K lowest DCT frequencies of "
+                         f"every channel); lists of modes and masks are for the Python API")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
+                         "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")
+    progress = not args.no_progress
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    out = Path(args.out)
+
+    saved_threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        model = load_model(args.model)
+        weights = None
+        if args.weights is not None:
+            from hcrfast import zoo
+
+            state = zoo._read_state_dict(Path(args.weights))
+            try:
+                model.load_state_dict(state, strict=True)
+            except RuntimeError as exc:
+                raise ValueError(f"--weights {args.weights}: does not fit {args.model} "
+                                 f"({str(exc).splitlines()[0]} ...)") from exc
+            weights = {"path": str(args.weights), "sha256": _sha256(Path(args.weights))}
+        x = load_inputs(args.inputs, args.key)
+        if args.examples is not None:
+            if args.examples > len(x):
+                raise ValueError(f"--examples {args.examples}: {args.inputs} holds {len(x)} inputs")
+            x = x[:args.examples]
+        floats = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+        dtype = torch.float64 if args.double else (floats[0] if floats and floats[0] == torch.float64
+                                                   else torch.float32)
+        device = torch.device(args.device)
+        model = model.to(device=device, dtype=dtype).eval()
+        x = x.to(device=device, dtype=dtype).contiguous()
+
+        if args.sigma_file is not None:
+            sigma = np.load(args.sigma_file, allow_pickle=False).astype(np.float64)
+            noise = {"sigma_file": str(args.sigma_file), "sha256": _sha256(Path(args.sigma_file))}
+        elif args.sigma is not None:
+            sigma, noise = float(args.sigma), {"sigma": float(args.sigma)}
+        else:
+            scale = 1.0 if args.sigma_scale is None else float(args.sigma_scale)
+            sigma = algorithm.rms_sigma(_clean_features(model, x), scale)
+            noise = {"sigma": sigma, "sigma_scale": scale, "rms": sigma / scale}
+        if progress and rank == 0:
+            what = (f"one std per feature from {args.sigma_file}" if args.sigma_file is not None
+                    else f"sigma {sigma:.6g}" + (f" = {noise['sigma_scale']:g} x RMS {noise['rms']:.6g}"
+                                                  if "rms" in noise else ""))
+            print(f"hcrfast bound: {len(x)} inputs of shape {tuple(x.shape[1:])} ({str(dtype).replace('torch.', '')}, "
+                  f"{device}), {what}; "
+                  f"results in {out}" + (f" ({world} processes)" if world > 1 else ""), file=sys.stderr, flush=True)
+
+        res = algorithm.bound(
+            model, x, sigma, size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
+            basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
+            jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
+            progress=progress, checkpoint=out / "chunks", shard=world > 1)
+    finally:
+        torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
+    if rank != 0:
+        return 0
+
+    h = res.to_numpy()
+    res.save(out / "bounds.npz")
+    std = h.std.reshape(h.std.shape[0], -1)
+    summary = {
+        "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": args.model, "weights": weights,
+        "inputs": {"path": str(args.inputs), "key": args.key, "sha256": _sha256(Path(args.inputs)),
+                   "examples": len(x), "shape": list(x.shape[1:]), "dtype": str(dtype).replace("torch.", ""),
+                   "device": str(device)},
+        "noise": noise,
+        "bounds_on": ("coefficients of the orthonormal 2-D DCT-II (per channel, last two axes) of the inputs"
+                      if args.basis == "dct" else "the inputs themselves"),
+        "std": reproduce._quantiles(std),
+        "mse_bound": reproduce._quantiles(np.asarray(h.mse, dtype=np.float64)),
+        "mse_bound_modes": reproduce._quantiles(np.asarray(h.mse_from_modes, dtype=np.float64)),
+        "infinite_reasons": list(h.infinite_reasons),
+        "restarts_bounding_nothing": len(res.params.get("zero_step_reasons") or []),
+        "bound_seconds": float(res.seconds),
+        "wall_seconds": time.perf_counter() - t_start,
+        "params": json.loads(json.dumps(res.params, default=json_default)),
+        "versions": {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
+    print(res.summary())
+    print(f"bounds: {out / 'bounds.npz'}")
+    print(f"summary: {out / 'summary.json'}")
+    return 0
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None

@@ -1,0 +1,185 @@
+"""``hcrfast bound``: a user's own model file and inputs, from the shell, resumable and sharded.
+
+The command must give exactly what ``hcrfast.bound`` gives for the same model, inputs and σ (σ
+checked against the RMS computed here with NumPy), resume from its chunks after a loss, refuse a
+changed call, and name every bad argument.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+from hcrfast import cli
+
+MODEL_FILE = textwrap.dedent("""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self, seed=0):
+            super().__init__()
+            g = torch.Generator().manual_seed(seed)
+            self.a = torch.nn.Parameter(torch.randn(24, 64, generator=g) / 8)
+            self.b = torch.nn.Parameter(torch.randn(24, generator=g) / 8)
+            self.c = torch.nn.Parameter(torch.randn(16, 24, generator=g) / 5)
+
+        def forward(self, x):
+            return torch.tanh(x.flatten(1) @ self.a.T + self.b) @ self.c.T
+
+    def make():
+        return Net(seed=1)
+
+    instance = Net(seed=2)
+    not_a_model = 3
+""")
+
+TINY = ["--restarts", "2", "--iterations", "2", "--threads", "1", "--no-progress"]
+_ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "mynet.py").write_text(MODEL_FILE)
+    x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    torch.save(x, tmp_path / "x.pt")
+    return tmp_path, x
+
+
+def _user_model(tmp_path, name="Net"):
+    """The model as a user's own script would make it (the file imported here by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mynet_oracle", tmp_path / "mynet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    obj = getattr(module, name)
+    return (obj if isinstance(obj, torch.nn.Module) else obj()).eval()
+
+
+def _bound(argv):
+    torch.set_num_threads(1)
+    return cli.main(["bound", *map(str, argv)])
+
+
+def test_gives_what_the_python_api_gives_with_sigma_the_features_rms(files, capsys):
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "HCR bounds for 6 examples x 64 dct modes" in printed and f"bounds: {out / 'bounds.npz'}" in printed
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    model = _user_model(tmp_path)
+    with torch.no_grad():
+        feats = model(x).double().numpy()
+    s = json.loads((out / "summary.json").read_text())
+    sigma = s["noise"]["sigma"]
+    assert sigma == pytest.approx(np.sqrt(np.mean(feats ** 2)), rel=1e-12)   # σ = 1 × RMS, computed here
+    assert s["noise"]["sigma_scale"] == 1.0
+    want = hcrfast.bound(model, x, sigma, restarts=2, iterations=2)
+    assert got.params["noise"] == want.params["noise"]
+    np.testing.assert_array_equal(got.std, want.std)
+    np.testing.assert_array_equal(got.divergence, want.divergence)
+    assert s["inputs"]["examples"] == 6 and s["inputs"]["shape"] == [1, 8, 8] and s["inputs"]["dtype"] == "float32"
+    assert s["std"]["q50"] == pytest.approx(float(np.median(want.std)))
+    assert s["params"]["restarts"] == 2 and s["arguments"]["model"].endswith("mynet.py:Net")
+
+
+@pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
+def test_a_factory_or_an_instance_names_the_model(files, name, seed):
+    tmp_path, x = files
+    out = tmp_path / name
+    assert _bound([f"{tmp_path / 'mynet.py'}:{name}", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--out", out]) == 0
+    want = hcrfast.bound(_user_model(tmp_path, name), x, 0.3, restarts=2, iterations=2)
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, want.std)
+
+
+def test_a_module_on_the_path_weights_a_npz_key_and_one_std_per_feature(files, monkeypatch):
+    tmp_path, x = files
+    monkeypatch.syspath_prepend(str(tmp_path))
+    other = _user_model(tmp_path, "make")                   # seed 1: its weights loaded into Net (seed 0)
+    torch.save(other.state_dict(), tmp_path / "w.pt")
+    np.savez(tmp_path / "inputs.npz", images=x.numpy(), labels=np.arange(6))
+    stds = np.linspace(0.2, 0.5, 16)
+    np.save(tmp_path / "stds.npy", stds)
+    out = tmp_path / "run"
+    assert _bound(["mynet:Net", tmp_path / "inputs.npz", "--key", "images", "--weights", tmp_path / "w.pt",
+                   "--sigma-file", tmp_path / "stds.npy", "--examples", "4", *TINY, "--out", out]) == 0
+    want = hcrfast.bound(other, x[:4], stds, restarts=2, iterations=2)
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, want.std)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["weights"]["path"].endswith("w.pt") and s["noise"]["sigma_file"].endswith("stds.npy")
+
+
+def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--chunk-size", "2", "--out", out]
+    assert _bound(argv) == 0
+    first = hcrfast.Bounds.load(out / "bounds.npz")
+    chunks = sorted((out / "chunks").glob("chunk_*.npz"))
+    assert len(chunks) == 3
+    kept = {p: p.stat().st_mtime_ns for p in chunks[:2]}
+    chunks[2].unlink()                                      # the work a crash would have lost
+    (out / "bounds.npz").unlink()
+    assert _bound(argv) == 0
+    again = hcrfast.Bounds.load(out / "bounds.npz")
+    np.testing.assert_array_equal(again.std, first.std)     # bitwise: same arithmetic, chunks read back
+    assert {p: p.stat().st_mtime_ns for p in chunks[:2]} == kept and chunks[2].exists()
+    capsys.readouterr()
+    changed = [a if a != "2" or i != argv.index("--restarts") + 1 else "3" for i, a in enumerate(argv)]
+    assert _bound(changed) == 2
+    err = capsys.readouterr().err
+    assert "restarts: 2 -> 3" in err and "other arguments" in err
+
+
+@pytest.mark.parametrize("model, inputs, extra, words", [
+    ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
+    ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, instance, make"),
+    ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
+    ("no_such_module_xyz:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
+    ("{d}/mynet.py:not_a_model", "x.pt", [], "not_a_model is a int, not a torch.nn.Module"),
+    ("{d}/mynet.py:Net", "x.txt", [], "pass a .pt, .pth, .npy, .npz file"),
+    ("{d}/mynet.py:Net", "missing.pt", [], "no such file"),
+    ("{d}/mynet.py:Net", "u8.pt", [], "the inputs are torch.uint8"),
+    ("{d}/mynet.py:Net", "x.pt", ["--examples", "9"], "--examples 9: "),
+    ("{d}/mynet.py:Net", "x.pt", ["--examples", "0"], "--examples 0: pass a positive integer"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma", "nan"], "--sigma nan: pass a positive finite number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets '3': pass 'all' or 'low:K'"),
+    ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
+    ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"], "does not fit"),
+])
+def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, extra, words):
+    tmp_path, _ = files
+    torch.save(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), tmp_path / "u8.pt")
+    torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
+    argv = [model.format(d=tmp_path), tmp_path / inputs, *[e.format(d=tmp_path) for e in extra], *TINY,
+            "--out", tmp_path / "run"]
+    assert _bound(argv) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "run" / "bounds.npz").exists()
+
+
+def test_torchrun_two_processes_match_one(files):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    tmp_path, _ = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--chunk-size", "2"]
+    one = subprocess.run([sys.executable, "-m", "hcrfast.cli", "bound", *argv, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, env=_ENV, timeout=300, check=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                          "-m", "hcrfast.cli", "bound", *argv, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, env=_ENV, timeout=300, check=False)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("bounds: ") == 1                # rank 0 writes the results
+    a, b = (hcrfast.Bounds.load(tmp_path / d / "bounds.npz") for d in ("one", "two"))
+    np.testing.assert_array_equal(a.std, b.std)
+    assert b.params["shard"]["world_size"] == 2
