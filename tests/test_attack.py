@@ -552,3 +552,30 @@ def test_a_jacobian_the_fixed_norm_probes_do_not_see_still_gets_a_damping_unit(m
         res = gauss_newton_attack(Difference().eval(), x, 1.0, **kw)
         assert np.any(res.iterations > res.steps)  # steps were rejected
         assert np.all(res.damping[res.iterations > res.steps] > 0) and np.all(res.steps > 0)
+
+
+def test_a_problem_whose_steps_are_all_rejected_stops_at_the_damping_cap(monkeypatch):
+    """Features θ + K·|θ − θ₀| with K = 1e6 on example 1 only (autograd's derivative of |·| at 0 is 0, so
+    J = I there while every real step costs K·|δ|): each of its steps is rejected and the damping rises a
+    level each time. Past MAX_DAMPING_LEVEL levels in a row the problem stops, without converging: with the
+    cap at 3 after 4 tries, while with the default cap it goes on until its damped step is below tol.
+    Example 0 (K = 0, a plain identity) takes its steps either way."""
+    from hcrfast import attack
+
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 0, 0], x[1, 0, 0, 0] = 0.0, 1.0
+
+    class PerExample(torch.nn.Module):  # the kink keyed on the input's own marker pixel (examples independent)
+        def forward(self, t):
+            marker = (t[:, :1, :1, :1] > 0.5).to(t)
+            anchor = torch.where(marker > 0, x[1:2], x[0:1])
+            return (t + 1e6 * marker * (t - anchor).abs()).flatten(1)
+
+    model = PerExample().eval()
+    monkeypatch.setattr(attack, "MAX_DAMPING_LEVEL", 3)
+    capped = gauss_newton_attack(model, x, 0.1, draws=3, steps=40, basis="pixel", seed=2)
+    assert np.all(capped.steps[1] == 0) and np.all(capped.iterations[1] == 4) and not capped.converged[1].any()
+    assert np.all(capped.steps[0] >= 1) and capped.converged[0].all()
+    monkeypatch.undo()
+    default = gauss_newton_attack(model, x, 0.1, draws=3, steps=40, basis="pixel", seed=2)
+    assert np.all(default.steps[1] == 0) and np.all(default.iterations[1] > 4) and default.converged[1].all()
