@@ -281,7 +281,9 @@ def _run(args: argparse.Namespace) -> int:
         floats = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
         dtype = torch.float64 if args.double else (floats[0] if floats and floats[0] == torch.float64
                                                    else torch.float32)
-        device = torch.device(args.device)
+        # Under torchrun each process takes the GPU of its local rank (as `reproduce` does).
+        device = torch.device(args.device if args.device == "cpu" or world == 1
+                              else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
         model = model.to(device=device, dtype=dtype).eval()
         x = x.to(device=device, dtype=dtype).contiguous()
 

@@ -520,3 +520,26 @@ def test_null_space_probes_on_gpu_certify_what_the_cpu_certifies():
     np.testing.assert_array_equal(np.isinf(gpu.std), np.isinf(cpu.std))
     finite = np.isfinite(cpu.std) & (cpu.std > 0)
     np.testing.assert_allclose(gpu.std[finite], cpu.std[finite], rtol=1e-6)
+
+
+def test_bound_command_on_cuda_matches_the_api_on_cuda(tmp_path):
+    """`hcrfast bound --device cuda` moves the user's model and inputs to the GPU and gives what
+    hcrfast.bound gives there (same solver: "auto" takes the Krylov basis on CUDA)."""
+    from hcrfast import cli
+
+    (tmp_path / "net.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(),\n"
+        "                               torch.nn.Linear(48, 48), torch.nn.Tanh())\n")
+    x = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    out = tmp_path / "run"
+    assert cli.main(["bound", f"{tmp_path / 'net.py'}:make", str(tmp_path / "x.pt"), "--device", "cuda",
+                     "--sigma", "0.05", "--restarts", "3", "--iterations", "3", "--no-progress",
+                     "--out", str(out)]) == 0
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    assert got.params["solver"] == "krylov"
+    want = hcrfast.bound(mlp(torch.float32).cuda(), x.cuda(), 0.05, restarts=3, iterations=3).to_numpy()
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-5)
