@@ -214,7 +214,8 @@ def run(args, on_slice=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     slices = [ids for ids in np.array_split(np.arange(examples), max(1, min(args.slices, examples))) if ids.size]
-    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons, Krylov steps run twice)
+    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons, Krylov steps run twice,
+    #                     Krylov products the model computed)
     res = None
 
     def summary(wall: float, timeline: float, inside: dict) -> dict:
@@ -239,7 +240,7 @@ def run(args, on_slice=None) -> dict:
             rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
             solver=res.params["solver"],
             products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
-                                  else float(np.mean(2 * itn[:, 0, 0] + 1) + 2 * redone / done)
+                                  else sum(p[4] for p in parts) / done  # measured: riding along included
                                   if res.params["solver"] == "krylov"
                                   else products_per_example(itn, res.params["warm_start"])),
             krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
@@ -280,7 +281,8 @@ def run(args, on_slice=None) -> dict:
             host = res.to_numpy()
             krylov_info = res.params["krylov"] or {}
             parts.append((host.std.reshape(len(ids), -1), host.lsqr_iterations, len(res.infinite_reasons),
-                          krylov_info.get("steps_redone_mean", 0.0) * len(ids)))
+                          krylov_info.get("steps_redone_mean", 0.0) * len(ids),
+                          krylov_info.get("products_per_example", 0.0) * len(ids)))
             if on_slice is not None and k + 1 < len(slices):
                 on_slice(summary(wall, timeline, inside))
             if args.time_budget is not None and wall > args.time_budget and k + 1 < len(slices):

@@ -718,15 +718,23 @@ def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, op
     return max(1, int(0.6 * free) // per_example)
 
 
-def _krylov_params(steps, ranks, pilots: int, redone=None) -> dict:
-    """``Bounds.params["krylov"]``: the bases' sizes (``steps``: examples × pilots) and the products
-    they cost per example (``redone``: steps run twice, :attr:`hcrfast.krylov.KrylovBasis.redone`)."""
+def _krylov_params(steps, ranks, pilots: int, redone=None, passes=None) -> dict:
+    """``Bounds.params["krylov"]``: the bases' sizes (``steps``: examples × pilots) and their products
+    per example: ``products_per_example``, what the model computed (``passes``: steps through the
+    operator, :attr:`hcrfast.krylov.KrylovBasis.passes`, stopped examples riding along in their batch
+    included; a negative entry, from a checkpoint written before they were counted, counts as
+    ``steps + redone``), and ``products_needed_per_example``, what each basis needed (``redone``: steps
+    run twice, :attr:`hcrfast.krylov.KrylovBasis.redone`)."""
     steps = np.asarray(steps).reshape(-1, pilots)
     redone = np.zeros_like(steps) if redone is None else np.asarray(redone).reshape(-1, pilots)
+    needed = steps + redone
+    passes = needed if passes is None else np.asarray(passes).reshape(-1, pilots)
+    passes = np.where(passes < 0, needed, passes)
     return dict(pilots=pilots, steps_median=float(np.median(steps)), steps_max=int(steps.max()),
                 rank_median=float(np.median(ranks)), rank_min=int(np.min(ranks)),
                 steps_redone_mean=float(redone.sum(axis=1).mean()),
-                products_per_example=float(np.mean((2 * (steps + redone) + 1).sum(axis=1))))
+                products_per_example=float(np.mean((2 * passes + 1).sum(axis=1))),
+                products_needed_per_example=float(np.mean((2 * needed + 1).sum(axis=1))))
 
 
 def _basis_progress(start: int, stop: int, total: int, t_start: float):
@@ -1063,6 +1071,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # twice (one-pass Gram–Schmidt blocks rolled back).
         ranks = np.zeros((B, krylov_pilots), dtype=np.int64)
         redone = np.zeros((B, krylov_pilots), dtype=np.int64)
+        passes = np.zeros((B, krylov_pilots), dtype=np.int64)  # Krylov steps through the operator
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
                           else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
@@ -1184,13 +1193,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x))
-            return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else basis.redone, min_norm,
-                    targeted_dirs)
+            return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else (basis.redone, basis.passes),
+                    min_norm, targeted_dirs)
 
         def store(start, stop, result):
             eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs = result
             if again is not None:
-                redone[start:stop] = np.asarray(again).reshape(stop - start, -1)
+                redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
+                passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
             if c_ranks is not None:
                 ranks[start:stop] = np.asarray(c_ranks).reshape(stop - start, -1)
             if targets is not None:
@@ -1308,6 +1318,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         part.update({f"targeted.{k}": v for k, v in t_arrays.items()},
                                     targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
+                               passes=passes[start:stop],
                                reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
                                rounding=np.array(risky_of[start], dtype=np.float64), **part)
             computed[0] += stop - start
@@ -1332,6 +1343,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     for name, a in results.items():
                         a[start:stop] = xp.asarray(arrays[name])
                     ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
+                    passes[start:stop] = arrays.get("passes", -1)  # (a file from before they were counted)
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
                     n_risky, worst = arrays.get("rounding", (0, 0.0))
@@ -1429,7 +1441,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   dense=None if solver != "dense" else dict(
                       jacobian_products=min(n, p), rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
                   krylov=None if solver != "krylov" else _krylov_params(
-                      krylov_steps, ranks, krylov_pilots, redone=redone),
+                      krylov_steps, ranks, krylov_pilots, redone=redone, passes=passes),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,

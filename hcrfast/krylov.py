@@ -145,7 +145,11 @@ class KrylovBasis:
         Per example, B_k's singular values (Ritz values of J), descending, float64 on the host.
     redone : numpy.ndarray (B,) int64
         Steps run a second time (a block of one-pass Gram–Schmidt rolled back, :data:`REORTH_PASSES`):
-        the build cost ``2 (steps + redone) + 1`` products.
+        the example needed ``2 (steps + redone) + 1`` products.
+    passes : numpy.ndarray (B,) int64
+        Steps the example went through the operator, ``steps + redone`` and the steps it rode along in
+        its batch after it stopped, until it was compacted out (the batch runs in lockstep): the build
+        cost the model ``2 · passes + 1`` products for it.
     """
 
     groups: list
@@ -156,10 +160,13 @@ class KrylovBasis:
     damp: float = 0.0
     rtol: float = 0.0
     redone: np.ndarray | None = None
+    passes: np.ndarray | None = None
 
     def __post_init__(self):
         if self.redone is None:
             self.redone = np.zeros(self.batch, dtype=np.int64)
+        if self.passes is None:
+            self.passes = np.asarray(self.steps, dtype=np.int64) + self.redone
         self._group_of = np.full(self.batch, -1, dtype=np.int64)
         self._row_of = np.zeros(self.batch, dtype=np.int64)
         for gi, g in enumerate(self.groups):
@@ -201,7 +208,7 @@ class KrylovBasis:
         """The basis after its first k steps (fewer where an example stopped earlier): the Golub–Kahan
         vectors of a shorter run are a prefix of a longer one's, so one long build serves a study of
         how the bound grows with k (``benchmarks/krylov_depth.py``). Shares the vectors' storage;
-        ``redone`` stays the long build's."""
+        ``redone`` and ``passes`` stay the long build's."""
         k = int(k)
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
@@ -216,7 +223,7 @@ class KrylovBasis:
                 ritz[e] = s
         return KrylovBasis(groups=groups, steps=np.minimum(self.steps, k), istop=np.where(self.steps > k, 7, self.istop),
                            rank=_ranks(groups, self.batch), ritz=ritz, damp=self.damp, rtol=self.rtol,
-                           redone=self.redone)
+                           redone=self.redone, passes=self.passes)
 
 
 def _ranks(groups, batch: int) -> np.ndarray:
@@ -410,6 +417,7 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
     steps = np.zeros(m, dtype=np.int64)
     istop = np.zeros(m, dtype=np.int64)
     redone = np.zeros(m, dtype=np.int64)  # steps run twice (a one-pass block rolled back)
+    through = np.zeros(m, dtype=np.int64)  # steps through the operator, stopped or not, rolled back or not
     rows = np.arange(m)  # examples still running, as indices into b
     done_steps = 0
     saved = None     # with one "auto" pass: the block's starting point, to roll back to
@@ -476,9 +484,10 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                     beta = torch.cat([beta, beta.new_zeros((beta.shape[0], grow))], dim=1)
                 step_active = state.active
                 # A problem stopped at an exhausted space keeps stepping until it is compacted out,
-                # through zero vectors whose scalars (kept frozen by masks) may be 0/0 on the way.
-                with np.errstate(invalid="ignore", divide="ignore"):
+                # through zero vectors whose scalars (kept frozen by masks) may be 0/0 or overflow on the way.
+                with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
                     state = lsqr_step(state, op, orthogonalize=orthogonalize, **step_kw)
+                through[rows] += 1
                 if no_tolerance:
                     # LSQR's "for this machine" tests (istop 4-6) fire once the PILOT is solved to
                     # rounding, before the space is exhausted: without a tolerance only exhaustion or
@@ -491,7 +500,7 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                 keep(state)
                 done_steps += 1
     return KrylovBasis(groups=groups, steps=steps, istop=istop, rank=_ranks(groups, m), ritz=ritz,
-                       damp=float(opts.damp), rtol=rtol, redone=redone)
+                       damp=float(opts.damp), rtol=rtol, redone=redone, passes=through)
 
 
 def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch.Tensor:

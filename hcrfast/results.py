@@ -270,6 +270,10 @@ class Bounds:
                          f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
                          f"{k.get('products_per_example', float('nan')):.0f} products per example"
+                         + (f" ({k['products_needed_per_example']:.0f} needed, the rest spent on examples riding "
+                            f"along in their batch after they stopped)"
+                            if k.get("products_needed_per_example", k.get("products_per_example"))
+                            != k.get("products_per_example") else "")
                          + (f" ({k['steps_redone_mean']:.1f} steps rerun with two Gram-Schmidt passes)"
                             if k.get("steps_redone_mean") else "")
                          + f"; rank median {k.get('rank_median', float('nan')):.0f}")

@@ -885,3 +885,24 @@ def test_rounding_warnings_count_every_chunk_once_read_back_or_not(tmp_path, mon
         resumed = hcrfast.targeted_bound(model, x, 1e-12, checkpoint=tmp_path / "t", **alone)
     assert resumed.params["checkpoint"]["examples_read_back"] == 3
     assert sorted(str(w.message) for w in caught if "targeted steps" in str(w.message)) == first
+
+
+def test_krylov_chunks_written_before_passes_were_counted_read_back_with_the_needed_products(tmp_path):
+    """A chunk file without ``passes`` (written before the rows riding along were counted) still resumes:
+    its examples count the products their bases needed, 2 (steps + redone) + 1, and the rest of the
+    Krylov params are unchanged."""
+    model, x = relu_mlp(), batch()
+    whole = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("krylov"))
+    k = whole.params["krylov"]
+    assert k["products_per_example"] > k["products_needed_per_example"]   # some rode along in their chunk
+    for path in (tmp_path / "ck").glob("chunk_*.npz"):
+        with np.load(path) as z:
+            arrays = {name: z[name] for name in z.files if name != "passes"}
+        np.savez(path, **arrays)
+    again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("krylov"))
+    assert again.params["checkpoint"]["examples_read_back"] == 7
+    np.testing.assert_array_equal(again.std, whole.std)
+    got = again.params["krylov"]
+    assert got["products_per_example"] == got["products_needed_per_example"] == k["products_needed_per_example"]
+    assert {key: v for key, v in got.items() if not key.startswith("products")} == \
+        {key: v for key, v in k.items() if not key.startswith("products")}

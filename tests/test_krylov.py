@@ -1,5 +1,7 @@
 """Recycled Golub–Kahan bases (hcrfast.krylov) against numpy.linalg.pinv / lstsq / qr and SciPy's LSQR,
 and ``bound(solver="krylov")`` against the test's own Algorithm 1 on a projected Krylov space."""
+import warnings
+
 import numpy as np
 import pytest
 import scipy.fft
@@ -291,6 +293,70 @@ def test_bound_counts_the_products_of_rerun_blocks(monkeypatch):
         k = res.params["krylov"]
         assert (k["steps_redone_mean"] > 0) == (ratio > 1)
         assert rows[0] == 3 * k["products_per_example"]
+
+
+def test_the_build_counts_every_row_the_operator_computed_and_every_rollback(monkeypatch):
+    """Ranks 100 and 20 in one batch: the short one exhausts first, and its block is run again for the
+    long one too; the long one is rolled back a second time at its own exhaustion. The rows through the
+    operator (counted at DenseBatchOperator) are Σ (2 · passes + 1) whether a stopped example is compacted
+    out at once or rides along to the end (its 0/0 and overflowing scalars, masked, warn of nothing);
+    looking after every step and compacting at once, passes = steps + redone exactly, with the long
+    one's redone summing both of its rollbacks."""
+    rows = [0]
+    for name in ("matvec", "rmatvec"):
+        def counted(self, a, _f=getattr(DenseBatchOperator, name)):
+            rows[0] += a.shape[0]
+            return _f(self, a)
+        monkeypatch.setattr(DenseBatchOperator, name, counted)
+    rng, other = np.random.default_rng(100), np.random.default_rng(200)
+    A = np.concatenate([spectrum_batch(rng, 1, 150, 120, np.logspace(0, -2, 100)),
+                        spectrum_batch(other, 1, 150, 120, np.logspace(0, -2, 20))])
+    b = np.concatenate([rng.standard_normal((1, 150)), other.standard_normal((1, 150))])
+    for check_every, compact_below in ((1, 1.0), (1, 0.0), (8, 1.0), (8, 0.0)):
+        rows[0] = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            basis = krylov.build(DenseBatchOperator(A), b, check_every=check_every, compact_below=compact_below)
+        np.testing.assert_array_equal(basis.steps, [101, 21])
+        assert rows[0] == (2 * basis.passes + 1).sum()
+        assert np.all(basis.passes >= basis.steps + basis.redone)
+        if compact_below == 0.0:  # never compacted: both ride to the end
+            assert basis.passes[0] == basis.passes[1]
+        if (check_every, compact_below) == (1, 1.0):
+            np.testing.assert_array_equal(basis.redone, [2, 1])
+            np.testing.assert_array_equal(basis.passes, basis.steps + basis.redone)
+
+
+def test_bound_reports_the_products_the_model_computed_with_examples_of_other_lengths(monkeypatch):
+    """A ReLU net whose examples' bases stop at different steps (their ranks differ), default options:
+    params["krylov"]["products_per_example"] is what went through the Jacobian inside the build (rows of
+    matvec / rmatvec), above what the bases needed (products_needed_per_example), the difference being
+    the examples that stopped riding along in their batch."""
+    from hcrfast.bindings.jacobian import TorchJacobian
+    rows, inside = [0], [False]
+    for name in ("matvec", "rmatvec"):
+        def counted(self, a, _f=getattr(TorchJacobian, name)):
+            rows[0] += a.shape[0] if inside[0] else 0
+            return _f(self, a)
+        monkeypatch.setattr(TorchJacobian, name, counted)
+
+    def build(*args, _build=krylov.build, **kwargs):
+        inside[0] = True
+        try:
+            return _build(*args, **kwargs)
+        finally:
+            inside[0] = False
+    monkeypatch.setattr(krylov, "build", build)
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 40), torch.nn.ReLU(),
+                              torch.nn.Linear(40, 30), torch.nn.ReLU()).double().eval()
+    x = torch.as_tensor(np.random.default_rng(8).standard_normal((12, 1, 8, 8)))
+    res = hcrfast.bound(net, x, 0.2, iterations=2, restarts=2, solver="krylov")
+    k = res.params["krylov"]
+    assert k["steps_max"] > k["steps_median"]
+    assert rows[0] == 12 * k["products_per_example"]
+    assert k["products_per_example"] > k["products_needed_per_example"]
+    assert "needed, the rest spent on examples riding along" in res.summary()
 
 
 def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
