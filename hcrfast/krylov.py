@@ -55,6 +55,16 @@ MAX_STEPS = 4096
 #: tolerance ``rtol`` of :func:`build` is what keeps noise out of the solves.
 DEFAULT_OPTIONS = LSQROptions(atol=0.0, btol=0.0, conlim=0.0, iter_lim=None, check_every=8)
 
+#: Ritz values (singular values of B_k) under ``RITZ_NOISE · k · sqrt(max(n, p)) · eps64`` of the largest
+#: count as zero. A basis run to exhaustion takes one step more on rounding noise (β or α just above the
+#: exhaustion floor), which gives B_k a singular value that is no direction of J: on float64 stacks
+#: (150 × 120 of rank 100 ... 300 × 200 of rank 150) it came out up to 24 times ``k · sqrt(max(n, p)) ·
+#: eps64`` of the largest, above the rank tolerance ``rtol`` (~1e-15 in float64), and the solves along it
+#: were ~1e8 times the minimum-norm ones (a float64 ReLU MLP: steps ~1e13 too large, D overflowed, the
+#: example's bounds all 0; tests/test_krylov.py). Only float64 bases feel it: for float32 it stays
+#: below ``rtol`` (sqrt(max(n, p)) · eps32) up to k = 500,000 steps.
+RITZ_NOISE = 1000.0
+
 #: Classical Gram–Schmidt passes against the kept vectors per new vector: ``"auto"`` (default), 1 or 2.
 #: Two passes are always enough ("twice is enough", Giraud et al. 2005); one is enough while the pass
 #: removes little (Daniel, Gragg, Kaufman & Stewart 1976: the vector keeps more than :data:`KEEP_RATIO`
@@ -233,15 +243,18 @@ def _ranks(groups, batch: int) -> np.ndarray:
     return rank
 
 
-def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
-    """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part.
+def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float, noise: float = 0.0):
+    """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part:
+    the singular values above ``max(rtol, k · noise)`` of the largest (:data:`RITZ_NOISE`; ``noise``
+    is its unit for the basis' shape).
 
     LAPACK's MRRR (``eigh_tridiagonal``), O(k²): 4.5 ms at k = 386 and 66 ms at k = 1,500 on one AMD
     EPYC core, against 3.2 s for torch's SVD of B_k at k = 2,048; divide and
     conquer (``dstevd``) measured the same (``benchmarks/test_bench_krylov.py``). Squaring costs no
-    accuracy that matters here: λ is exact to ~eps·λ_max, so singular values down to ``rtol`` ≥ 1e-6
-    of the largest keep ≥ 4 digits. NumPy only (no torch): it runs in worker threads, LAPACK
-    releasing the GIL.
+    accuracy that matters here: singular values down to a float32 basis' ``rtol`` (≥ 1.2e-7 of the
+    largest) keep their digits, and on float64 ones down to 1e-9 of the largest (condition 1e9: all
+    kept, the solves pinv's; tests/test_krylov.py). NumPy only (no torch): it runs in worker threads,
+    LAPACK releasing the GIL.
     """
     if k == 0:
         return np.zeros(0), np.zeros((0, 0)), np.zeros(0, dtype=bool)
@@ -252,7 +265,7 @@ def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float):
     else:
         lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)  # ascending
     lam, Y = lam[::-1].clip(min=0), Y[:, ::-1]
-    keep = lam > (rtol**2) * max(lam[0], np.finfo(np.float64).tiny)
+    keep = lam > max(rtol, k * noise)**2 * max(lam[0], np.finfo(np.float64).tiny)
     return lam, np.ascontiguousarray(Y[:, keep]), keep
 
 
@@ -280,7 +293,8 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
             alfa.masked_fill_(steps > kt, 0)
             beta.masked_fill_(steps > kt, 0)
     ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
-    jobs = [(ah[i], bh[i], int(k), rtol) for i, k in enumerate(ks)]
+    noise = RITZ_NOISE * math.sqrt(max(U.shape[-1], V.shape[-1])) * float(np.finfo(np.float64).eps)
+    jobs = [(ah[i], bh[i], int(k), rtol, noise) for i, k in enumerate(ks)]
     if len(jobs) > 1 and sum(int(k) ** 2 for k in ks) >= 2**18:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1, 16)) as pool:
             eigs = list(pool.map(lambda job: _eig(*job), jobs))

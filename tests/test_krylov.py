@@ -359,6 +359,43 @@ def test_bound_reports_the_products_the_model_computed_with_examples_of_other_le
     assert "needed, the rest spent on examples riding along" in res.summary()
 
 
+@pytest.mark.parametrize("seed", [100, 101, 102])
+def test_the_noise_step_past_exhaustion_adds_no_direction(seed):
+    """Float64 stacks of rank 100 (150 × 120, singular values 1 ... 1e-2), two to a batch: each basis runs
+    one step past its exhausted space, on rounding noise (101 steps), and that step gives B_k a singular
+    value of 1e-14 to 1e-12 of the largest, above the rank tolerance sqrt(max(n, p))·eps but below
+    krylov.RITZ_NOISE · k · sqrt(max(n, p)) · eps. It is no direction of J: every rank is 100 and the
+    solves are numpy.linalg.pinv's (one example of each pair kept it before, and its solves were ~1e8
+    times pinv's)."""
+    rng = np.random.default_rng(seed)
+    A = spectrum_batch(rng, 2, 150, 120, np.logspace(0, -2, 100))
+    basis = krylov.build(DenseBatchOperator(A), rng.standard_normal((2, 150)))
+    assert np.all(basis.steps == 101)
+    np.testing.assert_array_equal(basis.rank, [100, 100])
+    c = rng.standard_normal((2, 4, 150))
+    want = np.einsum("bpn,brn->brp", np.linalg.pinv(A, rcond=1e-10), c)
+    assert np.abs(basis.solve(torch.as_tensor(c)).numpy() - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def test_bound_krylov_on_a_float64_relu_net_is_the_dense_solve():
+    """A float64 ReLU net (J of rank 31 of 64 per example): every Krylov basis holds J's whole row space,
+    so its steps are the dense solve's, and so are the bounds, for every example. One of the 12
+    examples' bases kept its noise step's direction before: its steps came out ~1e13 too large, D
+    overflowed and all its bounds were 0."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 64), torch.nn.ReLU()).double().eval()
+    x = torch.as_tensor(np.random.default_rng(1).standard_normal((12, 1, 8, 8)))
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(net(x))
+    dense = hcrfast.bound(net, x, sigma, solver="dense", restarts=3, iterations=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recycled = hcrfast.bound(net, x, sigma, solver="krylov", restarts=3, iterations=3)
+    assert recycled.params["krylov"]["rank_median"] == dense.params["dense"]["rank_median"]
+    np.testing.assert_allclose(recycled.std, dense.std, rtol=1e-6)
+
+
 def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
     """The test's own Algorithm 1: J from torch.func.jacrev, the space of restart 0's start vector after
     k steps (numpy QR of the Krylov matrix), every step numpy.linalg.lstsq on J Q, z from forward passes."""
