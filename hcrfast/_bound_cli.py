@@ -46,7 +46,8 @@ def add_subparser(subparsers) -> None:
                                                "(default: its only one)")
     p.add_argument("--weights", default=None, metavar="PATH",
                    help="a state dict (torch.save(model.state_dict(), PATH)) loaded into the model, strictly")
-    p.add_argument("--examples", type=int, default=None, metavar="N", help="the first N inputs only (default: all of them)")
+    p.add_argument("--examples", type=int, default=None, metavar="N",
+                   help="the first N inputs only (default: all of them)")
     noise = p.add_mutually_exclusive_group()
     noise.add_argument("--sigma", type=float, default=None, help="the dithering's std, in the features' units")
     noise.add_argument("--sigma-scale", type=float, default=None, metavar="K",
@@ -71,8 +72,8 @@ def add_subparser(subparsers) -> None:
     b.add_argument("--targets", default=None, metavar="SPEC",
                    help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
     b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
-                   help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that refuse "
-                        "a double backward, torch.compile'd ones)")
+                   help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
+                        "refuse a double backward, torch.compile'd ones)")
     b.add_argument("--cold-start", action="store_true", help="every LSQR solve from zero (warm_start=False)")
     b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls use TF32 (still certified)")
     b.add_argument("--chunk-size", type=int, default=None, metavar="K",
@@ -200,8 +201,8 @@ def load_inputs(path, key=None):
 def _entry(path, entries: dict, key):
     if key is None:
         if len(entries) != 1:
-            raise ValueError(f"INPUTS {path}: holds {len(entries)} entries ({', '.join(map(str, list(entries)[:10]))}); "
-                             f"name the inputs with --key")
+            names = ", ".join(map(str, list(entries)[:10]))
+            raise ValueError(f"INPUTS {path}: holds {len(entries)} entries ({names}); name the inputs with --key")
         (key,) = entries
     if key not in entries:
         raise ValueError(f"--key {key!r}: {path} has no such entry; it has {', '.join(map(str, list(entries)[:10]))}")

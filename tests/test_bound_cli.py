@@ -154,11 +154,14 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets '3': pass 'all' or 'low:K'"),
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
     ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"], "does not fit"),
+    ("{d}/mynet.py:Net", "two.npz", [], "holds 2 entries (images, labels); name the inputs with --key"),
+    ("{d}/mynet.py:Net", "two.npz", ["--key", "nope"], "--key 'nope': "),
 ])
 def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, extra, words):
     tmp_path, _ = files
     torch.save(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), tmp_path / "u8.pt")
     torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
+    np.savez(tmp_path / "two.npz", images=np.zeros((2, 1, 8, 8)), labels=np.arange(2))
     argv = [model.format(d=tmp_path), tmp_path / inputs, *[e.format(d=tmp_path) for e in extra], *TINY,
             "--out", tmp_path / "run"]
     assert _bound(argv) == 2
