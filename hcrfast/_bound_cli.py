@@ -331,6 +331,8 @@ def _run(args: argparse.Namespace) -> int:
         "std": reproduce._quantiles(std),
         "mse_bound": reproduce._quantiles(np.asarray(h.mse, dtype=np.float64)),
         "mse_bound_modes": reproduce._quantiles(np.asarray(h.mse_from_modes, dtype=np.float64)),
+        "targeted": (None if h.std_algorithm1 is None else reproduce._targeted_stats(
+            args.targets, np.asarray(h.std, dtype=np.float64), np.asarray(h.std_algorithm1, dtype=np.float64))),
         "infinite_reasons": list(h.infinite_reasons),
         "restarts_bounding_nothing": len(res.params.get("zero_step_reasons") or []),
         "bound_seconds": float(res.seconds),

@@ -91,6 +91,21 @@ def test_gives_what_the_python_api_gives_with_sigma_the_features_rms(files, caps
     assert s["params"]["restarts"] == 2 and s["arguments"]["model"].endswith("mynet.py:Net")
 
 
+def test_targets_are_bounded_and_summarized(files):
+    """--targets low:2: the command's bounds are bound(targets="low:2")'s, and summary.json says how far
+    the targeted steps lifted them above Algorithm 1's."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--targets", "low:2",
+                   "--out", out]) == 0
+    want = hcrfast.bound(_user_model(tmp_path), x, 0.3, restarts=2, iterations=2, targets="low:2")
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    np.testing.assert_array_equal(got.std, want.std)
+    t = json.loads((out / "summary.json").read_text())["targeted"]
+    assert t["targets"] == "low:2"
+    assert t["modes_lifted_fraction"] == pytest.approx(float(np.mean(want.std > want.std_algorithm1)))
+
+
 @pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
 def test_a_factory_or_an_instance_names_the_model(files, name, seed):
     tmp_path, x = files
