@@ -217,11 +217,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _clean_features(model, x, batch: int = 256):
+def _clean_features(model, x):
+    """The model's features of ``x``, (B, n), checked as ``hcrfast.bound`` checks them (a tensor, the
+    batch axis first, finite; split where a pass runs out of memory)."""
     import torch
 
+    from hcrfast import validation
+
     with torch.no_grad():
-        return torch.cat([model(x[i:i + batch]).reshape(min(batch, len(x) - i), -1) for i in range(0, len(x), batch)])
+        return validation.features_of(model, x)
 
 
 # ---------------------------------------------------------------------------

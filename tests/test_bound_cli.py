@@ -38,6 +38,10 @@ MODEL_FILE = textwrap.dedent("""
 
     instance = Net(seed=2)
     not_a_model = 3
+
+    class Pair(Net):
+        def forward(self, x):
+            return super().forward(x), x.sum()
 """)
 
 TINY = ["--restarts", "2", "--iterations", "2", "--threads", "1", "--no-progress"]
@@ -156,7 +160,7 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
 
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
-    ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, instance, make"),
+    ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
     ("no_such_module_xyz:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
     ("{d}/mynet.py:not_a_model", "x.pt", [], "not_a_model is a int, not a torch.nn.Module"),
@@ -170,6 +174,7 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
     ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"], "does not fit"),
     ("{d}/mynet.py:Net", "two.npz", [], "holds 2 entries (images, labels); name the inputs with --key"),
+    ("{d}/mynet.py:Pair", "x.pt", [], "the model must return a torch.Tensor of features, got tuple"),
     ("{d}/mynet.py:Net", "two.npz", ["--key", "nope"], "--key 'nope': "),
 ])
 def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, extra, words):
