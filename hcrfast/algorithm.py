@@ -57,10 +57,10 @@ SOLVERS = ("auto", "lsqr", "dense", "krylov")
 #: such problems per example. On CUDA "auto" takes the Krylov basis instead (not measured on a GPU
 #: yet; chosen by count): where the space reaches J's row space it gives the dense solve's steps
 #: (MNIST MLP: 801 products per example, every row the model computed, against LSQR's 50,735, median
-#: within 0.5% of the dense solve's) with all its work batched on the device except a k × k tridiagonal eigendecomposition
-#: per example on the host (4.5 ms at k = 386), where the dense solve needs a float64 eigendecomposition
-#: of an ~400 × 400 Gram matrix per example (10,000 of them for the MNIST target), which GPU
-#: libraries run one matrix at a time. Inputs beyond these limits take the basis on any device
+#: within 0.5% of the dense solve's) with all its work batched on the device except a k × k tridiagonal
+#: eigendecomposition per example on the host (4.5 ms at k = 386), where the dense solve needs a float64
+#: eigendecomposition of an ~400 × 400 Gram matrix per example (10,000 of them for the MNIST target), which
+#: GPU libraries run one matrix at a time. Inputs beyond these limits take the basis on any device
 #: (ImageNet geometries: p = 24,843, where J alone would take 5 GB per example).
 DENSE_SOLVE_MAX_INPUTS = 4096
 DENSE_SOLVE_MAX_VALUES = 2**24
