@@ -209,14 +209,6 @@ def _entry(path, entries: dict, key):
     return entries[key]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _clean_features(model, x):
     """The model's features of ``x``, (B, n), checked as ``hcrfast.bound`` checks them (a tensor, the
     batch axis first, finite; split where a pass runs out of memory)."""
@@ -277,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
             except RuntimeError as exc:
                 raise ValueError(f"--weights {args.weights}: does not fit {args.model} "
                                  f"({str(exc).splitlines()[0]} ...)") from exc
-            weights = {"path": str(args.weights), "sha256": _sha256(Path(args.weights))}
+            weights = {"path": str(args.weights), "sha256": reproduce._sha256_file(Path(args.weights))}
         x = load_inputs(args.inputs, args.key)
         if args.examples is not None:
             if args.examples > len(x):
@@ -294,7 +286,7 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.sigma_file is not None:
             sigma = np.load(args.sigma_file, allow_pickle=False).astype(np.float64)
-            noise = {"sigma_file": str(args.sigma_file), "sha256": _sha256(Path(args.sigma_file))}
+            noise = {"sigma_file": str(args.sigma_file), "sha256": reproduce._sha256_file(Path(args.sigma_file))}
         elif args.sigma is not None:
             sigma, noise = float(args.sigma), {"sigma": float(args.sigma)}
         else:
@@ -326,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
         "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": args.model, "weights": weights,
-        "inputs": {"path": str(args.inputs), "key": args.key, "sha256": _sha256(Path(args.inputs)),
+        "inputs": {"path": str(args.inputs), "key": args.key, "sha256": reproduce._sha256_file(Path(args.inputs)),
                    "examples": len(x), "shape": list(x.shape[1:]), "dtype": str(dtype).replace("torch.", ""),
                    "device": str(device)},
         "noise": noise,

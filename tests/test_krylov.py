@@ -264,10 +264,9 @@ def _tanh_net():
                                torch.nn.Linear(48, 56), torch.nn.Tanh()).double().eval()
 
 
-def test_bound_counts_the_products_of_rerun_blocks(monkeypatch):
-    """params["krylov"]["products_per_example"] is what the basis cost the model: 2 (steps + redone) + 1
-    per example, counted here at the Jacobian operator inside krylov.build (each matvec / rmatvec row is
-    one product), with every one-pass block rolled back (a ratio no pass meets) and with none."""
+def _rows_through_the_build(monkeypatch):
+    """A list whose one entry counts the rows of the Jacobian products (TorchJacobian.matvec / rmatvec)
+    taken inside krylov.build: one product per row."""
     from hcrfast.bindings.jacobian import TorchJacobian
     rows, inside = [0], [False]
     for name in ("matvec", "rmatvec"):
@@ -283,6 +282,14 @@ def test_bound_counts_the_products_of_rerun_blocks(monkeypatch):
         finally:
             inside[0] = False
     monkeypatch.setattr(krylov, "build", build)
+    return rows
+
+
+def test_bound_counts_the_products_of_rerun_blocks(monkeypatch):
+    """params["krylov"]["products_per_example"] is what the basis cost the model: 2 (steps + redone) + 1
+    per example, counted here at the Jacobian operator inside krylov.build (each matvec / rmatvec row is
+    one product), with every one-pass block rolled back (a ratio no pass meets) and with none."""
+    rows = _rows_through_the_build(monkeypatch)
     net = _tanh_net()
     x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 8, 8)))
     for ratio in (2.0, 0.0):
@@ -332,21 +339,7 @@ def test_bound_reports_the_products_the_model_computed_with_examples_of_other_le
     params["krylov"]["products_per_example"] is what went through the Jacobian inside the build (rows of
     matvec / rmatvec), above what the bases needed (products_needed_per_example), the difference being
     the examples that stopped riding along in their batch."""
-    from hcrfast.bindings.jacobian import TorchJacobian
-    rows, inside = [0], [False]
-    for name in ("matvec", "rmatvec"):
-        def counted(self, a, _f=getattr(TorchJacobian, name)):
-            rows[0] += a.shape[0] if inside[0] else 0
-            return _f(self, a)
-        monkeypatch.setattr(TorchJacobian, name, counted)
-
-    def build(*args, _build=krylov.build, **kwargs):
-        inside[0] = True
-        try:
-            return _build(*args, **kwargs)
-        finally:
-            inside[0] = False
-    monkeypatch.setattr(krylov, "build", build)
+    rows = _rows_through_the_build(monkeypatch)
     torch.manual_seed(3)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 40), torch.nn.ReLU(),
                               torch.nn.Linear(40, 30), torch.nn.ReLU()).double().eval()
