@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--solvers", default="dense,lsqr", help="comma-separated: dense, lsqr, krylov, auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--targets", default=None, help="also time each solver with bound(targets=SPEC), e.g. low:16")
+    ap.add_argument("--double", action="store_true", help="the model and inputs in float64 (default float32)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
     model = zm.features.eval()
     g = torch.Generator().manual_seed(0)
     x = zm.normalize(torch.rand((args.examples,) + tuple(zm.input_shape), generator=g))
+    if args.double:
+        model, x = model.double(), x.double()
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
     kw = dict(size=zm.size, iterations=args.iterations, restarts=args.restarts)
@@ -71,13 +74,14 @@ def main(argv=None) -> int:
                                          else res.params["krylov"]["products_per_example"] if recycled
                                          else products_per_example(h.lsqr_iterations, res.params["warm_start"])),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
+                   examples_bounding_nothing=int((h.std.reshape(len(x), -1) == 0).all(axis=1).sum()),
                    lsqr_itn_summary=dict(median=float(np.median(h.lsqr_iterations)),
                                          max=int(h.lsqr_iterations.max()), total=int(h.lsqr_iterations.sum())),
                    lsqr_istop_counts={str(int(c)): int(k) for c, k in zip(*np.unique(h.lsqr_istop, return_counts=True))},
                    dense=res.params["dense"], krylov=res.params["krylov"])
         rows.append(row)
         print(f"  {label:>13}: {seconds:8.1f} s  products/ex {row['products_per_example']:9.0f}  median "
-              f"{row['median']:.5g}  p90 {row['p90']:.5g}" + (
+              f"{row['median']:.5g}  p90 {row['p90']:.5g}  all-0 examples {row['examples_bounding_nothing']}" + (
                   f"  rank {res.params['dense']['rank_median']:.0f}" if dense
                   else f"  basis steps median {res.params['krylov']['steps_median']:.0f}" if recycled
                   else f"  LSQR steps median {np.median(h.lsqr_iterations):.0f}"),
