@@ -110,6 +110,34 @@ def test_targets_are_bounded_and_summarized(files):
     assert t["modes_lifted_fraction"] == pytest.approx(float(np.mean(want.std > want.std_algorithm1)))
 
 
+def test_attack_beside_the_bounds_is_the_apis_attack_and_comparison(files, capsys):
+    """--attack 3: the Gauss-Newton attack of hcrfast.gauss_newton_attack (same draws, bitwise) is written
+    beside the bounds, and summary.json holds hcrfast.compare's account of the two; the same command
+    made again reads the attack back from its chunks."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--attack", "3",
+            "--attack-steps", "4", "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    model = _user_model(tmp_path)
+    bounds = hcrfast.bound(model, x, 0.3, restarts=2, iterations=2)
+    attack = hcrfast.gauss_newton_attack(model, x, 0.3, draws=3, steps=4)
+    got = hcrfast.AttackResult.load(out / "attack.npz")
+    np.testing.assert_array_equal(got.estimates, attack.estimates)
+    want = hcrfast.compare(bounds, attack)
+    s = json.loads((out / "summary.json").read_text())["attack"]
+    assert s["median"] == want["median"] and s["mse_ratio_median"] == want["mse_ratio_median"]
+    assert s["draws"] == 3 and s["steps"] == 4 and s["start"] == "truth"
+    assert f"attack: {out / 'attack.npz'}" in printed and "its error over the bound per mode, median" in printed
+    assert len(list((out / "attack_chunks").glob("chunk_*.npz"))) >= 1
+    (out / "attack.npz").unlink()
+    assert _bound(argv) == 0
+    again = hcrfast.AttackResult.load(out / "attack.npz")
+    assert again.params["checkpoint"]["examples_read_back"] == 6
+    np.testing.assert_array_equal(again.estimates, attack.estimates)
+
+
 @pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
 def test_a_factory_or_an_instance_names_the_model(files, name, seed):
     tmp_path, x = files
@@ -169,6 +197,7 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     ("{d}/mynet.py:Net", "u8.pt", [], "the inputs are torch.uint8"),
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "9"], "--examples 9: "),
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "0"], "--examples 0: pass a positive integer"),
+    ("{d}/mynet.py:Net", "x.pt", ["--attack", "0"], "--attack 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--sigma", "nan"], "--sigma nan: pass a positive finite number"),
     ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets '3': pass 'all' or 'low:K'"),
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
