@@ -150,7 +150,7 @@ class KrylovBasis:
     istop : numpy.ndarray (B,) int64
         Why the pilot LSQR stopped (SciPy's codes; 7: the step limit).
     rank : numpy.ndarray (B,) int64
-        Singular values of B_k kept (above ``rtol`` relative to the largest).
+        Singular values of B_k kept (above ``rtol``, and :data:`RITZ_NOISE`'s floor, relative to the largest).
     ritz : list of numpy.ndarray
         Per example, B_k's singular values (Ritz values of J), descending, float64 on the host.
     redone : numpy.ndarray (B,) int64
