@@ -120,6 +120,30 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
     assert r["hcrfast_default"]["solver"] == "dense" and r["hcrfast_default"]["products_per_example"] == 784
     assert r["hcrfast_input"]["solver"] == "lsqr" and r["hcrfast_current"]["solver"] == "lsqr"
     assert r["reference"]["products_per_example"] > 0 and "median ratio" in proc.stdout
+    # rows through the Jacobian: at least what each problem needed (riding along and probes on top)
+    for row in ("hcrfast_default", "hcrfast_input", "hcrfast_current"):
+        assert r[row]["model_products_per_example"] >= r[row]["products_per_example"], row
+    assert "rows/ex" in proc.stdout
+
+
+def test_race_row_counter_counts_each_product_row_and_restores_the_operator():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import race
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import torch
+
+    from hcrfast.bindings.jacobian import TorchJacobian
+
+    matvec, rmatvec = TorchJacobian.matvec, TorchJacobian.rmatvec
+    op = TorchJacobian(torch.nn.Linear(5, 3).double(), torch.zeros(4, 5, dtype=torch.float64))
+    with race.RowCounter() as counter:
+        op.matvec(np.ones((4, 5)))
+        op.rmatvec(np.ones((4, 3)))
+        op.rmatvec(np.ones((4, 3)))
+    assert counter.rows == 12
+    assert TorchJacobian.matvec is matvec and TorchJacobian.rmatvec is rmatvec
 
 
 def test_warm_start_script_runs_with_its_dense_row(tmp_path):
