@@ -543,3 +543,32 @@ def test_bound_command_on_cuda_matches_the_api_on_cuda(tmp_path):
     assert got.params["solver"] == "krylov"
     want = hcrfast.bound(mlp(torch.float32).cuda(), x.cuda(), 0.05, restarts=3, iterations=3).to_numpy()
     np.testing.assert_allclose(got.std, want.std, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_krylov_on_gpu_gives_the_cpu_dense_solves_bounds_on_a_relu_net(dtype):
+    """What "auto" takes on CUDA (the Krylov basis) against the CPU's exact solve, on the ReLU net whose
+    float64 basis kept its noise step's direction before RITZ_NOISE (one example in 12 bounded nothing)."""
+    import warnings
+
+    from test_solvers_agree import square_relu
+
+    torch.manual_seed(0)
+    net = square_relu().to(dtype).eval()
+    x = torch.as_tensor(np.random.default_rng(1).standard_normal((12, 1, 8, 8))).to(dtype)
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(net(x))
+    kw = dict(restarts=3, iterations=3)
+    dense = hcrfast.bound(net, x, sigma, solver="dense", **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpu = hcrfast.bound(net.cuda(), x.cuda(), sigma, **kw)
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "bound nothing" in m or "overflow" in m], said
+    assert gpu.params["solver"] == "krylov"
+    assert gpu.params["krylov"]["rank_median"] == dense.params["dense"]["rank_median"]
+    ratio = gpu.to_numpy().std / dense.std
+    if dtype == torch.float64:
+        np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
+    else:
+        assert np.median(ratio) == pytest.approx(1.0, abs=2e-3) and 0.9 < ratio.min() and ratio.max() < 1.1
