@@ -130,7 +130,7 @@ def load_model(spec: str):
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as exc:
-            if exc.name and where.startswith(exc.name):  # the module named, not one it imports
+            if exc.name and (where == exc.name or where.startswith(exc.name + ".")):  # not one it imports
                 raise ValueError(f"MODEL {spec!r}: no module {exc.name!r} on the path (pass a file as "
                                  f"path/to/file.py:{name}, or install the package)") from None
             raise

@@ -191,6 +191,7 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
     ("no_such_module_xyz:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
+    ("no_such_module_xyz.sub:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
     ("{d}/mynet.py:not_a_model", "x.pt", [], "not_a_model is a int, not a torch.nn.Module"),
     ("{d}/mynet.py:Net", "x.txt", [], "pass a .pt, .pth, .npy, .npz file"),
     ("{d}/mynet.py:Net", "missing.pt", [], "no such file"),
