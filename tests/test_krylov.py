@@ -372,9 +372,9 @@ def test_the_noise_step_past_exhaustion_adds_no_direction(seed):
 
 def test_bound_krylov_on_a_float64_relu_net_is_the_dense_solve():
     """A float64 ReLU net (J of rank 31 of 64 per example): every Krylov basis holds J's whole row space,
-    so its steps are the dense solve's, and so are the bounds, for every example. One of the 12
-    examples' bases kept its noise step's direction before: its steps came out ~1e13 too large, D
-    overflowed and all its bounds were 0."""
+    so its steps are the dense solve's, and so are the bounds, for every example, in one chunk or one
+    example a chunk. One of the 12 examples' bases kept its noise step's direction before: its steps
+    came out ~1e13 too large, D overflowed and all its bounds were 0."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                               torch.nn.Linear(64, 64), torch.nn.ReLU()).double().eval()
@@ -385,8 +385,10 @@ def test_bound_krylov_on_a_float64_relu_net_is_the_dense_solve():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         recycled = hcrfast.bound(net, x, sigma, solver="krylov", restarts=3, iterations=3)
+        alone = hcrfast.bound(net, x, sigma, solver="krylov", restarts=3, iterations=3, chunk_size=1)
     assert recycled.params["krylov"]["rank_median"] == dense.params["dense"]["rank_median"]
     np.testing.assert_allclose(recycled.std, dense.std, rtol=1e-6)
+    np.testing.assert_allclose(alone.std, recycled.std, rtol=1e-6)  # whatever chunk an example is in
 
 
 def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
