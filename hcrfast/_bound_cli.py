@@ -94,6 +94,9 @@ def add_subparser(subparsers) -> None:
                    help="run the model and inputs in float64 (default: float32, or the weights' own float dtype)")
     p.add_argument("--threads", type=int, default=None, metavar="T", help="torch's CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--no-report", action="store_true",
+                   help="no OUT/report.html and figures (a histogram of the bounds, the median per DCT mode, "
+                        "bound images)")
     p.set_defaults(func=_run)
 
 
@@ -363,17 +366,26 @@ def _run(args: argparse.Namespace) -> int:
         attack.save(out / "attack.npz")
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
+    report = None
+    if not args.no_report:
+        from hcrfast.report import write_bound_report
+
+        report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
     print(res.summary())
     if attack is not None:
         c = summary["attack"]
         print(f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): its error over the "
               f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1; an efficient unbiased "
               f"attacker: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
-              f"{c['mse_ratio_median']:.4g}")
+              f"{c['mse_ratio_median']:.4g}"
+              + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
+                 if c["n_draws_unmoved"] else ""))
     print(f"bounds: {out / 'bounds.npz'}")
     if attack is not None:
         print(f"attack: {out / 'attack.npz'}")
     print(f"summary: {out / 'summary.json'}")
+    if report is not None:
+        print(f"report: {report}")
     return 0
 
 

@@ -504,3 +504,85 @@ def write_html(path, summary: dict, figures: dict) -> Path:
 
 def _fmt_list(values) -> str:
     return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
+
+
+# ----------------------------------------------------------------------------------------
+# hcrfast bound's report (a user's own model: no labels, no normalization known)
+
+
+def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
+    """``report.html`` of ``hcrfast bound`` in ``out``, with its figures: the histogram of every bound and,
+    in the DCT basis, the median bound per mode and the bound images of the first examples.
+
+    ``std``: the bounds, (B, ...) as the inputs; the DCT figures take the last two axes as the image
+    and every axis between them and the batch's as channels. Units: the model's inputs'.
+    """
+    e = html.escape
+    out = Path(out)
+    s = summary
+    std = np.asarray(std, dtype=np.float64)
+    figures = [("hist_all.png", "Every bound (example × mode): a histogram; infinite ones (D = 0) are counted "
+                                "apart.")]
+    _histogram(out / "hist_all.png", std, title=f"hcrfast bound: all {std[0].size:,} modes of {std.shape[0]:,} "
+                                                f"inputs", xlabel="bound on the std of an unbiased estimator "
+                                                                  "(the inputs' units)")
+    dct = s["params"].get("basis") == "dct" and std.ndim >= 3
+    if dct:
+        images = std.reshape((std.shape[0], -1) + std.shape[-2:])
+        low = min(8, *images.shape[-2:])
+        _modes_figure(out / "bound_modes.png", images, low)
+        figures.append(("bound_modes.png", "The median bound of each DCT mode over the inputs (channels "
+                                           "averaged): low frequencies top left."))
+        show = list(range(min(_N_SHOW, images.shape[0])))
+        _bound_image_figure(out / "bound_images.png", images, show)
+        figures.append(("bound_images.png", f"Bound images of the first {len(show)} inputs: the inverse DCT of "
+                                            f"their bounds, channels averaged."))
+    q = s["std"]
+    rows = [("inputs", f"{s['inputs']['examples']:,} of shape {tuple(s['inputs']['shape'])} from "
+                       f"{s['inputs']['path']}"),
+            ("model", s["model"] + (f" with weights {s['weights']['path']}" if s.get("weights") else "")),
+            ("noise", ", ".join(f"{k} {_fmt(v)}" for k, v in s["noise"].items())),
+            ("bounds on", s["bounds_on"]),
+            ("solver", s["params"].get("solver")),
+            ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}"),
+            ("bound seconds", s["bound_seconds"])]
+    body = [f"<h1>hcrfast bound {e(s['model'])}</h1>", _table(rows),
+            "<h2>Bounds</h2>",
+            "<p>Each number bounds from below the standard deviation of ANY unbiased estimator of that mode "
+            "of the input, from the features dithered with the noise above (the Hammersley–Chapman–Robbins "
+            "bound, certified by float64 forward passes).</p>",
+            _table([("all modes", q.get("q5"), q.get("q25"), q.get("q50"), q.get("q75"), q.get("q95"),
+                     q.get("infinite"), q.get("zero"))],
+                   header=("", "5%", "25%", "median", "75%", "95%", "infinite", "zero (bound nothing)")),
+            _table([("eq. (6), one ε", s["mse_bound"].get("q50")),
+                    ("from every mode's bound", s["mse_bound_modes"].get("q50"))],
+                   header=("bound on the MSE per coordinate, median over inputs", "value"))]
+    if s.get("targeted"):
+        g = s["targeted"]["gain_over_algorithm1_all_modes"]
+        body.append(f"<p>Targeted steps ({e(str(s['targeted']['targets']))}) lifted "
+                    f"{s['targeted']['modes_lifted_fraction']:.1%} of the bounds above Algorithm 1's; gain over "
+                    f"all modes: median {_fmt(g.get('q50'))}.</p>")
+    if s.get("infinite_reasons"):
+        body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
+                    f"there); the first: {e(s['infinite_reasons'][0])}</p>")
+    if s.get("restarts_bounding_nothing"):
+        body.append(f'<p class="note">{s["restarts_bounding_nothing"]:,} restarts bound nothing (0); '
+                    f"summary.json's params['zero_step_reasons'] says why.</p>")
+    a = s.get("attack")
+    if a:
+        body += ["<h2>A real attacker beside the bounds</h2>",
+                 f"<p>Gauss–Newton, {a['draws']} noisy draws per input from the {e(str(a['start']))}, "
+                 f"{a['steps']} steps: its error over the bound per mode, median {_fmt(a['median'])} "
+                 f"({a['fraction_below_1']:.1%} below 1); an efficient unbiased attacker would show "
+                 f"{_fmt(a['mc_band'][0])} to {_fmt(a['mc_band'][1])}. A biased attacker (one started at the "
+                 f"truth keeps it where the features say nothing) can beat the bound, which binds unbiased "
+                 f"ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
+                                  f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")
+                 + "</p>"]
+    body.append("<h2>Figures</h2>")
+    for name, caption in figures:
+        body.append(f'<figure><img src="{e(name)}" alt="{e(name)}"><figcaption>{e(caption)}</figcaption></figure>')
+    path = out / "report.html"
+    path.write_text(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>hcrfast bound</title>"
+                    f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return path

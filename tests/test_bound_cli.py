@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,7 +45,7 @@ MODEL_FILE = textwrap.dedent("""
             return super().forward(x), x.sum()
 """)
 
-TINY = ["--restarts", "2", "--iterations", "2", "--threads", "1", "--no-progress"]
+TINY = ["--restarts", "2", "--iterations", "2", "--threads", "1", "--no-progress", "--no-report"]
 _ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
 
@@ -136,6 +137,29 @@ def test_attack_beside_the_bounds_is_the_apis_attack_and_comparison(files, capsy
     again = hcrfast.AttackResult.load(out / "attack.npz")
     assert again.params["checkpoint"]["examples_read_back"] == 6
     np.testing.assert_array_equal(again.estimates, attack.estimates)
+
+
+@pytest.mark.filterwarnings("ignore:.*never left their start")  # 2 Gauss-Newton steps: some draws take none
+@pytest.mark.parametrize("basis", ["dct", "pixel"])
+def test_the_report_shows_the_bounds_and_their_figures(files, capsys, basis):
+    """Without --no-report: report.html with the summary's median and every figure it names written
+    beside it (in the pixel basis the histogram only: no DCT modes to draw)."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+            "--basis", basis, "--attack", "2", "--attack-steps", "2", "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"report: {out / 'report.html'}" in printed
+    html = (out / "report.html").read_text()
+    s = json.loads((out / "summary.json").read_text())
+    unmoved = s["attack"]["n_draws_unmoved"]
+    assert (f"{unmoved} draws took no step" in printed) == (unmoved > 0)
+    assert (f"{unmoved:,} draws took no step" in html) == (unmoved > 0)
+    assert f"{s['std']['q50']:.4g}" in html and "A real attacker beside the bounds" in html
+    shown = re.findall(r'<img src="([^"]+)"', html)
+    assert shown == (["hist_all.png", "bound_modes.png", "bound_images.png"] if basis == "dct" else ["hist_all.png"])
+    assert all((out / name).stat().st_size > 1000 for name in shown)
 
 
 @pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
