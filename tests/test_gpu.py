@@ -537,7 +537,7 @@ def test_bound_command_on_cuda_matches_the_api_on_cuda(tmp_path):
     torch.save(x, tmp_path / "x.pt")
     out = tmp_path / "run"
     assert cli.main(["bound", f"{tmp_path / 'net.py'}:make", str(tmp_path / "x.pt"), "--device", "cuda",
-                     "--sigma", "0.05", "--restarts", "3", "--iterations", "3", "--no-progress",
+                     "--sigma", "0.05", "--restarts", "3", "--iterations", "3", "--no-progress", "--no-report",
                      "--out", str(out)]) == 0
     got = hcrfast.Bounds.load(out / "bounds.npz")
     assert got.params["solver"] == "krylov"
