@@ -221,31 +221,20 @@ def _entry(path, entries: dict, key):
     return entries[key]
 
 
-def _clean_features(model, x):
-    """The model's features of ``x``, (B, n), checked as ``hcrfast.bound`` checks them (a tensor, the
-    batch axis first, finite; split where a pass runs out of memory)."""
-    import torch
-
-    from hcrfast import validation
-
-    with torch.no_grad():
-        return validation.features_of(model, x)
-
-
 # ---------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------
 
 
-def _positive(name, value, kind=int):
-    if value is not None and not (isinstance(value, kind) and value > 0):
-        raise ValueError(f"{name} {value!r}: pass a positive {'integer' if kind is int else 'number'}")
+def _positive(name, value):
+    if value is not None and not value > 0:  # argparse has made it an int
+        raise ValueError(f"{name} {value!r}: pass a positive integer")
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from hcrfast import algorithm, reproduce
+    from hcrfast import _repro_cli, algorithm, reproduce, validation
     from hcrfast.results import json_default
 
     t_start = time.perf_counter()
@@ -256,9 +245,7 @@ def _run(args: argparse.Namespace) -> int:
     for flag, value in (("--sigma", args.sigma), ("--sigma-scale", args.sigma_scale), ("--size", args.size)):
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
-    if args.targets is not None and args.targets != "all" and not args.targets.startswith("low:"):
-        raise ValueError(f"--targets {args.targets!r}: pass 'all' or 'low:K' (the K x K lowest DCT frequencies of "
-                         f"every channel); lists of modes and masks are for the Python API")
+    _repro_cli.check_targets_flag(args.targets)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
                          "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")
@@ -304,7 +291,8 @@ def _run(args: argparse.Namespace) -> int:
             sigma, noise = float(args.sigma), {"sigma": float(args.sigma)}
         else:
             scale = 1.0 if args.sigma_scale is None else float(args.sigma_scale)
-            sigma = algorithm.rms_sigma(_clean_features(model, x), scale)
+            with torch.no_grad():  # bound's own checked forward: a tensor, batch axis first, finite
+                sigma = algorithm.rms_sigma(validation.features_of(model, x), scale)
             noise = {"sigma": sigma, "sigma_scale": scale, "rms": sigma / scale}
         if progress and rank == 0:
             what = (f"one std per feature from {args.sigma_file}" if args.sigma_file is not None

@@ -114,11 +114,17 @@ def add_subparser(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.targets is not None and args.targets != "all" and not args.targets.startswith("low:"):
+def check_targets_flag(targets) -> None:
+    """``--targets`` on a command line (reproduce, bound): 'all' or 'low:K'; the rest of what
+    ``hcrfast.bound(targets=...)`` takes has no spelling there."""
+    if targets is not None and targets != "all" and not targets.startswith("low:"):
         raise ValueError(f"--targets takes 'all' or 'low:K' (the K x K lowest DCT frequencies of every channel), got "
-                         f"{args.targets!r}; lists of modes and masks are for the Python API (hcrfast.bound(..., "
+                         f"{targets!r}; lists of modes and masks are for the Python API (hcrfast.bound(..., "
                          f"targets=...))")
+
+
+def _run(args: argparse.Namespace) -> int:
+    check_targets_flag(args.targets)
     # run() warns about a randomly initialized ImageNet model and also prints a banner; the
     # command line shows the banner only.
     warnings.filterwarnings("ignore", message=r".*RANDOMLY INITIALIZED", category=UserWarning)

@@ -224,7 +224,7 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "0"], "--examples 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--attack", "0"], "--attack 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--sigma", "nan"], "--sigma nan: pass a positive finite number"),
-    ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets '3': pass 'all' or 'low:K'"),
+    ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets takes 'all' or 'low:K'"),
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
     ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"], "does not fit"),
     ("{d}/mynet.py:Net", "two.npz", [], "holds 2 entries (images, labels); name the inputs with --key"),
