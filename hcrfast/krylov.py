@@ -136,6 +136,25 @@ class _Group:
             y = torch.bmm(Y, filt[:, :, None] * torch.bmm(Y.transpose(1, 2), w))          # (g, K, R)
             return torch.bmm(y.to(V.dtype).transpose(1, 2), V)                           # (g, R, p)
 
+    def pilot_residual(self) -> np.ndarray:
+        """Per member, ``‖β₁e₁ − B_k y‖ / β₁`` with ``y = B_k⁺ β₁e₁`` (the kept singular values): the
+        share of the pilot right-hand side that the basis' space leaves unreached, on the host (0 where
+        β₁ = 0). About 0 where the pilot is in J's range (SciPy's istop 1), the least-squares residual
+        otherwise (istop 2)."""
+        alfa, beta, Y, filt = self.alfa, self.beta, self.Y, self.filt
+        K = self.V.shape[1]
+        b1 = beta[:, 0]
+        w = torch.zeros_like(alfa[:, :K])
+        if K:
+            w[:, 0] = alfa[:, 0] * b1                                      # B_kᵀ β₁e₁ = α₁β₁e₁
+        y = torch.bmm(Y, filt[:, :, None] * torch.bmm(Y.transpose(1, 2), w[:, :, None]))[:, :, 0]
+        r = torch.zeros_like(alfa[:, :K + 1])
+        r[:, 0] = b1
+        r[:, :K] -= alfa[:, :K] * y                                        # B_k[j, j] = α_{j+1}
+        r[:, 1:K + 1] -= beta[:, 1:K + 1] * y                              # B_k[j+1, j] = β_{j+2}
+        norm = torch.linalg.vector_norm(r, dim=1)
+        return torch.where(b1 > 0, norm / torch.where(b1 > 0, b1, 1.0), 0.0).cpu().numpy()
+
 
 @dataclass
 class KrylovBasis:
@@ -323,7 +342,9 @@ def _stop_when_exhausted(state, rtol: float, scale, xp):
     far, ≤ ‖B_k‖ ≤ ‖J‖; LSQR's ``anorm`` is a Frobenius estimate that grows like √k and would stop
     long bases early): its Krylov space is invariant (β = 0: ``b`` is reached exactly, SciPy's istop
     1; α = 0: ``Jᵀr = 0``, istop 2). In floating point the process would go on from rounding noise,
-    whose directions ``solve`` would only discard."""
+    whose directions ``solve`` would only discard. The code set here is provisional: the step past
+    exhaustion can end by a small β where b was never reached, so :func:`build` decides 1 or 2 from
+    what the basis' kept space leaves of b (:meth:`_Group.pilot_residual`)."""
     floor = rtol * scale
     newly = state.active & ((state.beta <= floor) | (state.alfa <= floor))
     istop = xp.where(newly, xp.where(state.beta <= floor, 1, 2), state.istop)
@@ -475,6 +496,13 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                         parts = (t.index_select(0, pick) for t in (U, V, alfa, beta))
                     made, sv = _factors(rows[idx], itn[idx], *parts, damp=float(opts.damp), rtol=rtol)
                     groups.append(made)
+                    # An exhausted space: b reached (1) or Jᵀr = 0 (2), told by what the kept space
+                    # leaves of b, not by which of β, α fell first (the step past exhaustion, on
+                    # rounding noise, can end by β when b was never reached).
+                    ended = np.isin(codes[idx], (1, 2))
+                    if ended.any():
+                        reached = made.pilot_residual() <= math.sqrt(float(torch.finfo(U.dtype).eps))
+                        istop[rows[idx]] = np.where(ended, np.where(reached, 1, 2), codes[idx])
                     for e, s_e in zip(rows[idx], sv):
                         ritz[e] = s_e
                 if finished:

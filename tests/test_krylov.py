@@ -671,3 +671,25 @@ def test_the_automatic_cpu_chunk_makes_room_for_the_restarts():
     chunks = [algorithm._krylov_chunk(model, x, R, 784, 784, "reverse", opts) for R in (1, 25, 400)]
     per_example = hcrfast.krylov.basis_values(784, 784, opts) + 16 * (1 + 400) * (784 + 784)
     assert chunks[0] > chunks[1] > chunks[2] == algorithm._KRYLOV_ELEMENTS // per_example
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rank,n,p", [(10, 150, 120), (70, 150, 120), (70, 120, 150), (100, 120, 150),
+                                      (120, 150, 120), (120, 120, 150)])
+def test_an_exhausted_basis_reports_scipys_stop_code_and_the_least_squares_residual(dtype, rank, n, p):
+    """A basis run to exhaustion says istop 1 where b is in J's range and 2 where it is not (Jᵀr = 0), as
+    SciPy's LSQR solved tightly does. The step past exhaustion, on rounding noise, used to end by a small
+    β and report 1 for inconsistent systems (rank 70 and 100: k = rank + 1). ``pilot_residual`` is the
+    least-squares residual of b over ‖b‖ (numpy.linalg.lstsq's)."""
+    rng = np.random.default_rng(rank)
+    A = spectrum_batch(rng, 1, n, p, np.logspace(0, -2, rank)).astype(dtype)
+    b = rng.standard_normal((1, n)).astype(dtype)
+    basis = krylov.build(DenseBatchOperator(A), b)
+    A64, b64 = A[0].astype(np.float64), b[0].astype(np.float64)
+    want = spla.lsqr(A64, b64, atol=1e-8, btol=1e-8, conlim=0, iter_lim=4 * max(n, p))[1]
+    assert want in (1, 2)
+    np.testing.assert_array_equal(basis.istop, [want])
+    x = np.linalg.lstsq(A64, b64, rcond=1e-6)[0]
+    lsq = np.linalg.norm(b64 - A64 @ x) / np.linalg.norm(b64)
+    (got,) = basis.groups[0].pilot_residual()
+    assert abs(got - lsq) <= 1e-6 + 1e-6 * lsq
