@@ -1,0 +1,321 @@
+"""The noise to release: the smallest σ whose certified bounds reach a target.
+
+A user who dithers features asks the inverse of :func:`hcrfast.bound`: how much noise makes every
+unbiased reconstruction at least this uncertain? :func:`sigma_for` answers it by search. Every σ it
+tries is one full, certified :func:`hcrfast.bound` call on the given batch, and the σ it returns is one
+whose bounds were computed, never one predicted from a model of how they scale.
+
+The statistic is conservative by construction: "a fraction ``1 − quantile`` of the bounds are at least
+``target``" holds for the returned bounds (the quantile is NumPy's ``method="lower"``, an order
+statistic, so infinite bounds need no interpolation).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
+#: ``"rmse"``, per example the root of the mean of the selected modes' bounds squared (a lower bound on
+#: the root-mean-square error of any unbiased estimator over those modes; over all modes it is
+#: ``sqrt(Bounds.mse_from_modes)``).
+STATISTICS = ("std", "rmse")
+
+#: Largest factor by which one step of the search moves σ.
+MAX_STEP = 100.0
+
+
+@dataclass
+class SigmaSearch:
+    """The result of :func:`sigma_for`.
+
+    Attributes
+    ----------
+    sigma : float or numpy.ndarray
+        The σ to release: ``scale × sigma0`` (one std per feature where ``sigma0`` was a profile). Where
+        ``met`` is False, the largest σ tried.
+    scale : float
+        σ over ``sigma0``.
+    sigma0 : float or numpy.ndarray
+        The σ the search started from (its unit).
+    statistic : float
+        The certified statistic of :attr:`bounds`: ``quantile`` of the bounds (or, for ``"rmse"``, of the
+        examples' RMSE bounds), order statistic ``"lower"``.
+    target, quantile, statistic_name :
+        What was asked.
+    met : bool
+        ``statistic >= target``.
+    within_rtol : bool
+        Also ``statistic <= target · (1 + rtol)``: no σ much smaller is expected to meet it (the search
+        assumes the statistic grows with σ, which it does for linearized models; see :func:`sigma_for`).
+    bounds : hcrfast.Bounds
+        The certified bounds at :attr:`sigma`: the answer itself, not an estimate of it.
+    history : list of dict
+        Every call in order: ``scale``, ``sigma`` (its RMS where a profile), ``statistic``, ``seconds``.
+    note : str
+        Why the search ended.
+    """
+
+    sigma: object
+    scale: float
+    sigma0: object
+    statistic: float
+    target: float
+    quantile: float
+    statistic_name: str
+    met: bool
+    within_rtol: bool
+    bounds: object
+    history: list = field(default_factory=list)
+    note: str = ""
+
+    def summary(self) -> str:
+        what = _describe(self.statistic_name, self.quantile)
+        sig = (f"{self.sigma:.6g}" if np.ndim(self.sigma) == 0
+               else f"{self.scale:.6g} x the given stds (RMS {_rms(self.sigma):.6g})")
+        head = (f"sigma {sig}: {what} {self.statistic:.6g} "
+                f"{'>=' if self.met else '<'} target {self.target:.6g} (certified, {len(self.history)} bound calls)")
+        lines = [head, f"  {self.note}"]
+        for i, h in enumerate(self.history):
+            lines.append(f"  call {i + 1}: scale {h['scale']:.6g}, sigma {h['sigma']:.6g} -> {h['statistic']:.6g} "
+                         f"({h['seconds']:.1f} s)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<SigmaSearch: {self.summary().splitlines()[0]}>"
+
+
+def _rms(a) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    return float(np.sqrt(np.mean(a * a)))
+
+
+def _describe(statistic: str, quantile: float) -> str:
+    of = "per-mode bounds" if statistic == "std" else "examples' RMSE bounds"
+    return "median of the " + of if quantile == 0.5 else f"{quantile:g}-quantile of the {of}"
+
+
+def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=None) -> float:
+    """The number :func:`sigma_for` aims at, from a :class:`hcrfast.Bounds` (or its ``std`` array).
+
+    ``quantile`` of every selected per-mode bound (``"std"``) or of every example's
+    ``sqrt(mean of the selected modes' bounds squared)`` (``"rmse"``), by the order statistic
+    ``numpy.quantile(..., method="lower")``: at least a fraction ``1 − quantile`` of the values are ≥ it.
+    ``modes``: as :func:`hcrfast.bound`'s ``targets`` (``"all"``, ``"low:K"``, a list of modes, a mask);
+    ``None`` is every mode.
+    """
+    from hcrfast.results import mse_from_modes
+    from hcrfast.targeted import parse_targets
+
+    if hasattr(bounds, "to_numpy"):  # a Bounds, possibly on the GPU
+        std, basis = bounds.to_numpy().std, bounds.params.get("basis", "dct")
+    else:
+        std, basis = bounds, "dct"
+    std = np.asarray(std, dtype=np.float64)
+    if std.ndim < 2:
+        raise ValueError(f"statistic_of: expected bounds of shape (B, ...), got {std.shape}")
+    flat = std.reshape(std.shape[0], -1)
+    if modes is not None:
+        flat = flat[:, parse_targets(modes, std.shape[1:], basis)]
+    if statistic == "std":
+        values = flat.ravel()
+    elif statistic == "rmse":
+        values = np.sqrt(mse_from_modes(flat))
+    else:
+        raise ValueError(f"statistic={statistic!r}: pass one of {STATISTICS}")
+    return float(np.quantile(values, quantile, method="lower"))
+
+
+def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5, statistic: str = "std",
+              modes=None, rtol: float = 0.05, max_calls: int = 8, checkpoint=None, progress: bool = False,
+              **bound_kwargs) -> SigmaSearch:
+    """The smallest σ (within ``rtol``) at which the certified bounds on ``batch`` reach ``target``.
+
+    Parameters
+    ----------
+    model, batch :
+        As for :func:`hcrfast.bound`.
+    target : float
+        In the inputs' units (the DCT coefficients' with ``basis="dct"``): the ``quantile`` of the bounds
+        must be at least this.
+    sigma0 : float or array of one std per feature, optional
+        Where the search starts, and its unit: the σ tried are ``scale × sigma0``, so a per-feature profile
+        keeps its shape. Default: the RMS of the clean features over the batch (σ-scale 1, as published).
+    quantile : float in [0, 1]
+        0.5: the median bound must reach the target; 0.05: 95% of the bounds must.
+    statistic : {"std", "rmse"}
+        Over every per-mode bound of every example, or over each example's RMSE bound (see
+        :data:`STATISTICS`).
+    modes : optional
+        Only these modes count (as ``targets`` of :func:`hcrfast.bound`: ``"low:8"``, a list, a mask).
+    rtol : float
+        Stop once the statistic lies in ``[target, target · (1 + rtol)]``.
+    max_calls : int
+        At most this many :func:`hcrfast.bound` calls; each call costs one full bound of the batch.
+    checkpoint : folder, optional
+        Each call's :func:`hcrfast.bound` checkpoint goes in a sub-folder named by its scale: the search is
+        deterministic, so the same call made again after a crash replays the finished calls from disk and
+        goes on (one call per folder at a time).
+    progress : bool
+        A line per call on stderr (and the calls' own progress).
+    **bound_kwargs :
+        Passed to every :func:`hcrfast.bound` call (``size``, ``restarts``, ``seed``, ``solver``,
+        ``targets``, ...). The seed is the same at every σ, so the calls differ by σ only.
+
+    Returns
+    -------
+    SigmaSearch
+        ``sigma``, its certified ``bounds`` and the search's ``history``. The claim is about this batch:
+        other inputs need their own bounds (calibrate on inputs like the ones you release, or bound those).
+
+    The search takes σ's scale on a log axis, with secant steps on ``log statistic`` (a linearized model's
+    bounds are proportional to σ, so the first step usually lands within a few percent) and geometric
+    bisection once the target is bracketed. For models far from linear over the noise's reach the
+    statistic need not grow monotonically with σ: the σ returned meets the target (its bounds show it),
+    but a smaller one might too.
+    """
+    from hcrfast import validation
+    from hcrfast.algorithm import bound, rms_sigma
+    from hcrfast.noise import Gaussian, NoiseLaw
+
+    target = validation.positive_float("target", target)
+    quantile = float(quantile)
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile={quantile!r}: pass a number in [0, 1] (0.5: the median bound must reach the "
+                         f"target; 0.05: 95% of the bounds must)")
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}: pass one of {STATISTICS}")
+    rtol = validation.positive_float("rtol", rtol)
+    if isinstance(max_calls, bool) or not isinstance(max_calls, (int, np.integer)) or max_calls < 1:
+        raise ValueError(f"max_calls={max_calls!r}: pass a positive integer")
+    for name in ("sigma", "checkpoint_dir"):
+        if name in bound_kwargs:
+            raise TypeError(f"sigma_for() got {name}=...: the search sets sigma itself; pass the start as sigma0")
+    if isinstance(sigma0, Gaussian):
+        sigma0 = sigma0.sigma
+    if isinstance(sigma0, NoiseLaw) or (sigma0 is not None and not isinstance(sigma0, (int, float, np.ndarray, list, tuple))
+                                        and not hasattr(sigma0, "detach")):
+        raise TypeError(f"sigma0={sigma0!r}: sigma_for searches the std of Gaussian noise; pass a float or one std "
+                        f"per feature")
+    if sigma0 is None:
+        import torch
+
+        with torch.no_grad():
+            sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
+    if hasattr(sigma0, "detach"):
+        sigma0 = sigma0.detach().cpu().numpy()
+    profile = np.asarray(sigma0, dtype=np.float64)
+    if not (np.all(np.isfinite(profile)) and np.all(profile > 0)) or profile.size == 0:
+        raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
+                         f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
+                         f"and {int(np.sum(~np.isfinite(profile)))} that are not finite")
+    scalar = profile.ndim == 0
+    if modes is not None:  # a bad spec is refused before any bound is computed
+        from hcrfast.targeted import parse_targets
+
+        parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
+    root = None if checkpoint is None else Path(checkpoint)
+    what = _describe(statistic, quantile)
+
+    history, results = [], {}
+    meets, misses = None, None  # (scale, statistic): the smallest scale that met, the largest that missed
+
+    def run(k: float):
+        sigma = float(k * profile) if scalar else k * profile
+        t0 = time.perf_counter()
+        try:
+            res = bound(model, batch, sigma, progress=progress,
+                        checkpoint=None if root is None else root / f"scale_{k.hex()}", **bound_kwargs)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python >= 3.11: where the search was
+                tried = ", ".join(f"{h['sigma']:.6g} -> {h['statistic']:.6g}" for h in history) or "none"
+                exc.add_note(f"hcrfast.sigma_for: raised by bound call {len(history) + 1} at sigma scale {k:.6g} x "
+                             f"sigma0 (calls before it, sigma -> {what}: {tried})")
+            raise
+        stat = statistic_of(res, statistic, quantile, modes)
+        history.append({"scale": k, "sigma": float(sigma) if scalar else _rms(sigma), "statistic": stat,
+                        "seconds": time.perf_counter() - t0})
+        if progress:
+            print(f"hcrfast sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
+                  f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        return res, stat
+
+    goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
+    k, note = 1.0, ""
+    while True:
+        res, stat = run(k)
+        results[k] = res
+        if math.isinf(stat):
+            meets = (k, stat)
+            note = (f"the {what} is +inf: at least that share of the bounds are infinite (D = 0: directions no "
+                    f"unbiased estimator can estimate), at this and any smaller sigma alike; lower the quantile "
+                    f"or restrict the modes to ask about the finite ones")
+            break
+        if stat >= target:
+            if meets is None or k < meets[0]:
+                meets = (k, stat)
+            if stat <= target * (1.0 + rtol):
+                note = f"the statistic lies within rtol={rtol:g} above the target"
+                break
+        elif misses is None or k > misses[0]:
+            misses = (k, stat)
+        if len(history) >= max_calls:
+            note = f"stopped after max_calls={max_calls} bound calls"
+            break
+        k_next = _next_scale(k, stat, goal, history, meets, misses)
+        if meets is not None and misses is not None and meets[0] <= misses[0] * (1.0 + rtol / 8):
+            # the statistic jumps across the target within a narrow range of sigma: no smaller sigma
+            # worth another call
+            note = (f"the target lies between sigma scales {misses[0]:.6g} ({misses[1]:.6g}) and {meets[0]:.6g} "
+                    f"({meets[1]:.6g}), {rtol / 8:g} apart: the statistic jumps there")
+            break
+        if k_next in results:  # the step came back to a scale already tried
+            note = "the search came back to a sigma it had tried"
+            break
+        k = k_next
+
+    if meets is not None:
+        k_best, stat_best = meets
+        met = True
+    else:
+        k_best, stat_best = misses
+        met = False
+        warnings.warn(f"sigma_for: no sigma tried reached the target {target:g}: the largest, "
+                      f"{k_best:.6g} x sigma0, gave {what} {stat_best:.6g} ({note}); raise max_calls, or check that "
+                      f"the bounds can reach the target at all (they stop growing where the features saturate)",
+                      RuntimeWarning, stacklevel=2)
+    within = met and stat_best <= target * (1.0 + rtol)
+    if met and not within and not math.isinf(stat_best):
+        note += f"; the smallest sigma that met the target gives {stat_best / target:.4g} x the target"
+    sigma = float(k_best * profile) if scalar else k_best * profile
+    return SigmaSearch(sigma=sigma, scale=k_best, sigma0=float(profile) if scalar else profile, statistic=stat_best,
+                       target=target, quantile=quantile, statistic_name=statistic, met=met, within_rtol=within,
+                       bounds=results[k_best], history=history, note=note)
+
+
+def _next_scale(k, stat, goal, history, meets, misses) -> float:
+    """The next scale: a secant step on log statistic against log scale (slope from the bracket, or the
+    last two calls, clipped to [0.2, 5]; 1 at first: bounds proportional to σ), at most :data:`MAX_STEP`
+    from the current scale, and the geometric midpoint of the bracket where the step leaves it."""
+    slope = 1.0
+    pts = [(h["scale"], h["statistic"]) for h in history if 0 < h["statistic"] < math.inf]
+    pair = (meets, misses) if meets is not None and misses is not None and misses[1] > 0 else None
+    if pair is None and len(pts) >= 2 and pts[-1][0] != pts[-2][0]:
+        pair = (pts[-1], pts[-2])
+    if pair is not None:
+        (k1, s1), (k2, s2) = pair
+        if k1 != k2 and s1 > 0 and s2 > 0 and s1 != s2:
+            slope = min(max(math.log(s1 / s2) / math.log(k1 / k2), 0.2), 5.0)
+    if stat > 0:
+        k_next = k * (goal / stat) ** (1.0 / slope)
+    else:
+        k_next = k * MAX_STEP  # bounds of 0 say nothing of how far: go up fast
+    k_next = min(max(k_next, k / MAX_STEP), k * MAX_STEP)
+    if meets is not None and misses is not None and not misses[0] < k_next < meets[0]:
+        k_next = math.sqrt(misses[0] * meets[0])
+    return float(k_next)

@@ -1,0 +1,190 @@
+"""hcrfast.sigma_for: the smallest σ whose certified bounds reach a target.
+
+The oracles: hcrfast.bound called directly at the σ returned (the search must hand back exactly those
+bounds), numpy.quantile over them, and on a linear model the exact proportionality of Algorithm 1's
+steps to σ (the same seed draws the same start vectors, scaled)."""
+import math
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+from hcrfast.calibrate import statistic_of
+
+
+def _tanh_net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 40), torch.nn.Tanh(),
+                               torch.nn.Linear(40, 30)).eval()
+
+
+def _batch(b=5, seed=1):
+    return torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+KW = dict(restarts=3, iterations=4)
+
+
+def test_the_sigma_found_carries_the_certified_bounds_of_a_direct_call_and_meets_the_target():
+    model, x = _tanh_net(), _batch()
+    found = hcrfast.sigma_for(model, x, 0.4, **KW)
+    assert found.met and found.within_rtol
+    direct = hcrfast.bound(model, x, found.sigma, **KW)
+    np.testing.assert_array_equal(found.bounds.std, direct.std)
+    median = float(np.quantile(np.asarray(direct.std, dtype=np.float64).ravel(), 0.5, method="lower"))
+    assert found.statistic == median and 0.4 <= median <= 0.4 * 1.05
+    # every call is recorded; a call below the returned sigma missed the target (a bracket, not a guess)
+    assert found.history[-1]["statistic"] == found.statistic or any(
+        h["scale"] == found.scale for h in found.history)
+    assert all(h["statistic"] < 0.4 for h in found.history if h["scale"] < found.scale)
+    assert found.sigma0 == pytest.approx(hcrfast.rms_sigma(model(x).detach(), 1.0))
+    assert found.sigma == pytest.approx(found.scale * found.sigma0, rel=1e-15)
+
+
+def test_on_a_float64_linear_model_the_bounds_scale_with_sigma_so_one_secant_step_lands_on_the_aim():
+    torch.manual_seed(3)
+    lin = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 30)).double().eval()
+    x = _batch().double()  # float64 passes: no float32 rounding of the feature shifts
+    found = hcrfast.sigma_for(lin, x, 2.0, rtol=0.05, **KW)
+    assert len(found.history) == 2 and found.met and found.within_rtol
+    first, second = found.history
+    # bounds ∝ σ: the second call aims at target · sqrt(1 + rtol) and gets it to float rounding
+    assert second["statistic"] == pytest.approx(2.0 * math.sqrt(1.05), rel=1e-6)
+    assert second["statistic"] / first["statistic"] == pytest.approx(second["scale"] / first["scale"], rel=1e-6)
+
+
+def test_quantile_statistic_is_the_conservative_order_statistic():
+    std = np.array([[1.0, 2.0, 3.0, np.inf], [0.0, 5.0, 6.0, 7.0]])
+    for q in (0.0, 0.1, 0.25, 0.5, 0.8, 1.0):
+        v = statistic_of(std, "std", q)
+        # at least a fraction 1 - q of the bounds are >= v
+        assert np.mean(std.ravel() >= v) >= 1 - q
+    assert statistic_of(std, "std", 1.0) == np.inf and statistic_of(std, "std", 0.0) == 0.0
+    rmse = np.sqrt(np.mean(std[1] ** 2))
+    assert statistic_of(std, "rmse", 0.0) == pytest.approx(rmse)  # the other example's is +inf
+    # modes: only the selected ones count (flat indices, as bound's targets)
+    assert statistic_of(std, "std", 0.0, modes=[1, 2]) == 2.0
+
+
+def test_rmse_over_low_modes_and_a_quantile():
+    model, x = _tanh_net(1), _batch(6)
+    found = hcrfast.sigma_for(model, x, 0.3, statistic="rmse", quantile=0.1, modes="low:4", **KW)
+    assert found.met
+    std = np.asarray(found.bounds.std, dtype=np.float64)[:, :, :4, :4].reshape(6, -1)
+    per_example = np.sqrt(np.mean(std ** 2, axis=1))
+    assert np.mean(per_example >= 0.3) >= 0.9
+    assert found.statistic == float(np.quantile(per_example, 0.1, method="lower"))
+
+
+def test_a_per_feature_profile_keeps_its_shape():
+    model, x = _tanh_net(2), _batch()
+    profile = np.linspace(0.05, 0.5, 30)
+    found = hcrfast.sigma_for(model, x, 0.3, sigma0=profile, **KW)
+    assert found.met and found.sigma.shape == (30,)
+    np.testing.assert_allclose(found.sigma / profile, found.scale, rtol=1e-15)
+    direct = hcrfast.bound(model, x, found.sigma, **KW)
+    np.testing.assert_array_equal(found.bounds.std, direct.std)
+
+
+def test_a_target_out_of_reach_in_the_calls_allowed_is_reported_not_claimed():
+    model, x = _tanh_net(), _batch()
+    with pytest.warns(RuntimeWarning, match="no sigma tried reached the target"):
+        found = hcrfast.sigma_for(model, x, 1e3, max_calls=1, **KW)
+    assert not found.met and not found.within_rtol and found.statistic < 1e3
+    assert found.scale == 1.0 and "max_calls=1" in found.note
+    assert "<" in found.summary().splitlines()[0]
+
+
+def test_an_infinite_quantile_is_met_at_any_sigma_and_says_why():
+    class Rounded(torch.nn.Module):  # straight-through rounding: small input changes leave the features
+        def __init__(self):        # exactly unchanged, D = 0, and no unbiased estimator exists (+inf)
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 20)
+
+        def forward(self, x):
+            y = self.lin(x.flatten(1))
+            return y + (torch.round(y) - y).detach()
+
+    torch.manual_seed(0)
+    found = hcrfast.sigma_for(Rounded().eval(), _batch(3), 0.1, **KW)
+    assert found.met and math.isinf(found.statistic) and len(found.history) == 1
+    assert "+inf" in found.note and found.bounds.infinite_reasons
+
+
+def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    model, x = _tanh_net(), _batch()
+    want = hcrfast.sigma_for(model, x, 0.4, **KW)
+    assert len(want.history) >= 2
+    import hcrfast.algorithm as algorithm
+
+    real, calls = algorithm.bound, []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(kwargs["checkpoint"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algorithm, "bound", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **KW)
+    monkeypatch.setattr(algorithm, "bound", real)
+    done = sorted(p for p in calls[0].rglob("*") if p.is_file())
+    assert done
+    stamps = {p: os.stat(p).st_mtime_ns for p in done}
+    got = hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **KW)
+    np.testing.assert_array_equal(got.bounds.std, want.bounds.std)
+    assert got.sigma == want.sigma and [h["scale"] for h in got.history] == [h["scale"] for h in want.history]
+    assert all(os.stat(p).st_mtime_ns == t for p, t in stamps.items())  # the first call was read back
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(target=0.0), "target"),
+    (dict(target=float("nan")), "target"),
+    (dict(quantile=1.5), "quantile=1.5"),
+    (dict(statistic="mean"), "statistic='mean'"),
+    (dict(rtol=0.0), "rtol"),
+    (dict(max_calls=0), "max_calls=0"),
+    (dict(sigma0=-1.0), "sigma0 must be positive"),
+    (dict(sigma0=hcrfast.Laplace(1.0)), "Gaussian"),
+    (dict(sigma=0.1), "sets sigma itself"),
+    (dict(modes="low:99"), "low:99"),
+])
+def test_bad_arguments_are_named_with_their_fix(kwargs, match):
+    model, x = _tanh_net(), _batch(2)
+    args = dict(target=0.4)
+    args.update(kwargs)
+    target = args.pop("target")
+    with pytest.raises((ValueError, TypeError), match=match):
+        hcrfast.sigma_for(model, x, target, **args)
+
+
+def test_progress_is_a_line_per_call(capsys):
+    model, x = _tanh_net(), _batch(2)
+    found = hcrfast.sigma_for(model, x, 0.4, progress=True, **KW)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("hcrfast sigma_for: call ")]
+    assert len(lines) == len(found.history) and f"call 1/8" in lines[0] and "(target 0.4)" in lines[0]
+
+
+def test_an_error_inside_a_call_says_where_the_search_was(monkeypatch):
+    import sys
+
+    import hcrfast.algorithm as algorithm
+
+    real, calls = algorithm.bound, []
+
+    def refuse_second(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise ValueError(f"sigma={args[2]!r} is out of range")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algorithm, "bound", refuse_second)
+    with pytest.raises(ValueError, match="out of range") as info:
+        hcrfast.sigma_for(_tanh_net(), _batch(2), 5.0, **KW)
+    if sys.version_info >= (3, 11):
+        assert "raised by bound call 2" in "\n".join(info.value.__notes__)
