@@ -78,6 +78,25 @@ def add_subparser(subparsers) -> None:
     b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls use TF32 (still certified)")
     b.add_argument("--chunk-size", type=int, default=None, metavar="K",
                    help="examples per chunk, each written to OUT/chunks/ when done (default: sized from memory)")
+    c = p.add_argument_group("the noise to release: the smallest sigma whose bounds reach a target "
+                             "(hcrfast.sigma_for)")
+    c.add_argument("--target-std", type=float, default=None, metavar="TAU",
+                   help="search sigma (as a multiple of --sigma, --sigma-scale's or --sigma-file's, which give the "
+                        "start and the unit) until the bounds' --quantile reaches TAU, in the inputs' units; each "
+                        "try is one certified bound of all the inputs, and the bounds written are those at the "
+                        "sigma found (resumable from OUT/calibration/)")
+    c.add_argument("--quantile", type=float, default=None, metavar="Q",
+                   help="with --target-std: the share of bounds allowed under TAU (default 0.5, the median; 0.05: "
+                        "95%% of them must reach it)")
+    c.add_argument("--statistic", choices=("std", "rmse"), default=None,
+                   help="with --target-std: over every per-mode bound (std, default) or over each input's RMSE "
+                        "bound (rmse: the root of the mean of its modes' bounds squared)")
+    c.add_argument("--target-modes", default=None, metavar="SPEC",
+                   help="with --target-std: only these modes count ('low:K', 'all')")
+    c.add_argument("--rtol", type=float, default=None,
+                   help="with --target-std: stop once the statistic lies within TAU x (1 + RTOL) (default 0.05)")
+    c.add_argument("--max-calls", type=int, default=None, metavar="N",
+                   help="with --target-std: at most N bound calls (default 8)")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -246,6 +265,17 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
+    search_flags = {"--quantile": args.quantile, "--statistic": args.statistic, "--target-modes": args.target_modes,
+                    "--rtol": args.rtol, "--max-calls": args.max_calls}
+    if args.target_std is None:
+        given = [f for f, v in search_flags.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set how --target-std searches sigma; pass --target-std TAU, or drop "
+                             f"{'them' if len(given) > 1 else 'it'}")
+    elif not (np.isfinite(args.target_std) and args.target_std > 0):
+        raise ValueError(f"--target-std {args.target_std!r}: pass a positive finite number, in the inputs' units")
+    if args.target_modes is not None:
+        _repro_cli.check_targets_flag(args.target_modes, "--target-modes")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
                          "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")
@@ -302,11 +332,26 @@ def _run(args: argparse.Namespace) -> int:
                   f"{device}), {what}; "
                   f"results in {out}" + (f" ({world} processes)" if world > 1 else ""), file=sys.stderr, flush=True)
 
-        res = algorithm.bound(
-            model, x, sigma, size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
+        bound_kwargs = dict(
+            size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
-            progress=progress, checkpoint=out / "chunks", shard=world > 1)
+            progress=progress, shard=world > 1)
+        search = None
+        if args.target_std is None:
+            res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
+        else:
+            from hcrfast.calibrate import sigma_for
+
+            search = sigma_for(model, x, args.target_std, sigma0=sigma,
+                               quantile=0.5 if args.quantile is None else args.quantile,
+                               statistic=args.statistic or "std", modes=args.target_modes,
+                               rtol=0.05 if args.rtol is None else args.rtol,
+                               max_calls=8 if args.max_calls is None else args.max_calls,
+                               checkpoint=out / "calibration", **bound_kwargs)
+            res, sigma = search.bounds, search.sigma
+            noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
+                         sigma=search.sigma if np.ndim(search.sigma) == 0 else None, scale=search.scale)
         attack = None
         if args.attack is not None and rank == 0:  # the attack does not shard: rank 0 runs it
             from hcrfast.attack import gauss_newton_attack
@@ -348,6 +393,15 @@ def _run(args: argparse.Namespace) -> int:
         "params": json.loads(json.dumps(res.params, default=json_default)),
         "versions": {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__},
     }
+    if search is not None:
+        summary["calibration"] = {
+            "target_std": search.target, "quantile": search.quantile, "statistic": search.statistic_name,
+            "target_modes": args.target_modes, "met": search.met, "within_rtol": search.within_rtol,
+            "value": search.statistic, "scale": search.scale, "note": search.note, "history": search.history,
+            "sigma_file": None}
+        if np.ndim(search.sigma) != 0:  # one std per feature: the stds found, beside the results
+            np.save(out / "sigma.npy", np.asarray(search.sigma, dtype=np.float64))
+            summary["calibration"]["sigma_file"] = str(out / "sigma.npy")
     if attack is not None:
         from hcrfast.attack import compare
 
@@ -359,6 +413,8 @@ def _run(args: argparse.Namespace) -> int:
         from hcrfast.report import write_bound_report
 
         report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
+    if search is not None:
+        print(search.summary())
     print(res.summary())
     if attack is not None:
         c = summary["attack"]

@@ -114,13 +114,12 @@ def add_subparser(subparsers) -> None:
     p.set_defaults(func=_run)
 
 
-def check_targets_flag(targets) -> None:
-    """``--targets`` on a command line (reproduce, bound): 'all' or 'low:K'; the rest of what
-    ``hcrfast.bound(targets=...)`` takes has no spelling there."""
+def check_targets_flag(targets, flag: str = "--targets") -> None:
+    """``--targets`` (or another ``flag`` naming modes) on a command line (reproduce, bound): 'all' or
+    'low:K'; the rest of what ``hcrfast.bound(targets=...)`` takes has no spelling there."""
     if targets is not None and targets != "all" and not targets.startswith("low:"):
-        raise ValueError(f"--targets takes 'all' or 'low:K' (the K x K lowest DCT frequencies of every channel), got "
-                         f"{targets!r}; lists of modes and masks are for the Python API (hcrfast.bound(..., "
-                         f"targets=...))")
+        raise ValueError(f"{flag} takes 'all' or 'low:K' (the K x K lowest DCT frequencies of every channel), got "
+                         f"{targets!r}; lists of modes and masks are for the Python API")
 
 
 def _run(args: argparse.Namespace) -> int:

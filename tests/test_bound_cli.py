@@ -210,7 +210,56 @@ def test_resumes_from_its_chunks_and_refuses_a_changed_call(files, capsys):
     assert "restarts: 2 -> 3" in err and "other arguments" in err
 
 
+def test_target_std_searches_sigma_and_writes_the_bounds_at_the_sigma_found(files, capsys):
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--target-std", "0.3", "--quantile", "0.25",
+            "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    model = _user_model(tmp_path)
+    want = hcrfast.sigma_for(model, x, 0.3, quantile=0.25, restarts=2, iterations=2)
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    np.testing.assert_array_equal(got.std, want.bounds.std)
+    assert got.params["sigma"] == pytest.approx(want.sigma, rel=1e-12)
+    s = json.loads((out / "summary.json").read_text())
+    cal = s["calibration"]
+    assert cal["met"] and cal["within_rtol"] and cal["value"] == want.statistic and cal["quantile"] == 0.25
+    assert [h["scale"] for h in cal["history"]] == [h["scale"] for h in want.history]
+    assert s["noise"]["sigma"] == pytest.approx(want.sigma) and s["noise"]["searched_from"] == pytest.approx(want.sigma0)
+    assert "0.25-quantile of the per-mode bounds" in printed and ">= target 0.3" in printed
+    # 75% of the written bounds reach the target
+    assert np.mean(np.asarray(got.std, dtype=np.float64) >= 0.3) >= 0.75
+    # made again, the search replays its calls from OUT/calibration/ (nothing recomputed)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "calibration").rglob("*.npz")}
+    assert stamps
+    assert _bound(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, got.std)
+
+
+def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
+    tmp_path, x = files
+    stds = np.linspace(0.2, 0.5, 16)
+    np.save(tmp_path / "stds.npy", stds)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma-file", tmp_path / "stds.npy",
+                   "--target-std", "0.5", "--statistic", "rmse", "--target-modes", "low:4", "--out", out]) == 0
+    found = np.load(out / "sigma.npy")
+    s = json.loads((out / "summary.json").read_text())
+    np.testing.assert_allclose(found / stds, s["calibration"]["scale"], rtol=1e-14)
+    want = hcrfast.bound(_user_model(tmp_path), x, found, restarts=2, iterations=2)
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, want.std)
+    low = np.asarray(want.std, dtype=np.float64)[:, :, :4, :4].reshape(len(x), -1)
+    assert np.median(np.sqrt(np.mean(low ** 2, axis=1))) >= 0.5
+
+
 @pytest.mark.parametrize("model, inputs, extra, words", [
+    ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "quantile=2.0: pass a number in [0, 1]"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--target-modes", "7"], "--target-modes takes 'all' or"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls=0"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
