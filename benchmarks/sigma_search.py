@@ -1,0 +1,81 @@
+"""What does ``hcrfast.sigma_for`` cost? Bound calls and seconds per search, on a zoo model.
+
+Each search starts at σ0 = the RMS of the clean features (σ-scale 1, as published) and looks for the
+smallest σ whose certified bounds' quantile reaches the target; every call it makes is one full
+``hcrfast.bound`` of the inputs. The table gives, per (target, quantile, statistic), the calls made,
+the σ found as a multiple of σ0, the certified statistic over the target, and the search's seconds
+over one plain ``bound`` call's at σ0 (same arguments, the faster of two calls made first).
+
+Usage::
+
+    python benchmarks/sigma_search.py mnist --examples 16 --restarts 5 --threads 1 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+import hcrfast
+from hcrfast import zoo
+
+SEARCHES = ((0.3, 0.5, "std"), (1.0, 0.5, "std"), (0.3, 0.05, "std"), (0.3, 0.5, "rmse"), (0.1, 0.5, "std"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=("digits", "mnist", "cifar10"))
+    ap.add_argument("--examples", type=int, default=16)
+    ap.add_argument("--restarts", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    zm = zoo.build(args.model, seed=args.seed)
+    x = torch.randn(args.examples, *zm.input_shape, generator=torch.Generator().manual_seed(args.seed + 1))
+    kw = dict(restarts=args.restarts, iterations=args.iterations)
+
+    sigma0 = hcrfast.rms_sigma(zm.features(x).detach(), 1.0)
+    times = []
+    for _ in range(2):  # the first call pays one-off costs (imports, first kernels): the faster of two
+        t0 = time.perf_counter()
+        base = hcrfast.bound(zm.features, x, sigma0, **kw)
+        times.append(time.perf_counter() - t0)
+    one = min(times)
+    median0 = float(np.median(np.asarray(base.std, dtype=np.float64)))
+    print(f"{args.model}, {args.examples} random inputs x {args.restarts} restarts x {args.iterations}, solver "
+          f"{base.params['solver']}, {args.threads} thread(s): one bound call at sigma0 {one:.2f} s, median bound "
+          f"{median0:.4g}")
+    print(f"{'target':>7} {'q':>5} {'stat':>5} {'calls':>5} {'sigma/sigma0':>12} {'stat/target':>11} "
+          f"{'seconds':>8} {'x one call':>10}")
+    rows = []
+    for target, q, stat in SEARCHES:
+        t0 = time.perf_counter()
+        found = hcrfast.sigma_for(zm.features, x, target, quantile=q, statistic=stat, **kw)
+        sec = time.perf_counter() - t0
+        row = dict(target=target, quantile=q, statistic=stat, calls=len(found.history), scale=found.scale,
+                   value=found.statistic, met=found.met, within_rtol=found.within_rtol, seconds=sec,
+                   seconds_over_one_call=sec / one, history=found.history)
+        rows.append(row)
+        print(f"{target:>7g} {q:>5g} {stat:>5} {row['calls']:>5d} {found.scale:>12.4g} "
+              f"{found.statistic / target:>11.4f} {sec:>8.2f} {sec / one:>10.2f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
+                           iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
+                           one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,
+                           machine=platform.processor() or platform.machine(), torch=torch.__version__,
+                           date=time.strftime("%Y-%m-%d")), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
