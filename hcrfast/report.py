@@ -557,6 +557,21 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
             _table([("eq. (6), one ε", s["mse_bound"].get("q50")),
                     ("from every mode's bound", s["mse_bound_modes"].get("q50"))],
                    header=("bound on the MSE per coordinate, median over inputs", "value"))]
+    cal = s.get("calibration")
+    if cal:
+        what = ("per-mode bounds" if cal["statistic"] == "std" else "inputs' RMSE bounds") + (
+            f" over the modes {cal['target_modes']}" if cal.get("target_modes") else "")
+        verdict = ("met" if cal["met"] else "NOT met") + ("" if cal["within_rtol"] or not cal["met"]
+                                                          else " (above the tolerance)")
+        body += ["<h2>The noise: sigma searched for a target</h2>",
+                 f"<p>The {cal['quantile']:g}-quantile of the {e(what)} had to reach {_fmt(cal['target_std'])}: "
+                 f"{verdict}, at {_fmt(cal['scale'])} × the starting sigma, with {_fmt(cal['value'])}. Every sigma "
+                 f"tried was one full certified bound of the inputs; the bounds above are those at the sigma "
+                 f"found. {e(cal['note'][:1].upper() + cal['note'][1:])}.</p>",
+                 _table([(i + 1, h["scale"], h["sigma"], h["statistic"], h["seconds"])
+                         for i, h in enumerate(cal["history"])],
+                        header=("call", "sigma / start", "sigma (RMS of the stds for one per feature)",
+                                "statistic", "seconds"))]
     if s.get("targeted"):
         g = s["targeted"]["gain_over_algorithm1_all_modes"]
         body.append(f"<p>Targeted steps ({e(str(s['targeted']['targets']))}) lifted "

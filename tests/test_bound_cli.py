@@ -238,6 +238,19 @@ def test_target_std_searches_sigma_and_writes_the_bounds_at_the_sigma_found(file
     np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, got.std)
 
 
+def test_the_report_shows_the_sigma_search(files):
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+            "--target-std", "0.3", "--out", out]
+    assert _bound(argv) == 0
+    cal = json.loads((out / "summary.json").read_text())["calibration"]
+    page = (out / "report.html").read_text()
+    assert "sigma searched for a target" in page and "0.5-quantile of the per-mode bounds had to reach 0.3" in page
+    calls = re.findall(r"<tr><td class=\"l\">(\d+)</td>", page.split("sigma searched for a target")[1].split("</table>")[0])
+    assert calls == [str(i + 1) for i in range(len(cal["history"]))]
+
+
 def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     tmp_path, x = files
     stds = np.linspace(0.2, 0.5, 16)
