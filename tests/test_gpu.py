@@ -572,3 +572,17 @@ def test_krylov_on_gpu_gives_the_cpu_dense_solves_bounds_on_a_relu_net(dtype):
         np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
     else:
         assert np.median(ratio) == pytest.approx(1.0, abs=2e-3) and 0.9 < ratio.min() and ratio.max() < 1.1
+
+
+def test_sigma_search_on_gpu_takes_the_cpu_searchs_steps():
+    """float64 MLP, LSQR solved tightly: each call's statistic is the CPU's to rounding, so the search makes
+    the same calls and lands on the same sigma; the bounds it returns are those of a direct CUDA call."""
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kw = dict(iterations=3, restarts=3, lsqr=hcrfast.LSQROptions(atol=1e-10, btol=1e-10, iter_lim=300))
+    cpu = hcrfast.sigma_for(mlp(), x, 0.2, quantile=0.25, **kw)
+    gpu = hcrfast.sigma_for(mlp().cuda(), x.cuda(), 0.2, quantile=0.25, **kw)
+    assert gpu.met and len(gpu.history) == len(cpu.history)
+    np.testing.assert_allclose([h["scale"] for h in gpu.history], [h["scale"] for h in cpu.history], rtol=1e-5)
+    np.testing.assert_allclose(gpu.bounds.to_numpy().std, cpu.bounds.std, rtol=1e-5)
+    direct = hcrfast.bound(mlp().cuda(), x.cuda(), gpu.sigma, **kw).to_numpy()
+    np.testing.assert_allclose(gpu.bounds.to_numpy().std, direct.std, rtol=1e-9)
