@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -837,6 +838,65 @@ def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=N
 _SHARD_WORLD = contextvars.ContextVar("hcrfast_shard_world", default=None)
 
 
+@dataclasses.dataclass
+class _Reuse:
+    """What :func:`bound` calls that differ by σ alone can share (:func:`hcrfast.sigma_for`): per chunk
+    of examples, the dense solve's factor of J or the Krylov bases, and the targeted directions taken
+    from them. None of them depends on σ (J is taken at the input; a Krylov space is that of the pilot's
+    direction, whatever its length). Kept while they fit ``budget`` bytes. A call on another model (or
+    other weights), batch or arguments empties the store first; calls with a per-feature σ, another
+    noise law or LSQR neither use nor change it."""
+
+    budget: int
+    signature: tuple | None = None
+    chunk_size: int | None = None   # the first call's, kept: a chunk is found again by its rows
+    entries: dict = dataclasses.field(default_factory=dict)
+    used: int = 0
+
+    def match(self, signature: tuple) -> None:
+        if signature != self.signature:
+            self.signature, self.chunk_size, self.entries, self.used = signature, None, {}, 0
+
+    def admit(self, key, value) -> None:
+        size = _nbytes(value)
+        if self.used + size <= self.budget:
+            self.entries[key] = value
+            self.used += size
+
+
+def _nbytes(obj) -> int:
+    """Bytes of the tensors and arrays inside ``obj`` (dataclasses, tuples, lists, dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if hasattr(obj, "nbytes") and not isinstance(obj, (str, bytes)):
+        return int(obj.nbytes)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(_nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    return 0
+
+
+#: The :class:`_Reuse` store of the :func:`reusing_factors` block this thread is in (None: none).
+_REUSE = contextvars.ContextVar("hcrfast_reuse", default=None)
+
+
+@contextlib.contextmanager
+def reusing_factors(budget_bytes: int):
+    """Within this block, :func:`bound` calls on the same model, batch and arguments, σ a scalar that may
+    differ, share each chunk's dense factor or Krylov bases (up to ``budget_bytes``): the later calls
+    compute only their solves and certification. Dense solves give bitwise the bounds of a call made
+    alone; Krylov ones the same up to rounding (the basis of the first call's pilot, which at another
+    σ is the same vector scaled). ``params["reuse"]`` says how many examples a call took from the store."""
+    token = _REUSE.set(_Reuse(int(budget_bytes)))
+    try:
+        yield _REUSE.get()
+    finally:
+        _REUSE.reset(token)
+
+
 def _sharded(fn):
     """With ``shard=True``, open the processes' shared session before anything else of ``fn`` runs
     (the checks of a per-feature sigma included), so that one process's error stops them all."""
@@ -1072,11 +1132,26 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         ranks = np.zeros((B, krylov_pilots), dtype=np.int64)
         redone = np.zeros((B, krylov_pilots), dtype=np.int64)
         passes = np.zeros((B, krylov_pilots), dtype=np.int64)  # Krylov steps through the operator
+        reuse = _REUSE.get()
+        if reuse is not None and (solver not in ("dense", "krylov") or type(noise) is not Gaussian):
+            reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
+        if reuse is not None:
+            reuse.match((id(model), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
+                         sha256_tensors(example_ids), solver, jacobian, json.dumps(dataclasses.asdict(options)),
+                         krylov_pilots, int(seed), size, restarts, basis, tf32,
+                         None if targets is None else sha256_tensors(np.asarray(
+                             parse_targets(targets, tuple(batch.shape[1:]), basis), dtype=np.int64)),
+                         targeted_method))
+            if chunk_size is None:
+                chunk_size = reuse.chunk_size
         if chunk_size is None:
             chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
                           else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
+        if reuse is not None and reuse.chunk_size is None:
+            reuse.chunk_size = chunk_size
+        reused_factors = [0]  # examples whose factor or basis came from the store
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
@@ -1149,7 +1224,16 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 z0 = xp.asarray(start_vectors(example_ids[start:stop], restarts, n, seed=seed, size=size, noise=noise),
                                 dtype=f0.dtype)
             min_norm = targeted_dirs = basis = None
-            if solver == "krylov":
+            kept = None if reuse is None else reuse.entries.get((start, stop))
+            if kept is not None:  # an earlier call's, at another σ: nothing here depends on σ
+                if solver == "krylov":
+                    basis, targeted_dirs = kept
+                else:
+                    min_norm, targeted_dirs = kept
+                if targeted_dirs is not None:
+                    targeted_dirs = (targeted_dirs[0], 0.0)  # this call spent nothing on them
+                reused_factors[0] += stop - start
+            elif solver == "krylov":
                 with profiling.annotate("krylov-basis"):
                     # Restarts 0..pilots-1 of each example start the bases, one each.
                     pilot = xp.ascontiguousarray(z0.reshape(stop - start, restarts, n)[:, :krylov_pilots]
@@ -1164,7 +1248,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     with profiling.annotate("targeted-directions"):
                         targeted_dirs = (krylov.directions(basis, q_modes, pilots=krylov_pilots),
                                          time.perf_counter() - t0)
-            if solver == "dense":
+                if reuse is not None:
+                    reuse.admit((start, stop), (basis, targeted_dirs))
+            elif solver == "dense":
                 with profiling.annotate("dense-factor"):
                     J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
                     min_norm = dense.min_norm_solver(J)
@@ -1173,6 +1259,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     with profiling.annotate("targeted-directions"):
                         targeted_dirs = (min_norm.directions(q_modes, J), time.perf_counter() - t0)
                 del J
+                if reuse is not None:
+                    reuse.admit((start, stop), (min_norm, targeted_dirs))
             # A σ·s outside the dtype's range makes NaN or inf in the solve: _check_perturbations refuses
             # the chunk with the cause, so NumPy's warnings along the way would only be noise.
             with np.errstate(over="ignore", invalid="ignore"):
@@ -1371,6 +1459,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        if reuse is not None and todo:
+            reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:
             if progress:
                 print(f"hcrfast{tag}: this process's pieces are done; waiting for the others", file=sys.stderr)
@@ -1444,6 +1534,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                       krylov_steps, ranks, krylov_pilots, redone=redone, passes=passes),
                   device=str(batch.device), n_features=n, n_inputs=p,
                   checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
+                  reuse=None if reuse is None else dict(
+                      examples=reused_factors[0], store_bytes=reuse.used, budget_bytes=reuse.budget,
+                      note="the dense factors or Krylov bases of these examples came from an earlier call at "
+                           "another sigma (hcrfast.sigma_for): this call made none of their products; the product "
+                           "counts above are what building them cost"),
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,
                                                         examples_computed=computed[0]),
                   zero_step_reasons=zero_steps,

@@ -11,6 +11,7 @@ statistic, so infinite bounds need no interpolation).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -28,6 +29,10 @@ STATISTICS = ("std", "rmse")
 
 #: Largest factor by which one step of the search moves σ.
 MAX_STEP = 100.0
+
+#: Default bytes of dense factors and Krylov bases :func:`sigma_for` keeps from one call to the next
+#: (MNIST MLP: ~2.5 MB per example; CIFAR-10 CNN: ~75 MB per example in float64).
+REUSE_BYTES = 2**30
 
 
 @dataclass
@@ -133,7 +138,7 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
 
 def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5, statistic: str = "std",
               modes=None, rtol: float = 0.05, max_calls: int = 8, checkpoint=None, progress: bool = False,
-              **bound_kwargs) -> SigmaSearch:
+              reuse_bytes: int = REUSE_BYTES, **bound_kwargs) -> SigmaSearch:
     """The smallest σ (within ``rtol``) at which the certified bounds on ``batch`` reach ``target``.
 
     Parameters
@@ -163,6 +168,13 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         goes on (one call per folder at a time).
     progress : bool
         A line per call on stderr (and the calls' own progress).
+    reuse_bytes : int
+        With a scalar σ and the dense solve or the Krylov basis (``solver="auto"`` takes one of them), J's
+        factor or basis does not depend on σ: each chunk's is kept from the first call, up to this many
+        bytes in all (default :data:`REUSE_BYTES`; on the GPU they stay in device memory), and the later
+        calls compute only their solves and certification (CIFAR-10 CNN: searches of 3-4 calls in
+        1.2-1.3x one call's time; ``benchmarks/sigma_search.py``). Dense solves give bitwise the bounds
+        of a call made alone, Krylov ones the same to rounding. 0: every call computes its own.
     **bound_kwargs :
         Passed to every :func:`hcrfast.bound` call (``size``, ``restarts``, ``seed``, ``solver``,
         ``targets``, ...). The seed is the same at every σ, so the calls differ by σ only.
@@ -193,6 +205,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     rtol = validation.positive_float("rtol", rtol)
     if isinstance(max_calls, bool) or not isinstance(max_calls, (int, np.integer)) or max_calls < 1:
         raise ValueError(f"max_calls={max_calls!r}: pass a positive integer")
+    if isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer)) or reuse_bytes < 0:
+        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls)")
     for name in ("sigma", "checkpoint_dir"):
         if name in bound_kwargs:
             raise TypeError(f"sigma_for() got {name}=...: the search sets sigma itself; pass the start as sigma0")
@@ -223,7 +237,6 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     what = _describe(statistic, quantile)
 
     history, results = [], {}
-    meets, misses = None, None  # (scale, statistic): the smallest scale that met, the largest that missed
 
     def run(k: float):
         sigma = float(k * profile) if scalar else k * profile
@@ -239,45 +252,20 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
             raise
         stat = statistic_of(res, statistic, quantile, modes)
         history.append({"scale": k, "sigma": float(sigma) if scalar else _rms(sigma), "statistic": stat,
-                        "seconds": time.perf_counter() - t0})
+                        "seconds": time.perf_counter() - t0,
+                        "reused_examples": (res.params.get("reuse") or {}).get("examples", 0)})
         if progress:
             print(f"hcrfast sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
                   f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
         return res, stat
 
     goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
-    k, note = 1.0, ""
-    while True:
-        res, stat = run(k)
-        results[k] = res
-        if math.isinf(stat):
-            meets = (k, stat)
-            note = (f"the {what} is +inf: at least that share of the bounds are infinite (D = 0: directions no "
-                    f"unbiased estimator can estimate), at this and any smaller sigma alike; lower the quantile "
-                    f"or restrict the modes to ask about the finite ones")
-            break
-        if stat >= target:
-            if meets is None or k < meets[0]:
-                meets = (k, stat)
-            if stat <= target * (1.0 + rtol):
-                note = f"the statistic lies within rtol={rtol:g} above the target"
-                break
-        elif misses is None or k > misses[0]:
-            misses = (k, stat)
-        if len(history) >= max_calls:
-            note = f"stopped after max_calls={max_calls} bound calls"
-            break
-        k_next = _next_scale(k, stat, goal, history, meets, misses)
-        if meets is not None and misses is not None and meets[0] <= misses[0] * (1.0 + rtol / 8):
-            # the statistic jumps across the target within a narrow range of sigma: no smaller sigma
-            # worth another call
-            note = (f"the target lies between sigma scales {misses[0]:.6g} ({misses[1]:.6g}) and {meets[0]:.6g} "
-                    f"({meets[1]:.6g}), {rtol / 8:g} apart: the statistic jumps there")
-            break
-        if k_next in results:  # the step came back to a scale already tried
-            note = "the search came back to a sigma it had tried"
-            break
-        k = k_next
+    with contextlib.ExitStack() as stack:
+        if reuse_bytes and scalar:
+            from hcrfast.algorithm import reusing_factors
+
+            stack.enter_context(reusing_factors(reuse_bytes))
+        meets, misses, note = _search(run, results, target, goal, rtol, max_calls, what, history)
 
     if meets is not None:
         k_best, stat_best = meets
@@ -319,3 +307,42 @@ def _next_scale(k, stat, goal, history, meets, misses) -> float:
     if meets is not None and misses is not None and not misses[0] < k_next < meets[0]:
         k_next = math.sqrt(misses[0] * meets[0])
     return float(k_next)
+
+
+def _search(run, results: dict, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list):
+    """The calls of :func:`sigma_for`: ``(meets, misses, note)``, the smallest scale that met the target and
+    the largest that missed it, as ``(scale, statistic)`` or None, and why the search ended."""
+    meets, misses = None, None
+    k, note = 1.0, ""
+    while True:
+        res, stat = run(k)
+        results[k] = res
+        if math.isinf(stat):
+            meets = (k, stat)
+            note = (f"the {what} is +inf: at least that share of the bounds are infinite (D = 0: directions no "
+                    f"unbiased estimator can estimate), at this and any smaller sigma alike; lower the quantile "
+                    f"or restrict the modes to ask about the finite ones")
+            break
+        if stat >= target:
+            if meets is None or k < meets[0]:
+                meets = (k, stat)
+            if stat <= target * (1.0 + rtol):
+                note = f"the statistic lies within rtol={rtol:g} above the target"
+                break
+        elif misses is None or k > misses[0]:
+            misses = (k, stat)
+        if len(history) >= max_calls:
+            note = f"stopped after max_calls={max_calls} bound calls"
+            break
+        k_next = _next_scale(k, stat, goal, history, meets, misses)
+        if meets is not None and misses is not None and meets[0] <= misses[0] * (1.0 + rtol / 8):
+            # the statistic jumps across the target within a narrow range of sigma: no smaller sigma
+            # worth another call
+            note = (f"the target lies between sigma scales {misses[0]:.6g} ({misses[1]:.6g}) and {meets[0]:.6g} "
+                    f"({meets[1]:.6g}), {rtol / 8:g} apart: the statistic jumps there")
+            break
+        if k_next in results:  # the step came back to a scale already tried
+            note = "the search came back to a sigma it had tried"
+            break
+        k = k_next
+    return meets, misses, note

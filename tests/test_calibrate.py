@@ -188,3 +188,90 @@ def test_an_error_inside_a_call_says_where_the_search_was(monkeypatch):
         hcrfast.sigma_for(_tanh_net(), _batch(2), 5.0, **KW)
     if sys.version_info >= (3, 11):
         assert "raised by bound call 2" in "\n".join(info.value.__notes__)
+
+
+def _count(monkeypatch, module, name):
+    real, calls = getattr(module, name), []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_later_calls_reuse_the_first_calls_factor_and_give_a_direct_calls_bounds(solver, monkeypatch):
+    from hcrfast import dense, krylov
+
+    model, x = _tanh_net(), _batch(4)
+    if solver == "krylov":  # float64: its basis' rounding stays far below the tolerance below
+        model, x = model.double(), x.double()
+    builds = _count(monkeypatch, dense, "jacobian") if solver == "dense" else _count(monkeypatch, krylov, "build")
+    found = hcrfast.sigma_for(model, x, 0.4, solver=solver, chunk_size=2, **KW)
+    assert len(found.history) >= 2 and len(builds) == 2       # two chunks, built once for the whole search
+    assert [h["reused_examples"] for h in found.history] == [0] + [4] * (len(found.history) - 1)
+    del builds[:]
+    direct = hcrfast.bound(model, x, found.sigma, solver=solver, chunk_size=2, **KW)
+    assert len(builds) == 2
+    if solver == "dense":  # J's factor does not depend on sigma: bitwise a call made alone
+        np.testing.assert_array_equal(found.bounds.std, direct.std)
+    else:  # the basis of the first call's pilot, the same vector at another length: equal to rounding
+        np.testing.assert_allclose(found.bounds.std, direct.std, rtol=1e-9)
+    assert found.bounds.params["reuse"]["examples"] == 4
+
+
+def test_reuse_keeps_to_its_budget_and_can_be_off(monkeypatch):
+    from hcrfast import dense
+
+    model, x = _tanh_net(), _batch(4)
+    builds = _count(monkeypatch, dense, "jacobian")
+    off = hcrfast.sigma_for(model, x, 0.4, solver="dense", chunk_size=2, reuse_bytes=0, **KW)
+    assert len(builds) == 2 * len(off.history) and off.bounds.params["reuse"] is None
+    one_chunk = off.bounds.params["dense"]["jacobian_products"]  # (no size in params: measure one)
+    del builds[:]
+    from hcrfast import algorithm
+
+    with algorithm.reusing_factors(2**40) as store:
+        hcrfast.bound(model, x[:2], 0.1, solver="dense", **KW)
+    per_chunk = store.used
+    assert per_chunk > 0 and one_chunk > 0
+    del builds[:]
+    half = hcrfast.sigma_for(model, x, 0.4, solver="dense", chunk_size=2, reuse_bytes=per_chunk, **KW)
+    assert len(builds) == 2 + (len(half.history) - 1)  # the first chunk kept, the second built every call
+    np.testing.assert_array_equal(half.bounds.std, off.bounds.std)
+
+
+def test_a_store_never_serves_another_batch_model_or_per_feature_sigma():
+    from hcrfast import algorithm
+
+    model, x, y = _tanh_net(), _batch(3), _batch(3, seed=9)
+    with algorithm.reusing_factors(2**40):
+        hcrfast.bound(model, x, 0.1, solver="dense", **KW)
+        other_batch = hcrfast.bound(model, y, 0.2, solver="dense", **KW)
+        assert other_batch.params["reuse"]["examples"] == 0
+        with torch.no_grad():
+            model[1].weight.mul_(1.5)
+        other_weights = hcrfast.bound(model, y, 0.2, solver="dense", **KW)
+        assert other_weights.params["reuse"]["examples"] == 0
+        same = hcrfast.bound(model, y, 0.3, solver="dense", **KW)
+        assert same.params["reuse"]["examples"] == 3
+        profile = hcrfast.bound(model, y, np.full(30, 0.3), solver="dense", **KW)
+        assert profile.params["reuse"] is None
+        lsqr = hcrfast.bound(model, y, 0.3, solver="lsqr", **KW)
+        assert lsqr.params["reuse"] is None
+    np.testing.assert_array_equal(other_batch.std, hcrfast.bound(_tanh_net(), y, 0.2, solver="dense", **KW).std)
+    np.testing.assert_array_equal(same.std, hcrfast.bound(model, y, 0.3, solver="dense", **KW).std)
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_reused_factors_serve_the_targeted_steps_too(solver):
+    model, x = _tanh_net().double(), _batch(3).double()
+    kw = dict(KW, solver=solver, targets="low:3")
+    found = hcrfast.sigma_for(model, x, 0.5, **kw)
+    assert len(found.history) >= 2 and found.bounds.params["reuse"]["examples"] == 3
+    direct = hcrfast.bound(model, x, found.sigma, **kw)
+    np.testing.assert_allclose(found.bounds.std, direct.std, rtol=1e-9)
+    np.testing.assert_allclose(found.bounds.std_algorithm1, direct.std_algorithm1, rtol=1e-9)
+    assert np.any(np.asarray(direct.std) > np.asarray(direct.std_algorithm1))  # the targeted steps count

@@ -586,3 +586,15 @@ def test_sigma_search_on_gpu_takes_the_cpu_searchs_steps():
     np.testing.assert_allclose(gpu.bounds.to_numpy().std, cpu.bounds.std, rtol=1e-5)
     direct = hcrfast.bound(mlp().cuda(), x.cuda(), gpu.sigma, **kw).to_numpy()
     np.testing.assert_allclose(gpu.bounds.to_numpy().std, direct.std, rtol=1e-9)
+
+
+def test_sigma_search_on_gpu_reuses_the_krylov_bases_in_device_memory():
+    """solver "auto" on CUDA: the Krylov basis, built by the first call and kept on the device for the later
+    ones; the bounds found are a direct CUDA call's at that sigma to rounding (float64)."""
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).cuda()
+    model = mlp().cuda()
+    found = hcrfast.sigma_for(model, x, 0.2, iterations=3, restarts=3)
+    assert found.met and len(found.history) >= 2 and found.bounds.params["solver"] == "krylov"
+    assert found.bounds.params["reuse"]["examples"] == 4 and found.bounds.params["reuse"]["store_bytes"] > 0
+    direct = hcrfast.bound(model, x, found.sigma, iterations=3, restarts=3).to_numpy()
+    np.testing.assert_allclose(found.bounds.to_numpy().std, direct.std, rtol=1e-9)
