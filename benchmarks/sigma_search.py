@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import hcrfast
+import hcrfast.calibrate
 from hcrfast import zoo
 
 SEARCHES = ((0.3, 0.5, "std"), (1.0, 0.5, "std"), (0.3, 0.05, "std"), (0.3, 0.5, "rmse"), (0.1, 0.5, "std"))
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reuse-bytes", type=int, default=None,
+                    help="sigma_for's reuse_bytes (default its own; 0: every call builds its own factor)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -51,15 +54,17 @@ def main(argv=None) -> int:
         times.append(time.perf_counter() - t0)
     one = min(times)
     median0 = float(np.median(np.asarray(base.std, dtype=np.float64)))
+    reuse = hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None else args.reuse_bytes
     print(f"{args.model}, {args.examples} random inputs x {args.restarts} restarts x {args.iterations}, solver "
-          f"{base.params['solver']}, {args.threads} thread(s): one bound call at sigma0 {one:.2f} s, median bound "
-          f"{median0:.4g}")
+          f"{base.params['solver']}, {args.threads} thread(s), reuse_bytes {reuse}: one bound call at sigma0 "
+          f"{one:.2f} s, median bound {median0:.4g}")
     print(f"{'target':>7} {'q':>5} {'stat':>5} {'calls':>5} {'sigma/sigma0':>12} {'stat/target':>11} "
           f"{'seconds':>8} {'x one call':>10}")
     rows = []
     for target, q, stat in SEARCHES:
         t0 = time.perf_counter()
-        found = hcrfast.sigma_for(zm.features, x, target, quantile=q, statistic=stat, **kw)
+        found = hcrfast.sigma_for(zm.features, x, target, quantile=q, statistic=stat, **kw, **(
+            {} if args.reuse_bytes is None else dict(reuse_bytes=args.reuse_bytes)))
         sec = time.perf_counter() - t0
         row = dict(target=target, quantile=q, statistic=stat, calls=len(found.history), scale=found.scale,
                    value=found.statistic, met=found.met, within_rtol=found.within_rtol, seconds=sec,
@@ -71,6 +76,8 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
                            iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
+                           reuse_bytes=(hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None
+                                        else args.reuse_bytes),
                            one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,
                            machine=platform.processor() or platform.machine(), torch=torch.__version__,
                            date=time.strftime("%Y-%m-%d")), fh, indent=1)
