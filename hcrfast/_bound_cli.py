@@ -97,6 +97,10 @@ def add_subparser(subparsers) -> None:
                    help="with --target-std: stop once the statistic lies within TAU x (1 + RTOL) (default 0.05)")
     c.add_argument("--max-calls", type=int, default=None, metavar="N",
                    help="with --target-std: at most N bound calls (default 8)")
+    c.add_argument("--reuse-gib", type=float, default=None, metavar="G",
+                   help="with --target-std: keep up to G GiB of J's factors or Krylov bases from the first call "
+                        "for the later ones, which then compute only their solves (default 1; on a GPU they stay "
+                        "in device memory; 0: every call builds its own)")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -266,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
     search_flags = {"--quantile": args.quantile, "--statistic": args.statistic, "--target-modes": args.target_modes,
-                    "--rtol": args.rtol, "--max-calls": args.max_calls}
+                    "--rtol": args.rtol, "--max-calls": args.max_calls, "--reuse-gib": args.reuse_gib}
     if args.target_std is None:
         given = [f for f, v in search_flags.items() if v is not None]
         if given:
@@ -276,6 +280,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--target-std {args.target_std!r}: pass a positive finite number, in the inputs' units")
     if args.target_modes is not None:
         _repro_cli.check_targets_flag(args.target_modes, "--target-modes")
+    if args.reuse_gib is not None and not (np.isfinite(args.reuse_gib) and args.reuse_gib >= 0):
+        raise ValueError(f"--reuse-gib {args.reuse_gib!r}: pass a number of GiB >= 0 (0: keep nothing between calls)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
                          "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")
@@ -341,6 +347,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.target_std is None:
             res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
         else:
+            from hcrfast import calibrate
             from hcrfast.calibrate import sigma_for
 
             search = sigma_for(model, x, args.target_std, sigma0=sigma,
@@ -348,6 +355,8 @@ def _run(args: argparse.Namespace) -> int:
                                statistic=args.statistic or "std", modes=args.target_modes,
                                rtol=0.05 if args.rtol is None else args.rtol,
                                max_calls=8 if args.max_calls is None else args.max_calls,
+                               reuse_bytes=(calibrate.REUSE_BYTES if args.reuse_gib is None
+                                            else int(args.reuse_gib * 2**30)),
                                checkpoint=out / "calibration", **bound_kwargs)
             res, sigma = search.bounds, search.sigma
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),

@@ -226,6 +226,7 @@ def test_target_std_searches_sigma_and_writes_the_bounds_at_the_sigma_found(file
     cal = s["calibration"]
     assert cal["met"] and cal["within_rtol"] and cal["value"] == want.statistic and cal["quantile"] == 0.25
     assert [h["scale"] for h in cal["history"]] == [h["scale"] for h in want.history]
+    assert [h["reused_examples"] for h in cal["history"]] == [0] + [6] * (len(cal["history"]) - 1)
     assert s["noise"]["sigma"] == pytest.approx(want.sigma) and s["noise"]["searched_from"] == pytest.approx(want.sigma0)
     assert "0.25-quantile of the per-mode bounds" in printed and ">= target 0.3" in printed
     # 75% of the written bounds reach the target
@@ -242,9 +243,10 @@ def test_the_report_shows_the_sigma_search(files):
     tmp_path, _ = files
     out = tmp_path / "run"
     argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
-            "--target-std", "0.3", "--out", out]
+            "--target-std", "0.3", "--reuse-gib", "0", "--out", out]
     assert _bound(argv) == 0
     cal = json.loads((out / "summary.json").read_text())["calibration"]
+    assert len(cal["history"]) >= 2 and all(h["reused_examples"] == 0 for h in cal["history"])  # nothing kept
     page = (out / "report.html").read_text()
     assert "sigma searched for a target" in page and "0.5-quantile of the per-mode bounds had to reach 0.3" in page
     calls = re.findall(r"<tr><td class=\"l\">(\d+)</td>", page.split("sigma searched for a target")[1].split("</table>")[0])
@@ -273,6 +275,8 @@ def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "quantile=2.0: pass a number in [0, 1]"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--target-modes", "7"], "--target-modes takes 'all' or"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls=0"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1.0: pass a number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib set how --target-std searches sigma"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
