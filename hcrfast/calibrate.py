@@ -207,9 +207,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         raise ValueError(f"max_calls={max_calls!r}: pass a positive integer")
     if isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer)) or reuse_bytes < 0:
         raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls)")
-    for name in ("sigma", "checkpoint_dir"):
-        if name in bound_kwargs:
-            raise TypeError(f"sigma_for() got {name}=...: the search sets sigma itself; pass the start as sigma0")
+    if "sigma" in bound_kwargs:
+        raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
     if isinstance(sigma0, Gaussian):
         sigma0 = sigma0.sigma
     if isinstance(sigma0, NoiseLaw) or (sigma0 is not None and not isinstance(sigma0, (int, float, np.ndarray, list, tuple))
@@ -228,7 +227,9 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
                          f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
                          f"and {int(np.sum(~np.isfinite(profile)))} that are not finite")
-    scalar = profile.ndim == 0
+    scalar = profile.size == 1  # one std for every feature
+    if scalar:
+        profile = profile.reshape(())
     if modes is not None:  # a bad spec is refused before any bound is computed
         from hcrfast.targeted import parse_targets
 
@@ -236,7 +237,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     root = None if checkpoint is None else Path(checkpoint)
     what = _describe(statistic, quantile)
 
-    history, results = [], {}
+    history = []
 
     def run(k: float):
         sigma = float(k * profile) if scalar else k * profile
@@ -265,7 +266,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
             from hcrfast.algorithm import reusing_factors
 
             stack.enter_context(reusing_factors(reuse_bytes))
-        meets, misses, note = _search(run, results, target, goal, rtol, max_calls, what, history)
+        meets, misses, note, kept = _search(run, target, goal, rtol, max_calls, what, history)
 
     if meets is not None:
         k_best, stat_best = meets
@@ -283,7 +284,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     sigma = float(k_best * profile) if scalar else k_best * profile
     return SigmaSearch(sigma=sigma, scale=k_best, sigma0=float(profile) if scalar else profile, statistic=stat_best,
                        target=target, quantile=quantile, statistic_name=statistic, met=met, within_rtol=within,
-                       bounds=results[k_best], history=history, note=note)
+                       bounds=kept[k_best], history=history, note=note)
 
 
 def _next_scale(k, stat, goal, history, meets, misses) -> float:
@@ -309,14 +310,16 @@ def _next_scale(k, stat, goal, history, meets, misses) -> float:
     return float(k_next)
 
 
-def _search(run, results: dict, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list):
-    """The calls of :func:`sigma_for`: ``(meets, misses, note)``, the smallest scale that met the target and
-    the largest that missed it, as ``(scale, statistic)`` or None, and why the search ended."""
+def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list):
+    """The calls of :func:`sigma_for`: ``(meets, misses, note, kept)``, the smallest scale that met the target
+    and the largest that missed it, as ``(scale, statistic)`` or None, why the search ended, and the bounds
+    of those two scales (the other calls' are dropped as the search goes: a batch's bounds hold its inputs'
+    size several times over)."""
     meets, misses = None, None
-    k, note = 1.0, ""
+    k, note, kept = 1.0, "", {}
     while True:
         res, stat = run(k)
-        results[k] = res
+        kept[k] = res
         if math.isinf(stat):
             meets = (k, stat)
             note = (f"the {what} is +inf: at least that share of the bounds are infinite (D = 0: directions no "
@@ -341,8 +344,10 @@ def _search(run, results: dict, target: float, goal: float, rtol: float, max_cal
             note = (f"the target lies between sigma scales {misses[0]:.6g} ({misses[1]:.6g}) and {meets[0]:.6g} "
                     f"({meets[1]:.6g}), {rtol / 8:g} apart: the statistic jumps there")
             break
-        if k_next in results:  # the step came back to a scale already tried
+        wanted = {pair[0] for pair in (meets, misses) if pair is not None}
+        kept = {c: r for c, r in kept.items() if c in wanted}
+        if any(h["scale"] == k_next for h in history):  # the step came back to a scale already tried
             note = "the search came back to a sigma it had tried"
             break
         k = k_next
-    return meets, misses, note
+    return meets, misses, note, kept

@@ -84,6 +84,7 @@ def test_a_per_feature_profile_keeps_its_shape():
     profile = np.linspace(0.05, 0.5, 30)
     found = hcrfast.sigma_for(model, x, 0.3, sigma0=profile, **KW)
     assert found.met and found.sigma.shape == (30,)
+    assert found.bounds.params["reuse"] is None  # divided by the stds, J itself changes with sigma
     np.testing.assert_allclose(found.sigma / profile, found.scale, rtol=1e-15)
     direct = hcrfast.bound(model, x, found.sigma, **KW)
     np.testing.assert_array_equal(found.bounds.std, direct.std)
@@ -275,3 +276,11 @@ def test_reused_factors_serve_the_targeted_steps_too(solver):
     np.testing.assert_allclose(found.bounds.std, direct.std, rtol=1e-9)
     np.testing.assert_allclose(found.bounds.std_algorithm1, direct.std_algorithm1, rtol=1e-9)
     assert np.any(np.asarray(direct.std) > np.asarray(direct.std_algorithm1))  # the targeted steps count
+
+
+def test_one_std_given_as_an_array_of_one_is_a_scalar_sigma():
+    model, x = _tanh_net(), _batch(3)
+    one = hcrfast.sigma_for(model, x, 0.4, sigma0=np.array([0.2]), **KW)
+    plain = hcrfast.sigma_for(model, x, 0.4, sigma0=0.2, **KW)
+    assert isinstance(one.sigma, float) and one.sigma == plain.sigma
+    np.testing.assert_array_equal(one.bounds.std, plain.bounds.std)
