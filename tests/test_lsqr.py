@@ -290,6 +290,8 @@ def test_an_exactly_solved_problem_stops_with_scipys_code_1():
         ref = spla.lsqr(A[k], b[k], atol=0, btol=0, conlim=0)
         assert res.istop[k] == ref[1] == 1 and res.itn[k] == ref[2] == 1
         np.testing.assert_allclose(res.x[k], ref[0], rtol=1e-15)
+        # β = 0 leaves SciPy's ‖A‖ estimate where it was (0 here), and its condition estimate with it
+        assert res.anorm[k] == ref[5] == 0 and res.acond[k] == ref[6] == 0
 
 
 def _documented_warm_stop(A, b, x0, atol, btol, iter_lim):
