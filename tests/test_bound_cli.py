@@ -309,12 +309,13 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     assert not (tmp_path / "run" / "bounds.npz").exists()
 
 
-def test_torchrun_two_processes_match_one(files):
+@pytest.mark.parametrize("extra", [[], ["--target-std", "0.3"]], ids=["bound", "sigma-search"])
+def test_torchrun_two_processes_match_one(files, extra):
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
     tmp_path, _ = files
-    argv = [f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--chunk-size", "2"]
+    argv = [f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--chunk-size", "2", *extra]
     one = subprocess.run([sys.executable, "-m", "hcrfast.cli", "bound", *argv, "--out", str(tmp_path / "one")],
                          capture_output=True, text=True, env=_ENV, timeout=300, check=False)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -326,3 +327,7 @@ def test_torchrun_two_processes_match_one(files):
     a, b = (hcrfast.Bounds.load(tmp_path / d / "bounds.npz") for d in ("one", "two"))
     np.testing.assert_array_equal(a.std, b.std)
     assert b.params["shard"]["world_size"] == 2
+    if extra:  # every process made the same search: the same sigmas, each call sharded
+        c1, c2 = (json.loads((tmp_path / d / "summary.json").read_text())["calibration"] for d in ("one", "two"))
+        assert len(c1["history"]) >= 2 and [h["scale"] for h in c1["history"]] == [h["scale"] for h in c2["history"]]
+        assert a.params["sigma"] == b.params["sigma"]
