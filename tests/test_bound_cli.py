@@ -239,6 +239,18 @@ def test_target_std_searches_sigma_and_writes_the_bounds_at_the_sigma_found(file
     np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, got.std)
 
 
+def test_the_attack_of_a_sigma_search_runs_at_the_sigma_found(files):
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--target-std", "0.3", "--attack", "2",
+                   "--attack-steps", "3", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    found = s["noise"]["sigma"]
+    attack = hcrfast.gauss_newton_attack(_user_model(tmp_path), x, found, draws=2, steps=3)
+    np.testing.assert_array_equal(hcrfast.AttackResult.load(out / "attack.npz").estimates, attack.estimates)
+    assert s["attack"]["median"] == hcrfast.compare(hcrfast.Bounds.load(out / "bounds.npz"), attack)["median"]
+
+
 def test_the_report_shows_the_sigma_search(files):
     tmp_path, _ = files
     out = tmp_path / "run"
