@@ -287,7 +287,7 @@ def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "quantile=2.0: pass a number in [0, 1]"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--target-modes", "7"], "--target-modes takes 'all' or"),
-    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls=0"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls must be at least 1"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1.0: pass a number"),
     ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib set how --target-std searches sigma"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
