@@ -16,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hcrfast",
         description="Hammersley-Chapman-Robbins confidentiality bounds for neural-network features.",
     )
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print hcrfast's version and those of the packages it runs on, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from hcrfast import _bound_cli, _dp_cli, _repro_cli, train
@@ -25,6 +27,44 @@ def build_parser() -> argparse.ArgumentParser:
     _bound_cli.add_subparser(sub)
     _dp_cli.add_subparser(sub)
     return parser
+
+
+#: Distributions whose versions ``hcrfast --version`` names (what a bug report needs), in this order.
+_VERSIONED = ("torch", "numpy", "scipy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "nvtx")
+
+
+def version_line() -> str:
+    """hcrfast's version, then Python's and the installed dependencies' (from the installed metadata,
+    without importing them: ``--version`` stays instant). Absent optional ones are marked."""
+    import platform
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    from hcrfast import __version__
+
+    parts = [f"Python {platform.python_version()}"]
+    for name in _VERSIONED:
+        v = version(name)
+        if v is not None:
+            parts.append(f"{name} {v}")
+        elif name in ("torch", "numpy", "scipy", "numba"):
+            parts.append(f"{name} not installed")
+    if not any(version(name) for name in ("cupy-cuda12x", "cupy-cuda13x", "cupy")):
+        parts.append('no CuPy (CPU only; GPU: pip install "hcrfast[cuda12]" or "hcrfast[cuda13]")')
+    return f"hcrfast {__version__} ({', '.join(parts)})"
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`version_line` on one line (argparse's own action would wrap it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

@@ -19,8 +19,32 @@ def test_console_entry_point_help():
         assert command in proc.stdout
 
 
+def test_version_names_hcrfast_and_what_it_runs_on():
+    from importlib import metadata
+
+    import numpy
+    import scipy
+
+    import hcrfast
+
+    # the console script, as a user types it for a bug report
+    proc = subprocess.run(["hcrfast", "--version"], check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
+    line = proc.stdout
+    assert line.count("\n") == 1 and line.startswith(f"hcrfast {hcrfast.__version__} (")
+    assert hcrfast.__version__ == metadata.version("hcrfast")  # the package and its metadata agree
+    assert f"torch {metadata.version('torch')}" in line and torch.__version__.startswith(metadata.version("torch"))
+    assert f"numpy {numpy.__version__}," in line and f"scipy {scipy.__version__}," in line
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert "no CuPy" in line and "hcrfast[cuda12]" in line
+    else:
+        assert "cupy-cuda1" in line
+
+
 @pytest.mark.parametrize("argv, words", [
-    (["--help"], ("train", "reproduce", "bound", "dp")),
+    (["--help"], ("train", "reproduce", "bound", "dp", "--version")),
     (["bound", "--help"], ("MODEL", "INPUTS", "--sigma-scale", "--weights", "torchrun", "bounds.npz")),
     (["reproduce", "--help"], ("--examples", "--restarts", "--chunk-examples", "--weights", "torchrun",
                                "digits", "swin_t")),
