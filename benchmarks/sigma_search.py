@@ -9,6 +9,9 @@ over one plain ``bound`` call's at σ0 (same arguments, the faster of two calls 
 Usage::
 
     python benchmarks/sigma_search.py mnist --examples 16 --restarts 5 --threads 1 --json out.json
+
+``--profile feature-std`` searches one std per feature instead, σ0 = each feature's std over the
+inputs (floored at 1e-3 of their RMS, so that dead features get some noise), scaled as one.
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reuse-bytes", type=int, default=None,
                     help="sigma_for's reuse_bytes (default its own; 0: every call builds its own factor)")
+    ap.add_argument("--profile", choices=("rms", "feature-std"), default="rms",
+                    help="sigma0: one number, the features' RMS (default), or one std per feature, each "
+                         "feature's std over the inputs")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -46,7 +52,11 @@ def main(argv=None) -> int:
     x = torch.randn(args.examples, *zm.input_shape, generator=torch.Generator().manual_seed(args.seed + 1))
     kw = dict(restarts=args.restarts, iterations=args.iterations)
 
-    sigma0 = hcrfast.rms_sigma(zm.features(x).detach(), 1.0)
+    with torch.no_grad():
+        feats = zm.features(x).reshape(len(x), -1).double()
+    sigma0 = hcrfast.rms_sigma(feats, 1.0)
+    if args.profile == "feature-std":
+        sigma0 = np.maximum(feats.std(0).numpy(), 1e-3 * sigma0)
     times = []
     for _ in range(2):  # the first call pays one-off costs (imports, first kernels): the faster of two
         t0 = time.perf_counter()
@@ -56,14 +66,15 @@ def main(argv=None) -> int:
     median0 = float(np.median(np.asarray(base.std, dtype=np.float64)))
     reuse = hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None else args.reuse_bytes
     print(f"{args.model}, {args.examples} random inputs x {args.restarts} restarts x {args.iterations}, solver "
-          f"{base.params['solver']}, {args.threads} thread(s), reuse_bytes {reuse}: one bound call at sigma0 "
+          f"{base.params['solver']}, {args.threads} thread(s), reuse_bytes {reuse}, sigma0 {args.profile}: one "
+          f"bound call at sigma0 "
           f"{one:.2f} s, median bound {median0:.4g}")
     print(f"{'target':>7} {'q':>5} {'stat':>5} {'calls':>5} {'sigma/sigma0':>12} {'stat/target':>11} "
           f"{'seconds':>8} {'x one call':>10}")
     rows = []
     for target, q, stat in SEARCHES:
         t0 = time.perf_counter()
-        found = hcrfast.sigma_for(zm.features, x, target, quantile=q, statistic=stat, **kw, **(
+        found = hcrfast.sigma_for(zm.features, x, target, sigma0=sigma0, quantile=q, statistic=stat, **kw, **(
             {} if args.reuse_bytes is None else dict(reuse_bytes=args.reuse_bytes)))
         sec = time.perf_counter() - t0
         row = dict(target=target, quantile=q, statistic=stat, calls=len(found.history), scale=found.scale,
@@ -76,6 +87,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
                            iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
+                           profile=args.profile,
                            reuse_bytes=(hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None
                                         else args.reuse_bytes),
                            one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,

@@ -845,7 +845,8 @@ class _Reuse:
     from them. None of them depends on σ (J is taken at the input; a Krylov space is that of the pilot's
     direction, whatever its length). Kept while they fit ``budget`` bytes. A call on another model (or
     other weights), batch or arguments empties the store first; calls with a per-feature σ, another
-    noise law or LSQR neither use nor change it."""
+    noise law or LSQR neither use nor change it (:func:`hcrfast.sigma_for` searches a per-feature
+    profile as a scalar σ on the features divided by it, which does use it)."""
 
     budget: int
     signature: tuple | None = None

@@ -173,7 +173,11 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         bytes in all (default :data:`REUSE_BYTES`; on the GPU they stay in device memory), and the later
         calls compute only their solves and certification (CIFAR-10 CNN: searches of 3-4 calls in
         1.2-1.3x one call's time; ``benchmarks/sigma_search.py``). Dense solves give bitwise the bounds
-        of a call made alone, Krylov ones the same to rounding. 0: every call computes its own.
+        of a call made alone, Krylov ones the same to rounding. A per-feature ``sigma0`` is searched as the
+        scalar σ = scale on the features divided by ``sigma0`` (the same observation, divided), so its calls
+        share them too; their bounds equal those of the per-feature call at ``sigma`` to rounding, and read
+        as its (``params["noise"]`` names the stds, ``z`` is in the model's units). 0: every call computes
+        its own (a per-feature one then bitwise a direct call's).
     **bound_kwargs :
         Passed to every :func:`hcrfast.bound` call (``size``, ``restarts``, ``seed``, ``solver``,
         ``targets``, ...). The seed is the same at every σ, so the calls differ by σ only.
@@ -192,7 +196,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     """
     from hcrfast import validation
     from hcrfast.algorithm import bound, rms_sigma
-    from hcrfast.noise import Gaussian, NoiseLaw
+    from hcrfast.noise import Gaussian, NoiseLaw, as_per_feature_result
 
     target = validation.positive_float("target", target)
     quantile = float(quantile)
@@ -235,15 +239,27 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
     root = None if checkpoint is None else Path(checkpoint)
     what = _describe(statistic, quantile)
+    # A profile σ = k·sigma0 is the scalar σ = k on the features divided by sigma0 (the same
+    # observation, divided): run that way, the calls differ by a scalar σ only, so they can share J's
+    # factor or basis. Without reuse, each call is a plain per-feature call (bitwise a direct one).
+    whitened = None
+    if not scalar and reuse_bytes:
+        from hcrfast.noise import _whiten
+
+        whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
 
     history = []
 
     def run(k: float):
         sigma = float(k * profile) if scalar else k * profile
         t0 = time.perf_counter()
+        folder = None if root is None else root / f"scale_{k.hex()}"
         try:
-            res = bound(model, batch, sigma, progress=progress,
-                        checkpoint=None if root is None else root / f"scale_{k.hex()}", **bound_kwargs)
+            if whitened is None:
+                res = bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
+            else:
+                res = as_per_feature_result(bound(whitened, batch, float(k), progress=progress, checkpoint=folder,
+                                                  **bound_kwargs), sigma, divided_by=profile)
         except Exception as exc:
             if hasattr(exc, "add_note"):  # Python >= 3.11: where the search was
                 tried = ", ".join(f"{h['sigma']:.6g} -> {h['statistic']:.6g}" for h in history) or "none"
@@ -261,7 +277,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
 
     goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
     with contextlib.ExitStack() as stack:
-        if reuse_bytes and scalar:
+        if reuse_bytes:
             from hcrfast.algorithm import reusing_factors
 
             stack.enter_context(reusing_factors(reuse_bytes))

@@ -695,13 +695,27 @@ def accepts_per_feature_sigma(fn):
         bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name],
                                                    stds, certify)
         bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
-        result = fn(*bound_args.args, **bound_args.kwargs)
-        result.params["sigma"] = None
-        if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
-            result.targeted.params.update(sigma=None, noise=result.params["noise"])
-        if getattr(result, "z", None) is not None:
-            xp = get_array_module(result.z)
-            result.z = result.z * xp.asarray(stds.reshape(-1), dtype=result.z.dtype)
-        return result
+        return as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
 
     return wrapper
+
+
+def as_per_feature_result(result, stds: np.ndarray, divided_by=None, label: str | None = None):
+    """``result``, computed on :class:`PerFeatureStd` (the model's features divided by ``divided_by``, by
+    default ``stds``), made to read as a result for one std per feature, ``stds``: ``params`` says so
+    (``sigma`` None, ``noise`` naming the stds; where the call's own σ was not 1, the divided features'
+    noise ``stds / divided_by`` is what it was given) and the feature shifts ``z`` come back in the model's
+    own units. ``label``: :func:`per_feature_label` of ``stds``, where already known."""
+    label = per_feature_label(stds) if label is None else label
+    params = result.params
+    params["sigma"] = None
+    params["noise"] = PerFeatureGaussian(1.0, label=label).describe()  # what it is where the call ran at σ = 1
+    if "noise_asked" in params:
+        params["noise_asked"] = params["noise"]
+    if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
+        result.targeted.params.update(sigma=None, noise=params["noise"])
+    if getattr(result, "z", None) is not None:
+        xp = get_array_module(result.z)
+        unit = stds if divided_by is None else divided_by
+        result.z = result.z * xp.asarray(np.asarray(unit, dtype=np.float64).reshape(-1), dtype=result.z.dtype)
+    return result

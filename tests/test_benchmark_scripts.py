@@ -216,13 +216,19 @@ def test_krylov_depth_script_truncates_one_build(tmp_path):
     assert abs(float(np.median(direct.std)) - rows[1]["median"]) <= 1e-6 * rows[1]["median"]
 
 
-def test_sigma_search_script_meets_every_target_and_counts_its_calls(tmp_path):
+@pytest.mark.parametrize("profile", ["rms", "feature-std"])
+def test_sigma_search_script_meets_every_target_and_counts_its_calls(tmp_path, profile):
     out = tmp_path / "s.json"
     run_script("sigma_search.py", "digits", "--examples", "3", "--restarts", "2", "--iterations", "2",
-               "--threads", "1", "--json", str(out))
-    rows = json.loads(out.read_text())["searches"]
+               "--threads", "1", "--profile", profile, "--json", str(out))
+    got = json.loads(out.read_text())
+    rows = got["searches"]
+    assert got["profile"] == profile
     assert len(rows) == 5 and all(r["met"] and r["value"] >= r["target"] for r in rows)
     assert all(r["calls"] == len(r["history"]) >= 1 for r in rows)
+    # every call after a search's first takes the factors kept from it, per-feature profiles included
+    assert all(h["reused_examples"] == 3 for r in rows for h in r["history"][1:])
+    assert any(r["calls"] >= 2 for r in rows)
 
 
 def test_checkpoint_cost_script_times_three_calls_with_equal_bounds(tmp_path):

@@ -277,8 +277,16 @@ def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     s = json.loads((out / "summary.json").read_text())
     np.testing.assert_allclose(found / stds, s["calibration"]["scale"], rtol=1e-14)
     want = hcrfast.bound(_user_model(tmp_path), x, found, restarts=2, iterations=2)
-    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, want.std)
-    low = np.asarray(want.std, dtype=np.float64)[:, :, :4, :4].reshape(len(x), -1)
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    assert got.params["noise"] == want.params["noise"]  # bounds for these stds, and they say so
+    # The search ran on the features divided by the given stds, at a scalar sigma, sharing J's factor
+    # between calls: the same problem, in float32 rounded otherwise than a direct call (J of the
+    # features divided by other numbers), so the bounds agree to float32 rounding, not bitwise.
+    assert len(s["calibration"]["history"]) >= 2
+    assert [h["reused_examples"] for h in s["calibration"]["history"][1:]] == [len(x)] * (
+        len(s["calibration"]["history"]) - 1)
+    np.testing.assert_allclose(got.std, want.std, rtol=5e-3)  # (measured: 4e-4 at most)
+    low = np.asarray(got.std, dtype=np.float64)[:, :, :4, :4].reshape(len(x), -1)
     assert np.median(np.sqrt(np.mean(low ** 2, axis=1))) >= 0.5
 
 

@@ -82,12 +82,41 @@ def test_rmse_over_low_modes_and_a_quantile():
 def test_a_per_feature_profile_keeps_its_shape():
     model, x = _tanh_net(2), _batch()
     profile = np.linspace(0.05, 0.5, 30)
-    found = hcrfast.sigma_for(model, x, 0.3, sigma0=profile, **KW)
+    found = hcrfast.sigma_for(model, x, 0.3, sigma0=profile, reuse_bytes=0, **KW)
     assert found.met and found.sigma.shape == (30,)
-    assert found.bounds.params["reuse"] is None  # divided by the stds, J itself changes with sigma
+    assert found.bounds.params["reuse"] is None  # nothing kept: every call a plain per-feature call
     np.testing.assert_allclose(found.sigma / profile, found.scale, rtol=1e-15)
     direct = hcrfast.bound(model, x, found.sigma, **KW)
     np.testing.assert_array_equal(found.bounds.std, direct.std)
+
+
+@pytest.mark.filterwarnings("ignore:.*attack draws never left their start")
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_a_per_feature_profile_reuses_the_factor_of_the_divided_features(solver, monkeypatch):
+    # k * profile is the scalar sigma k on the features divided by the profile: the calls share J's factor.
+    from hcrfast import dense, krylov
+
+    model, x = _tanh_net(2).double(), _batch(4).double()  # float64: rounding far below the tolerance
+    profile = np.linspace(0.05, 0.5, 30)
+    builds = _count(monkeypatch, dense, "jacobian") if solver == "dense" else _count(monkeypatch, krylov, "build")
+    kw = dict(KW, solver=solver, chunk_size=2, targets="low:2")
+    found = hcrfast.sigma_for(model, x, 0.3, sigma0=profile, **kw)
+    assert found.met and len(found.history) >= 2 and len(builds) == 2  # two chunks, built once
+    assert [h["reused_examples"] for h in found.history] == [0] + [4] * (len(found.history) - 1)
+    assert found.sigma.shape == (30,)
+    direct = hcrfast.bound(model, x, found.sigma, **kw)  # the per-feature call the search stands for
+    for name in ("std", "std_algorithm1", "mse", "mse_from_modes", "divergence", "eps"):
+        np.testing.assert_allclose(getattr(found.bounds, name), getattr(direct, name), rtol=1e-9, err_msg=name)
+    # z = a(θ + ε) − a(θ), ~1e-7 here, rounds to ~1e-16 of the features: compare it at that scale
+    np.testing.assert_allclose(found.bounds.z, direct.z, rtol=1e-7, atol=1e-14)
+    for key in ("sigma", "noise", "noise_asked"):  # it reads as a per-feature result, z in the model's units
+        assert found.bounds.params[key] == direct.params[key], key
+    assert found.bounds.targeted.params["noise"] == direct.targeted.params["noise"]
+    assert found.bounds.params["reuse"]["examples"] == 4
+    attack = hcrfast.gauss_newton_attack(model, x, found.sigma, draws=2, steps=2)
+    assert np.isfinite(hcrfast.compare(found.bounds, attack)["median"])  # the attack at that sigma is accepted
+    with pytest.raises(ValueError, match="other noise"):
+        hcrfast.compare(found.bounds, hcrfast.gauss_newton_attack(model, x, 2 * found.sigma, draws=2, steps=2))
 
 
 def test_a_target_out_of_reach_in_the_calls_allowed_is_reported_not_claimed():
@@ -115,9 +144,11 @@ def test_an_infinite_quantile_is_met_at_any_sigma_and_says_why():
     assert "+inf" in found.note and found.bounds.infinite_reasons
 
 
-def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sigma0", [None, "profile"])
+def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sigma0):
     model, x = _tanh_net(), _batch()
-    want = hcrfast.sigma_for(model, x, 0.4, **KW)
+    kw = dict(KW, sigma0=np.linspace(0.02, 0.2, 30) if sigma0 == "profile" else None)
+    want = hcrfast.sigma_for(model, x, 0.4, **kw)
     assert len(want.history) >= 2
     import hcrfast.algorithm as algorithm
 
@@ -131,14 +162,16 @@ def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(algorithm, "bound", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **KW)
+        hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **kw)
     monkeypatch.setattr(algorithm, "bound", real)
     done = sorted(p for p in calls[0].rglob("*") if p.is_file())
     assert done
     stamps = {p: os.stat(p).st_mtime_ns for p in done}
-    got = hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **KW)
+    got = hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **kw)
     np.testing.assert_array_equal(got.bounds.std, want.bounds.std)
-    assert got.sigma == want.sigma and [h["scale"] for h in got.history] == [h["scale"] for h in want.history]
+    np.testing.assert_array_equal(got.sigma, want.sigma)
+    assert got.bounds.params["noise"] == want.bounds.params["noise"]
+    assert [h["scale"] for h in got.history] == [h["scale"] for h in want.history]
     assert all(os.stat(p).st_mtime_ns == t for p, t in stamps.items())  # the first call was read back
 
 
