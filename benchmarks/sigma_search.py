@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reuse-bytes", type=int, default=None,
-                    help="sigma_for's reuse_bytes (default its own; 0: every call builds its own factor)")
+                    help="sigma_for's reuse_bytes (default its own, taken once for every search; 0: every call "
+                         "builds its own factor)")
     ap.add_argument("--profile", choices=("rms", "feature-std"), default="rms",
                     help="sigma0: one number, the features' RMS (default), or one std per feature, each "
                          "feature's std over the inputs")
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
         times.append(time.perf_counter() - t0)
     one = min(times)
     median0 = float(np.median(np.asarray(base.std, dtype=np.float64)))
-    reuse = hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None else args.reuse_bytes
+    reuse = hcrfast.calibrate.default_reuse_bytes(x.device) if args.reuse_bytes is None else args.reuse_bytes
     print(f"{args.model}, {args.examples} random inputs x {args.restarts} restarts x {args.iterations}, solver "
           f"{base.params['solver']}, {args.threads} thread(s), reuse_bytes {reuse}, sigma0 {args.profile}: one "
           f"bound call at sigma0 "
@@ -74,8 +75,8 @@ def main(argv=None) -> int:
     rows = []
     for target, q, stat in SEARCHES:
         t0 = time.perf_counter()
-        found = hcrfast.sigma_for(zm.features, x, target, sigma0=sigma0, quantile=q, statistic=stat, **kw, **(
-            {} if args.reuse_bytes is None else dict(reuse_bytes=args.reuse_bytes)))
+        found = hcrfast.sigma_for(zm.features, x, target, sigma0=sigma0, quantile=q, statistic=stat,
+                                  reuse_bytes=reuse, **kw)
         sec = time.perf_counter() - t0
         row = dict(target=target, quantile=q, statistic=stat, calls=len(found.history), scale=found.scale,
                    value=found.statistic, met=found.met, within_rtol=found.within_rtol, seconds=sec,
@@ -88,8 +89,7 @@ def main(argv=None) -> int:
             json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
                            iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
                            profile=args.profile,
-                           reuse_bytes=(hcrfast.calibrate.REUSE_BYTES if args.reuse_bytes is None
-                                        else args.reuse_bytes),
+                           reuse_bytes=reuse,
                            one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,
                            machine=platform.processor() or platform.machine(), torch=torch.__version__,
                            date=time.strftime("%Y-%m-%d")), fh, indent=1)

@@ -99,8 +99,9 @@ def add_subparser(subparsers) -> None:
                    help="with --target-std: at most N bound calls (default 8)")
     c.add_argument("--reuse-gib", type=float, default=None, metavar="G",
                    help="with --target-std: keep up to G GiB of J's factors or Krylov bases from the first call "
-                        "for the later ones, which then compute only their solves (default 1; on a GPU they stay "
-                        "in device memory; 0: every call builds its own)")
+                        "for the later ones, which then compute only their solves (default: half the memory "
+                        "available on the CPU, at least 1; 1 on a GPU, where they stay in device memory; 0: every "
+                        "call builds its own)")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -347,7 +348,6 @@ def _run(args: argparse.Namespace) -> int:
         if args.target_std is None:
             res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
         else:
-            from hcrfast import calibrate
             from hcrfast.calibrate import sigma_for
 
             search = sigma_for(model, x, args.target_std, sigma0=sigma,
@@ -355,8 +355,7 @@ def _run(args: argparse.Namespace) -> int:
                                statistic=args.statistic or "std", modes=args.target_modes,
                                rtol=0.05 if args.rtol is None else args.rtol,
                                max_calls=8 if args.max_calls is None else args.max_calls,
-                               reuse_bytes=(calibrate.REUSE_BYTES if args.reuse_gib is None
-                                            else int(args.reuse_gib * 2**30)),
+                               reuse_bytes=None if args.reuse_gib is None else int(args.reuse_gib * 2**30),
                                checkpoint=out / "calibration", **bound_kwargs)
             res, sigma = search.bounds, search.sigma
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
@@ -407,7 +406,7 @@ def _run(args: argparse.Namespace) -> int:
             "target_std": search.target, "quantile": search.quantile, "statistic": search.statistic_name,
             "target_modes": args.target_modes, "met": search.met, "within_rtol": search.within_rtol,
             "value": search.statistic, "scale": search.scale, "note": search.note, "history": search.history,
-            "sigma_file": None}
+            "reuse_bytes": search.reuse_bytes, "sigma_file": None}
         if np.ndim(search.sigma) != 0:  # one std per feature: the stds found, beside the results
             np.save(out / "sigma.npy", np.asarray(search.sigma, dtype=np.float64))
             summary["calibration"]["sigma_file"] = str(out / "sigma.npy")

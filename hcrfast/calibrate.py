@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 import warnings
@@ -30,10 +31,49 @@ STATISTICS = ("std", "rmse")
 #: Largest factor by which one step of the search moves σ.
 MAX_STEP = 100.0
 
-#: Default bytes of dense factors and Krylov bases :func:`sigma_for` keeps from one call to the next
-#: (measured with random weights: MNIST MLP ~2.5 MB per example, CIFAR-10 CNN 37.6 MB: J's pseudo-inverse on
-#: its live rows, in float64).
+#: Bytes of dense factors and Krylov bases :func:`sigma_for` keeps from one call to the next by default on
+#: a GPU (in device memory), and at least that on the CPU (see :func:`default_reuse_bytes`). Measured
+#: with random weights: MNIST MLP ~2.5 MB per example, CIFAR-10 CNN 37.6 MB (J's pseudo-inverse on its live
+#: rows, in float64).
 REUSE_BYTES = 2**30
+
+#: On the CPU the default keeps up to this share of the memory available when the search starts.
+CPU_REUSE_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (Linux ``MemAvailable``; elsewhere the free
+    physical pages), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def default_reuse_bytes(device) -> int:
+    """:func:`sigma_for`'s budget for kept factors where none is given: on the CPU, :data:`CPU_REUSE_SHARE`
+    of the memory available now (shared among the processes ``torchrun`` started on this machine,
+    ``LOCAL_WORLD_SIZE``), and never less than :data:`REUSE_BYTES` (a CIFAR-10 search keeps ~37.6 MB per
+    example: 1 GiB alone would serve 27 of 500 inputs); on a GPU, :data:`REUSE_BYTES` of device
+    memory, which the solves' chunks also need."""
+    if getattr(device, "type", str(device)) != "cpu":
+        return REUSE_BYTES
+    free = available_memory()
+    if free is None:
+        return REUSE_BYTES
+    # torchrun's processes on this machine share its memory: each takes its part
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(REUSE_BYTES, int(free * CPU_REUSE_SHARE / local))
 
 
 @dataclass
@@ -62,9 +102,12 @@ class SigmaSearch:
     bounds : hcrfast.Bounds
         The certified bounds at :attr:`sigma`: the answer itself, not an estimate of it.
     history : list of dict
-        Every call in order: ``scale``, ``sigma`` (its RMS where a profile), ``statistic``, ``seconds``.
+        Every call in order: ``scale``, ``sigma`` (its RMS where a profile), ``statistic``, ``seconds``,
+        ``reused_examples`` (whose factor or basis came from an earlier call).
     note : str
         Why the search ended.
+    reuse_bytes : int
+        The budget the calls shared their factors within (the default's value where none was given).
     """
 
     sigma: object
@@ -79,6 +122,7 @@ class SigmaSearch:
     bounds: object
     history: list = field(default_factory=list)
     note: str = ""
+    reuse_bytes: int = 0
 
     def summary(self) -> str:
         what = _describe(self.statistic_name, self.quantile)
@@ -137,7 +181,7 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
 
 def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5, statistic: str = "std",
               modes=None, rtol: float = 0.05, max_calls: int = 8, checkpoint=None, progress: bool = False,
-              reuse_bytes: int = REUSE_BYTES, **bound_kwargs) -> SigmaSearch:
+              reuse_bytes: int | None = None, **bound_kwargs) -> SigmaSearch:
     """The smallest σ (within ``rtol``) at which the certified bounds on ``batch`` reach ``target``.
 
     Parameters
@@ -167,10 +211,11 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         goes on (one call per folder at a time).
     progress : bool
         A line per call on stderr (and the calls' own progress).
-    reuse_bytes : int
+    reuse_bytes : int, optional
         With a scalar σ and the dense solve or the Krylov basis (``solver="auto"`` takes one of them), J's
         factor or basis does not depend on σ: each chunk's is kept from the first call, up to this many
-        bytes in all (default :data:`REUSE_BYTES`; on the GPU they stay in device memory), and the later
+        bytes in all (default :func:`default_reuse_bytes`: half the memory available at the start on the
+        CPU, at least 1 GiB; 1 GiB on the GPU, where they stay in device memory), and the later
         calls compute only their solves and certification (CIFAR-10 CNN: searches of 3-4 calls in
         1.2-1.3x one call's time; ``benchmarks/sigma_search.py``). Dense solves give bitwise the bounds
         of a call made alone, Krylov ones the same to rounding. A per-feature ``sigma0`` is searched as the
@@ -208,8 +253,10 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     max_calls = validation.positive_int("max_calls", max_calls)
     checkpoint = validation.checkpoint_folder(checkpoint)
     validation.flag("progress", progress)
-    if isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer)) or reuse_bytes < 0:
-        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls)")
+    if reuse_bytes is not None and (isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer))
+                                    or reuse_bytes < 0):
+        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls), "
+                         f"or None for the default (half the available memory on the CPU, 1 GiB on a GPU)")
     if "sigma" in bound_kwargs:
         raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
     if isinstance(sigma0, Gaussian):
@@ -237,6 +284,9 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         from hcrfast.targeted import parse_targets
 
         parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
+    if reuse_bytes is None:
+        reuse_bytes = default_reuse_bytes(getattr(batch, "device", "cpu"))
+    reuse_bytes = int(reuse_bytes)
     root = None if checkpoint is None else Path(checkpoint)
     what = _describe(statistic, quantile)
     # A profile σ = k·sigma0 is the scalar σ = k on the features divided by sigma0 (the same

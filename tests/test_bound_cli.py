@@ -260,6 +260,7 @@ def test_the_report_shows_the_sigma_search(files):
     assert _bound(argv) == 0
     cal = json.loads((out / "summary.json").read_text())["calibration"]
     assert len(cal["history"]) >= 2 and all(h["reused_examples"] == 0 for h in cal["history"])  # nothing kept
+    assert cal["reuse_bytes"] == 0
     page = (out / "report.html").read_text()
     assert "sigma searched for a target" in page and "0.5-quantile of the per-mode bounds had to reach 0.3" in page
     calls = re.findall(r"<tr><td class=\"l\">(\d+)</td>", page.split("sigma searched for a target")[1].split("</table>")[0])

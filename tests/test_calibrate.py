@@ -187,6 +187,8 @@ def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sig
     (dict(sigma0=hcrfast.Laplace(1.0)), "Gaussian"),
     (dict(sigma=0.1), "sets sigma itself"),
     (dict(modes="low:99"), "low:99"),
+    (dict(reuse_bytes=-1), "reuse_bytes=-1: pass a number of bytes >= 0"),
+    (dict(reuse_bytes=1.5), "or None for the default"),
 ])
 def test_bad_arguments_are_named_with_their_fix(kwargs, match):
     model, x = _tanh_net(), _batch(2)
@@ -318,3 +320,31 @@ def test_one_std_given_as_an_array_of_one_is_a_scalar_sigma():
     plain = hcrfast.sigma_for(model, x, 0.4, sigma0=0.2, **KW)
     assert isinstance(one.sigma, float) and one.sigma == plain.sigma
     np.testing.assert_array_equal(one.bounds.std, plain.bounds.std)
+
+
+def test_the_default_budget_is_half_the_available_memory_on_the_cpu_and_never_under_1_gib(monkeypatch):
+    from hcrfast import calibrate
+
+    # the oracle: the kernel's own count of the memory available, read here independently
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo")) if os.path.exists("/proc/meminfo") else {}
+    if "MemAvailable" in meminfo:
+        kib = int(meminfo["MemAvailable"].split()[0])
+        assert abs(calibrate.available_memory() - kib * 1024) <= 0.05 * kib * 1024  # (it moves as we read)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(calibrate, "available_memory", lambda: 40 * 2**30)
+    assert calibrate.default_reuse_bytes(torch.device("cpu")) == 20 * 2**30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four torchrun processes on this machine share it
+    assert calibrate.default_reuse_bytes(torch.device("cpu")) == 5 * 2**30
+    monkeypatch.setattr(calibrate, "available_memory", lambda: 2**30)
+    assert calibrate.default_reuse_bytes(torch.device("cpu")) == calibrate.REUSE_BYTES  # the floor
+    monkeypatch.setattr(calibrate, "available_memory", lambda: None)  # unreadable: the floor
+    assert calibrate.default_reuse_bytes(torch.device("cpu")) == calibrate.REUSE_BYTES
+    monkeypatch.setattr(calibrate, "available_memory", lambda: 40 * 2**30)
+    assert calibrate.default_reuse_bytes(torch.device("cuda", 0)) == calibrate.REUSE_BYTES  # device memory: 1 GiB
+    # sigma_for takes it where none is given, and says which it used
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    found = hcrfast.sigma_for(_tanh_net(), _batch(3), 0.4, **KW)
+    assert found.reuse_bytes == 20 * 2**30 and found.bounds.params["reuse"]["budget_bytes"] == 20 * 2**30
+    given = hcrfast.sigma_for(_tanh_net(), _batch(3), 0.4, reuse_bytes=12345, **KW)
+    assert given.reuse_bytes == 12345
+
