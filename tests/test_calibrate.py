@@ -348,3 +348,23 @@ def test_the_default_budget_is_half_the_available_memory_on_the_cpu_and_never_un
     given = hcrfast.sigma_for(_tanh_net(), _batch(3), 0.4, reuse_bytes=12345, **KW)
     assert given.reuse_bytes == 12345
 
+
+def test_the_secant_is_local_so_a_bending_statistic_does_not_stall_the_search():
+    # A statistic whose log-log slope falls from 2 near sigma0 to 0.5 far above it, as a CIFAR-10 CNN's
+    # bounds do (measured: ~1.3 to ~0.5). A secant through the far end of the bracket (scale 1, the first
+    # call) steps short every time: regula falsi's one-sided stall took 8 calls here; the secant through
+    # the last two calls takes 5.
+    from hcrfast.calibrate import _search
+
+    def stat_at(k):
+        return 0.002 * k ** 2.0 / (1 + (k / 10.0) ** 1.5)
+
+    history = []
+
+    def run(k):
+        history.append({"scale": k, "statistic": stat_at(k)})
+        return None, history[-1]["statistic"]
+
+    meets, misses, note, _ = _search(run, 0.3, 0.3 * math.sqrt(1.05), 0.05, 30, "x", history)
+    assert 0.3 <= meets[1] <= 0.3 * 1.05 and "within rtol" in note
+    assert len(history) <= 5
