@@ -33,8 +33,9 @@ MAX_STEP = 100.0
 
 #: Bytes of dense factors and Krylov bases :func:`sigma_for` keeps from one call to the next by default on
 #: a GPU (in device memory), and at least that on the CPU (see :func:`default_reuse_bytes`). Measured
-#: with random weights: MNIST MLP ~2.5 MB per example, CIFAR-10 CNN 37.6 MB (J's pseudo-inverse on its live
-#: rows, in float64).
+#: with random weights: MNIST MLP ~2.5 MB per example, CIFAR-10 CNN 37.5 MB (J's pseudo-inverse on its live
+#: rows, in float64), ResNet-18 at 91x91 952.5 MB (a 4,096-step float32 Krylov basis;
+#: ``benchmarks/reuse_store_size.py``): on a GPU this keeps one such basis.
 REUSE_BYTES = 2**30
 
 #: On the CPU the default keeps up to this share of the memory available when the search starts.
@@ -60,7 +61,7 @@ def available_memory() -> int | None:
 def default_reuse_bytes(device) -> int:
     """:func:`sigma_for`'s budget for kept factors where none is given: on the CPU, :data:`CPU_REUSE_SHARE`
     of the memory available now (shared among the processes ``torchrun`` started on this machine,
-    ``LOCAL_WORLD_SIZE``), and never less than :data:`REUSE_BYTES` (a CIFAR-10 search keeps ~37.6 MB per
+    ``LOCAL_WORLD_SIZE``), and never less than :data:`REUSE_BYTES` (a CIFAR-10 search keeps ~37.5 MB per
     example: 1 GiB alone would serve 27 of 500 inputs); on a GPU, :data:`REUSE_BYTES` of device
     memory, which the solves' chunks also need."""
     if getattr(device, "type", str(device)) != "cpu":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,6 +230,24 @@ def test_sigma_search_script_meets_every_target_and_counts_its_calls(tmp_path, p
     # every call after a search's first takes the factors kept from it, per-feature profiles included
     assert all(h["reused_examples"] == 3 for r in rows for h in r["history"][1:])
     assert any(r["calls"] >= 2 for r in rows)
+
+
+def test_reuse_store_size_script_counts_what_a_search_keeps(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_script("reuse_store_size.py", "digits", "--examples", "3", "--solver", "dense", "--json", str(out))
+    r = json.loads(out.read_text())
+    # the oracle: the dense solve keeps (J⁺)ᵀ on the chunk's most live rows of J (features that move),
+    # in float64, for each example; J from torch.func on the script's own inputs
+    from hcrfast import zoo
+
+    zm = zoo.build("digits", seed=0)
+    x = zm.normalize(torch.rand((3,) + tuple(zm.input_shape), generator=torch.Generator().manual_seed(0)))
+    J = torch.func.vmap(torch.func.jacrev(lambda v: zm.features(v[None])[0].reshape(-1)))(x).reshape(3, -1, 64)
+    k = int((J.abs().amax(dim=2) > 0).sum(dim=1).max())
+    matrix = 8 * 3 * k * 64
+    assert r["solver"] == "dense" and r["store_bytes"] == 3 * r["bytes_per_example"]
+    assert matrix <= r["store_bytes"] <= matrix + 16 * 3 * k + 1024  # + its row indices and ranks
+    assert "MB kept per example" in proc.stdout
 
 
 def test_checkpoint_cost_script_times_three_calls_with_equal_bounds(tmp_path):
