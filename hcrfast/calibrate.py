@@ -62,7 +62,7 @@ def default_reuse_bytes(device) -> int:
     """:func:`sigma_for`'s budget for kept factors where none is given: on the CPU, :data:`CPU_REUSE_SHARE`
     of the memory available now (shared among the processes ``torchrun`` started on this machine,
     ``LOCAL_WORLD_SIZE``), and never less than :data:`REUSE_BYTES` (a CIFAR-10 search keeps ~37.5 MB per
-    example: 1 GiB alone would serve 27 of 500 inputs); on a GPU, :data:`REUSE_BYTES` of device
+    example: 1 GiB alone would serve 28 of 500 inputs); on a GPU, :data:`REUSE_BYTES` of device
     memory, which the solves' chunks also need."""
     if getattr(device, "type", str(device)) != "cpu":
         return REUSE_BYTES
@@ -364,14 +364,9 @@ def _next_scale(k, stat, goal, history, meets, misses) -> float:
     end steps short again and again (regula falsi's one-sided stall: 8 calls where this takes 5)."""
     slope = 1.0
     pts = [(h["scale"], h["statistic"]) for h in history if 0 < h["statistic"] < math.inf]
-    pair = None
-    if len(pts) >= 2 and pts[-1][0] != pts[-2][0]:
-        pair = (pts[-1], pts[-2])
-    elif meets is not None and misses is not None and misses[1] > 0:
-        pair = (meets, misses)
-    if pair is not None:
-        (k1, s1), (k2, s2) = pair
-        if k1 != k2 and s1 > 0 and s2 > 0 and s1 != s2:
+    if len(pts) >= 2:  # (a bracket's two ends, where both are finite and > 0, are among these points)
+        (k1, s1), (k2, s2) = pts[-1], pts[-2]
+        if k1 != k2 and s1 != s2:
             slope = min(max(math.log(s1 / s2) / math.log(k1 / k2), 0.2), 5.0)
     if stat > 0:
         k_next = k * (goal / stat) ** (1.0 / slope)
