@@ -45,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", choices=("rms", "feature-std"), default="rms",
                     help="sigma0: one number, the features' RMS (default), or one std per feature, each "
                          "feature's std over the inputs")
+    ap.add_argument("--sweep", default=None, metavar="SCALES",
+                    help="instead of the searches: time hcrfast.sweep_sigma over these comma-separated scales of "
+                         "sigma0 against one plain bound call per scale, and check their bounds agree")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
           f"{base.params['solver']}, {args.threads} thread(s), reuse_bytes {reuse}, sigma0 {args.profile}: one "
           f"bound call at sigma0 "
           f"{one:.2f} s, median bound {median0:.4g}")
+    if args.sweep:
+        return _sweep(args, zm, x, sigma0, kw, reuse, one, base)
     print(f"{'target':>7} {'q':>5} {'stat':>5} {'calls':>5} {'sigma/sigma0':>12} {'stat/target':>11} "
           f"{'seconds':>8} {'x one call':>10}")
     rows = []
@@ -93,6 +98,38 @@ def main(argv=None) -> int:
                            one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,
                            machine=platform.processor() or platform.machine(), torch=torch.__version__,
                            date=time.strftime("%Y-%m-%d")), fh, indent=1)
+    return 0
+
+
+def _sweep(args, zm, x, sigma0, kw, reuse, one, base) -> int:
+    """``--sweep``: sweep_sigma over the scales against a plain bound call at each, same arguments."""
+    scales = [float(v) for v in args.sweep.split(",")]
+    t0 = time.perf_counter()
+    sweep = hcrfast.sweep_sigma(zm.features, x, scales, sigma0=sigma0, reuse_bytes=reuse, **kw)
+    swept = time.perf_counter() - t0
+    plain, worst = [], 0.0
+    for k, got in zip(scales, sweep.bounds):
+        t0 = time.perf_counter()
+        direct = hcrfast.bound(zm.features, x, k * sigma0, **kw)
+        plain.append(time.perf_counter() - t0)
+        a, b = np.asarray(got.std, dtype=np.float64), np.asarray(direct.std, dtype=np.float64)
+        ok = np.isfinite(b) & (b > 0)
+        worst = max(worst, float(np.max(np.abs(a[ok] - b[ok]) / b[ok])) if ok.any() else 0.0)
+    print(f"{'scale':>7} {'median bound':>12} {'sweep s':>8} {'plain s':>8} {'reused':>6}")
+    for k, m, s_sweep, s_plain, used in zip(scales, sweep.statistic(), sweep.seconds, plain, sweep.reused_examples):
+        print(f"{k:>7g} {m:>12.4g} {s_sweep:>8.2f} {s_plain:>8.2f} {used:>6d}")
+    print(f"sweep {swept:.2f} s, plain calls {sum(plain):.2f} s ({sum(plain) / swept:.2f}x); largest relative "
+          f"difference of a bound from the plain call's: {worst:.2g}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
+                           iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
+                           profile=args.profile, reuse_bytes=reuse, one_call_seconds=one, scales=scales,
+                           median_bounds=sweep.statistic().tolist(), sweep_seconds=swept,
+                           sweep_call_seconds=sweep.seconds, reused_examples=sweep.reused_examples,
+                           plain_call_seconds=plain, plain_over_sweep=sum(plain) / swept,
+                           max_relative_difference=worst, machine=platform.processor() or platform.machine(),
+                           torch=torch.__version__, date=time.strftime("%Y-%m-%d")), fh, indent=1)
     return 0
 
 

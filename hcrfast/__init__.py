@@ -6,7 +6,7 @@
 """
 from hcrfast.attack import AttackResult, compare, gauss_newton_attack
 from hcrfast.algorithm import DEFAULT_LSQR, bound, rms_sigma, start_vectors
-from hcrfast.calibrate import SigmaSearch, sigma_for
+from hcrfast.calibrate import SigmaSearch, SigmaSweep, sigma_for, sweep_sigma
 from hcrfast.checkpoint import CheckpointMismatchError
 from hcrfast.distributed import ShardError
 from hcrfast.lsqr import LSQROptions, LSQRResult
@@ -17,4 +17,4 @@ from hcrfast.targeted import TargetedBounds, targeted_bound
 __version__ = "0.1.0"
 
 __all__ = ["AttackResult", "Bounds", "CheckpointMismatchError", "compare", "gauss_newton_attack", "DEFAULT_LSQR", "Gaussian", "Laplace", "MonteCarlo", "NoiseLaw", "as_noise", "LSQROptions", "LSQRResult", "bound",
-           "ShardError", "SigmaSearch", "TargetedBounds", "rms_sigma", "sigma_for", "start_vectors", "targeted_bound"]
+           "ShardError", "SigmaSearch", "SigmaSweep", "TargetedBounds", "rms_sigma", "sigma_for", "start_vectors", "sweep_sigma", "targeted_bound"]

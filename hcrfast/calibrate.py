@@ -242,8 +242,6 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     but a smaller one might too.
     """
     from hcrfast import validation
-    from hcrfast.algorithm import bound, rms_sigma
-    from hcrfast.noise import Gaussian, NoiseLaw, as_per_feature_result
 
     target = validation.positive_float("target", target)
     quantile = float(quantile)
@@ -255,63 +253,24 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     max_calls = validation.positive_int("max_calls", max_calls)
     checkpoint = validation.checkpoint_folder(checkpoint)
     validation.flag("progress", progress)
-    if reuse_bytes is not None and (isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer))
-                                    or reuse_bytes < 0):
-        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls), "
-                         f"or None for the default (half the available memory on the CPU, 1 GiB on a GPU)")
+    reuse_bytes = _reuse_budget(reuse_bytes, batch)
     if "sigma" in bound_kwargs:
         raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
-    if isinstance(sigma0, Gaussian):
-        sigma0 = sigma0.sigma
-    if isinstance(sigma0, NoiseLaw) or (sigma0 is not None and not isinstance(sigma0, (int, float, np.ndarray, list, tuple))
-                                        and not hasattr(sigma0, "detach")):
-        raise TypeError(f"sigma0={sigma0!r}: sigma_for searches the std of Gaussian noise; pass a float or one std "
-                        f"per feature")
-    if sigma0 is None:
-        import torch
-
-        with torch.no_grad():
-            sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
-    if hasattr(sigma0, "detach"):
-        sigma0 = sigma0.detach().cpu().numpy()
-    profile = np.asarray(sigma0, dtype=np.float64)
-    if not (np.all(np.isfinite(profile)) and np.all(profile > 0)) or profile.size == 0:
-        raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
-                         f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
-                         f"and {int(np.sum(~np.isfinite(profile)))} that are not finite")
-    scalar = profile.size == 1  # one std for every feature
-    if scalar:
-        profile = profile.reshape(())
+    profile, scalar = _profile(model, batch, sigma0, "sigma_for searches")
     if modes is not None:  # a bad spec is refused before any bound is computed
         from hcrfast.targeted import parse_targets
 
         parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
-    if reuse_bytes is None:
-        reuse_bytes = default_reuse_bytes(getattr(batch, "device", "cpu"))
-    reuse_bytes = int(reuse_bytes)
     root = None if checkpoint is None else Path(checkpoint)
     what = _describe(statistic, quantile)
-    # A profile σ = k·sigma0 is the scalar σ = k on the features divided by sigma0 (the same
-    # observation, divided): run that way, the calls differ by a scalar σ only, so they can share J's
-    # factor or basis. Without reuse, each call is a plain per-feature call (bitwise a direct one).
-    whitened = None
-    if not scalar and reuse_bytes:
-        from hcrfast.noise import _whiten
-
-        whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
+    bound_at = _scaled_bound(model, batch, profile, reuse_bytes, root, progress, bound_kwargs)
 
     history = []
 
     def run(k: float):
-        sigma = float(k * profile) if scalar else k * profile
         t0 = time.perf_counter()
-        folder = None if root is None else root / f"scale_{k.hex()}"
         try:
-            if whitened is None:
-                res = bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
-            else:
-                res = as_per_feature_result(bound(whitened, batch, float(k), progress=progress, checkpoint=folder,
-                                                  **bound_kwargs), sigma, divided_by=profile)
+            sigma, res = bound_at(k)
         except Exception as exc:
             if hasattr(exc, "add_note"):  # Python >= 3.11: where the search was
                 tried = ", ".join(f"{h['sigma']:.6g} -> {h['statistic']:.6g}" for h in history) or "none"
@@ -328,11 +287,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         return res, stat
 
     goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
-    with contextlib.ExitStack() as stack:
-        if reuse_bytes:
-            from hcrfast.algorithm import reusing_factors
-
-            stack.enter_context(reusing_factors(reuse_bytes))
+    with _reusing(reuse_bytes):
         meets, misses, note, kept = _search(run, target, goal, rtol, max_calls, what, history)
 
     if meets is not None:
@@ -352,6 +307,191 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     return SigmaSearch(sigma=sigma, scale=k_best, sigma0=float(profile) if scalar else profile, statistic=stat_best,
                        target=target, quantile=quantile, statistic_name=statistic, met=met, within_rtol=within,
                        bounds=kept[k_best], history=history, note=note, reuse_bytes=reuse_bytes)
+
+
+@dataclass
+class SigmaSweep:
+    """The result of :func:`sweep_sigma`: certified bounds at each σ asked for.
+
+    Attributes
+    ----------
+    scales : numpy.ndarray
+        The σ asked for, in units of :attr:`sigma0`, in the order computed.
+    sigma0 : float or numpy.ndarray
+        The unit (one std per feature where a profile).
+    sigmas : list
+        ``scale × sigma0`` for each scale: floats, or arrays of one std per feature.
+    bounds : list of hcrfast.Bounds
+        The certified bounds at each σ, as :func:`hcrfast.bound` gives them at that σ.
+    seconds, reused_examples : list
+        Per σ: its call's seconds, and how many examples' factors or bases came from an earlier call.
+    reuse_bytes : int
+        The budget the calls shared their factors within.
+    """
+
+    scales: np.ndarray
+    sigma0: object
+    sigmas: list
+    bounds: list
+    seconds: list
+    reused_examples: list
+    reuse_bytes: int
+
+    def statistic(self, statistic: str = "std", quantile: float = 0.5, modes=None) -> np.ndarray:
+        """Per σ, :func:`statistic_of` its bounds: by default the median per-mode bound."""
+        return np.array([statistic_of(b, statistic, quantile, modes) for b in self.bounds])
+
+    def summary(self) -> str:
+        median, low = self.statistic(), self.statistic(quantile=0.05)
+        unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
+        lines = [f"{len(self.scales)} sigmas, certified bounds at each (median and 0.05-quantile of the per-mode "
+                 f"bounds){unit}:"]
+        for k, sig, m, q, sec, used in zip(self.scales, self.sigmas, median, low, self.seconds, self.reused_examples):
+            lines.append(f"  scale {k:.6g}, sigma {sig if np.ndim(sig) == 0 else _rms(sig):.6g}: median {m:.6g}, "
+                         f"0.05-quantile {q:.6g} ({sec:.1f} s{f', {used} examples reused' if used else ''})")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<SigmaSweep: {len(self.scales)} sigmas, scales {self.scales.min():.6g} to {self.scales.max():.6g}>"
+
+
+def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress: bool = False,
+                reuse_bytes: int | None = None, **bound_kwargs) -> SigmaSweep:
+    """Certified bounds on ``batch`` at several noise levels, σ = ``scale × sigma0`` for each scale: the
+    curve of the bound against σ that a choice of noise weighs against utility.
+
+    Every σ is one full, certified :func:`hcrfast.bound` call (the same seed, so the calls differ by σ
+    only); with a scalar σ or a per-feature profile and the dense solve or the Krylov basis (what
+    ``solver="auto"`` takes) they share each chunk's factor or basis, kept from the first call up to
+    ``reuse_bytes`` (as :func:`sigma_for`: dense solves bitwise a direct call's bounds at that σ,
+    Krylov ones and per-feature profiles to rounding). ``checkpoint=DIR`` gives each σ its own folder:
+    the same call made again after a crash reads the finished σ back and goes on.
+
+    Parameters
+    ----------
+    model, batch :
+        As for :func:`hcrfast.bound`.
+    scales : sequence of positive floats
+        The noise levels, in units of ``sigma0``; computed in this order (the first builds the factors).
+    sigma0 : float or array of one std per feature, optional
+        The unit. Default: the RMS of the clean features over the batch (scale 1 is σ = 1 × RMS, as
+        published).
+    checkpoint, progress, reuse_bytes, **bound_kwargs :
+        As for :func:`sigma_for`. Every call's bounds are kept (each holds the batch's ``std``, ``eps``
+        and ``z``): mind the memory of long sweeps over large batches.
+    """
+    from hcrfast import validation
+
+    try:
+        values = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"scales={scales!r}: pass a sequence of positive numbers (the sigmas in units of "
+                        f"sigma0)") from None
+    if values.ndim != 1 or values.size == 0 or not np.all(np.isfinite(values) & (values > 0)):
+        raise ValueError(f"scales={scales!r}: pass a non-empty sequence of positive finite numbers (the sigmas in "
+                         f"units of sigma0, e.g. [0.5, 1, 2, 4])")
+    checkpoint = validation.checkpoint_folder(checkpoint)
+    validation.flag("progress", progress)
+    reuse_bytes = _reuse_budget(reuse_bytes, batch)
+    if "sigma" in bound_kwargs:
+        raise TypeError("sweep_sigma() got sigma=...: pass the noise levels as scales (and their unit as sigma0)")
+    profile, scalar = _profile(model, batch, sigma0, "sweep_sigma takes")
+    bound_at = _scaled_bound(model, batch, profile, reuse_bytes, None if checkpoint is None else Path(checkpoint),
+                             progress, bound_kwargs)
+    sigmas, results, seconds, reused = [], [], [], []
+    with _reusing(reuse_bytes):
+        for i, k in enumerate(values.tolist()):
+            t0 = time.perf_counter()
+            try:
+                sigma, res = bound_at(k)
+            except Exception as exc:
+                if hasattr(exc, "add_note"):  # Python >= 3.11: where the sweep was
+                    exc.add_note(f"hcrfast.sweep_sigma: raised by the bound call at scale {k:.6g} x sigma0 "
+                                 f"({i} of {values.size} sigmas done before it)")
+                raise
+            sigmas.append(sigma)
+            results.append(res)
+            seconds.append(time.perf_counter() - t0)
+            reused.append((res.params.get("reuse") or {}).get("examples", 0))
+            if progress:
+                print(f"hcrfast sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
+                      f"{statistic_of(res):.6g}, {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
+    return SigmaSweep(scales=values, sigma0=float(profile) if scalar else profile, sigmas=sigmas, bounds=results,
+                      seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)
+
+
+def _reuse_budget(reuse_bytes, batch) -> int:
+    """``reuse_bytes`` checked, or :func:`default_reuse_bytes` for ``batch``'s device where None."""
+    if reuse_bytes is not None and (isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer))
+                                    or reuse_bytes < 0):
+        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls), "
+                         f"or None for the default (half the available memory on the CPU, 1 GiB on a GPU)")
+    return int(default_reuse_bytes(getattr(batch, "device", "cpu")) if reuse_bytes is None else reuse_bytes)
+
+
+def _profile(model, batch, sigma0, who: str):
+    """``(profile, scalar)``: ``sigma0`` as float64 (a 0-d array where one std serves every feature),
+    checked positive and finite; None is the RMS of the clean features over the batch."""
+    from hcrfast import validation
+    from hcrfast.algorithm import rms_sigma
+    from hcrfast.noise import Gaussian, NoiseLaw
+
+    if isinstance(sigma0, Gaussian):
+        sigma0 = sigma0.sigma
+    if isinstance(sigma0, NoiseLaw) or (sigma0 is not None and not isinstance(sigma0, (int, float, np.ndarray, list, tuple))
+                                        and not hasattr(sigma0, "detach")):
+        raise TypeError(f"sigma0={sigma0!r}: {who} the std of Gaussian noise; pass a float or one std per feature")
+    if sigma0 is None:
+        import torch
+
+        with torch.no_grad():
+            sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
+    if hasattr(sigma0, "detach"):
+        sigma0 = sigma0.detach().cpu().numpy()
+    profile = np.asarray(sigma0, dtype=np.float64)
+    if not (np.all(np.isfinite(profile)) and np.all(profile > 0)) or profile.size == 0:
+        raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
+                         f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
+                         f"and {int(np.sum(~np.isfinite(profile)))} that are not finite")
+    scalar = profile.size == 1  # one std for every feature
+    return (profile.reshape(()) if scalar else profile), scalar
+
+
+def _scaled_bound(model, batch, profile, reuse_bytes: int, root, progress: bool, bound_kwargs: dict):
+    """``bound_at(k) -> (sigma, Bounds)``: :func:`hcrfast.bound` at σ = k·profile, with its checkpoint in
+    ``root/scale_<k.hex()>``. A profile σ = k·sigma0 is the scalar σ = k on the features divided by
+    sigma0 (the same observation, divided): run that way where factors are kept, the calls differ by a
+    scalar σ only, so they can share J's factor or basis; without reuse each call is a plain per-feature
+    call (bitwise a direct one)."""
+    from hcrfast.algorithm import bound
+    from hcrfast.noise import _whiten, as_per_feature_result
+
+    scalar = profile.ndim == 0
+    whitened = None
+    if not scalar and reuse_bytes:
+        whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
+
+    def bound_at(k: float):
+        sigma = float(k * profile) if scalar else k * profile
+        folder = None if root is None else root / f"scale_{float(k).hex()}"
+        if whitened is None:
+            return sigma, bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
+        return sigma, as_per_feature_result(bound(whitened, batch, float(k), progress=progress, checkpoint=folder,
+                                                  **bound_kwargs), sigma, divided_by=profile)
+
+    return bound_at
+
+
+@contextlib.contextmanager
+def _reusing(reuse_bytes: int):
+    """Calls inside share σ-free factors up to ``reuse_bytes`` (none where 0)."""
+    if not reuse_bytes:
+        yield None
+        return
+    from hcrfast.algorithm import reusing_factors
+
+    with reusing_factors(reuse_bytes) as store:
+        yield store
 
 
 def _next_scale(k, stat, goal, history, meets, misses) -> float:

@@ -232,6 +232,16 @@ def test_sigma_search_script_meets_every_target_and_counts_its_calls(tmp_path, p
     assert any(r["calls"] >= 2 for r in rows)
 
 
+def test_sigma_search_script_sweep_mode_times_a_sweep_against_plain_calls(tmp_path):
+    out = tmp_path / "w.json"
+    run_script("sigma_search.py", "digits", "--examples", "3", "--restarts", "2", "--iterations", "2",
+               "--sweep", "0.5,1,2", "--json", str(out))
+    r = json.loads(out.read_text())
+    assert r["scales"] == [0.5, 1.0, 2.0] and r["reused_examples"] == [0, 3, 3]
+    assert r["max_relative_difference"] == 0.0  # the dense solve: bitwise the plain calls' bounds
+    assert len(r["plain_call_seconds"]) == 3 and r["plain_over_sweep"] > 0
+
+
 def test_reuse_store_size_script_counts_what_a_search_keeps(tmp_path):
     out = tmp_path / "r.json"
     proc = run_script("reuse_store_size.py", "digits", "--examples", "3", "--solver", "dense", "--json", str(out))

@@ -368,3 +368,97 @@ def test_the_secant_is_local_so_a_bending_statistic_does_not_stall_the_search():
     meets, misses, note, _ = _search(run, 0.3, 0.3 * math.sqrt(1.05), 0.05, 30, "x", history)
     assert 0.3 <= meets[1] <= 0.3 * 1.05 and "within rtol" in note
     assert len(history) <= 5
+
+
+# ---- hcrfast.sweep_sigma: bounds at several noise levels, sharing the factors ----
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_a_sweep_gives_a_direct_calls_bounds_at_every_sigma_building_the_factors_once(solver, monkeypatch):
+    from hcrfast import dense, krylov
+
+    model, x = _tanh_net(), _batch(4)
+    if solver == "krylov":
+        model, x = model.double(), x.double()
+    builds = _count(monkeypatch, dense, "jacobian") if solver == "dense" else _count(monkeypatch, krylov, "build")
+    sweep = hcrfast.sweep_sigma(model, x, [1.0, 0.25, 4.0], solver=solver, chunk_size=2, **KW)
+    assert len(builds) == 2 and sweep.reused_examples == [0, 4, 4]  # two chunks, built once
+    sigma0 = hcrfast.rms_sigma(model(x).detach(), 1.0)
+    assert sweep.sigma0 == pytest.approx(sigma0)
+    for k, sigma, got in zip((1.0, 0.25, 4.0), sweep.sigmas, sweep.bounds):
+        assert sigma == k * sweep.sigma0
+        direct = hcrfast.bound(model, x, sigma, solver=solver, chunk_size=2, **KW)
+        if solver == "dense":
+            np.testing.assert_array_equal(got.std, direct.std)
+        else:
+            np.testing.assert_allclose(got.std, direct.std, rtol=1e-9)
+    np.testing.assert_array_equal(sweep.statistic(quantile=0.1),
+                                  [statistic_of(b, "std", 0.1) for b in sweep.bounds])
+    assert "3 sigmas" in sweep.summary() and "4 examples reused" in sweep.summary()
+
+
+def test_on_a_float64_linear_model_a_sweeps_bounds_scale_with_sigma():
+    # oracle: Algorithm 1 on a linear model takes steps proportional to sigma (the same start vectors,
+    # scaled) with the same D, so every bound is proportional to sigma
+    torch.manual_seed(3)
+    lin = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 30)).double().eval()
+    x = _batch().double()
+    sweep = hcrfast.sweep_sigma(lin, x, [0.5, 1.0, 3.0], sigma0=0.2, **KW)
+    base = np.asarray(sweep.bounds[1].std)
+    for k, b in zip(sweep.scales, sweep.bounds):
+        np.testing.assert_allclose(np.asarray(b.std), k * base, rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:.*attack draws never left their start")
+def test_a_sweep_over_a_per_feature_profile_reads_as_per_feature_calls():
+    model, x = _tanh_net(2).double(), _batch(3).double()
+    profile = np.linspace(0.05, 0.5, 30)
+    sweep = hcrfast.sweep_sigma(model, x, [1.0, 2.0], sigma0=profile, solver="dense", **KW)
+    assert sweep.reused_examples == [0, 3]
+    for sigma, got in zip(sweep.sigmas, sweep.bounds):
+        direct = hcrfast.bound(model, x, sigma, solver="dense", **KW)
+        np.testing.assert_allclose(got.std, direct.std, rtol=1e-9)
+        assert got.params["noise"] == direct.params["noise"] and got.params["sigma"] is None
+    plain = hcrfast.sweep_sigma(model, x, [2.0], sigma0=profile, solver="dense", reuse_bytes=0, **KW)
+    np.testing.assert_array_equal(plain.bounds[0].std, hcrfast.bound(model, x, 2.0 * profile, solver="dense", **KW).std)
+
+
+def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    import hcrfast.algorithm as algorithm
+
+    model, x = _tanh_net(), _batch()
+    want = hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], **KW)
+    real, calls = algorithm.bound, []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(kwargs["checkpoint"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algorithm, "bound", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], checkpoint=tmp_path, **KW)
+    monkeypatch.setattr(algorithm, "bound", real)
+    done = sorted(p for p in calls[0].rglob("*") if p.is_file())
+    stamps = {p: os.stat(p).st_mtime_ns for p in done}
+    got = hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], checkpoint=tmp_path, **KW)
+    for a, b in zip(got.bounds, want.bounds):
+        np.testing.assert_array_equal(a.std, b.std)
+    assert done and all(os.stat(p).st_mtime_ns == t for p, t in stamps.items())  # the first sigma read back
+    assert got.bounds[0].params["checkpoint"]["examples_read_back"] == len(x)
+
+
+@pytest.mark.parametrize("scales,kwargs,match", [
+    ([], {}, "non-empty sequence of positive finite numbers"),
+    ([1.0, -2.0], {}, r"scales=\[1.0, -2.0\]"),
+    ([1.0, float("nan")], {}, "positive finite"),
+    ([[1.0, 2.0]], {}, "non-empty sequence"),
+    ("abc", {}, "pass a sequence of positive numbers"),
+    ([1.0], dict(sigma=0.1), "pass the noise levels as scales"),
+    ([1.0], dict(sigma0=-1.0), "sigma0 must be positive"),
+    ([1.0], dict(reuse_bytes=-1), "reuse_bytes=-1"),
+    ([1.0], dict(checkpoint=3), "checkpoint must be a folder path"),
+])
+def test_a_sweeps_bad_arguments_are_named_with_their_fix(scales, kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        hcrfast.sweep_sigma(_tanh_net(), _batch(2), scales, **kwargs)
