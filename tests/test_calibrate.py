@@ -1,8 +1,9 @@
-"""hcrfast.sigma_for: the smallest σ whose certified bounds reach a target.
+"""hcrfast.sigma_for: the smallest σ whose certified bounds reach a target; hcrfast.sweep_sigma: certified bounds at several σ.
 
 The oracles: hcrfast.bound called directly at the σ returned (the search must hand back exactly those
 bounds), numpy.quantile over them, and on a linear model the exact proportionality of Algorithm 1's
 steps to σ (the same seed draws the same start vectors, scaled)."""
+import contextlib
 import math
 import os
 import warnings
@@ -144,12 +145,10 @@ def test_an_infinite_quantile_is_met_at_any_sigma_and_says_why():
     assert "+inf" in found.note and found.bounds.infinite_reasons
 
 
-@pytest.mark.parametrize("sigma0", [None, "profile"])
-def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sigma0):
-    model, x = _tanh_net(), _batch()
-    kw = dict(KW, sigma0=np.linspace(0.02, 0.2, 30) if sigma0 == "profile" else None)
-    want = hcrfast.sigma_for(model, x, 0.4, **kw)
-    assert len(want.history) >= 2
+@contextlib.contextmanager
+def _crash_on_second_call(monkeypatch):
+    """Within: hcrfast.bound is interrupted (as by Ctrl-C) on its second call; yields the checkpoint
+    folders of the calls made."""
     import hcrfast.algorithm as algorithm
 
     real, calls = algorithm.bound, []
@@ -161,9 +160,20 @@ def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sig
         return real(*args, **kwargs)
 
     monkeypatch.setattr(algorithm, "bound", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
+    try:
+        yield calls
+    finally:
+        monkeypatch.setattr(algorithm, "bound", real)
+
+
+@pytest.mark.parametrize("sigma0", [None, "profile"])
+def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sigma0):
+    model, x = _tanh_net(), _batch()
+    kw = dict(KW, sigma0=np.linspace(0.02, 0.2, 30) if sigma0 == "profile" else None)
+    want = hcrfast.sigma_for(model, x, 0.4, **kw)
+    assert len(want.history) >= 2
+    with _crash_on_second_call(monkeypatch) as calls, pytest.raises(KeyboardInterrupt):
         hcrfast.sigma_for(model, x, 0.4, checkpoint=tmp_path, **kw)
-    monkeypatch.setattr(algorithm, "bound", real)
     done = sorted(p for p in calls[0].rglob("*") if p.is_file())
     assert done
     stamps = {p: os.stat(p).st_mtime_ns for p in done}
@@ -423,22 +433,10 @@ def test_a_sweep_over_a_per_feature_profile_reads_as_per_feature_calls():
 
 
 def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    import hcrfast.algorithm as algorithm
-
     model, x = _tanh_net(), _batch()
     want = hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], **KW)
-    real, calls = algorithm.bound, []
-
-    def crash_on_second(*args, **kwargs):
-        calls.append(kwargs["checkpoint"])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(algorithm, "bound", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
+    with _crash_on_second_call(monkeypatch) as calls, pytest.raises(KeyboardInterrupt):
         hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], checkpoint=tmp_path, **KW)
-    monkeypatch.setattr(algorithm, "bound", real)
     done = sorted(p for p in calls[0].rglob("*") if p.is_file())
     stamps = {p: os.stat(p).st_mtime_ns for p in done}
     got = hcrfast.sweep_sigma(model, x, [1.0, 2.0, 0.5], checkpoint=tmp_path, **KW)
