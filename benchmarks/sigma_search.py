@@ -91,14 +91,17 @@ def main(argv=None) -> int:
               f"{found.statistic / target:>11.4f} {sec:>8.2f} {sec / one:>10.2f}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
-                           iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
-                           profile=args.profile,
-                           reuse_bytes=reuse,
-                           one_call_seconds=one, median_bound_at_sigma0=median0, searches=rows,
-                           machine=platform.processor() or platform.machine(), torch=torch.__version__,
-                           date=time.strftime("%Y-%m-%d")), fh, indent=1)
+            json.dump(dict(_run(args, base, reuse, one), median_bound_at_sigma0=median0, searches=rows), fh,
+                      indent=1)
     return 0
+
+
+def _run(args, base, reuse, one) -> dict:
+    """What every JSON of this script records of its run: arguments, solver, budget, machine, date."""
+    return dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
+                iterations=args.iterations, threads=args.threads, solver=base.params["solver"], profile=args.profile,
+                reuse_bytes=reuse, one_call_seconds=one, machine=platform.processor() or platform.machine(),
+                torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
 
 
 def _sweep(args, zm, x, sigma0, kw, reuse, one, base) -> int:
@@ -122,14 +125,10 @@ def _sweep(args, zm, x, sigma0, kw, reuse, one, base) -> int:
           f"difference of a bound from the plain call's: {worst:.2g}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(argv=sys.argv, model=args.model, examples=args.examples, restarts=args.restarts,
-                           iterations=args.iterations, threads=args.threads, solver=base.params["solver"],
-                           profile=args.profile, reuse_bytes=reuse, one_call_seconds=one, scales=scales,
-                           median_bounds=sweep.statistic().tolist(), sweep_seconds=swept,
-                           sweep_call_seconds=sweep.seconds, reused_examples=sweep.reused_examples,
-                           plain_call_seconds=plain, plain_over_sweep=sum(plain) / swept,
-                           max_relative_difference=worst, machine=platform.processor() or platform.machine(),
-                           torch=torch.__version__, date=time.strftime("%Y-%m-%d")), fh, indent=1)
+            json.dump(dict(_run(args, base, reuse, one), scales=scales, median_bounds=sweep.statistic().tolist(),
+                           sweep_seconds=swept, sweep_call_seconds=sweep.seconds,
+                           reused_examples=sweep.reused_examples, plain_call_seconds=plain,
+                           plain_over_sweep=sum(plain) / swept, max_relative_difference=worst), fh, indent=1)
     return 0
 
 

@@ -251,19 +251,15 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     validation.choice("statistic", statistic, STATISTICS)
     rtol = validation.positive_float("rtol", rtol)
     max_calls = validation.positive_int("max_calls", max_calls)
-    checkpoint = validation.checkpoint_folder(checkpoint)
-    validation.flag("progress", progress)
-    reuse_bytes = _reuse_budget(reuse_bytes, batch)
     if "sigma" in bound_kwargs:
         raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
-    profile, scalar = _profile(model, batch, sigma0, "sigma_for searches")
+    bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
+                                                           bound_kwargs, "sigma_for searches")
     if modes is not None:  # a bad spec is refused before any bound is computed
         from hcrfast.targeted import parse_targets
 
         parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
-    root = None if checkpoint is None else Path(checkpoint)
     what = _describe(statistic, quantile)
-    bound_at = _scaled_bound(model, batch, profile, reuse_bytes, root, progress, bound_kwargs)
 
     history = []
 
@@ -380,8 +376,6 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
         As for :func:`sigma_for`. Every call's bounds are kept (each holds the batch's ``std``, ``eps``
         and ``z``): mind the memory of long sweeps over large batches.
     """
-    from hcrfast import validation
-
     try:
         values = np.asarray(scales, dtype=np.float64)
     except (TypeError, ValueError):
@@ -390,14 +384,10 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     if values.ndim != 1 or values.size == 0 or not np.all(np.isfinite(values) & (values > 0)):
         raise ValueError(f"scales={scales!r}: pass a non-empty sequence of positive finite numbers (the sigmas in "
                          f"units of sigma0, e.g. [0.5, 1, 2, 4])")
-    checkpoint = validation.checkpoint_folder(checkpoint)
-    validation.flag("progress", progress)
-    reuse_bytes = _reuse_budget(reuse_bytes, batch)
     if "sigma" in bound_kwargs:
         raise TypeError("sweep_sigma() got sigma=...: pass the noise levels as scales (and their unit as sigma0)")
-    profile, scalar = _profile(model, batch, sigma0, "sweep_sigma takes")
-    bound_at = _scaled_bound(model, batch, profile, reuse_bytes, None if checkpoint is None else Path(checkpoint),
-                             progress, bound_kwargs)
+    bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
+                                                           bound_kwargs, "sweep_sigma takes")
     sigmas, results, seconds, reused = [], [], [], []
     with _reusing(reuse_bytes):
         for i, k in enumerate(values.tolist()):
@@ -457,16 +447,23 @@ def _profile(model, batch, sigma0, who: str):
     return (profile.reshape(()) if scalar else profile), scalar
 
 
-def _scaled_bound(model, batch, profile, reuse_bytes: int, root, progress: bool, bound_kwargs: dict):
-    """``bound_at(k) -> (sigma, Bounds)``: :func:`hcrfast.bound` at σ = k·profile, with its checkpoint in
-    ``root/scale_<k.hex()>``. A profile σ = k·sigma0 is the scalar σ = k on the features divided by
-    sigma0 (the same observation, divided): run that way where factors are kept, the calls differ by a
-    scalar σ only, so they can share J's factor or basis; without reuse each call is a plain per-feature
-    call (bitwise a direct one)."""
+def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound_kwargs: dict, who: str):
+    """The arguments :func:`sigma_for` and :func:`sweep_sigma` share, checked, and the call they make:
+    ``(bound_at, profile, scalar, reuse_bytes)``, with ``bound_at(k) -> (sigma, Bounds)`` the
+    :func:`hcrfast.bound` call at σ = k·profile, its checkpoint in ``checkpoint/scale_<k.hex()>``.
+
+    A profile σ = k·sigma0 is the scalar σ = k on the features divided by sigma0 (the same observation,
+    divided): run that way where factors are kept, the calls differ by a scalar σ only, so they can share
+    J's factor or basis; without reuse each call is a plain per-feature call (bitwise a direct one)."""
+    from hcrfast import validation
     from hcrfast.algorithm import bound
     from hcrfast.noise import _whiten, as_per_feature_result
 
-    scalar = profile.ndim == 0
+    checkpoint = validation.checkpoint_folder(checkpoint)
+    validation.flag("progress", progress)
+    reuse_bytes = _reuse_budget(reuse_bytes, batch)
+    profile, scalar = _profile(model, batch, sigma0, who)
+    root = None if checkpoint is None else Path(checkpoint)
     whitened = None
     if not scalar and reuse_bytes:
         whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
@@ -479,7 +476,7 @@ def _scaled_bound(model, batch, profile, reuse_bytes: int, root, progress: bool,
         return sigma, as_per_feature_result(bound(whitened, batch, float(k), progress=progress, checkpoint=folder,
                                                   **bound_kwargs), sigma, divided_by=profile)
 
-    return bound_at
+    return bound_at, profile, scalar, reuse_bytes
 
 
 @contextlib.contextmanager
