@@ -242,6 +242,17 @@ def test_sigma_search_script_sweep_mode_times_a_sweep_against_plain_calls(tmp_pa
     assert len(r["plain_call_seconds"]) == 3 and r["plain_over_sweep"] > 0
 
 
+def test_reuse_rounding_script_finds_dense_scalar_reuse_exact_and_the_rest_within_rounding(tmp_path):
+    out = tmp_path / "rr.json"
+    run_script("reuse_rounding.py", "--json", str(out))
+    rows = {(r["dtype"], r["sigma0"], r["solver"]): r for r in json.loads(out.read_text())["rows"]}
+    assert len(rows) == 8 and all(r["calls"] >= 2 and r["reused"][1:] == [8] * (r["calls"] - 1) for r in rows.values())
+    for dtype in ("float32", "float64"):  # J's factor does not depend on sigma: bitwise
+        assert rows[(dtype, "scalar", "dense")]["max_rel"] == 0.0
+    assert all(r["max_rel"] < 1e-9 for k, r in rows.items() if k[0] == "float64")
+    assert all(r["max_rel"] < 2e-2 for k, r in rows.items() if k[0] == "float32")
+
+
 def test_reuse_store_size_script_counts_what_a_search_keeps(tmp_path):
     out = tmp_path / "r.json"
     proc = run_script("reuse_store_size.py", "digits", "--examples", "3", "--solver", "dense", "--json", str(out))
