@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import warnings
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,10 +99,17 @@ def add_subparser(subparsers) -> None:
     c.add_argument("--max-calls", type=int, default=None, metavar="N",
                    help="with --target-std: at most N bound calls (default 8)")
     c.add_argument("--reuse-gib", type=float, default=None, metavar="G",
-                   help="with --target-std: keep up to G GiB of J's factors or Krylov bases from the first call "
-                        "for the later ones, which then compute only their solves (default: half the memory "
-                        "available on the CPU, at least 1; 1 on a GPU, where they stay in device memory; 0: every "
-                        "call builds its own)")
+                   help="with --target-std or --sweep: keep up to G GiB of J's factors or Krylov bases from the "
+                        "first call for the later ones, which then compute only their solves (default: half the "
+                        "memory available on the CPU, at least 1; 1 on a GPU, where they stay in device memory; 0: "
+                        "every call builds its own)")
+    w = p.add_argument_group("several noise levels: the bounds against sigma (hcrfast.sweep_sigma)")
+    w.add_argument("--sweep", default=None, metavar="K1,K2,...",
+                   help="bound the inputs at each sigma = K x --sigma (or --sigma-scale's, --sigma-file's), in the "
+                        "order given: one full certified bound per K, sharing J's factors (--reuse-gib). Writes "
+                        "OUT/sweep/scale_K/bounds.npz for each K instead of OUT/bounds.npz, their numbers in "
+                        "summary.json's 'sweep' and the curve of the bounds against sigma in the report "
+                        "(resumable from OUT/sweep_chunks/)")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -255,6 +263,29 @@ def _positive(name, value):
         raise ValueError(f"{name} {value!r}: pass a positive integer")
 
 
+def sweep_scales(text: str) -> list[float]:
+    """The scales of ``--sweep`` ('0.5,1,2'): positive, finite, each once, in the order given."""
+    fix = "pass comma-separated positive numbers, the sigmas in units of the one given (e.g. 0.5,1,2,4)"
+    try:
+        scales = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--sweep {text!r}: {fix}") from None
+    bad = [k for k in scales if not (np.isfinite(k) and k > 0)]
+    if bad:
+        raise ValueError(f"--sweep {text!r}: {bad[0]!r} is not a positive finite number; {fix}")
+    twice = sorted({k for k in scales if scales.count(k) > 1})
+    if twice:
+        raise ValueError(f"--sweep {text!r}: {twice[0]:g} is given {scales.count(twice[0])} times; name each sigma "
+                         f"once")
+    return scales
+
+
+def scale_folder(k: float) -> str:
+    """``OUT/sweep``'s folder for scale ``k``: 'scale_0.5', 'scale_2' (the shortest name that reads back as k)."""
+    short = f"{k:g}"
+    return f"scale_{short if float(short) == k else repr(float(k))}"
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -270,13 +301,20 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
+    scales = None if args.sweep is None else sweep_scales(args.sweep)
+    if scales is not None and args.target_std is not None:
+        raise ValueError("--sweep and --target-std: pass one of them (--sweep bounds the inputs at the sigmas it "
+                         "names; --target-std searches the smallest sigma whose bounds reach a target)")
     search_flags = {"--quantile": args.quantile, "--statistic": args.statistic, "--target-modes": args.target_modes,
-                    "--rtol": args.rtol, "--max-calls": args.max_calls, "--reuse-gib": args.reuse_gib}
+                    "--rtol": args.rtol, "--max-calls": args.max_calls}
     if args.target_std is None:
         given = [f for f, v in search_flags.items() if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} set how --target-std searches sigma; pass --target-std TAU, or drop "
                              f"{'them' if len(given) > 1 else 'it'}")
+        if args.reuse_gib is not None and scales is None:
+            raise ValueError("--reuse-gib sets what the bound calls of --target-std or --sweep share; pass one of "
+                             "them, or drop --reuse-gib (a single bound call keeps nothing)")
     elif not (np.isfinite(args.target_std) and args.target_std > 0):
         raise ValueError(f"--target-std {args.target_std!r}: pass a positive finite number, in the inputs' units")
     if args.target_modes is not None:
@@ -344,8 +382,17 @@ def _run(args: argparse.Namespace) -> int:
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
             progress=progress, shard=world > 1)
-        search = None
-        if args.target_std is None:
+        search = sweep = None
+        reuse_bytes = None if args.reuse_gib is None else int(args.reuse_gib * 2**30)
+        if scales is not None:
+            from hcrfast.calibrate import sweep_sigma
+
+            if progress and rank == 0:
+                print(f"hcrfast bound: a sweep of {len(scales)} sigmas, {', '.join(f'{k:g}' for k in scales)} x the "
+                      f"one above", file=sys.stderr, flush=True)
+            sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
+                                checkpoint=out / "sweep_chunks", **bound_kwargs)
+        elif args.target_std is None:
             res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
         else:
             from hcrfast.calibrate import sigma_for
@@ -355,30 +402,33 @@ def _run(args: argparse.Namespace) -> int:
                                statistic=args.statistic or "std", modes=args.target_modes,
                                rtol=0.05 if args.rtol is None else args.rtol,
                                max_calls=8 if args.max_calls is None else args.max_calls,
-                               reuse_bytes=None if args.reuse_gib is None else int(args.reuse_gib * 2**30),
+                               reuse_bytes=reuse_bytes,
                                checkpoint=out / "calibration", **bound_kwargs)
             res, sigma = search.bounds, search.sigma
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
                          sigma=search.sigma if np.ndim(search.sigma) == 0 else None, scale=search.scale)
-        attack = None
+        attacks = []
         if args.attack is not None and rank == 0:  # the attack does not shard: rank 0 runs it
             from hcrfast.attack import gauss_newton_attack
 
-            if progress:
-                print(f"hcrfast bound: Gauss-Newton attack, {args.attack} draws per input, {args.attack_steps} steps, "
-                      f"from the {args.attack_start}", file=sys.stderr, flush=True)
-            attack = gauss_newton_attack(model, x, sigma, draws=args.attack, steps=args.attack_steps,
-                                         start=args.attack_start, seed=args.seed, basis=args.basis,
-                                         jacobian=args.jacobian, chunk_size=args.chunk_size, progress=progress,
-                                         checkpoint=out / "attack_chunks")
+            levels = ([(sigma, out / "attack_chunks", "")] if sweep is None else
+                      [(sig, out / "attack_chunks" / scale_folder(k), f" at {k:g} x sigma")
+                       for k, sig in zip(scales, sweep.sigmas)])
+            for level_sigma, folder, where in levels:
+                if progress:
+                    print(f"hcrfast bound: Gauss-Newton attack{where}, {args.attack} draws per input, "
+                          f"{args.attack_steps} steps, from the {args.attack_start}", file=sys.stderr, flush=True)
+                attacks.append(gauss_newton_attack(model, x, level_sigma, draws=args.attack, steps=args.attack_steps,
+                                                   start=args.attack_start, seed=args.seed, basis=args.basis,
+                                                   jacobian=args.jacobian, chunk_size=args.chunk_size,
+                                                   progress=progress, checkpoint=folder))
     finally:
         torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
     if rank != 0:
         return 0
 
-    h = res.to_numpy()
-    res.save(out / "bounds.npz")
-    std = h.std.reshape(h.std.shape[0], -1)
+    from hcrfast.attack import compare
+
     summary = {
         "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -389,18 +439,16 @@ def _run(args: argparse.Namespace) -> int:
         "noise": noise,
         "bounds_on": ("coefficients of the orthonormal 2-D DCT-II (per channel, last two axes) of the inputs"
                       if args.basis == "dct" else "the inputs themselves"),
-        "std": reproduce._quantiles(std),
-        "mse_bound": reproduce._quantiles(np.asarray(h.mse, dtype=np.float64)),
-        "mse_bound_modes": reproduce._quantiles(np.asarray(h.mse_from_modes, dtype=np.float64)),
-        "targeted": (None if h.std_algorithm1 is None else reproduce._targeted_stats(
-            args.targets, np.asarray(h.std, dtype=np.float64), np.asarray(h.std_algorithm1, dtype=np.float64))),
-        "infinite_reasons": list(h.infinite_reasons),
-        "restarts_bounding_nothing": len(res.params.get("zero_step_reasons") or []),
-        "bound_seconds": float(res.seconds),
-        "wall_seconds": time.perf_counter() - t_start,
-        "params": json.loads(json.dumps(res.params, default=json_default)),
-        "versions": {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__},
     }
+    versions = {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__}
+    if sweep is not None:
+        return _write_sweep(out, args, summary, sweep, attacks, versions, t_start)
+
+    h = res.to_numpy()
+    res.save(out / "bounds.npz")
+    summary.update(_numbers(res, args.targets))
+    summary.update(wall_seconds=time.perf_counter() - t_start,
+                   params=json.loads(json.dumps(res.params, default=json_default)), versions=versions)
     if search is not None:
         summary["calibration"] = {
             "target_std": search.target, "quantile": search.quantile, "statistic": search.statistic_name,
@@ -410,9 +458,8 @@ def _run(args: argparse.Namespace) -> int:
         if np.ndim(search.sigma) != 0:  # one std per feature: the stds found, beside the results
             np.save(out / "sigma.npy", np.asarray(search.sigma, dtype=np.float64))
             summary["calibration"]["sigma_file"] = str(out / "sigma.npy")
+    attack = attacks[0] if attacks else None
     if attack is not None:
-        from hcrfast.attack import compare
-
         attack.save(out / "attack.npz")
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
@@ -425,16 +472,90 @@ def _run(args: argparse.Namespace) -> int:
         print(search.summary())
     print(res.summary())
     if attack is not None:
-        c = summary["attack"]
-        print(f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): its error over the "
-              f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1; an efficient unbiased "
-              f"attacker: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
-              f"{c['mse_ratio_median']:.4g}"
-              + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
-                 if c["n_draws_unmoved"] else ""))
+        print(_attack_line(summary["attack"], args))
     print(f"bounds: {out / 'bounds.npz'}")
     if attack is not None:
         print(f"attack: {out / 'attack.npz'}")
+    print(f"summary: {out / 'summary.json'}")
+    if report is not None:
+        print(f"report: {report}")
+    return 0
+
+
+def _numbers(res, targets) -> dict:
+    """summary.json's account of one call's bounds: their quantiles, the MSE bounds', the infinite ones."""
+    from hcrfast import reproduce
+
+    h = res.to_numpy()
+    std = np.asarray(h.std, dtype=np.float64)
+    return {
+        "std": reproduce._quantiles(std),
+        "mse_bound": reproduce._quantiles(np.asarray(h.mse, dtype=np.float64)),
+        "mse_bound_modes": reproduce._quantiles(np.asarray(h.mse_from_modes, dtype=np.float64)),
+        "targeted": (None if h.std_algorithm1 is None else reproduce._targeted_stats(
+            targets, std, np.asarray(h.std_algorithm1, dtype=np.float64))),
+        "infinite_reasons": list(h.infinite_reasons),
+        "restarts_bounding_nothing": len(res.params.get("zero_step_reasons") or []),
+        "bound_seconds": float(res.seconds),
+    }
+
+
+def _attack_line(c: dict, args) -> str:
+    return (f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): its error over the "
+            f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1; an efficient unbiased "
+            f"attacker: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
+            f"{c['mse_ratio_median']:.4g}"
+            + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
+               if c["n_draws_unmoved"] else ""))
+
+
+# The params that differ between a sweep's calls (each call's own are in its bounds.npz).
+_PER_SIGMA_PARAMS = ("sigma", "noise", "noise_asked", "reuse", "zero_step_reasons", "rounding", "checkpoint")
+
+
+def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, versions: dict, t_start: float) -> int:
+    """``hcrfast bound --sweep``'s results: OUT/sweep/scale_K/bounds.npz (and attack.npz) per sigma,
+    summary.json with one entry per sigma, the report with the curve of the bounds against sigma."""
+    from hcrfast.attack import compare
+    from hcrfast.results import json_default
+
+    levels = []
+    for i, (k, sig, res) in enumerate(zip(sweep.scales.tolist(), sweep.sigmas, sweep.bounds)):
+        folder = out / "sweep" / scale_folder(k)
+        folder.mkdir(parents=True, exist_ok=True)
+        res.save(folder / "bounds.npz")
+        level = {"scale": k, "sigma": float(sig) if np.ndim(sig) == 0 else None,
+                 "sigma_rms": float(np.sqrt(np.mean(np.square(sig)))), "bounds": str(folder / "bounds.npz"),
+                 **_numbers(res, args.targets), "call_seconds": sweep.seconds[i],
+                 "reused_examples": sweep.reused_examples[i], "rounding": res.params.get("rounding")}
+        if attacks:
+            attacks[i].save(folder / "attack.npz")
+            with warnings.catch_warnings(record=True) as caught:  # said again below, with their sigma
+                warnings.simplefilter("always")
+                compared = compare(res, attacks[i])
+            for w in caught:
+                warnings.warn(f"at {k:g} x sigma: {w.message}", w.category, stacklevel=2)
+            level["attack"] = dict(compared, steps=args.attack_steps, start=args.attack_start,
+                                   file=str(folder / "attack.npz"))
+        levels.append(level)
+    shared = {k: v for k, v in sweep.bounds[0].params.items() if k not in _PER_SIGMA_PARAMS}
+    summary["sweep"] = {"scales": sweep.scales.tolist(), "reuse_bytes": sweep.reuse_bytes,
+                        "each_sigma": "scale x the noise above (x each of its stds, for one per feature)",
+                        "levels": levels}
+    summary.update(wall_seconds=time.perf_counter() - t_start,
+                   params=json.loads(json.dumps(shared, default=json_default)), versions=versions)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
+    report = None
+    if not args.no_report:
+        from hcrfast.report import write_sweep_report
+
+        report = write_sweep_report(out, json.loads((out / "summary.json").read_text()))
+    print(sweep.summary())
+    for level in levels:
+        print(f"  scale {level['scale']:g}: bounds {level['bounds']}"
+              + (f"; attack {level['attack']['file']}" if attacks else ""))
+        if attacks:
+            print("  " + _attack_line(level["attack"], args))
     print(f"summary: {out / 'summary.json'}")
     if report is not None:
         print(f"report: {report}")

@@ -115,17 +115,18 @@ def _histogram(path: Path, values: np.ndarray, *, title: str, xlabel: str) -> di
     return {"infinite_left_out": n_inf, "zeros_left_out": n_zero if log_x else 0, "log_x": bool(log_x)}
 
 
-def _plain_log_ticks(ax, span: float) -> None:
-    """Tick labels 0.5, 1, 2, 5, 10 rather than 5×10⁻¹ ... on a log x axis."""
+def _plain_log_ticks(ax, span: float, axis: str = "x") -> None:
+    """Tick labels 0.5, 1, 2, 5, 10 rather than 5×10⁻¹ ... on a log axis."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.xaxis.set_major_formatter(plain)
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    which.set_major_formatter(plain)
     if span < 300:  # under ~2.5 decades there is room to label 2 and 5 as well
-        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(plain)
+        which.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        which.set_minor_formatter(plain)
     else:
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        which.set_minor_formatter(NullFormatter())
 
 
 def _panel_inches(side: int) -> float:
@@ -538,15 +539,7 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
         figures.append(("bound_images.png", f"Bound images of the first {len(show)} inputs: the inverse DCT of "
                                             f"their bounds, channels averaged."))
     q = s["std"]
-    rows = [("inputs", f"{s['inputs']['examples']:,} of shape {tuple(s['inputs']['shape'])} from "
-                       f"{s['inputs']['path']}"),
-            ("model", s["model"] + (f" with weights {s['weights']['path']}" if s.get("weights") else "")),
-            ("noise", ", ".join(f"{k} {_fmt(v)}" for k, v in s["noise"].items())),
-            ("bounds on", s["bounds_on"]),
-            ("solver", s["params"].get("solver")),
-            ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}"),
-            ("bound seconds", s["bound_seconds"])]
-    body = [f"<h1>hcrfast bound {e(s['model'])}</h1>", _table(rows),
+    body = [f"<h1>hcrfast bound {e(s['model'])}</h1>", _table(_run_rows(s) + [("bound seconds", s["bound_seconds"])]),
             "<h2>Bounds</h2>",
             "<p>Each number bounds from below the standard deviation of ANY unbiased estimator of that mode "
             "of the input, from the features dithered with the noise above (the Hammersley–Chapman–Robbins "
@@ -594,10 +587,94 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                  f"ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
                                   f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")
                  + "</p>"]
-    body.append("<h2>Figures</h2>")
+    return _write_bound_page(out, body, figures)
+
+
+def _run_rows(s: dict) -> list:
+    """The rows that say what ``hcrfast bound`` ran: inputs, model, noise, basis, solver, sizes."""
+    return [("inputs", f"{s['inputs']['examples']:,} of shape {tuple(s['inputs']['shape'])} from "
+                       f"{s['inputs']['path']}"),
+            ("model", s["model"] + (f" with weights {s['weights']['path']}" if s.get("weights") else "")),
+            ("noise", ", ".join(f"{k} {_fmt(v)}" for k, v in s["noise"].items())),
+            ("bounds on", s["bounds_on"]),
+            ("solver", s["params"].get("solver")),
+            ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}")]
+
+
+def _write_bound_page(out: Path, body: list, figures: list) -> Path:
+    e = html.escape
+    body = body + ["<h2>Figures</h2>"]
     for name, caption in figures:
         body.append(f'<figure><img src="{e(name)}" alt="{e(name)}"><figcaption>{e(caption)}</figcaption></figure>')
     path = out / "report.html"
     path.write_text(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>hcrfast bound</title>"
                     f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     return path
+
+
+def _sweep_figure(path: Path, levels: list) -> None:
+    """The bounds' quantiles against sigma, log-log, with the line through the first median that bounds
+    proportional to sigma would follow (a linear model's): where the curve leaves it, the model's
+    nonlinearity shows."""
+    plt = _pyplot()
+    sig = np.array([lv["sigma_rms"] for lv in levels])
+    order = np.argsort(sig)
+    sig = sig[order]
+    q = {k: np.array([np.nan if levels[i]["std"][k] is None else levels[i]["std"][k] for i in order], dtype=float)
+         for k in ("q5", "q25", "q50", "q75", "q95")}
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
+    ax.fill_between(sig, q["q5"], q["q95"], color="tab:blue", alpha=0.15, label="5%–95% of the finite bounds")
+    ax.fill_between(sig, q["q25"], q["q75"], color="tab:blue", alpha=0.3, label="25%–75%")
+    ax.plot(sig, q["q50"], "o-", color="tab:blue", label="median")
+    first = np.flatnonzero(np.isfinite(q["q50"]) & (q["q50"] > 0))
+    if first.size:
+        i = first[0]
+        ax.plot(sig, q["q50"][i] * sig / sig[i], "--", color="0.4", linewidth=1,
+                label="∝ sigma (a linear model's bounds)")
+    ax.set_xscale("log")  # sigma > 0
+    _plain_log_ticks(ax, sig[-1] / sig[0], "x")
+    shown = np.concatenate([q["q5"], q["q95"]])
+    shown = shown[np.isfinite(shown) & (shown > 0)]
+    if shown.size:  # bounds of 0 (bounding nothing) have no place on a log axis: linear then
+        ax.set_yscale("log")
+        _plain_log_ticks(ax, shown.max() / shown.min(), "y")
+    ax.set_xlabel("sigma of the noise" + (" (RMS of the stds)" if any(lv["sigma"] is None for lv in levels) else ""))
+    ax.set_ylabel("bound on the std of an unbiased estimator")
+    n_inf = [lv["std"]["infinite"] for lv in levels]
+    ax.set_title("Certified bounds against the noise" + (f"\n(infinite bounds left out: {', '.join(map(str, n_inf))} "
+                                                          f"at each sigma)" if any(n_inf) else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_sweep_report(out, summary: dict) -> Path:
+    """``report.html`` of ``hcrfast bound --sweep``: the bounds' quantiles at each sigma, as a table and as
+    a curve against sigma (``bounds_vs_sigma.png``)."""
+    out = Path(out)
+    s = summary
+    levels = s["sweep"]["levels"]
+    _sweep_figure(out / "bounds_vs_sigma.png", levels)
+    attack = all("attack" in lv for lv in levels)
+    rows = [(lv["scale"], lv["sigma_rms"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
+             lv["std"]["infinite"], lv["mse_bound_modes"].get("q50"), lv["call_seconds"], lv["reused_examples"])
+            + ((lv["attack"]["median"],) if attack else ()) for lv in levels]
+    header = ("sigma / the one given", "sigma" + (" (RMS of the stds)" if any(lv["sigma"] is None for lv in levels)
+                                                  else ""),
+              "5%", "median", "95%", "infinite", "MSE bound, median over inputs", "seconds",
+              "inputs whose factors were reused") + (("attack error / bound, median",) if attack else ())
+    body = [f"<h1>hcrfast bound {html.escape(s['model'])}: {len(levels)} noise levels</h1>", _table(_run_rows(s)),
+            "<h2>Bounds at each sigma</h2>",
+            "<p>Each sigma is one full certified bound of the inputs (the same seed: the calls differ by sigma "
+            "only). Each number bounds from below the standard deviation of ANY unbiased estimator of a mode "
+            "of the input from the features dithered at that sigma; the quantiles are over every "
+            "(input, mode) pair's finite bound. Each sigma's bounds: <code>sweep/scale_K/bounds.npz</code> "
+            "(<code>hcrfast.Bounds.load</code>).</p>",
+            _table(rows, header=header)]
+    for lv in levels:
+        if lv["infinite_reasons"]:
+            body.append(f"<p>At {_fmt(lv['scale'])} × sigma, {len(lv['infinite_reasons']):,} infinite bounds (D = 0: "
+                        f"no unbiased estimator exists there); the first: {html.escape(lv['infinite_reasons'][0])}</p>")
+    return _write_bound_page(out, body, [("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the "
+                                          "dashed line is proportional to sigma through the first median.")])

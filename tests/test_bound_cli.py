@@ -291,6 +291,91 @@ def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     assert np.median(np.sqrt(np.mean(low ** 2, axis=1))) >= 0.5
 
 
+def test_sweep_bounds_at_each_sigma_what_bound_gives_there_and_resumes(files, capsys):
+    """--sweep 0.5,2,1: at each sigma = K x the features' RMS, the bounds a direct hcrfast.bound call gives
+    (bitwise: the dense solve's kept factor changes no rounding), in OUT/sweep/scale_K/; made again, the
+    sweep reads its calls back from OUT/sweep_chunks/ and recomputes nothing."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+            "--sweep", "0.5,2,1", "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    model = _user_model(tmp_path)
+    with torch.no_grad():
+        rms = float(np.sqrt(np.mean(model(x).double().numpy() ** 2)))
+    s = json.loads((out / "summary.json").read_text())
+    levels = s["sweep"]["levels"]
+    assert [lv["scale"] for lv in levels] == [0.5, 2.0, 1.0] and s["sweep"]["scales"] == [0.5, 2.0, 1.0]
+    assert [lv["reused_examples"] for lv in levels] == [0, 6, 6]   # the first call's factors serve the others
+    assert not (out / "bounds.npz").exists() and "sigma" not in s["params"] and s["params"]["restarts"] == 2
+    for lv, name in zip(levels, ("scale_0.5", "scale_2", "scale_1")):
+        assert lv["sigma"] == pytest.approx(lv["scale"] * rms, rel=1e-12) and lv["sigma_rms"] == lv["sigma"]
+        got = hcrfast.Bounds.load(out / "sweep" / name / "bounds.npz")
+        want = hcrfast.bound(model, x, lv["sigma"], restarts=2, iterations=2)
+        np.testing.assert_array_equal(got.std, want.std)
+        assert got.params["noise"] == want.params["noise"]
+        assert lv["std"]["q50"] == pytest.approx(float(np.median(want.std)))
+        assert lv["bounds"] == str(out / "sweep" / name / "bounds.npz") and f"bounds {lv['bounds']}" in printed
+    assert "3 sigmas, certified bounds at each" in printed
+    page = (out / "report.html").read_text()
+    assert "3 noise levels" in page and re.findall(r'<img src="([^"]+)"', page) == ["bounds_vs_sigma.png"]
+    assert (out / "bounds_vs_sigma.png").stat().st_size > 1000
+    assert all(f"{lv['std']['q50']:.4g}" in page for lv in levels)
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "sweep_chunks").rglob("*.npz")}
+    assert len({p.parent for p in stamps}) == 3
+    first = hcrfast.Bounds.load(out / "sweep" / "scale_2" / "bounds.npz").std
+    (out / "sweep" / "scale_2" / "bounds.npz").unlink()
+    assert _bound(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "sweep" / "scale_2" / "bounds.npz").std, first)
+
+
+@pytest.mark.parametrize("reuse", ["0", None], ids=["nothing-kept", "factors-kept"])
+def test_sweep_of_one_std_per_feature(files, reuse):
+    """--sigma-file with --sweep: each level is the profile times its scale. Kept nothing, each call is a plain
+    per-feature call (bitwise); kept factors, the calls run on the features divided by the stds, so they agree
+    to float32 rounding."""
+    tmp_path, x = files
+    stds = np.linspace(0.2, 0.5, 16)
+    np.save(tmp_path / "stds.npy", stds)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma-file", tmp_path / "stds.npy",
+                   "--sweep", "1,3", *(["--reuse-gib", reuse] if reuse else []), "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    model = _user_model(tmp_path)
+    for lv, name in zip(s["sweep"]["levels"], ("scale_1", "scale_3")):
+        assert lv["sigma"] is None and lv["sigma_rms"] == pytest.approx(lv["scale"] * np.sqrt(np.mean(stds ** 2)))
+        want = hcrfast.bound(model, x, lv["scale"] * stds, restarts=2, iterations=2)
+        got = hcrfast.Bounds.load(out / "sweep" / name / "bounds.npz")
+        assert got.params["noise"] == want.params["noise"]
+        if reuse == "0":
+            np.testing.assert_array_equal(got.std, want.std)
+        else:
+            np.testing.assert_allclose(got.std, want.std, rtol=5e-3)
+    assert [lv["reused_examples"] for lv in s["sweep"]["levels"]] == ([0, 0] if reuse == "0" else [0, 6])
+    assert (s["sweep"]["reuse_bytes"] == 0) == (reuse == "0")
+
+
+@pytest.mark.filterwarnings("ignore:.*never left their start")  # 3 Gauss-Newton steps: some draws take none
+def test_the_attack_of_a_sweep_runs_at_each_sigma(files, capsys):
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.4", "--sweep", "1,4",
+                   "--attack", "2", "--attack-steps", "3", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    levels = json.loads((out / "summary.json").read_text())["sweep"]["levels"]
+    for lv, name in zip(levels, ("scale_1", "scale_4")):
+        assert lv["sigma"] == pytest.approx(0.4 * lv["scale"], rel=1e-15)
+        attack = hcrfast.gauss_newton_attack(_user_model(tmp_path), x, lv["sigma"], draws=2, steps=3)
+        got = hcrfast.AttackResult.load(out / "sweep" / name / "attack.npz")
+        np.testing.assert_array_equal(got.estimates, attack.estimates)
+        bounds = hcrfast.Bounds.load(out / "sweep" / name / "bounds.npz")
+        assert lv["attack"]["median"] == hcrfast.compare(bounds, attack)["median"]
+        assert f"attack {out / 'sweep' / name / 'attack.npz'}" in printed
+    assert levels[0]["attack"]["median"] != levels[1]["attack"]["median"]
+
+
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
@@ -298,7 +383,14 @@ def test_target_std_with_one_std_per_feature_writes_the_stds_found(files):
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--target-modes", "7"], "--target-modes takes 'all' or"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls must be at least 1"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1.0: pass a number"),
-    ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib set how --target-std searches sigma"),
+    ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib sets what the bound calls of --target-std or "
+                                                        "--sweep share"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,x"], "--sweep '1,x': pass comma-separated positive numbers"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,-2"], "-2.0 is not a positive finite number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,inf"], "inf is not a positive finite number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "2,1,2.0"], "2 is given 2 times; name each sigma once"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,2", "--target-std", "1"], "--sweep and --target-std: pass one"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1", "--quantile", "0.1"], "--quantile set how --target-std searches"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
@@ -331,7 +423,8 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     assert not (tmp_path / "run" / "bounds.npz").exists()
 
 
-@pytest.mark.parametrize("extra", [[], ["--target-std", "0.3"]], ids=["bound", "sigma-search"])
+@pytest.mark.parametrize("extra", [[], ["--target-std", "0.3"], ["--sweep", "2,1"]],
+                         ids=["bound", "sigma-search", "sweep"])
 def test_torchrun_two_processes_match_one(files, extra):
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
@@ -345,7 +438,13 @@ def test_torchrun_two_processes_match_one(files, extra):
                           "-m", "hcrfast.cli", "bound", *argv, "--out", str(tmp_path / "two")],
                          capture_output=True, text=True, env=_ENV, timeout=300, check=False)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert two.stdout.count("bounds: ") == 1                # rank 0 writes the results
+    assert two.stdout.count("summary: ") == 1                # rank 0 writes the results
+    if "--sweep" in extra:
+        for name in ("scale_2", "scale_1"):
+            a, b = (hcrfast.Bounds.load(tmp_path / d / "sweep" / name / "bounds.npz") for d in ("one", "two"))
+            np.testing.assert_array_equal(a.std, b.std)
+            assert b.params["shard"]["world_size"] == 2
+        return
     a, b = (hcrfast.Bounds.load(tmp_path / d / "bounds.npz") for d in ("one", "two"))
     np.testing.assert_array_equal(a.std, b.std)
     assert b.params["shard"]["world_size"] == 2
