@@ -65,6 +65,7 @@ from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_wri
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz
+from hcrfast.utility import DITHER_STREAM
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -79,7 +80,7 @@ _TRAINED_HERE = {"digits"}
 _FORMAT = 4
 # Tags the dithering noise stream of example e, default_rng([seed, e, _DITHER_STREAM]),
 # apart from the start-vector stream default_rng([seed, e]) of hcrfast.start_vectors.
-_DITHER_STREAM = 0x64697468
+_DITHER_STREAM = DITHER_STREAM
 # A rerun takes σ from run.json; one computed afresh must agree to this relative tolerance
 # (the float32 features may differ in the last bits with the thread count).
 _SIGMA_RTOL = 1e-5
@@ -256,23 +257,14 @@ def _features(zm, xn: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def _accuracies(zm, feats: torch.Tensor, labels: torch.Tensor, sigma: float, *, seed: int, restarts: int):
-    """Clean accuracy and the accuracy on dithered features, one noise draw per restart.
-
-    Example e draws its R noise vectors from ``default_rng([seed, e, _DITHER_STREAM])``.
-    Returns ``(clean, dithered_mean, dithered_per_draw)``.
+    """Clean accuracy and the accuracy on dithered features, one noise draw per restart
+    (:func:`hcrfast.utility.accuracy_on_features`: example e draws its R noise vectors from
+    ``default_rng([seed, e, _DITHER_STREAM])``). Returns ``(clean, dithered_mean, dithered_per_draw)``.
     """
-    device, dtype = feats.device, feats.dtype
-    labels = labels.to(device)
-    correct = torch.zeros(restarts, dtype=torch.int64, device=device)
-    with torch.no_grad():
-        clean = int((zm.head(feats).argmax(dim=1) == labels).sum())
-        for e in range(feats.shape[0]):
-            z = sigma * np.random.default_rng([seed, e, _DITHER_STREAM]).standard_normal((restarts, feats.shape[1]))
-            noisy = feats[e:e + 1] + torch.as_tensor(z, dtype=dtype, device=device)
-            correct += zm.head(noisy).argmax(dim=1) == labels[e]
-    n = feats.shape[0]
-    per_draw = (correct.cpu().numpy() / n).tolist()
-    return clean / n, float(np.mean(per_draw)), per_draw
+    from hcrfast.utility import accuracy_on_features
+
+    u = accuracy_on_features(zm.head, feats, labels, sigma, draws=restarts, seed=seed)
+    return u.clean, u.dithered, u.per_draw.tolist()
 
 
 # ----------------------------------------------------------------------------------------

@@ -274,9 +274,9 @@ def model_dtype_device(model, batch: torch.Tensor) -> None:
             break
 
 
-def features_of(model, batch: torch.Tensor) -> torch.Tensor:
+def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tensor:
     """Run the model once (split where it runs out of memory) and check what it returns: (B, n)
-    features, all finite."""
+    features, all finite (``flat=False``: in the model's own shape, (B, ...))."""
     from hcrfast.algorithm import forward  # here: algorithm imports this module
 
     before = batch.clone()
@@ -311,7 +311,7 @@ def features_of(model, batch: torch.Tensor) -> torch.Tensor:
     if bad:
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
                          f"{' ...' if len(bad) > 10 else ''}; check those inputs and the model")
-    return out.reshape(out.shape[0], -1)
+    return out.reshape(out.shape[0], -1) if flat else out
 
 
 #: Held by every public entry point for its whole call: the calls switch process-wide torch settings
@@ -332,16 +332,17 @@ def entry_point(model, device, *, tf32: bool = False):
 
 
 @contextlib.contextmanager
-def eval_mode(model):
-    """Run in eval mode; a model found in training mode is switched, warned about, and restored."""
+def eval_mode(model, name: str = "model"):
+    """Run in eval mode; a model found in training mode is switched, warned about, and restored
+    (``name``: what the warning calls it)."""
     training = _in_training_mode(model)
     if training:
-        which = ("the model was" if training[0] == "" else f"the model's submodule {training[0]} was"
-                 if len(training) == 1 else f"{len(training)} of the model's submodules "
+        which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
+                 if len(training) == 1 else f"{len(training)} of the {name}'s submodules "
                  f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
-        warn(f"{which} in training mode; hcrfast switched the model to eval mode for this call "
+        warn(f"{which} in training mode; hcrfast switched the {name} to eval mode for this call "
              f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
-             f"Call model.eval() first to silence this.")
+             f"Call {name}.eval() first to silence this.")
         flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
         model.eval()
         try:

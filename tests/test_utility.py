@@ -1,0 +1,174 @@
+"""``hcrfast.dithered_accuracy``: a head's accuracy on the dithered features, against the test's own loop.
+
+The oracle is written here, one input and one draw at a time: example e's d-th noise vector is row d
+of ``numpy.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, n))`` times the std(s),
+added to the features in float64; the head's argmax against the label.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+from hcrfast.utility import accuracy_on_features
+
+
+class Features(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(12, 20, generator=g, dtype=torch.float64) / 3)
+
+    def forward(self, x):  # (B, 20) -> (B, 3, 4): features of any shape, the head flattens them
+        return torch.tanh(x @ self.w.T).reshape(-1, 3, 4)
+
+
+class Head(torch.nn.Module):
+    def __init__(self, ignore=()):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.lin = torch.nn.Linear(12, 5, dtype=torch.float64)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(5, 12, generator=g, dtype=torch.float64))
+            self.lin.bias.copy_(torch.randn(5, generator=g, dtype=torch.float64) / 4)
+            self.lin.weight[:, list(ignore)] = 0.0   # features the head never looks at
+
+    def forward(self, f):
+        return self.lin(f.flatten(1))
+
+
+@pytest.fixture
+def problem():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 20, generator=g, dtype=torch.float64)
+    model, head = Features().eval(), Head().eval()
+    with torch.no_grad():
+        labels = head(model(x)).argmax(dim=1).numpy()
+    labels[::4] = (labels[::4] + 1) % 5   # a quarter wrong: clean accuracy 0.75
+    return model, head, x, labels
+
+
+def _oracle(model, head, x, labels, sigma, draws, seed):
+    with torch.no_grad():
+        feats = model(x).double()
+        flat = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (feats[0].numel(),))
+        per_draw = np.zeros(draws)
+        for e in range(len(x)):
+            z = np.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, feats[0].numel()))
+            for d in range(draws):
+                noisy = feats[e] + torch.from_numpy(flat * z[d]).reshape(feats[e].shape)
+                per_draw[d] += int(head(noisy[None]).argmax(dim=1)) == labels[e]
+        clean = np.mean((head(feats).argmax(dim=1).numpy() == labels))
+    return clean, per_draw / len(x)
+
+
+@pytest.mark.parametrize("sigma", [0.05, 0.4, "profile"])
+def test_matches_the_tests_own_loop(problem, sigma):
+    model, head, x, labels = problem
+    if sigma == "profile":
+        sigma = np.linspace(0.01, 0.8, 12).reshape(3, 4)
+    got = hcrfast.dithered_accuracy(model, head, x, labels, sigma, draws=7, seed=3)
+    clean, per_draw = _oracle(model, head, x, labels, sigma, 7, 3)
+    assert got.clean == clean == 0.75
+    np.testing.assert_array_equal(got.per_draw, per_draw)
+    assert got.dithered == pytest.approx(per_draw.mean(), abs=1e-15)
+    assert got.stderr == pytest.approx(per_draw.std(ddof=1) / np.sqrt(7))
+    assert got.draws == 7 and got.examples == 40 and got.seed == 3
+    if np.ndim(sigma):
+        assert got.sigma is None and got.sigma_rms == pytest.approx(np.sqrt(np.mean(sigma ** 2)))
+    else:
+        assert got.sigma == got.sigma_rms == sigma
+    assert got.dithered < got.clean      # the noise costs accuracy (0.4: a lot; 0.05: a little)
+    assert f"clean {got.clean:.4f}" in got.summary()
+
+
+def test_noise_only_where_the_head_does_not_look_costs_nothing(problem):
+    """A per-feature profile is laid on the features in their order: huge noise on the features the head
+    ignores, none elsewhere, leaves every prediction as it was."""
+    model, _, x, labels = problem
+    ignore = [0, 5, 11]
+    head = Head(ignore).eval()
+    sigma = np.zeros(12)
+    sigma[ignore] = 1e3
+    got = hcrfast.dithered_accuracy(model, head, x, labels, sigma, draws=4)
+    assert np.all(got.per_draw == got.clean)
+    shifted = np.zeros(12)
+    shifted[[1, 6, 10]] = 1e3     # the same noise on features it does look at
+    assert hcrfast.dithered_accuracy(model, head, x, labels, shifted, draws=4).dithered < got.clean
+
+
+def test_no_noise_is_the_clean_accuracy_and_one_std_per_feature_alike_is_the_scalar(problem):
+    model, head, x, labels = problem
+    assert np.all(hcrfast.dithered_accuracy(model, head, x, labels, 0.0, draws=3).per_draw == 0.75)
+    a = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=5, seed=1)
+    b = hcrfast.dithered_accuracy(model, head, x, labels, np.full(12, 0.3), draws=5, seed=1)
+    np.testing.assert_array_equal(a.per_draw, b.per_draw)
+    assert b.sigma is None and a.sigma == 0.3
+
+
+def test_chunks_of_draws_give_the_one_batch_answer(problem, monkeypatch):
+    model, head, x, labels = problem
+    whole = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=6)
+    monkeypatch.setattr("hcrfast.utility._CHUNK_ENTRIES", 12 * 6 * 7)   # 7 inputs per head call
+    np.testing.assert_array_equal(hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=6).per_draw,
+                                  whole.per_draw)
+
+
+def test_reproduce_draws_its_dithering_from_the_same_stream(problem):
+    """hcrfast reproduce's dithered accuracy is this function's, draw for draw (one draw per restart)."""
+    from hcrfast.reproduce import _accuracies
+
+    model, head, x, labels = problem
+
+    class Split:  # reproduce's model: features (flat) and a head
+        pass
+
+    zm = Split()
+    zm.head = torch.nn.Sequential(torch.nn.Unflatten(1, (3, 4)), head).eval()
+    with torch.no_grad():
+        feats = model(x).flatten(1)
+    clean, mean, per_draw = _accuracies(zm, feats, torch.as_tensor(labels), 0.4, seed=5, restarts=4)
+    want_clean, want = _oracle(model, head, x, labels, 0.4, 4, 5)
+    assert clean == want_clean and per_draw == want.tolist() and mean == pytest.approx(want.mean())
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(labels=np.zeros(39, dtype=int)), "labels have shape (39,); pass one class per input, shape (40,)"),
+    (dict(labels=np.full(40, 5)), "labels hold class 5, but the head scores 5 classes (0..4)"),
+    (dict(labels=np.full(40, -1)), "labels hold -1"),
+    (dict(labels=np.full(40, 0.5)), "labels are float64; pass integer classes"),
+    (dict(sigma=np.ones(5)), "sigma has 5 entries, shape (5,); the model returns 12 features of shape (3, 4)"),
+    (dict(sigma=-1.0), "sigma must be finite and >= 0, got -1"),
+    (dict(sigma=np.full(12, np.nan)), "12 entries are not"),
+    (dict(draws=0), "draws=0: pass a positive integer"),
+    (dict(seed=-2), "seed=-2: pass an integer >= 0"),
+    (dict(head=lambda f: f), "head=function: pass the torch.nn.Module"),
+    (dict(head=torch.nn.Flatten(0)), "the head returned (480,) for 40 feature vectors"),
+    (dict(head=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 1, dtype=torch.float64))),
+     "the head scores 1 class"),
+])
+def test_bad_input_is_named_with_its_fix(problem, change, words):
+    model, head, x, labels = problem
+    kwargs = dict(head=head, labels=labels, sigma=0.1, draws=2, seed=0) | change
+    if isinstance(kwargs["head"], torch.nn.Module):
+        kwargs["head"].eval()
+    with pytest.raises((ValueError, TypeError)) as info:
+        hcrfast.dithered_accuracy(model, kwargs.pop("head"), x, kwargs.pop("labels"), kwargs.pop("sigma"), **kwargs)
+    assert words in str(info.value)
+
+
+def test_a_head_in_training_mode_runs_in_eval_mode_and_is_told(problem):
+    model, head, x, labels = problem
+    head = torch.nn.Sequential(head, torch.nn.Dropout(0.9))   # dropout would scramble the scores
+    with pytest.warns(UserWarning, match=r"the head was in training mode.*Call head.eval\(\)"):
+        got = hcrfast.dithered_accuracy(model, head, x, labels, 0.0, draws=2)
+    assert got.clean == 0.75 and head.training
+
+
+def test_accuracy_on_features_takes_features_already_computed(problem):
+    model, head, x, labels = problem
+    with torch.no_grad():
+        feats = model(x)
+    np.testing.assert_array_equal(accuracy_on_features(head, feats, labels, 0.2, draws=3).per_draw,
+                                  hcrfast.dithered_accuracy(model, head, x, labels, 0.2, draws=3).per_draw)
