@@ -110,6 +110,18 @@ def add_subparser(subparsers) -> None:
                         "OUT/sweep/scale_K/bounds.npz for each K instead of OUT/bounds.npz, their numbers in "
                         "summary.json's 'sweep' and the curve of the bounds against sigma in the report "
                         "(resumable from OUT/sweep_chunks/)")
+    u = p.add_argument_group("utility: what the noise costs (hcrfast.dithered_accuracy)")
+    u.add_argument("--head", default=None, metavar="HEAD",
+                   help="file.py:NAME or package.module:NAME, as MODEL: a classifier that takes the features as "
+                        "MODEL returns them and gives class scores (B, C); with --labels, its accuracy on the clean "
+                        "and on the dithered features is reported at the sigma bounded (at each, with --sweep)")
+    u.add_argument("--head-weights", default=None, metavar="PATH", help="a state dict loaded into HEAD, strictly")
+    u.add_argument("--labels", default=None, metavar="PATH",
+                   help="a .pt, .npy or .npz file of the inputs' integer classes, shape (B,) (--labels-key: its entry)")
+    u.add_argument("--labels-key", default=None, metavar="KEY",
+                   help="the entry of a .npz file or .pt dict that holds the labels (default: its only one)")
+    u.add_argument("--utility-draws", type=int, default=None, metavar="D",
+                   help="noisy copies of each input's features the head classifies (default 10)")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -242,20 +254,69 @@ def load_inputs(path, key=None):
     return value
 
 
-def _entry(path, entries: dict, key):
+def load_labels(path, key=None, examples: int | None = None) -> np.ndarray:
+    """The integer classes of a .pt / .npy / .npz file (``key``: its entry), shape (B,)."""
+    import torch
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _INPUT_SUFFIXES:
+        raise ValueError(f"--labels {path}: pass a {', '.join(_INPUT_SUFFIXES)} file (got {suffix or 'no suffix'})")
+    if not path.is_file():
+        raise FileNotFoundError(f"--labels {path}: no such file ({path.resolve()})")
+    try:
+        if suffix == ".npy":
+            value = np.load(path, allow_pickle=False)
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                value = _entry(path, {k: z[k] for k in z.files}, key, "--labels-key", "labels")
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            value = _entry(path, obj, key, "--labels-key", "labels") if isinstance(obj, dict) else obj
+    except (ValueError, zipfile.BadZipFile, EOFError, RuntimeError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError) or str(exc).startswith("--labels"):
+            raise
+        raise ValueError(f"--labels {path}: not a readable file of integer classes ({str(exc).splitlines()[0][:200]})"
+                         ) from exc
+    if isinstance(value, torch.Tensor):
+        value = value.numpy()
+    value = np.asarray(value)
+    if value.dtype.kind not in "iu":
+        raise ValueError(f"--labels {path}: holds {value.dtype} values; pass integer classes, one per input")
+    if value.ndim != 1:
+        raise ValueError(f"--labels {path}: shape {value.shape}; pass one class per input, shape (B,)")
+    return value if examples is None else value[:examples]
+
+
+def _entry(path, entries: dict, key, flag: str = "--key", what: str = "inputs"):
     if key is None:
         if len(entries) != 1:
             names = ", ".join(map(str, list(entries)[:10]))
-            raise ValueError(f"INPUTS {path}: holds {len(entries)} entries ({names}); name the inputs with --key")
+            raise ValueError(f"{'INPUTS' if flag == '--key' else '--labels'} {path}: holds {len(entries)} entries "
+                             f"({names}); name the {what} with {flag}")
         (key,) = entries
     if key not in entries:
-        raise ValueError(f"--key {key!r}: {path} has no such entry; it has {', '.join(map(str, list(entries)[:10]))}")
+        raise ValueError(f"{flag} {key!r}: {path} has no such entry; it has {', '.join(map(str, list(entries)[:10]))}")
     return entries[key]
 
 
 # ---------------------------------------------------------------------------
 # The command
 # ---------------------------------------------------------------------------
+
+
+def _load_weights(model, path, flag: str, spec: str) -> dict | None:
+    """Load the state dict at ``path`` into ``model``, strictly; its path and SHA-256 (None without one)."""
+    if path is None:
+        return None
+    from hcrfast import reproduce, zoo
+
+    state = zoo._read_state_dict(Path(path))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{flag} {path}: does not fit {spec} ({str(exc).splitlines()[0]} ...)") from exc
+    return {"path": str(path), "sha256": reproduce._sha256_file(Path(path))}
 
 
 def _positive(name, value):
@@ -295,12 +356,23 @@ def _run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     for flag, value in (("--examples", args.examples), ("--iterations", args.iterations),
                         ("--restarts", args.restarts), ("--chunk-size", args.chunk_size), ("--threads", args.threads),
-                        ("--attack", args.attack), ("--attack-steps", args.attack_steps)):
+                        ("--attack", args.attack), ("--attack-steps", args.attack_steps),
+                        ("--utility-draws", args.utility_draws)):
         _positive(flag, value)
     for flag, value in (("--sigma", args.sigma), ("--sigma-scale", args.sigma_scale), ("--size", args.size)):
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
+    if (args.head is None) != (args.labels is None):
+        raise ValueError(f"{'--head' if args.labels is None else '--labels'} without "
+                         f"{'--labels' if args.labels is None else '--head'}: the accuracy of the noise needs both, a "
+                         f"classifier of the features and the inputs' classes; pass both, or neither")
+    if args.head is None:
+        given = [f for f, v in (("--head-weights", args.head_weights), ("--labels-key", args.labels_key),
+                                ("--utility-draws", args.utility_draws)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set how --head and --labels measure the accuracy; pass them, or drop "
+                             f"{'them' if len(given) > 1 else 'it'}")
     scales = None if args.sweep is None else sweep_scales(args.sweep)
     if scales is not None and args.target_std is not None:
         raise ValueError("--sweep and --target-std: pass one of them (--sweep bounds the inputs at the sigmas it "
@@ -334,22 +406,21 @@ def _run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         model = load_model(args.model)
-        weights = None
-        if args.weights is not None:
-            from hcrfast import zoo
-
-            state = zoo._read_state_dict(Path(args.weights))
-            try:
-                model.load_state_dict(state, strict=True)
-            except RuntimeError as exc:
-                raise ValueError(f"--weights {args.weights}: does not fit {args.model} "
-                                 f"({str(exc).splitlines()[0]} ...)") from exc
-            weights = {"path": str(args.weights), "sha256": reproduce._sha256_file(Path(args.weights))}
+        weights = _load_weights(model, args.weights, "--weights", args.model)
         x = load_inputs(args.inputs, args.key)
         if args.examples is not None:
             if args.examples > len(x):
                 raise ValueError(f"--examples {args.examples}: {args.inputs} holds {len(x)} inputs")
             x = x[:args.examples]
+        head = labels = head_weights = None
+        if args.head is not None:
+            head = load_model(args.head)
+            head_weights = _load_weights(head, args.head_weights, "--head-weights", args.head)
+            labels = load_labels(args.labels, args.labels_key)
+            if len(labels) < len(x) or (args.examples is None and len(labels) != len(x)):
+                raise ValueError(f"--labels {args.labels}: {len(labels)} classes for {len(x)} inputs; pass one per "
+                                 f"input, in the inputs' order")
+            labels = labels[:len(x)]
         floats = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
         dtype = torch.float64 if args.double else (floats[0] if floats and floats[0] == torch.float64
                                                    else torch.float32)
@@ -357,6 +428,11 @@ def _run(args: argparse.Namespace) -> int:
         device = torch.device(args.device if args.device == "cpu" or world == 1
                               else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
         model = model.to(device=device, dtype=dtype).eval()
+        if head is not None:
+            from hcrfast.utility import dithered_accuracy
+
+            head = head.to(device=device, dtype=dtype).eval()
+            dithered_accuracy(model, head, x, labels, 0.0, draws=1)  # head and labels checked before the bounds
         x = x.to(device=device, dtype=dtype).contiguous()
 
         if args.sigma_file is not None:
@@ -422,6 +498,11 @@ def _run(args: argparse.Namespace) -> int:
                                                    start=args.attack_start, seed=args.seed, basis=args.basis,
                                                    jacobian=args.jacobian, chunk_size=args.chunk_size,
                                                    progress=progress, checkpoint=folder))
+        utilities = []
+        if head is not None and rank == 0:
+            for level_sigma in ([sigma] if sweep is None else sweep.sigmas):
+                utilities.append(dithered_accuracy(model, head, x, labels, level_sigma, seed=args.seed,
+                                                   draws=10 if args.utility_draws is None else args.utility_draws))
     finally:
         torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
     if rank != 0:
@@ -440,9 +521,13 @@ def _run(args: argparse.Namespace) -> int:
         "bounds_on": ("coefficients of the orthonormal 2-D DCT-II (per channel, last two axes) of the inputs"
                       if args.basis == "dct" else "the inputs themselves"),
     }
+    if head is not None:
+        summary["head"] = {"spec": args.head, "weights": head_weights, "labels": str(args.labels),
+                           "labels_key": args.labels_key,
+                           "labels_sha256": reproduce._sha256_file(Path(args.labels))}
     versions = {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__}
     if sweep is not None:
-        return _write_sweep(out, args, summary, sweep, attacks, versions, t_start)
+        return _write_sweep(out, args, summary, sweep, attacks, utilities, versions, t_start)
 
     h = res.to_numpy()
     res.save(out / "bounds.npz")
@@ -462,6 +547,8 @@ def _run(args: argparse.Namespace) -> int:
     if attack is not None:
         attack.save(out / "attack.npz")
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
+    if utilities:
+        summary["utility"] = utilities[0].to_dict()
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
     report = None
     if not args.no_report:
@@ -471,6 +558,8 @@ def _run(args: argparse.Namespace) -> int:
     if search is not None:
         print(search.summary())
     print(res.summary())
+    if utilities:
+        print("  " + utilities[0].summary())
     if attack is not None:
         print(_attack_line(summary["attack"], args))
     print(f"bounds: {out / 'bounds.npz'}")
@@ -513,7 +602,8 @@ def _attack_line(c: dict, args) -> str:
 _PER_SIGMA_PARAMS = ("sigma", "noise", "noise_asked", "reuse", "zero_step_reasons", "rounding", "checkpoint")
 
 
-def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, versions: dict, t_start: float) -> int:
+def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities: list, versions: dict,
+                 t_start: float) -> int:
     """``hcrfast bound --sweep``'s results: OUT/sweep/scale_K/bounds.npz (and attack.npz) per sigma,
     summary.json with one entry per sigma, the report with the curve of the bounds against sigma."""
     from hcrfast.attack import compare
@@ -527,7 +617,9 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, versions:
         level = {"scale": k, "sigma": float(sig) if np.ndim(sig) == 0 else None,
                  "sigma_rms": float(np.sqrt(np.mean(np.square(sig)))), "bounds": str(folder / "bounds.npz"),
                  **_numbers(res, args.targets), "call_seconds": sweep.seconds[i],
-                 "reused_examples": sweep.reused_examples[i], "rounding": res.params.get("rounding")}
+                 "reused_examples": sweep.reused_examples[i],
+                 "read_back_examples": (res.params.get("checkpoint") or {}).get("examples_read_back", 0),
+                 "rounding": res.params.get("rounding")}
         if attacks:
             attacks[i].save(folder / "attack.npz")
             with warnings.catch_warnings(record=True) as caught:  # said again below, with their sigma
@@ -537,6 +629,8 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, versions:
                 warnings.warn(f"at {k:g} x sigma: {w.message}", w.category, stacklevel=2)
             level["attack"] = dict(compared, steps=args.attack_steps, start=args.attack_start,
                                    file=str(folder / "attack.npz"))
+        if utilities:
+            level["utility"] = utilities[i].to_dict()
         levels.append(level)
     shared = {k: v for k, v in sweep.bounds[0].params.items() if k not in _PER_SIGMA_PARAMS}
     summary["sweep"] = {"scales": sweep.scales.tolist(), "reuse_bytes": sweep.reuse_bytes,
@@ -551,9 +645,11 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, versions:
 
         report = write_sweep_report(out, json.loads((out / "summary.json").read_text()))
     print(sweep.summary())
-    for level in levels:
+    for i, level in enumerate(levels):
         print(f"  scale {level['scale']:g}: bounds {level['bounds']}"
               + (f"; attack {level['attack']['file']}" if attacks else ""))
+        if utilities:
+            print("    " + utilities[i].summary())
         if attacks:
             print("  " + _attack_line(level["attack"], args))
     print(f"summary: {out / 'summary.json'}")

@@ -576,6 +576,8 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
     if s.get("restarts_bounding_nothing"):
         body.append(f'<p class="note">{s["restarts_bounding_nothing"]:,} restarts bound nothing (0); '
                     f"summary.json's params['zero_step_reasons'] says why.</p>")
+    if s.get("utility"):
+        body += ["<h2>What the noise costs</h2>", _utility_paragraph(s)]
     a = s.get("attack")
     if a:
         body += ["<h2>A real attacker beside the bounds</h2>",
@@ -588,6 +590,43 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                                   f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")
                  + "</p>"]
     return _write_bound_page(out, body, figures)
+
+
+def _utility_paragraph(s: dict) -> str:
+    u, h = s.get("utility") or s["sweep"]["levels"][0]["utility"], s["head"]  # (clean, draws: every level's)
+    noise = "at this sigma" if "sweep" not in s else "at each sigma"
+    return (f"<p>The head {html.escape(h['spec'])} classifies {_fmt(u['clean'])} of the {u['examples']:,} inputs right "
+            f"from their clean features; from the dithered ones {noise}, {u['draws']} noise draws per input "
+            f"(the stream {html.escape(u['noise_stream'])}), "
+            + (f"{_fmt(u['dithered'])} ± {_fmt(u['stderr'])} (standard error over the draws)." if "sweep" not in s
+               else "as the table says.") + "</p>")
+
+
+def _tradeoff_figure(path: Path, levels: list) -> None:
+    """The trade a noise level makes: the median bound (confidentiality) against the head's accuracy on
+    the dithered features (utility), one point per sigma, labelled with its scale."""
+    plt = _pyplot()
+    med = np.array([np.nan if lv["std"]["q50"] is None else lv["std"]["q50"] for lv in levels], dtype=float)
+    acc = np.array([lv["utility"]["dithered"] for lv in levels])
+    err = np.array([lv["utility"]["stderr"] for lv in levels])
+    order = np.argsort([lv["sigma_rms"] for lv in levels])
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
+    ax.errorbar(med[order], acc[order], yerr=err[order], fmt="o-", color="tab:green", capsize=3,
+                label="accuracy on the dithered features (± standard error)")
+    ax.axhline(levels[0]["utility"]["clean"], color="0.4", linestyle="--", linewidth=1, label="clean accuracy")
+    for m, a, lv in zip(med, acc, levels):
+        if np.isfinite(m):
+            ax.annotate(f"{lv['scale']:g}×", (m, a), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if np.all(np.isfinite(med) & (med > 0)):
+        ax.set_xscale("log")
+        _plain_log_ticks(ax, med.max() / med.min(), "x")
+    ax.set_xlabel("median bound on the std of an unbiased estimator (confidentiality)")
+    ax.set_ylabel("accuracy (utility)")
+    ax.set_title("What each noise level buys and costs (points: sigma / the one given)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _run_rows(s: dict) -> list:
@@ -657,13 +696,17 @@ def write_sweep_report(out, summary: dict) -> Path:
     levels = s["sweep"]["levels"]
     _sweep_figure(out / "bounds_vs_sigma.png", levels)
     attack = all("attack" in lv for lv in levels)
+    utility = all("utility" in lv for lv in levels)
     rows = [(lv["scale"], lv["sigma_rms"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
              lv["std"]["infinite"], lv["mse_bound_modes"].get("q50"), lv["call_seconds"], lv["reused_examples"])
-            + ((lv["attack"]["median"],) if attack else ()) for lv in levels]
+            + ((lv["attack"]["median"],) if attack else ())
+            + ((f"{lv['utility']['dithered']:.4f} ± {lv['utility']['stderr']:.4f}",) if utility else ())
+            for lv in levels]
     header = ("sigma / the one given", "sigma" + (" (RMS of the stds)" if any(lv["sigma"] is None for lv in levels)
                                                   else ""),
               "5%", "median", "95%", "infinite", "MSE bound, median over inputs", "seconds",
-              "inputs whose factors were reused") + (("attack error / bound, median",) if attack else ())
+              "inputs whose factors were reused") + (("attack error / bound, median",) if attack else ()) + (
+              ("accuracy, dithered",) if utility else ())
     body = [f"<h1>hcrfast bound {html.escape(s['model'])}: {len(levels)} noise levels</h1>", _table(_run_rows(s)),
             "<h2>Bounds at each sigma</h2>",
             "<p>Each sigma is one full certified bound of the inputs (the same seed: the calls differ by sigma "
@@ -676,5 +719,11 @@ def write_sweep_report(out, summary: dict) -> Path:
         if lv["infinite_reasons"]:
             body.append(f"<p>At {_fmt(lv['scale'])} × sigma, {len(lv['infinite_reasons']):,} infinite bounds (D = 0: "
                         f"no unbiased estimator exists there); the first: {html.escape(lv['infinite_reasons'][0])}</p>")
-    return _write_bound_page(out, body, [("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the "
-                                          "dashed line is proportional to sigma through the first median.")])
+    figures = [("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the dashed line is "
+                                       "proportional to sigma through the first median.")]
+    if utility:
+        body += ["<h2>What the noise costs</h2>", _utility_paragraph(s)]
+        _tradeoff_figure(out / "tradeoff.png", levels)
+        figures.append(("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the head's "
+                                        "accuracy on the features dithered at that sigma."))
+    return _write_bound_page(out, body, figures)

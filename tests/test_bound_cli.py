@@ -376,6 +376,82 @@ def test_the_attack_of_a_sweep_runs_at_each_sigma(files, capsys):
     assert levels[0]["attack"]["median"] != levels[1]["attack"]["median"]
 
 
+HEAD_FILE = textwrap.dedent("""
+    import torch
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(7)
+            self.w = torch.nn.Parameter(torch.randn(4, 16, generator=g))
+
+        def forward(self, f):
+            return f @ self.w.T
+""")
+
+
+def _head_files(tmp_path, x):
+    """A 4-class head on Net's 16 features, and labels: its own clean predictions, every third moved."""
+    (tmp_path / "head.py").write_text(HEAD_FILE)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("head_oracle", tmp_path / "head.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    head = module.Head().eval()
+    with torch.no_grad():
+        labels = head(_user_model(tmp_path)(x)).argmax(dim=1).numpy()
+    labels[::3] = (labels[::3] + 1) % 4
+    np.save(tmp_path / "y.npy", labels)
+    return head, labels
+
+
+def test_the_head_s_accuracy_on_the_dithered_features_is_the_api_s(files, capsys):
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+            "--head", f"{tmp_path / 'head.py'}:Head", "--labels", tmp_path / "y.npy", "--utility-draws", "5",
+            "--seed", "2", "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    s = json.loads((out / "summary.json").read_text())
+    want = hcrfast.dithered_accuracy(_user_model(tmp_path), head, x, labels, s["noise"]["sigma"], draws=5, seed=2)
+    assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["clean"] == want.clean == 4 / 6
+    assert s["utility"]["draws"] == 5 and s["head"]["spec"].endswith("head.py:Head")
+    assert want.summary() in printed
+    assert "What the noise costs" in (out / "report.html").read_text()
+
+
+def test_a_sweep_reports_the_accuracy_at_each_sigma_and_the_trade(files):
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+                   "--sweep", "0.1,10", "--head", f"{tmp_path / 'head.py'}:Head", "--labels", tmp_path / "y.npy",
+                   "--out", out]) == 0
+    levels = json.loads((out / "summary.json").read_text())["sweep"]["levels"]
+    model = _user_model(tmp_path)
+    for lv in levels:
+        want = hcrfast.dithered_accuracy(model, head, x, labels, lv["sigma"], draws=10)
+        assert lv["utility"]["per_draw"] == want.per_draw.tolist()
+    assert levels[0]["utility"]["dithered"] > levels[1]["utility"]["dithered"]   # 100 x the noise costs accuracy
+    page = (out / "report.html").read_text()
+    assert re.findall(r'<img src="([^"]+)"', page) == ["bounds_vs_sigma.png", "tradeoff.png"]
+    assert f"{levels[1]['utility']['dithered']:.4f} ± {levels[1]['utility']['stderr']:.4f}" in page
+
+
+def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--target-std", "0.3",
+                   "--head", f"{tmp_path / 'head.py'}:Head", "--labels", tmp_path / "y.npy", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    want = hcrfast.dithered_accuracy(_user_model(tmp_path), head, x, labels, s["noise"]["sigma"], draws=10)
+    assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["sigma"] == s["noise"]["sigma"]
+
+
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
@@ -391,6 +467,23 @@ def test_the_attack_of_a_sweep_runs_at_each_sigma(files, capsys):
     ("{d}/mynet.py:Net", "x.pt", ["--sweep", "2,1,2.0"], "2 is given 2 times; name each sigma once"),
     ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,2", "--target-std", "1"], "--sweep and --target-std: pass one"),
     ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1", "--quantile", "0.1"], "--quantile set how --target-std searches"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net"], "--head without --labels"),
+    ("{d}/mynet.py:Net", "x.pt", ["--labels", "{d}/y.npy"], "--labels without --head"),
+    ("{d}/mynet.py:Net", "x.pt", ["--utility-draws", "3"], "--utility-draws set how --head and --labels measure"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy", "--utility-draws", "0"],
+     "--utility-draws 0: pass a positive integer"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y5.npy"],
+     "5 classes for 6 inputs; pass one per input"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/yf.npy"],
+     "holds float64 values; pass integer classes"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/two.npz"],
+     "holds 2 entries (images, labels); name the labels with --labels-key"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/two.npz", "--labels-key", "no"],
+     "--labels-key 'no': "),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y.npy"],
+     "labels hold class 20, but the head scores 4 classes (0..3)"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy"],
+     "the head failed on the features, shape (6, 16) (mat1 and mat2 shapes cannot be multiplied"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
@@ -416,6 +509,10 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     torch.save(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), tmp_path / "u8.pt")
     torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
     np.savez(tmp_path / "two.npz", images=np.zeros((2, 1, 8, 8)), labels=np.arange(2))
+    np.save(tmp_path / "y.npy", np.full(6, 20))
+    (tmp_path / "head.py").write_text(HEAD_FILE)
+    np.save(tmp_path / "y5.npy", np.zeros(5, dtype=int))
+    np.save(tmp_path / "yf.npy", np.zeros(6))
     argv = [model.format(d=tmp_path), tmp_path / inputs, *[e.format(d=tmp_path) for e in extra], *TINY,
             "--out", tmp_path / "run"]
     assert _bound(argv) == 2
