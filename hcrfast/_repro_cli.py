@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 import warnings
 
+import numpy as np
 import torch
 
 from hcrfast import reproduce, zoo
@@ -56,6 +60,11 @@ def add_subparser(subparsers) -> None:
                    help="start-vector size s (e.g. 0.005 = 1/200)")
     g.add_argument("--sigma-scale", type=float, default=None, metavar="K",
                    help="sigma = K x RMS of the clean features")
+    g.add_argument("--sweep", default=None, metavar="K1,K2,...",
+                   help="run the experiment at each sigma = K x the published sigma (or --sigma-scale's), in the "
+                        "order given: OUT/scale_K/ holds each run (resumable by itself), OUT/sweep.json and "
+                        "OUT/report.html the bounds and the accuracies at every sigma and the trade between them "
+                        "(default OUT: runs/NAME_sweep)")
     g.add_argument("--limit", action="store_true",
                    help="the 'limit' setting: the default size and iterations become the values in "
                         "parentheses below (default --out runs/NAME_limit)")
@@ -137,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        if args.sweep is not None:
+            return _sweep(args)
         result = _reproduce(args)
     finally:
         torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
@@ -175,3 +186,61 @@ def _reproduce(args: argparse.Namespace):
         train_epochs=args.train_epochs,
         crash_after_chunks=args.test_crash_after_chunks,
     )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """``--sweep``: one full run per sigma, each in its own folder, then the sweep's summary and page."""
+    from hcrfast._bound_cli import scale_folder, sweep_scales
+    from hcrfast.checkpoint import atomic_write_text
+    from hcrfast.report import write_reproduce_sweep_report
+
+    scales = sweep_scales(args.sweep)
+    published = zoo.published_parameters(args.name)["sigma_scale"]
+    base = published if args.sigma_scale is None else args.sigma_scale
+    if not (np.isfinite(base) and base > 0):
+        raise ValueError(f"--sigma-scale {base!r}: pass a positive finite number")
+    root = Path(args.out if args.out is not None else
+                Path("runs") / f"{args.name}{'_limit' if args.limit else ''}_sweep")
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--out {root} is a file; pass a folder for the sweep (it is created if missing)")
+    levels, weights = [], args.weights
+    for i, k in enumerate(scales):
+        if not args.no_progress:
+            print(f"hcrfast reproduce {args.name}: sweep {i + 1}/{len(scales)}: sigma = {k:g} x {base:g} x RMS",
+                  file=sys.stderr, flush=True)
+        run_args = argparse.Namespace(**{**vars(args), "sigma_scale": k * base, "out": root / scale_folder(k),
+                                         "weights": weights})
+        result = _reproduce(run_args)
+        if weights is None and args.name in reproduce._TRAINED_HERE:  # trained by the first run: the others take it
+            weights = str(run_args.out / f"{args.name}_state_dict.pt")
+        if result.summary is None:  # not rank 0 of a distributed run
+            continue
+        s = result.summary
+        per_draw = np.asarray(s["accuracy"]["dithered_per_draw"], dtype=np.float64)
+        levels.append({
+            "scale": k, "sigma_scale": s["sigma_scale"], "sigma": s["sigma"], "sigma_rms": s["sigma"],
+            "run": str(result.out), "report": str(result.report_path), "bounds": str(result.bounds_path),
+            "std": s["bounds"], "bounds_lowfreq": s["bounds_lowfreq"], "mse_bound_modes": s["mse_bound_modes"],
+            "infinite": s["infinite"]["coordinates"],
+            "utility": {"clean": s["accuracy"]["clean"], "dithered": s["accuracy"]["dithered"],
+                        "stderr": float(per_draw.std(ddof=1) / np.sqrt(per_draw.size)) if per_draw.size > 1 else 0.0,
+                        "draws": int(per_draw.size)},
+            "bound_seconds": s["timings"]["bound_seconds_all_chunks"],
+        })
+    if not levels:
+        return 0
+    summary = {"experiment": args.name, "limit": bool(args.limit), "scales": scales, "sigma_scale_unit": base,
+               "published_sigma_scale": published, "rms": levels[0]["sigma"] / levels[0]["sigma_scale"],
+               "lowfreq": zoo.published_parameters(args.name)["lowfreq"], "levels": levels}
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    page = write_reproduce_sweep_report(root, summary)
+    print(f"{args.name}: {len(levels)} sigmas (x {base:g} x RMS {summary['rms']:.6g}):")
+    for lv in levels:
+        print(f"  scale {lv['scale']:g} (sigma {lv['sigma']:.6g}): median bound {lv['std']['q50']:.6g}, "
+              f"{summary['lowfreq']}x{summary['lowfreq']} low-frequency median {lv['bounds_lowfreq']['q50']:.6g}; "
+              f"accuracy clean {lv['utility']['clean']:.4f}, dithered {lv['utility']['dithered']:.4f}; "
+              f"run {lv['run']}")
+    print(f"report: {page}")
+    print(f"summary: {root / 'sweep.json'}")
+    return 0

@@ -727,3 +727,40 @@ def write_sweep_report(out, summary: dict) -> Path:
         figures.append(("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the head's "
                                         "accuracy on the features dithered at that sigma."))
     return _write_bound_page(out, body, figures)
+
+
+def write_reproduce_sweep_report(out, summary: dict) -> Path:
+    """``report.html`` of ``hcrfast reproduce NAME --sweep``: each sigma's bounds and accuracies, the
+    bounds against sigma and the trade between confidentiality and accuracy, with a link to each run."""
+    e = html.escape
+    out = Path(out)
+    s, levels = summary, summary["levels"]
+    _sweep_figure(out / "bounds_vs_sigma.png", levels)
+    _tradeoff_figure(out / "tradeoff.png", levels)
+    L = s["lowfreq"]
+    rows = []
+    for lv in levels:
+        run = Path(lv["report"])
+        rel = run.relative_to(out) if run.is_relative_to(out) else run
+        rows.append(f'<tr><td class="l"><a href="{e(str(rel))}">{e(_fmt(lv["scale"]))}</a></td>'
+                    + "".join(f"<td>{e(_fmt(v))}</td>" for v in (
+                        lv["sigma"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
+                        lv["bounds_lowfreq"].get("q50"), lv["infinite"], lv["utility"]["clean"],
+                        f"{lv['utility']['dithered']:.4f} ± {lv['utility']['stderr']:.4f}", lv["bound_seconds"]))
+                    + "</tr>")
+    header = ("sigma / the unit (each run's report)", "sigma", "5%", "median", "95%", f"median, {L}×{L} lowest modes",
+              "infinite", "accuracy, clean", "accuracy, dithered (± s.e.)", "bound seconds")
+    table = ("<table><tr>" + "".join(f'<th class="{"l" if i == 0 else ""}">{e(h)}</th>' for i, h in enumerate(header))
+             + "</tr>\n" + "\n".join(rows) + "</table>")
+    body = [f"<h1>hcrfast reproduce {e(s['experiment'])}{' (limit)' if s['limit'] else ''}: {len(levels)} noise "
+            f"levels</h1>",
+            f"<p>Each sigma is one full run of the experiment (its own folder, report and bounds), at sigma = scale × "
+            f"{_fmt(s['sigma_scale_unit'])} × the RMS of the clean features ({_fmt(s['rms'])}; the published sigma "
+            f"is {_fmt(s['published_sigma_scale'])} × RMS). The bounds are on the DCT coefficients of the normalized "
+            f"images; the dithered accuracy is the head's on the features plus one noise draw per restart, "
+            f"averaged over the draws.</p>", table]
+    return _write_bound_page(out, body, [
+        ("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the dashed line is proportional to "
+                                "sigma through the first median."),
+        ("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the head's accuracy on the "
+                         "features dithered at that sigma.")])

@@ -782,3 +782,54 @@ def test_histogram_counts_zeros_left_out_only_on_a_log_axis(tmp_path):
     wide = np.array([0.0, 0.0, 0.01, 2.0, 3.0, np.inf])
     notes = report._histogram(tmp_path / "w.png", wide, title="t", xlabel="x")
     assert notes == {"infinite_left_out": 1, "zeros_left_out": 2, "log_x": True}
+
+
+def test_a_sweep_is_one_run_per_sigma_each_the_run_alone(weights, tmp_path, capsys):
+    """--sweep 0.5,2: each sigma is the run that --sigma-scale alone gives (bitwise bounds, the same
+    accuracies), sweep.json and the page gather them, and a rerun computes nothing again."""
+    out = tmp_path / "sweep"
+    argv = ["reproduce", "digits", *TINY, "--weights", str(weights), "--sweep", "0.5,2", "--out", str(out),
+            "--no-progress"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    s = json.loads((out / "sweep.json").read_text())
+    assert [lv["scale"] for lv in s["levels"]] == [0.5, 2.0] and s["sigma_scale_unit"] == s["published_sigma_scale"]
+    alone = tmp_path / "alone"
+    assert cli.main(["reproduce", "digits", *TINY, "--weights", str(weights), "--sigma-scale", "2", "--out",
+                     str(alone), "--no-progress"]) == 0
+    _assert_same_bounds(out / "scale_2" / "bounds.npz", alone / "bounds.npz")
+    a = json.loads((alone / "summary.json").read_text())
+    lv = s["levels"][1]
+    assert lv["sigma"] == a["sigma"] and lv["std"] == a["bounds"] and lv["bounds_lowfreq"] == a["bounds_lowfreq"]
+    assert lv["utility"]["clean"] == a["accuracy"]["clean"] and lv["utility"]["dithered"] == a["accuracy"]["dithered"]
+    assert s["levels"][0]["sigma"] == pytest.approx(a["sigma"] / 4, rel=1e-12)
+    assert s["levels"][0]["std"]["q50"] < lv["std"]["q50"]          # 4x the noise: larger bounds
+    assert f"run {out / 'scale_0.5'}" in printed and f"report: {out / 'report.html'}" in printed
+    page = (out / "report.html").read_text()
+    assert '<a href="scale_0.5/report.html">' in page and '<a href="scale_2/report.html">' in page
+    assert re.findall(r'<img src="([^"]+)"', page) == ["bounds_vs_sigma.png", "tradeoff.png"]
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("chunks/*.npz")}
+    assert len(stamps) == 2 * 3
+    assert cli.main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert json.loads((out / "sweep.json").read_text())["levels"][1]["std"] == lv["std"]
+
+
+def test_a_digits_sweep_trains_its_model_once(tmp_path):
+    out = tmp_path / "sweep"
+    assert cli.main(["reproduce", "digits", "--examples", "4", "--restarts", "2", "--iterations", "2",
+                     "--sweep", "1,3", "--out", str(out), "--train-epochs", "1", "--no-progress"]) == 0
+    assert (out / "scale_1" / "digits_state_dict.pt").is_file()
+    assert not (out / "scale_3" / "digits_state_dict.pt").exists()   # the first run's weights serve the second
+    keys = [json.loads((out / f / "run.json").read_text())["key"] for f in ("scale_1", "scale_3")]
+    assert keys[0]["weights"] == keys[1]["weights"] and keys[0]["weights"].startswith("state-dict-sha256:")
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--sweep", "1,0"], "0.0 is not a positive finite number"),
+    (["--sweep", "1,1"], "1 is given 2 times"),
+])
+def test_a_bad_sweep_is_named(tmp_path, capsys, extra, words):
+    assert cli.main(["reproduce", "digits", *TINY, *extra, "--out", str(tmp_path / "s"), "--no-progress"]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
