@@ -254,7 +254,7 @@ def load_inputs(path, key=None):
     return value
 
 
-def load_labels(path, key=None, examples: int | None = None) -> np.ndarray:
+def load_labels(path, key=None) -> np.ndarray:
     """The integer classes of a .pt / .npy / .npz file (``key``: its entry), shape (B,)."""
     import torch
 
@@ -285,7 +285,7 @@ def load_labels(path, key=None, examples: int | None = None) -> np.ndarray:
         raise ValueError(f"--labels {path}: holds {value.dtype} values; pass integer classes, one per input")
     if value.ndim != 1:
         raise ValueError(f"--labels {path}: shape {value.shape}; pass one class per input, shape (B,)")
-    return value if examples is None else value[:examples]
+    return value
 
 
 def _entry(path, entries: dict, key, flag: str = "--key", what: str = "inputs"):
@@ -428,12 +428,12 @@ def _run(args: argparse.Namespace) -> int:
         device = torch.device(args.device if args.device == "cpu" or world == 1
                               else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
         model = model.to(device=device, dtype=dtype).eval()
+        x = x.to(device=device, dtype=dtype).contiguous()
         if head is not None:
             from hcrfast.utility import dithered_accuracy
 
             head = head.to(device=device, dtype=dtype).eval()
             dithered_accuracy(model, head, x, labels, 0.0, draws=1)  # head and labels checked before the bounds
-        x = x.to(device=device, dtype=dtype).contiguous()
 
         if args.sigma_file is not None:
             sigma = np.load(args.sigma_file, allow_pickle=False).astype(np.float64)

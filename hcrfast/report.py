@@ -640,13 +640,13 @@ def _run_rows(s: dict) -> list:
             ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}")]
 
 
-def _write_bound_page(out: Path, body: list, figures: list) -> Path:
+def _write_bound_page(out: Path, body: list, figures: list, title: str = "hcrfast bound") -> Path:
     e = html.escape
     body = body + ["<h2>Figures</h2>"]
     for name, caption in figures:
         body.append(f'<figure><img src="{e(name)}" alt="{e(name)}"><figcaption>{e(caption)}</figcaption></figure>')
     path = out / "report.html"
-    path.write_text(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>hcrfast bound</title>"
+    path.write_text(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>"
                     f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     return path
 
@@ -763,4 +763,4 @@ def write_reproduce_sweep_report(out, summary: dict) -> Path:
         ("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the dashed line is proportional to "
                                 "sigma through the first median."),
         ("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the head's accuracy on the "
-                         "features dithered at that sigma.")])
+                         "features dithered at that sigma.")], title=f"hcrfast reproduce {s['experiment']} sweep")
