@@ -423,6 +423,18 @@ def test_the_head_s_accuracy_on_the_dithered_features_is_the_api_s(files, capsys
     assert "What the noise costs" in (out / "report.html").read_text()
 
 
+def test_the_head_runs_in_the_model_s_dtype(files):
+    """--double: the head, the model and the inputs all in float64 (the head's check included)."""
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--double", "--sigma", "0.3",
+                   "--head", f"{tmp_path / 'head.py'}:Head", "--labels", tmp_path / "y.npy", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    want = hcrfast.dithered_accuracy(_user_model(tmp_path).double(), head.double(), x.double(), labels, 0.3)
+    assert s["inputs"]["dtype"] == "float64" and s["utility"]["per_draw"] == want.per_draw.tolist()
+
+
 def test_a_sweep_reports_the_accuracy_at_each_sigma_and_the_trade(files):
     tmp_path, x = files
     head, labels = _head_files(tmp_path, x)
