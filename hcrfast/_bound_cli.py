@@ -341,16 +341,11 @@ def sweep_scales(text: str) -> list[float]:
     return scales
 
 
-def scale_folder(k: float) -> str:
-    """``OUT/sweep``'s folder for scale ``k``: 'scale_0.5', 'scale_2' (the shortest name that reads back as k)."""
-    short = f"{k:g}"
-    return f"scale_{short if float(short) == k else repr(float(k))}"
-
-
 def _run(args: argparse.Namespace) -> int:
     import torch
 
     from hcrfast import _repro_cli, algorithm, reproduce, validation
+    from hcrfast.calibrate import scale_folder
     from hcrfast.results import json_default
 
     t_start = time.perf_counter()
@@ -609,11 +604,12 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     from hcrfast.attack import compare
     from hcrfast.results import json_default
 
+    from hcrfast.calibrate import scale_folder
+
+    sweep.save(out / "sweep")  # hcrfast.SigmaSweep.load(OUT/sweep) reads it all back
     levels = []
     for i, (k, sig, res) in enumerate(zip(sweep.scales.tolist(), sweep.sigmas, sweep.bounds)):
         folder = out / "sweep" / scale_folder(k)
-        folder.mkdir(parents=True, exist_ok=True)
-        res.save(folder / "bounds.npz")
         level = {"scale": k, "sigma": float(sig) if np.ndim(sig) == 0 else None,
                  "sigma_rms": float(np.sqrt(np.mean(np.square(sig)))), "bounds": str(folder / "bounds.npz"),
                  **_numbers(res, args.targets), "call_seconds": sweep.seconds[i],

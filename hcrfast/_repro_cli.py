@@ -190,7 +190,8 @@ def _reproduce(args: argparse.Namespace):
 
 def _sweep(args: argparse.Namespace) -> int:
     """``--sweep``: one full run per sigma, each in its own folder, then the sweep's summary and page."""
-    from hcrfast._bound_cli import scale_folder, sweep_scales
+    from hcrfast._bound_cli import sweep_scales
+    from hcrfast.calibrate import scale_folder
     from hcrfast.checkpoint import atomic_write_text
     from hcrfast.report import write_reproduce_sweep_report
 

@@ -337,6 +337,59 @@ class SigmaSweep:
         """Per σ, :func:`statistic_of` its bounds: by default the median per-mode bound."""
         return np.array([statistic_of(b, statistic, quantile, modes) for b in self.bounds])
 
+    def save(self, folder) -> Path:
+        """Write the sweep to ``folder``: ``sweep.json`` (scales, seconds, reuse; the unit σ0, or
+        ``sigma0.npy`` for one std per feature) and each σ's bounds as ``scale_K/bounds.npz``
+        (:meth:`hcrfast.Bounds.save`). :meth:`load` reads it back; returns ``sweep.json``'s path."""
+        import json
+
+        from hcrfast.checkpoint import atomic_write_text
+
+        folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"SigmaSweep.save({str(folder)!r}): a file is there; pass a folder (made if missing)")
+        folder.mkdir(parents=True, exist_ok=True)
+        levels = []
+        for k, res in zip(self.scales.tolist(), self.bounds):
+            name = scale_folder(k)
+            (folder / name).mkdir(exist_ok=True)
+            res.save(folder / name / "bounds.npz")
+            levels.append({"scale": k, "bounds": f"{name}/bounds.npz"})
+        scalar = np.ndim(self.sigma0) == 0
+        if not scalar:
+            np.save(folder / "sigma0.npy", np.asarray(self.sigma0, dtype=np.float64))
+        atomic_write_text(folder / "sweep.json", json.dumps({
+            "format": _SWEEP_FORMAT, "writer": "hcrfast.SigmaSweep.save",
+            "sigma0": float(self.sigma0) if scalar else "sigma0.npy", "levels": levels,
+            "seconds": [float(t) for t in self.seconds], "reused_examples": [int(n) for n in self.reused_examples],
+            "reuse_bytes": int(self.reuse_bytes)}, indent=1) + "\n")
+        return folder / "sweep.json"
+
+    @classmethod
+    def load(cls, folder) -> "SigmaSweep":
+        """The :class:`SigmaSweep` that :meth:`save` wrote to ``folder`` (bounds as NumPy arrays)."""
+        import json
+
+        from hcrfast.results import Bounds
+
+        folder = Path(folder)
+        path = folder / "sweep.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"SigmaSweep.load({str(folder)!r}): no sweep.json there (SigmaSweep.save writes "
+                                    f"it; hcrfast bound --sweep writes OUT/sweep)")
+        meta = json.loads(path.read_text())
+        if meta.get("format") != _SWEEP_FORMAT:
+            raise ValueError(f"{path}: format {meta.get('format')!r}, not {_SWEEP_FORMAT} (written by another "
+                             f"version of hcrfast); compute the sweep again")
+        sigma0 = (float(meta["sigma0"]) if not isinstance(meta["sigma0"], str)
+                  else np.load(folder / meta["sigma0"], allow_pickle=False))
+        scales = np.array([lv["scale"] for lv in meta["levels"]], dtype=np.float64)
+        return cls(scales=scales, sigma0=sigma0,
+                   sigmas=[float(k * sigma0) if np.ndim(sigma0) == 0 else k * sigma0 for k in scales.tolist()],
+                   bounds=[Bounds.load(folder / lv["bounds"]) for lv in meta["levels"]],
+                   seconds=list(meta["seconds"]), reused_examples=list(meta["reused_examples"]),
+                   reuse_bytes=int(meta["reuse_bytes"]))
+
     def summary(self) -> str:
         median, low = self.statistic(), self.statistic(quantile=0.05)
         unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
@@ -349,6 +402,17 @@ class SigmaSweep:
 
     def __repr__(self) -> str:
         return f"<SigmaSweep: {len(self.scales)} sigmas, scales {self.scales.min():.6g} to {self.scales.max():.6g}>"
+
+
+#: sweep.json's format (:meth:`SigmaSweep.save`).
+_SWEEP_FORMAT = 1
+
+
+def scale_folder(k: float) -> str:
+    """The folder of scale ``k`` in a saved sweep: 'scale_0.5', 'scale_2' (the shortest name that reads
+    back as k)."""
+    short = f"{k:g}"
+    return f"scale_{short if float(short) == k else repr(float(k))}"
 
 
 def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress: bool = False,

@@ -318,6 +318,9 @@ def test_sweep_bounds_at_each_sigma_what_bound_gives_there_and_resumes(files, ca
         assert lv["std"]["q50"] == pytest.approx(float(np.median(want.std)))
         assert lv["bounds"] == str(out / "sweep" / name / "bounds.npz") and f"bounds {lv['bounds']}" in printed
     assert "3 sigmas, certified bounds at each" in printed
+    loaded = hcrfast.SigmaSweep.load(out / "sweep")    # the whole sweep, as sweep_sigma returned it
+    assert loaded.scales.tolist() == [0.5, 2.0, 1.0] and loaded.reused_examples == [0, 6, 6]
+    assert loaded.sigma0 == pytest.approx(rms, rel=1e-12)
     page = (out / "report.html").read_text()
     assert "3 noise levels" in page and re.findall(r'<img src="([^"]+)"', page) == ["bounds_vs_sigma.png"]
     assert (out / "bounds_vs_sigma.png").stat().st_size > 1000

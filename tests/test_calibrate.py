@@ -460,3 +460,37 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 def test_a_sweeps_bad_arguments_are_named_with_their_fix(scales, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         hcrfast.sweep_sigma(_tanh_net(), _batch(2), scales, **kwargs)
+
+
+@pytest.mark.parametrize("profile", [False, True], ids=["scalar", "per-feature"])
+def test_a_saved_sweep_loads_back_as_it_was(tmp_path, profile):
+    model, x = _tanh_net(2).double(), _batch(3).double()
+    sigma0 = np.linspace(0.05, 0.5, 30) if profile else None
+    sweep = hcrfast.sweep_sigma(model, x, [2.0, 0.5, 1.0 / 3], sigma0=sigma0, targets="low:2", **KW)
+    path = sweep.save(tmp_path / "s")
+    assert path == tmp_path / "s" / "sweep.json" and (tmp_path / "s" / "scale_0.5" / "bounds.npz").is_file()
+    assert (tmp_path / "s" / "scale_0.3333333333333333" / "bounds.npz").is_file()   # %g would not read back as 1/3
+    got = hcrfast.SigmaSweep.load(tmp_path / "s")
+    np.testing.assert_array_equal(got.scales, sweep.scales)
+    np.testing.assert_array_equal(got.sigma0, sweep.sigma0)
+    for a, b in zip(got.sigmas, sweep.sigmas):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(got.bounds, sweep.bounds):
+        for field in ("std", "eps", "z", "divergence", "std_algorithm1"):
+            np.testing.assert_array_equal(getattr(a, field), np.asarray(getattr(b, field)))
+        assert a.params["noise"] == b.params["noise"] and a.seconds == b.seconds
+    assert (got.seconds, got.reused_examples, got.reuse_bytes) == (sweep.seconds, sweep.reused_examples,
+                                                                   sweep.reuse_bytes)
+    assert got.summary() == sweep.summary()
+
+
+def test_loading_what_is_not_a_saved_sweep_says_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no sweep.json there"):
+        hcrfast.SigmaSweep.load(tmp_path)
+    (tmp_path / "sweep.json").write_text('{"format": 99}')
+    with pytest.raises(ValueError, match="format 99, not 1"):
+        hcrfast.SigmaSweep.load(tmp_path)
+    (tmp_path / "file").write_text("")
+    sweep = hcrfast.sweep_sigma(_tanh_net(), _batch(2), [1.0], **KW)
+    with pytest.raises(ValueError, match="a file is there; pass a folder"):
+        sweep.save(tmp_path / "file")
