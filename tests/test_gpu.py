@@ -598,3 +598,25 @@ def test_sigma_search_on_gpu_reuses_the_krylov_bases_in_device_memory():
     assert found.bounds.params["reuse"]["examples"] == 4 and found.bounds.params["reuse"]["store_bytes"] > 0
     direct = hcrfast.bound(model, x, found.sigma, iterations=3, restarts=3).to_numpy()
     np.testing.assert_allclose(found.bounds.to_numpy().std, direct.std, rtol=1e-9)
+
+
+def test_a_sweep_on_gpu_gives_the_cpu_sweep_and_the_accuracy_along_it():
+    """float64 MLP: a sweep on CUDA (Krylov bases kept on the device) gives the CPU dense sweep's bounds to
+    rounding, and a head's dithered accuracy at each sigma is the CPU's draw for draw (the same host
+    draws; float64 scores)."""
+    x = torch.rand(6, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kw = dict(iterations=3, restarts=3)
+    cpu = hcrfast.sweep_sigma(mlp(), x, [0.5, 2.0], solver="dense", **kw)
+    gpu = hcrfast.sweep_sigma(mlp().cuda(), x.cuda(), [0.5, 2.0], **kw)
+    assert gpu.reused_examples == [0, 6] and gpu.bounds[0].params["solver"] == "krylov"
+    for a, b in zip(gpu.bounds, cpu.bounds):
+        np.testing.assert_allclose(a.to_numpy().std, b.std, rtol=1e-6)
+    torch.manual_seed(2)
+    head = torch.nn.Linear(48, 5).double().eval()
+    with torch.no_grad():
+        labels = head(mlp()(x)).argmax(dim=1).numpy()
+    for sigma in gpu.sigmas:
+        on_cpu = hcrfast.dithered_accuracy(mlp(), head, x, labels, sigma, draws=8)
+        on_gpu = hcrfast.dithered_accuracy(mlp().cuda(), head.cuda(), x.cuda(), labels, sigma, draws=8)
+        np.testing.assert_array_equal(on_gpu.per_draw, on_cpu.per_draw)
+        head.cpu()
