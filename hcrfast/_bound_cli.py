@@ -122,6 +122,10 @@ def add_subparser(subparsers) -> None:
                    help="the entry of a .npz file or .pt dict that holds the labels (default: its only one)")
     u.add_argument("--utility-draws", type=int, default=None, metavar="D",
                    help="noisy copies of each input's features the head classifies (default 10)")
+    u.add_argument("--min-accuracy", type=float, default=None, metavar="A",
+                   help="bound at the largest sigma (a multiple of --sigma, --sigma-scale's or --sigma-file's) at "
+                        "which the head's dithered accuracy stays >= A (hcrfast.sigma_for_accuracy: the head only, "
+                        "no bound, per sigma tried): the most confidentiality this utility allows")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -364,11 +368,19 @@ def _run(args: argparse.Namespace) -> int:
                          f"classifier of the features and the inputs' classes; pass both, or neither")
     if args.head is None:
         given = [f for f, v in (("--head-weights", args.head_weights), ("--labels-key", args.labels_key),
-                                ("--utility-draws", args.utility_draws)) if v is not None]
+                                ("--utility-draws", args.utility_draws), ("--min-accuracy", args.min_accuracy))
+                 if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} set how --head and --labels measure the accuracy; pass them, or drop "
                              f"{'them' if len(given) > 1 else 'it'}")
     scales = None if args.sweep is None else sweep_scales(args.sweep)
+    if args.min_accuracy is not None:
+        if not (np.isfinite(args.min_accuracy) and 0 < args.min_accuracy <= 1):
+            raise ValueError(f"--min-accuracy {args.min_accuracy!r}: pass the dithered accuracy to keep, in (0, 1]")
+        other = [f for f, v in (("--target-std", args.target_std), ("--sweep", args.sweep)) if v is not None]
+        if other:
+            raise ValueError(f"--min-accuracy and {other[0]}: pass one of them (--min-accuracy picks sigma for the "
+                             f"head's accuracy, {other[0]} for the bounds)")
     if scales is not None and args.target_std is not None:
         raise ValueError("--sweep and --target-std: pass one of them (--sweep bounds the inputs at the sigmas it "
                          "names; --target-std searches the smallest sigma whose bounds reach a target)")
@@ -453,7 +465,19 @@ def _run(args: argparse.Namespace) -> int:
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
             progress=progress, shard=world > 1)
-        search = sweep = None
+        search = sweep = accuracy_search = None
+        if args.min_accuracy is not None:
+            from hcrfast.utility import sigma_for_accuracy
+
+            accuracy_search = sigma_for_accuracy(model, head, x, labels, args.min_accuracy, sigma0=sigma,
+                                                 seed=args.seed,
+                                                 draws=10 if args.utility_draws is None else args.utility_draws)
+            if progress and rank == 0:
+                print(f"hcrfast bound: {accuracy_search.summary()}", file=sys.stderr, flush=True)
+            noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
+                         sigma=accuracy_search.sigma if np.ndim(accuracy_search.sigma) == 0 else None,
+                         scale=accuracy_search.scale)
+            sigma = accuracy_search.sigma
         reuse_bytes = None if args.reuse_gib is None else int(args.reuse_gib * 2**30)
         if scales is not None:
             from hcrfast.calibrate import sweep_sigma
@@ -544,6 +568,14 @@ def _run(args: argparse.Namespace) -> int:
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
     if utilities:
         summary["utility"] = utilities[0].to_dict()
+    if accuracy_search is not None:
+        a = accuracy_search
+        summary["accuracy_search"] = {"min_accuracy": a.target, "scale": a.scale, "above_scale": a.above_scale,
+                                      "above_accuracy": None if a.above is None else a.above.dithered,
+                                      "note": a.note, "history": a.history, "sigma_file": None}
+        if np.ndim(a.sigma) != 0:  # one std per feature: the stds found, beside the results
+            np.save(out / "sigma.npy", np.asarray(a.sigma, dtype=np.float64))
+            summary["accuracy_search"]["sigma_file"] = str(out / "sigma.npy")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
     report = None
     if not args.no_report:
@@ -552,6 +584,8 @@ def _run(args: argparse.Namespace) -> int:
         report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
     if search is not None:
         print(search.summary())
+    if accuracy_search is not None:
+        print(accuracy_search.summary())
     print(res.summary())
     if utilities:
         print("  " + utilities[0].summary())

@@ -578,6 +578,14 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                     f"summary.json's params['zero_step_reasons'] says why.</p>")
     if s.get("utility"):
         body += ["<h2>What the noise costs</h2>", _utility_paragraph(s)]
+    found = s.get("accuracy_search")
+    if found:
+        body.append(f"<p>The sigma bounded is the largest the search found at which the head keeps a dithered "
+                    f"accuracy of at least {_fmt(found['min_accuracy'])}: {_fmt(found['scale'])} × the starting "
+                    f"sigma" + ("" if found["above_scale"] is None else
+                                f" (at {_fmt(found['above_scale'])} × it fell to {_fmt(found['above_accuracy'])})")
+                    + f", after {len(found['history'])} sigmas tried, each the head alone on the dithered "
+                      f"features. {e(found['note'][:1].upper() + found['note'][1:])}.</p>")
     a = s.get("attack")
     if a:
         body += ["<h2>A real attacker beside the bounds</h2>",

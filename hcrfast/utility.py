@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy"]
+__all__ = ["AccuracySearch", "DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy",
+           "sigma_for_accuracy"]
 
 # Tags the dithering noise stream of example e, default_rng([seed, e, DITHER_STREAM]): "dith".
 DITHER_STREAM = 0x64697468
@@ -145,6 +146,156 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                    stderr=float(per_draw.std(ddof=1) / np.sqrt(draws)) if draws > 1 else 0.0,
                    draws=int(draws), examples=B, seed=int(seed), sigma=float(profile) if scalar else None,
                    sigma_rms=float(np.sqrt(np.mean(profile ** 2))))
+
+
+@dataclass(frozen=True)
+class AccuracySearch:
+    """The result of :func:`sigma_for_accuracy`: the largest noise found that keeps the accuracy.
+
+    Attributes
+    ----------
+    sigma : float or numpy.ndarray
+        ``scale × sigma0``: the largest σ tried whose measured dithered accuracy met the target.
+    scale : float
+        σ in units of :attr:`sigma0`.
+    sigma0 : float or numpy.ndarray
+        The unit (one std per feature where a profile).
+    target : float
+        The accuracy asked for.
+    utility : Utility
+        The head's accuracy at :attr:`sigma` (clean, dithered ± standard error).
+    above_scale : float or None
+        The smallest scale tried above :attr:`scale` (its dithered accuracy fell under the target); None
+        where no σ up to :data:`MAX_SCALE` × sigma0 did.
+    above : Utility or None
+        The head's accuracy there.
+    history : list of dict
+        Every σ tried: ``scale``, ``dithered``, ``stderr``.
+    note : str
+        Why the search ended.
+    """
+
+    sigma: object
+    scale: float
+    sigma0: object
+    target: float
+    utility: Utility
+    above_scale: float | None
+    above: Utility | None
+    history: list = field(repr=False)
+    note: str
+
+    def summary(self) -> str:
+        unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
+        sig = self.sigma if np.ndim(self.sigma) == 0 else float(np.sqrt(np.mean(np.square(self.sigma))))
+        above = ("" if self.above is None else
+                 f"; at {self.above_scale:.6g} x sigma0 it is {self.above.dithered:.4f}")
+        return (f"the largest sigma found keeping the head's dithered accuracy >= {self.target:g}: "
+                f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, accuracy {self.utility.dithered:.4f} ± "
+                f"{self.utility.stderr:.4f} (clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas "
+                f"tried ({self.note})")
+
+
+#: The largest σ, in units of sigma0, :func:`sigma_for_accuracy` tries.
+MAX_SCALE = 2.0 ** 40
+
+
+def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float, *, sigma0=None,
+                       draws: int = 10, seed: int = 0, rtol: float = 0.01) -> AccuracySearch:
+    """The largest σ = scale × ``sigma0`` at which ``head``'s accuracy on the dithered features stays
+    at least ``accuracy``: the most noise, and so the largest HCR bounds, a utility target allows.
+
+    The model runs once; every σ tried is ``draws`` noisy copies of every input's features through the
+    head (:func:`accuracy_on_features`, the same draws at every σ, scaled). The search doubles or halves
+    σ until the accuracy crosses the target, then bisects (in log σ) until the two σ either side are
+    within a factor ``1 + rtol``. The accuracy is measured on these inputs and draws, not guaranteed
+    elsewhere; with the draws fixed it is a step function of σ, falling as σ grows but not always
+    strictly, so the σ returned is the lower end of a crossing the search found. Bound the inputs at
+    :attr:`AccuracySearch.sigma` (:func:`hcrfast.bound`) for the confidentiality it buys.
+
+    Parameters
+    ----------
+    model, head, batch, labels, draws, seed :
+        As for :func:`dithered_accuracy`.
+    accuracy : float
+        The dithered accuracy to keep, in (0, 1]; at most the clean accuracy.
+    sigma0 : float or array, optional
+        The unit and first σ tried. Default: the RMS of the clean features over the batch.
+    rtol : float
+        The relative width of the final bracket (default 0.01).
+    """
+    from hcrfast import validation
+    from hcrfast.algorithm import rms_sigma
+
+    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float, np.floating, np.integer)) or not (
+            0 < accuracy <= 1):
+        raise ValueError(f"accuracy={accuracy!r}: pass the dithered accuracy to keep, a number in (0, 1]")
+    if not (isinstance(rtol, (int, float, np.floating)) and np.isfinite(rtol) and rtol > 0):
+        raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
+    with torch.no_grad(), validation.eval_mode(model):
+        feats = validation.features_of(model, batch, flat=False)
+    if sigma0 is None:
+        sigma0 = rms_sigma(feats.reshape(feats.shape[0], -1), 1.0)
+    unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]))
+    if not np.all(unit > 0):
+        raise ValueError("sigma0 must be positive: it is the unit of the search")
+    history = []
+
+    def at(k: float) -> Utility:
+        u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed)
+        history.append({"scale": k, "dithered": u.dithered, "stderr": u.stderr})
+        return u
+
+    clean = accuracy_on_features(head, feats, labels, 0.0, draws=1, seed=seed).clean
+    if clean < accuracy:
+        raise ValueError(f"accuracy={accuracy:g}: the head's clean accuracy on these inputs is {clean:.4f}, under the "
+                         f"target: no noise keeps it; pass a target of at most {clean:.4f}")
+    k, u = 1.0, at(1.0)
+    lo = hi = None  # (scale, Utility): meets the target, falls under it
+    if u.dithered >= accuracy:
+        lo = (k, u)
+        while hi is None and k < MAX_SCALE:
+            k *= 2.0
+            u = at(k)
+            if u.dithered >= accuracy:
+                lo = (k, u)
+            else:
+                hi = (k, u)
+    else:
+        hi = (k, u)
+        while lo is None:
+            k /= 2.0
+            u = at(k)
+            if u.dithered >= accuracy:
+                lo = (k, u)
+            else:
+                hi = (k, u)
+            if k < 1.0 / MAX_SCALE and lo is None:  # (the clean accuracy meets it: sigma -> 0 must)
+                raise RuntimeError(f"the dithered accuracy stays under {accuracy:g} down to sigma = {k:g} x sigma0 "
+                                   f"although the clean accuracy is {clean:.4f}; the head's scores are unstable")
+    if hi is None:
+        return AccuracySearch(sigma=_scaled(lo[0], unit), scale=lo[0], sigma0=_unit(unit), target=float(accuracy),
+                              utility=lo[1], above_scale=None, above=None, history=history,
+                              note=f"the accuracy met the target up to {MAX_SCALE:g} x sigma0: the head barely "
+                                   f"looks at these features")
+    while hi[0] > lo[0] * (1.0 + rtol):
+        k = float(np.sqrt(lo[0] * hi[0]))
+        u = at(k)
+        if u.dithered >= accuracy:
+            lo = (k, u)
+        else:
+            hi = (k, u)
+    return AccuracySearch(sigma=_scaled(lo[0], unit), scale=lo[0], sigma0=_unit(unit), target=float(accuracy),
+                          utility=lo[1], above_scale=hi[0], above=hi[1], history=history,
+                          note=f"bracketed within rtol={rtol:g}")
+
+
+def _unit(unit: np.ndarray):
+    return float(unit) if unit.size == 1 else unit
+
+
+def _scaled(k: float, unit: np.ndarray):
+    return float(k * unit) if unit.size == 1 else k * unit
 
 
 def _profile(sigma, n: int, shape: tuple) -> np.ndarray:

@@ -456,6 +456,35 @@ def test_a_sweep_reports_the_accuracy_at_each_sigma_and_the_trade(files):
     assert f"{levels[1]['utility']['dithered']:.4f} ± {levels[1]['utility']['stderr']:.4f}" in page
 
 
+def test_min_accuracy_bounds_at_the_largest_sigma_the_head_allows(files, capsys):
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--head", f"{tmp_path / 'head.py'}:Head",
+            "--labels", tmp_path / "y.npy", "--min-accuracy", "0.5", "--utility-draws", "20", "--out", out]
+    assert _bound(argv) == 0
+    model = _user_model(tmp_path)
+    want = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, draws=20)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["noise"]["sigma"] == want.sigma and s["accuracy_search"]["scale"] == want.scale
+    assert s["utility"]["dithered"] == want.utility.dithered >= 0.5 > s["accuracy_search"]["above_accuracy"]
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std,
+                                  hcrfast.bound(model, x, want.sigma, restarts=2, iterations=2).std)
+    assert want.summary() in capsys.readouterr().out
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "chunks").rglob("*.npz")}
+    assert stamps and _bound(argv) == 0   # the same search again: the same sigma, its chunks read back
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_an_accuracy_the_clean_features_miss_is_refused_before_any_bound(files, capsys):
+    tmp_path, x = files
+    _head_files(tmp_path, x)   # labels: the head's own predictions, every third moved (clean accuracy 4/6)
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--head", f"{tmp_path / 'head.py'}:Head",
+                   "--labels", tmp_path / "y.npy", "--min-accuracy", "0.9", "--out", tmp_path / "run"]) == 2
+    assert "the head's clean accuracy on these inputs is 0.6667, under the target" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "chunks").exists()
+
+
 def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
     tmp_path, x = files
     head, labels = _head_files(tmp_path, x)
@@ -499,6 +528,13 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
      "labels hold class 20, but the head scores 4 classes (0..3)"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy"],
      "the head failed on the features, shape (6, 16) (mat1 and mat2 shapes cannot be multiplied"),
+    ("{d}/mynet.py:Net", "x.pt", ["--min-accuracy", "0.5"], "--min-accuracy set how --head and --labels"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "1.5"],
+     "--min-accuracy 1.5: pass the dithered accuracy to keep, in (0, 1]"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "0.5",
+                                  "--sweep", "1,2"], "--min-accuracy and --sweep: pass one of them"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "0.5",
+                                  "--target-std", "1"], "--min-accuracy and --target-std: pass one of them"),
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
@@ -525,6 +561,7 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
     np.savez(tmp_path / "two.npz", images=np.zeros((2, 1, 8, 8)), labels=np.arange(2))
     np.save(tmp_path / "y.npy", np.full(6, 20))
+    np.save(tmp_path / "y4.npy", np.zeros(6, dtype=int))
     (tmp_path / "head.py").write_text(HEAD_FILE)
     np.save(tmp_path / "y5.npy", np.zeros(5, dtype=int))
     np.save(tmp_path / "yf.npy", np.zeros(6))

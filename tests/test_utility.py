@@ -172,3 +172,50 @@ def test_accuracy_on_features_takes_features_already_computed(problem):
         feats = model(x)
     np.testing.assert_array_equal(accuracy_on_features(head, feats, labels, 0.2, draws=3).per_draw,
                                   hcrfast.dithered_accuracy(model, head, x, labels, 0.2, draws=3).per_draw)
+
+
+# ---- hcrfast.sigma_for_accuracy: the most noise a utility target allows ----
+
+@pytest.mark.parametrize("target, profile", [(0.6, False), (0.7, True)])
+def test_the_sigma_found_keeps_the_accuracy_and_a_little_more_loses_it(problem, target, profile):
+    """Checked with the test's own loop: at the sigma returned the head keeps the target, at the next sigma
+    tried (within the bracket's 1 + rtol) it falls under it."""
+    model, head, x, labels = problem
+    sigma0 = np.linspace(0.1, 1.0, 12).reshape(3, 4) if profile else None
+    found = hcrfast.sigma_for_accuracy(model, head, x, labels, target, sigma0=sigma0, draws=6, seed=4, rtol=0.02)
+    assert found.above_scale is not None and found.scale < found.above_scale <= found.scale * 1.02
+    unit = np.asarray(found.sigma0)
+    _, at = _oracle(model, head, x, labels, found.scale * unit, 6, 4)
+    _, above = _oracle(model, head, x, labels, found.above_scale * unit, 6, 4)
+    assert at.mean() >= target > above.mean()
+    assert found.utility.dithered == pytest.approx(at.mean()) and found.above.dithered == pytest.approx(above.mean())
+    np.testing.assert_allclose(found.sigma, found.scale * unit, rtol=1e-15)
+    if not profile:
+        with torch.no_grad():
+            assert found.sigma0 == pytest.approx(np.sqrt(np.mean(model(x).numpy() ** 2)), rel=1e-12)
+    assert [h["scale"] for h in found.history][0] == 1.0 and "bracketed within rtol=0.02" in found.summary()
+
+
+def test_a_head_that_ignores_the_features_lets_any_noise_through(problem):
+    model, _, x, labels = problem
+    head = Head(ignore=range(12)).eval()   # the bias alone decides: the same class for every input
+    with torch.no_grad():
+        labels = head(model(x)).argmax(dim=1).numpy()
+    found = hcrfast.sigma_for_accuracy(model, head, x, labels, 1.0, draws=2)
+    assert found.above is None and found.scale == hcrfast.utility.MAX_SCALE and "barely looks" in found.note
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(accuracy=0.9), "the head's clean accuracy on these inputs is 0.7500, under the target"),
+    (dict(accuracy=0.0), "accuracy=0.0: pass the dithered accuracy to keep, a number in (0, 1]"),
+    (dict(accuracy=1.5), "accuracy=1.5"),
+    (dict(accuracy=True), "accuracy=True"),
+    (dict(accuracy=0.5, rtol=0), "rtol=0: pass a positive number"),
+    (dict(accuracy=0.5, sigma0=np.zeros(12)), "sigma0 must be positive"),
+])
+def test_a_bad_accuracy_search_is_named_with_its_fix(problem, kwargs, words):
+    model, head, x, labels = problem
+    accuracy = kwargs.pop("accuracy")
+    with pytest.raises(ValueError) as info:
+        hcrfast.sigma_for_accuracy(model, head, x, labels, accuracy, **kwargs)
+    assert words in str(info.value)
