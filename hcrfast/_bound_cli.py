@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import sys
+import textwrap
 import time
 import warnings
 import zipfile
@@ -30,14 +31,24 @@ def add_subparser(subparsers) -> None:
     p = subparsers.add_parser(
         "bound",
         help="bound your own model on your own inputs (resumable, sharded under torchrun)",
-        description="HCR lower bounds (hcrfast.bound) for a model that MODEL names, on the inputs of INPUTS. "
-                    "Writes OUT/bounds.npz (hcrfast.Bounds.load reads it), OUT/summary.json and OUT/chunks/ "
-                    "(finished chunks: the same command made again after a crash computes only the rest).",
-        epilog="MODEL is 'path/to/file.py:NAME' or 'package.module:NAME' (the file or module is run, as "
-               "Python runs an import). NAME (dots reach attributes) is a torch.nn.Module, or a class or "
-               "function that makes one when called without arguments. The model runs in eval mode. "
-               "Under torchrun every process runs the same command and takes every N-th chunk; rank 0 "
-               "writes the results.",
+        description=textwrap.fill(
+            "HCR lower bounds (hcrfast.bound) for a model that MODEL names, on the inputs of INPUTS. Writes "
+            "OUT/bounds.npz (hcrfast.Bounds.load reads it), OUT/summary.json and OUT/chunks/ (finished chunks: the "
+            "same command made again after a crash computes only the rest)."),
+        epilog=textwrap.fill(
+            "MODEL is 'path/to/file.py:NAME' or 'package.module:NAME' (the file or module is run, as Python runs an "
+            "import). NAME (dots reach attributes) is a torch.nn.Module, or a class or function that makes one when "
+            "called without arguments. The model runs in eval mode. Under torchrun every process runs the same "
+            "command and takes every N-th chunk; rank 0 writes the results.") + (
+            "\n\nexamples:\n"
+            "  hcrfast bound net.py:Net x.pt                                 # sigma = 1 x RMS of the features\n"
+            "  hcrfast bound net.py:Net x.pt --sweep 0.25,0.5,1,2,4          # the bounds against sigma\n"
+            "  hcrfast bound net.py:Net x.pt --target-std 0.1                # the sigma whose median bound is 0.1\n"
+            "  hcrfast bound net.py:Net x.pt --head net.py:Head --labels y.npy --sweep 0.5,1,2\n"
+            "                                                                # ... and the accuracy each costs\n"
+            "  hcrfast bound net.py:Net x.pt --head net.py:Head --labels y.npy --min-accuracy 0.9\n"
+            "                                                                # the most noise keeping 90%"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL", help="file.py:NAME or package.module:NAME")
     p.add_argument("inputs", metavar="INPUTS",
