@@ -410,3 +410,17 @@ def test_unpack_gpu_session_files_a_lease_under_its_device_and_summarizes_it(tmp
     assert sorted(p.name for p in dest.iterdir()) == ["gpu_session.log", "gpu_targets_mnist_cuda_20261126T120000.json",
                                                      "ledger.tsv"]
     assert "41.5 s (< 60 s: met)" in proc.stdout and "NVIDIA H100 80GB HBM3" in proc.stdout
+
+
+def test_accuracy_tradeoff_script_bounds_where_the_accuracy_just_holds(tmp_path):
+    out = tmp_path / "a.json"
+    run_script("accuracy_tradeoff.py", "--targets", "0.95,0.8", "--examples", "40", "--draws", "4", "--restarts",
+               "2", "--iterations", "2", "--json", str(out))
+    r = json.loads(out.read_text())
+    assert [row["target"] for row in r["rows"]] == [0.95, 0.8] and r["examples"] == 40
+    for row in r["rows"]:   # met at the sigma found, missed just above it (the bracket: 1% apart)
+        assert row["accuracy"] >= row["target"] > row["above_accuracy"]
+        assert row["scale"] < row["above_scale"] <= row["scale"] * 1.01
+        assert row["sigma"] == pytest.approx(row["scale"] * row["rms"], rel=1e-12)
+    low, high = r["rows"]     # a lower target lets more noise through, and the bounds grow with it
+    assert low["scale"] < high["scale"] and low["median_bound"] < high["median_bound"]
