@@ -538,8 +538,6 @@ def _run(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
 
-    from hcrfast.attack import compare
-
     summary = {
         "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -575,6 +573,8 @@ def _run(args: argparse.Namespace) -> int:
             summary["calibration"]["sigma_file"] = str(out / "sigma.npy")
     attack = attacks[0] if attacks else None
     if attack is not None:
+        from hcrfast.attack import compare
+
         attack.save(out / "attack.npz")
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
     if utilities:

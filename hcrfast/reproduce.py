@@ -65,7 +65,6 @@ from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_wri
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz
-from hcrfast.utility import DITHER_STREAM
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -78,9 +77,6 @@ _TRAINED_HERE = {"digits"}
 # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why; 4: a chunk's targeted steps bound every
 # mode they move, not only their own (all 2026-11-25); older are refused
 _FORMAT = 4
-# Tags the dithering noise stream of example e, default_rng([seed, e, _DITHER_STREAM]),
-# apart from the start-vector stream default_rng([seed, e]) of hcrfast.start_vectors.
-_DITHER_STREAM = DITHER_STREAM
 # A rerun takes σ from run.json; one computed afresh must agree to this relative tolerance
 # (the float32 features may differ in the last bits with the thread count).
 _SIGMA_RTOL = 1e-5
@@ -259,7 +255,8 @@ def _features(zm, xn: torch.Tensor, batch: int) -> torch.Tensor:
 def _accuracies(zm, feats: torch.Tensor, labels: torch.Tensor, sigma: float, *, seed: int, restarts: int):
     """Clean accuracy and the accuracy on dithered features, one noise draw per restart
     (:func:`hcrfast.utility.accuracy_on_features`: example e draws its R noise vectors from
-    ``default_rng([seed, e, _DITHER_STREAM])``). Returns ``(clean, dithered_mean, dithered_per_draw)``.
+    ``default_rng([seed, e, DITHER_STREAM])``, apart from the start-vector stream ``default_rng([seed, e])``
+    of :func:`hcrfast.start_vectors`). Returns ``(clean, dithered_mean, dithered_per_draw)``.
     """
     from hcrfast.utility import accuracy_on_features
 

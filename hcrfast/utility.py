@@ -92,11 +92,15 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
     seed : int
         Example e draws from ``default_rng([seed, e, DITHER_STREAM])``.
     """
+    return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed)
+
+
+def _features(model, batch: torch.Tensor) -> torch.Tensor:
+    """The model's checked features of ``batch``, in its own shape, the model in eval mode."""
     from hcrfast import validation
 
     with torch.no_grad(), validation.eval_mode(model):
-        feats = validation.features_of(model, batch, flat=False)
-    return accuracy_on_features(head, feats, labels, sigma, draws=draws, seed=seed)
+        return validation.features_of(model, batch, flat=False)
 
 
 def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int = 10, seed: int = 0) -> Utility:
@@ -226,7 +230,6 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     rtol : float
         The relative width of the final bracket (default 0.01).
     """
-    from hcrfast import validation
     from hcrfast.algorithm import rms_sigma
 
     if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float, np.floating, np.integer)) or not (
@@ -234,8 +237,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
         raise ValueError(f"accuracy={accuracy!r}: pass the dithered accuracy to keep, a number in (0, 1]")
     if not (isinstance(rtol, (int, float, np.floating)) and np.isfinite(rtol) and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
-    with torch.no_grad(), validation.eval_mode(model):
-        feats = validation.features_of(model, batch, flat=False)
+    feats = _features(model, batch)
     if sigma0 is None:
         sigma0 = rms_sigma(feats.reshape(feats.shape[0], -1), 1.0)
     unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]))
@@ -248,11 +250,11 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
         history.append({"scale": k, "dithered": u.dithered, "stderr": u.stderr})
         return u
 
-    clean = accuracy_on_features(head, feats, labels, 0.0, draws=1, seed=seed).clean
+    k, u = 1.0, at(1.0)
+    clean = u.clean  # (every call measures it; the first says whether any sigma can keep the target)
     if clean < accuracy:
         raise ValueError(f"accuracy={accuracy:g}: the head's clean accuracy on these inputs is {clean:.4f}, under the "
                          f"target: no noise keeps it; pass a target of at most {clean:.4f}")
-    k, u = 1.0, at(1.0)
     lo = hi = None  # (scale, Utility): meets the target, falls under it
     if u.dithered >= accuracy:
         lo = (k, u)
