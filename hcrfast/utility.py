@@ -1,9 +1,17 @@
 """What the noise costs: the accuracy of a head on the dithered features, beside the bounds.
 
 A noise level is a trade: larger σ lifts the HCR bounds (the confidentiality) and lowers what the
-released features are good for. :func:`dithered_accuracy` measures the second half, for the common
-case of features that feed a classifier: ``head(model(x) + Z)`` against the labels, over several
-draws of ``Z ~ N(0, σ²)`` per input (one σ, or one std per feature).
+released features are good for. :func:`dithered_accuracy` measures the second half: ``head(model(x) + Z)``
+over several draws of ``Z ~ N(0, σ²)`` per input (one σ, or one std per feature), scored by a metric:
+
+- ``"accuracy"`` (the default): the head classifies the features; the share of noisy copies whose
+  top class is the input's label. ``"top5"`` (any ``"topK"``): the label is among the K best classes.
+- ``"cosine"``: no labels; the cosine similarity of each noisy copy's output with the clean one's,
+  for embeddings released as they are (``head=None``) or through a projection.
+- a callable ``metric(outputs, targets)``: a score per noisy copy, higher is better (a negative
+  squared error for a regression head, say); ``targets`` holds each copy's rows of the labels given.
+
+With ``head=None`` the metric sees the features themselves (noisy logits, or the embedding).
 
 Example e draws its noise from ``numpy.random.default_rng([seed, e, DITHER_STREAM])``, as
 ``hcrfast reproduce`` draws its dithering: the same seed gives the same draws there and here,
@@ -11,6 +19,7 @@ on the CPU and on a GPU alike.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,22 +37,25 @@ _CHUNK_ENTRIES = 1 << 24
 
 @dataclass(frozen=True)
 class Utility:
-    """The accuracy of a head on clean and on dithered features (:func:`dithered_accuracy`).
+    """What a head's metric gives on clean and on dithered features (:func:`dithered_accuracy`).
 
     Attributes
     ----------
     clean : float
-        The share of inputs whose clean features the head classifies right.
+        The metric on the clean features, averaged over the inputs (for ``"accuracy"``: the share of
+        inputs the head classifies right).
     dithered : float
-        The same with noise, averaged over the draws (each input's ``draws`` noisy copies).
+        The same with noise, averaged over every input's ``draws`` noisy copies.
     per_draw : numpy.ndarray
-        (draws,): the accuracy of the d-th noisy copy of every input.
+        (draws,): the metric of the d-th noisy copy of every input, averaged over the inputs.
     stderr : float
         The standard error of :attr:`dithered` over the draws (0 for one draw).
     draws, examples, seed : int
     sigma : float or None
         The noise's std; None where one std per feature (then :attr:`sigma_rms` is their RMS).
     sigma_rms : float
+    metric : str
+        ``"accuracy"``, ``"topK"``, ``"cosine"``, or a callable's name.
     """
 
     clean: float
@@ -55,35 +67,38 @@ class Utility:
     seed: int
     sigma: float | None
     sigma_rms: float
+    metric: str = "accuracy"
 
     def summary(self) -> str:
         noise = (f"sigma {self.sigma:.6g}" if self.sigma is not None
                  else f"one std per feature (RMS {self.sigma_rms:.6g})")
-        return (f"accuracy of the head on {self.examples} inputs: clean {self.clean:.4f}, dithered ({noise}, "
+        return (f"{_describe(self.metric)} on {self.examples} inputs: clean {self.clean:.4f}, dithered ({noise}, "
                 f"{self.draws} draws each) {self.dithered:.4f} ± {self.stderr:.4f}")
 
     def to_dict(self) -> dict:
         return {"clean": self.clean, "dithered": self.dithered, "stderr": self.stderr,
                 "per_draw": self.per_draw.tolist(), "draws": self.draws, "examples": self.examples,
-                "seed": self.seed, "sigma": self.sigma, "sigma_rms": self.sigma_rms,
+                "seed": self.seed, "sigma": self.sigma, "sigma_rms": self.sigma_rms, "metric": self.metric,
                 "noise_stream": f"default_rng([seed, example, {DITHER_STREAM:#x}])"}
 
 
 def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws: int = 10,
-                      seed: int = 0) -> Utility:
-    """The accuracy of ``head`` on ``model(batch)``, clean and with ``draws`` noise draws per input.
+                      seed: int = 0, metric="accuracy") -> Utility:
+    """The metric of ``head`` on ``model(batch)``, clean and with ``draws`` noise draws per input.
 
     Parameters
     ----------
     model : torch.nn.Module
         The feature extractor whose outputs are released (as for :func:`hcrfast.bound`).
-    head : torch.nn.Module
-        Takes the features as ``model`` returns them, (B, ...), and returns class scores (B, C); its
-        argmax over the classes is the prediction.
+    head : torch.nn.Module or None
+        Takes the features as ``model`` returns them, (B, ...); for ``"accuracy"`` and ``"topK"`` it
+        returns class scores (B, C), whose best classes are the prediction. None: the features
+        themselves are what the metric scores.
     batch : torch.Tensor
         The inputs, (B, ...).
-    labels : torch.Tensor or numpy.ndarray
-        (B,) integer classes in [0, C).
+    labels : torch.Tensor, numpy.ndarray or None
+        ``"accuracy"``, ``"topK"``: (B,) integer classes in [0, C). ``"cosine"``: None. A callable
+        metric: None, or anything with B rows, handed to it row by row with each noisy copy.
     sigma : float or array
         The std of the Gaussian noise added to every feature, or one std per feature (the features'
         shape, or flat).
@@ -91,8 +106,13 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
         Noisy copies per input (default 10).
     seed : int
         Example e draws from ``default_rng([seed, e, DITHER_STREAM])``.
+    metric : str or callable
+        ``"accuracy"`` (default), ``"topK"`` (``"top5"``: the label among the K best classes),
+        ``"cosine"`` (each noisy copy's output against the clean one's, flattened), or
+        ``metric(outputs, targets)`` returning one finite score per copy, shape (N,), higher is
+        better (outputs: the head's (N, ...) for N copies; targets: their labels' rows, or None).
     """
-    return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed)
+    return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed, metric=metric)
 
 
 def _features(model, batch: torch.Tensor) -> torch.Tensor:
@@ -103,7 +123,8 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
         return validation.features_of(model, batch, flat=False)
 
 
-def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int = 10, seed: int = 0) -> Utility:
+def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int = 10, seed: int = 0,
+                         metric="accuracy") -> Utility:
     """:func:`dithered_accuracy` on features already computed, ``feats`` (B, ...)."""
     from hcrfast import validation
 
@@ -111,28 +132,26 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
         raise ValueError(f"draws={draws!r}: pass a positive integer (noisy copies per input)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed={seed!r}: pass an integer >= 0")
-    if not isinstance(head, torch.nn.Module):
-        raise TypeError(f"head={type(head).__name__}: pass the torch.nn.Module that classifies the features")
+    if head is not None and not isinstance(head, torch.nn.Module):
+        raise TypeError(f"head={type(head).__name__}: pass the torch.nn.Module that reads the features (or None: "
+                        f"the metric scores the features themselves)")
+    score = _Metric.of(metric)
     B, shape = feats.shape[0], tuple(feats.shape[1:])
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
-    labels = _labels(labels, B)
-    with torch.no_grad(), validation.eval_mode(head, "head"):
+    targets = score.targets(labels, B, feats.device)
+    with torch.no_grad(), (validation.eval_mode(head, "head") if head is not None else contextlib.nullcontext()):
         try:
-            scores = _scores(head, feats)
+            reference = _outputs(head, feats)
         except (RuntimeError, TypeError) as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
             raise ValueError(f"the head failed on the features, shape {tuple(feats.shape)} "
                              f"({str(exc).splitlines()[0][:200]}): pass a head that takes the features as the model "
                              f"returns them") from exc
-        classes = scores.shape[1]
-        if labels.max() >= classes:
-            raise ValueError(f"labels hold class {int(labels.max())}, but the head scores {classes} classes (0.."
-                             f"{classes - 1}): pass the labels the head was trained on")
-        want = torch.as_tensor(labels, device=feats.device)
-        clean = int((scores.argmax(dim=1) == want).sum())
-        correct = np.zeros(draws, dtype=np.int64)
+        score.check(reference, labels if targets is None else targets)
+        clean = score.total(score(reference, reference, targets))
+        total = np.zeros(draws, dtype=np.int64 if score.counts else np.float64)
         flat = profile.reshape(-1)  # one std, or one per feature in the features' order
         step = max(1, _CHUNK_ENTRIES // max(1, draws * n))
         for lo in range(0, B, step):
@@ -142,16 +161,112 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                           for e in range(lo, hi)])                      # (examples, draws, n)
             noise = torch.as_tensor(z.reshape((-1,) + shape), dtype=feats.dtype, device=feats.device)
             noisy = feats[lo:hi].repeat_interleave(draws, dim=0) + noise
-            hits = _scores(head, noisy).argmax(dim=1) == want[lo:hi].repeat_interleave(draws)
-            correct += hits.reshape(hi - lo, draws).sum(dim=0).cpu().numpy()
-    per_draw = correct / B
+            copies = score(_outputs(head, noisy), reference[lo:hi].repeat_interleave(draws, dim=0),
+                           None if targets is None else targets[lo:hi].repeat_interleave(draws, dim=0))
+            total += copies.reshape(hi - lo, draws).sum(dim=0).cpu().numpy()
+    per_draw = total / B
     scalar = profile.size == 1
-    # the share of all B x draws copies classified right, an exact ratio of counts (so that a target met
+    # the mean over all B x draws copies; for (top-K) accuracy an exact ratio of counts (so that a target met
     # exactly, 0.8 = 200 / 250, compares as met)
-    return Utility(clean=clean / B, dithered=int(correct.sum()) / (B * draws), per_draw=per_draw,
+    dithered = (int(total.sum()) / (B * draws)) if score.counts else float(total.sum() / (B * draws))
+    return Utility(clean=clean / B, dithered=dithered, per_draw=per_draw,
                    stderr=float(per_draw.std(ddof=1) / np.sqrt(draws)) if draws > 1 else 0.0,
                    draws=int(draws), examples=B, seed=int(seed), sigma=float(profile) if scalar else None,
-                   sigma_rms=float(np.sqrt(np.mean(profile ** 2))))
+                   sigma_rms=float(np.sqrt(np.mean(profile ** 2))), metric=score.name)
+
+
+def _outputs(head, feats: torch.Tensor) -> torch.Tensor:
+    out = feats if head is None else head(feats)
+    if not isinstance(out, torch.Tensor) or out.ndim < 1 or out.shape[0] != feats.shape[0]:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"the head returned {got} for {feats.shape[0]} feature vectors; it must return one row per "
+                         f"feature vector, (B, ...)")
+    return out
+
+
+def _describe(metric: str) -> str:
+    if metric == "accuracy":
+        return "accuracy of the head"
+    if metric.startswith("top") and metric[3:].isdigit():
+        return f"top-{metric[3:]} accuracy of the head"
+    if metric == "cosine":
+        return "cosine similarity of the noisy outputs with the clean ones"
+    return f"{metric} (the mean per noisy copy)"
+
+
+class _Metric:
+    """What a noisy copy's output scores: a (top-K) hit, its cosine with the clean output, or the user's
+    callable. ``counts``: the scores are 0/1, summed as exact integers."""
+
+    def __init__(self, name: str, top: int | None = None, fn=None):
+        self.name, self.top, self.fn = name, top, fn
+        self.counts = top is not None
+
+    @classmethod
+    def of(cls, metric) -> "_Metric":
+        if callable(metric) and not isinstance(metric, str):
+            return cls(getattr(metric, "__name__", None) or type(metric).__name__, fn=metric)
+        if metric == "accuracy":
+            return cls("accuracy", top=1)
+        if metric == "cosine":
+            return cls("cosine")
+        if isinstance(metric, str) and metric.startswith("top") and metric[3:].isdigit() and int(metric[3:]) >= 1:
+            k = int(metric[3:])
+            return cls("accuracy" if k == 1 else f"top{k}", top=k)
+        raise ValueError(f"metric={metric!r}: pass 'accuracy', 'topK' (top5: the label among the 5 best classes), "
+                         f"'cosine', or a callable metric(outputs, targets) giving one score per noisy copy")
+
+    def targets(self, labels, B: int, device):
+        if self.top is not None:
+            return torch.as_tensor(_labels(labels, B), device=device)
+        if self.fn is None:  # cosine
+            if labels is not None:
+                raise ValueError("labels given with metric='cosine', which compares each noisy output with the clean "
+                                 "one: pass labels=None")
+            return None
+        if labels is None:
+            return None
+        rows = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(np.asarray(labels))
+        if rows.ndim < 1 or rows.shape[0] != B:
+            raise ValueError(f"labels have shape {tuple(rows.shape)}; pass one row per input, {B} rows, for the "
+                             f"metric {self.name!r} (or None)")
+        return rows.to(device)
+
+    def check(self, outputs: torch.Tensor, targets) -> None:
+        if self.top is None:
+            return
+        if outputs.ndim != 2:
+            raise ValueError(f"the head returned {tuple(outputs.shape)} for {outputs.shape[0]} feature vectors; "
+                             f"accuracy needs class scores of shape (B, classes)")
+        classes = outputs.shape[1]
+        if classes <= self.top:
+            raise ValueError(f"the head scores {classes} class{'es' if classes != 1 else ''}; "
+                             + ("accuracy needs at least 2 (argmax over classes)" if self.top == 1 else
+                                f"top-{self.top} accuracy needs more than {self.top} (pass a smaller K)"))
+        if int(targets.max()) >= classes:
+            raise ValueError(f"labels hold class {int(targets.max())}, but the head scores {classes} classes (0.."
+                             f"{classes - 1}): pass the labels the head was trained on")
+
+    def __call__(self, outputs: torch.Tensor, reference: torch.Tensor, targets) -> torch.Tensor:
+        """(N,) scores of N copies' outputs (reference: the clean outputs of their inputs)."""
+        if self.top == 1:
+            return outputs.argmax(dim=1) == targets
+        if self.top is not None:
+            return (outputs.topk(self.top, dim=1).indices == targets[:, None]).any(dim=1)
+        if self.fn is None:
+            return torch.nn.functional.cosine_similarity(outputs.reshape(len(outputs), -1).double(),
+                                                         reference.reshape(len(reference), -1).double(), dim=1)
+        got = self.fn(outputs, targets)
+        scores = torch.as_tensor(got.detach() if isinstance(got, torch.Tensor) else np.asarray(got))
+        if scores.shape != (len(outputs),) or not bool(torch.isfinite(scores.double()).all()):
+            raise ValueError(f"the metric {self.name!r} returned {tuple(scores.shape)} scores"
+                             + ("" if scores.shape != (len(outputs),) else ", not all finite")
+                             + f" for {len(outputs)} copies: it must return one finite score per copy, shape "
+                               f"({len(outputs)},)")
+        return scores.to(torch.float64)
+
+    def total(self, scores: torch.Tensor):
+        return int(scores.sum()) if self.counts else float(scores.double().sum())
 
 
 @dataclass(frozen=True)
@@ -196,7 +311,7 @@ class AccuracySearch:
         sig = self.sigma if np.ndim(self.sigma) == 0 else float(np.sqrt(np.mean(np.square(self.sigma))))
         above = ("" if self.above is None else
                  f"; at {self.above_scale:.6g} x sigma0 it is {self.above.dithered:.4f}")
-        return (f"the largest sigma found keeping the head's dithered accuracy >= {self.target:g}: "
+        return (f"the largest sigma found keeping the head's dithered {self.utility.metric} >= {self.target:g}: "
                 f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, accuracy {self.utility.dithered:.4f} ± "
                 f"{self.utility.stderr:.4f} (clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas "
                 f"tried ({self.note})")
@@ -207,9 +322,11 @@ MAX_SCALE = 2.0 ** 40
 
 
 def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float, *, sigma0=None,
-                       draws: int = 10, seed: int = 0, rtol: float = 0.01) -> AccuracySearch:
+                       draws: int = 10, seed: int = 0, rtol: float = 0.01, metric="accuracy") -> AccuracySearch:
     """The largest σ = scale × ``sigma0`` at which ``head``'s accuracy on the dithered features stays
     at least ``accuracy``: the most noise, and so the largest HCR bounds, a utility target allows.
+    (Any metric of :func:`dithered_accuracy` works alike: ``accuracy`` is then the value of its mean
+    to keep, and the metric should fall as the noise grows.)
 
     The model runs once; every σ tried is ``draws`` noisy copies of every input's features through the
     head (:func:`accuracy_on_features`, the same draws at every σ, scaled). The search doubles or halves
@@ -221,10 +338,11 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
 
     Parameters
     ----------
-    model, head, batch, labels, draws, seed :
+    model, head, batch, labels, draws, seed, metric :
         As for :func:`dithered_accuracy`.
     accuracy : float
-        The dithered accuracy to keep, in (0, 1]; at most the clean accuracy.
+        The dithered accuracy (the metric's mean) to keep: in (0, 1] for ``"accuracy"`` and
+        ``"topK"``, in (-1, 1] for ``"cosine"``; at most its value on the clean features.
     sigma0 : float or array, optional
         The unit and first σ tried. Default: the RMS of the clean features over the batch.
     rtol : float
@@ -232,29 +350,33 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     """
     from hcrfast.algorithm import rms_sigma
 
+    score = _Metric.of(metric)
+    low = 0 if score.counts else -1 if score.name == "cosine" else -np.inf
     if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float, np.floating, np.integer)) or not (
-            0 < accuracy <= 1):
-        raise ValueError(f"accuracy={accuracy!r}: pass the dithered accuracy to keep, a number in (0, 1]")
+            np.isfinite(accuracy) and low < accuracy <= (1 if np.isfinite(low) else np.inf)):
+        raise ValueError(f"accuracy={accuracy!r}: pass the dithered {score.name} to keep, a "
+                         + (f"number in ({low}, 1]" if np.isfinite(low) else "finite number"))
     if not (isinstance(rtol, (int, float, np.floating)) and np.isfinite(rtol) and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
     feats = _features(model, batch)
     if sigma0 is None:
         sigma0 = rms_sigma(feats.reshape(feats.shape[0], -1), 1.0)
-    unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]))
+    unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]), "sigma0")
     if not np.all(unit > 0):
         raise ValueError("sigma0 must be positive: it is the unit of the search")
     history = []
 
     def at(k: float) -> Utility:
-        u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed)
+        u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
         history.append({"scale": k, "dithered": u.dithered, "stderr": u.stderr})
         return u
 
     k, u = 1.0, at(1.0)
     clean = u.clean  # (every call measures it; the first says whether any sigma can keep the target)
     if clean < accuracy:
-        raise ValueError(f"accuracy={accuracy:g}: the head's clean accuracy on these inputs is {clean:.4f}, under the "
-                         f"target: no noise keeps it; pass a target of at most {clean:.4f}")
+        shown = f"{clean:.4f}" if score.counts else f"{clean:.6g}"
+        raise ValueError(f"accuracy={accuracy:g}: the head's clean {score.name} on these inputs is {shown}, under the "
+                         f"target: no noise keeps it; pass a target of at most {shown}")
     lo = hi = None  # (scale, Utility): meets the target, falls under it
     if u.dithered >= accuracy:
         lo = (k, u)
@@ -275,12 +397,13 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
             else:
                 hi = (k, u)
             if k < 1.0 / MAX_SCALE and lo is None:  # (the clean accuracy meets it: sigma -> 0 must)
-                raise RuntimeError(f"the dithered accuracy stays under {accuracy:g} down to sigma = {k:g} x sigma0 "
-                                   f"although the clean accuracy is {clean:.4f}; the head's scores are unstable")
+                raise RuntimeError(f"the dithered {score.name} stays under {accuracy:g} down to sigma = {k:g} x sigma0 "
+                                   f"although the clean one is {clean:.6g}; the head's outputs (or the metric) are "
+                                   f"unstable")
     if hi is None:
         return AccuracySearch(sigma=_scaled(lo[0], unit), scale=lo[0], sigma0=_unit(unit), target=float(accuracy),
                               utility=lo[1], above_scale=None, above=None, history=history,
-                              note=f"the accuracy met the target up to {MAX_SCALE:g} x sigma0: the head barely "
+                              note=f"the {score.name} met the target up to {MAX_SCALE:g} x sigma0: the head barely "
                                    f"looks at these features")
     while hi[0] > lo[0] * (1.0 + rtol):
         k = float(np.sqrt(lo[0] * hi[0]))
@@ -302,18 +425,21 @@ def _scaled(k: float, unit: np.ndarray):
     return float(k * unit) if unit.size == 1 else k * unit
 
 
-def _profile(sigma, n: int, shape: tuple) -> np.ndarray:
+def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
     if hasattr(sigma, "detach"):
         sigma = sigma.detach().cpu().numpy()
     try:
         profile = np.asarray(sigma, dtype=np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"sigma={sigma!r}: pass the noise's std, a float or one per feature") from None
+        raise TypeError(f"{name}={sigma!r}: pass the noise's std, a float or one per feature") from None
     if profile.size != 1 and profile.size != n:
-        raise ValueError(f"sigma has {profile.size} entries, shape {profile.shape}; the model returns {n} features "
+        raise ValueError(f"{name} has {profile.size} entries, shape {profile.shape}; the model returns {n} features "
                          f"of shape {shape}: pass one std, or one per feature")
+    if profile.size != 1 and profile.shape not in ((n,), shape):  # (a transposed profile would land elsewhere)
+        raise ValueError(f"{name} has the shape {profile.shape}, but the model's features have the shape {shape}: "
+                         f"pass the stds in the features' shape, or flat ({n},) in their order")
     if not (np.all(np.isfinite(profile)) and np.all(profile >= 0)):
-        raise ValueError("sigma must be finite and >= 0" + (f", got {float(profile):g}" if profile.size == 1 else
+        raise ValueError(f"{name} must be finite and >= 0" + (f", got {float(profile):g}" if profile.size == 1 else
                                                            f"; {int(np.sum(~(profile >= 0)))} entries are not"))
     return profile.reshape(()) if profile.size == 1 else profile.reshape(shape)
 
@@ -330,14 +456,3 @@ def _labels(labels, B: int) -> np.ndarray:
     if labels.min() < 0:
         raise ValueError(f"labels hold {int(labels.min())}; classes are 0, 1, ...")
     return labels
-
-
-def _scores(head, feats: torch.Tensor) -> torch.Tensor:
-    out = head(feats)
-    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != feats.shape[0]:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"the head returned {got} for {feats.shape[0]} feature vectors; it must return class "
-                         f"scores of shape (B, classes)")
-    if out.shape[1] < 2:
-        raise ValueError(f"the head scores {out.shape[1]} class; accuracy needs at least 2 (argmax over classes)")
-    return out

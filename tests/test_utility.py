@@ -139,6 +139,7 @@ def test_reproduce_draws_its_dithering_from_the_same_stream(problem):
     (dict(labels=np.full(40, -1)), "labels hold -1"),
     (dict(labels=np.full(40, 0.5)), "labels are float64; pass integer classes"),
     (dict(sigma=np.ones(5)), "sigma has 5 entries, shape (5,); the model returns 12 features of shape (3, 4)"),
+    (dict(sigma=np.ones((4, 3))), "sigma has the shape (4, 3), but the model's features have the shape (3, 4)"),
     (dict(sigma=-1.0), "sigma must be finite and >= 0, got -1"),
     (dict(sigma=np.full(12, np.nan)), "12 entries are not"),
     (dict(draws=0), "draws=0: pass a positive integer"),
@@ -212,6 +213,7 @@ def test_a_head_that_ignores_the_features_lets_any_noise_through(problem):
     (dict(accuracy=True), "accuracy=True"),
     (dict(accuracy=0.5, rtol=0), "rtol=0: pass a positive number"),
     (dict(accuracy=0.5, sigma0=np.zeros(12)), "sigma0 must be positive"),
+    (dict(accuracy=0.5, sigma0=np.ones((4, 3))), "sigma0 has the shape (4, 3), but the model's features have"),
 ])
 def test_a_bad_accuracy_search_is_named_with_its_fix(problem, kwargs, words):
     model, head, x, labels = problem
@@ -219,3 +221,111 @@ def test_a_bad_accuracy_search_is_named_with_its_fix(problem, kwargs, words):
     with pytest.raises(ValueError) as info:
         hcrfast.sigma_for_accuracy(model, head, x, labels, accuracy, **kwargs)
     assert words in str(info.value)
+
+
+# ---- other metrics: top-K accuracy, the cosine with the clean output, a callable ----
+
+def _oracle_scores(model, head, x, sigma, draws, seed, score):
+    """The test's own loop for any per-copy score: score(noisy output, clean output, e) one copy at a time."""
+    with torch.no_grad():
+        feats = model(x).double()
+        flat = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (feats[0].numel(),))
+        per_draw = np.zeros(draws)
+        for e in range(len(x)):
+            z = np.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, feats[0].numel()))
+            ref = (head(feats[e][None]) if head is not None else feats[e][None])[0]
+            for d in range(draws):
+                noisy = feats[e] + torch.from_numpy(flat * z[d]).reshape(feats[e].shape)
+                out = (head(noisy[None]) if head is not None else noisy[None])[0]
+                per_draw[d] += score(out, ref, e)
+    return per_draw / len(x)
+
+
+def test_top_k_accuracy_matches_the_tests_own_loop(problem):
+    model, head, x, labels = problem
+    got = hcrfast.dithered_accuracy(model, head, x, labels, 0.5, draws=5, seed=2, metric="top2")
+    want = _oracle_scores(model, head, x, 0.5, 5, 2,
+                          lambda out, ref, e: labels[e] in np.argsort(-out.numpy())[:2])
+    np.testing.assert_array_equal(got.per_draw, want)
+    with torch.no_grad():
+        clean = np.mean([labels[e] in np.argsort(-row)[:2] for e, row in enumerate(head(model(x)).numpy())])
+    assert got.metric == "top2" and got.clean == clean > 0.75   # some wrong labels are the clean runner-up
+    top1 = hcrfast.dithered_accuracy(model, head, x, labels, 0.5, draws=5, seed=2)
+    assert got.dithered > top1.dithered and "top-2 accuracy of the head" in got.summary()
+    same = hcrfast.dithered_accuracy(model, head, x, labels, 0.5, draws=5, seed=2, metric="top1")
+    np.testing.assert_array_equal(same.per_draw, top1.per_draw)
+    assert same.metric == top1.metric == "accuracy"
+
+
+@pytest.mark.parametrize("head_kind", ["none", "head"])
+def test_the_cosine_with_the_clean_output_matches_the_tests_own_loop(problem, head_kind):
+    model, head, x, _ = problem
+    head = None if head_kind == "none" else head
+
+    def cos(out, ref, e):
+        a, b = out.numpy().ravel(), ref.numpy().ravel()
+        return a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+
+    sigma = np.linspace(0.05, 0.6, 12).reshape(3, 4)
+    got = hcrfast.dithered_accuracy(model, head, x, None, sigma, draws=4, seed=1, metric="cosine")
+    np.testing.assert_allclose(got.per_draw, _oracle_scores(model, head, x, sigma, 4, 1, cos), rtol=1e-12)
+    assert got.metric == "cosine" and got.clean == pytest.approx(1.0, abs=1e-12)
+    assert 0 < got.dithered < 1 and got.dithered == pytest.approx(got.per_draw.mean(), rel=1e-12)
+    assert "cosine similarity of the noisy outputs with the clean ones" in got.summary()
+
+
+def test_a_callable_metric_sees_each_copys_targets(problem):
+    """A regression-style metric: the negative squared error of the noisy features against targets per input,
+    which the callable receives row for row with the noisy copies."""
+    model, _, x, _ = problem
+    targets = torch.from_numpy(np.random.default_rng(7).standard_normal((40, 3, 4)))
+
+    def neg_sq_error(outputs, rows):
+        return -((outputs - rows) ** 2).flatten(1).sum(dim=1)
+
+    got = hcrfast.dithered_accuracy(model, None, x, targets, 0.3, draws=3, seed=6, metric=neg_sq_error)
+    want = _oracle_scores(model, None, x, 0.3, 3, 6,
+                          lambda out, ref, e: -float(((out - targets[e]) ** 2).sum()))
+    np.testing.assert_allclose(got.per_draw, want, rtol=1e-12)
+    with torch.no_grad():
+        assert got.clean == pytest.approx(-float(((model(x) - targets) ** 2).sum()) / 40, rel=1e-12)
+    assert got.metric == "neg_sq_error" and got.dithered < got.clean
+    assert got.to_dict()["metric"] == "neg_sq_error"
+
+
+@pytest.mark.parametrize("metric, labels, words", [
+    ("top0", "labels", "metric='top0': pass 'accuracy', 'topK'"),
+    ("f1", "labels", "metric='f1'"),
+    ("top5", "labels", "the head scores 5 classes; top-5 accuracy needs more than 5 (pass a smaller K)"),
+    ("cosine", "labels", "labels given with metric='cosine'"),
+    (lambda out, t: out.sum(), None, "returned () scores for 40 copies: it must return one finite score per copy"),
+    (lambda out, t: torch.full((len(out),), float("nan")), None, "not all finite"),
+    (lambda out, t: out[:, 0], np.zeros(39), "labels have shape (39,); pass one row per input, 40 rows"),
+])
+def test_a_bad_metric_is_named_with_its_fix(problem, metric, labels, words):
+    model, head, x, y = problem
+    with pytest.raises(ValueError) as info:
+        hcrfast.dithered_accuracy(model, head, x, y if isinstance(labels, str) else labels, 0.1, draws=2,
+                                  metric=metric)
+    assert words in str(info.value)
+
+
+def test_the_sigma_found_for_a_cosine_keeps_it_and_a_little_more_loses_it(problem):
+    model, _, x, _ = problem
+
+    def cos(out, ref, e):
+        a, b = out.numpy().ravel(), ref.numpy().ravel()
+        return a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+
+    found = hcrfast.sigma_for_accuracy(model, None, x, None, 0.9, draws=5, seed=3, rtol=0.02, metric="cosine")
+    assert found.above_scale is not None and found.scale < found.above_scale <= found.scale * 1.02
+    at = _oracle_scores(model, None, x, found.sigma, 5, 3, cos).mean()
+    above = _oracle_scores(model, None, x, found.above_scale * found.sigma0, 5, 3, cos).mean()
+    assert at >= 0.9 > above
+    assert "dithered cosine >= 0.9" in found.summary()
+    with pytest.raises(ValueError, match=r"accuracy=-1: pass the dithered cosine to keep, a number in \(-1, 1\]"):
+        hcrfast.sigma_for_accuracy(model, None, x, None, -1, metric="cosine")
+    with pytest.raises(ValueError, match=r"accuracy=inf: pass the dithered f to keep, a finite number"):
+        def f(out, t):
+            return out[:, 0, 0]
+        hcrfast.sigma_for_accuracy(model, None, x, None, float("inf"), metric=f)
