@@ -47,7 +47,9 @@ def add_subparser(subparsers) -> None:
             "  hcrfast bound net.py:Net x.pt --head net.py:Head --labels y.npy --sweep 0.5,1,2\n"
             "                                                                # ... and the accuracy each costs\n"
             "  hcrfast bound net.py:Net x.pt --head net.py:Head --labels y.npy --min-accuracy 0.9\n"
-            "                                                                # the most noise keeping 90%"),
+            "                                                                # the most noise keeping 90%\n"
+            "  hcrfast bound net.py:Net x.pt --metric cosine --min-utility 0.95\n"
+            "                                                                # embeddings: keep their direction"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="MODEL", help="file.py:NAME or package.module:NAME")
@@ -123,20 +125,29 @@ def add_subparser(subparsers) -> None:
                         "(resumable from OUT/sweep_chunks/)")
     u = p.add_argument_group("utility: what the noise costs (hcrfast.dithered_accuracy)")
     u.add_argument("--head", default=None, metavar="HEAD",
-                   help="file.py:NAME or package.module:NAME, as MODEL: a classifier that takes the features as "
-                        "MODEL returns them and gives class scores (B, C); with --labels, its accuracy on the clean "
-                        "and on the dithered features is reported at the sigma bounded (at each, with --sweep)")
+                   help="file.py:NAME or package.module:NAME, as MODEL: what reads the released features, as MODEL "
+                        "returns them; its outputs on the clean and on the dithered features are scored by --metric "
+                        "at the sigma bounded (at each, with --sweep). For accuracy, a classifier giving class "
+                        "scores (B, C) (torch.nn:Identity where the features are the scores); for --metric cosine "
+                        "or a function, optional (default: the features themselves)")
     u.add_argument("--head-weights", default=None, metavar="PATH", help="a state dict loaded into HEAD, strictly")
     u.add_argument("--labels", default=None, metavar="PATH",
-                   help="a .pt, .npy or .npz file of the inputs' integer classes, shape (B,) (--labels-key: its entry)")
+                   help="a .pt, .npy or .npz file of the inputs' integer classes, shape (B,) (--labels-key: its "
+                        "entry); for a --metric function, its targets: any numbers, one row per input")
     u.add_argument("--labels-key", default=None, metavar="KEY",
                    help="the entry of a .npz file or .pt dict that holds the labels (default: its only one)")
+    u.add_argument("--metric", default=None, metavar="METRIC",
+                   help="how HEAD's outputs on the dithered features are scored, higher is better: accuracy (the "
+                        "default: argmax against --labels), topK (top5: the label among the 5 best classes), "
+                        "cosine (each noisy output against the clean one, no labels: for embeddings, with or "
+                        "without --head), or file.py:NAME / package.module:NAME, a function (outputs, targets) -> "
+                        "one score per noisy copy, shape (N,) (targets: the --labels rows of the copies, or None)")
     u.add_argument("--utility-draws", type=int, default=None, metavar="D",
-                   help="noisy copies of each input's features the head classifies (default 10)")
-    u.add_argument("--min-accuracy", type=float, default=None, metavar="A",
+                   help="noisy copies of each input's features scored (default 10)")
+    u.add_argument("--min-accuracy", "--min-utility", dest="min_accuracy", type=float, default=None, metavar="A",
                    help="bound at the largest sigma (a multiple of --sigma, --sigma-scale's or --sigma-file's) at "
-                        "which the head's dithered accuracy stays >= A (hcrfast.sigma_for_accuracy: the head only, "
-                        "no bound, per sigma tried): the most confidentiality this utility allows")
+                        "which the dithered --metric (accuracy by default) stays >= A (hcrfast.sigma_for_accuracy: "
+                        "the head only, no bound, per sigma tried): the most confidentiality this utility allows")
     a = p.add_argument_group("calibration: a real attacker beside the bounds")
     a.add_argument("--attack", type=int, default=None, metavar="DRAWS",
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
@@ -164,18 +175,47 @@ def add_subparser(subparsers) -> None:
 # ---------------------------------------------------------------------------
 
 
-def load_model(spec: str):
-    """The ``torch.nn.Module`` that ``spec`` ('file.py:NAME' or 'package.module:NAME') names or makes."""
+def load_model(spec: str, what: str = "MODEL"):
+    """The ``torch.nn.Module`` that ``spec`` ('file.py:NAME' or 'package.module:NAME') names or makes
+    (``what``: the argument that named it, for the errors)."""
+    import torch
+
+    obj, name = _load_object(spec, what, "a torch.nn.Module, or a class or function that makes one")
+    if not isinstance(obj, torch.nn.Module):
+        if not callable(obj):
+            raise ValueError(f"{what} {spec!r}: {name} is a {type(obj).__name__}, not a torch.nn.Module nor a "
+                             f"class or function that makes one")
+        try:
+            made = obj()
+        except TypeError as exc:
+            raise ValueError(f"{what} {spec!r}: calling {name}() failed ({exc}); name a torch.nn.Module, or a "
+                             f"function that makes one without arguments") from exc
+        if not isinstance(made, torch.nn.Module):
+            raise ValueError(f"{what} {spec!r}: {name}() returned a {type(made).__name__}, not a torch.nn.Module")
+        obj = made
+    return obj
+
+
+def load_function(spec: str, what: str = "--metric"):
+    """The function that ``spec`` ('file.py:NAME' or 'package.module:NAME') names, not called."""
+    obj, name = _load_object(spec, what, "a function (outputs, targets) -> one score per noisy copy")
+    if isinstance(obj, type) or not callable(obj):
+        raise ValueError(f"{what} {spec!r}: {name} is a {'class' if isinstance(obj, type) else type(obj).__name__}, "
+                         f"not a function (outputs, targets) -> one score per noisy copy")
+    return obj
+
+
+def _load_object(spec: str, what: str, wanted: str):
+    """The object ``spec`` names (the file run, or the module imported), and its NAME."""
     import torch
 
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"MODEL {spec!r}: pass 'path/to/file.py:NAME' or 'package.module:NAME' (NAME: a "
-                         f"torch.nn.Module, or a class or function that makes one)")
+        raise ValueError(f"{what} {spec!r}: pass 'path/to/file.py:NAME' or 'package.module:NAME' (NAME: {wanted})")
     if where.endswith(".py") or os.sep in where or "/" in where:
         path = Path(where)
         if not path.is_file():
-            raise FileNotFoundError(f"MODEL {spec!r}: no Python file at {path.resolve()}")
+            raise FileNotFoundError(f"{what} {spec!r}: no Python file at {path.resolve()}")
         module_name = "_hcrfast_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
@@ -193,7 +233,7 @@ def load_model(spec: str):
             module = importlib.import_module(where)
         except ModuleNotFoundError as exc:
             if exc.name and (where == exc.name or where.startswith(exc.name + ".")):  # not one it imports
-                raise ValueError(f"MODEL {spec!r}: no module {exc.name!r} on the path (pass a file as "
+                raise ValueError(f"{what} {spec!r}: no module {exc.name!r} on the path (pass a file as "
                                  f"path/to/file.py:{name}, or install the package)") from None
             raise
     obj = module
@@ -201,22 +241,10 @@ def load_model(spec: str):
         if not hasattr(obj, part):
             found = sorted(k for k, v in vars(module).items()
                            if not k.startswith("_") and (isinstance(v, torch.nn.Module) or callable(v)))
-            raise ValueError(f"MODEL {spec!r}: {where} has no {name!r}; it has "
+            raise ValueError(f"{what} {spec!r}: {where} has no {name!r}; it has "
                              f"{', '.join(found[:10]) or 'no module, class or function'}")
         obj = getattr(obj, part)
-    if not isinstance(obj, torch.nn.Module):
-        if not callable(obj):
-            raise ValueError(f"MODEL {spec!r}: {name} is a {type(obj).__name__}, not a torch.nn.Module nor a "
-                             f"class or function that makes one")
-        try:
-            made = obj()
-        except TypeError as exc:
-            raise ValueError(f"MODEL {spec!r}: calling {name}() failed ({exc}); name a torch.nn.Module, or a "
-                             f"function that makes one without arguments") from exc
-        if not isinstance(made, torch.nn.Module):
-            raise ValueError(f"MODEL {spec!r}: {name}() returned a {type(made).__name__}, not a torch.nn.Module")
-        obj = made
-    return obj
+    return obj, name
 
 
 def load_inputs(path, key=None):
@@ -269,8 +297,9 @@ def load_inputs(path, key=None):
     return value
 
 
-def load_labels(path, key=None) -> np.ndarray:
-    """The integer classes of a .pt / .npy / .npz file (``key``: its entry), shape (B,)."""
+def load_labels(path, key=None, integer: bool = True) -> np.ndarray:
+    """The integer classes of a .pt / .npy / .npz file (``key``: its entry), shape (B,); with
+    ``integer=False``, any numbers with one row per input (a metric function's targets)."""
     import torch
 
     path = Path(path)
@@ -296,6 +325,11 @@ def load_labels(path, key=None) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.numpy()
     value = np.asarray(value)
+    if not integer:
+        if value.dtype.kind not in "biuf" or value.ndim < 1:
+            raise ValueError(f"--labels {path}: holds {value.dtype} values of shape {value.shape}; pass the metric's "
+                             f"targets as numbers, one row per input")
+        return value
     if value.dtype.kind not in "iu":
         raise ValueError(f"--labels {path}: holds {value.dtype} values; pass integer classes, one per input")
     if value.ndim != 1:
@@ -356,6 +390,50 @@ def sweep_scales(text: str) -> list[float]:
     return scales
 
 
+def utility_metric(args: argparse.Namespace):
+    """The metric --head, --labels and --metric ask for (a name, or the function --metric names), checked
+    before anything runs; None where no utility is asked for."""
+    from hcrfast.utility import _Metric
+
+    if args.head is None and args.labels is None and args.metric is None:
+        given = [f for f, v in (("--head-weights", args.head_weights), ("--labels-key", args.labels_key),
+                                ("--utility-draws", args.utility_draws), ("--min-accuracy", args.min_accuracy))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set how --head and --labels (or --metric) measure the utility; pass "
+                             f"them, or drop {'them' if len(given) > 1 else 'it'}")
+        return None
+    if args.metric is not None and ":" in args.metric:
+        metric = load_function(args.metric)
+    else:
+        metric = args.metric or "accuracy"
+        try:
+            _Metric.of(metric)
+        except ValueError:
+            raise ValueError(f"--metric {metric!r}: pass accuracy, topK (top5: the label among the 5 best classes), "
+                             f"cosine, or file.py:NAME / package.module:NAME naming a function (outputs, targets) -> "
+                             f"one score per noisy copy") from None
+    score = _Metric.of(metric)
+    if score.counts and (args.head is None or args.labels is None):
+        if args.head is None and args.labels is None:
+            raise ValueError(f"--metric {metric}: it scores a classifier's classes against the inputs' labels; pass "
+                             f"--head and --labels")
+        raise ValueError(f"{'--head' if args.labels is None else '--labels'} without "
+                         f"{'--labels' if args.labels is None else '--head'}: the accuracy of the noise needs both, a "
+                         f"classifier of the features and the inputs' classes; pass both (or --metric cosine, which "
+                         f"needs no labels)")
+    if metric == "cosine" and args.labels is not None:
+        raise ValueError("--labels with --metric cosine, which compares each noisy output with the clean one: drop "
+                         "--labels")
+    for flag, value, needs in (("--head-weights", args.head_weights, args.head),
+                               ("--labels-key", args.labels_key, args.labels)):
+        if value is not None and needs is None:
+            raise ValueError(f"{flag} without {flag.rsplit('-', 1)[0]}: pass {flag.rsplit('-', 1)[0]}, or drop {flag}")
+    if args.min_accuracy is not None:
+        score.check_target(args.min_accuracy, "--min-accuracy " if score.counts else "--min-utility ")
+    return metric
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -373,21 +451,9 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
-    if (args.head is None) != (args.labels is None):
-        raise ValueError(f"{'--head' if args.labels is None else '--labels'} without "
-                         f"{'--labels' if args.labels is None else '--head'}: the accuracy of the noise needs both, a "
-                         f"classifier of the features and the inputs' classes; pass both, or neither")
-    if args.head is None:
-        given = [f for f, v in (("--head-weights", args.head_weights), ("--labels-key", args.labels_key),
-                                ("--utility-draws", args.utility_draws), ("--min-accuracy", args.min_accuracy))
-                 if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} set how --head and --labels measure the accuracy; pass them, or drop "
-                             f"{'them' if len(given) > 1 else 'it'}")
+    metric = utility_metric(args)  # (None: no utility asked for)
     scales = None if args.sweep is None else sweep_scales(args.sweep)
     if args.min_accuracy is not None:
-        if not (np.isfinite(args.min_accuracy) and 0 < args.min_accuracy <= 1):
-            raise ValueError(f"--min-accuracy {args.min_accuracy!r}: pass the dithered accuracy to keep, in (0, 1]")
         other = [f for f, v in (("--target-std", args.target_std), ("--sweep", args.sweep)) if v is not None]
         if other:
             raise ValueError(f"--min-accuracy and {other[0]}: pass one of them (--min-accuracy picks sigma for the "
@@ -432,9 +498,10 @@ def _run(args: argparse.Namespace) -> int:
             x = x[:args.examples]
         head = labels = head_weights = None
         if args.head is not None:
-            head = load_model(args.head)
+            head = load_model(args.head, "--head")
             head_weights = _load_weights(head, args.head_weights, "--head-weights", args.head)
-            labels = load_labels(args.labels, args.labels_key)
+        if args.labels is not None:
+            labels = load_labels(args.labels, args.labels_key, integer=isinstance(metric, str))
             if len(labels) < len(x) or (args.examples is None and len(labels) != len(x)):
                 raise ValueError(f"--labels {args.labels}: {len(labels)} classes for {len(x)} inputs; pass one per "
                                  f"input, in the inputs' order")
@@ -447,11 +514,12 @@ def _run(args: argparse.Namespace) -> int:
                               else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
         model = model.to(device=device, dtype=dtype).eval()
         x = x.to(device=device, dtype=dtype).contiguous()
-        if head is not None:
+        if metric is not None:
             from hcrfast.utility import dithered_accuracy
 
-            head = head.to(device=device, dtype=dtype).eval()
-            dithered_accuracy(model, head, x, labels, 0.0, draws=1)  # head and labels checked before the bounds
+            head = None if head is None else head.to(device=device, dtype=dtype).eval()
+            # head, labels and metric checked before the bounds
+            dithered_accuracy(model, head, x, labels, 0.0, draws=1, metric=metric)
 
         if args.sigma_file is not None:
             sigma = np.load(args.sigma_file, allow_pickle=False).astype(np.float64)
@@ -481,7 +549,7 @@ def _run(args: argparse.Namespace) -> int:
             from hcrfast.utility import sigma_for_accuracy
 
             accuracy_search = sigma_for_accuracy(model, head, x, labels, args.min_accuracy, sigma0=sigma,
-                                                 seed=args.seed,
+                                                 seed=args.seed, metric=metric,
                                                  draws=10 if args.utility_draws is None else args.utility_draws)
             if progress and rank == 0:
                 print(f"hcrfast bound: {accuracy_search.summary()}", file=sys.stderr, flush=True)
@@ -529,9 +597,9 @@ def _run(args: argparse.Namespace) -> int:
                                                    jacobian=args.jacobian, chunk_size=args.chunk_size,
                                                    progress=progress, checkpoint=folder))
         utilities = []
-        if head is not None and rank == 0:
+        if metric is not None and rank == 0:
             for level_sigma in ([sigma] if sweep is None else sweep.sigmas):
-                utilities.append(dithered_accuracy(model, head, x, labels, level_sigma, seed=args.seed,
+                utilities.append(dithered_accuracy(model, head, x, labels, level_sigma, seed=args.seed, metric=metric,
                                                    draws=10 if args.utility_draws is None else args.utility_draws))
     finally:
         torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
@@ -549,10 +617,11 @@ def _run(args: argparse.Namespace) -> int:
         "bounds_on": ("coefficients of the orthonormal 2-D DCT-II (per channel, last two axes) of the inputs"
                       if args.basis == "dct" else "the inputs themselves"),
     }
-    if head is not None:
-        summary["head"] = {"spec": args.head, "weights": head_weights, "labels": str(args.labels),
-                           "labels_key": args.labels_key,
-                           "labels_sha256": reproduce._sha256_file(Path(args.labels))}
+    if metric is not None:
+        summary["head"] = {"spec": args.head, "weights": head_weights,
+                           "labels": None if args.labels is None else str(args.labels), "labels_key": args.labels_key,
+                           "labels_sha256": None if args.labels is None else reproduce._sha256_file(Path(args.labels)),
+                           "metric": args.metric or "accuracy"}
     versions = {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__}
     if sweep is not None:
         return _write_sweep(out, args, summary, sweep, attacks, utilities, versions, t_start)
@@ -581,7 +650,8 @@ def _run(args: argparse.Namespace) -> int:
         summary["utility"] = utilities[0].to_dict()
     if accuracy_search is not None:
         a = accuracy_search
-        summary["accuracy_search"] = {"min_accuracy": a.target, "scale": a.scale, "above_scale": a.above_scale,
+        summary["accuracy_search"] = {"min_accuracy": a.target, "metric": a.utility.metric, "scale": a.scale,
+                                      "above_scale": a.above_scale,
                                       "above_accuracy": None if a.above is None else a.above.dithered,
                                       "note": a.note, "history": a.history, "sigma_file": None}
         if np.ndim(a.sigma) != 0:  # one std per feature: the stds found, beside the results

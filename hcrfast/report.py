@@ -581,7 +581,7 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
     found = s.get("accuracy_search")
     if found:
         body.append(f"<p>The sigma bounded is the largest the search found at which the head keeps a dithered "
-                    f"accuracy of at least {_fmt(found['min_accuracy'])}: {_fmt(found['scale'])} × the starting "
+                    f"{_metric_label(s['utility'])} of at least {_fmt(found['min_accuracy'])}: {_fmt(found['scale'])} × the starting "
                     f"sigma" + ("" if found["above_scale"] is None else
                                 f" (at {_fmt(found['above_scale'])} × it fell to {_fmt(found['above_accuracy'])})")
                     + f", after {len(found['history'])} sigmas tried, each the head alone on the dithered "
@@ -602,12 +602,32 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
 
 def _utility_paragraph(s: dict) -> str:
     u, h = s.get("utility") or s["sweep"]["levels"][0]["utility"], s["head"]  # (clean, draws: every level's)
+    metric = u.get("metric", "accuracy")
+    who = f"The head {html.escape(h['spec'])}" if h.get("spec") else "The features themselves (no head)"
     noise = "at this sigma" if "sweep" not in s else "at each sigma"
-    return (f"<p>The head {html.escape(h['spec'])} classifies {_fmt(u['clean'])} of the {u['examples']:,} inputs right "
-            f"from their clean features; from the dithered ones {noise}, {u['draws']} noise draws per input "
-            f"(the stream {html.escape(u['noise_stream'])}), "
-            + (f"{_fmt(u['dithered'])} ± {_fmt(u['stderr'])} (standard error over the draws)." if "sweep" not in s
-               else "as the table says.") + "</p>")
+    draws = (f"{u['draws']} noise draws per input (the stream {html.escape(u['noise_stream'])}), "
+             + (f"{_fmt(u['dithered'])} ± {_fmt(u['stderr'])} (standard error over the draws)." if "sweep" not in s
+                else "as the table says."))
+    if metric == "accuracy":
+        return (f"<p>{who} classifies {_fmt(u['clean'])} of the {u['examples']:,} inputs right from their clean "
+                f"features; from the dithered ones {noise}, {draws}</p>")
+    if metric.startswith("top") and metric[3:].isdigit():
+        return (f"<p>{who} ranks the label among its {metric[3:]} best classes for {_fmt(u['clean'])} of the "
+                f"{u['examples']:,} inputs from their clean features; from the dithered ones {noise}, {draws}</p>")
+    if metric == "cosine":
+        return (f"<p>{who}: the cosine similarity of each output on the dithered features {noise} with the output "
+                f"on the clean ones, averaged over the {u['examples']:,} inputs and {draws}</p>")
+    return (f"<p>{who}, scored by {html.escape(metric)} (higher is better): {_fmt(u['clean'])} on the clean "
+            f"features, averaged over the {u['examples']:,} inputs; on the dithered ones {noise}, {draws}</p>")
+
+
+def _metric_label(levels_or_utility) -> str:
+    """What the utility numbers are: 'accuracy', 'top-5 accuracy', 'cosine similarity', a function's name."""
+    u = levels_or_utility[0]["utility"] if isinstance(levels_or_utility, list) else levels_or_utility
+    metric = u.get("metric", "accuracy")
+    if metric.startswith("top") and metric[3:].isdigit():
+        return f"top-{metric[3:]} accuracy"
+    return "cosine similarity" if metric == "cosine" else metric
 
 
 def _tradeoff_figure(path: Path, levels: list) -> None:
@@ -619,9 +639,10 @@ def _tradeoff_figure(path: Path, levels: list) -> None:
     err = np.array([lv["utility"]["stderr"] for lv in levels])
     order = np.argsort([lv["sigma_rms"] for lv in levels])
     fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
+    what = _metric_label(levels)
     ax.errorbar(med[order], acc[order], yerr=err[order], fmt="o-", color="tab:green", capsize=3,
-                label="accuracy on the dithered features (± standard error)")
-    ax.axhline(levels[0]["utility"]["clean"], color="0.4", linestyle="--", linewidth=1, label="clean accuracy")
+                label=f"{what} on the dithered features (± standard error)")
+    ax.axhline(levels[0]["utility"]["clean"], color="0.4", linestyle="--", linewidth=1, label=f"clean {what}")
     for m, a, lv in zip(med, acc, levels):
         if np.isfinite(m):
             ax.annotate(f"{lv['scale']:g}×", (m, a), textcoords="offset points", xytext=(4, 4), fontsize=8)
@@ -629,7 +650,7 @@ def _tradeoff_figure(path: Path, levels: list) -> None:
         ax.set_xscale("log")
         _plain_log_ticks(ax, med.max() / med.min(), "x")
     ax.set_xlabel("median bound on the std of an unbiased estimator (confidentiality)")
-    ax.set_ylabel("accuracy (utility)")
+    ax.set_ylabel(f"{what} (utility)")
     ax.set_title("What each noise level buys and costs (points: sigma / the one given)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
@@ -714,7 +735,7 @@ def write_sweep_report(out, summary: dict) -> Path:
                                                   else ""),
               "5%", "median", "95%", "infinite", "MSE bound, median over inputs", "seconds",
               "inputs whose factors were reused") + (("attack error / bound, median",) if attack else ()) + (
-              ("accuracy, dithered",) if utility else ())
+              (f"{_metric_label(levels)}, dithered",) if utility else ())
     body = [f"<h1>hcrfast bound {html.escape(s['model'])}: {len(levels)} noise levels</h1>", _table(_run_rows(s)),
             "<h2>Bounds at each sigma</h2>",
             "<p>Each sigma is one full certified bound of the inputs (the same seed: the calls differ by sigma "
@@ -732,8 +753,8 @@ def write_sweep_report(out, summary: dict) -> Path:
     if utility:
         body += ["<h2>What the noise costs</h2>", _utility_paragraph(s)]
         _tradeoff_figure(out / "tradeoff.png", levels)
-        figures.append(("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the head's "
-                                        "accuracy on the features dithered at that sigma."))
+        figures.append(("tradeoff.png", "Confidentiality against utility: each sigma's median bound and the "
+                                        f"{_metric_label(levels)} on the features dithered at that sigma."))
     return _write_bound_page(out, body, figures)
 
 

@@ -216,6 +216,15 @@ class _Metric:
         raise ValueError(f"metric={metric!r}: pass 'accuracy', 'topK' (top5: the label among the 5 best classes), "
                          f"'cosine', or a callable metric(outputs, targets) giving one score per noisy copy")
 
+    def check_target(self, value, name: str = "accuracy=") -> None:
+        """Refuses a target the metric's mean cannot reach: (0, 1] for (top-K) accuracy, (-1, 1] for the
+        cosine, any finite number for a callable."""
+        low = 0 if self.counts else -1 if self.name == "cosine" and self.fn is None else -np.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
+                np.isfinite(value) and low < value <= (1 if np.isfinite(low) else np.inf)):
+            raise ValueError(f"{name}{value!r}: pass the dithered {self.name} to keep, a "
+                             + (f"number in ({low}, 1]" if np.isfinite(low) else "finite number"))
+
     def targets(self, labels, B: int, device):
         if self.top is not None:
             return torch.as_tensor(_labels(labels, B), device=device)
@@ -351,11 +360,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     from hcrfast.algorithm import rms_sigma
 
     score = _Metric.of(metric)
-    low = 0 if score.counts else -1 if score.name == "cosine" else -np.inf
-    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float, np.floating, np.integer)) or not (
-            np.isfinite(accuracy) and low < accuracy <= (1 if np.isfinite(low) else np.inf)):
-        raise ValueError(f"accuracy={accuracy!r}: pass the dithered {score.name} to keep, a "
-                         + (f"number in ({low}, 1]" if np.isfinite(low) else "finite number"))
+    score.check_target(accuracy)
     if not (isinstance(rtol, (int, float, np.floating)) and np.isfinite(rtol) and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
     feats = _features(model, batch)

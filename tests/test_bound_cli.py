@@ -496,6 +496,61 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
     assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["sigma"] == s["noise"]["sigma"]
 
 
+METRIC_FILE = textwrap.dedent("""
+    def neg_sq_error(outputs, targets):
+        return -((outputs - targets) ** 2).sum(dim=1)
+""")
+
+
+def test_cosine_needs_no_head_nor_labels_and_each_sigma_s_is_the_api_s(files):
+    """Embeddings released as they are: --metric cosine, each noisy copy against the clean features."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+                   "--sweep", "0.5,4", "--metric", "cosine", "--utility-draws", "3", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    model = _user_model(tmp_path)
+    for lv in s["sweep"]["levels"]:
+        want = hcrfast.dithered_accuracy(model, None, x, None, lv["sigma"], draws=3, metric="cosine")
+        assert lv["utility"]["per_draw"] == want.per_draw.tolist() and lv["utility"]["metric"] == "cosine"
+    assert s["head"] == {"spec": None, "weights": None, "labels": None, "labels_key": None, "labels_sha256": None,
+                         "metric": "cosine"}
+    page = (out / "report.html").read_text()
+    assert "cosine similarity, dithered" in page and "The features themselves (no head)" in page
+
+
+def test_a_metric_function_scores_the_copies_against_the_labels_rows(files):
+    """--metric file.py:NAME with float targets, one row of 4 per input, through a head."""
+    tmp_path, x = files
+    head, _ = _head_files(tmp_path, x)
+    (tmp_path / "metric.py").write_text(METRIC_FILE)
+    targets = np.random.default_rng(3).standard_normal((6, 4))
+    np.save(tmp_path / "t.npy", targets)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--head", f"{tmp_path / 'head.py'}:Head",
+                   "--labels", tmp_path / "t.npy", "--metric", f"{tmp_path / 'metric.py'}:neg_sq_error",
+                   "--min-utility", "-60", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+
+    def neg_sq_error(outputs, rows):
+        return -((outputs - rows) ** 2).sum(dim=1)
+
+    want = hcrfast.sigma_for_accuracy(_user_model(tmp_path), head, x, targets, -60, draws=10, metric=neg_sq_error)
+    assert s["noise"]["sigma"] == want.sigma and s["utility"]["dithered"] == want.utility.dithered >= -60
+    assert s["accuracy_search"]["metric"] == "neg_sq_error" and s["head"]["metric"].endswith("metric.py:neg_sq_error")
+
+
+def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
+    tmp_path, x = files
+    head, labels = _head_files(tmp_path, x)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--head", f"{tmp_path / 'head.py'}:Head",
+                   "--labels", tmp_path / "y.npy", "--metric", "top2", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    want = hcrfast.dithered_accuracy(_user_model(tmp_path), head, x, labels, s["noise"]["sigma"], metric="top2")
+    assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["metric"] == "top2"
+
+
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
@@ -513,7 +568,20 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
     ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1", "--quantile", "0.1"], "--quantile set how --target-std searches"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net"], "--head without --labels"),
     ("{d}/mynet.py:Net", "x.pt", ["--labels", "{d}/y.npy"], "--labels without --head"),
-    ("{d}/mynet.py:Net", "x.pt", ["--utility-draws", "3"], "--utility-draws set how --head and --labels measure"),
+    ("{d}/mynet.py:Net", "x.pt", ["--utility-draws", "3"],
+     "--utility-draws set how --head and --labels (or --metric) measure"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "f1"], "--metric 'f1': pass accuracy, topK"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "top3"],
+     "--metric top3: it scores a classifier's classes against the inputs' labels; pass --head and --labels"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--labels", "{d}/y.npy"], "--labels with --metric cosine"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "{d}/mynet.py:Net"], "Net is a class, not a function (outputs, "),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "{d}/mynet.py:nope"], "mynet.py has no 'nope'; it has Net, Pair, instance, make"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--head-weights", "{d}/bad_w.pt"],
+     "--head-weights without --head: pass --head, or drop --head-weights"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--min-utility", "1.5"],
+     "--min-utility 1.5: pass the dithered cosine to keep, a number in (-1, 1]"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "{d}/mynet.py:make", "--labels", "{d}/two.npz"],
+     "holds 2 entries (images, labels); name the labels with --labels-key"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy", "--utility-draws", "0"],
      "--utility-draws 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y5.npy"],
@@ -528,9 +596,9 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
      "labels hold class 20, but the head scores 4 classes (0..3)"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy"],
      "the head failed on the features, shape (6, 16) (mat1 and mat2 shapes cannot be multiplied"),
-    ("{d}/mynet.py:Net", "x.pt", ["--min-accuracy", "0.5"], "--min-accuracy set how --head and --labels"),
+    ("{d}/mynet.py:Net", "x.pt", ["--min-accuracy", "0.5"], "--min-accuracy set how --head and --labels (or"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "1.5"],
-     "--min-accuracy 1.5: pass the dithered accuracy to keep, in (0, 1]"),
+     "--min-accuracy 1.5: pass the dithered accuracy to keep, a number in (0, 1]"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "0.5",
                                   "--sweep", "1,2"], "--min-accuracy and --sweep: pass one of them"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/head.py:Head", "--labels", "{d}/y4.npy", "--min-accuracy", "0.5",
