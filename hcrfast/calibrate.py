@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import sys
 import time
@@ -492,8 +493,9 @@ def _profile(model, batch, sigma0, who: str):
 
     if isinstance(sigma0, Gaussian):
         sigma0 = sigma0.sigma
-    if isinstance(sigma0, NoiseLaw) or (sigma0 is not None and not isinstance(sigma0, (int, float, np.ndarray, list, tuple))
-                                        and not hasattr(sigma0, "detach")):
+    if isinstance(sigma0, (NoiseLaw, bool)) or (
+            sigma0 is not None and not isinstance(sigma0, (numbers.Real, np.ndarray, list, tuple))
+            and not hasattr(sigma0, "detach")):  # (numbers.Real: NumPy's scalars too, as bound takes them)
         raise TypeError(f"sigma0={sigma0!r}: {who} the std of Gaussian noise; pass a float or one std per feature")
     if sigma0 is None:
         import torch
@@ -508,6 +510,18 @@ def _profile(model, batch, sigma0, who: str):
                          f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
                          f"and {int(np.sum(~np.isfinite(profile)))} that are not finite")
     scalar = profile.size == 1  # one std for every feature
+    if not scalar:  # checked here, where the message can name sigma0 (bound's would name its sigma)
+        import torch
+
+        with torch.no_grad():
+            shape = tuple(validation.features_of(model, batch, flat=False).shape[1:])
+        n = int(np.prod(shape))
+        if profile.size != n:
+            raise ValueError(f"sigma0 holds {profile.size} stds, but the model gives {n} features per example (shape "
+                             f"{shape}); pass one std per feature, or one number")
+        if profile.shape not in ((n,), shape):
+            raise ValueError(f"sigma0 has the shape {profile.shape}, but the model's features have the shape {shape}; "
+                             f"pass stds of the features' shape, or flat")
     return (profile.reshape(()) if scalar else profile), scalar
 
 

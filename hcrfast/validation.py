@@ -303,10 +303,14 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
     if out[0].numel() == 0:
         raise ValueError("the model returned no features (0 entries per example)")
     if out.dtype != batch.dtype:
+        if not out.dtype.is_floating_point:  # (running both in an integer or complex dtype is no way out)
+            raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a {dtype_name(batch.dtype)} "
+                            f"batch; the bounds need real floating-point features: make the model return the "
+                            f"batch's dtype (drop the cast, rounding or complex step at its end)")
         raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a "
                         f"{dtype_name(batch.dtype)} batch; the solver works in one dtype: make the "
                         f"model return the batch's dtype (drop the cast at its end), or run both in "
-                        f"{dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype})))")
+                        f"{dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype}))")
     bad = _nonfinite_rows(out)
     if bad:
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"

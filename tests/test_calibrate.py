@@ -195,6 +195,9 @@ def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sig
     (dict(max_calls=0), "max_calls must be at least 1"),
     (dict(sigma0=-1.0), "sigma0 must be positive"),
     (dict(sigma0=hcrfast.Laplace(1.0)), "Gaussian"),
+    (dict(sigma0=True), "sigma0=True: "),
+    (dict(sigma0=np.ones(7)), r"sigma0 holds 7 stds, but the model gives 30 features per example \(shape \(30,\)\)"),
+    (dict(sigma0=np.ones((5, 6))), r"sigma0 has the shape \(5, 6\), but the model's features have the shape \(30,\)"),
     (dict(sigma=0.1), "sets sigma itself"),
     (dict(modes="low:99"), "low:99"),
     (dict(reuse_bytes=-1), "reuse_bytes=-1: pass a number of bytes >= 0"),
@@ -207,6 +210,16 @@ def test_bad_arguments_are_named_with_their_fix(kwargs, match):
     target = args.pop("target")
     with pytest.raises((ValueError, TypeError), match=match):
         hcrfast.sigma_for(model, x, target, **args)
+
+
+def test_numpy_scalars_are_a_sigma0_as_floats_are():
+    """A sigma0 NumPy computed (np.float32 from float32 features) is a number, as bound's sigma is."""
+    model, x = _tanh_net(), _batch(2)
+    plain = hcrfast.sweep_sigma(model, x, [1.0, 2.0], sigma0=0.25, **KW)
+    for sigma0 in (np.float32(0.25), np.float64(0.25), np.array(0.25)):
+        sweep = hcrfast.sweep_sigma(model, x, [1.0, 2.0], sigma0=sigma0, **KW)
+        for a, b in zip(sweep.bounds, plain.bounds):
+            np.testing.assert_array_equal(a.std, b.std)
 
 
 def test_progress_is_a_line_per_call(capsys):
@@ -454,6 +467,8 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     ("abc", {}, "pass a sequence of positive numbers"),
     ([1.0], dict(sigma=0.1), "pass the noise levels as scales"),
     ([1.0], dict(sigma0=-1.0), "sigma0 must be positive"),
+    ([1.0], dict(sigma0=np.ones(7)), "sigma0 holds 7 stds"),
+    ([1.0], dict(sigma0=np.ones(7), reuse_bytes=0), "sigma0 holds 7 stds"),
     ([1.0], dict(reuse_bytes=-1), "reuse_bytes=-1"),
     ([1.0], dict(checkpoint=3), "checkpoint must be a folder path"),
 ])

@@ -355,6 +355,23 @@ def test_models_without_an_input_jacobian_are_named(x, solver, jacobian, model):
         hcrfast.bound(Float64Out().eval(), x, 0.05, solver=solver, **dict(QUICK, lsqr=None))
 
 
+class Rounds(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        return (x.flatten(1) * 10).to(self.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64])
+def test_integer_or_complex_features_are_named_without_a_fix_that_cannot_work(x, dtype):
+    with pytest.raises(TypeError) as info:
+        hcrfast.bound(Rounds(dtype).eval(), x, 0.05, **dict(QUICK, lsqr=None))
+    assert "features for a float32 batch; the bounds need real floating-point features" in str(info.value)
+    assert "run both in" not in str(info.value)
+
+
 class NormalizesInPlace(torch.nn.Module):
     """torchvision's normalize(..., inplace=True) first: each forward shifts the batch it is given again."""
 
