@@ -252,12 +252,11 @@ def _numba_config():
 
 
 def _configured(kernel, grid, block, stream):
-    """``kernel[grid, block, stream]``, without Numba's warning for grids under 128 blocks: a small
-    batch (one block a row) is no mistake here, and the warning would come at every launch. Numba's
-    own switch is turned off for that moment: a ``warnings.catch_warnings`` block would reset every
-    module's record of warnings already shown once, at each launch."""
-    if math.prod(grid if isinstance(grid, tuple) else (grid,)) >= 128:
-        return kernel[grid, block, stream]
+    """``kernel[grid, block, stream]``, without Numba's low-occupancy warning: a small batch (one block a
+    row) is no mistake here, and the warning would come at every launch. Its threshold differs between
+    releases (128 blocks, or twice the multiprocessors: 264 on an H100), so the switch is turned off at
+    every launch, for that moment: a ``warnings.catch_warnings`` block would reset every module's record
+    of warnings already shown once, at each launch."""
     config = _numba_config()
     saved = getattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 0)
     config.CUDA_LOW_OCCUPANCY_WARNINGS = 0

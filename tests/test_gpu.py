@@ -264,6 +264,7 @@ def test_launches_on_one_cupy_stream_reuse_one_numba_wrapper(cupy):
     kernels.row_norms(a, impl="numba")
     assert cuda_kernels._external_stream(ptr) is wrapper and int(wrapper) == ptr
     side = cupy.cuda.Stream(non_blocking=True)
+    side.wait_event(cupy.cuda.get_current_stream().record())  # a was written on the current stream
     with side:
         got = kernels.row_norms(a, impl="numba")
         assert cuda_kernels._external_stream(side.ptr) is not wrapper

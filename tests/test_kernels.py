@@ -269,11 +269,12 @@ def test_importing_kernels_needs_no_numba_cuda():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("grid, quiet", [(4, True), ((16, 7), True), ((8, 16), False), (4096, False)])
-def test_small_launches_turn_off_numbas_low_occupancy_warning_for_that_moment_only(grid, quiet):
-    """A launch of fewer than 128 blocks (one block a row of a small batch) is configured with Numba's
-    own warning switch off, then the switch is put back; the warnings module is left alone, so a
-    user's warning shown once is not shown again after each launch."""
+@pytest.mark.parametrize("grid", [4, (16, 7), (8, 16), 200, 4096])
+def test_launches_turn_off_numbas_low_occupancy_warning_for_that_moment_only(grid):
+    """Every launch (one block a row of a small batch is no mistake; the warning's threshold is 128 blocks
+    in some numba-cuda releases, twice the SMs, 264 on an H100, in others) is configured with Numba's own
+    warning switch off, then the switch is put back; the warnings module is left alone, so a user's
+    warning shown once is not shown again after each launch."""
     from hcrfast.kernels import cuda as cuda_kernels
 
     config = cuda_kernels._numba_config()
@@ -295,7 +296,7 @@ def test_small_launches_turn_off_numbas_low_occupancy_warning_for_that_moment_on
             shout()
             cuda_kernels._configured(Kernel(), grid, 32, None)()
             shout()
-        assert seen == [0 if quiet else 1] and config.CUDA_LOW_OCCUPANCY_WARNINGS == 1
+        assert seen == [0] and config.CUDA_LOW_OCCUPANCY_WARNINGS == 1
         assert len(got) == 1
     finally:
         config.CUDA_LOW_OCCUPANCY_WARNINGS = saved
