@@ -621,3 +621,12 @@ def test_a_sweep_on_gpu_gives_the_cpu_sweep_and_the_accuracy_along_it():
         on_gpu = hcrfast.dithered_accuracy(mlp().cuda(), head.cuda(), x.cuda(), labels, sigma, draws=8)
         np.testing.assert_array_equal(on_gpu.per_draw, on_cpu.per_draw)
         head.cpu()
+        # the other metrics: top-2 draw for draw, the cosine (float64 on both) to rounding
+        top_cpu = hcrfast.dithered_accuracy(mlp(), head, x, labels, sigma, draws=8, metric="top2")
+        top_gpu = hcrfast.dithered_accuracy(mlp().cuda(), head.cuda(), x.cuda(), labels, sigma, draws=8,
+                                            metric="top2")
+        np.testing.assert_array_equal(top_gpu.per_draw, top_cpu.per_draw)
+        head.cpu()
+        cos_cpu = hcrfast.dithered_accuracy(mlp(), None, x, None, sigma, draws=8, metric="cosine")
+        cos_gpu = hcrfast.dithered_accuracy(mlp().cuda(), None, x.cuda(), None, sigma, draws=8, metric="cosine")
+        np.testing.assert_allclose(cos_gpu.per_draw, cos_cpu.per_draw, rtol=1e-10)
