@@ -242,14 +242,19 @@ def check_batch(batch, basis: str) -> torch.Tensor:
                          f"a signal the batch as batch[:, None] (examples of shape (1, {batch.shape[1]})) with a "
                          f"model that drops that axis (lambda x: model(x[:, 0]) in an nn.Module): the DCT of a "
                          f"length-1 axis is the identity")
-    bad = _nonfinite_rows(batch)
-    if bad:
-        raise ValueError(f"batch contains NaN or inf in examples {bad[:10]}{' ...' if len(bad) > 10 else ''}; "
-                         f"clean or drop those examples")
+    finite_inputs(batch)
     # A copy: a model that writes into its input (nn.ReLU(inplace=True) first) cannot change the caller's
     # batch, and a tensor made under torch.inference_mode becomes one autograd can differentiate at.
     with torch.inference_mode(False):
         return batch.detach().clone()
+
+
+def finite_inputs(batch: torch.Tensor) -> None:
+    """Refuses a batch holding NaN or inf, naming the examples."""
+    bad = _nonfinite_rows(batch)
+    if bad:
+        raise ValueError(f"batch contains NaN or inf in examples {bad[:10]}{' ...' if len(bad) > 10 else ''}; "
+                         f"clean or drop those examples")
 
 
 def _nonfinite_rows(t: torch.Tensor) -> list[int]:
@@ -279,6 +284,7 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
     features, all finite (``flat=False``: in the model's own shape, (B, ...))."""
     from hcrfast.algorithm import forward  # here: algorithm imports this module
 
+    finite_inputs(batch)  # (and NaN != NaN would pass for an in-place write below)
     before = batch.clone()
     try:
         out = forward(model, batch)

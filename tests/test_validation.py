@@ -385,6 +385,21 @@ class NormalizesInPlace(torch.nn.Module):
         return self.net(TF.normalize(t, [0.5], [0.25], inplace=True))
 
 
+@pytest.mark.parametrize("entry", ["sigma_for", "sweep_sigma", "dithered_accuracy", "rms"])
+def test_nan_inputs_are_named_as_inputs_not_as_a_model_writing_into_them(x, entry):
+    """The calls whose first forward pass picks sigma (the features' RMS) or reads the features: a NaN in
+    the batch is the data's fault (NaN != NaN made it look like an in-place write)."""
+    model = mlp()
+    x = x.clone()
+    x[1, 0, 0, 0] = float("nan")
+    calls = {"sigma_for": lambda: hcrfast.sigma_for(model, x, 0.3),
+             "sweep_sigma": lambda: hcrfast.sweep_sigma(model, x, [1.0]),
+             "dithered_accuracy": lambda: hcrfast.dithered_accuracy(model, None, x, None, 0.1, metric="cosine"),
+             "rms": lambda: hcrfast.validation.features_of(model, x)}
+    with pytest.raises(ValueError, match=r"batch contains NaN or inf in examples \[1\]; clean or drop"):
+        calls[entry]()
+
+
 @pytest.mark.parametrize("jacobian", ["reverse", "forward"])
 @pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
 def test_a_model_that_writes_into_its_input_is_named_and_the_batch_is_untouched(x, jacobian, entry):
