@@ -337,6 +337,30 @@ def load_labels(path, key=None, integer: bool = True) -> np.ndarray:
     return value
 
 
+def load_sigma_file(path) -> np.ndarray:
+    """``--sigma-file``: a .npy of one std per feature, float64, finite and positive (its size against the
+    features is checked by the bound, which knows them)."""
+    path = Path(path)
+    if path.suffix.lower() != ".npy":
+        raise ValueError(f"--sigma-file {path}: pass a .npy file (np.save(PATH, stds)), got "
+                         f"{path.suffix or 'no suffix'}")
+    if not path.is_file():
+        raise FileNotFoundError(f"--sigma-file {path}: no such file ({path.resolve()})")
+    try:
+        value = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as exc:
+        raise ValueError(f"--sigma-file {path}: not a readable .npy of numbers ({str(exc).splitlines()[0][:200]}); "
+                         f"write it with np.save(PATH, stds)") from exc
+    if value.dtype.kind not in "iuf" or value.size == 0:
+        raise ValueError(f"--sigma-file {path}: holds {value.size} {value.dtype} values; pass one positive std per "
+                         f"feature, as numbers")
+    value = value.astype(np.float64)
+    if not (np.all(np.isfinite(value)) and np.all(value > 0)):
+        raise ValueError(f"--sigma-file {path}: {int(np.sum(~(np.isfinite(value) & (value > 0))))} of its "
+                         f"{value.size} stds are not positive finite numbers; every feature needs noise (std > 0)")
+    return value
+
+
 def _entry(path, entries: dict, key, flag: str = "--key", what: str = "inputs"):
     if key is None:
         if len(entries) != 1:
@@ -361,10 +385,19 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
     from hcrfast import reproduce, zoo
 
     state = zoo._read_state_dict(Path(path))
+    expected, given = set(model.state_dict()), set(state)
+    missing, unexpected = expected - given, given - expected
+    if missing or unexpected:  # (torch's own message puts them after its first line)
+        parts = ([f"missing keys ({len(missing)}): {zoo._few(missing)}"] if missing else []) + (
+            [f"unexpected keys ({len(unexpected)}): {zoo._few(unexpected)}"] if unexpected else [])
+        raise ValueError(f"{flag} {path}: does not fit {spec}: {'; '.join(parts)}; pass a state dict of that model "
+                         f"(torch.save(model.state_dict(), PATH))")
     try:
         model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ValueError(f"{flag} {path}: does not fit {spec} ({str(exc).splitlines()[0]} ...)") from exc
+    except RuntimeError as exc:  # size mismatches; torch lists them one per line after a title
+        details = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+        raise ValueError(f"{flag} {path}: does not fit {spec}: " + " ".join(details[:3])
+                         + (f" ... ({len(details) - 3} more)" if len(details) > 3 else "")) from exc
     return {"path": str(path), "sha256": reproduce._sha256_file(Path(path))}
 
 
@@ -480,6 +513,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
                          "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")
+    stds = None if args.sigma_file is None else load_sigma_file(args.sigma_file)  # before the model loads
     progress = not args.no_progress
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -492,6 +526,7 @@ def _run(args: argparse.Namespace) -> int:
         model = load_model(args.model)
         weights = _load_weights(model, args.weights, "--weights", args.model)
         x = load_inputs(args.inputs, args.key)
+        n_inputs = len(x)  # (the file's, before --examples)
         if args.examples is not None:
             if args.examples > len(x):
                 raise ValueError(f"--examples {args.examples}: {args.inputs} holds {len(x)} inputs")
@@ -502,9 +537,10 @@ def _run(args: argparse.Namespace) -> int:
             head_weights = _load_weights(head, args.head_weights, "--head-weights", args.head)
         if args.labels is not None:
             labels = load_labels(args.labels, args.labels_key, integer=isinstance(metric, str))
-            if len(labels) < len(x) or (args.examples is None and len(labels) != len(x)):
-                raise ValueError(f"--labels {args.labels}: {len(labels)} classes for {len(x)} inputs; pass one per "
-                                 f"input, in the inputs' order")
+            if len(labels) not in (n_inputs, len(x)):  # one per input of the file, or of the --examples taken
+                raise ValueError(f"--labels {args.labels}: {len(labels)} rows for {n_inputs} inputs"
+                                 + (f" (--examples {len(x)})" if len(x) != n_inputs else "")
+                                 + "; pass one per input, in the inputs' order")
             labels = labels[:len(x)]
         floats = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
         dtype = torch.float64 if args.double else (floats[0] if floats and floats[0] == torch.float64
@@ -522,7 +558,7 @@ def _run(args: argparse.Namespace) -> int:
             dithered_accuracy(model, head, x, labels, 0.0, draws=1, metric=metric)
 
         if args.sigma_file is not None:
-            sigma = np.load(args.sigma_file, allow_pickle=False).astype(np.float64)
+            sigma = stds
             noise = {"sigma_file": str(args.sigma_file), "sha256": reproduce._sha256_file(Path(args.sigma_file))}
         elif args.sigma is not None:
             sigma, noise = float(args.sigma), {"sigma": float(args.sigma)}

@@ -585,7 +585,9 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy", "--utility-draws", "0"],
      "--utility-draws 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y5.npy"],
-     "5 classes for 6 inputs; pass one per input"),
+     "5 rows for 6 inputs; pass one per input"),
+    ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y9.npy", "--examples", "3"],
+     "9 rows for 6 inputs (--examples 3); pass one per input"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/yf.npy"],
      "holds float64 values; pass integer classes"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/two.npz"],
@@ -612,13 +614,20 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py:Net", "x.txt", [], "pass a .pt, .pth, .npy, .npz file"),
     ("{d}/mynet.py:Net", "missing.pt", [], "no such file"),
     ("{d}/mynet.py:Net", "u8.pt", [], "the inputs are torch.uint8"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/two.npz"], "two.npz: pass a .npy file (np.save(PATH, stds))"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/nope.npy"], "nope.npy: no such file"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/cut.npy"], "cut.npy: not a readable .npy of numbers"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/words.npy"], "words.npy: holds 2 <U1 values; pass one"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/zeros.npy"], "zeros.npy: 16 of its 16 stds are not positive"),
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "9"], "--examples 9: "),
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "0"], "--examples 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--attack", "0"], "--attack 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--sigma", "nan"], "--sigma nan: pass a positive finite number"),
     ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets takes 'all' or 'low:K'"),
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
-    ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"], "does not fit"),
+    ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/bad_w.pt"],
+     "mynet.py:Net: missing keys (3): a, b, c; unexpected keys (1): lin.weight; pass a state dict of that model"),
+    ("{d}/mynet.py:Net", "x.pt", ["--weights", "{d}/small_w.pt"], "mynet.py:Net: size mismatch for a: copying a "),
     ("{d}/mynet.py:Net", "two.npz", [], "holds 2 entries (images, labels); name the inputs with --key"),
     ("{d}/mynet.py:Pair", "x.pt", [], "the model must return a torch.Tensor of features, got tuple"),
     ("{d}/mynet.py:Net", "two.npz", ["--key", "nope"], "--key 'nope': "),
@@ -627,11 +636,17 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     tmp_path, _ = files
     torch.save(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), tmp_path / "u8.pt")
     torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
+    torch.save({"a": torch.zeros(2, 2), "b": torch.zeros(24), "c": torch.zeros(16, 24)}, tmp_path / "small_w.pt")
     np.savez(tmp_path / "two.npz", images=np.zeros((2, 1, 8, 8)), labels=np.arange(2))
     np.save(tmp_path / "y.npy", np.full(6, 20))
     np.save(tmp_path / "y4.npy", np.zeros(6, dtype=int))
     (tmp_path / "head.py").write_text(HEAD_FILE)
     np.save(tmp_path / "y5.npy", np.zeros(5, dtype=int))
+    np.save(tmp_path / "y9.npy", np.zeros(9, dtype=int))
+    np.save(tmp_path / "words.npy", np.array(["a", "b"]))
+    np.save(tmp_path / "zeros.npy", np.zeros(16))
+    np.save(tmp_path / "cut.npy", np.ones(16))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:20])
     np.save(tmp_path / "yf.npy", np.zeros(6))
     argv = [model.format(d=tmp_path), tmp_path / inputs, *[e.format(d=tmp_path) for e in extra], *TINY,
             "--out", tmp_path / "run"]
