@@ -101,8 +101,8 @@ def add_subparser(subparsers) -> None:
                         "grayscale patches of scikit-learn's sample photographs")
     figure.add_argument("--sigmas", type=_float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
                         help="noise multipliers to simulate (default 13 values, 1e-2..10)")
-    figure.add_argument("--n-images", type=int, default=64,
-                        help="number of images (default 64; at most 30 for photo)")
+    figure.add_argument("--n-images", type=int, default=None,
+                        help="number of images (default 64 digits, or all 30 photo patches; at most 30 for photo)")
     figure.add_argument("--C", type=_float_literal, default=1.0, help="clipping norm (default 1)")
     figure.add_argument("--T", type=int, default=1, help="DP-SGD steps averaged (default 1)")
     figure.add_argument("--repeats", type=int, default=16,
@@ -172,11 +172,13 @@ def load_photo_patches(patch: int = _PHOTO_PATCH) -> np.ndarray:
     return np.stack(tiles)
 
 
-def _choose_images(source: str, n_images: int, rng: np.random.Generator) -> np.ndarray:
+def _choose_images(source: str, n_images: int | None, rng: np.random.Generator) -> np.ndarray:
     pool = load_digits_images() if source == "digits" else load_photo_patches()
+    if n_images is None:  # the default: 64, or every photo patch there is
+        n_images = min(64, len(pool))
     if not 1 <= n_images <= len(pool):
         raise ValueError(
-            f"n_images must be between 1 and {len(pool)} for source {source!r}, got {n_images}"
+            f"--n-images must be between 1 and {len(pool)} for --source {source}, got {n_images}"
         )
     return pool[np.sort(rng.choice(len(pool), size=n_images, replace=False))]
 

@@ -440,7 +440,18 @@ def test_cli_figure(tmp_path, capsys):
     assert pixels.ndim == 3 and pixels.std() > 0.01
     assert main(["dp", "figure", "--out", str(tmp_path / "p.png"), "--source", "photo",
                  "--n-images", "31"]) == 2
-    assert "n_images must be between 1 and 30" in capsys.readouterr().err
+    assert "--n-images must be between 1 and 30 for --source photo, got 31" in capsys.readouterr().err
+
+
+def test_cli_figure_photo_runs_with_its_default_number_of_images(tmp_path):
+    """--n-images defaults to 64 digits, or every one of the 30 photo patches (64 was refused for photo)."""
+    from hcrfast._dp_cli import _choose_images
+
+    rng = np.random.default_rng(0)
+    assert _choose_images("photo", None, rng).shape == (30, 64, 64)
+    assert _choose_images("digits", None, rng).shape[0] == 64
+    assert main(["dp", "figure", "--out", str(tmp_path / "p.png"), "--source", "photo", "--sigmas", "0.3",
+                 "--repeats", "1", "--dpi", "30"]) == 0
 
 
 def test_cli_figure_prints_the_path_it_writes_and_checks_it_first(tmp_path, capsys):
