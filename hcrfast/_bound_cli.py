@@ -153,8 +153,9 @@ def add_subparser(subparsers) -> None:
                    help="also reconstruct every input from DRAWS noisy copies of its features (hcrfast."
                         "gauss_newton_attack) and compare its error with the bounds: OUT/attack.npz, summary.json's "
                         "'attack' (resumable from OUT/attack_chunks; under torchrun rank 0 runs it)")
-    a.add_argument("--attack-steps", type=int, default=10, metavar="S", help="Gauss-Newton steps per draw (default 10)")
-    a.add_argument("--attack-start", choices=("truth", "mean"), default="truth",
+    a.add_argument("--attack-steps", type=int, default=None, metavar="S",
+                   help="Gauss-Newton steps per draw (default 10)")
+    a.add_argument("--attack-start", choices=("truth", "mean"), default=None,
                    help="where the attacker starts: the input itself (default; the local bound's setting) or the "
                         "inputs' mean")
     p.add_argument("--out", default="runs/bound", metavar="DIR", help="the results' folder (default runs/bound)")
@@ -484,6 +485,18 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"{flag} {value!r}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
+    if args.attack is None:
+        given = [f for f, v in (("--attack-steps", args.attack_steps), ("--attack-start", args.attack_start))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} how --attack reconstructs the "
+                             f"inputs; pass --attack DRAWS, or drop {'them' if len(given) > 1 else 'it'}")
+    else:  # their defaults, recorded in summary.json's arguments as used
+        args.attack_steps = 10 if args.attack_steps is None else args.attack_steps
+        args.attack_start = args.attack_start or "truth"
+    out_path = Path(args.out)
+    if out_path.exists() and not out_path.is_dir():
+        raise ValueError(f"--out {args.out}: a file is there; pass a folder for the results (it is made if missing)")
     metric = utility_metric(args)  # (None: no utility asked for)
     scales = None if args.sweep is None else sweep_scales(args.sweep)
     if args.min_accuracy is not None:

@@ -496,6 +496,14 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
     assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["sigma"] == s["noise"]["sigma"]
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_model_runs(files, capsys):
+    tmp_path, _ = files
+    (tmp_path / "taken").write_text("a user's file")
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--out", tmp_path / "taken"]) == 2
+    assert "taken: a file is there; pass a folder for the results" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "a user's file"
+
+
 METRIC_FILE = textwrap.dedent("""
     def neg_sq_error(outputs, targets):
         return -((outputs - targets) ** 2).sum(dim=1)
@@ -622,6 +630,10 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "9"], "--examples 9: "),
     ("{d}/mynet.py:Net", "x.pt", ["--examples", "0"], "--examples 0: pass a positive integer"),
     ("{d}/mynet.py:Net", "x.pt", ["--attack", "0"], "--attack 0: pass a positive integer"),
+    ("{d}/mynet.py:Net", "x.pt", ["--attack-steps", "5"], "--attack-steps sets how --attack reconstructs the inputs; "
+                                                          "pass --attack DRAWS, or drop it"),
+    ("{d}/mynet.py:Net", "x.pt", ["--attack-start", "mean", "--attack-steps", "5"], "drop them"),
+    ("{d}/mynet.py:Net", "x.pt", ["--attack", "2", "--attack-steps", "0"], "--attack-steps 0: pass a positive"),
     ("{d}/mynet.py:Net", "x.pt", ["--sigma", "nan"], "--sigma nan: pass a positive finite number"),
     ("{d}/mynet.py:Net", "x.pt", ["--targets", "3"], "--targets takes 'all' or 'low:K'"),
     ("{d}/mynet.py:Net", "x.pt", ["--key", "a"], "--key 'a': "),
