@@ -26,7 +26,7 @@ import torch
 
 from hcrfast import validation
 
-__all__ = ["Checkpoint", "CheckpointMismatchError", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
+__all__ = ["Checkpoint", "CheckpointMismatchError", "arithmetic_of", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
            "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
@@ -226,6 +226,32 @@ class Checkpoint:
     def save(self, start: int, stop: int, **arrays) -> None:
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
                      **arrays)
+
+
+def arithmetic_of(device) -> str:
+    """What the last bits of a chunk's numbers depend on beyond its key: the GPU's name, or on the CPU the
+    processor and torch's thread count (BLAS reductions split by thread). Not in the key (a resume on
+    another machine is allowed); each chunk records it, and a merge of chunks made with different ones
+    says so."""
+    import platform
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return (f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
+            f"torch threads {torch.get_num_threads()})")
+
+
+def mixed_arithmetic(where, arithmetics, resume_hint: str) -> None:
+    """Warns where the chunks of one result were computed with different arithmetic (:func:`arithmetic_of`;
+    ``"not recorded"`` for chunks from before it was)."""
+    found = sorted(set(arithmetics))
+    if len(found) > 1:
+        validation.warn(f"{where}'s chunks were computed with different arithmetic ({'; '.join(found)}): the "
+                        f"bounds agree up to rounding, but are not bitwise those of one uninterrupted run; "
+                        f"{resume_hint}")
 
 
 def gaps(total: int, finished) -> list[tuple[int, int]]:

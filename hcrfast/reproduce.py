@@ -61,7 +61,8 @@ import hcrfast
 from hcrfast import algorithm as _algorithm
 from hcrfast import validation
 from hcrfast.distributed import ShardError as _ShardError, World as _World, differences, join_timeout
-from hcrfast.checkpoint import CheckpointMismatchError, atomic_savez, atomic_write_text, check_key, sha256_tensors
+from hcrfast.checkpoint import (CheckpointMismatchError, arithmetic_of, atomic_savez, atomic_write_text, check_key,
+                                mixed_arithmetic, sha256_tensors)
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz
@@ -472,13 +473,6 @@ def _fmt_or_inf(value) -> str:
     return "inf (no finite bound)" if value is None else f"{value:.4g}"
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, " \
-           f"torch threads {torch.get_num_threads()})"
-
-
 # ----------------------------------------------------------------------------------------
 # the run
 
@@ -755,7 +749,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
 
     # Not in the key (a resume on another machine is allowed), but the last bits of the bounds depend
     # on it: each chunk records it, and a merge of chunks computed with different ones says so.
-    arithmetic = _device_name(dev)  # on the CPU with torch's thread count
+    arithmetic = arithmetic_of(dev)  # on the CPU with torch's thread count
     t_chunks = time.perf_counter()
     examples_total = sum(len(ids_of[c]) for c in mine)
     examples_done = sum(len(ids_of[c]) for c in mine if c not in todo)
@@ -792,10 +786,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         parts.append(arrays)
     merged = {k: np.concatenate([p[k] for p in parts]) for k in _CHUNK_ARRAYS}
     arithmetics = sorted({str(p["arithmetic"]) if "arithmetic" in p else "not recorded" for p in parts})
-    if len(arithmetics) > 1:
-        validation.warn(f"{out}'s chunks were computed with different arithmetic ({'; '.join(arithmetics)}): the "
-                        f"bounds agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
-                        f"with the first run's --threads to keep them bitwise")
+    mixed_arithmetic(out, arithmetics, "resume with the first run's --threads to keep them bitwise")
     example_ids = np.concatenate([p["example_ids"] for p in parts])
     bound_seconds = float(sum(float(p["seconds"]) for p in parts))
     # Chunks written before zero steps were recorded have none: such runs' restarts with eps = 0 count as D = 0.
@@ -910,7 +901,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "numpy": np.__version__,
             "hcrfast": hcrfast.__version__,
         },
-        "device": _device_name(dev),
+        "device": arithmetic_of(dev),
         "chunks_arithmetic": arithmetics,
         "outputs": {},
     }

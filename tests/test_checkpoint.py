@@ -103,6 +103,42 @@ def test_killed_call_made_again_ends_with_the_uninterrupted_bounds(solver, tmp_p
     assert_same(third, whole)
 
 
+def test_a_resume_with_another_thread_count_says_its_bounds_are_not_bitwise(tmp_path, monkeypatch):
+    """Each chunk records the arithmetic it was computed with (the CPU's torch thread count: BLAS splits
+    its sums by thread, and LSQR carries the last bits far); a result merged from chunks of different
+    arithmetic warns, as hcrfast reproduce does. The same thread count resumes without a word."""
+    model, x = relu_mlp(), batch()
+    saved_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        crash_after(monkeypatch, 2)
+        with pytest.raises(Crash):
+            hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
+        for f in (tmp_path / "ck").glob("chunk_*.npz"):
+            with np.load(f) as z:
+                assert str(z["arithmetic"]).endswith("torch threads 1)")
+        crash_after(monkeypatch, None)
+        with warnings.catch_warnings(record=True) as same:
+            warnings.simplefilter("always")
+            hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "same", **kw("lsqr"))
+            hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "same", **kw("lsqr"))   # all read back
+        assert not [w for w in same if "different arithmetic" in str(w.message)]
+        torch.set_num_threads(2)
+        with pytest.warns(UserWarning, match=r"ck's chunks were computed with different arithmetic \(CPU .*torch "
+                                             r"threads 1\); CPU .*torch threads 2\)\): the bounds agree up to "
+                                             r"rounding, but are not bitwise .*torch.set_num_threads"):
+            hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
+    finally:
+        torch.set_num_threads(saved_threads)
+    # a chunk written before chunks recorded their arithmetic
+    first = sorted((tmp_path / "ck").glob("chunk_*.npz"))[0]
+    with np.load(first) as z:
+        arrays = {k: z[k] for k in z.files if k != "arithmetic"}
+    np.savez(first, **arrays)
+    with pytest.warns(UserWarning, match=r"different arithmetic \(CPU .*; not recorded\)"):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
+
+
 @pytest.mark.parametrize("solver, method", [("dense", "auto"), ("krylov", "auto"), ("lsqr", "lsqr")])
 def test_targeted_bounds_resume_too(solver, method, tmp_path, monkeypatch):
     model, x = relu_mlp(), batch()
