@@ -424,3 +424,14 @@ def test_accuracy_tradeoff_script_bounds_where_the_accuracy_just_holds(tmp_path)
         assert row["sigma"] == pytest.approx(row["scale"] * row["rms"], rel=1e-12)
     low, high = r["rows"]     # a lower target lets more noise through, and the bounds grow with it
     assert low["scale"] < high["scale"] and low["median_bound"] < high["median_bound"]
+
+
+def test_accuracy_tradeoff_script_keeps_the_features_cosine_without_a_head(tmp_path):
+    out = tmp_path / "c.json"
+    run_script("accuracy_tradeoff.py", "--metric", "cosine", "--targets", "0.95,0.8", "--examples", "30", "--draws",
+               "3", "--restarts", "2", "--iterations", "2", "--json", str(out))
+    r = json.loads(out.read_text())
+    assert r["metric"] == "cosine" and r["clean_accuracy"] == pytest.approx(1.0, abs=1e-12)
+    for row in r["rows"]:
+        assert row["accuracy"] >= row["target"] > row["above_accuracy"]
+    assert r["rows"][0]["scale"] < r["rows"][1]["scale"]
