@@ -544,6 +544,16 @@ def _run(args: argparse.Namespace) -> int:
             if args.examples > len(x):
                 raise ValueError(f"--examples {args.examples}: {args.inputs} holds {len(x)} inputs")
             x = x[:args.examples]
+        for flag, value in (("--targets", args.targets), ("--target-modes", args.target_modes)):
+            if value is not None:  # against the inputs' shape now, named as the flag (bound would say targets=)
+                from hcrfast.targeted import parse_targets
+
+                try:
+                    parse_targets(value, tuple(x.shape[1:]), args.basis)
+                except ValueError as exc:
+                    why = str(exc).replace(f"targets={value!r}: ", "").replace(f"targets={value!r} ", "")
+                    why = why.replace("basis='", "--basis '").replace(" or list the modes", "")
+                    raise ValueError(f"{flag} {value}: {why}") from None
         head = labels = head_weights = None
         if args.head is not None:
             head = load_model(args.head, "--head")
