@@ -145,6 +145,7 @@ def add_subparser(subparsers) -> None:
     u.add_argument("--utility-draws", type=int, default=None, metavar="D",
                    help="noisy copies of each input's features scored (default 10)")
     u.add_argument("--min-accuracy", "--min-utility", dest="min_accuracy", type=float, default=None, metavar="A",
+                   action=_NamedFlag,
                    help="bound at the largest sigma (a multiple of --sigma, --sigma-scale's or --sigma-file's) at "
                         "which the dithered --metric (accuracy by default) stays >= A (hcrfast.sigma_for_accuracy: "
                         "the head only, no bound, per sigma tried): the most confidentiality this utility allows")
@@ -176,6 +177,18 @@ def add_subparser(subparsers) -> None:
 # ---------------------------------------------------------------------------
 
 
+class _NamedFlag(argparse.Action):
+    """Stores the value and which of the flag's names was typed (``args.<dest>_flag``), for the messages."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_flag", option_string)
+
+
+def _flag(args, dest: str, default: str) -> str:
+    return getattr(args, dest + "_flag", None) or default
+
+
 def load_model(spec: str, what: str = "MODEL"):
     """The ``torch.nn.Module`` that ``spec`` ('file.py:NAME' or 'package.module:NAME') names or makes
     (``what``: the argument that named it, for the errors)."""
@@ -203,7 +216,12 @@ def load_function(spec: str, what: str = "--metric"):
     if isinstance(obj, type) or not callable(obj):
         raise ValueError(f"{what} {spec!r}: {name} is a {'class' if isinstance(obj, type) else type(obj).__name__}, "
                          f"not a function (outputs, targets) -> one score per noisy copy")
-    return obj
+
+    def named(outputs, targets):  # called by the NAME the user gave (a lambda's own name is "<lambda>")
+        return obj(outputs, targets)
+
+    named.__name__ = named.__qualname__ = name.rsplit(".", 1)[-1]
+    return named
 
 
 def _load_object(spec: str, what: str, wanted: str):
@@ -431,7 +449,8 @@ def utility_metric(args: argparse.Namespace):
 
     if args.head is None and args.labels is None and args.metric is None:
         given = [f for f, v in (("--head-weights", args.head_weights), ("--labels-key", args.labels_key),
-                                ("--utility-draws", args.utility_draws), ("--min-accuracy", args.min_accuracy))
+                                ("--utility-draws", args.utility_draws),
+                                (_flag(args, "min_accuracy", "--min-accuracy"), args.min_accuracy))
                  if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} set how --head and --labels (or --metric) measure the utility; pass "
@@ -440,7 +459,7 @@ def utility_metric(args: argparse.Namespace):
     if args.metric is not None and ":" in args.metric:
         metric = load_function(args.metric)
     else:
-        metric = args.metric or "accuracy"
+        metric = "accuracy" if args.metric is None else args.metric
         try:
             _Metric.of(metric)
         except ValueError:
@@ -464,7 +483,7 @@ def utility_metric(args: argparse.Namespace):
         if value is not None and needs is None:
             raise ValueError(f"{flag} without {flag.rsplit('-', 1)[0]}: pass {flag.rsplit('-', 1)[0]}, or drop {flag}")
     if args.min_accuracy is not None:
-        score.check_target(args.min_accuracy, "--min-accuracy " if score.counts else "--min-utility ")
+        score.check_target(args.min_accuracy, _flag(args, "min_accuracy", "--min-accuracy") + " ")
     return metric
 
 
@@ -502,8 +521,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.min_accuracy is not None:
         other = [f for f, v in (("--target-std", args.target_std), ("--sweep", args.sweep)) if v is not None]
         if other:
-            raise ValueError(f"--min-accuracy and {other[0]}: pass one of them (--min-accuracy picks sigma for the "
-                             f"head's accuracy, {other[0]} for the bounds)")
+            flag = _flag(args, "min_accuracy", "--min-accuracy")
+            raise ValueError(f"{flag} and {other[0]}: pass one of them ({flag} picks sigma for the utility, "
+                             f"{other[0]} for the bounds)")
     if scales is not None and args.target_std is not None:
         raise ValueError("--sweep and --target-std: pass one of them (--sweep bounds the inputs at the sigmas it "
                          "names; --target-std searches the smallest sigma whose bounds reach a target)")

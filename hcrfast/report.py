@@ -580,12 +580,13 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
         body += ["<h2>What the noise costs</h2>", _utility_paragraph(s)]
     found = s.get("accuracy_search")
     if found:
-        body.append(f"<p>The sigma bounded is the largest the search found at which the head keeps a dithered "
-                    f"{_metric_label(s['utility'])} of at least {_fmt(found['min_accuracy'])}: {_fmt(found['scale'])} × the starting "
-                    f"sigma" + ("" if found["above_scale"] is None else
+        alone = "the head alone on the dithered features" if s["head"].get("spec") else "the dithered features alone"
+        body.append(f"<p>The sigma bounded is the largest the search found that keeps a dithered "
+                    f"{e(_metric_label(s['utility']))} of at least {_fmt(found['min_accuracy'])}: "
+                    f"{_fmt(found['scale'])} × the starting sigma" + ("" if found["above_scale"] is None else
                                 f" (at {_fmt(found['above_scale'])} × it fell to {_fmt(found['above_accuracy'])})")
-                    + f", after {len(found['history'])} sigmas tried, each the head alone on the dithered "
-                      f"features. {e(found['note'][:1].upper() + found['note'][1:])}.</p>")
+                    + f", after {len(found['history'])} sigmas tried, each {alone}, no bound. "
+                      f"{e(found['note'][:1].upper() + found['note'][1:])}.</p>")
     a = s.get("attack")
     if a:
         body += ["<h2>A real attacker beside the bounds</h2>",
@@ -609,11 +610,12 @@ def _utility_paragraph(s: dict) -> str:
              + (f"{_fmt(u['dithered'])} ± {_fmt(u['stderr'])} (standard error over the draws)." if "sweep" not in s
                 else "as the table says."))
     if metric == "accuracy":
-        return (f"<p>{who} classifies {_fmt(u['clean'])} of the {u['examples']:,} inputs right from their clean "
-                f"features; from the dithered ones {noise}, {draws}</p>")
+        return (f"<p>{who} classifies {u['clean']:.2%} of the {u['examples']:,} inputs right from their clean "
+                f"features (accuracy {_fmt(u['clean'])}); from the dithered ones {noise}, {draws}</p>")
     if metric.startswith("top") and metric[3:].isdigit():
-        return (f"<p>{who} ranks the label among its {metric[3:]} best classes for {_fmt(u['clean'])} of the "
-                f"{u['examples']:,} inputs from their clean features; from the dithered ones {noise}, {draws}</p>")
+        return (f"<p>{who} ranks the label among its {metric[3:]} best classes for {u['clean']:.2%} of the "
+                f"{u['examples']:,} inputs from their clean features (top-{metric[3:]} accuracy "
+                f"{_fmt(u['clean'])}); from the dithered ones {noise}, {draws}</p>")
     if metric == "cosine":
         return (f"<p>{who}: the cosine similarity of each output on the dithered features {noise} with the output "
                 f"on the clean ones, averaged over the {u['examples']:,} inputs and {draws}</p>")

@@ -196,7 +196,8 @@ def _describe(metric: str) -> str:
 
 class _Metric:
     """What a noisy copy's output scores: a (top-K) hit, its cosine with the clean output, or the user's
-    callable. ``counts``: the scores are 0/1, summed as exact integers."""
+    callable. ``counts``: the scores are 0/1, summed as exact integers. A callable's name ends in "()"
+    (``neg_sq_error()``), apart from the built-in names whatever the function is called."""
 
     def __init__(self, name: str, top: int | None = None, fn=None):
         self.name, self.top, self.fn = name, top, fn
@@ -205,7 +206,8 @@ class _Metric:
     @classmethod
     def of(cls, metric) -> "_Metric":
         if callable(metric) and not isinstance(metric, str):
-            return cls(getattr(metric, "__name__", None) or type(metric).__name__, fn=metric)
+            name = getattr(metric, "__name__", None) or type(metric).__name__
+            return cls(("lambda" if name == "<lambda>" else name) + "()", fn=metric)
         if metric == "accuracy":
             return cls("accuracy", top=1)
         if metric == "cosine":
@@ -217,13 +219,22 @@ class _Metric:
                          f"'cosine', or a callable metric(outputs, targets) giving one score per noisy copy")
 
     def check_target(self, value, name: str = "accuracy=") -> None:
-        """Refuses a target the metric's mean cannot reach: (0, 1] for (top-K) accuracy, (-1, 1] for the
-        cosine, any finite number for a callable."""
-        low = 0 if self.counts else -1 if self.name == "cosine" and self.fn is None else -np.inf
+        """Refuses a target the metric's mean cannot mean to keep: (0, 1] for (top-K) accuracy, (0, 1) for
+        the cosine (1 is no noise at all, 0 what pure noise gives), any finite number for a callable."""
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-                np.isfinite(value) and low < value <= (1 if np.isfinite(low) else np.inf)):
+                np.isfinite(value)):
+            ok = False
+        elif self.counts:
+            ok = 0 < value <= 1
+        elif self.fn is None:  # cosine
+            ok = 0 < value < 1
+        else:
+            ok = True
+        if not ok:
             raise ValueError(f"{name}{value!r}: pass the dithered {self.name} to keep, a "
-                             + (f"number in ({low}, 1]" if np.isfinite(low) else "finite number"))
+                             + ("number in (0, 1]" if self.counts else
+                                "number in (0, 1) (1: no noise at all; 0: what pure noise gives)"
+                                if self.fn is None else "finite number"))
 
     def targets(self, labels, B: int, device):
         if self.top is not None:
@@ -235,13 +246,26 @@ class _Metric:
             return None
         if labels is None:
             return None
-        rows = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(np.asarray(labels))
+        try:
+            rows = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(np.asarray(labels))
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"labels of type {type(labels).__name__} are not numbers torch can hold "
+                             f"({str(exc).splitlines()[0][:200]}): pass the metric {self.name}'s targets as numbers, "
+                             f"one row per input") from None
         if rows.ndim < 1 or rows.shape[0] != B:
             raise ValueError(f"labels have shape {tuple(rows.shape)}; pass one row per input, {B} rows, for the "
-                             f"metric {self.name!r} (or None)")
+                             f"metric {self.name} (or None)")
         return rows.to(device)
 
     def check(self, outputs: torch.Tensor, targets) -> None:
+        """Checks the clean outputs (and the labels against them) before any noise is drawn."""
+        if self.fn is None and self.top is None:  # cosine: against the clean output, which needs a direction
+            norms = outputs.reshape(len(outputs), -1).double().norm(dim=1)
+            flat = torch.nonzero(~(norms > 0)).flatten().tolist()
+            if flat:
+                raise ValueError(f"the clean outputs of inputs {flat[:10]}{' ...' if len(flat) > 10 else ''} are all "
+                                 f"zero: their cosine with a noisy copy is undefined; drop those inputs, or score the "
+                                 f"features before the layer that zeroes them (another head, or head=None)")
         if self.top is None:
             return
         if outputs.ndim != 2:
@@ -262,13 +286,30 @@ class _Metric:
             return outputs.argmax(dim=1) == targets
         if self.top is not None:
             return (outputs.topk(self.top, dim=1).indices == targets[:, None]).any(dim=1)
-        if self.fn is None:
-            return torch.nn.functional.cosine_similarity(outputs.reshape(len(outputs), -1).double(),
-                                                         reference.reshape(len(reference), -1).double(), dim=1)
-        got = self.fn(outputs, targets)
-        scores = torch.as_tensor(got.detach() if isinstance(got, torch.Tensor) else np.asarray(got))
+        if self.fn is None:  # the cosine, float64, no eps: a noisy output that is all zero has no direction (0)
+            a = outputs.reshape(len(outputs), -1).double()
+            b = reference.reshape(len(reference), -1).double()
+            norms = a.norm(dim=1) * b.norm(dim=1)
+            return torch.where(norms > 0, (a * b).sum(dim=1) / torch.where(norms > 0, norms, 1.0), 0.0)
+        shown = "None" if targets is None else f"shape {tuple(targets.shape)}"
+        try:
+            got = self.fn(outputs, targets)
+        except Exception as exc:
+            raise ValueError(f"the metric {self.name} failed on outputs of shape {tuple(outputs.shape)} and targets "
+                             f"{shown} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): "
+                             + ("pass the labels it needs as its targets (hcrfast bound: --labels), or "
+                                if targets is None else "")
+                             + "pass a function (outputs, targets) -> one score per noisy copy") from exc
+        try:
+            scores = torch.as_tensor(got.detach() if isinstance(got, torch.Tensor) else np.asarray(got))
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"the metric {self.name} returned {type(got).__name__}: it must return one number per "
+                             f"copy, shape ({len(outputs)},)") from None
+        if scores.is_complex() or not (scores.is_floating_point() or scores.dtype in (
+                torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+            raise ValueError(f"the metric {self.name} returned {scores.dtype} scores: it must return real numbers")
         if scores.shape != (len(outputs),) or not bool(torch.isfinite(scores.double()).all()):
-            raise ValueError(f"the metric {self.name!r} returned {tuple(scores.shape)} scores"
+            raise ValueError(f"the metric {self.name} returned {tuple(scores.shape)} scores"
                              + ("" if scores.shape != (len(outputs),) else ", not all finite")
                              + f" for {len(outputs)} copies: it must return one finite score per copy, shape "
                                f"({len(outputs)},)")
@@ -320,8 +361,8 @@ class AccuracySearch:
         sig = self.sigma if np.ndim(self.sigma) == 0 else float(np.sqrt(np.mean(np.square(self.sigma))))
         above = ("" if self.above is None else
                  f"; at {self.above_scale:.6g} x sigma0 it is {self.above.dithered:.4f}")
-        return (f"the largest sigma found keeping the head's dithered {self.utility.metric} >= {self.target:g}: "
-                f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, accuracy {self.utility.dithered:.4f} ± "
+        return (f"the largest sigma found keeping the dithered {self.utility.metric} >= {self.target:g}: "
+                f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, {self.utility.metric} {self.utility.dithered:.4f} ± "
                 f"{self.utility.stderr:.4f} (clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas "
                 f"tried ({self.note})")
 
@@ -408,8 +449,9 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     if hi is None:
         return AccuracySearch(sigma=_scaled(lo[0], unit), scale=lo[0], sigma0=_unit(unit), target=float(accuracy),
                               utility=lo[1], above_scale=None, above=None, history=history,
-                              note=f"the {score.name} met the target up to {MAX_SCALE:g} x sigma0: the head barely "
-                                   f"looks at these features")
+                              note=f"the {score.name} met the target up to {MAX_SCALE:g} x sigma0: it barely "
+                                   f"depends on the noise (a head that barely looks at these features, or a "
+                                   f"metric that does not fall as the noise grows)")
     while hi[0] > lo[0] * (1.0 + rtol):
         k = float(np.sqrt(lo[0] * hi[0]))
         u = at(k)

@@ -507,7 +507,26 @@ def test_an_out_that_is_a_file_is_refused_before_the_model_runs(files, capsys):
 METRIC_FILE = textwrap.dedent("""
     def neg_sq_error(outputs, targets):
         return -((outputs - targets) ** 2).sum(dim=1)
+
+    first = lambda outputs, targets: outputs[:, 0]
 """)
+
+
+def test_a_lambda_metric_is_named_by_its_name_in_the_file_and_shown_in_the_report(files):
+    """--metric metric.py:first, a lambda: summary.json and the page call it first(), not <lambda> (which
+    the page would read as a tag)."""
+    tmp_path, x = files
+    (tmp_path / "metric.py").write_text(METRIC_FILE)
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"],
+                   "--metric", f"{tmp_path / 'metric.py'}:first", "--min-utility", "-5", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["utility"]["metric"] == s["accuracy_search"]["metric"] == "first()"
+    page = (out / "report.html").read_text()
+    assert "keeps a dithered first() of at least -5" in page and "each the dithered features alone" in page
+    with torch.no_grad():
+        first = _user_model(tmp_path)(x)[:, 0]
+    assert s["utility"]["clean"] == pytest.approx(float(first.double().mean()), rel=1e-6)
 
 
 def test_cosine_needs_no_head_nor_labels_and_each_sigma_s_is_the_api_s(files):
@@ -545,7 +564,7 @@ def test_a_metric_function_scores_the_copies_against_the_labels_rows(files):
 
     want = hcrfast.sigma_for_accuracy(_user_model(tmp_path), head, x, targets, -60, draws=10, metric=neg_sq_error)
     assert s["noise"]["sigma"] == want.sigma and s["utility"]["dithered"] == want.utility.dithered >= -60
-    assert s["accuracy_search"]["metric"] == "neg_sq_error" and s["head"]["metric"].endswith("metric.py:neg_sq_error")
+    assert s["accuracy_search"]["metric"] == "neg_sq_error()" and s["head"]["metric"].endswith("metric.py:neg_sq_error")
 
 
 def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
@@ -587,7 +606,10 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--head-weights", "{d}/bad_w.pt"],
      "--head-weights without --head: pass --head, or drop --head-weights"),
     ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--min-utility", "1.5"],
-     "--min-utility 1.5: pass the dithered cosine to keep, a number in (-1, 1]"),
+     "--min-utility 1.5: pass the dithered cosine to keep, a number in (0, 1)"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", "cosine", "--min-utility", "0.9", "--sweep", "1,2"],
+     "--min-utility and --sweep: pass one of them (--min-utility picks sigma for the utility"),
+    ("{d}/mynet.py:Net", "x.pt", ["--metric", ""], "--metric '': pass accuracy"),
     ("{d}/mynet.py:Net", "x.pt", ["--metric", "{d}/mynet.py:make", "--labels", "{d}/two.npz"],
      "holds 2 entries (images, labels); name the labels with --labels-key"),
     ("{d}/mynet.py:Net", "x.pt", ["--head", "{d}/mynet.py:Net", "--labels", "{d}/y.npy", "--utility-draws", "0"],

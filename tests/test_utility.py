@@ -6,6 +6,8 @@ added to the features in float64; the head's argmax against the label.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -289,8 +291,8 @@ def test_a_callable_metric_sees_each_copys_targets(problem):
     np.testing.assert_allclose(got.per_draw, want, rtol=1e-12)
     with torch.no_grad():
         assert got.clean == pytest.approx(-float(((model(x) - targets) ** 2).sum()) / 40, rel=1e-12)
-    assert got.metric == "neg_sq_error" and got.dithered < got.clean
-    assert got.to_dict()["metric"] == "neg_sq_error"
+    assert got.metric == "neg_sq_error()" and got.dithered < got.clean
+    assert got.to_dict()["metric"] == "neg_sq_error()" and "neg_sq_error() (the mean per noisy copy)" in got.summary()
 
 
 @pytest.mark.parametrize("metric, labels, words", [
@@ -310,6 +312,57 @@ def test_a_bad_metric_is_named_with_its_fix(problem, metric, labels, words):
     assert words in str(info.value)
 
 
+def test_a_cosine_against_an_all_zero_clean_output_is_refused_naming_the_inputs(problem):
+    """A ReLU head that zeroes some inputs' outputs: their cosine is undefined (torch's eps would make it 0
+    even with no noise, and the clean cosine under 1), so they are named; the other inputs' clean cosine
+    is 1."""
+    model, _, x, _ = problem
+    head = torch.nn.Sequential(torch.nn.Flatten(), _Shift(-0.9), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        zeroed = [e for e, f in enumerate(head(model(x))) if bool((f == 0).all())]
+    assert 0 < len(zeroed) < 40
+    with pytest.raises(ValueError, match=re.escape(f"the clean outputs of inputs {zeroed[:10]}")):
+        hcrfast.dithered_accuracy(model, head, x, None, 0.1, metric="cosine")
+    keep = [e for e in range(40) if e not in zeroed]
+    got = hcrfast.dithered_accuracy(model, head, x[keep], None, 0.0, draws=2, metric="cosine")
+    assert got.clean == pytest.approx(1.0, abs=1e-15) and np.allclose(got.per_draw, 1.0, atol=1e-15)
+
+
+class _Shift(torch.nn.Module):
+    def __init__(self, by):
+        super().__init__()
+        self.by = by
+
+    def forward(self, f):
+        return f + self.by
+
+
+@pytest.mark.parametrize("metric, labels, words", [
+    (lambda out, t: out[:, 0] - t, None, "the metric lambda() failed on outputs of shape (40, 5) and targets None "
+                                         "(TypeError: unsupported operand"),
+    (lambda out, t: None, None, "the metric lambda() returned NoneType"),
+    (lambda out, t: out[:, 0].to(torch.complex128), None, "returned torch.complex128 scores: it must return real"),
+    (lambda out, t: out[:, 0], np.array([object()] * 40), "labels of type ndarray are not numbers torch can hold"),
+])
+def test_a_failing_callable_metric_is_named_with_its_fix(problem, metric, labels, words):
+    model, head, x, _ = problem
+    with pytest.raises(ValueError) as info:
+        hcrfast.dithered_accuracy(model, head, x, labels, 0.1, draws=2, metric=metric)
+    assert words in str(info.value)
+    if labels is None and "failed" in words:
+        assert "pass the labels it needs as its targets (hcrfast bound: --labels)" in str(info.value)
+
+
+def test_a_callable_named_as_a_built_in_metric_is_not_taken_for_it(problem):
+    model, head, x, labels = problem
+
+    def accuracy(out, t):
+        return out[:, 0]
+
+    got = hcrfast.dithered_accuracy(model, head, x, labels, 0.1, draws=2, metric=accuracy)
+    assert got.metric == "accuracy()" and "accuracy() (the mean per noisy copy)" in got.summary()
+
+
 def test_the_sigma_found_for_a_cosine_keeps_it_and_a_little_more_loses_it(problem):
     model, _, x, _ = problem
 
@@ -322,10 +375,12 @@ def test_the_sigma_found_for_a_cosine_keeps_it_and_a_little_more_loses_it(proble
     at = _oracle_scores(model, None, x, found.sigma, 5, 3, cos).mean()
     above = _oracle_scores(model, None, x, found.above_scale * found.sigma0, 5, 3, cos).mean()
     assert at >= 0.9 > above
-    assert "dithered cosine >= 0.9" in found.summary()
-    with pytest.raises(ValueError, match=r"accuracy=-1: pass the dithered cosine to keep, a number in \(-1, 1\]"):
-        hcrfast.sigma_for_accuracy(model, None, x, None, -1, metric="cosine")
-    with pytest.raises(ValueError, match=r"accuracy=inf: pass the dithered f to keep, a finite number"):
+    assert "dithered cosine >= 0.9" in found.summary() and f"cosine {found.utility.dithered:.4f}" in found.summary()
+    for bad in (-1, 0, 1):   # 1: no noise at all; 0: what pure noise gives
+        with pytest.raises(ValueError, match=rf"accuracy={bad}: pass the dithered cosine to keep, a number in "
+                                             r"\(0, 1\) \(1: no noise at all; 0: what pure noise gives\)"):
+            hcrfast.sigma_for_accuracy(model, None, x, None, bad, metric="cosine")
+    with pytest.raises(ValueError, match=r"accuracy=inf: pass the dithered f\(\) to keep, a finite number"):
         def f(out, t):
             return out[:, 0, 0]
         hcrfast.sigma_for_accuracy(model, None, x, None, float("inf"), metric=f)
