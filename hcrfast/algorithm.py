@@ -31,8 +31,8 @@ import torch
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from hcrfast.checkpoint import (Checkpoint, arithmetic_of, batch_fingerprint, gaps as checkpoint_gaps,
-                                mixed_arithmetic, model_fingerprint, sha256_tensors)
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint,
+                                gaps as checkpoint_gaps, model_fingerprint, sha256_tensors)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast import kernels
@@ -223,13 +223,13 @@ def forward(model, x: torch.Tensor):
     return _halved(run, join, x)
 
 
-def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size):
+def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device):
     """The first steps of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
     key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
     ``(checkpoint, chunk_size)``, the chunk size rank 0's."""
     saved = token = None
     if world.rank == 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features)
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic_of(device))
         token = world.mark_folder(saved.path)
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
     every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
@@ -245,7 +245,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
                          f"make the same call (model, batch, sigma, arguments) on every process")
     world.check_folder(checkpoint, first["token"], "checkpoint")
     if world.rank != 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features)
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic_of(device))
     return saved, first["chunk_size"]
 
 
@@ -1209,9 +1209,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     key.update(keep_targeted_eps=True)
             clean = features.detach().cpu().numpy()
             if world is None or world.size == 1:
-                saved = Checkpoint(checkpoint, key, example_ids, clean)
+                saved = Checkpoint(checkpoint, key, example_ids, clean, arithmetic_of(batch.device))
             else:
-                saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size)
+                saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size, batch.device)
 
         def f0_of(start, stop):  # the chunk's clean features, one row per restart
             return from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
@@ -1407,14 +1407,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         t_arrays, t_meta = targeted_of[start].to_arrays()
                         part.update({f"targeted.{k}": v for k, v in t_arrays.items()},
                                     targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
-                    saved.save(start, stop, arithmetic=np.array(arithmetic), ranks=ranks[start:stop],
-                               redone=redone[start:stop],
+                    saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                                passes=passes[start:stop],
                                reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
                                rounding=np.array(risky_of[start], dtype=np.float64), **part)
             computed[0] += stop - start
             filled.add((start, stop))
-            arithmetic_of_chunk[start] = arithmetic
             if progress:
                 done = (f"examples {reused + computed[0]}/{B}" if not tag
                         else f"{computed[0]}/{computed[2]} of this process's examples")
@@ -1435,7 +1433,6 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     for name, a in results.items():
                         a[start:stop] = xp.asarray(arrays[name])
                     ranks[start:stop], redone[start:stop] = arrays["ranks"], arrays["redone"]
-                    arithmetic_of_chunk[start] = str(arrays["arithmetic"]) if "arithmetic" in arrays else "not recorded"
                     passes[start:stop] = arrays.get("passes", -1)  # (a file from before they were counted)
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
@@ -1449,8 +1446,6 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
 
         todo = [(0, B)]
         reused = 0
-        # chunk start -> the arithmetic it was computed with (checkpoint.arithmetic_of): a merge of several warns
-        arithmetic, arithmetic_of_chunk = arithmetic_of(batch.device), {}
         if saved is not None:  # read back what an earlier call finished; compute the rest
             finished = read_back()
             reused = sum(stop - start for start, stop, _ in finished)
@@ -1479,9 +1474,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                    f"elsewhere; every process must see the same folder")
         if saved is not None:
             saved.tidy()  # every chunk is final: what killed writers left goes
-            mixed_arithmetic(saved.path, arithmetic_of_chunk.values(),
-                             "resume with the first call's torch.set_num_threads (hcrfast bound: --threads) on the "
-                             "same kind of device to keep them bitwise")
+            saved.warn_mixed(RESUME_BITWISE)
         reasons = [line for start in sorted(reasons_of) for line in reasons_of[start]]
         zero_steps = [line for start in sorted(zero_of) for line in zero_of[start]]
         # Counted over the whole result, chunks read back from a checkpoint included, so that a

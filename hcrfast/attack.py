@@ -47,7 +47,8 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
-from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
+                                sha256_tensors)
 from hcrfast.results import counted, load_npz, mse_from_modes, save_npz, short_repr
 from hcrfast.operators import RowScaled
 
@@ -576,7 +577,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
                 start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",
                 tol=tol, lsqr=dataclasses.asdict(options), jacobian=jacobian), example_ids,
-                features.detach().cpu().numpy())
+                features.detach().cpu().numpy(), arithmetic_of(batch.device))
             finished = saved.finished()
             for lo, hi, arrays in finished:
                 for k, a in out.items():
@@ -590,6 +591,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
         if saved is not None:
             saved.tidy()
+            saved.warn_mixed(RESUME_BITWISE)
 
     # A draw that took no step (a zero step counts as converged) kept its start point: if all did, the
     # errors are those of the starts (0 from the truth) and say nothing about an attacker.

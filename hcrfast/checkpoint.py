@@ -26,7 +26,7 @@ import torch
 
 from hcrfast import validation
 
-__all__ = ["Checkpoint", "CheckpointMismatchError", "arithmetic_of", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
+__all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmetic_of", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
            "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
@@ -123,7 +123,10 @@ class Checkpoint:
     #: largest magnitude (another device or library version rounds differently); more means another model.
     FEATURES_RTOL = 1e-4
 
-    def __init__(self, path, key: dict, example_ids: np.ndarray, features=None):
+    def __init__(self, path, key: dict, example_ids: np.ndarray, features=None, arithmetic: str | None = None):
+        #: what this call computes with (:func:`arithmetic_of`), recorded in each chunk it saves; and every
+        #: arithmetic of the chunks seen, read back or saved ("not recorded" for files from before)
+        self.arithmetic, self.arithmetics = arithmetic, set()
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
@@ -199,6 +202,7 @@ class Checkpoint:
                 raise CheckpointMismatchError(
                     f"{file} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
                     f"(batch of {total}) does not have there; pass another checkpoint folder or delete {self.path}")
+            self.arithmetics.add(str(arrays["arithmetic"]) if "arithmetic" in arrays else "not recorded")
             found.append((start, stop, arrays))
         found.sort(key=lambda f: f[0])
         for (_, stop, _), (start, _, _) in zip(found, found[1:]):
@@ -224,8 +228,16 @@ class Checkpoint:
             file.unlink(missing_ok=True)
 
     def save(self, start: int, stop: int, **arrays) -> None:
+        if self.arithmetic is not None:
+            arrays["arithmetic"] = np.array(self.arithmetic)
+            self.arithmetics.add(self.arithmetic)
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
                      **arrays)
+
+    def warn_mixed(self, resume_hint: str) -> None:
+        """Warns where the chunks seen (read back and saved) were computed with different arithmetic: the
+        result agrees with an uninterrupted call's to rounding only."""
+        mixed_arithmetic(self.path, self.arithmetics, resume_hint)
 
 
 def arithmetic_of(device) -> str:
@@ -242,6 +254,11 @@ def arithmetic_of(device) -> str:
         return torch.cuda.get_device_name(device)
     return (f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
             f"torch threads {torch.get_num_threads()})")
+
+
+#: What a merge of chunks of different arithmetic tells the user to do (the Python calls' checkpoints).
+RESUME_BITWISE = ("resume with the first call's torch.set_num_threads (hcrfast bound: --threads) on the same kind "
+                  "of device to keep them bitwise")
 
 
 def mixed_arithmetic(where, arithmetics, resume_hint: str) -> None:

@@ -55,7 +55,8 @@ from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _c
                                infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
-from hcrfast.checkpoint import Checkpoint, batch_fingerprint, gaps, model_fingerprint, sha256_tensors
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
+                                sha256_tensors)
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
@@ -137,7 +138,11 @@ def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
         raise ValueError(f"targets={targets!r} could be one mode given by its index per axis of an example "
                          f"{input_shape} or {len(targets)} flat indices; pass [{targets!r}] for the mode, or a "
                          f"list {list(targets)!r} for flat indices")
-    arr = np.asarray(targets)
+    try:
+        arr = np.asarray(targets)
+    except ValueError:  # a ragged list: flat indices and index tuples mixed, or tuples of several lengths
+        raise TypeError(f"targets={targets!r} mixes forms: pass flat int indices, or index tuples of length "
+                        f"{len(input_shape)} (one per axis of an example), not both") from None
     if arr.size == 0:
         raise ValueError("targets selects no mode")
     if arr.dtype == bool:
@@ -710,7 +715,8 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
     todo = [(0, B)]
     saved = None
     if checkpoint is not None:
-        saved = Checkpoint(checkpoint, key(), np.arange(B), features.detach().cpu().numpy())
+        saved = Checkpoint(checkpoint, key(), np.arange(B), features.detach().cpu().numpy(),
+                           arithmetic_of(features.device))
         finished = saved.finished()
         for start, _, arrays in finished:
             parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))
@@ -731,6 +737,7 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
                            computed, to_compute)
     if saved is not None:
         saved.tidy()
+        saved.warn_mixed(RESUME_BITWISE)
     result = TargetedBounds.concatenate([parts[start] for start in sorted(parts)], xp)
     result.params = dict(result.params, checkpoint=None if saved is None else dict(
         path=str(saved.path), examples_read_back=B - to_compute))

@@ -139,6 +139,33 @@ def test_a_resume_with_another_thread_count_says_its_bounds_are_not_bitwise(tmp_
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
 
 
+@pytest.mark.parametrize("entry", ["gauss_newton_attack", "targeted_bound"])
+def test_the_attack_and_targeted_bound_say_so_too(entry, tmp_path):
+    """The attack's and targeted_bound's checkpoints record each chunk's arithmetic alike: a chunk lost and
+    computed again with another thread count warns."""
+    model, x = relu_mlp(), batch(4)
+    call = {"gauss_newton_attack": lambda: hcrfast.gauss_newton_attack(model, x, 0.3, draws=3, steps=2, chunk_size=2,
+                                                                       checkpoint=tmp_path / "ck"),
+            "targeted_bound": lambda: hcrfast.targeted_bound(model, x, 0.3, targets="low:2", chunk_size=2,
+                                                             checkpoint=tmp_path / "ck")}[entry]
+    saved_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        call()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*different arithmetic")
+            call()   # all read back, all one arithmetic: no word
+        chunks = sorted((tmp_path / "ck").glob("chunk_*.npz"))   # (targeted_bound writes one per example)
+        assert len(chunks) >= 2
+        chunks[-1].unlink()
+        torch.set_num_threads(2)
+        with pytest.warns(UserWarning, match=r"torch threads 1\); CPU .*torch threads 2\)\): the bounds agree up to "
+                                             r"rounding"):
+            call()
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
 @pytest.mark.parametrize("solver, method", [("dense", "auto"), ("krylov", "auto"), ("lsqr", "lsqr")])
 def test_targeted_bounds_resume_too(solver, method, tmp_path, monkeypatch):
     model, x = relu_mlp(), batch()

@@ -207,6 +207,9 @@ def test_parse_targets():
         parse_targets([], shape, "dct")
     with pytest.raises(TypeError, match="index tuples of length 3"):
         parse_targets([(0, 1)], shape, "dct")
+    for ragged in ([0, (0, 1, 1)], [(0, 1), (0, 1, 1)]):   # NumPy's own error named neither targets nor the fix
+        with pytest.raises(TypeError, match=r"mixes forms: pass flat int indices, or index tuples of length 3"):
+            parse_targets(ragged, shape, "dct")
     with pytest.raises(ValueError, match="Shape mismatch"):
         parse_targets(np.ones((4, 4), dtype=bool), shape, "dct")
 
