@@ -115,10 +115,12 @@ def add_subparser(subparsers) -> None:
 # --------------------------------------------------------------------------
 # table
 # --------------------------------------------------------------------------
-def _format_value(value) -> str:
+def _format_value(value, exact: bool = False) -> str:
+    """6 significant digits for the aligned table; every digit (the shortest repr that reads back as the
+    same float64) for CSV, where 0.99999977 must not read as 1."""
     if isinstance(value, (int, np.integer)):
         return str(value)
-    return f"{value:.6g}"
+    return repr(float(value)) if exact else f"{value:.6g}"
 
 
 def _run_table(args: argparse.Namespace) -> int:
@@ -128,7 +130,7 @@ def _run_table(args: argparse.Namespace) -> int:
         dp.report(sigma=sigma, C=C, N=N, T=T, kappa=kappa, data_range=args.data_range)
         for sigma, C, N, T, kappa in itertools.product(args.sigma, args.C, args.N, args.T, args.kappa)
     ]
-    cells = [[_format_value(row[col]) for col in _TABLE_COLUMNS] for row in rows]
+    cells = [[_format_value(row[col], exact=args.format == "csv") for col in _TABLE_COLUMNS] for row in rows]
     if args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(_TABLE_COLUMNS)

@@ -405,6 +405,17 @@ def test_cli_table_csv(capsys):
             stats.norm.cdf(stats.norm.ppf(0.1) + math.sqrt(T) / sigma), rel=1e-5)
 
 
+def test_cli_table_csv_keeps_every_digit(capsys):
+    """CSV is for programs: each value reads back as the float64 dp.report computed (the aligned table's 6
+    digits showed a success probability of 0.99999977 as 1)."""
+    assert main(["dp", "table", "--sigma", "0.2", "--C", "1", "--N", "784", "--kappa", "0.1", "--format", "csv"]) == 0
+    row = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    want = dp.report(sigma=0.2, C=1.0, N=784, T=1, kappa=0.1, data_range=1.0)
+    assert 0.999 < want["worst_case_success"] < 1.0
+    for col in ("worst_case_success", "mse", "psnr", "ncc"):
+        assert float(row[col]) == want[col]
+
+
 def test_cli_table_aligned(capsys):
     rc = main(["dp", "table", "--sigma", "0.5", "1", "--N", "64", "784", "--kappa", "0.1"])
     assert rc == 0
