@@ -370,7 +370,12 @@ class MonteCarlo:
         """From a frozen ``scipy.stats`` continuous distribution, e.g. ``scipy.stats.t(df=5, scale=0.3)``.
 
         Uses ``dist.logpdf`` and ``dist.rvs``; keyword arguments go to
-        :class:`MonteCarlo`. The support must be all of R.
+        :class:`MonteCarlo`. The support must be all of R, and that is checked; it is not enough: D is
+        finite only where ``f(x - t)² / f(x)`` is integrable for the coordinates' shifts t (assumption
+        (iii) above), which fails for a tail lighter than its shifted copy's. ``scipy.stats.gumbel_r(
+        scale=b)``, for one, has D = inf for any shift below ``-b·ln 2`` (the bound there is 0), and its
+        samples may not show it: one such coordinate among many small ones passes the effective-sample
+        check. The normal, t, logistic and Laplace laws are safe at every shift.
         """
         from scipy import stats
 
