@@ -149,7 +149,7 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
             raise ValueError(f"the head failed on the features, shape {tuple(feats.shape)} "
                              f"({str(exc).splitlines()[0][:200]}): pass a head that takes the features as the model "
                              f"returns them") from exc
-        score.check(reference, labels if targets is None else targets)
+        score.check(reference, targets)
         clean = score.total(score(reference, reference, targets))
         total = np.zeros(draws, dtype=np.int64 if score.counts else np.float64)
         flat = profile.reshape(-1)  # one std, or one per feature in the features' order
@@ -219,8 +219,8 @@ class _Metric:
                          f"'cosine', or a callable metric(outputs, targets) giving one score per noisy copy")
 
     def check_target(self, value, name: str = "accuracy=") -> None:
-        """Refuses a target the metric's mean cannot mean to keep: (0, 1] for (top-K) accuracy, (0, 1) for
-        the cosine (1 is no noise at all, 0 what pure noise gives), any finite number for a callable."""
+        """Refuses a target no noise level can sensibly be searched for: (0, 1] for (top-K) accuracy, (0, 1)
+        for the cosine (1 is no noise at all, 0 what pure noise gives), any finite number for a callable."""
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
                 np.isfinite(value)):
             ok = False
@@ -295,6 +295,8 @@ class _Metric:
         try:
             got = self.fn(outputs, targets)
         except Exception as exc:
+            if isinstance(exc, torch.OutOfMemoryError):  # (not the metric's fault: chunking is the answer)
+                raise
             raise ValueError(f"the metric {self.name} failed on outputs of shape {tuple(outputs.shape)} and targets "
                              f"{shown} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): "
                              + ("pass the labels it needs as its targets (hcrfast bound: --labels), or "
@@ -392,7 +394,8 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
         As for :func:`dithered_accuracy`.
     accuracy : float
         The dithered accuracy (the metric's mean) to keep: in (0, 1] for ``"accuracy"`` and
-        ``"topK"``, in (-1, 1] for ``"cosine"``; at most its value on the clean features.
+        ``"topK"``, in (0, 1) for ``"cosine"``, any number for a callable; at most its value on the
+        clean features.
     sigma0 : float or array, optional
         The unit and first σ tried. Default: the RMS of the clean features over the batch.
     rtol : float
