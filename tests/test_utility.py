@@ -51,18 +51,28 @@ def problem():
     return model, head, x, labels
 
 
-def _oracle(model, head, x, labels, sigma, draws, seed):
+def _oracle_scores(model, head, x, sigma, draws, seed, score):
+    """The test's own loop for any per-copy score: score(noisy output, clean output, e) one copy at a time."""
     with torch.no_grad():
         feats = model(x).double()
         flat = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (feats[0].numel(),))
         per_draw = np.zeros(draws)
         for e in range(len(x)):
             z = np.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, feats[0].numel()))
+            ref = (head(feats[e][None]) if head is not None else feats[e][None])[0]
             for d in range(draws):
                 noisy = feats[e] + torch.from_numpy(flat * z[d]).reshape(feats[e].shape)
-                per_draw[d] += int(head(noisy[None]).argmax(dim=1)) == labels[e]
-        clean = np.mean((head(feats).argmax(dim=1).numpy() == labels))
-    return clean, per_draw / len(x)
+                out = (head(noisy[None]) if head is not None else noisy[None])[0]
+                per_draw[d] += score(out, ref, e)
+    return per_draw / len(x)
+
+
+def _oracle(model, head, x, labels, sigma, draws, seed):
+    """(clean accuracy, accuracy per draw): :func:`_oracle_scores` with the head's argmax against the label."""
+    with torch.no_grad():
+        clean = np.mean((head(model(x).double()).argmax(dim=1).numpy() == labels))
+    return clean, _oracle_scores(model, head, x, sigma, draws, seed,
+                                 lambda out, ref, e: int(out.argmax()) == labels[e])
 
 
 @pytest.mark.parametrize("sigma", [0.05, 0.4, "profile"])
@@ -226,22 +236,6 @@ def test_a_bad_accuracy_search_is_named_with_its_fix(problem, kwargs, words):
 
 
 # ---- other metrics: top-K accuracy, the cosine with the clean output, a callable ----
-
-def _oracle_scores(model, head, x, sigma, draws, seed, score):
-    """The test's own loop for any per-copy score: score(noisy output, clean output, e) one copy at a time."""
-    with torch.no_grad():
-        feats = model(x).double()
-        flat = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (feats[0].numel(),))
-        per_draw = np.zeros(draws)
-        for e in range(len(x)):
-            z = np.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, feats[0].numel()))
-            ref = (head(feats[e][None]) if head is not None else feats[e][None])[0]
-            for d in range(draws):
-                noisy = feats[e] + torch.from_numpy(flat * z[d]).reshape(feats[e].shape)
-                out = (head(noisy[None]) if head is not None else noisy[None])[0]
-                per_draw[d] += score(out, ref, e)
-    return per_draw / len(x)
-
 
 def test_top_k_accuracy_matches_the_tests_own_loop(problem):
     model, head, x, labels = problem
