@@ -6,7 +6,6 @@ steps to σ (the same seed draws the same start vectors, scaled)."""
 import contextlib
 import math
 import os
-import warnings
 
 import numpy as np
 import pytest
