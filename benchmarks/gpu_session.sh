@@ -14,6 +14,9 @@
 #             compilations of CuPy's and the Numba kernels, timed)
 #   tests     pytest -m gpu (GPU vs CPU, zero-copy, no host copy inside LSQR, kernels vs twins); the
 #             CPU suites are CI's
+#   retest    pytest -m gpu -k "$RETEST": the GPU tests an earlier call failed
+#   profile   one MNIST slice (1,250 x 25 x 10) under gpu_targets.py --profile (host time per hcrfast
+#             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
 #   kernels   pytest-benchmark of the kernels (Numba vs twin on CuPy vs library) and the batched
 #             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
@@ -29,7 +32,7 @@
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
 #             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
 #             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
-#             in 8 slices of 16 under what the call has left: what is not done by then is extrapolated
+#             in RESNET_SLICES (8) slices under what the call has left: what is not done by then is extrapolated
 #   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #   summary   the table of what ran (also printed by itself at the end of every call)
@@ -143,9 +146,9 @@ for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
     lease2) stages+=(setup kernels resnet18-krylov modes) ;;
-    setup|tests|kernels|modes|mnist|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
+    setup|tests|retest|profile|kernels|modes|mnist|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
-        echo "unknown stage '$stage'; stages: lease lease2 setup tests kernels modes mnist race resnet18 resnet18-krylov tf32 summary" >&2
+        echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist race resnet18 resnet18-krylov tf32 summary" >&2
         exit 2
         ;;
     esac
@@ -258,6 +261,28 @@ EOF
         T=${TESTS_TIMEOUT_S:-150} run "$PY" -m pytest tests -m gpu -q -rfEs --tb=short --durations=10 \
             -p no:cacheprovider "${per_test[@]}"
         ;;
+    retest)
+        ensure_installed
+        # The GPU tests whose names match RETEST (a pytest -k expression): those an earlier call failed.
+        say "pytest -m gpu -k '${RETEST:?retest needs RETEST, a pytest -k expression}'"
+        per_test=()
+        if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+            per_test=(--timeout "${TEST_TIMEOUT_S:-90}" --timeout-method thread)
+        fi
+        T=${RETEST_TIMEOUT_S:-90} run "$PY" -m pytest tests -m gpu -k "$RETEST" -q -rfEs --tb=short \
+            -p no:cacheprovider "${per_test[@]}"
+        ;;
+    profile)
+        ensure_installed
+        # Where MNIST's time goes: one slice of the target (1,250 examples, R = 25, i = 10) under the
+        # profiler (host time per hcrfast phase, GPU time per kernel), then the Gram-Schmidt pass's forms.
+        say "gpu_targets mnist --examples 1250 --profile"
+        MIN=40 T=${PROFILE_TIMEOUT_S:-75} run "$PY" benchmarks/gpu_targets.py mnist --examples 1250 --profile \
+            --progress --out "$DEST"
+        say "Gram-Schmidt forms (1,250 examples, 784 values, k = 128 and 384)"
+        T=${GS_TIMEOUT_S:-45} run "$PY" benchmarks/gs_variants.py --device cuda --examples 1250 --dim 784 \
+            --steps 128 384 --out "$DEST/gs_variants.json"
+        ;;
     kernels)
         ensure_installed
         say "kernel and LSQR benchmarks on the GPU"
@@ -303,8 +328,9 @@ EOF
         ;;
     resnet18-krylov)
         ensure_installed
-        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in 8 slices, the rest extrapolated)"
-        MIN=120 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov --slices 8 \
+        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-8} slices, the rest extrapolated)"
+        MIN=120 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
+            --slices "${RESNET_SLICES:-8}" \
             --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     tf32)

@@ -36,6 +36,14 @@ Usage::
     python benchmarks/gpu_targets.py mnist --device cpu --examples 8 --restarts 2 --iterations 2   # smoke test
     python benchmarks/gpu_targets.py resnet18 --slices 16 --time-budget 420 --out benchmarks/results/
 
+``--profile`` adds where the time goes: the host's wall time inside each hcrfast phase (the NVTX ranges of
+``hcrfast.profiling.annotate``; nested phases count in each, and a phase that waits for the GPU counts the
+wait) and the GPU kernels' time by name (``torch.profiler``), with how much of the GPU timeline no kernel ran
+(the host's share: launches, synchronizations, host-side eigendecompositions). It perturbs the run (each
+torch op is recorded); the timings of the target are those without it::
+
+    python benchmarks/gpu_targets.py mnist --examples 1250 --profile --out benchmarks/results/
+
 ``--slices N`` splits the examples into N ``bound`` calls and rewrites the JSON after each (a run
 killed at a time limit keeps what it finished); ``--time-budget S`` stops after the slice that
 passes S seconds and reports the examples done, with the time extrapolated to all of them.
@@ -43,6 +51,7 @@ passes S seconds and reports the examples done, with the time extrapolated to al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -138,6 +147,89 @@ class ProductTimer:
                 self.seconds[name] += sum(a.elapsed_time(b) for a, b in pairs) / 1e3
                 pairs.clear()
         return dict(self.seconds)
+
+
+class PhaseProfile:
+    """``--profile``: host wall time per hcrfast phase and GPU kernel time per kernel name.
+
+    The phases are the ranges of :func:`hcrfast.profiling.annotate`, which is swapped for a timer around
+    the NVTX range for the duration (every hcrfast module calls it through the module, at call time).
+    The kernels come from ``torch.profiler`` (CPU and CUDA activities: CuPy's and Numba's kernels on
+    the solver's stream are in CUDA's activity too, CUPTI sees every launch of the process).
+    """
+
+    def __init__(self, device: torch.device, top: int = 25):
+        self.cuda = device.type == "cuda"
+        self.top = top
+        self.ranges: dict[str, list] = {}
+        self.prof = None
+
+    def __enter__(self):
+        from hcrfast import profiling
+
+        self._profiling, self._annotate = profiling, profiling.annotate
+        ranges, original = self.ranges, profiling.annotate
+
+        @contextlib.contextmanager
+        def timed(name):
+            t0 = time.perf_counter()
+            with original(name), torch.profiler.record_function(f"hcrfast:{name}"):
+                yield
+            entry = ranges.setdefault(name, [0.0, 0])
+            entry[0] += time.perf_counter() - t0
+            entry[1] += 1
+
+        profiling.annotate = timed
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities)
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof.__exit__(*exc)
+        self._profiling.annotate = self._annotate
+        return False
+
+    def report(self, wall: float) -> dict:
+        kernels: dict[str, list] = {}
+        spans = []
+        for e in self.prof.events():
+            if self.cuda and getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+                us = e.time_range.elapsed_us()
+                k = kernels.setdefault(e.name, [0.0, 0])
+                k[0] += us / 1e6
+                k[1] += 1
+                spans.append((e.time_range.start, e.time_range.end))
+        busy = 0.0  # the union of the kernels' intervals: time some kernel ran
+        end = -np.inf
+        for a, b in sorted(spans):
+            if b > end:
+                busy += (b - max(a, end)) / 1e6
+                end = b
+        ordered = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+        return dict(
+            wall_seconds=wall,
+            ranges={name: dict(seconds=v[0], calls=v[1]) for name, v in sorted(self.ranges.items(),
+                                                                             key=lambda kv: -kv[1][0])},
+            kernel_seconds=sum(v[0] for v in kernels.values()), kernel_launches=sum(v[1] for v in kernels.values()),
+            gpu_busy_seconds=busy,
+            kernels=[dict(name=name[:160], seconds=v[0], launches=v[1]) for name, v in ordered[:self.top]])
+
+
+def profile_report(p: dict) -> str:
+    lines = [f"  profile (perturbed by the profiler): {p['wall_seconds']:.2f} s wall; GPU busy {p['gpu_busy_seconds']:.2f} s "
+             f"({p['kernel_launches']:,} kernels, {p['kernel_seconds']:.2f} s summed)"]
+    lines.append("  host wall per hcrfast phase (nested phases count in each):")
+    for name, r in p["ranges"].items():
+        lines.append(f"    {name:<16} {r['seconds']:8.2f} s  {r['calls']:>8,} calls")
+    lines.append("  GPU kernels by time:")
+    for k in p["kernels"]:
+        lines.append(f"    {k['seconds']:8.3f} s {k['launches']:>8,}x  {k['name'][:110]}")
+    return "\n".join(lines)
 
 
 def build_workload(name: str, examples: int, device: str, *, mnist_root=None, seed: int = 0):
@@ -255,7 +347,8 @@ def run(args, on_slice=None) -> dict:
             machine=machine_info("cuda" if device.type == "cuda" else "cpu"),
         )
 
-    with ProductTimer(device) as timer:
+    profiler = PhaseProfile(device) if args.profile else contextlib.nullcontext()
+    with ProductTimer(device) as timer, profiler:
         # Wall time and GPU timeline count the bound() calls only: each slice is bracketed by its own
         # pair (events on the GPU), so the host work between slices (the result's copy to the host,
         # the JSON written after each) is in neither the time nor the share's denominator.
@@ -294,6 +387,8 @@ def run(args, on_slice=None) -> dict:
                       f"{wall:.1f} s", flush=True)
 
     out = summary(wall, timeline, inside)
+    if args.profile:
+        out["profile"] = profiler.report(wall)
     if device.type == "cuda":
         # With the torch allocator (the default) these include the solver's CuPy arrays; with
         # HCRFAST_CUPY_ALLOCATOR=cupy those sit in CuPy's pool, whose size at the end is below.
@@ -390,6 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the JSON is rewritten after every slice, so a run killed by a time limit leaves its figures")
     ap.add_argument("--time-budget", type=float, default=None,
                     help="seconds: stop after the slice that passes it and extrapolate the time to all examples")
+    ap.add_argument("--profile", action="store_true",
+                    help="also report the host time per hcrfast phase and the GPU time per kernel (torch.profiler; "
+                         "slows the run: time the target without it)")
     ap.add_argument("--out", default=None, help="directory for gpu_targets_<workload>_<device>_<date>.json")
     return ap
 
@@ -418,6 +516,8 @@ def main(argv=None) -> int:
 
     r = run(args, on_slice=write)
     print(report(r), flush=True)
+    if "profile" in r:
+        print(profile_report(r["profile"]), flush=True)
     write(r)
     if path is not None:
         print(f"  written {path}")

@@ -69,6 +69,12 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def _numba_cuda():
     """Import ``numba.cuda`` once and bind it to the module global ``cuda``."""
     global cuda
+    if not hasattr(np, "row_stack"):
+        # numba-cuda up to 0.30 registers an overload of np.row_stack (an alias of np.vstack that
+        # NumPy 2.5 removed) while it builds its typing context: the first kernel compilation then
+        # fails with "module 'numpy' has no attribute 'row_stack'" (seen on an H100 image with
+        # numba-cuda 0.30.4 and NumPy 2.5.2). Restore the alias, which is exactly np.vstack.
+        np.row_stack = np.vstack
     from numba import cuda as numba_cuda
 
     cuda = numba_cuda

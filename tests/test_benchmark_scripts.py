@@ -290,6 +290,8 @@ def _session(tmp_path, *stages, **env):
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), *stages], capture_output=True,
                           text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "GPU_SESSION_DEST": str(dest), "OUT": str(out),
+                               # no carried wheels: a checkout's .whl/ (fetch_wheels.sh) adds an install row
+                               "WHEELS": str(tmp_path / "no-wheels"),
                                **{k: str(v) for k, v in env.items()}})
     ledger = [line.split("\t") for line in (dest / "ledger.tsv").read_text().splitlines()]
     return proc, ledger, time.monotonic() - t0

@@ -180,8 +180,19 @@ def test_targeted_bound_on_gpu_matches_cpu(method):
     x = torch.rand(2, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     cpu = hcrfast.targeted_bound(mlp(), x, 0.05, targets="low:2", method=method)
     gpu = hcrfast.targeted_bound(mlp().cuda(), x.cuda(), 0.05, targets="low:2", method=method).to_numpy()
-    np.testing.assert_allclose(gpu.std, cpu.std, rtol=1e-6)
     np.testing.assert_array_equal(gpu.infinite, cpu.infinite)
+    np.testing.assert_array_equal(gpu.from_null_space, cpu.from_null_space)
+    # 64 inputs, 48 features: J has a null space, and the dense method's null-space probes move the
+    # features by rounding only. Their bounds (~1e12 here) are certified for the features as each
+    # device computes them, and differ between devices as the rounding does (on an H100 against
+    # its host: 3.4e12 against 2.4e12). The Cramér-Rao steps must agree to 1e-6.
+    targeted = np.zeros(cpu.std.shape, dtype=bool)
+    flat = targeted.reshape(targeted.shape[0], -1)
+    flat[:, cpu.modes] = ~cpu.from_null_space
+    np.testing.assert_allclose(gpu.std[targeted], cpu.std[targeted], rtol=1e-6)
+    null = ~targeted & (cpu.std > 0)
+    np.testing.assert_array_equal(gpu.std[null] > 0, True)
+    assert np.all(np.abs(np.log10(gpu.std[null] / cpu.std[null])) < 1), (gpu.std[null], cpu.std[null])
 
 
 def test_per_feature_sigma_and_input_checks_on_gpu():
@@ -499,7 +510,11 @@ def test_rounding_guards_and_infinite_bounds_on_gpu_match_cpu(solver):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 res = hcrfast.bound(model.to(device), x.to(device), sigma, **kw).to_numpy()
-            runs.append((res, sorted(str(w.message).split(" ", 1)[1] for w in caught)))
+            # hcrfast's own warnings (UserWarning, RuntimeWarning), not the libraries' deprecations (on
+            # the H100 image torch 2.11 emitted 18 TorchScript DeprecationWarnings on the CPU side alone)
+            ours = [w for w in caught if issubclass(w.category, (UserWarning, RuntimeWarning))
+                    and "site-packages" not in w.filename]
+            runs.append((res, sorted(str(w.message).split(" ", 1)[1] for w in ours)))
         (cpu, cpu_warned), (gpu, gpu_warned) = runs
         np.testing.assert_array_equal(np.isinf(gpu.std), np.isinf(cpu.std))
         np.testing.assert_array_equal(gpu.std == 0, cpu.std == 0)
