@@ -71,6 +71,7 @@ from race import (MNIST_MEAN, MNIST_STD, add_reorth_option, apply_reorth_option,
 
 import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
+from hcrfast.kernels import tridiagonal  # noqa: E402
 from hcrfast import dense as dense_mod  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
 from hcrfast.bindings.bridge import ALLOCATOR_ENV, cupy_allocator_choice  # noqa: E402
@@ -267,6 +268,7 @@ def run(args, on_slice=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     apply_reorth_option(args.reorth_passes)
+    krylov.EIG_IMPL = args.eig_impl
     if args.tf32:
         # bound(tf32=True) only stops forcing IEEE float32: it runs with the caller's settings, and
         # torch's defaults keep float32 matmuls in IEEE (only cuDNN convolutions default to TF32).
@@ -300,6 +302,9 @@ def run(args, on_slice=None) -> dict:
     if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
+    if solver == "krylov" and krylov.EIG_IMPL != "twin":
+        # the warm-up's 2 bases of 8 steps take SciPy's path: compile the Numba one for the large groups
+        tridiagonal.eigh_tridiagonal_batch(np.ones((1, 2)), np.zeros((1, 2)), [2], rtol=0.0, impl="numba")
     _sync(device)
     warmup = time.perf_counter() - t0
     if device.type == "cuda":
@@ -338,6 +343,7 @@ def run(args, on_slice=None) -> dict:
             krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
             krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
             krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
+            krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
             warm_start=res.params["warm_start"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
@@ -472,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     add_reorth_option(ap)
+    ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba"),
+                    help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
+                         "twin: SciPy one by one, numba: LAPACK from Numba without the GIL, a thread per core)")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--cupy-allocator", default=None, choices=("torch", "cupy"),
                     help="where the solver's CuPy arrays live: torch's caching allocator (hcrfast's default) or "

@@ -5,8 +5,10 @@ matrices), R = 25 right-hand sides each: the work of one of Algorithm 1's steps 
 per-example loop is what ``KrylovBasis.solve`` did before it stacked the bases (one small product
 chain per example: ~8 launches each on a GPU, 10,000 examples × 10 steps for the MNIST target).
 Also timed: building the bases (LSQR with kept, reorthogonalized vectors, and the host
-eigendecompositions of B_kᵀB_k), and one such eigendecomposition by MRRR (``scipy.linalg.eigh_tridiagonal``'s
-default, what ``hcrfast.krylov`` uses) vs LAPACK's divide and conquer (``dstevd``).
+eigendecompositions of B_kᵀB_k), one such eigendecomposition by MRRR (``stemr``) vs LAPACK's divide and
+conquer (``dstevd``, what ``hcrfast.krylov`` uses), and a batch of them as the Krylov basis runs them
+(``hcrfast.kernels.tridiagonal``): SciPy's wrapper one at a time (it keeps the GIL) vs the Numba loop
+(a thread per core, no GIL).
 """
 from __future__ import annotations
 
@@ -132,8 +134,28 @@ def test_tridiagonal_eigendecomposition(benchmark, long_basis, k, driver):
     if driver == "dstevd":
         fn = lambda: scipy.linalg.lapack.dstevd(diag, off, compute_v=1)[:2]  # noqa: E731
     else:
-        fn = lambda: scipy.linalg.eigh_tridiagonal(diag, off)  # noqa: E731
+        fn = lambda: scipy.linalg.eigh_tridiagonal(diag, off, lapack_driver="stemr")  # noqa: E731
     lam, Y = benchmark.pedantic(fn, rounds=5, iterations=1, warmup_rounds=1)
     T = np.diag(diag) + np.diag(off, 1) + np.diag(off, -1)
     assert np.abs(T @ Y - Y * lam).max() < 1e-10 * np.abs(lam).max()
     benchmark.extra_info.update(k=k, driver=driver)
+
+
+@pytest.mark.parametrize("impl", ["twin", "numba"])
+def test_tridiagonal_batch(benchmark, long_basis, impl):
+    """64 bases of k = 386 (the MNIST MLP's), as one group of the Krylov basis: SciPy one by one vs Numba."""
+    from hcrfast.kernels import tridiagonal
+
+    a, b = long_basis
+    k, g = 386, 64
+    diag = np.tile(a[:k] ** 2 + b[1:k + 1] ** 2, (g, 1))
+    off = np.tile(a[1:k + 1] * b[1:k + 1], (g, 1))
+    ks = np.full(g, k)
+    tridiagonal.eigh_tridiagonal_batch(diag[:1], off[:1], ks[:1], rtol=0.0, impl=impl)  # Numba compiles here
+    lam, Y, ranks = benchmark.pedantic(
+        lambda: tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-7, impl=impl),
+        rounds=3, iterations=1, warmup_rounds=1)
+    T = np.diag(diag[0]) + np.diag(off[0, :k - 1], 1) + np.diag(off[0, :k - 1], -1)
+    V = Y[0, :ranks[0]].T
+    assert np.abs(T @ V - V * lam[0, :ranks[0]]).max() < 1e-10 * lam[0, 0]
+    benchmark.extra_info.update(k=k, examples=g, impl=impl, workers=tridiagonal._workers())

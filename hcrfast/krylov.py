@@ -25,18 +25,16 @@ float32), against the ~16 vectors of LSQR; :func:`basis_values` is what chunking
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 import torch
 
 from hcrfast import profiling
 from hcrfast.backend import get_array_module, to_host
+from hcrfast.kernels import tridiagonal
 from hcrfast.bindings import from_torch, ieee_float32, solver_stream, to_device, to_torch
 from hcrfast.lsqr import LSQROptions, compact, lsqr_init, lsqr_step
 
@@ -90,6 +88,10 @@ TWO_PASS_BLOCKS = 4
 
 #: Growth of the kept-vector buffers: first capacity, then doubling.
 _FIRST_CAPACITY = 64
+
+#: How the eigendecompositions of B_kᵀB_k run: "auto" (Numba's parallel loop over LAPACK for large
+#: groups, SciPy one by one for small ones), "numba" or "twin" (see hcrfast.kernels.tridiagonal).
+EIG_IMPL = "auto"
 
 
 def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:
@@ -262,39 +264,18 @@ def _ranks(groups, batch: int) -> np.ndarray:
     return rank
 
 
-def _eig(ah: np.ndarray, bh: np.ndarray, k: int, rtol: float, noise: float = 0.0):
-    """Eigendecomposition of the tridiagonal B_kᵀB_k (host, float64), descending, and the kept part:
-    the singular values above ``max(rtol, k · noise)`` of the largest (:data:`RITZ_NOISE`; ``noise``
-    is its unit for the basis' shape).
-
-    LAPACK's MRRR (``eigh_tridiagonal``), O(k²): 4.5 ms at k = 386 and 66 ms at k = 1,500 on one AMD
-    EPYC core, against 3.2 s for torch's SVD of B_k at k = 2,048; divide and
-    conquer (``dstevd``) measured the same (``benchmarks/test_bench_krylov.py``). Squaring costs no
-    accuracy that matters here: singular values down to a float32 basis' ``rtol`` (≥ 1.2e-7 of the
-    largest) keep their digits, and on float64 ones down to 1e-9 of the largest (condition 1e9: all
-    kept, the solves pinv's; tests/test_krylov.py). NumPy only (no torch): it runs in worker threads,
-    LAPACK releasing the GIL.
-    """
-    if k == 0:
-        return np.zeros(0), np.zeros((0, 0)), np.zeros(0, dtype=bool)
-    diag = ah[:k] ** 2 + bh[1:k + 1] ** 2                 # (B_kᵀB_k)_jj = α_{j+1}² + β_{j+2}²
-    off = ah[1:k] * bh[1:k]                               # (B_kᵀB_k)_{j,j+1} = α_{j+2} β_{j+2}
-    if k == 1:
-        lam, Y = diag.copy(), np.ones((1, 1))
-    else:
-        lam, Y = scipy.linalg.eigh_tridiagonal(diag, off)  # ascending
-    lam, Y = lam[::-1].clip(min=0), Y[:, ::-1]
-    keep = lam > max(rtol, k * noise)**2 * max(lam[0], np.finfo(np.float64).tiny)
-    return lam, np.ascontiguousarray(Y[:, keep]), keep
-
-
 def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bool = True):
     """A :class:`_Group` of ``len(members)`` bases whose vectors are the rows of ``U`` (g, ≥K+1, n),
     ``V`` (g, ≥K, p) and scalars ``alfa``, ``beta`` (``alfa[a, j] = α_{j+1}``, ``beta[a, j] = β_{j+1}``),
     with ``ks[a]`` steps each (K = max ks), and each example's Ritz values (host).
 
-    The eigendecompositions run on the host, rows in parallel threads (10,000 MNIST bases of ~390
-    steps: ~45 s on one core); the eigenvectors go to the device in one copy, zero-padded. With
+    The eigendecompositions of the tridiagonal B_kᵀB_k run on the host (LAPACK's divide and conquer,
+    :func:`hcrfast.kernels.tridiagonal.eigh_tridiagonal_batch`: rows in parallel, without the GIL, on
+    every core; 10,000 MNIST bases of ~390 steps: ~30 s on one core, the H100's profile spent 9.2 s of
+    a 21.5 s slice of 1,250 here with SciPy's wrapper, which keeps the GIL); the eigenvalues in
+    descending order, truncated at ``max(rtol, k · noise)`` of the largest singular value
+    (:data:`RITZ_NOISE`; ``noise`` is its unit for the basis' shape); the eigenvectors go to the device
+    in one copy, zero-padded. With
     ``pad``, the rows past each example's k (filled by the steps it ran after stopping, until
     compaction, possibly with 0/0 values) are zeroed in place and the buffers cut to K steps (one copy).
     """
@@ -313,22 +294,21 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
             beta.masked_fill_(steps > kt, 0)
     ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
     noise = RITZ_NOISE * math.sqrt(max(U.shape[-1], V.shape[-1])) * float(np.finfo(np.float64).eps)
-    jobs = [(ah[i], bh[i], int(k), rtol, noise) for i, k in enumerate(ks)]
-    if len(jobs) > 1 and sum(int(k) ** 2 for k in ks) >= 2**18:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1, 16)) as pool:
-            eigs = list(pool.map(lambda job: _eig(*job), jobs))
-    else:
-        eigs = [_eig(*job) for job in jobs]
-    ranks = np.array([int(keep.sum()) for _, _, keep in eigs], dtype=np.int64)
+    # B_kᵀB_k, tridiagonal: (B_kᵀB_k)_jj = α_{j+1}² + β_{j+2}², (B_kᵀB_k)_{j,j+1} = α_{j+2} β_{j+2}.
+    # Squaring costs no accuracy that matters here: singular values down to a float32 basis' rtol
+    # (≥ 1.2e-7 of the largest) keep their digits, and on float64 ones down to 1e-9 of the largest
+    # (condition 1e9: all kept, the solves pinv's; tests/test_krylov.py).
+    diag = ah[:, :K] ** 2 + bh[:, 1:K + 1] ** 2
+    off = ah[:, 1:K + 1] * bh[:, 1:K + 1]
+    lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
     r = int(ranks.max()) if g else 0
-    Yh = np.zeros((g, K, r))
-    fh = np.zeros((g, r))
-    for i, (k, (lam, Yk, keep)) in enumerate(zip(ks, eigs)):
-        Yh[i, :k, :Yk.shape[1]] = Yk
-        fh[i, :Yk.shape[1]] = 1.0 / (lam[keep] + damp * damp)
+    if r < K:
+        Yt = np.ascontiguousarray(Yt[:, :r])   # eigenvectors as rows: (g, r, K)
+    kept = np.arange(r)[None, :] < ranks[:, None]
+    fh = np.divide(1.0, lam[:, :r] + damp * damp, out=np.zeros((g, r)), where=kept)
     group = _Group(members=members, ks=ks, ranks=ranks, U=U, V=V, alfa=alfa, beta=beta,
-                   Y=torch.as_tensor(Yh, device=dev), filt=torch.as_tensor(fh, device=dev))
-    return group, [np.sqrt(lam) for lam, _, _ in eigs]
+                   Y=torch.as_tensor(Yt, device=dev).transpose(1, 2), filt=torch.as_tensor(fh, device=dev))
+    return group, [np.sqrt(lam[i, :k]) for i, k in enumerate(ks)]
 
 
 def _copy_state(state, xp):

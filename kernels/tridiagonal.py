@@ -1,0 +1,182 @@
+"""Batched eigendecompositions of symmetric tridiagonal matrices on the host, for the Krylov basis.
+
+Each example's basis ends with the tridiagonal ``B_kᵀB_k`` (k up to a few thousand) whose
+eigenvectors its solves project on (:func:`hcrfast.krylov._factors`). One decomposition is
+LAPACK's divide and conquer, ``dstevd`` (what ``scipy.linalg.eigh_tridiagonal`` runs for all
+eigenpairs): ~3 ms at k = 390 on one core. A GPU slice of the MNIST target holds 1,250 of them.
+
+* ``impl="twin"``: ``scipy.linalg.eigh_tridiagonal(..., lapack_driver="stevd")`` one matrix at a
+  time. SciPy's wrapper keeps the GIL through the call, so Python threads do not run two at
+  once (2 threads: 4.4 ms per matrix against 3.2 ms serial on 2 cores); the H100 profile of
+  MNIST spent 9.2 of 21.5 s of a slice here (benchmarks/results/gpu_h100-*_20261127).
+* ``impl="numba"``: the same ``dstevd``, from SciPy's own LAPACK (``scipy.linalg.cython_lapack``),
+  called from a Numba function that releases the GIL, over chunks of rows in a thread per core,
+  with BLAS held to one thread (``threadpoolctl``) for the call so that the cores are not
+  oversubscribed. (A plain ``nogil`` function, not ``parallel=True``: it compiles in a third of
+  the time, and no Numba threading layer is involved.)
+* ``impl="auto"``: Numba where the work is large enough (``sum k² ≥ 2**18``, the size at which
+  it pays for its compilation, ~2 s once per process), else the twin.
+
+Both return the same values (the same LAPACK routine on the same data; tests compare them).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+
+import numpy as np
+
+__all__ = ["IMPLS", "eigh_tridiagonal_batch"]
+
+IMPLS = ("auto", "twin", "numba")
+
+#: ``impl="auto"`` takes Numba from this much work on (the sum over matrices of k²).
+NUMBA_FROM = 2**18
+
+def _postprocess(lam_desc: np.ndarray, k: int, rtol: float, noise: float) -> int:
+    """Clip a descending spectrum at 0 and count the eigenvalues kept: the rank."""
+    np.clip(lam_desc, 0, None, out=lam_desc)
+    thr = max(rtol, k * noise) ** 2 * max(lam_desc[0], np.finfo(np.float64).tiny)
+    return int((lam_desc > thr).sum())
+
+
+def _twin(diag, off, ks, rtol, noise):
+    import scipy.linalg
+
+    g, K = diag.shape[0], int(ks.max()) if len(ks) else 0
+    lam = np.zeros((g, K))
+    Y = np.zeros((g, K, K))
+    ranks = np.zeros(g, dtype=np.int64)
+    for a, k in enumerate(ks):
+        k = int(k)
+        if k == 0:
+            continue
+        if k == 1:
+            w, z = diag[a, :1].copy(), np.ones((1, 1))
+        else:
+            w, z = scipy.linalg.eigh_tridiagonal(diag[a, :k], off[a, :k - 1], lapack_driver="stevd")
+        lam[a, :k] = w[::-1]
+        r = ranks[a] = _postprocess(lam[a, :k], k, rtol, noise)
+        Y[a, :r, :k] = z[:, ::-1][:, :r].T
+    return lam, Y, ranks
+
+
+@functools.cache
+def _numba_kernel():
+    """Compile (or load from Numba's cache) the parallel loop over ``dstevd``."""
+    import ctypes
+
+    import numba
+    from numba.extending import get_cython_function_address
+
+    # DSTEVD(JOBZ, N, D, E, Z, LDZ, WORK, LWORK, IWORK, LIWORK, INFO): every argument by reference.
+    dstevd = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 11))(
+        get_cython_function_address("scipy.linalg.cython_lapack", "dstevd"))
+    tiny = np.finfo(np.float64).tiny
+
+    @numba.njit(nogil=True)  # no cache=True: the LAPACK address differs per process
+    def kernel(lo, hi, diag, off, ks, rtol, noise, lam, Y, ranks, info):
+        K = Y.shape[1]
+        for a in range(lo, hi):
+            n = ks[a]
+            if n == 0:
+                Y[a, :, :] = 0.0
+                continue
+            d = diag[a, :n].copy()
+            e = np.zeros(n)
+            e[:n - 1] = off[a, :n - 1]
+            z = np.empty((n, n))  # Fortran order: eigenvector j is z[j, :]
+            jobz = np.array([ord("V")], dtype=np.uint8)
+            dims = np.array([n, n, 1 + 4 * n + n * n, 3 + 5 * n, 0], dtype=np.int32)  # N, LDZ, LWORK, LIWORK, INFO
+            work = np.empty(1 + 4 * n + n * n)
+            iwork = np.empty(3 + 5 * n, dtype=np.int32)
+            dstevd(jobz.ctypes, dims[0:].ctypes, d.ctypes, e.ctypes, z.ctypes, dims[1:].ctypes, work.ctypes,
+                   dims[2:].ctypes, iwork.ctypes, dims[3:].ctypes, dims[4:].ctypes)
+            info[a] = dims[4]
+            # descending, clipped at 0; kept: above max(rtol, n·noise)² of the largest
+            for j in range(n):
+                lam[a, j] = max(d[n - 1 - j], 0.0)
+            thr = max(rtol, n * noise) ** 2 * max(lam[a, 0], tiny)
+            r = 0
+            for j in range(n):
+                if lam[a, j] > thr:
+                    r += 1
+            ranks[a] = r
+            for j in range(r):  # eigenvector j (descending) as row j: contiguous reads and writes
+                Y[a, j, :n] = z[n - 1 - j, :]
+                Y[a, j, n:] = 0.0
+            Y[a, r:, :] = 0.0
+
+    return kernel
+
+
+def _workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _numba(diag, off, ks, rtol, noise):
+    kernel = _numba_kernel()
+    g, K = diag.shape[0], int(ks.max()) if len(ks) else 0
+    lam = np.zeros((g, K))
+    Y = np.empty((g, K, K))
+    ranks = np.zeros(g, dtype=np.int64)
+    info = np.zeros(g, dtype=np.int32)
+    args = (np.ascontiguousarray(diag), np.ascontiguousarray(off), ks, float(rtol), float(noise), lam, Y, ranks, info)
+    # Rows in chunks of about equal work (k³ each), one per core: the kernel holds no GIL.
+    work = np.cumsum(ks.astype(np.float64) ** 3)
+    n = min(_workers(), g)
+    bounds = np.searchsorted(work, work[-1] * np.arange(1, n) / n, side="right") if g else []
+    edges = [0, *sorted(set(int(b) for b in bounds) - {0, g}), g]
+    try:
+        from threadpoolctl import threadpool_limits
+        limit = threadpool_limits(1, user_api="blas")
+    except ImportError:  # a dependency of scikit-learn, so normally there; without it BLAS may oversubscribe
+        limit = None
+    try:
+        if len(edges) > 2:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(edges) - 1) as pool:
+                list(pool.map(lambda lh: kernel(lh[0], lh[1], *args), zip(edges[:-1], edges[1:])))
+        elif g:
+            kernel(0, g, *args)
+    finally:
+        if limit is not None:
+            limit.restore_original_limits()
+    if info.any():
+        bad = int(np.flatnonzero(info)[0])
+        raise np.linalg.LinAlgError(f"LAPACK dstevd failed to converge (info {int(info[bad])}) on the tridiagonal "
+                                    f"matrix of row {bad} (k = {int(ks[bad])})")
+    return lam, Y, ranks
+
+
+def eigh_tridiagonal_batch(diag, off, ks, *, rtol: float, noise: float = 0.0, impl: str = "auto"):
+    """Eigendecompositions of ``g`` symmetric tridiagonal matrices, descending, truncated at a rank.
+
+    Row ``a`` holds a matrix of order ``ks[a]``: diagonal ``diag[a, :k]``, off-diagonal
+    ``off[a, :k-1]`` (entries past them are ignored). Returns ``(lam, Y, ranks)``: ``lam`` (g, K)
+    the eigenvalues in descending order, clipped at 0 (0 past each row's k); ``ranks[a]`` how many
+    exceed ``max(rtol, k·noise)² · lam[a, 0]``; ``Y`` (g, K, K) the eigenvectors of the kept ones as
+    ROWS, in the same order (``Y[a, j, :k]``: eigenvector j), zero past row rank and column k.
+    K = max(ks). (Rows: LAPACK's column-major output copies to them contiguously; the caller takes
+    the transpose as a view.)
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    diag, off = np.asarray(diag, dtype=np.float64), np.asarray(off, dtype=np.float64)
+    ks = np.asarray(ks, dtype=np.int64)
+    if diag.ndim != 2 or off.shape != diag.shape or ks.shape != diag.shape[:1]:
+        raise ValueError(f"diag and off must be (g, K) and ks (g,), got {diag.shape}, {off.shape}, {ks.shape}")
+    if len(ks) and (ks.min() < 0 or ks.max() > diag.shape[1]):
+        raise ValueError(f"ks must lie in 0..{diag.shape[1]} (the columns of diag), got {ks.min()}..{ks.max()}")
+    cols = np.arange(diag.shape[1])[None, :]
+    bad = ~(np.isfinite(diag) | (cols >= ks[:, None])) | ~(np.isfinite(off) | (cols >= ks[:, None] - 1))
+    if bad.any():
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
+        raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
+                         f"its entries must be finite")
+    if impl == "auto":
+        impl = "numba" if int((ks * ks).sum()) >= NUMBA_FROM else "twin"
+    return (_numba if impl == "numba" else _twin)(diag, off, ks, rtol, noise)

@@ -1,0 +1,114 @@
+"""The Krylov basis' batched tridiagonal eigendecompositions (hcrfast.kernels.tridiagonal) against
+oracles no one here wrote: SciPy's eigh_tridiagonal matrix by matrix, the dense matrix itself
+(Y diag(λ) Yᵀ), and NumPy's dense eigvalsh for the rank."""
+import concurrent.futures
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from hcrfast.kernels import tridiagonal
+
+IMPLS = ["twin", "numba"]
+
+
+def batch(seed=0, g=12, K=60):
+    rng = np.random.default_rng(seed)
+    diag = rng.random((g, K)) + 0.05
+    off = rng.standard_normal((g, K)) * 0.4
+    ks = rng.integers(3, K + 1, g)
+    ks[:4] = (K, 0, 1, 2)
+    # entries past each k are ignored: fill them with garbage (NaN included) to prove it
+    cols = np.arange(K)[None, :]
+    diag[cols >= ks[:, None]] = np.nan
+    off[cols >= ks[:, None] - 1] = 1e300
+    return diag, off, ks
+
+
+def dense(diag, off, k):
+    return np.diag(diag[:k]) + np.diag(off[:k - 1], 1) + np.diag(off[:k - 1], -1)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_each_matrix_matches_scipy_and_rebuilds_the_matrix(impl):
+    diag, off, ks = batch()
+    lam, Y, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=0.0, impl=impl)
+    K = diag.shape[1]
+    assert lam.shape == (len(ks), K) and Y.shape == (len(ks), K, K)
+    for a, k in enumerate(ks):
+        if k == 0:
+            assert ranks[a] == 0 and not Y[a].any() and not lam[a].any()
+            continue
+        want = scipy.linalg.eigvalsh_tridiagonal(diag[a, :k], off[a, :k - 1])[::-1].clip(min=0)
+        np.testing.assert_allclose(lam[a, :k], want, rtol=1e-12, atol=1e-13)
+        assert not lam[a, k:].any()
+        r = ranks[a]
+        assert r == int((want > 0).sum())  # rtol = 0: every positive eigenvalue is kept
+        # rows past the rank and columns past k are exact zeros
+        assert not Y[a, r:].any() and not Y[a, :, k:].any()
+        V = Y[a, :r, :k].T                                        # eigenvectors as columns
+        np.testing.assert_allclose(V.T @ V, np.eye(r), atol=1e-12)
+        T = dense(diag[a], off[a], k)
+        if r == k:  # all kept: V diag(λ) Vᵀ is the matrix
+            np.testing.assert_allclose(V @ np.diag(lam[a, :k]) @ V.T, T, atol=1e-12)
+        np.testing.assert_allclose(T @ V, V * lam[a, :r], atol=1e-12)
+
+
+def test_numba_and_twin_agree_on_a_large_batch():
+    """The two paths run the same LAPACK routine: the same values, the same ranks."""
+    rng = np.random.default_rng(3)
+    g, K = 24, 200
+    diag, off = rng.random((g, K)) + 1, rng.random((g, K)) * 0.3
+    ks = rng.integers(150, K + 1, g)
+    assert int((ks * ks).sum()) >= tridiagonal.NUMBA_FROM     # "auto" takes Numba here
+    twin = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl="twin")
+    for impl in ("numba", "auto"):
+        got = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl=impl)
+        np.testing.assert_array_equal(got[2], twin[2])
+        np.testing.assert_allclose(got[0], twin[0], rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(np.abs(got[1]), np.abs(twin[1]), atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_rank_cut_follows_rtol_and_noise(impl):
+    """A spectrum spanning 1 to 1e-12 (dense eigvalsh is the oracle): kept are the eigenvalues above
+    max(rtol, k·noise)² of the largest."""
+    rng = np.random.default_rng(5)
+    k = 40
+    Q = np.linalg.qr(rng.standard_normal((k, k)))[0]
+    spectrum = np.logspace(0, -12, k)
+    T, _ = scipy.linalg.hessenberg(Q @ np.diag(spectrum) @ Q.T, calc_q=True)  # symmetric: tridiagonal
+    diag, off = np.diag(T)[None, :].copy(), np.append(np.diag(T, 1), 0.0)[None, :].copy()
+    exact = np.linalg.eigvalsh(dense(diag[0], off[0], k))[::-1]
+    for rtol, noise in ((1e-3, 0.0), (1e-5, 0.0), (0.0, 1e-6 / k), (1e-7, 1e-4 / k)):
+        lam, Y, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, [k], rtol=rtol, noise=noise, impl=impl)
+        cut = max(rtol, k * noise) ** 2 * exact[0]
+        assert ranks[0] == int((exact > cut).sum()), (rtol, noise)
+        assert not Y[0, ranks[0]:].any()
+
+
+def test_numba_path_runs_from_several_threads_at_once():
+    """The kernel releases the GIL and no Numba threading layer is involved: concurrent calls (a user's
+    threads, say) each get their own, correct result."""
+    inputs = [batch(seed, g=16, K=140) for seed in range(4)]
+    want = [tridiagonal.eigh_tridiagonal_batch(*x, rtol=1e-9, impl="twin") for x in inputs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: tridiagonal.eigh_tridiagonal_batch(*x, rtol=1e-9, impl="numba"), inputs))
+    for (lam, Y, ranks), (lam0, Y0, ranks0) in zip(got, want):
+        np.testing.assert_array_equal(ranks, ranks0)
+        np.testing.assert_allclose(lam, lam0, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_input_is_named(impl):
+    diag, off, ks = batch()
+    with pytest.raises(ValueError, match="impl must be one of"):
+        tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=0.0, impl="cuda")
+    with pytest.raises(ValueError, match=r"ks \(g,\)"):
+        tridiagonal.eigh_tridiagonal_batch(diag, off[:, :-1], ks, rtol=0.0, impl=impl)
+    with pytest.raises(ValueError, match="ks must lie in 0..60"):
+        tridiagonal.eigh_tridiagonal_batch(diag, off, ks + 100, rtol=0.0, impl=impl)
+    bad = diag.copy()
+    bad[4, 1] = np.inf
+    with pytest.raises(ValueError, match=r"row 4 \(k = \d+\) holds NaN or inf"):
+        tridiagonal.eigh_tridiagonal_batch(bad, off, ks, rtol=0.0, impl=impl)
