@@ -123,7 +123,9 @@ def race_line(r: dict) -> str:
         return head + "no hcrfast row reached the reference's median bound"
     ratio = ref["seconds"] / best["seconds"]
     verdict = f" (>= {RACE_TARGET:.0f}x: {_verdict(ratio >= RACE_TARGET)})" if a["device"] == "cuda" else ""
-    unfinished = "" if r.get("complete", True) else "; the LSQR sweep did not finish"
+    rows_done = r.get("main_rows_done", "all")
+    unfinished = ("" if r.get("complete", True) else "; the LSQR sweep did not finish" if rows_done == "all"
+                  else f"; stopped after {len(rows_done)} hcrfast row(s), the rest did not finish")
     return (head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
             + unfinished)
 

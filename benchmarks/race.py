@@ -391,28 +391,13 @@ def main(argv=None) -> int:
                                             reference={k: v for k, v in ref.items() if k != "_std"}),
                                        indent=2, default=str))
             print(f"  wrote {part} (the reference row alone)", flush=True)
-    dflt = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="auto",
-                       label="hcrfast defaults (solver=auto), linearize_at=input")
-    dflt["method"] += f" -> {dflt['solver']}"
-    print(f"  hcrfast defaults ({dflt['solver']}): {dflt['seconds']:.2f} s, median {dflt['median']:.5g}", flush=True)
-    cur = run_hcrfast(model, x, sigma, args, linearize_at="current",
-                      label=f"hcrfast DEFAULT_LSQR, linearize_at=current, {args.start} start")
-    print(f"  hcrfast current: {cur['seconds']:.2f} s, median {cur['median']:.5g}", flush=True)
-    inp = run_hcrfast(model, x, sigma, args, linearize_at="input", label=f"hcrfast DEFAULT_LSQR, linearize_at=input, {args.start} start")
-    print(f"  hcrfast input: {inp['seconds']:.2f} s, median {inp['median']:.5g}", flush=True)
-    main_rows = [dflt, cur, inp] if dflt["solver"] != "lsqr" else [cur, inp]  # (auto as LSQR: the input row)
-
-    # Paired comparison, mode by mode: how often is hcrfast's bound at least the reference's?
-    if "_std" in ref:
-        for r in main_rows:
-            r["fraction_modes_ge_reference"] = float(np.mean(r["_std"] >= ref["_std"]))
-    for r in [ref] + main_rows:
-        r.pop("_std", None)
-
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    dflt = cur = inp = None
+    main_rows = []
 
-    def write(sweep, best, fastest, complete):
-        """The race's JSON, written before the sweep (a run killed in it keeps the main rows) and after."""
+    def write(sweep, best, fastest, complete, rows_done="all"):
+        """The race's JSON: after every main row (a run killed in the next keeps those done), before the
+        sweep and after it."""
         if not args.out:
             return None
         out = Path(args.out)
@@ -420,15 +405,40 @@ def main(argv=None) -> int:
         path = out / f"race_{args.model}_{args.device}_{stamp}.json"
         payload = dict(command="python benchmarks/race.py " + " ".join(sys.argv[1:] if argv is None else argv),
                        args={k: v for k, v in vars(args).items()}, sigma=sigma, machine=info,
-                       reference=ref, hcrfast_default=dflt, hcrfast_current=cur, hcrfast_input=inp, sweep=sweep,
+                       reference={k: v for k, v in ref.items() if k != "_std"},
+                       hcrfast_default=dflt, hcrfast_current=cur, hcrfast_input=inp, sweep=sweep,
                        sweep_time_to_reference_median=best, time_to_reference_median=fastest,
-                       complete=complete)
+                       complete=complete, main_rows_done=rows_done)
         path.write_text(json.dumps(payload, indent=2, default=str))
         return path
 
     def fastest_of(rows):
         reaching = [r for r in rows if r["median"] >= ref["median"]]
         return min(reaching, key=lambda r: r["seconds"]) if reaching else None
+
+    def done(row):
+        """A main row finished: its paired comparison with the reference (how often is hcrfast's bound at
+        least the reference's, mode by mode), then the JSON so far."""
+        if "_std" in ref:
+            row["fraction_modes_ge_reference"] = float(np.mean(row["_std"] >= ref["_std"]))
+        row.pop("_std", None)
+        main_rows.append(row)
+        write([], None, fastest_of(main_rows), complete=False, rows_done=[r["method"] for r in main_rows])
+
+    dflt = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="auto",
+                       label="hcrfast defaults (solver=auto), linearize_at=input")
+    dflt["method"] += f" -> {dflt['solver']}"
+    print(f"  hcrfast defaults ({dflt['solver']}): {dflt['seconds']:.2f} s, median {dflt['median']:.5g}", flush=True)
+    if dflt["solver"] != "lsqr":  # (auto as LSQR: the input row)
+        done(dflt)
+    cur = run_hcrfast(model, x, sigma, args, linearize_at="current",
+                      label=f"hcrfast DEFAULT_LSQR, linearize_at=current, {args.start} start")
+    print(f"  hcrfast current: {cur['seconds']:.2f} s, median {cur['median']:.5g}", flush=True)
+    done(cur)
+    inp = run_hcrfast(model, x, sigma, args, linearize_at="input", label=f"hcrfast DEFAULT_LSQR, linearize_at=input, {args.start} start")
+    print(f"  hcrfast input: {inp['seconds']:.2f} s, median {inp['median']:.5g}", flush=True)
+    done(inp)
+    ref.pop("_std", None)
 
     write([], None, fastest_of(main_rows), complete=args.no_sweep)
     sweep, best = ([], None)

@@ -127,6 +127,34 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
     assert "rows/ex" in proc.stdout
 
 
+def test_race_killed_in_a_row_keeps_the_rows_done(tmp_path, monkeypatch):
+    """The H100's race was killed at its time limit in the third row, after the reference and two hcrfast
+    rows had printed, and left only the reference's JSON: every finished row is written at once now."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import race
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    real, calls = race.run_hcrfast, []
+
+    def dies_third(*args, **kwargs):
+        calls.append(kwargs.get("label"))
+        if len(calls) == 3:
+            raise KeyboardInterrupt("the device tool's time limit")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race, "run_hcrfast", dies_third)
+    with pytest.raises(KeyboardInterrupt):
+        race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
+                   "--no-sweep", "--out", str(tmp_path)])
+    (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
+    r = json.loads(path.read_text())
+    assert r["complete"] is False and r["hcrfast_input"] is None
+    assert r["main_rows_done"] == [r["hcrfast_default"]["method"], r["hcrfast_current"]["method"]]
+    assert "_std" not in r["reference"] and "fraction_modes_ge_reference" in r["hcrfast_current"]
+    assert r["time_to_reference_median"] is None or r["time_to_reference_median"]["method"] in r["main_rows_done"]
+
+
 def test_race_row_counter_counts_each_product_row_and_restores_the_operator():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
