@@ -36,7 +36,7 @@ from hcrfast import profiling
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.kernels import tridiagonal
 from hcrfast.bindings import from_torch, ieee_float32, solver_stream, to_device, to_torch
-from hcrfast.lsqr import LSQROptions, compact, lsqr_init, lsqr_step
+from hcrfast.lsqr import LSQROptions, bidiag_step, compact, lsqr_init, lsqr_step
 
 #: Basis steps per example when the options give no ``iter_lim`` (LSQR's own default, 2·p, is
 #: no memory budget): 4,096 steps of ResNet-18's n + p ≈ 50,000 values are 0.8 GB in float32.
@@ -508,17 +508,22 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                 # A problem stopped at an exhausted space keeps stepping until it is compacted out,
                 # through zero vectors whose scalars (kept frozen by masks) may be 0/0 or overflow on the way.
                 with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                    state = lsqr_step(state, op, orthogonalize=orthogonalize, **step_kw)
+                    if no_tolerance:
+                        # The vectors and scalars alone (LSQR's estimates would go unread). Nor do
+                        # LSQR's "for this machine" tests (istop 4-6) stop the basis: they fire once the
+                        # PILOT is solved to rounding, before the space is exhausted; without a tolerance
+                        # only exhaustion or the step limit ends it (a 300-feature float32 net: 280 -> 300
+                        # steps, +15%).
+                        state = bidiag_step(state, op, orthogonalize=orthogonalize, impl=opts.kernels)
+                    else:
+                        state = lsqr_step(state, op, orthogonalize=orthogonalize, **step_kw)
                 through[rows] += 1
-                if no_tolerance:
-                    # LSQR's "for this machine" tests (istop 4-6) fire once the PILOT is solved to
-                    # rounding, before the space is exhausted: without a tolerance only exhaustion or
-                    # the step limit ends the basis (a 300-feature float32 net: 280 -> 300 steps, +15%).
-                    machine = (state.istop >= 4) & (state.istop <= 6)
-                    state = dataclasses.replace(state, istop=xp.where(machine, 0, state.istop),
-                                                active=state.active | machine)
                 scale = xp.where(state.active, xp.maximum(scale, xp.maximum(state.alfa, state.beta)), scale)
                 state = _stop_when_exhausted(state, rtol, scale, xp)
+                if no_tolerance:  # the step limit, after exhaustion (which says more of the space)
+                    at_limit = state.active & (state.itn >= limit)
+                    state = dataclasses.replace(state, istop=xp.where(at_limit, 7, state.istop),
+                                                active=state.active & ~at_limit)
                 keep(state)
                 done_steps += 1
     return KrylovBasis(groups=groups, steps=steps, istop=istop, rank=_ranks(groups, m), ritz=ritz,

@@ -70,6 +70,54 @@ def test_by_default_the_basis_stops_where_the_krylov_space_is_exhausted_in_float
     assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_bidiagonalization_step_is_lsqrs_without_its_estimates(dtype):
+    """bidiag_step (the basis' step without a tolerance) against lsqr_step with zero tolerances, itself
+    SciPy's LSQR (tests/test_lsqr.py): the same u, v, α, β and itn at every step, bit for bit, with and
+    without a Gram-Schmidt hook; x and w untouched."""
+    from hcrfast.lsqr import bidiag_step, lsqr_init, lsqr_step
+
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((4, 30, 20)).astype(dtype)
+    A[1, :, 5:] = 0                                           # rank 5: its space is exhausted early
+    op = DenseBatchOperator(A)
+    b = rng.standard_normal((4, 30)).astype(dtype)
+    kept = []
+
+    def orth(name, vec):                                       # a hook that changes the vector in place
+        vec *= 1.0 + 0.01 * len(kept)
+
+    for hook in (None, orth):
+        full, lean = lsqr_init(op, b), lsqr_init(op, b)
+        x0, w0 = lean.x.copy(), lean.w.copy()
+        for _ in range(12):
+            with np.errstate(all="ignore"):
+                full = lsqr_step(full, op, damp=0.0, atol=0.0, btol=0.0, ctol=0.0, iter_lim=100, orthogonalize=hook)
+                lean = bidiag_step(lean, op, orthogonalize=hook)
+            kept.append(1)
+            for name in ("u", "v", "alfa", "beta"):
+                np.testing.assert_array_equal(getattr(lean, name), getattr(full, name), err_msg=name)
+            np.testing.assert_array_equal(lean.itn, np.full(4, len(kept)))
+        np.testing.assert_array_equal(lean.x, x0)
+        np.testing.assert_array_equal(lean.w, w0)
+        assert lean.active.all() and not lean.istop.any()     # the basis decides its stops itself
+        kept.clear()
+
+
+def test_a_basis_exhausted_at_the_step_limit_says_so():
+    """A 40 x 30 matrix of full rank: the space is exhausted at the step limit, min(n, p) = 30. The
+    basis reports the exhaustion (2: least squares, b outside the range; 1: b in the range), not the
+    step limit (7), which it reports where the space was not exhausted (a limit of 10 steps)."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((2, 40, 30))
+    b = rng.standard_normal((2, 40))
+    b[1] = A[1] @ rng.standard_normal(30)
+    basis = krylov.build(DenseBatchOperator(A), b)
+    assert basis.steps.tolist() == [30, 30] and basis.istop.tolist() == [2, 1]
+    short = krylov.build(DenseBatchOperator(A), b, iter_lim=10)
+    assert short.steps.tolist() == [10, 10] and short.istop.tolist() == [7, 7]
+
+
 @pytest.mark.parametrize("rank", [10, 70, 100, 120])
 def test_by_default_the_basis_runs_past_the_pilots_own_convergence_to_the_rank(rank):
     """Without a tolerance, LSQR's "for this machine" stops (istop 4-6), which fire once the pilot is
