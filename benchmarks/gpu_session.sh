@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
-#   lease2    = setup kernels resnet18-krylov modes: the kernels against the libraries (short
-#             rounds), the ResNet-18 target with what is left (extrapolated), then the modes
+#   lease2    = setup profile resnet18-krylov modes kernels: where MNIST's time goes (the first H100
+#             run, 2026-11-27, found it host-bound), the ResNet-18 target (extrapolated), then the
+#             modes and the kernels against the libraries (short rounds) with what is left
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation), the carried wheels,
 #             print the versions and the device, find libNVVM for numba-cuda, and warm up (first
 #             compilations of CuPy's and the Numba kernels, timed)
@@ -32,7 +33,8 @@
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
 #             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
 #             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
-#             in RESNET_SLICES (8) slices under what the call has left: what is not done by then is extrapolated
+#             in RESNET_SLICES (16: 8 examples a call; the H100 took 98.9 s for a call of 4) slices under
+#             what the call has left: what is not done by then is extrapolated
 #   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #   summary   the table of what ran (also printed by itself at the end of every call)
@@ -145,7 +147,7 @@ stages=()
 for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup kernels resnet18-krylov modes) ;;
+    lease2) stages+=(setup profile resnet18-krylov modes kernels) ;;
     setup|tests|retest|profile|kernels|modes|mnist|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
         echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist race resnet18 resnet18-krylov tf32 summary" >&2
@@ -328,9 +330,9 @@ EOF
         ;;
     resnet18-krylov)
         ensure_installed
-        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-8} slices, the rest extrapolated)"
+        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-16} slices, the rest extrapolated)"
         MIN=120 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
-            --slices "${RESNET_SLICES:-8}" \
+            --slices "${RESNET_SLICES:-16}" \
             --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     tf32)
