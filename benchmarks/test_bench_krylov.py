@@ -158,4 +158,4 @@ def test_tridiagonal_batch(benchmark, long_basis, impl):
     T = np.diag(diag[0]) + np.diag(off[0, :k - 1], 1) + np.diag(off[0, :k - 1], -1)
     V = Y[0, :ranks[0]].T
     assert np.abs(T @ V - V * lam[0, :ranks[0]]).max() < 1e-10 * lam[0, 0]
-    benchmark.extra_info.update(k=k, examples=g, impl=impl, workers=tridiagonal._workers())
+    benchmark.extra_info.update(k=k, examples=g, impl=impl, workers=tridiagonal._workers(k))

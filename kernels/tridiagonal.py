@@ -77,7 +77,6 @@ def _numba_kernel():
 
     @numba.njit(nogil=True)  # no cache=True: the LAPACK address differs per process
     def kernel(lo, hi, diag, off, ks, rtol, noise, lam, Y, ranks, info):
-        K = Y.shape[1]
         for a in range(lo, hi):
             n = ks[a]
             if n == 0:
@@ -111,11 +110,20 @@ def _numba_kernel():
     return kernel
 
 
-def _workers() -> int:
+def _workers(k: int = 0) -> int:
+    """Threads for matrices of order up to ``k``: one per core this process may use, but no more than
+    the workspaces (2·k² float64 values each: the eigenvectors and LAPACK's work) that fit in a
+    quarter of the available memory (ResNet-18's k = 4,096: 268 MB a thread)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): assume 8 GiB
+        available = 8 * 2**30
+    per_thread = 16 * k * k + 2**20
+    return max(1, min(cores, available // 4 // per_thread))
 
 
 def _numba(diag, off, ks, rtol, noise):
@@ -128,7 +136,7 @@ def _numba(diag, off, ks, rtol, noise):
     args = (np.ascontiguousarray(diag), np.ascontiguousarray(off), ks, float(rtol), float(noise), lam, Y, ranks, info)
     # Rows in chunks of about equal work (k³ each), one per core: the kernel holds no GIL.
     work = np.cumsum(ks.astype(np.float64) ** 3)
-    n = min(_workers(), g)
+    n = min(_workers(K), g)
     bounds = np.searchsorted(work, work[-1] * np.arange(1, n) / n, side="right") if g else []
     edges = [0, *sorted(set(int(b) for b in bounds) - {0, g}), g]
     try:

@@ -112,3 +112,24 @@ def test_bad_input_is_named(impl):
     bad[4, 1] = np.inf
     with pytest.raises(ValueError, match=r"row 4 \(k = \d+\) holds NaN or inf"):
         tridiagonal.eigh_tridiagonal_batch(bad, off, ks, rtol=0.0, impl=impl)
+
+
+def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
+    """Each thread holds two k x k float64 workspaces: at k = 4,096 (ResNet-18's basis) 268 MB, so a
+    machine with 1 GiB available gets no more than one thread, whatever its cores; small k, every core.
+    One thread gives the same values as several."""
+    import os
+
+    pages = {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 2**30 // 4096}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert tridiagonal._workers(4096) == 1
+    assert tridiagonal._workers(400) == 64
+    pages["SC_AVPHYS_PAGES"] = 64 * 2**30 // 4096
+    assert tridiagonal._workers(4096) == 63            # 16 GiB / (16 · 4096² + 1 MiB) = 63.75
+    diag, off, ks = batch(seed=7, g=9, K=80)
+    several = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
+    monkeypatch.setattr(tridiagonal, "_workers", lambda k=0: 1)
+    one = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
+    for a, b in zip(several, one):
+        np.testing.assert_array_equal(a, b)
