@@ -89,8 +89,9 @@ TWO_PASS_BLOCKS = 4
 #: Growth of the kept-vector buffers: first capacity, then doubling.
 _FIRST_CAPACITY = 64
 
-#: How the eigendecompositions of B_kᵀB_k run: "auto" (Numba's parallel loop over LAPACK for large
-#: groups, SciPy one by one for small ones), "numba" or "twin" (see hcrfast.kernels.tridiagonal).
+#: How the eigendecompositions of B_kᵀB_k run: "auto" (for large groups LAPACK called from Numba without
+#: the GIL, a thread per core; SciPy one by one for small ones), "numba" or "twin"
+#: (see hcrfast.kernels.tridiagonal).
 EIG_IMPL = "auto"
 
 

@@ -246,8 +246,9 @@ def _bidiagonalize(s: LSQRState, op, *, impl: str, orthogonalize):
 
     Stopped problems keep iterating u and v (normalized, so finite) because masking whole
     vectors costs passes over memory; their x and scalars are frozen by the caller. An active
-    problem whose beta is exactly 0 stops at this step by test1 (SciPy keeps v and alfa then; the
-    step's x, istop and estimates are the same either way). The new u and v are formed in the
+    problem whose beta is exactly 0 stops at this step: in :func:`lsqr_step` by test1 (SciPy keeps
+    v and alfa then; the step's x, istop and estimates are the same either way), in a Krylov basis
+    by its exhaustion test. The new u and v are formed in the
     buffers of the old ones, which are not read again (as x and w, they are updated in place: a
     step consumes its input state). The operator's outputs are only read, so an operator may hand
     back a buffer it still uses. Returns ``(u, beta, v, alfa)``, the scalars in float64.
