@@ -143,6 +143,17 @@ ensure_installed() {  # once per call: the check imports torch (seconds), and a 
     fi
 }
 
+# per_test_timeout: sets per_test, pytest's options that end one hung test (a stream that never drains)
+# alone instead of letting it eat the stage: pytest-timeout, where the image has it (the device's does),
+# after TEST_TIMEOUT_S (90). The thread method also ends a test stuck inside a CUDA call (the signal method
+# waits for it to return to Python), dumping every thread's stack, and pytest with it: the stack says where.
+per_test_timeout() {
+    per_test=()
+    if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+        per_test=(--timeout "${TEST_TIMEOUT_S:-90}" --timeout-method thread)
+    fi
+}
+
 stages=()
 for stage in "$@"; do
     case "$stage" in
@@ -252,14 +263,7 @@ EOF
         ensure_installed
         # Only the GPU tests: CI runs the CPU suites (the simulator's among them) on every submission.
         say "pytest -m gpu"
-        # One hung test (a stream that never drains) fails alone instead of eating the stage: pytest-timeout,
-        # where the image has it (the device's does), ends it after TEST_TIMEOUT_S (90).
-        # The thread method also ends a test stuck inside a CUDA call (the signal method waits for it to
-        # return to Python), dumping every thread's stack, and pytest with it: the stack says where.
-        per_test=()
-        if "$PY" -c "import pytest_timeout" 2>/dev/null; then
-            per_test=(--timeout "${TEST_TIMEOUT_S:-90}" --timeout-method thread)
-        fi
+        per_test_timeout
         T=${TESTS_TIMEOUT_S:-150} run "$PY" -m pytest tests -m gpu -q -rfEs --tb=short --durations=10 \
             -p no:cacheprovider "${per_test[@]}"
         ;;
@@ -267,10 +271,7 @@ EOF
         ensure_installed
         # The GPU tests whose names match RETEST (a pytest -k expression): those an earlier call failed.
         say "pytest -m gpu -k '${RETEST:?retest needs RETEST, a pytest -k expression}'"
-        per_test=()
-        if "$PY" -c "import pytest_timeout" 2>/dev/null; then
-            per_test=(--timeout "${TEST_TIMEOUT_S:-90}" --timeout-method thread)
-        fi
+        per_test_timeout
         T=${RETEST_TIMEOUT_S:-90} run "$PY" -m pytest tests -m gpu -k "$RETEST" -q -rfEs --tb=short \
             -p no:cacheprovider "${per_test[@]}"
         ;;
