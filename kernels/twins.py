@@ -30,9 +30,10 @@ def normalize_rows(a, target=1.0, *, out=None):
     """
     xp = get_array_module(a)
     norms = row_norms(a)
-    safe = xp.where(norms > 0, norms, 1)
+    nonzero = norms > 0  # once: each elementwise operation is a kernel launch on a GPU
+    safe = xp.where(nonzero, norms, 1)
     # ``target / safe`` keeps a Python scalar on the host side of the kernel call: no transfer.
-    scale = xp.where(norms > 0, target / safe, 0).astype(a.dtype)
+    scale = xp.where(nonzero, target / safe, 0).astype(a.dtype)
     scaled = xp.multiply(a, scale.reshape((-1,) + (1,) * (a.ndim - 1)), out=out)
     return scaled, norms
 

@@ -281,7 +281,7 @@ def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
     """Each array operation of a basis step is a kernel launch on a GPU, paid in host time: the H100
     profile of the MNIST target (2026-11-27) counted ~250 per step and a GPU idle 95% of the time. The
     step without a tolerance runs the bidiagonalization alone: counted here (the stand-in's CuPy
-    operations and torch's aten dispatches, per step between an 8- and a 32-step basis), 116.5, where
+    operations and torch's aten dispatches, per step between an 8- and a 32-step basis), 114.5, where
     LSQR's full step ran 288.5."""
     import dataclasses
 
