@@ -429,8 +429,10 @@ def main(argv=None) -> int:
                        label="hcrfast defaults (solver=auto), linearize_at=input")
     dflt["method"] += f" -> {dflt['solver']}"
     print(f"  hcrfast defaults ({dflt['solver']}): {dflt['seconds']:.2f} s, median {dflt['median']:.5g}", flush=True)
-    if dflt["solver"] != "lsqr":  # (auto as LSQR: the input row)
+    if dflt["solver"] != "lsqr":
         done(dflt)
+    else:  # auto as LSQR is the input row: not a main row of its own, and its bounds stay out of the JSON
+        dflt.pop("_std", None)
     cur = run_hcrfast(model, x, sigma, args, linearize_at="current",
                       label=f"hcrfast DEFAULT_LSQR, linearize_at=current, {args.start} start")
     print(f"  hcrfast current: {cur['seconds']:.2f} s, median {cur['median']:.5g}", flush=True)

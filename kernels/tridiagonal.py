@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import os
+import threading
 
 import numpy as np
 
@@ -33,6 +34,8 @@ IMPLS = ("auto", "twin", "numba")
 
 #: ``impl="auto"`` takes Numba from this much work on (the sum over matrices of k²).
 NUMBA_FROM = 2**18
+
+_LOCK = threading.Lock()
 
 def _postprocess(lam_desc: np.ndarray, k: int, rtol: float, noise: float) -> int:
     """Clip a descending spectrum at 0 and count the eigenvalues kept: the rank."""
@@ -113,17 +116,30 @@ def _numba_kernel():
 def _workers(k: int = 0) -> int:
     """Threads for matrices of order up to ``k``: one per core this process may use, but no more than
     the workspaces (2·k² float64 values each: the eigenvectors and LAPACK's work) that fit in a
-    quarter of the available memory (ResNet-18's k = 4,096: 268 MB a thread)."""
+    quarter of the available memory (ResNet-18's k = 4,096: 268 MB a thread). Container memory
+    limits (cgroups) are not read."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): assume 8 GiB
-        available = 8 * 2**30
     per_thread = 16 * k * k + 2**20
-    return max(1, min(cores, available // 4 // per_thread))
+    return max(1, min(cores, _available_memory() // 4 // per_thread))
+
+
+def _available_memory() -> int:
+    """Bytes the process may still take: Linux's MemAvailable (free memory and reclaimable page
+    cache), else the free pages, else 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return 8 * 2**30
 
 
 def _numba(diag, off, ks, rtol, noise):
@@ -139,20 +155,23 @@ def _numba(diag, off, ks, rtol, noise):
     n = min(_workers(K), g)
     bounds = np.searchsorted(work, work[-1] * np.arange(1, n) / n, side="right") if g else []
     edges = [0, *sorted(set(int(b) for b in bounds) - {0, g}), g]
-    try:
-        from threadpoolctl import threadpool_limits
-        limit = threadpool_limits(1, user_api="blas")
-    except ImportError:  # a dependency of scikit-learn, so normally there; without it BLAS may oversubscribe
-        limit = None
-    try:
-        if len(edges) > 2:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(edges) - 1) as pool:
-                list(pool.map(lambda lh: kernel(lh[0], lh[1], *args), zip(edges[:-1], edges[1:])))
-        elif g:
-            kernel(0, g, *args)
-    finally:
-        if limit is not None:
-            limit.restore_original_limits()
+    # BLAS's thread count is the process's: calls that overlap (a user's threads) take turns, each
+    # on every core, or the last one out could restore the limit another set (BLAS left on 1 thread).
+    with _LOCK:
+        try:
+            from threadpoolctl import threadpool_limits
+            limit = threadpool_limits(1, user_api="blas")
+        except ImportError:  # a declared dependency; without it BLAS may oversubscribe the cores
+            limit = None
+        try:
+            if len(edges) > 2:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(edges) - 1) as pool:
+                    list(pool.map(lambda lh: kernel(lh[0], lh[1], *args), zip(edges[:-1], edges[1:])))
+            elif g:
+                kernel(0, g, *args)
+        finally:
+            if limit is not None:
+                limit.restore_original_limits()
     if info.any():
         bad = int(np.flatnonzero(info)[0])
         raise np.linalg.LinAlgError(f"LAPACK dstevd failed to converge (info {int(info[bad])}) on the tridiagonal "

@@ -155,6 +155,30 @@ def test_race_killed_in_a_row_keeps_the_rows_done(tmp_path, monkeypatch):
     assert r["time_to_reference_median"] is None or r["time_to_reference_median"]["method"] in r["main_rows_done"]
 
 
+def test_race_json_holds_no_bound_arrays_when_auto_takes_lsqr(tmp_path, monkeypatch):
+    """Where solver="auto" resolves to LSQR, the defaults row is no main row of its own: its per-mode
+    bounds (kept for the paired comparison) were written into the JSON as a truncated array string."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import race
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    real = race.run_hcrfast
+
+    def auto_as_lsqr(*args, **kwargs):
+        if kwargs.get("solver") == "auto":
+            kwargs["solver"] = "lsqr"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race, "run_hcrfast", auto_as_lsqr)
+    race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
+               "--no-sweep", "--out", str(tmp_path)])
+    (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
+    r = json.loads(path.read_text())
+    assert r["hcrfast_default"]["solver"] == "lsqr" and r["complete"] is True
+    assert "_std" not in json.dumps(r)
+
+
 def test_race_row_counter_counts_each_product_row_and_restores_the_operator():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:

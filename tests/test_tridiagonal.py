@@ -120,12 +120,12 @@ def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
     One thread gives the same values as several."""
     import os
 
-    pages = {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 2**30 // 4096}
-    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    available = {"bytes": 2**30}
+    monkeypatch.setattr(tridiagonal, "_available_memory", lambda: available["bytes"])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert tridiagonal._workers(4096) == 1
     assert tridiagonal._workers(400) == 64
-    pages["SC_AVPHYS_PAGES"] = 64 * 2**30 // 4096
+    available["bytes"] = 64 * 2**30
     assert tridiagonal._workers(4096) == 63            # 16 GiB / (16 · 4096² + 1 MiB) = 63.75
     diag, off, ks = batch(seed=7, g=9, K=80)
     several = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
@@ -133,3 +133,49 @@ def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
     one = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
     for a, b in zip(several, one):
         np.testing.assert_array_equal(a, b)
+
+
+def test_available_memory_reads_what_linux_can_give():
+    """MemAvailable (free pages and reclaimable cache), not MemFree: a host whose memory is mostly page
+    cache must not be sized as if it were full."""
+    import os
+
+    got = tridiagonal._available_memory()
+    if os.path.exists("/proc/meminfo"):
+        fields = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        want = int(fields["MemAvailable"].split()[0]) * 1024
+        assert abs(got - want) < 0.2 * want
+    assert got > 0
+
+
+def test_overlapping_calls_leave_blas_as_they_found_it(monkeypatch):
+    """Each call holds BLAS to one thread while it runs. Two calls that overlap, the first to start also
+    the first to end, used to restore each other's limits out of order: the second restored the limit
+    of 1 it had found, and BLAS stayed on one thread for the rest of the process."""
+    import threading
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    def blas():
+        return sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+
+    before = blas()
+    real = tridiagonal._numba_kernel()
+    delays = {60: 0.3, 61: 0.6}                    # by K: call A (K = 60) sleeps 0.3 s, call B 0.6 s
+
+    def slow(lo, hi, diag, *args):
+        time.sleep(delays[diag.shape[1]])
+        return real(lo, hi, diag, *args)
+
+    monkeypatch.setattr(tridiagonal, "_numba_kernel", lambda: slow)
+    monkeypatch.setattr(tridiagonal, "_workers", lambda k=0: 1)
+    a, b = batch(1, g=4, K=60), batch(2, g=4, K=61)
+    ta = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=a, kwargs=dict(rtol=0.0, impl="numba"))
+    tb = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=b, kwargs=dict(rtol=0.0, impl="numba"))
+    ta.start()
+    time.sleep(0.1)
+    tb.start()
+    ta.join()
+    tb.join()
+    assert blas() == before
