@@ -7,6 +7,7 @@ installs never need it.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 
@@ -63,3 +64,19 @@ def get_array_module(*arrays) -> types.ModuleType:
 def to_host(a) -> np.ndarray:
     """A deliberate device-to-host copy (a no-op for NumPy arrays)."""
     return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give without swapping (Linux ``MemAvailable``; elsewhere the free
+    physical pages), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hcrfast.backend import available_memory
+
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
 #: ``"rmse"``, per example the root of the mean of the selected modes' bounds squared (a lower bound on
 #: the root-mean-square error of any unbiased estimator over those modes; over all modes it is
@@ -41,22 +43,6 @@ REUSE_BYTES = 2**30
 
 #: On the CPU the default keeps up to this share of the memory available when the search starts.
 CPU_REUSE_SHARE = 0.5
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the system can give without swapping (Linux ``MemAvailable``; elsewhere the free
-    physical pages), or None where neither can be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def default_reuse_bytes(device) -> int:

@@ -28,6 +28,8 @@ import threading
 
 import numpy as np
 
+from hcrfast.backend import available_memory
+
 __all__ = ["IMPLS", "eigh_tridiagonal_batch"]
 
 IMPLS = ("auto", "twin", "numba")
@@ -123,23 +125,8 @@ def _workers(k: int = 0) -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     per_thread = 16 * k * k + 2**20
-    return max(1, min(cores, _available_memory() // 4 // per_thread))
-
-
-def _available_memory() -> int:
-    """Bytes the process may still take: Linux's MemAvailable (free memory and reclaimable page
-    cache), else the free pages, else 8 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
-        return 8 * 2**30
+    available = available_memory() or 8 * 2**30  # unreadable: assume 8 GiB
+    return max(1, min(cores, available // 4 // per_thread))
 
 
 def _numba(diag, off, ks, rtol, noise):
