@@ -21,14 +21,13 @@ Both return the same values (the same LAPACK routine on the same data; tests com
 """
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import os
-import threading
 
 import numpy as np
 
 from hcrfast.backend import available_memory
+
+from . import _lapack
 
 __all__ = ["IMPLS", "eigh_tridiagonal_batch"]
 
@@ -36,8 +35,6 @@ IMPLS = ("auto", "twin", "numba")
 
 #: ``impl="auto"`` takes Numba from this much work on (the sum over matrices of k²).
 NUMBA_FROM = 2**18
-
-_LOCK = threading.Lock()
 
 def _postprocess(lam_desc: np.ndarray, k: int, rtol: float, noise: float) -> int:
     """Clip a descending spectrum at 0 and count the eigenvalues kept: the rank."""
@@ -118,15 +115,8 @@ def _numba_kernel():
 def _workers(k: int = 0) -> int:
     """Threads for matrices of order up to ``k``: one per core this process may use, but no more than
     the workspaces (2·k² float64 values each: the eigenvectors and LAPACK's work) that fit in a
-    quarter of the available memory (ResNet-18's k = 4,096: 268 MB a thread). Container memory
-    limits (cgroups) are not read."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    per_thread = 16 * k * k + 2**20
-    available = available_memory() or 8 * 2**30  # unreadable: assume 8 GiB
-    return max(1, min(cores, available // 4 // per_thread))
+    quarter of the available memory (ResNet-18's k = 4,096: 268 MB a thread)."""
+    return _lapack.workers(16 * k * k + 2**20, available_memory())
 
 
 def _numba(diag, off, ks, rtol, noise):
@@ -137,28 +127,9 @@ def _numba(diag, off, ks, rtol, noise):
     ranks = np.zeros(g, dtype=np.int64)
     info = np.zeros(g, dtype=np.int32)
     args = (np.ascontiguousarray(diag), np.ascontiguousarray(off), ks, float(rtol), float(noise), lam, Y, ranks, info)
-    # Rows in chunks of about equal work (k³ each), one per core: the kernel holds no GIL.
-    work = np.cumsum(ks.astype(np.float64) ** 3)
-    n = min(_workers(K), g)
-    bounds = np.searchsorted(work, work[-1] * np.arange(1, n) / n, side="right") if g else []
-    edges = [0, *sorted(set(int(b) for b in bounds) - {0, g}), g]
-    # BLAS's thread count is the process's: calls that overlap (a user's threads) take turns, each
-    # on every core, or the last one out could restore the limit another set (BLAS left on 1 thread).
-    with _LOCK:
-        try:
-            from threadpoolctl import threadpool_limits
-            limit = threadpool_limits(1, user_api="blas")
-        except ImportError:  # a declared dependency; without it BLAS may oversubscribe the cores
-            limit = None
-        try:
-            if len(edges) > 2:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=len(edges) - 1) as pool:
-                    list(pool.map(lambda lh: kernel(lh[0], lh[1], *args), zip(edges[:-1], edges[1:])))
-            elif g:
-                kernel(0, g, *args)
-        finally:
-            if limit is not None:
-                limit.restore_original_limits()
+    # Rows in chunks of about equal work (k³ each), one per core: the kernel holds no GIL. BLAS is held
+    # to one thread meanwhile, under the lock every host LAPACK call of hcrfast takes (kernels._lapack).
+    _lapack.run(lambda lo, hi: kernel(lo, hi, *args), _lapack.chunks(ks.astype(np.float64) ** 3, _workers(K)))
     if info.any():
         bad = int(np.flatnonzero(info)[0])
         raise np.linalg.LinAlgError(f"LAPACK dstevd failed to converge (info {int(info[bad])}) on the tridiagonal "

@@ -6,6 +6,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 import scipy.linalg
+import torch
 
 from hcrfast.kernels import tridiagonal
 
@@ -123,6 +124,7 @@ def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
     available = {"bytes": 2**30}
     monkeypatch.setattr(tridiagonal, "available_memory", lambda: available["bytes"])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
     assert tridiagonal._workers(4096) == 1
     assert tridiagonal._workers(400) == 64
     available["bytes"] = 64 * 2**30
@@ -135,19 +137,48 @@ def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_overlapping_calls_leave_blas_as_they_found_it(monkeypatch):
+def test_threads_follow_torchs_thread_count(monkeypatch):
+    """torch.set_num_threads (hcrfast bound --threads) is the user's say on how many cores hcrfast
+    uses: the host LAPACK threads of both kinds (tridiagonal here, symmetric in the dense solve) keep
+    to it, on a machine with more cores than that."""
+    import os
+
+    from hcrfast.kernels import symmetric
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert tridiagonal._workers(100) == symmetric._workers(100) == 3
+        torch.set_num_threads(1)
+        assert tridiagonal._workers(100) == symmetric._workers(100) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_overlapping_calls_take_turns_with_blas(monkeypatch):
     """Each call holds BLAS to one thread while it runs. Two calls that overlap, the first to start also
     the first to end, used to restore each other's limits out of order: the second restored the limit
-    of 1 it had found, and BLAS stayed on one thread for the rest of the process."""
+    of 1 it had found, and BLAS stayed on one thread for the rest of the process. Whether a given BLAS
+    shows that depends on the BLAS (this machine's OpenBLAS did not), so the limits are recorded: each
+    is restored before the next is set."""
     import threading
     import time
 
-    from threadpoolctl import threadpool_info
+    import threadpoolctl
 
-    def blas():
-        return sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+    events = []
 
-    before = blas()
+    class Recorded:
+        def __init__(self, limits, user_api):
+            assert (limits, user_api) == (1, "blas")
+            events.append("set")
+
+        def restore_original_limits(self):
+            events.append("restore")
+
+    a, b = batch(1, g=4, K=60), batch(2, g=4, K=61)
+    tridiagonal.eigh_tridiagonal_batch(*a, rtol=0.0, impl="numba")   # compiled (seconds) before the clock
     real = tridiagonal._numba_kernel()
     delays = {60: 0.3, 61: 0.6}                    # by K: call A (K = 60) sleeps 0.3 s, call B 0.6 s
 
@@ -155,9 +186,9 @@ def test_overlapping_calls_leave_blas_as_they_found_it(monkeypatch):
         time.sleep(delays[diag.shape[1]])
         return real(lo, hi, diag, *args)
 
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", Recorded)
     monkeypatch.setattr(tridiagonal, "_numba_kernel", lambda: slow)
     monkeypatch.setattr(tridiagonal, "_workers", lambda k=0: 1)
-    a, b = batch(1, g=4, K=60), batch(2, g=4, K=61)
     ta = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=a, kwargs=dict(rtol=0.0, impl="numba"))
     tb = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=b, kwargs=dict(rtol=0.0, impl="numba"))
     ta.start()
@@ -165,4 +196,16 @@ def test_overlapping_calls_leave_blas_as_they_found_it(monkeypatch):
     tb.start()
     ta.join()
     tb.join()
+    assert events == ["set", "restore", "set", "restore"]
+
+
+def test_blas_threads_are_restored():
+    from threadpoolctl import threadpool_info
+
+    def blas():
+        return sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+
+    tridiagonal.eigh_tridiagonal_batch(*batch(3), rtol=0.0, impl="numba")   # SciPy's BLAS loaded
+    before = blas()
+    tridiagonal.eigh_tridiagonal_batch(*batch(4), rtol=0.0, impl="numba")
     assert blas() == before
