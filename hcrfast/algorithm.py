@@ -1133,7 +1133,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # twice (one-pass Gram–Schmidt blocks rolled back).
         ranks = np.zeros((B, krylov_pilots), dtype=np.int64)
         redone = np.zeros((B, krylov_pilots), dtype=np.int64)
-        passes = np.zeros((B, krylov_pilots), dtype=np.int64)  # Krylov steps through the operator
+        # Krylov steps through the operator; with the dense solve, the products that built each J
+        passes = np.full((B, krylov_pilots), -1, dtype=np.int64)
         reuse = _REUSE.get()
         if reuse is not None and (solver not in ("dense", "krylov") or type(noise) is not Gaussian):
             reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
@@ -1254,8 +1255,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     reuse.admit((start, stop), (basis, targeted_dirs))
             elif solver == "dense":
                 with profiling.annotate("dense-factor"):
-                    J = dense.jacobian(model, batch[start:stop], mode=dense.resolve_jacobian_mode("auto", n, p))
+                    J, products = dense.jacobian(model, batch[start:stop], skip_zero_rows=True,
+                                                 mode=dense.resolve_jacobian_mode("auto", n, p), return_products=True)
                     min_norm = dense.min_norm_solver(J)
+                    min_norm.jacobian_products = products
                 if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):
@@ -1283,8 +1286,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x))
-            return (eps64, z64, c_itn, c_istop, c_ranks, None if basis is None else (basis.redone, basis.passes),
-                    min_norm, targeted_dirs)
+            if basis is not None:
+                again = (basis.redone, basis.passes)
+            elif min_norm is not None and min_norm.jacobian_products is not None:  # the dense J's products
+                again = (np.zeros(stop - start, dtype=np.int64), min_norm.jacobian_products)
+            else:
+                again = None
+            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs)
 
         def store(start, stop, result):
             eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs = result
@@ -1532,7 +1540,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   lsqr=dataclasses.asdict(options), dtype=validation.dtype_name(batch.dtype), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver,
                   dense=None if solver != "dense" else dict(
-                      jacobian_products=min(n, p), rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
+                      jacobian_products=float(np.mean(np.where(passes[:, 0] < 0, min(n, p), passes[:, 0]))),
+                      rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
                   krylov=None if solver != "krylov" else _krylov_params(
                       krylov_steps, ranks, krylov_pilots, redone=redone, passes=passes),
                   device=str(batch.device), n_features=n, n_inputs=p,

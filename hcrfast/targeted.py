@@ -500,7 +500,7 @@ def _dense_directions(model, batch, qmat, n, *, jacobian, chunk) -> DenseDirecti
 
     def work(start, stop):
         t0 = time.perf_counter()
-        J = dense.jacobian(model, batch[start:stop], mode=out.jacobian, chunk_size=chunk)
+        J = dense.jacobian(model, batch[start:stop], mode=out.jacobian, chunk_size=chunk, skip_zero_rows=True)
         t1 = time.perf_counter()
         solver = dense.min_norm_solver(J)
         out.fill(start, stop, solver, solver.directions(q, J))

@@ -676,11 +676,12 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
         f0 = net(x).numpy()
     z0 = hcrfast.start_vectors(np.arange(3), R, 40, seed=1, size=size, sigma=sigma).reshape(3, R, 40)
     want = np.zeros((3, 64))
-    ranks = []
+    ranks, nonzero_rows = [], []
     for b in range(3):
         J = torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(40, 64).detach().numpy()
         assert 0 < (np.abs(J).max(axis=1) == 0).sum() < 40  # dead features: zero rows
         ranks.append(np.linalg.matrix_rank(J))
+        nonzero_rows.append((np.abs(J).max(axis=1) > 0).sum())
         target = np.linalg.norm(z0[b], axis=1)
         zt = z0[b]
         for _ in range(iterations):
@@ -692,7 +693,9 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
         coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
         want[b] = (coords / np.sqrt(d)[:, None]).max(axis=0)
     np.testing.assert_allclose(res.std.reshape(3, 64), want, rtol=1e-9)
-    assert res.params["dense"]["rank_min"] == min(ranks) and res.params["dense"]["jacobian_products"] == 40
+    assert res.params["dense"]["rank_min"] == min(ranks)
+    # J by VJPs of its nonzero rows alone, found by 2 JVPs (40 VJPs pulled back every row)
+    assert res.params["dense"]["jacobian_products"] == np.mean(nonzero_rows) + 2 < 40
     assert "dense solve" in res.summary() and "LSQR iterations" not in res.summary()
 
 

@@ -33,6 +33,78 @@ def test_jacobian_matches_jacrev(mode, chunk_size, n):
     assert all(p.grad is None for p in model.parameters())
 
 
+def relu_mlp(p, hidden, n, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(p, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, n), torch.nn.ReLU()).double().eval()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 7, 1])
+def test_jacobian_skipping_zero_rows_matches_jacrev(chunk_size):
+    """The rows of features behind ReLUs that are off are zero: found by two JVPs, never pulled back;
+    each pass pulls every example's own next nonzero row. The same J as jacrev's, bit for bit where
+    zero, with one example whose every feature is off (no row pulled) and the products per example
+    its nonzero rows + 2."""
+    model = relu_mlp(16, 20, 30)
+    x = torch.randn(5, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model[3].bias[:] = torch.linspace(-2, 1, 30, dtype=torch.float64)   # many features off
+    x[:4] *= 4.0
+    x[4] = 0.0
+    with torch.no_grad():
+        model[1].bias[:] = -0.1                                              # example 4: every unit off
+    want = jacrev_oracle(model, x)
+    nonzero = (np.abs(want).max(axis=2) > 0).sum(axis=1)
+    assert nonzero[4] == 0 and 0 < nonzero[:4].min() and nonzero.max() < 30
+    J, products = dense.jacobian(model, x, mode="reverse", chunk_size=chunk_size, skip_zero_rows=True,
+                                 return_products=True)
+    np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
+    assert not J.numpy()[np.abs(want) == 0].any()
+    np.testing.assert_array_equal(products, nonzero + 2)
+    # without skipping: every row by a VJP, n products
+    J, products = dense.jacobian(model, x, mode="reverse", chunk_size=chunk_size, return_products=True)
+    np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(products, [30] * 5)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_jacobian_skips_nothing_where_forward_mode_cannot_run():
+    """A custom autograd.Function with no jvp: torch.func's forward mode refuses it, so every row is
+    pulled back (n products each), and J is still jacrev's."""
+    class Relu(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return x.clamp_min(0)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * (x > 0)
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 12).double()
+
+    def model(x):
+        return Relu.apply(lin(x.reshape(x.shape[0], -1)))
+
+    x = torch.randn(3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(NotImplementedError):
+        torch.func.jvp(model, (x,), (x,))
+    J, products = dense.jacobian(model, x, mode="reverse", skip_zero_rows=True, return_products=True)
+    np.testing.assert_allclose(J.detach().numpy(), jacrev_oracle(model, x), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(products, [12, 12, 12])
+    # forward mode builds columns: p JVPs each, whatever skip_zero_rows says
+    _, products = dense.jacobian(relu_mlp(16, 20, 30), x.reshape(3, 1, 4, 4), mode="forward",
+                                 skip_zero_rows=True, return_products=True)
+    np.testing.assert_array_equal(products, [16, 16, 16])
+
+
 def test_jacobian_float32():
     model = tanh_mlp(16, 20, 12, dtype=torch.float32)
     x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(2))
@@ -125,10 +197,13 @@ def test_eigh_driver_agrees_with_svd_above_its_resolution():
     assert dense.decompose(J, driver="auto").rank.tolist() == [7, 7]
 
 
+@pytest.mark.parametrize("eigh_impl", ["torch", "lapack"])
 @pytest.mark.parametrize("driver", ["svd", "eigh"])
 @pytest.mark.parametrize("n,p", [(7, 12), (12, 7), (10, 10)])
-def test_min_norm_solver_matches_numpy_lstsq(n, p, driver):
-    """J⁺ z for zero rows, rank deficiency and both shapes, against numpy.linalg.lstsq (SVD, rcond)."""
+def test_min_norm_solver_matches_numpy_lstsq(n, p, driver, eigh_impl, monkeypatch):
+    """J⁺ z for zero rows, rank deficiency and both shapes, against numpy.linalg.lstsq (SVD, rcond),
+    with the Gram matrices decomposed by torch and by the host's LAPACK (each example's live block)."""
+    monkeypatch.setattr(dense, "EIGH_IMPL", eigh_impl)
     rng = np.random.default_rng(n * 100 + p)
     J = rng.standard_normal((4, n, p))
     J[0, 2] = 0.0                                                    # a dead feature
