@@ -18,15 +18,16 @@
 #   retest    pytest -m gpu -k "$RETEST": the GPU tests an earlier call failed
 #   profile   one MNIST slice (1,250 x 25 x 10) under gpu_targets.py --profile (host time per hcrfast
 #             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
-#   kernels   pytest-benchmark of the kernels (Numba vs twin on CuPy vs library) and the batched
-#             LSQR on the GPU -> bench_gpu_kernels.json (chooses the "auto" kernels)
-#   modes     the MNIST MLP at 1,000 examples: JVP by double VJP vs forward mode, compaction
-#             of stopped problems on vs off, Numba vs twin kernels, TF32, and what solver="auto"
-#             takes on CUDA (the Krylov basis, "auto" Gram-Schmidt vs two passes every step) vs LSQR
-#             (warm and cold starts) vs the dense solve, the solver's arrays in torch's caching
-#             allocator (the default) vs CuPy's own pool
+#   kernels   pytest-benchmark of the dense solve's Gram eigendecompositions (host LAPACK vs cuSOLVER),
+#             the kernels (Numba vs twin on CuPy vs library) and the batched LSQR on the GPU
+#             -> bench_gpu_kernels.json (chooses the "auto" kernels)
+#   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
+#             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER through torch),
+#             JVP by double VJP vs forward mode, LSQR, "auto" Gram-Schmidt vs two passes every step, the
+#             solver's arrays in torch's caching allocator (the default) vs CuPy's own pool; by MODES:
+#             compaction on vs off, Numba vs twin kernels, TF32, cold starts
 #   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP),
-#             with solver="auto" (the Krylov basis on CUDA)
+#             with solver="auto" (the Krylov basis on CUDA), in MNIST_SLICES (2) calls
 #   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
 #             256 x R = 25 it needs > 390k, far beyond one call)
@@ -291,16 +292,16 @@ EOF
         say "kernel and LSQR benchmarks on the GPU"
         # Short rounds (0.2 s of each benchmark, at least 3): ~30 benchmarks in under a minute; the JSON is
         # written at the end only, so the command is not started with less than MIN = 60 s.
-        MIN=60 T=${KERNELS_TIMEOUT_S:-120} run "$PY" -m pytest benchmarks/test_bench_kernels.py \
+        MIN=60 T=${KERNELS_TIMEOUT_S:-120} run "$PY" -m pytest benchmarks/test_bench_dense.py benchmarks/test_bench_kernels.py \
             benchmarks/test_bench_lsqr.py benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q \
             -p no:cacheprovider --benchmark-max-time=0.2 --benchmark-min-rounds=3 \
             --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_kernels.json"
         ;;
     modes)
         ensure_installed
-        # Six by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
+        # Seven by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
         # this order. Others: MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver lsqr|--solver dense|--jacobian forward|--reorth-passes 2|--cupy-allocator cupy}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver dense|--solver dense --dense-eigh torch|--jacobian forward|--solver lsqr|--reorth-passes 2|--cupy-allocator cupy}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             # shellcheck disable=SC2086  # $flags is several words on purpose
@@ -310,15 +311,17 @@ EOF
         ;;
     mnist)
         ensure_installed
-        say "gpu_targets mnist (10,000 x 25 x 10, solver auto)"
-        MIN=90 T=${MNIST_TIMEOUT_S:-130} run "$PY" benchmarks/gpu_targets.py mnist --slices 8 \
+        # Two calls of 5,000 (the first H100 run made 8 of 1,250: each call, and each chunk within one, pays
+        # the basis' per-step host work once, whatever its size; bound() chunks by free memory itself).
+        say "gpu_targets mnist (10,000 x 25 x 10, solver auto, ${MNIST_SLICES:-2} calls)"
+        MIN=90 T=${MNIST_TIMEOUT_S:-130} run "$PY" benchmarks/gpu_targets.py mnist --slices "${MNIST_SLICES:-2}" \
             --time-budget "$(budget "${MNIST_TIMEOUT_S:-130}" 45)" --progress --out "$DEST"
         ;;
     race)
         ensure_installed
         # No LSQR sweep: on this problem only its last points reach the reference's median (CPU: ~200 s of
-        # points before them), while the defaults row (the Krylov basis on CUDA) does; its JSON is written
-        # once the main rows are done.
+        # points before them), while the defaults row (the Krylov basis on CUDA) does, and so does the dense
+        # solve's row (run on CUDA beside the defaults); the JSON is rewritten after every row.
         say "race on the GPU: reference vs hcrfast (MNIST MLP, 32 examples, R = 2, i = 10)"
         MIN=60 T=${RACE_TIMEOUT_S:-120} run "$PY" benchmarks/race.py --model mlp --examples 32 --restarts 2 \
             --iterations 10 --size 0.005 --device cuda --no-sweep --out "$DEST"

@@ -126,8 +126,11 @@ def race_line(r: dict) -> str:
     rows_done = r.get("main_rows_done", "all")
     unfinished = ("" if r.get("complete", True) else "; the LSQR sweep did not finish" if rows_done == "all"
                   else f"; stopped after {len(rows_done)} hcrfast row(s), the rest did not finish")
+    rows = [r[k] for k in ("hcrfast_default", "hcrfast_dense", "hcrfast_current", "hcrfast_input") if r.get(k)]
+    each = "".join(f"\n    {row['method'][:60]}: {row['seconds']:.2f} s, median {row['median']:.5g}, "
+                   f"{ref['seconds'] / row['seconds']:.1f}x" for row in rows)
     return (head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
-            + unfinished)
+            + unfinished + each)
 
 
 def kernel_lines(path: Path, limit: int = 40) -> str:

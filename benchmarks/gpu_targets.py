@@ -273,6 +273,7 @@ def run(args, on_slice=None) -> dict:
         torch.set_num_threads(args.threads)
     apply_reorth_option(args.reorth_passes)
     krylov.EIG_IMPL = args.eig_impl
+    dense_mod.EIGH_IMPL = args.dense_eigh
     if args.tf32:
         # bound(tf32=True) only stops forcing IEEE float32: it runs with the caller's settings, and
         # torch's defaults keep float32 matmuls in IEEE (only cuDNN convolutions default to TF32).
@@ -348,6 +349,7 @@ def run(args, on_slice=None) -> dict:
             krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
             krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
             krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
+            dense_eigh_impl=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
             warm_start=res.params["warm_start"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
@@ -485,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba"),
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
                          "twin: SciPy one by one, numba: LAPACK from Numba without the GIL, a thread per core)")
+    ap.add_argument("--dense-eigh", default="auto", choices=("auto", "torch", "lapack"),
+                    help="with the dense solve: how the Gram matrices' eigendecompositions run (hcrfast.dense.EIGH_IMPL; "
+                         "torch: torch.linalg.eigh where J is (cuSOLVER one matrix at a time on CUDA), lapack: "
+                         "LAPACK on the host, a matrix per thread; auto: lapack for two or more)")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--cupy-allocator", default=None, choices=("torch", "cupy"),
                     help="where the solver's CuPy arrays live: torch's caching allocator (hcrfast's default) or "
