@@ -502,7 +502,7 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
         gram = Jr @ Jr.transpose(1, 2) if k <= p else Jr.transpose(1, 2) @ Jr
         # s² = λ; k ≤ p: example b's Gram matrix is its leading live_rows[b] block (zero elsewhere)
         lam, vec = symmetric.eigh_batch(gram, live_rows if k <= p else None, impl=EIGH_IMPL)
-        lmax = lam.amax(dim=1, keepdim=True).clamp_min(0)
+        lmax = torch.nn.functional.pad(lam, (0, 1)).amax(dim=1, keepdim=True)   # ≥ 0; 0 where p = 0
         keep = lam > (rtol**2) * lmax
         inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
         core = (vec * inv[:, None, :]) @ vec.transpose(1, 2)               # (Gram)⁺

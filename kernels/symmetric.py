@@ -12,8 +12,8 @@ cuSOLVER ``syevd`` after another (PyTorch's dispatch batches only orders ≤ 32)
   ``numpy.linalg.eigh`` run on CPUs) from SciPy's LAPACK, one matrix per call, called through
   ctypes from a thread per core without the GIL (:mod:`hcrfast.kernels._lapack`), on the host;
   matrices on a GPU go there and back in one copy each way.
-* ``impl="auto"``: "lapack" for two or more float64 matrices, else "torch" (one large matrix gets
-  all of BLAS's threads).
+* ``impl="auto"``: "lapack" for two or more float64 matrices that need no gradient, else "torch"
+  (one large matrix gets all of BLAS's threads; torch's eigh has a derivative).
 
 On this 2-core machine, 32 Gram matrices of order 390 (``benchmarks/test_bench_dense.py``):
 see benchmarks/README.md. On a GPU, "lapack" against cuSOLVER awaits a measurement.
@@ -30,6 +30,9 @@ from . import _lapack
 __all__ = ["IMPLS", "eigh_batch"]
 
 IMPLS = ("auto", "torch", "lapack")
+
+#: dsyevd's workspace, 1 + 6m + 2m², must fit LAPACK's 32-bit integers.
+_MAX_ORDER = 32_000
 
 
 def _workers(m: int) -> int:
@@ -49,23 +52,27 @@ def _lapack_host(A: np.ndarray, orders: np.ndarray):
     finite = np.ones(g, dtype=bool)
 
     def task(lo: int, hi: int) -> None:
-        jobz = np.frombuffer(b"VL", dtype=np.uint8).copy()   # JOBZ = 'V', UPLO = 'L'
+        # JOBZ = 'V'; UPLO = 'U': Fortran's upper triangle is the C array's lower one, which torch reads
+        jobz = np.frombuffer(b"VU", dtype=np.uint8).copy()
+        # workspaces for the largest matrix, once per thread (fresh large arrays cost page faults each time)
+        k = int(orders[lo:hi].max(initial=0))
+        zbuf, work, iwork = np.empty(k * k), np.empty(1 + 6 * k + 2 * k * k), np.empty(3 + 5 * k, dtype=np.int32)
         for a in range(lo, hi):
             n = int(orders[a])
             pad = m - n
             Z[a, np.arange(pad), n + np.arange(pad)] = 1.0    # the padding: unit vectors, eigenvalue 0
             if n == 0:
                 continue
-            # Symmetric, so C order is Fortran order; LAPACK overwrites z with the eigenvectors as
-            # Fortran columns, i.e. as the rows of the C array.
-            z = np.array(A[a, :n, :n], dtype=np.float64, order="C")
-            if not np.isfinite(z).all():
+            # The C array read in Fortran order is the transpose (the same matrix, its lower triangle
+            # as UPLO = 'U'); LAPACK overwrites z with the eigenvectors as Fortran columns, i.e. as the
+            # rows of the C array.
+            z = zbuf[:n * n].reshape(n, n)
+            z[...] = A[a, :n, :n]
+            if not np.isfinite(np.tril(z)).all():
                 finite[a] = False
                 continue
             lwork, liwork = 1 + 6 * n + 2 * n * n, 3 + 5 * n
             dims = np.array([n, n, lwork, liwork, 0], dtype=np.int32)   # N, LDA, LWORK, LIWORK, INFO
-            work = np.empty(lwork)
-            iwork = np.empty(liwork, dtype=np.int32)
             vals = np.empty(n)
             at = dims.ctypes.data
             dsyevd(jobz.ctypes.data, jobz.ctypes.data + 1, at, z.ctypes.data, at + 4, vals.ctypes.data,
@@ -77,7 +84,8 @@ def _lapack_host(A: np.ndarray, orders: np.ndarray):
     _lapack.run(task, _lapack.chunks(orders.astype(np.float64) ** 3, _workers(m)))
     if not finite.all():
         bad = int(np.flatnonzero(~finite)[0])
-        raise ValueError(f"matrix {bad} (order {int(orders[bad])}) holds NaN or inf: its entries must be finite")
+        raise ValueError(f"matrix {bad} (order {int(orders[bad])}) holds NaN or inf in its lower triangle: its "
+                         f"entries must be finite (a Gram matrix JJᵀ of entries near 1e154 or more overflows float64)")
     if info.any():
         bad = int(np.flatnonzero(info)[0])
         raise np.linalg.LinAlgError(f"LAPACK dsyevd failed (info {int(info[bad])}) on matrix {bad} "
@@ -88,8 +96,8 @@ def _lapack_host(A: np.ndarray, orders: np.ndarray):
 def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     """Eigenvalues and eigenvectors of ``g`` symmetric matrices ``A`` (g, m, m), as ``torch.linalg.eigh``.
 
-    The matrices must be symmetric (LAPACK reads the lower triangle, cuSOLVER the lower, and their
-    entries must be finite). With ``orders`` (g,) integers in 0..m, matrix a is its leading
+    Only the lower triangle is read (as ``torch.linalg.eigh`` reads it); its entries must be finite.
+    ``A`` that requires grad (with grad mode on) goes to torch, whose eigh has a derivative. With ``orders`` (g,) integers in 0..m, matrix a is its leading
     ``orders[a]`` × ``orders[a]`` block with zeros elsewhere (what lies outside the block is
     ignored): "lapack" decomposes the block alone (a batch of unequal orders costs what its
     matrices do, not g times the largest).
@@ -108,12 +116,16 @@ def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     if orders is None:
         orders = np.full(g, m, dtype=np.int64)
     else:
-        orders = np.asarray(orders.cpu() if isinstance(orders, torch.Tensor) else orders).astype(np.int64)
+        orders = np.asarray(orders.cpu() if isinstance(orders, torch.Tensor) else orders)
+        if orders.dtype == bool or not np.issubdtype(orders.dtype, np.integer):
+            raise ValueError(f"orders must be integers, got dtype {orders.dtype}")
+        orders = orders.astype(np.int64)
         if orders.shape != (g,) or (g and (orders.min() < 0 or orders.max() > m)):
             raise ValueError(f"orders must be ({g},) integers in 0..{m}, got shape {orders.shape}"
                              + (f", range {orders.min()}..{orders.max()}" if orders.size else ""))
+    differentiable = A.requires_grad and torch.is_grad_enabled()
     if impl == "auto":
-        impl = "lapack" if A.dtype == torch.float64 and g >= 2 else "torch"
+        impl = "lapack" if A.dtype == torch.float64 and g >= 2 and not differentiable and m < _MAX_ORDER else "torch"
     if impl == "torch":
         if int(orders.min(initial=m)) < m:
             inside = torch.arange(m, device=A.device)[None, :] < torch.as_tensor(orders, device=A.device)[:, None]
@@ -121,6 +133,12 @@ def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
         return torch.linalg.eigh(A)
     if A.dtype != torch.float64:
         raise ValueError(f"impl='lapack' decomposes float64 matrices, got {A.dtype}: convert with A.double()")
+    if differentiable:
+        raise ValueError("impl='lapack' has no derivative and A requires grad: use impl='torch' (or 'auto'), "
+                         "or detach A / run under torch.no_grad()")
+    if m >= _MAX_ORDER:
+        raise ValueError(f"impl='lapack' takes orders below {_MAX_ORDER} (LAPACK's 32-bit workspace sizes), "
+                         f"got {m}: use impl='torch'")
     w, Z = _lapack_host(A.detach().cpu().numpy(), orders)
     return (torch.from_numpy(w).to(A.device),
             torch.from_numpy(Z).to(A.device).transpose(1, 2))

@@ -222,6 +222,17 @@ def test_min_norm_solver_matches_numpy_lstsq(n, p, driver, eigh_impl, monkeypatc
     assert solver.driver == driver
 
 
+@pytest.mark.parametrize("eigh_impl", ["torch", "lapack"])
+def test_min_norm_solver_of_no_inputs_is_rank_zero(eigh_impl, monkeypatch):
+    """p = 0 (a J of no columns): rank 0 and an empty solve, with the Gram driver too."""
+    monkeypatch.setattr(dense, "EIGH_IMPL", eigh_impl)
+    J = torch.zeros((3, 4, 0), dtype=torch.float64)
+    for driver in ("eigh", "svd"):
+        solver = dense.min_norm_solver(J, driver=driver)
+        assert solver.rank.tolist() == [0, 0, 0]
+        assert solver.solve(torch.ones((3, 2, 4))).shape == (3, 2, 0)
+
+
 def test_the_rank_tolerance_is_matrix_ranks_default_and_relative_to_singular_values():
     """Default tolerance: numpy.linalg.matrix_rank's, S_max·max(n, p)·eps (here 4.4e-15 for a 20 × 12
     float64 J; min(n, p) would give 2.7e-15): a singular value of 3.5e-15 counts as zero, in both

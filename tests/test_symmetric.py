@@ -97,6 +97,32 @@ def test_blas_threads_are_restored():
     assert blas() == before
 
 
+def test_both_read_the_lower_triangle():
+    """What torch.linalg.eigh reads: a matrix whose upper triangle is garbage decomposes as its lower
+    one mirrored (the C array seen by Fortran is the transpose: UPLO 'U' there)."""
+    A = np.array([[[1.0, 0.0], [5.0, 1.0]], [[2.0, 9.0], [-1.0, 3.0]]])
+    want = np.linalg.eigvalsh(A, UPLO="L")
+    for impl in ("lapack", "torch"):
+        w, V = symmetric.eigh_batch(torch.as_tensor(A), impl=impl)
+        np.testing.assert_allclose(w.numpy(), want, rtol=1e-14)
+        lower = np.tril(A) + np.tril(A, -1).transpose(0, 2, 1)
+        np.testing.assert_allclose(lower @ V.numpy(), V.numpy() * w.numpy()[:, None, :], atol=1e-13)
+
+
+def test_a_matrix_that_needs_its_gradient_goes_to_torch():
+    """LAPACK through ctypes has no derivative: "auto" leaves such matrices to torch (the gradient of a
+    function of the eigenvalues matches torch's), and "lapack" refuses them by name."""
+    base = torch.as_tensor(grams(10, g=3, m=8))
+    A = base.clone().requires_grad_(True)
+    w, _ = symmetric.eigh_batch(A)
+    w.sum().backward()
+    np.testing.assert_allclose(A.grad.numpy(), np.broadcast_to(np.eye(8), (3, 8, 8)), atol=1e-12)  # d tr(A)/dA
+    with pytest.raises(ValueError, match="no derivative and A requires grad"):
+        symmetric.eigh_batch(A, impl="lapack")
+    with torch.no_grad():
+        symmetric.eigh_batch(A, impl="lapack")        # no graph wanted: fine
+
+
 def test_bad_input_is_named():
     A = torch.as_tensor(grams(7, g=3, m=10))
     with pytest.raises(ValueError, match="impl must be one of"):
@@ -107,11 +133,15 @@ def test_bad_input_is_named():
         symmetric.eigh_batch(A.numpy())
     with pytest.raises(ValueError, match=r"orders must be \(3,\) integers in 0..10"):
         symmetric.eigh_batch(A, [10, 11, 2])
+    with pytest.raises(ValueError, match="orders must be integers, got dtype float64"):
+        symmetric.eigh_batch(A, [10.0, 2.7, 2.0])
+    with pytest.raises(ValueError, match="orders must be integers, got dtype bool"):
+        symmetric.eigh_batch(A, [True, True, False])
     with pytest.raises(ValueError, match="float64 matrices, got torch.float32"):
         symmetric.eigh_batch(A.float(), impl="lapack")
     bad = A.clone()
     bad[2, 1, 1] = float("nan")
-    with pytest.raises(ValueError, match=r"matrix 2 \(order 10\) holds NaN or inf"):
+    with pytest.raises(ValueError, match=r"matrix 2 \(order 10\) holds NaN or inf in its lower triangle"):
         symmetric.eigh_batch(bad, impl="lapack")
     bad[2, 1, 1] = 1.0
     bad[2, 9, 9] = float("inf")                           # outside matrix 2's block of order 5: ignored
