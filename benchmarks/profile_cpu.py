@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     # Row-products: LSQR's 2·itn + 1 per solve; the dense solve's min(n, p) per example to build J;
     # the Krylov basis' 2k + 1 per example and pilot (its projections cost none).
     if dense_run:
-        products = int(res.params["dense"]["jacobian_products"]) * args.examples
+        products = round(res.params["dense"]["jacobian_products"] * args.examples)
     elif res.params["solver"] == "krylov":
         products = int(round(res.params["krylov"]["products_per_example"] * args.examples))
     else:

@@ -223,13 +223,15 @@ def forward(model, x: torch.Tensor):
     return _halved(run, join, x)
 
 
-def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device):
+def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device, arithmetic=None):
     """The first steps of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
     key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
-    ``(checkpoint, chunk_size)``, the chunk size rank 0's."""
+    ``(checkpoint, chunk_size)``, the chunk size rank 0's. ``arithmetic``: what each chunk records
+    (default :func:`hcrfast.checkpoint.arithmetic_of` the device)."""
+    arithmetic = arithmetic_of(device) if arithmetic is None else arithmetic
     saved = token = None
     if world.rank == 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic_of(device))
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
         token = world.mark_folder(saved.path)
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
     every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
@@ -245,7 +247,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
                          f"make the same call (model, batch, sigma, arguments) on every process")
     world.check_folder(checkpoint, first["token"], "checkpoint")
     if world.rank != 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic_of(device))
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
     return saved, first["chunk_size"]
 
 
@@ -1209,10 +1211,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 if keep_targeted_eps:  # chunk files with the steps; the default's hold none
                     key.update(keep_targeted_eps=True)
             clean = features.detach().cpu().numpy()
+            # the dense J's rows are pulled back per example since 2026-11-27 (last bits differ from before)
+            arithmetic = arithmetic_of(batch.device) + ("; dense J by nonzero rows" if solver == "dense" else "")
             if world is None or world.size == 1:
-                saved = Checkpoint(checkpoint, key, example_ids, clean, arithmetic_of(batch.device))
+                saved = Checkpoint(checkpoint, key, example_ids, clean, arithmetic)
             else:
-                saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size, batch.device)
+                saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size, batch.device,
+                                          arithmetic)
 
         def f0_of(start, stop):  # the chunk's clean features, one row per restart
             return from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
@@ -1540,7 +1545,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   lsqr=dataclasses.asdict(options), dtype=validation.dtype_name(batch.dtype), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver,
                   dense=None if solver != "dense" else dict(
-                      jacobian_products=float(np.mean(np.where(passes[:, 0] < 0, min(n, p), passes[:, 0]))),
+                      # ≤ 0: chunks from a checkpoint written before they were counted (every row pulled back)
+                      jacobian_products=float(np.mean(np.where(passes[:, 0] <= 0, min(n, p), passes[:, 0]))),
                       rank_median=float(np.median(ranks)), rank_min=int(ranks.min())),
                   krylov=None if solver != "krylov" else _krylov_params(
                       krylov_steps, ranks, krylov_pilots, redone=redone, passes=passes),

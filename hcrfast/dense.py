@@ -109,11 +109,14 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     not pulled back: a feature behind a ReLU that is off at θ has a zero row, about half of them in
     the MNIST MLP and the CIFAR-10 CNN. Two JVPs along random Gaussian tangents tell them: row i
     counts as zero where both ``(J t)_i`` are exactly 0 (for a nonzero row each is 0 only by an exact
-    cancellation in rounding). Each pass then pulls back, for every example, its own next live row,
-    so the passes number the most live rows of an example, not n. A model whose forward-mode AD
-    torch.func cannot run gets every row. The dense solve drops zero rows anyway
-    (:func:`min_norm_solver`), and a row wrongly taken for zero would only leave the solve
-    less tight: its step is still certified by forward passes.
+    cancellation in rounding), and one VJP of a random cotangent on those rows checks that reverse
+    mode agrees (an example where it does not gets every row). Each pass then pulls back, for every
+    example, its own next live row, so the passes number the most live rows of an example, not n.
+    A model whose forward-mode AD torch.func cannot run, or with no zero row, gets every row the
+    usual way. The values are jacrev's up to the last bit (the batched products group the rows
+    differently). The dense solve drops zero rows anyway (:func:`min_norm_solver`), and a row wrongly
+    taken for zero would only leave the solve less tight: its step is still certified by forward
+    passes.
 
     Parameters
     ----------
@@ -126,12 +129,14 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         At most this many example rows (examples × tangents) per vmapped pass;
         default :func:`default_chunk_rows`.
     skip_zero_rows : bool
-        Reverse mode: find J's zero rows by two JVPs and pull back only the others (above).
+        Reverse mode: find J's zero rows by two JVPs (checked by a VJP) and pull back only the others
+        (above).
     return_products : bool
         Also return, per example, the products that built its J: ``(J, products)`` with ``products`` a
-        (B,) int64 NumPy array: p JVPs (forward mode), n VJPs (reverse mode), or with ``skip_zero_rows``
-        its nonzero rows' VJPs and the 2 JVPs that found them. (In a pass every example of a chunk
-        rides along until the one with the most nonzero rows is done: these are what each needed.)
+        (B,) int64 NumPy array: p JVPs (forward mode), n VJPs (reverse mode), with ``skip_zero_rows``
+        the VJPs of the rows pulled back and the probes' 2 JVPs and 1 VJP (2 JVPs alone where they found
+        no zero row). (In a pass every example of a chunk rides along until the one with the most rows
+        to pull back is done: these are what each needed.)
     """
     B = x.shape[0]
     input_shape = tuple(x.shape[1:])
@@ -144,7 +149,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         n = f(x[:1]).shape[1]
     mode = resolve_jacobian_mode(mode, n, p)
     rows = default_chunk_rows(n, p) if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
-    live = _nonzero_rows(f, x) if skip_zero_rows and mode == "reverse" else None
+    live, probes = (_nonzero_rows(f, x, n, rows) if skip_zero_rows and mode == "reverse"
+                    else (None, np.zeros(B, dtype=np.int64)))
     out = (torch.empty if live is None else torch.zeros)((B, n, p), dtype=x.dtype, device=x.device)
     try:
         _fill_jacobian(out, f, x, mode, rows, live)
@@ -170,9 +176,9 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     if not return_products:
         return out
     if live is not None:
-        products = live.sum(dim=1).cpu().numpy().astype(np.int64) + 2
+        products = live.sum(dim=1).cpu().numpy().astype(np.int64) + probes
     else:
-        products = np.full(B, p if mode == "forward" else n, dtype=np.int64)
+        products = np.full(B, p if mode == "forward" else n, dtype=np.int64) + probes
     return out, products
 
 
@@ -186,21 +192,42 @@ def _is_device_failure(exc: BaseException) -> bool:
     return type(exc).__name__ == "AcceleratorError" or any(k in str(exc) for k in _DEVICE_FAULTS)
 
 
-def _nonzero_rows(f, x: torch.Tensor) -> torch.Tensor | None:
-    """(B, n) bool: the rows of every J_b that are not identically zero, told by two JVPs along random
-    Gaussian tangents (:func:`jacobian`); None where torch.func's forward mode cannot run the model."""
+def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):
+    """``(live, probes)``: ``live`` (B, n) bool, the rows of every J_b to pull back, or None (all of them);
+    ``probes`` (B,) int64, the products spent finding them (:func:`jacobian`).
+
+    Two JVPs along random Gaussian tangents mark the rows where both are exactly 0. Forward and reverse
+    mode need not agree on that (a straight-through estimator's ``jvp`` may say 0 where its ``backward``
+    passes the gradient on), so one VJP per example checks the marked rows: a random cotangent on them
+    alone must pull back to exactly 0, or that example gets every row. None where the JVPs find no zero
+    row, or where torch.func's forward mode cannot run the model. At most ``rows`` example rows a pass."""
+    B = x.shape[0]
     g = torch.Generator().manual_seed(0x5EED)
-    tangents = torch.randn((2,) + tuple(x.shape), generator=g, dtype=x.dtype).to(x.device)
+    live = torch.empty((B, n), dtype=torch.bool, device=x.device)
+    per = max(1, rows // 2)
     try:
         with torch.no_grad():
-            probes = vmap(lambda t: jvp(f, (x.detach(),), (t,))[1])(tangents)       # (2, B, n)
+            for b0 in range(0, B, per):
+                xb = x[b0:b0 + per].detach()
+                tangents = torch.randn((2,) + tuple(xb.shape), generator=g, dtype=x.dtype).to(x.device)
+                probes = vmap(lambda t, xb=xb: jvp(f, (xb,), (t,))[1])(tangents)       # (2, b, n)
+                live[b0:b0 + per] = (probes != 0).any(dim=0)
     except RuntimeError as exc:
         from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
 
         if _is_oom(exc) or _is_device_failure(exc):
             raise
-        return None   # every row is pulled back; the reverse-mode build reports what torch.func cannot run
-    return (probes != 0).any(dim=0)
+        return None, np.zeros(B, dtype=np.int64)   # every row pulled back; the build reports what torch.func cannot run
+    if bool(live.all()):
+        return None, np.full(B, 2, dtype=np.int64)
+    with torch.no_grad():
+        for b0 in range(0, B, rows):
+            xb = x[b0:b0 + rows].detach()
+            _, pullback = vjp(f, xb)
+            cot = torch.randn((xb.shape[0], n), generator=g, dtype=x.dtype).to(x.device)
+            back = pullback(cot * ~live[b0:b0 + rows])[0].reshape(xb.shape[0], -1)
+            live[b0:b0 + rows] |= (back != 0).any(dim=1)[:, None]   # a marked row is not zero: all rows
+    return live, np.full(B, 3, dtype=np.int64)
 
 
 def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, live=None) -> None:

@@ -139,6 +139,36 @@ def test_a_resume_with_another_thread_count_says_its_bounds_are_not_bitwise(tmp_
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
 
 
+def test_a_dense_checkpoint_from_before_the_product_count_resumes_with_every_row_counted(tmp_path):
+    """Chunk files written before the dense solve counted its J's products hold 0 there (the old build
+    pulled back every row: min(n, p) products), and their arithmetic has no "dense J by nonzero rows":
+    a resume reports min(n, p) for them, not 0, and says its last bits may differ from one run's."""
+    model, x = relu_mlp(), batch()
+    fresh = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    n, p = fresh.params["n_features"], fresh.params["n_inputs"]
+    assert fresh.params["dense"]["jacobian_products"] not in (0, min(n, p))   # nonzero rows + 3 probes
+    files = sorted((tmp_path / "ck").glob("chunk_*.npz"))
+    assert len(files) > 1
+    counts = []
+    for i, f in enumerate(files):
+        with np.load(f) as z:
+            assert str(z["arithmetic"]).endswith("; dense J by nonzero rows")
+            arrays = {k: z[k] for k in z.files}
+        if i == 0:   # as an old version wrote it
+            arrays["passes"] = np.zeros_like(arrays["passes"])
+            arrays["arithmetic"] = np.array(str(arrays["arithmetic"]).replace("; dense J by nonzero rows", ""))
+            np.savez(f, **arrays)
+            counts += [min(n, p)] * len(arrays["passes"])
+        else:
+            counts += list(arrays["passes"][:, 0])
+    with pytest.warns(UserWarning, match=r"different arithmetic \(CPU [^;]*; CPU .*; dense J by nonzero rows\)"):
+        again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == len(x)
+    assert again.params["dense"]["jacobian_products"] == pytest.approx(np.mean(counts))
+    assert min(counts) == min(n, p) != max(counts)
+    np.testing.assert_array_equal(again.std, fresh.std)
+
+
 @pytest.mark.parametrize("entry", ["gauss_newton_attack", "targeted_bound"])
 def test_the_attack_and_targeted_bound_say_so_too(entry, tmp_path):
     """The attack's and targeted_bound's checkpoints record each chunk's arithmetic alike: a chunk lost and

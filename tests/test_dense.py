@@ -41,10 +41,10 @@ def relu_mlp(p, hidden, n, seed=0):
 
 @pytest.mark.parametrize("chunk_size", [None, 7, 1])
 def test_jacobian_skipping_zero_rows_matches_jacrev(chunk_size):
-    """The rows of features behind ReLUs that are off are zero: found by two JVPs, never pulled back;
-    each pass pulls every example's own next nonzero row. The same J as jacrev's, bit for bit where
-    zero, with one example whose every feature is off (no row pulled) and the products per example
-    its nonzero rows + 2."""
+    """The rows of features behind ReLUs that are off are zero: found by two JVPs (checked by a VJP),
+    never pulled back; each pass pulls every example's own next nonzero row. jacrev's J, exact zeros
+    where it has them, with one example whose every feature is off (no row pulled), and the products
+    per example its nonzero rows + 3."""
     model = relu_mlp(16, 20, 30)
     x = torch.randn(5, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -60,12 +60,60 @@ def test_jacobian_skipping_zero_rows_matches_jacrev(chunk_size):
                                  return_products=True)
     np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
     assert not J.numpy()[np.abs(want) == 0].any()
-    np.testing.assert_array_equal(products, nonzero + 2)
+    np.testing.assert_array_equal(products, nonzero + 3)
     # without skipping: every row by a VJP, n products
     J, products = dense.jacobian(model, x, mode="reverse", chunk_size=chunk_size, return_products=True)
     np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(products, [30] * 5)
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_jacobian_pulls_back_every_row_where_reverse_mode_disagrees_with_the_probe():
+    """A straight-through estimator: forward mode says round's derivative (0), backward passes the
+    gradient on. The JVPs mark every row zero; the VJP check finds them not, and J is jacrev's (it
+    was all zeros, so the dense solve found rank 0 and bounds of 0 where LSQR finds +inf)."""
+    class STE(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x):
+            return torch.round(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+        @staticmethod
+        def jvp(ctx, t):
+            return torch.zeros_like(t)
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 12).double()
+
+    def model(x):
+        return STE.apply(lin(x.reshape(x.shape[0], -1)))
+
+    x = torch.randn(3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want = jacrev_oracle(model, x)
+    assert (np.abs(want).max(axis=2) > 0).all()
+    J, products = dense.jacobian(model, x, mode="reverse", skip_zero_rows=True, return_products=True)
+    np.testing.assert_allclose(J.detach().numpy(), want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(products, [12 + 3] * 3)
+
+
+def test_jacobian_of_a_model_without_zero_rows_is_built_the_usual_way():
+    """tanh: the probes find no zero row, and every row is pulled back as without skipping: the same
+    J, bit for bit, for the probes' 2 products more."""
+    model = tanh_mlp(16, 20, 30)
+    x = torch.randn(4, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    plain, products = dense.jacobian(model, x, mode="reverse", return_products=True)
+    skipped, products_skipped = dense.jacobian(model, x, mode="reverse", skip_zero_rows=True, return_products=True)
+    torch.testing.assert_close(skipped, plain, rtol=0, atol=0)
+    np.testing.assert_array_equal(products_skipped, products + 2)
 
 
 def test_jacobian_skips_nothing_where_forward_mode_cannot_run():
