@@ -19,8 +19,9 @@
 #   profile   one MNIST slice (1,250 x 25 x 10) under gpu_targets.py --profile (host time per hcrfast
 #             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
 #   kernels   pytest-benchmark of the dense solve's Gram eigendecompositions (host LAPACK vs cuSOLVER),
-#             the kernels (Numba vs twin on CuPy vs library) and the batched LSQR on the GPU
-#             -> bench_gpu_kernels.json (chooses the "auto" kernels)
+#             the kernels (Numba vs twin on CuPy vs library), the batched LSQR, and ResNet-18's products
+#             (JVP by double VJP vs forward mode) on the GPU -> bench_gpu_kernels.json (chooses the
+#             "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
 #             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER through torch),
 #             JVP by double VJP vs forward mode, LSQR, "auto" Gram-Schmidt vs two passes every step, the
@@ -292,7 +293,7 @@ EOF
         say "kernel and LSQR benchmarks on the GPU"
         # Short rounds (0.2 s of each benchmark, at least 3): ~30 benchmarks in under a minute; the JSON is
         # written at the end only, so the command is not started with less than MIN = 60 s.
-        MIN=60 T=${KERNELS_TIMEOUT_S:-120} run "$PY" -m pytest benchmarks/test_bench_dense.py benchmarks/test_bench_kernels.py \
+        MIN=60 T=${KERNELS_TIMEOUT_S:-180} run "$PY" -m pytest benchmarks/test_bench_dense.py benchmarks/test_bench_kernels.py \
             benchmarks/test_bench_lsqr.py benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q \
             -p no:cacheprovider --benchmark-max-time=0.2 --benchmark-min-rounds=3 \
             --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_kernels.json"

@@ -307,8 +307,8 @@ def run(args, on_slice=None) -> dict:
     if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
-    if solver == "krylov" and krylov.EIG_IMPL != "twin":
-        # the warm-up's 2 bases of 8 steps take SciPy's path: compile the Numba one for the large groups
+    if solver == "krylov" and krylov.EIG_IMPL == "numba":
+        # compiled once per process: here, not in the timed calls
         tridiagonal.eigh_tridiagonal_batch(np.ones((1, 2)), np.zeros((1, 2)), [2], rtol=0.0, impl="numba")
     _sync(device)
     warmup = time.perf_counter() - t0
@@ -484,9 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     add_reorth_option(ap)
-    ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba"),
+    ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba", "lapack"),
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
-                         "twin: SciPy one by one, numba: LAPACK from Numba without the GIL, a thread per core)")
+                         "twin: SciPy one by one; lapack (auto): LAPACK through ctypes without the GIL, a thread per "
+                         "core; numba: the same from a Numba loop)")
     ap.add_argument("--dense-eigh", default="auto", choices=("auto", "torch", "lapack"),
                     help="with the dense solve: how the Gram matrices' eigendecompositions run (hcrfast.dense.EIGH_IMPL; "
                          "torch: torch.linalg.eigh where J is (cuSOLVER one matrix at a time on CUDA), lapack: "

@@ -8,7 +8,7 @@ Also timed: building the bases (LSQR with kept, reorthogonalized vectors, and th
 eigendecompositions of B_kᵀB_k), one such eigendecomposition by MRRR (``stemr``) vs LAPACK's divide and
 conquer (``dstevd``, what ``hcrfast.krylov`` uses), and a batch of them as the Krylov basis runs them
 (``hcrfast.kernels.tridiagonal``): SciPy's wrapper one at a time (it keeps the GIL) vs the Numba loop
-(a thread per core, no GIL).
+vs LAPACK through ctypes (both a thread per core, no GIL).
 """
 from __future__ import annotations
 
@@ -141,9 +141,10 @@ def test_tridiagonal_eigendecomposition(benchmark, long_basis, k, driver):
     benchmark.extra_info.update(k=k, driver=driver)
 
 
-@pytest.mark.parametrize("impl", ["twin", "numba"])
+@pytest.mark.parametrize("impl", ["twin", "numba", "lapack"])
 def test_tridiagonal_batch(benchmark, long_basis, impl):
-    """64 bases of k = 386 (the MNIST MLP's), as one group of the Krylov basis: SciPy one by one vs Numba."""
+    """64 bases of k = 386 (the MNIST MLP's), as one group of the Krylov basis: SciPy one by one vs Numba vs
+    ctypes."""
     from hcrfast.kernels import tridiagonal
 
     a, b = long_basis

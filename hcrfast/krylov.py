@@ -89,9 +89,9 @@ TWO_PASS_BLOCKS = 4
 #: Growth of the kept-vector buffers: first capacity, then doubling.
 _FIRST_CAPACITY = 64
 
-#: How the eigendecompositions of B_kᵀB_k run: "auto" (for large groups LAPACK called from Numba without
-#: the GIL, a thread per core; SciPy one by one for small ones), "numba" or "twin"
-#: (see hcrfast.kernels.tridiagonal).
+#: How the eigendecompositions of B_kᵀB_k run: "auto" = "lapack" (LAPACK called through ctypes without the
+#: GIL, a thread per core), "numba" (the same from a Numba loop, compiled once per process) or "twin" (SciPy
+#: one by one; see hcrfast.kernels.tridiagonal).
 EIG_IMPL = "auto"
 
 
@@ -272,7 +272,7 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
 
     The eigendecompositions of the tridiagonal B_kᵀB_k run on the host (LAPACK's divide and conquer,
     :func:`hcrfast.kernels.tridiagonal.eigh_tridiagonal_batch`: rows in parallel, without the GIL, on
-    every core; 10,000 MNIST bases of ~390 steps: ~30 s on one core, the H100's profile spent 9.2 s of
+    every core (at most torch's thread count); 10,000 MNIST bases of ~390 steps: ~30 s on one core, the H100's profile spent 9.2 s of
     a 21.5 s slice of 1,250 here with SciPy's wrapper, which keeps the GIL); the eigenvalues in
     descending order, truncated at ``max(rtol, k · noise)`` of the largest singular value
     (:data:`RITZ_NOISE`; ``noise`` is its unit for the basis' shape); the eigenvectors go to the device

@@ -10,7 +10,7 @@ import torch
 
 from hcrfast.kernels import tridiagonal
 
-IMPLS = ["twin", "numba"]
+IMPLS = ["twin", "numba", "lapack"]
 
 
 def batch(seed=0, g=12, K=60):
@@ -55,15 +55,18 @@ def test_each_matrix_matches_scipy_and_rebuilds_the_matrix(impl):
         np.testing.assert_allclose(T @ V, V * lam[a, :r], atol=1e-12)
 
 
-def test_numba_and_twin_agree_on_a_large_batch():
-    """The two paths run the same LAPACK routine: the same values, the same ranks."""
+def test_every_path_agrees_with_the_twin_on_a_large_batch():
+    """The paths run the same LAPACK routine: the same values, the same ranks; the two that call it
+    from threads (Numba, ctypes: "auto") bit for bit."""
     rng = np.random.default_rng(3)
     g, K = 24, 200
     diag, off = rng.random((g, K)) + 1, rng.random((g, K)) * 0.3
     ks = rng.integers(150, K + 1, g)
-    assert int((ks * ks).sum()) >= tridiagonal.NUMBA_FROM     # "auto" takes Numba here
     twin = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl="twin")
-    for impl in ("numba", "auto"):
+    numba = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl="numba")
+    for a, b in zip(numba, tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl="auto")):
+        np.testing.assert_array_equal(a, b)
+    for impl in ("numba", "lapack", "auto"):
         got = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-8, impl=impl)
         np.testing.assert_array_equal(got[2], twin[2])
         np.testing.assert_allclose(got[0], twin[0], rtol=1e-13, atol=1e-14)
@@ -88,13 +91,14 @@ def test_the_rank_cut_follows_rtol_and_noise(impl):
         assert not Y[0, ranks[0]:].any()
 
 
-def test_numba_path_runs_from_several_threads_at_once():
-    """The kernel releases the GIL and no Numba threading layer is involved: concurrent calls (a user's
+@pytest.mark.parametrize("impl", ["numba", "lapack"])
+def test_threaded_paths_run_from_several_threads_at_once(impl):
+    """The kernels release the GIL and no Numba threading layer is involved: concurrent calls (a user's
     threads, say) each get their own, correct result."""
     inputs = [batch(seed, g=16, K=140) for seed in range(4)]
     want = [tridiagonal.eigh_tridiagonal_batch(*x, rtol=1e-9, impl="twin") for x in inputs]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda x: tridiagonal.eigh_tridiagonal_batch(*x, rtol=1e-9, impl="numba"), inputs))
+        got = list(pool.map(lambda x: tridiagonal.eigh_tridiagonal_batch(*x, rtol=1e-9, impl=impl), inputs))
     for (lam, Y, ranks), (lam0, Y0, ranks0) in zip(got, want):
         np.testing.assert_array_equal(ranks, ranks0)
         np.testing.assert_allclose(lam, lam0, rtol=1e-13, atol=1e-14)
@@ -130,11 +134,12 @@ def test_threads_are_capped_by_the_memory_their_workspaces_take(monkeypatch):
     available["bytes"] = 64 * 2**30
     assert tridiagonal._workers(4096) == 63            # 16 GiB / (16 · 4096² + 1 MiB) = 63.75
     diag, off, ks = batch(seed=7, g=9, K=80)
-    several = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
+    several = [tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl=impl) for impl in ("numba", "lapack")]
     monkeypatch.setattr(tridiagonal, "_workers", lambda k=0: 1)
-    one = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl="numba")
-    for a, b in zip(several, one):
-        np.testing.assert_array_equal(a, b)
+    one = [tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-9, impl=impl) for impl in ("numba", "lapack")]
+    for x, y in zip(several, one):
+        for a, b in zip(x, y):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_threads_follow_torchs_thread_count(monkeypatch):
