@@ -519,12 +519,16 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                     else:
                         state = lsqr_step(state, op, orthogonalize=orthogonalize, **step_kw)
                 through[rows] += 1
-                scale = xp.where(state.active, xp.maximum(scale, xp.maximum(state.alfa, state.beta)), scale)
+                # Only active problems' scales are read (a stopped one's α, β, which may be 0/0 on the
+                # zero vectors it rides along with, are skipped by fmax where NaN): 2 launches, not 3.
+                scale = xp.fmax(scale, xp.fmax(state.alfa, state.beta))
                 state = _stop_when_exhausted(state, rtol, scale, xp)
-                if no_tolerance:  # the step limit, after exhaustion (which says more of the space)
-                    at_limit = state.active & (state.itn >= limit)
-                    state = dataclasses.replace(state, istop=xp.where(at_limit, 7, state.istop),
-                                                active=state.active & ~at_limit)
+                if no_tolerance and done_steps + 1 >= limit:
+                    # The step limit, after exhaustion (which says more of the space). Every active problem
+                    # has run done_steps + 1 steps (they start together; rollbacks and compaction keep
+                    # that), so the host knows the step, and the other steps launch nothing for it.
+                    state = dataclasses.replace(state, istop=xp.where(state.active, 7, state.istop),
+                                                active=xp.zeros_like(state.active))
                 keep(state)
                 done_steps += 1
     return KrylovBasis(groups=groups, steps=steps, istop=istop, rank=_ranks(groups, m), ritz=ritz,
