@@ -164,7 +164,8 @@ def add_subparser(subparsers) -> None:
                    help="where the model, inputs and solver run (default cpu)")
     p.add_argument("--double", action="store_true",
                    help="run the model and inputs in float64 (default: float32, or the weights' own float dtype)")
-    p.add_argument("--threads", type=int, default=None, metavar="T", help="torch's CPU threads")
+    p.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="torch's CPU threads (and the host LAPACK threads of the dense and Krylov solves)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.add_argument("--no-report", action="store_true",
                    help="no OUT/report.html and figures (a histogram of the bounds, the median per DCT mode, "

@@ -312,10 +312,13 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     return group, [np.sqrt(lam[i, :k]) for i, k in enumerate(ks)]
 
 
-def _copy_state(state, xp):
-    """A copy of an LSQR state (:func:`hcrfast.lsqr.lsqr_step` updates its vectors in place)."""
-    return dataclasses.replace(state, **{f.name: xp.copy(getattr(state, f.name))
-                                         for f in dataclasses.fields(state)})
+def _copy_state(state, xp, names=None):
+    """A copy of an LSQR state (:func:`hcrfast.lsqr.lsqr_step` updates its vectors in place): of the
+    fields ``names`` (default all), the others shared. :func:`hcrfast.lsqr.bidiag_step` updates only u
+    and v in place and replaces the arrays it changes, so a copy of those two keeps its starting point
+    (a launch each on a GPU, where all of them took 26)."""
+    names = [f.name for f in dataclasses.fields(state)] if names is None else names
+    return dataclasses.replace(state, **{name: xp.copy(getattr(state, name)) for name in names})
 
 
 def _stop_when_exhausted(state, rtol: float, scale, xp):
@@ -495,7 +498,8 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
                 U, V, alfa, beta = (t.index_select(0, index) for t in (U, V, alfa, beta))
             if adaptive and passes == 1:
                 # lsqr_step consumes its state's vectors: the starting point is a copy (4 vectors a row)
-                saved = (_copy_state(state, xp), scale.copy(), kept, done_steps)
+                # (scale is replaced by every step, never changed in place: the reference is its copy)
+                saved = (_copy_state(state, xp, ("u", "v") if no_tolerance else None), scale, kept, done_steps)
                 fell = xp.zeros(len(rows), dtype=bool)
         with profiling.annotate("krylov.block"):
             for _ in range(min(opts.check_every, limit - done_steps)):

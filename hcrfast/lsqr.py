@@ -278,7 +278,7 @@ def bidiag_step(state: LSQRState, op, *, impl: str = "auto", orthogonalize=None)
     this step saves is LSQR's operations on the scalars and its passes over the x and w rows: on a
     GPU, each a kernel launch of the host's time (the H100 profile of the MNIST target: ~250
     launches per step, 6.1 of a slice's 21.5 s in the steps). A basis step's array operations fall
-    from 288.5 to 114.5 (tests/test_cupy_emulated.py counts them; 108.5 with the basis' own bookkeeping
+    from 288.5 to 114.5 (tests/test_cupy_emulated.py counts them; 105.4 with the basis' own bookkeeping
     trimmed since).
     """
     u, beta, v, alfa = _bidiagonalize(state, op, impl=impl, orthogonalize=orthogonalize)

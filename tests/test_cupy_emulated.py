@@ -282,8 +282,9 @@ def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
     profile of the MNIST target (2026-11-27) counted ~250 per step and a GPU idle 95% of the time. The
     step without a tolerance runs the bidiagonalization alone: counted here (the stand-in's CuPy
     operations and torch's aten dispatches, per step between an 8- and a 32-step basis), 114.5, where
-    LSQR's full step ran 288.5; 108.5 since the step limit is told on the host (it is the same step for
-    every active problem) and the scales' update is 2 operations."""
+    LSQR's full step ran 288.5; 105.4 since the step limit is told on the host (it is the same step for
+    every active problem), the scales' update is 2 operations and a block's rollback point copies u
+    and v only."""
     import dataclasses
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -313,4 +314,4 @@ def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
                           lsqr=dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=steps))
         ops[steps] = count["ops"]
     per_step = (ops[32] - ops[8]) / 24
-    assert 60 < per_step <= 110, per_step
+    assert 60 < per_step <= 107, per_step

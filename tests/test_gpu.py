@@ -60,16 +60,58 @@ def test_bound_on_gpu_matches_cpu():
     np.testing.assert_allclose(gpu.divergence, cpu.divergence, rtol=1e-6)
 
 
-def test_dense_solve_on_gpu_matches_cpu():
-    """solver='dense' on CUDA (torch's eigh there): the same exact steps as on the CPU."""
+@pytest.mark.parametrize("eigh_impl", ["lapack", "torch"])
+def test_dense_solve_on_gpu_matches_cpu(eigh_impl, monkeypatch):
+    """solver='dense' on CUDA, its Gram matrices on the host's LAPACK (the default) or cuSOLVER through
+    torch: the same exact steps as on the CPU."""
+    from hcrfast import dense
+
     x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     kw = dict(iterations=3, restarts=3, solver="dense")
     cpu = hcrfast.bound(mlp(), x, 0.05, **kw)
+    monkeypatch.setattr(dense, "EIGH_IMPL", eigh_impl)
     gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
     assert gpu.params["solver"] == "dense" and gpu.params["dense"]["rank_min"] == cpu.params["dense"]["rank_min"]
     np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=1e-8)
     # and "auto" takes the Krylov basis on CUDA (the dense solve on the CPU)
     assert hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, iterations=1, restarts=1).params["solver"] == "krylov"
+
+
+def test_symmetric_eigh_of_cuda_matrices_matches_numpy():
+    """kernels.symmetric on CUDA tensors: the host's LAPACK (a copy there and back) and cuSOLVER through
+    torch give NumPy's eigenvalues, eigenvectors that rebuild the matrices, on the matrices' device."""
+    from hcrfast.kernels import symmetric
+
+    rng = np.random.default_rng(0)
+    J = rng.standard_normal((5, 60, 90))
+    A = J @ J.transpose(0, 2, 1)
+    orders = np.array([60, 41, 0, 1, 59])
+    for impl in ("lapack", "torch"):
+        w, V = symmetric.eigh_batch(torch.as_tensor(A, device="cuda"), orders, impl=impl)
+        assert w.device.type == V.device.type == "cuda"
+        w, V = w.cpu().numpy(), V.cpu().numpy()
+        for a, n in enumerate(orders):
+            block = np.zeros_like(A[a])
+            block[:n, :n] = A[a, :n, :n]
+            np.testing.assert_allclose(np.sort(w[a]), np.linalg.eigvalsh(block), atol=1e-10 * np.abs(A).max())
+            np.testing.assert_allclose(V[a] @ np.diag(w[a]) @ V[a].T, block, atol=1e-9 * np.abs(A).max())
+
+
+def test_dense_jacobian_from_nonzero_rows_on_gpu_matches_jacrev_on_cpu():
+    """The dense solve's J on CUDA, its zero rows found by JVPs and checked by a VJP, each example
+    pulling back its own nonzero rows: torch.func.jacrev's J on the CPU, the same products count."""
+    from hcrfast import dense
+
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.ReLU(),
+                              torch.nn.Linear(48, 40), torch.nn.ReLU()).double().eval()
+    x = torch.randn(6, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want = torch.stack([torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(40, 64)
+                        for b in range(6)]).detach().numpy()
+    J, products = dense.jacobian(net.cuda(), x.cuda(), mode="reverse", chunk_size=5, skip_zero_rows=True,
+                                 return_products=True)
+    np.testing.assert_allclose(J.cpu().numpy(), want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(products, (np.abs(want).max(axis=2) > 0).sum(axis=1) + 3)
 
 
 def test_krylov_solve_on_gpu_matches_cpu():
