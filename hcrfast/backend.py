@@ -67,16 +67,94 @@ def to_host(a) -> np.ndarray:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the system can give without swapping (Linux ``MemAvailable``; elsewhere the free
-    physical pages), or None where neither can be read."""
+    """Bytes of memory this process can get without swapping, or None where nothing can be read: the
+    system's (Linux ``MemAvailable``; elsewhere the free physical pages), and no more than what its
+    control group's memory limit leaves (:func:`cgroup_memory_left`: a container's limit, which the
+    system's figure does not see)."""
+    system = None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    system = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
+    if system is None:
+        try:
+            system = int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, OSError, ValueError):
+            pass
+    group = cgroup_memory_left()
+    if group is None:
+        return system
+    return group if system is None else min(system, group)
+
+
+#: Where :func:`cgroup_memory_left` reads (tests point them at a fake tree).
+_PROC_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+#: A cgroup "limit" at or above this is no limit (v1 writes 2**63 rounded down to a page).
+_NO_LIMIT = 2**60
+
+
+def _read_int(path: str) -> int | None:
     try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
+        with open(path) as fh:
+            text = fh.read().strip()
+    except OSError:
         return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat_value(path: str, key: str) -> int:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cgroup_memory_left() -> int | None:
+    """Bytes the memory limit of this process's control group leaves, or None where it has none (or none
+    can be read): ``limit − (usage − inactive file pages)``, the inactive page cache being what the
+    kernel reclaims first (as ``docker stats`` counts). cgroup v2 (``memory.max``, ``memory.current``,
+    ``memory.stat``), the tightest over the group and its parents, or v1 (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``, ``memory.stat``); a group path that the container does not show is read
+    at the mount's root, which a container sees as its own group."""
+    try:
+        with open(_PROC_CGROUP) as fh:
+            lines = [line.strip().split(":", 2) for line in fh if line.count(":") >= 2]
+    except OSError:
+        return None
+    left = []
+    for hid, controllers, path in lines:
+        if hid == "0" and controllers == "":      # v2: the unified hierarchy
+            base, files = _CGROUP_ROOT, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            base, files = os.path.join(_CGROUP_ROOT, "memory"), (
+                "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        dirs = [os.path.join(base, *parts[:i]) for i in range(len(parts), -1, -1)]
+        if not os.path.isdir(dirs[0]):           # the group's path is the host's: the container sees its root
+            dirs = [base]
+        for d in dirs:
+            limit = _read_int(os.path.join(d, files[0]))
+            usage = _read_int(os.path.join(d, files[1]))
+            if limit is None or limit >= _NO_LIMIT or usage is None:
+                continue
+            inactive = _stat_value(os.path.join(d, "memory.stat"), files[2])
+            left.append(max(0, limit - max(0, usage - inactive)))
+    return min(left) if left else None

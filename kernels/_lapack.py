@@ -51,8 +51,8 @@ def cores() -> int:
 
 def workers(per_thread_bytes: int, available: int | None) -> int:
     """Threads: one per core (:func:`cores`), but no more than the per-thread workspaces that fit in a
-    quarter of the ``available`` memory (bytes; None: unreadable, 8 GiB assumed). Container limits
-    (cgroups) are not read."""
+    quarter of the ``available`` memory (bytes, :func:`hcrfast.backend.available_memory`: a container's
+    memory limit included; None: unreadable, 8 GiB assumed)."""
     available = available or 8 * 2**30
     return max(1, min(cores(), available // 4 // max(1, per_thread_bytes)))
 

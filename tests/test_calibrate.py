@@ -508,3 +508,53 @@ def test_loading_what_is_not_a_saved_sweep_says_what_is_missing(tmp_path):
     sweep = hcrfast.sweep_sigma(_tanh_net(), _batch(2), [1.0], **KW)
     with pytest.raises(ValueError, match="a file is there; pass a folder"):
         sweep.save(tmp_path / "file")
+
+
+def _cgroup_tree(tmp_path, monkeypatch, proc_lines, files):
+    """A fake /proc/self/cgroup and /sys/fs/cgroup for hcrfast.backend to read."""
+    from hcrfast import backend
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "proc_self_cgroup"
+    proc.write_text("".join(line + "\n" for line in proc_lines))
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    root.mkdir(exist_ok=True)
+    monkeypatch.setattr(backend, "_PROC_CGROUP", str(proc))
+    monkeypatch.setattr(backend, "_CGROUP_ROOT", str(root))
+    return backend
+
+
+def test_a_containers_memory_limit_caps_the_available_memory(tmp_path, monkeypatch):
+    """MemAvailable is the host's; in a container with a memory limit, what is left of the limit is what
+    the process can get (the inactive page cache counted as free, as docker stats does)."""
+    G = 2**30
+    # cgroup v2: the group's own limit, then a tighter parent
+    backend = _cgroup_tree(tmp_path / "v2", monkeypatch, ["0::/a/b"], {
+        "a/b/memory.max": f"{4 * G}", "a/b/memory.current": f"{3 * G}",
+        "a/b/memory.stat": f"anon 123\ninactive_file {G}\nactive_file 5\n",
+        "a/memory.max": "max", "a/memory.current": f"{3 * G}"})
+    assert backend.cgroup_memory_left() == 2 * G
+    (tmp_path / "v2" / "cgroup" / "a" / "memory.max").write_text(f"{3 * G + G // 2}")
+    assert backend.cgroup_memory_left() == G // 2
+    assert backend.available_memory() == G // 2        # far under this machine's MemAvailable
+    # cgroup v1, the host's group path not shown inside the container: its root is the group
+    backend = _cgroup_tree(tmp_path / "v1", monkeypatch, ["4:memory:/docker/f00", "3:cpu,cpuacct:/docker/f00"], {
+        "memory/memory.limit_in_bytes": f"{8 * G}", "memory/memory.usage_in_bytes": f"{5 * G}",
+        "memory/memory.stat": f"cache 7\ntotal_inactive_file {G}\n"})
+    assert backend.cgroup_memory_left() == 4 * G
+    # no limit (v1 writes 2**63 rounded down to a page; v2 "max"), or nothing to read: the system's figure
+    (tmp_path / "v1" / "cgroup" / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")
+    assert backend.cgroup_memory_left() is None
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo")) if os.path.exists("/proc/meminfo") else {}
+    if "MemAvailable" in meminfo:
+        kib = int(meminfo["MemAvailable"].split()[0])
+        assert abs(backend.available_memory() - kib * 1024) <= 0.05 * kib * 1024
+    monkeypatch.setattr(backend, "_PROC_CGROUP", str(tmp_path / "missing"))
+    assert backend.cgroup_memory_left() is None
+    # usage over the limit (reclaim pending): nothing left, not a negative count
+    backend = _cgroup_tree(tmp_path / "over", monkeypatch, ["0::/"], {"memory.max": f"{G}", "memory.current": f"{2 * G}"})
+    assert backend.cgroup_memory_left() == 0
