@@ -157,23 +157,13 @@ def test_overlapping_with_the_krylov_basis_take_turns_with_blas(monkeypatch):
     import threading
     import time
 
-    import threadpoolctl
+    from test_tridiagonal import record_blas_limits
 
     from hcrfast.kernels import _lapack, tridiagonal
 
     rng = np.random.default_rng(8)
     diag, off, ks = rng.random((1, 20)) + 1, rng.random((1, 20)), np.array([20])
     tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=0.0, impl="numba")   # compiled (seconds) first
-    events = []
-
-    class Recorded:
-        def __init__(self, limits, user_api):
-            assert (limits, user_api) == (1, "blas")
-            events.append("set")
-
-        def restore_original_limits(self):
-            events.append("restore")
-
     real_kernel = tridiagonal._numba_kernel()
     real_routine = _lapack.routine
 
@@ -185,7 +175,7 @@ def test_overlapping_with_the_krylov_basis_take_turns_with_blas(monkeypatch):
         routine = real_routine(name, n_args)
         return lambda *args: (time.sleep(0.6), routine(*args))
 
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", Recorded)
+    events = record_blas_limits(monkeypatch)
     monkeypatch.setattr(tridiagonal, "_numba_kernel", lambda: slow_kernel)
     monkeypatch.setattr(_lapack, "routine", slow_routine)
     ta = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=(diag, off, ks),

@@ -161,15 +161,8 @@ def test_threads_follow_torchs_thread_count(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_overlapping_calls_take_turns_with_blas(monkeypatch):
-    """Each call holds BLAS to one thread while it runs. Two calls that overlap, the first to start also
-    the first to end, used to restore each other's limits out of order: the second restored the limit
-    of 1 it had found, and BLAS stayed on one thread for the rest of the process. Whether a given BLAS
-    shows that depends on the BLAS (this machine's OpenBLAS did not), so the limits are recorded: each
-    is restored before the next is set."""
-    import threading
-    import time
-
+def record_blas_limits(monkeypatch) -> list:
+    """threadpoolctl's limits replaced by a recorder: the list of "set" and "restore", in call order."""
     import threadpoolctl
 
     events = []
@@ -182,6 +175,19 @@ def test_overlapping_calls_take_turns_with_blas(monkeypatch):
         def restore_original_limits(self):
             events.append("restore")
 
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", Recorded)
+    return events
+
+
+def test_overlapping_calls_take_turns_with_blas(monkeypatch):
+    """Each call holds BLAS to one thread while it runs. Two calls that overlap, the first to start also
+    the first to end, used to restore each other's limits out of order: the second restored the limit
+    of 1 it had found, and BLAS stayed on one thread for the rest of the process. Whether a given BLAS
+    shows that depends on the BLAS (this machine's OpenBLAS did not), so the limits are recorded: each
+    is restored before the next is set."""
+    import threading
+    import time
+
     a, b = batch(1, g=4, K=60), batch(2, g=4, K=61)
     tridiagonal.eigh_tridiagonal_batch(*a, rtol=0.0, impl="numba")   # compiled (seconds) before the clock
     real = tridiagonal._numba_kernel()
@@ -191,7 +197,7 @@ def test_overlapping_calls_take_turns_with_blas(monkeypatch):
         time.sleep(delays[diag.shape[1]])
         return real(lo, hi, diag, *args)
 
-    monkeypatch.setattr(threadpoolctl, "threadpool_limits", Recorded)
+    events = record_blas_limits(monkeypatch)
     monkeypatch.setattr(tridiagonal, "_numba_kernel", lambda: slow)
     monkeypatch.setattr(tridiagonal, "_workers", lambda k=0: 1)
     ta = threading.Thread(target=tridiagonal.eigh_tridiagonal_batch, args=a, kwargs=dict(rtol=0.0, impl="numba"))
