@@ -17,6 +17,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _benchmark_script(name: str):
+    """A script of benchmarks/ imported as a module (the folder on sys.path only while it loads)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 def run_script(name, *args):
     """Run ``benchmarks/<name>`` with ``args`` in a fresh interpreter; its CompletedProcess (exit 0 checked)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *map(str, args)],
@@ -75,11 +86,7 @@ def test_gpu_targets_times_the_bound_calls_not_the_host_work_between_slices(monk
     """With --slices, the JSON written after each slice (and the host copy of its result) is outside
     the reported time and the JVP/VJP share's denominator. A clock that jumps 1000 s whenever a slice's
     result is handed over would add 2000 s to both if they spanned the whole run."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_targets
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_targets = _benchmark_script("gpu_targets")
     import time as real_time
     jump = {"s": 0.0}
 
@@ -116,11 +123,7 @@ def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
 def _race_dense_products(examples: int) -> float:
     """The oracle of the dense solve's products per example on race.py's problem: J's nonzero rows (by
     torch.func.jacrev) pulled back one VJP each, plus the 2 JVPs that find them and the VJP that checks."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import race
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    race = _benchmark_script("race")
     model, x = race.build_problem("mlp", examples, seed=0, device="cpu")
     J = torch.func.vmap(torch.func.jacrev(lambda t: model(t[None]).reshape(-1)))(x).reshape(examples, 784, 784)
     return float(((J.abs().amax(dim=2) > 0).sum(dim=1) + 3).double().mean())
@@ -144,11 +147,7 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
 def test_race_killed_in_a_row_keeps_the_rows_done(tmp_path, monkeypatch):
     """The H100's race was killed at its time limit in the third row, after the reference and two hcrfast
     rows had printed, and left only the reference's JSON: every finished row is written at once now."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import race
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    race = _benchmark_script("race")
     real, calls = race.run_hcrfast, []
 
     def dies_third(*args, **kwargs):
@@ -172,11 +171,7 @@ def test_race_killed_in_a_row_keeps_the_rows_done(tmp_path, monkeypatch):
 def test_race_adds_the_dense_row_where_auto_takes_the_krylov_basis(tmp_path, monkeypatch):
     """On CUDA solver="auto" takes the Krylov basis; the race then also runs the dense solve (the other
     exact solver), so that one lease measures both against the reference. Simulated here on the CPU."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import race
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    race = _benchmark_script("race")
     real, solvers = race.run_hcrfast, []
 
     def auto_as_krylov(*args, **kwargs):
@@ -204,11 +199,7 @@ def test_race_adds_the_dense_row_where_auto_takes_the_krylov_basis(tmp_path, mon
 def test_race_json_holds_no_bound_arrays_when_auto_takes_lsqr(tmp_path, monkeypatch):
     """Where solver="auto" resolves to LSQR, the defaults row is no main row of its own: its per-mode
     bounds (kept for the paired comparison) were written into the JSON as a truncated array string."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import race
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    race = _benchmark_script("race")
     real = race.run_hcrfast
 
     def auto_as_lsqr(*args, **kwargs):
@@ -226,11 +217,7 @@ def test_race_json_holds_no_bound_arrays_when_auto_takes_lsqr(tmp_path, monkeypa
 
 
 def test_race_row_counter_counts_each_product_row_and_restores_the_operator():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import race
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    race = _benchmark_script("race")
     import torch
 
     from hcrfast.bindings.jacobian import TorchJacobian

@@ -226,7 +226,7 @@ def test_progress_is_a_line_per_call(capsys):
     found = hcrfast.sigma_for(model, x, 0.4, progress=True, **KW)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("hcrfast sigma_for: call ")]
-    assert len(lines) == len(found.history) and f"call 1/8" in lines[0] and "(target 0.4)" in lines[0]
+    assert len(lines) == len(found.history) and "call 1/8" in lines[0] and "(target 0.4)" in lines[0]
 
 
 def test_an_error_inside_a_call_says_where_the_search_was(monkeypatch):
