@@ -7,9 +7,10 @@
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
-#   lease2    = setup profile resnet18-krylov modes kernels: where MNIST's time goes (the first H100
-#             run, 2026-11-27, found it host-bound), the ResNet-18 target (extrapolated), then the
-#             modes and the kernels against the libraries (short rounds) with what is left
+#   lease2    = setup mnist-dense profile resnet18-krylov modes kernels: the MNIST target with the dense
+#             solve on the device, where the Krylov basis' MNIST time goes (the first H100 run,
+#             2026-11-27, found it host-bound), the ResNet-18 target (extrapolated), then the modes and
+#             the kernels against the libraries (short rounds) with what is left
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation), the carried wheels,
 #             print the versions and the device, find libNVVM for numba-cuda, and warm up (first
 #             compilations of CuPy's and the Numba kernels, timed)
@@ -18,18 +19,23 @@
 #   retest    pytest -m gpu -k "$RETEST": the GPU tests an earlier call failed
 #   profile   one MNIST slice (1,250 x 25 x 10) under gpu_targets.py --profile (host time per hcrfast
 #             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
-#   kernels   pytest-benchmark of the dense solve's Gram eigendecompositions (host LAPACK vs cuSOLVER),
+#   kernels   pytest-benchmark of the dense solve's Gram eigendecompositions (host LAPACK vs cuSOLVER one
+#             by one through torch vs batched: cusolverDnXsyevBatched, CuPy's syevjBatched),
 #             the kernels (Numba vs twin on CuPy vs library), the batched LSQR, and ResNet-18's products
 #             (JVP by double VJP vs forward mode) on the GPU -> bench_gpu_kernels.json (chooses the
 #             "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
-#             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER through torch),
+#             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER batched on the
+#             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched),
 #             JVP by double VJP vs forward mode, LSQR, "auto" Gram-Schmidt vs two passes every step, the
 #             solver's arrays in torch's caching allocator (the default) vs CuPy's own pool; by MODES:
 #             compaction on vs off, Numba vs twin kernels, TF32, cold starts
 #   mnist     the issue's target: 10,000 examples, R = 25, i = 10 (< 60 s, >= 85% in JVP/VJP),
 #             with solver="auto" (the Krylov basis on CUDA), in MNIST_SLICES (2) calls
-#   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2:
+#   mnist-dense  the same target with the dense solve, its Gram matrices decomposed on the device
+#             (--dense-eigh ${DENSE_EIGH:-cusolver}: cusolverDnXsyevBatched), in MNIST_SLICES calls
+#   race      the reference method vs hcrfast on the same GPU (MNIST MLP, 32 examples, R = 2; the
+#             dense solve's rows with its Gram matrices on the host's LAPACK and on the device;
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
 #             256 x R = 25 it needs > 390k, far beyond one call)
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
@@ -160,10 +166,10 @@ stages=()
 for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup profile resnet18-krylov modes kernels) ;;
-    setup|tests|retest|profile|kernels|modes|mnist|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
+    lease2) stages+=(setup mnist-dense profile resnet18-krylov modes kernels) ;;
+    setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
-        echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist race resnet18 resnet18-krylov tf32 summary" >&2
+        echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
         exit 2
         ;;
     esac
@@ -300,9 +306,9 @@ EOF
         ;;
     modes)
         ensure_installed
-        # Seven by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
+        # Nine by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
         # this order. Others: MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver dense|--solver dense --dense-eigh torch|--jacobian forward|--solver lsqr|--reorth-passes 2|--cupy-allocator cupy}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver dense|--solver dense --dense-eigh cusolver|--solver dense --dense-eigh torch|--solver dense --dense-eigh cupy|--jacobian forward|--solver lsqr|--reorth-passes 2|--cupy-allocator cupy}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             # shellcheck disable=SC2086  # $flags is several words on purpose
@@ -318,6 +324,13 @@ EOF
         MIN=90 T=${MNIST_TIMEOUT_S:-130} run "$PY" benchmarks/gpu_targets.py mnist --slices "${MNIST_SLICES:-2}" \
             --time-budget "$(budget "${MNIST_TIMEOUT_S:-130}" 45)" --progress --out "$DEST"
         ;;
+    mnist-dense)
+        ensure_installed
+        say "gpu_targets mnist --solver dense --dense-eigh ${DENSE_EIGH:-cusolver} (10,000 x 25 x 10, ${MNIST_SLICES:-2} calls)"
+        MIN=60 T=${MNIST_DENSE_TIMEOUT_S:-110} run "$PY" benchmarks/gpu_targets.py mnist --solver dense \
+            --dense-eigh "${DENSE_EIGH:-cusolver}" --slices "${MNIST_SLICES:-2}" \
+            --time-budget "$(budget "${MNIST_DENSE_TIMEOUT_S:-110}" 40)" --progress --out "$DEST"
+        ;;
     race)
         ensure_installed
         # No LSQR sweep: on this problem only its last points reach the reference's median (CPU: ~200 s of
@@ -325,7 +338,7 @@ EOF
         # solve's row (run on CUDA beside the defaults); the JSON is rewritten after every row.
         say "race on the GPU: reference vs hcrfast (MNIST MLP, 32 examples, R = 2, i = 10)"
         MIN=60 T=${RACE_TIMEOUT_S:-120} run "$PY" benchmarks/race.py --model mlp --examples 32 --restarts 2 \
-            --iterations 10 --size 0.005 --device cuda --no-sweep --out "$DEST"
+            --iterations 10 --size 0.005 --device cuda --no-sweep --dense-eigh lapack,cusolver --out "$DEST"
         ;;
     resnet18)
         ensure_installed

@@ -90,6 +90,8 @@ def target_line(r: dict) -> str:
     opts += [f"{k}={r.get(k)}" for k, default in (("jacobian", "reverse"), ("kernels", "auto"), ("tf32", False),
                                                   ("cupy_allocator", "torch"), ("warm_start", True))
              if r.get(k, default) not in (default, None)]
+    if r.get("solver") == "dense" and r.get("dense_eigh_impl"):
+        opts.append(f"eigh={r['dense_eigh_impl']}")
     if r.get("krylov_reorth_passes") not in (None, 1) and r.get("solver") == "krylov":
         opts.append(f"reorth={r['krylov_reorth_passes']}")
     if r.get("lsqr", {}).get("compact_below") == 0:
@@ -126,7 +128,8 @@ def race_line(r: dict) -> str:
     rows_done = r.get("main_rows_done", "all")
     unfinished = ("" if r.get("complete", True) else "; the LSQR sweep did not finish" if rows_done == "all"
                   else f"; stopped after {len(rows_done)} hcrfast row(s), the rest did not finish")
-    rows = [r[k] for k in ("hcrfast_default", "hcrfast_dense", "hcrfast_current", "hcrfast_input") if r.get(k)]
+    rows = [r[k] for k in ("hcrfast_default", "hcrfast_dense") if r.get(k)] + list(r.get("hcrfast_dense_more") or [])
+    rows += [r[k] for k in ("hcrfast_current", "hcrfast_input") if r.get(k)]
     each = "".join(f"\n    {row['method'][:60]}: {row['seconds']:.2f} s, median {row['median']:.5g}, "
                    f"{ref['seconds'] / row['seconds']:.1f}x" for row in rows)
     return (head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"

@@ -488,10 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
                          "twin: SciPy one by one; lapack (auto): LAPACK through ctypes without the GIL, a thread per "
                          "core; numba: the same from a Numba loop)")
-    ap.add_argument("--dense-eigh", default="auto", choices=("auto", "torch", "lapack"),
+    ap.add_argument("--dense-eigh", default="auto", choices=("auto", "torch", "lapack", "cusolver", "cupy"),
                     help="with the dense solve: how the Gram matrices' eigendecompositions run (hcrfast.dense.EIGH_IMPL; "
                          "torch: torch.linalg.eigh where J is (cuSOLVER one matrix at a time on CUDA), lapack: "
-                         "LAPACK on the host, a matrix per thread; auto: lapack for two or more)")
+                         "LAPACK on the host, a matrix per thread; auto: lapack for two or more; cusolver: "
+                         "cusolverDnXsyevBatched on the device, cupy: CuPy's syevjBatched on the device)")
     ap.add_argument("--tf32", action="store_true", help="bound(tf32=True): TF32 float32 matmuls and convolutions")
     ap.add_argument("--cupy-allocator", default=None, choices=("torch", "cupy"),
                     help="where the solver's CuPy arrays live: torch's caching allocator (hcrfast's default) or "

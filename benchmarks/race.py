@@ -194,17 +194,27 @@ class RowCounter:
         self._saved.clear()
 
 
-def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label=None, solver="lsqr") -> dict:
+def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label=None, solver="lsqr",
+                dense_eigh=None) -> dict:
     """One ``hcrfast.bound`` call. Products per example: LSQR's ``2·itn + 1`` per solve (+1 per warm
     start); the dense solve's are the ``min(n, p)`` products that build J (its forwards are not products);
-    the Krylov solve's are its basis' (``params["krylov"]``: 2·steps + 1, rolled-back steps twice)."""
+    the Krylov solve's are its basis' (``params["krylov"]``: 2·steps + 1, rolled-back steps twice).
+    ``dense_eigh``: ``hcrfast.dense.EIGH_IMPL`` for this call (how the dense solve's Gram matrices are
+    decomposed), restored after it."""
+    from hcrfast import dense
+
+    saved = dense.EIGH_IMPL
+    dense.EIGH_IMPL = dense_eigh or saved
     _sync(args.device)
     t0 = time.perf_counter()
-    with RowCounter() as counter:
-        b = hcrfast.bound(model, x, sigma, size=args.size, iterations=args.iterations, restarts=args.restarts,
-                          seed=args.seed, linearize_at=linearize_at, lsqr=options, jacobian=args.jacobian,
-                          warm_start=args.start == "warm", solver=solver)
-    _sync(args.device)
+    try:
+        with RowCounter() as counter:
+            b = hcrfast.bound(model, x, sigma, size=args.size, iterations=args.iterations, restarts=args.restarts,
+                              seed=args.seed, linearize_at=linearize_at, lsqr=options, jacobian=args.jacobian,
+                              warm_start=args.start == "warm", solver=solver)
+        _sync(args.device)
+    finally:
+        dense.EIGH_IMPL = saved
     seconds = time.perf_counter() - t0
     h = b.to_numpy()
     opts = options or hcrfast.DEFAULT_LSQR
@@ -214,7 +224,7 @@ def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label
                 else products_per_example(h.lsqr_iterations, args.start == "warm"))
     return dict(
         method=label or f"hcrfast linearize_at={linearize_at}", solver=used,
-        seconds=seconds, products_per_example=products,
+        dense_eigh=(dense_eigh or saved) if used == "dense" else None, seconds=seconds, products_per_example=products,
         model_products_per_example=counter.rows / len(x) + (products if used == "dense" else 0.0),
         **quantiles(h.std),
         lsqr_itn_median=float(np.median(h.lsqr_iterations)), lsqr_itn_max=int(h.lsqr_iterations.max()),
@@ -324,6 +334,10 @@ def parse_args(argv=None):
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"), help="hcrfast's JVP mode")
     ap.add_argument("--start", default="warm", choices=("warm", "cold"),
                     help="hcrfast's LSQR solves j > 1: warm (bound's default) or from zero (the published scripts)")
+    ap.add_argument("--dense-eigh", default="auto",
+                    help="the dense solve's Gram eigendecompositions (hcrfast.dense.EIGH_IMPL), comma-separated: "
+                         "one dense row per implementation (auto, torch, lapack, cusolver, cupy; the last two on "
+                         "CUDA); the first is also the defaults row's where solver=auto takes the dense solve")
     ap.add_argument("--no-sweep", action="store_true", help="skip the time-to-reference-median sweep")
     ap.add_argument("--sweep-iter-lims", default="10,20,40,80,160,320,640,None")
     ap.add_argument("--sweep-tols", default="1e-2,1e-3,1e-4,1e-5,1e-6,1e-8")
@@ -336,6 +350,13 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.sweep_iter_lims = [None if s.strip().lower() == "none" else int(s) for s in args.sweep_iter_lims.split(",")]
     args.sweep_tols = [float(s) for s in args.sweep_tols.split(",")]
+    from hcrfast.kernels.symmetric import IMPLS
+
+    eighs = [e.strip() for e in args.dense_eigh.split(",")]
+    bad = [e for e in eighs if e not in IMPLS]
+    if bad or not eighs:
+        ap.error(f"--dense-eigh {args.dense_eigh!r}: each of its comma-separated names must be one of {', '.join(IMPLS)}")
+    args.dense_eigh = ",".join(eighs)
     return args
 
 
@@ -393,6 +414,7 @@ def main(argv=None) -> int:
             print(f"  wrote {part} (the reference row alone)", flush=True)
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     dflt = dns = cur = inp = None
+    more_dense = []
     main_rows = []
 
     def write(sweep, best, fastest, complete, rows_done="all"):
@@ -406,7 +428,8 @@ def main(argv=None) -> int:
         payload = dict(command="python benchmarks/race.py " + " ".join(sys.argv[1:] if argv is None else argv),
                        args={k: v for k, v in vars(args).items()}, sigma=sigma, machine=info,
                        reference={k: v for k, v in ref.items() if k != "_std"},
-                       hcrfast_default=dflt, hcrfast_dense=dns, hcrfast_current=cur, hcrfast_input=inp, sweep=sweep,
+                       hcrfast_default=dflt, hcrfast_dense=dns, hcrfast_dense_more=more_dense, hcrfast_current=cur,
+                       hcrfast_input=inp, sweep=sweep,
                        sweep_time_to_reference_median=best, time_to_reference_median=fastest,
                        complete=complete, main_rows_done=rows_done)
         path.write_text(json.dumps(payload, indent=2, default=str))
@@ -426,6 +449,7 @@ def main(argv=None) -> int:
         write([], None, fastest_of(main_rows), complete=False, rows_done=[r["method"] for r in main_rows])
 
     dflt = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="auto",
+                       dense_eigh=args.dense_eigh.split(",")[0],
                        label="hcrfast defaults (solver=auto), linearize_at=input")
     dflt["method"] += f" -> {dflt['solver']}"
     print(f"  hcrfast defaults ({dflt['solver']}): {dflt['seconds']:.2f} s, median {dflt['median']:.5g}", flush=True)
@@ -434,14 +458,22 @@ def main(argv=None) -> int:
     else:  # auto as LSQR is the input row: not a main row of its own, and its bounds stay out of the JSON
         dflt.pop("_std", None)
     dns = None
-    if dflt["solver"] != "dense":
-        # On CUDA "auto" takes the Krylov basis; the dense solve (J by vmapped VJPs, its Gram matrices
-        # factored on the host) is the other exact solver, and at the race's 32 examples it may be the
-        # faster one: measured here, so that the choice can follow.
-        dns = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="dense",
-                          label="hcrfast dense solve (solver=dense), linearize_at=input")
-        print(f"  hcrfast dense: {dns['seconds']:.2f} s, median {dns['median']:.5g}", flush=True)
-        done(dns)
+    # On CUDA "auto" takes the Krylov basis; the dense solve (J by vmapped VJPs, its Gram matrices
+    # decomposed by each of --dense-eigh's implementations) is the other exact solver, and at the race's
+    # 32 examples it may be the faster one: measured here, so that the choice can follow. Where "auto"
+    # is the dense solve, its row has the first implementation already.
+    eighs = [e for e in args.dense_eigh.split(",") if e]
+    for i, eigh in enumerate(eighs):
+        if dflt["solver"] == "dense" and i == 0:
+            continue
+        row = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="dense", dense_eigh=eigh,
+                          label=f"hcrfast dense solve (solver=dense, eigh {eigh}), linearize_at=input")
+        print(f"  hcrfast dense (eigh {eigh}): {row['seconds']:.2f} s, median {row['median']:.5g}", flush=True)
+        if dns is None:
+            dns = row
+        else:
+            more_dense.append(row)
+        done(row)
     cur = run_hcrfast(model, x, sigma, args, linearize_at="current",
                       label=f"hcrfast DEFAULT_LSQR, linearize_at=current, {args.start} start")
     print(f"  hcrfast current: {cur['seconds']:.2f} s, median {cur['median']:.5g}", flush=True)

@@ -40,7 +40,8 @@ from hcrfast.kernels import symmetric
 
 #: How the "eigh" driver's Gram matrices are decomposed (:func:`hcrfast.kernels.symmetric.eigh_batch`):
 #: "auto" (LAPACK's dsyevd on the host, a matrix per thread on every core, for two or more matrices;
-#: ``torch.linalg.eigh`` for one), "lapack" or "torch".
+#: ``torch.linalg.eigh`` for one), "lapack", "torch", or on CUDA the batched device routines
+#: "cusolver" (cusolverDnXsyevBatched) and "cupy" (syevjBatched), whose results are checked.
 EIGH_IMPL = "auto"
 
 #: How the Jacobian is built (:func:`jacobian`).

@@ -1,4 +1,4 @@
-"""Batched eigendecompositions of symmetric float64 matrices, for the dense solve's Gram matrices.
+"""Batched eigendecompositions of symmetric matrices, for the dense solve's Gram matrices (float64).
 
 The dense solve (:func:`hcrfast.dense.min_norm_solver`) factors one Gram matrix per example
 (the MNIST MLP: ~390 × 390 in float64; a chunk holds tens of examples on a CPU, thousands on a
@@ -12,13 +12,32 @@ cuSOLVER ``syevd`` after another (PyTorch's dispatch batches only orders ≤ 32)
   ``numpy.linalg.eigh`` run on CPUs) from SciPy's LAPACK, one matrix per call, called through
   ctypes from a thread per core without the GIL (:mod:`hcrfast.kernels._lapack`), on the host;
   matrices on a GPU go there and back in one copy each way.
+* ``impl="cusolver"`` (CUDA): cuSOLVER's batched eigensolver ``cusolverDnXsyevBatched`` (cuSOLVER
+  11.7.1 / CUDA 12.6.2 on), up to :data:`DEVICE_BATCH_VALUES` matrix values per call, on the device,
+  on torch's current stream, called through ctypes from the cuSOLVER torch loaded (no CuPy needed).
+  PyTorch itself routes only orders ≤ 32 there (pytorch/pytorch#175585).
+* ``impl="cupy"`` (CUDA, CuPy): ``cupy.linalg.eigh`` of the batch, which CuPy runs as cuSOLVER's
+  batched Jacobi ``syevjBatched`` at any order, on the device.
 * ``impl="auto"``: "lapack" for two or more float64 matrices that need no gradient, else "torch"
   (one large matrix gets all of BLAS's threads; torch's eigh has a derivative).
 
+The two device routines' results are checked, matrix by matrix, before they are returned
+(:data:`CHECK_TOL`): the residual ``‖S V − V diag(w)‖`` and ``‖VᵀV − I‖``, a few batched products on the
+device. ``syevjBatched`` has returned the diagonal as the eigenvalues and the identity as the
+eigenvectors for some inputs (cupy/cupy#4847, CUDA before 11.3.1), and Jacobi sweeps may stop short
+of convergence without saying so (CuPy reads no ``info`` by default). A matrix that fails the check
+is decomposed again by "lapack" on the host, with a ``RuntimeWarning`` that counts them.
+
 On this 2-core machine, 32 Gram matrices of order 390 (``benchmarks/test_bench_dense.py``):
-see benchmarks/README.md. On a GPU, "lapack" against cuSOLVER awaits a measurement.
+see benchmarks/README.md. On a GPU, "lapack" against cuSOLVER (one ``syevd`` after another through
+torch, or batched: "cusolver", "cupy") awaits a measurement; "auto" stays "lapack" until then.
 """
 from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+import warnings
 
 import numpy as np
 import torch
@@ -27,9 +46,21 @@ from hcrfast.backend import available_memory
 
 from . import _lapack
 
-__all__ = ["IMPLS", "eigh_batch"]
+__all__ = ["CHECK_TOL", "DEVICE_IMPLS", "IMPLS", "eigh_batch"]
 
-IMPLS = ("auto", "torch", "lapack")
+IMPLS = ("auto", "torch", "lapack", "cusolver", "cupy")
+
+#: The implementations that run on the GPU, whose results :func:`eigh_batch` checks.
+DEVICE_IMPLS = ("cusolver", "cupy")
+
+#: A device routine's decomposition ``(w, V)`` of ``S`` (order m) is kept where
+#: ``‖S V − V diag(w)‖_F ≤ CHECK_TOL · m · eps · ‖S‖_F`` and ``‖VᵀV − I‖_F ≤ CHECK_TOL · m · eps``
+#: (eps of the dtype); a backward-stable eigensolver's are a small multiple of ``m · eps``.
+CHECK_TOL = 100.0
+
+#: Matrix values per call of a device routine and per block of the check (its temporaries hold as
+#: many values each): 2**27 float64 values are 1 GiB, 882 Gram matrices of order 390.
+DEVICE_BATCH_VALUES = 2**27
 
 #: dsyevd's workspace, 1 + 6m + 2m², must fit LAPACK's 32-bit integers.
 _MAX_ORDER = 32_000
@@ -93,6 +124,191 @@ def _lapack_host(A: np.ndarray, orders: np.ndarray):
     return w, Z
 
 
+def _blocks(A: torch.Tensor, orders: np.ndarray) -> torch.Tensor:
+    """A with each matrix's entries outside its leading ``orders[a]`` block set to 0 (A itself when
+    every order is full)."""
+    m = A.shape[1]
+    if int(orders.min(initial=m)) >= m:
+        return A
+    inside = torch.arange(m, device=A.device)[None, :] < torch.as_tensor(orders, device=A.device)[:, None]
+    return torch.where(inside[:, :, None] & inside[:, None, :], A, 0.0)
+
+
+def _symmetric(A: torch.Tensor) -> torch.Tensor:
+    """The symmetric matrices whose lower triangle is A's (what every implementation reads)."""
+    low = torch.tril(A)
+    return low + torch.tril(A, -1).transpose(1, 2)
+
+
+def _per_call(m: int) -> int:
+    return max(1, DEVICE_BATCH_VALUES // max(1, m * m))
+
+
+# ------------------------------------------------------------------------------- cuSOLVER via ctypes
+# cusolverStatus_t fn(...): every handle, parameter object, stream and array is a pointer; the enums
+# (cusolverEigMode_t, cublasFillMode_t, cudaDataType) are C ints; n, lda, batchSize are int64_t.
+_P, _I, _I64, _SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
+_SIGNATURES = {
+    "cusolverDnCreate": [ctypes.POINTER(_P)],
+    "cusolverDnSetStream": [_P, _P],
+    "cusolverDnCreateParams": [ctypes.POINTER(_P)],
+    # (handle, params, jobz, uplo, n, dataTypeA, A, lda, dataTypeW, W, computeType,
+    #  *workspaceInBytesOnDevice, *workspaceInBytesOnHost, batchSize)
+    "cusolverDnXsyevBatched_bufferSize": [_P, _P, _I, _I, _I64, _I, _P, _I64, _I, _P, _I,
+                                          ctypes.POINTER(_SZ), ctypes.POINTER(_SZ), _I64],
+    # (handle, params, jobz, uplo, n, dataTypeA, A, lda, dataTypeW, W, computeType,
+    #  bufferOnDevice, workspaceInBytesOnDevice, bufferOnHost, workspaceInBytesOnHost, info, batchSize)
+    "cusolverDnXsyevBatched": [_P, _P, _I, _I, _I64, _I, _P, _I64, _I, _P, _I, _P, _SZ, _P, _SZ, _P, _I64],
+}
+_EIG_MODE_VECTOR = 1            # CUSOLVER_EIG_MODE_VECTOR
+_FILL_MODE_UPPER = 1            # CUBLAS_FILL_MODE_UPPER: Fortran's upper triangle is a C array's lower one
+_CUDA_DTYPES = {torch.float32: 0, torch.float64: 1}   # CUDA_R_32F, CUDA_R_64F
+_CUSOLVER_LOCK = threading.Lock()   # a cuSOLVER handle is not to be used by two threads at once
+
+
+def _bind(lib, name: str):
+    f = getattr(lib, name)
+    f.restype, f.argtypes = ctypes.c_int, _SIGNATURES[name]
+    return f
+
+
+def _status(name: str, status: int) -> None:
+    if status:
+        raise RuntimeError(f"cuSOLVER's {name} returned status {status} (cusolverStatus_t; 0 is success)")
+
+
+@functools.cache
+def _cusolver_library():
+    """cuSOLVER as torch loaded it (a 1 × 1 decomposition on CUDA loads torch's CUDA linear algebra,
+    which links it), opened by its path in this process's memory map; else by name."""
+    torch.linalg.eigvalsh(torch.ones((1, 1), dtype=torch.float64, device="cuda"))
+    paths = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libcusolver.so" in line})
+    except OSError:  # not on Linux
+        pass
+    names = paths + ["libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if not hasattr(lib, "cusolverDnXsyevBatched"):
+            raise RuntimeError(f"the cuSOLVER this process loaded ({name}) has no cusolverDnXsyevBatched "
+                               f"(cuSOLVER 11.7.1, CUDA 12.6.2 or newer has it): use impl='lapack' or 'torch'")
+        return lib
+    raise RuntimeError(f"impl='cusolver' found no cuSOLVER library (looked for {', '.join(names)}): install "
+                       f"torch's CUDA build or use impl='lapack' or 'torch'")
+
+
+@functools.cache
+def _cusolver_handle(index: int):
+    """A cuSOLVER handle and parameter object for CUDA device ``index``, made once per process."""
+    lib = _cusolver_library()
+    handle, params = _P(), _P()
+    with torch.cuda.device(index):
+        _status("cusolverDnCreate", _bind(lib, "cusolverDnCreate")(ctypes.byref(handle)))
+        _status("cusolverDnCreateParams", _bind(lib, "cusolverDnCreateParams")(ctypes.byref(params)))
+    return handle.value, params.value
+
+
+_HOST_WORK: dict = {}
+
+
+def _host_workspace(handle, size: int) -> np.ndarray:
+    """The host workspace of ``handle``'s calls: kept for the process and grown as asked; a smaller one
+    it replaces is kept too, as a call still queued may use it (the device workspace comes from torch's
+    allocator, which is stream-ordered)."""
+    bufs = _HOST_WORK.setdefault(handle, [])
+    if not bufs or bufs[-1].size < max(1, size):
+        bufs.append(np.empty(max(1, size), dtype=np.uint8))
+    return bufs[-1]
+
+
+def _syev_batched(lib, handle, params, stream, A: torch.Tensor):
+    """``(w, V)`` of the symmetric matrices whose lower triangles are A's (g, m, m), by
+    ``cusolverDnXsyevBatched`` through ``lib`` on ``stream``, and its ``info`` (g,) on A's device.
+
+    The batch is one column-major array of g matrices (lda = m); read as a C array each matrix is its
+    transpose, the same symmetric matrix, so UPLO "upper" reads the C array's lower triangle, and the
+    eigenvectors come back as Fortran columns, which are the C array's rows. The device workspace
+    comes from torch's allocator on A's device (the call is queued on ``stream``, torch's current).
+    """
+    g, m = A.shape[0], A.shape[1]
+    V = A.detach().clone(memory_format=torch.contiguous_format)   # overwritten by the eigenvectors
+    w = torch.empty((g, m), dtype=A.dtype, device=A.device)
+    info = torch.zeros(g, dtype=torch.int32, device=A.device)
+    dtype = _CUDA_DTYPES[A.dtype]
+    _status("cusolverDnSetStream", _bind(lib, "cusolverDnSetStream")(handle, stream))
+    size = _bind(lib, "cusolverDnXsyevBatched_bufferSize")
+    run = _bind(lib, "cusolverDnXsyevBatched")
+    call = _per_call(m)
+    for lo in range(0, g, call):
+        b = min(call, g - lo)
+        a_ptr, w_ptr = V[lo].data_ptr(), w[lo].data_ptr()
+        on_device, on_host = _SZ(0), _SZ(0)
+        _status("cusolverDnXsyevBatched_bufferSize",
+                size(handle, params, _EIG_MODE_VECTOR, _FILL_MODE_UPPER, m, dtype, a_ptr, m, dtype, w_ptr, dtype,
+                     ctypes.byref(on_device), ctypes.byref(on_host), b))
+        device_work = torch.empty(max(1, on_device.value), dtype=torch.uint8, device=A.device)
+        host_work = _host_workspace(handle, on_host.value)
+        _status("cusolverDnXsyevBatched",
+                run(handle, params, _EIG_MODE_VECTOR, _FILL_MODE_UPPER, m, dtype, a_ptr, m, dtype, w_ptr, dtype,
+                    device_work.data_ptr(), on_device.value, host_work.ctypes.data, on_host.value,
+                    info[lo].data_ptr(), b))
+    return w, V.transpose(1, 2), info
+
+
+def _cusolver_eigh(A: torch.Tensor):
+    index = A.device.index if A.device.index is not None else torch.cuda.current_device()
+    handle, params = _cusolver_handle(index)
+    with _CUSOLVER_LOCK, torch.cuda.device(index):
+        return _syev_batched(_cusolver_library(), handle, params, torch.cuda.current_stream(index).cuda_stream, A)
+
+
+def _cupy_eigh(A: torch.Tensor):
+    """``cupy.linalg.eigh`` of the batch (CuPy runs cuSOLVER's ``syevjBatched``), on torch's stream, sorted."""
+    from hcrfast.bindings import array_module_for, from_torch, solver_stream, to_torch
+
+    xp = array_module_for(A.device)
+    with solver_stream(A.device):
+        w, V = xp.linalg.eigh(from_torch(A), UPLO="L")
+        w, V = to_torch(w).clone(), to_torch(V).clone()   # out of CuPy's arrays: torch owns the results
+    order = torch.argsort(w, dim=1)
+    return w.gather(1, order), V.gather(2, order[:, None, :].expand_as(V)), None
+
+
+def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, orders: np.ndarray, impl: str):
+    """``(w, V)`` with every matrix whose decomposition fails the check (:data:`CHECK_TOL`; or whose
+    ``info`` is not 0) decomposed again by "lapack" on the host: one host read for the whole batch."""
+    g, m = S.shape[0], S.shape[1]
+    if g == 0:
+        return w, V
+    tol = CHECK_TOL * m * float(torch.finfo(S.dtype).eps)
+    ok = torch.empty(g, dtype=torch.bool, device=S.device)
+    eye = torch.eye(m, dtype=S.dtype, device=S.device)
+    for lo in range(0, g, _per_call(m)):
+        sl = slice(lo, lo + _per_call(m))
+        Sb, wb, Vb = S[sl], w[sl], V[sl]
+        res = torch.linalg.vector_norm(torch.baddbmm(Vb * wb[:, None, :], Sb, Vb, beta=-1), dim=(1, 2))
+        orth = torch.linalg.vector_norm(Vb.transpose(1, 2) @ Vb - eye, dim=(1, 2))
+        ok[sl] = (res <= tol * torch.linalg.vector_norm(Sb, dim=(1, 2))) & (orth <= tol) & torch.isfinite(wb).all(1)
+    if info is not None:
+        ok &= info == 0
+    bad = np.flatnonzero(~ok.cpu().numpy())
+    if bad.size:
+        warnings.warn(f"eigh_batch(impl={impl!r}): {bad.size} of {g} decompositions failed the check "
+                      f"(residual or orthogonality above {CHECK_TOL:g}·m·eps, or a nonzero info; the first: matrix "
+                      f"{int(bad[0])}) and were redone by LAPACK on the host", RuntimeWarning, stacklevel=3)
+        idx = torch.as_tensor(bad, device=S.device)
+        w_h, Z = _lapack_host(S.index_select(0, idx).double().cpu().numpy(), np.full(bad.size, m))
+        w, V = w.clone(), V.clone()
+        w[idx] = torch.from_numpy(w_h).to(device=S.device, dtype=w.dtype)
+        V[idx] = torch.from_numpy(Z).to(device=S.device, dtype=V.dtype).transpose(1, 2)
+    return w, V
+
+
 def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     """Eigenvalues and eigenvectors of ``g`` symmetric matrices ``A`` (g, m, m), as ``torch.linalg.eigh``.
 
@@ -101,6 +317,11 @@ def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     ``orders[a]`` × ``orders[a]`` block with zeros elsewhere (what lies outside the block is
     ignored): "lapack" decomposes the block alone (a batch of unequal orders costs what its
     matrices do, not g times the largest).
+
+    "torch", "cusolver" and "cupy" decompose each matrix with the outside zeroed (g matrices of the
+    largest order); "cusolver" and "cupy" take float32 or float64 matrices on a CUDA device (under
+    hcrfast's CuPy stand-in in the tests, "cupy" also takes CPU tensors), and their results are checked
+    (:data:`CHECK_TOL`).
 
     Returns ``(w, V)`` on A's device in A's dtype: ``w`` (g, m) the eigenvalues, ``V`` (g, m, m)
     the eigenvectors as columns (``A V = V diag(w)``), ascending, except that with ``orders`` the
@@ -127,10 +348,9 @@ def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     if impl == "auto":
         impl = "lapack" if A.dtype == torch.float64 and g >= 2 and not differentiable and m < _MAX_ORDER else "torch"
     if impl == "torch":
-        if int(orders.min(initial=m)) < m:
-            inside = torch.arange(m, device=A.device)[None, :] < torch.as_tensor(orders, device=A.device)[:, None]
-            A = torch.where(inside[:, :, None] & inside[:, None, :], A, 0.0)
-        return torch.linalg.eigh(A)
+        return torch.linalg.eigh(_blocks(A, orders))
+    if impl in DEVICE_IMPLS:
+        return _device_eigh(A, orders, impl, differentiable)
     if A.dtype != torch.float64:
         raise ValueError(f"impl='lapack' decomposes float64 matrices, got {A.dtype}: convert with A.double()")
     if differentiable:
@@ -142,3 +362,20 @@ def eigh_batch(A: torch.Tensor, orders=None, *, impl: str = "auto"):
     w, Z = _lapack_host(A.detach().cpu().numpy(), orders)
     return (torch.from_numpy(w).to(A.device),
             torch.from_numpy(Z).to(A.device).transpose(1, 2))
+
+
+def _device_eigh(A: torch.Tensor, orders: np.ndarray, impl: str, differentiable: bool):
+    from hcrfast.bindings import array_module_for
+
+    if differentiable:
+        raise ValueError(f"impl={impl!r} has no derivative and A requires grad: use impl='torch' (or 'auto'), "
+                         f"or detach A / run under torch.no_grad()")
+    if A.dtype not in _CUDA_DTYPES:
+        raise ValueError(f"impl={impl!r} decomposes float32 or float64 matrices, got {A.dtype}: convert with A.double()")
+    on_device = A.device.type == "cuda" or (impl == "cupy" and array_module_for(A.device) is not np)
+    if not on_device:
+        raise ValueError(f"impl={impl!r} runs on a CUDA device, and A is on {A.device}: move A there (A.cuda()) "
+                         f"or use impl='lapack' (the host's LAPACK) or 'torch'")
+    S = _symmetric(_blocks(A.detach(), orders))
+    w, V, info = (_cusolver_eigh if impl == "cusolver" else _cupy_eigh)(S)
+    return _checked(S, w, V, info, orders, impl)

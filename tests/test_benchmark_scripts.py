@@ -181,19 +181,31 @@ def test_race_adds_the_dense_row_where_auto_takes_the_krylov_basis(tmp_path, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(race, "run_hcrfast", auto_as_krylov)
+    from hcrfast import dense
+
+    eighs = []
+    real_min_norm = dense.min_norm_solver
+    monkeypatch.setattr(dense, "min_norm_solver", lambda *a, **k: eighs.append(dense.EIGH_IMPL) or real_min_norm(*a, **k))
     race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
-               "--no-sweep", "--out", str(tmp_path)])
-    assert solvers == ["krylov", "dense", "lsqr", "lsqr"]
+               "--no-sweep", "--dense-eigh", "lapack, torch", "--out", str(tmp_path)])
+    # one dense row per --dense-eigh implementation, each with its own (restored after the row)
+    assert solvers == ["krylov", "dense", "dense", "lsqr", "lsqr"]
+    assert eighs == ["lapack", "torch"] and dense.EIGH_IMPL == "auto"
     (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
     r = json.loads(path.read_text())
     assert r["hcrfast_default"]["solver"] == "krylov" and r["hcrfast_dense"]["solver"] == "dense"
+    assert r["hcrfast_dense"]["dense_eigh"] == "lapack" and r["hcrfast_default"]["dense_eigh"] is None
+    (more,) = r["hcrfast_dense_more"]
+    assert more["dense_eigh"] == "torch" and more["median"] == pytest.approx(r["hcrfast_dense"]["median"], rel=1e-9)
     assert r["hcrfast_dense"]["products_per_example"] == _race_dense_products(2) < 784
     assert r["main_rows_done"] == "all" and r["complete"] is True
     assert "_std" not in json.dumps(r)
     text = run_script("gpu_summary.py", tmp_path).stdout
-    for row in ("hcrfast_default", "hcrfast_dense", "hcrfast_current", "hcrfast_input"):
-        line = r[row]["method"][:60] + f": {r[row]['seconds']:.2f} s, median {r[row]['median']:.5g}"
-        assert line in text, row
+    for row in (r["hcrfast_default"], r["hcrfast_dense"], more, r["hcrfast_current"], r["hcrfast_input"]):
+        line = row["method"][:60] + f": {row['seconds']:.2f} s, median {row['median']:.5g}"
+        assert line in text, row["method"]
+    with pytest.raises(SystemExit):
+        race.parse_args(["--dense-eigh", "lapack,magma"])
 
 
 def test_race_json_holds_no_bound_arrays_when_auto_takes_lsqr(tmp_path, monkeypatch):
@@ -433,7 +445,8 @@ def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path)
     run_script("race.py", "--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads",
                "1", "--no-sweep", "--out", folder)
     run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "3", "--restarts", "2", "--iterations",
-               "1", "--threads", "1", "--solver", "dense", "--slices", "3", "--time-budget", "0", "--out", folder)
+               "1", "--threads", "1", "--solver", "dense", "--dense-eigh", "lapack", "--slices", "3", "--time-budget",
+               "0", "--out", folder)
     (race_path,) = [p for p in folder.glob("race_*.json") if not p.stem.endswith("_reference")]
     (target_path,) = folder.glob("gpu_targets_*.json")
     race, target = json.loads(race_path.read_text()), json.loads(target_path.read_text())
@@ -449,6 +462,7 @@ def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path)
     assert f"{ref['seconds'] / best['seconds']:.1f}x" in text
     assert "[cpu]" in text and ">= 50x" not in text               # no GPU verdict for a CPU race
     assert "extrapolated from 1/3" in text and f"{target['extrapolated_seconds']:.0f} s" in text
+    assert "solver=dense eigh=lapack" in text                     # how its Gram matrices were decomposed
     assert "(< 60 s" not in text                                  # not the issue's size, not on a GPU
 
     # The issue's verdicts, on the GPU at the full size: 60 s and 85% for MNIST, 50x for the race.

@@ -315,3 +315,30 @@ def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
         ops[steps] = count["ops"]
     per_step = (ops[32] - ops[8]) / 24
     assert 60 < per_step <= 107, per_step
+
+
+def test_gram_eigendecompositions_on_the_cupy_path(emulated, monkeypatch):
+    """kernels.symmetric's impl="cupy" (cupy.linalg.eigh of the batch; syevjBatched on a GPU) on device
+    arrays: NumPy's eigenpairs of each matrix's leading block, ascending, eigenvectors that pass the
+    check (no matrix sent back to the host, no warning), and the results are torch tensors."""
+    import warnings
+
+    from hcrfast.kernels import symmetric
+
+    rng = np.random.default_rng(5)
+    J = rng.standard_normal((4, 20, 30))
+    A = J @ J.transpose(0, 2, 1)
+    orders = np.array([20, 13, 0, 19])
+    calls, real = [], emulated.module.linalg.eigh
+    monkeypatch.setattr(emulated.module.linalg, "eigh", lambda a, **kw: calls.append((a.shape, kw)) or real(a, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w, V = symmetric.eigh_batch(torch.as_tensor(A), orders, impl="cupy")
+    assert calls == [((4, 20, 20), {"UPLO": "L"})]          # one batched call, on device arrays
+    assert isinstance(w, torch.Tensor) and isinstance(V, torch.Tensor)
+    w, V = w.numpy(), V.numpy()
+    for a, n in enumerate(orders):
+        block = np.zeros_like(A[a])
+        block[:n, :n] = A[a, :n, :n]
+        np.testing.assert_allclose(w[a], np.linalg.eigvalsh(block), atol=1e-12 * np.abs(A).max())
+        np.testing.assert_allclose(V[a] @ np.diag(w[a]) @ V[a].T, block, atol=1e-11 * np.abs(A).max())

@@ -60,17 +60,22 @@ def test_bound_on_gpu_matches_cpu():
     np.testing.assert_allclose(gpu.divergence, cpu.divergence, rtol=1e-6)
 
 
-@pytest.mark.parametrize("eigh_impl", ["lapack", "torch"])
+@pytest.mark.parametrize("eigh_impl", ["lapack", "torch", "cusolver", "cupy"])
 def test_dense_solve_on_gpu_matches_cpu(eigh_impl, monkeypatch):
-    """solver='dense' on CUDA, its Gram matrices on the host's LAPACK (the default) or cuSOLVER through
-    torch: the same exact steps as on the CPU."""
+    """solver='dense' on CUDA, its Gram matrices on the host's LAPACK (the default), cuSOLVER one matrix
+    at a time through torch, or batched on the device (cusolverDnXsyevBatched through ctypes, CuPy's
+    syevjBatched): the same exact steps as on the CPU, no decomposition redone on the host."""
+    import warnings
+
     from hcrfast import dense
 
     x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     kw = dict(iterations=3, restarts=3, solver="dense")
     cpu = hcrfast.bound(mlp(), x, 0.05, **kw)
     monkeypatch.setattr(dense, "EIGH_IMPL", eigh_impl)
-    gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="eigh_batch", category=RuntimeWarning)  # a failed device check
+        gpu = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
     assert gpu.params["solver"] == "dense" and gpu.params["dense"]["rank_min"] == cpu.params["dense"]["rank_min"]
     np.testing.assert_allclose(gpu.to_numpy().std, cpu.std, rtol=1e-8)
     # and "auto" takes the Krylov basis on CUDA (the dense solve on the CPU)
@@ -78,16 +83,21 @@ def test_dense_solve_on_gpu_matches_cpu(eigh_impl, monkeypatch):
 
 
 def test_symmetric_eigh_of_cuda_matrices_matches_numpy():
-    """kernels.symmetric on CUDA tensors: the host's LAPACK (a copy there and back) and cuSOLVER through
-    torch give NumPy's eigenvalues, eigenvectors that rebuild the matrices, on the matrices' device."""
+    """kernels.symmetric on CUDA tensors: the host's LAPACK (a copy there and back), cuSOLVER through
+    torch, and the batched device routines (cusolverDnXsyevBatched, CuPy's syevjBatched) give NumPy's
+    eigenvalues, eigenvectors that rebuild the matrices, on the matrices' device."""
+    import warnings
+
     from hcrfast.kernels import symmetric
 
     rng = np.random.default_rng(0)
     J = rng.standard_normal((5, 60, 90))
     A = J @ J.transpose(0, 2, 1)
     orders = np.array([60, 41, 0, 1, 59])
-    for impl in ("lapack", "torch"):
-        w, V = symmetric.eigh_batch(torch.as_tensor(A, device="cuda"), orders, impl=impl)
+    for impl in ("lapack", "torch", "cusolver", "cupy"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="eigh_batch", category=RuntimeWarning)  # none redone on the host
+            w, V = symmetric.eigh_batch(torch.as_tensor(A, device="cuda"), orders, impl=impl)
         assert w.device.type == V.device.type == "cuda"
         w, V = w.cpu().numpy(), V.cpu().numpy()
         for a, n in enumerate(orders):
@@ -95,6 +105,40 @@ def test_symmetric_eigh_of_cuda_matrices_matches_numpy():
             block[:n, :n] = A[a, :n, :n]
             np.testing.assert_allclose(np.sort(w[a]), np.linalg.eigvalsh(block), atol=1e-10 * np.abs(A).max())
             np.testing.assert_allclose(V[a] @ np.diag(w[a]) @ V[a].T, block, atol=1e-9 * np.abs(A).max())
+
+
+@pytest.mark.parametrize("impl", ["cusolver", "cupy"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batched_device_eigh_at_the_dense_solves_size(impl, dtype):
+    """The race's Gram matrices: 40 of order up to 390 (rank-deficient blocks of per-example orders),
+    in more than one call of the device routine: the host LAPACK's eigenvalues, a small residual, and no
+    decomposition that fails the check (which would be redone on the host with a RuntimeWarning)."""
+    import warnings
+
+    from hcrfast.kernels import symmetric
+
+    rng = np.random.default_rng(6)
+    J = rng.standard_normal((40, 390, 784)) / 28
+    J[:, :, 380:] = 0.0                                    # rank 380 at most: ~10 zero eigenvalues
+    A = J @ J.transpose(0, 2, 1)
+    orders = rng.integers(370, 391, size=40)
+    w0, _ = symmetric.eigh_batch(torch.as_tensor(A), orders, impl="lapack")
+    At = torch.as_tensor(A, device="cuda", dtype=dtype)
+    old = symmetric.DEVICE_BATCH_VALUES
+    symmetric.DEVICE_BATCH_VALUES = 16 * 390 * 390          # 3 calls
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="eigh_batch", category=RuntimeWarning)
+            w, V = symmetric.eigh_batch(At, orders, impl=impl)
+    finally:
+        symmetric.DEVICE_BATCH_VALUES = old
+    assert w.dtype == V.dtype == dtype and w.device.type == "cuda"
+    eps = float(torch.finfo(dtype).eps)
+    scale = float(np.abs(np.sort(w0.numpy(), axis=1)).max())
+    np.testing.assert_allclose(w.double().cpu().numpy(), np.sort(w0.numpy(), axis=1), atol=1e4 * eps * scale)
+    S = symmetric._blocks(At, orders)
+    res = torch.linalg.vector_norm(S @ V - V * w[:, None, :], dim=(1, 2)) / torch.linalg.vector_norm(S, dim=(1, 2))
+    assert float(res.max()) < 1e3 * eps
 
 
 def test_dense_jacobian_from_nonzero_rows_on_gpu_matches_jacrev_on_cpu():

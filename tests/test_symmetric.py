@@ -1,5 +1,12 @@
 """Batched symmetric eigendecompositions (hcrfast.kernels.symmetric) against oracles no one here
-wrote: NumPy's eigh matrix by matrix, the matrix rebuilt from its factors, and torch.linalg.eigh."""
+wrote: NumPy's eigh matrix by matrix, the matrix rebuilt from its factors, and torch.linalg.eigh.
+
+The device routines run on a GPU only (tests/test_gpu.py). Here: their ctypes call against a stand-in
+that keeps cuSOLVER's documented ABI on host memory, and the check that sends failed decompositions to
+the host."""
+import ctypes
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -126,7 +133,12 @@ def test_a_matrix_that_needs_its_gradient_goes_to_torch():
 def test_bad_input_is_named():
     A = torch.as_tensor(grams(7, g=3, m=10))
     with pytest.raises(ValueError, match="impl must be one of"):
-        symmetric.eigh_batch(A, impl="cusolver")
+        symmetric.eigh_batch(A, impl="magma")
+    for impl in symmetric.DEVICE_IMPLS:
+        with pytest.raises(ValueError, match=rf"impl='{impl}' runs on a CUDA device, and A is on cpu"):
+            symmetric.eigh_batch(A, impl=impl)
+        with pytest.raises(ValueError, match="float32 or float64 matrices, got torch.int64"):
+            symmetric.eigh_batch(A.long(), impl=impl)
     with pytest.raises(ValueError, match=r"\(g, m, m\) torch tensor"):
         symmetric.eigh_batch(A[0])
     with pytest.raises(ValueError, match=r"\(g, m, m\) torch tensor"):
@@ -186,3 +198,106 @@ def test_overlapping_with_the_krylov_basis_take_turns_with_blas(monkeypatch):
     ta.join()
     assert events == ["set", "restore", "set", "restore"]
     np.testing.assert_allclose(w.numpy(), [[1.0, 2.0, 3.0]])
+
+
+class FakeCusolver:
+    """``cusolverDnXsyevBatched`` as cuSOLVER's documentation specifies it, over host memory: each of
+    ``batchSize`` matrices column-major with leading dimension ``lda`` (element (i, j) of matrix k at
+    ``A[i + lda·j + lda·n·k]``), only the ``uplo`` triangle read, the eigenvectors written over A as
+    columns, the eigenvalues ascending in ``W[j + n·k]``, ``info[k]`` per matrix (here 1 where the
+    triangle read holds NaN). The workspaces it asks for are written through, end to end."""
+
+    def __init__(self):
+        self.calls, self.streams = [], []
+        sig = symmetric._SIGNATURES
+        for name, fn in [("cusolverDnSetStream", self._set_stream),
+                         ("cusolverDnXsyevBatched_bufferSize", self._buffer_size),
+                         ("cusolverDnXsyevBatched", self._syev_batched)]:
+            setattr(self, name, ctypes.CFUNCTYPE(ctypes.c_int, *sig[name])(fn))
+
+    def _set_stream(self, handle, stream):
+        self.streams.append((handle, stream))
+        return 0
+
+    @staticmethod
+    def _sizes(n, batch):
+        return 8 * n * batch + 40, 3 * n + 1
+
+    def _buffer_size(self, handle, params, jobz, uplo, n, dta, A, lda, dtw, W, ct, dev, host, batch):
+        dev[0], host[0] = self._sizes(n, batch)
+        return 0
+
+    def _syev_batched(self, handle, params, jobz, uplo, n, dta, A, lda, dtw, W, ct, dwork, dsize, hwork, hsize,
+                      info, batch):
+        assert jobz == 1 and dta == dtw == ct and dta in (0, 1) and lda >= n
+        assert (dsize, hsize) == self._sizes(n, batch)
+        for ptr, size in ((dwork, dsize), (hwork, hsize)):
+            np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))[:] = 0xAB
+        self.calls.append(dict(handle=handle, params=params, uplo=uplo, n=n, lda=lda, batch=batch))
+        ctype = ctypes.c_double if dta == 1 else ctypes.c_float
+        a = np.ctypeslib.as_array((ctype * (lda * n * batch)).from_address(A))
+        F = a.reshape(batch, n, lda).transpose(0, 2, 1)     # F[k, i, j] = A[i + lda·j + lda·n·k]
+        w = np.ctypeslib.as_array((ctype * (n * batch)).from_address(W)).reshape(batch, n)
+        inf = np.ctypeslib.as_array((ctypes.c_int * batch).from_address(info))
+        for k in range(batch):
+            tri = np.triu(F[k, :n]) if uplo == 1 else np.tril(F[k, :n])
+            if not np.isfinite(tri).all():
+                inf[k] = 1
+                continue
+            lam, Q = np.linalg.eigh(tri + tri.T - np.diag(np.diag(tri)))
+            w[k], F[k, :n] = lam, Q
+            inf[k] = 0
+        return 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cusolver_call_keeps_the_documented_abi(dtype, monkeypatch):
+    """The ctypes call of cusolverDnXsyevBatched: the C arrays' lower triangles are what is decomposed
+    (garbage above), eigenvectors come back as columns of V, eigenvalues ascending, the batch split into
+    calls of DEVICE_BATCH_VALUES, each with its workspace sizes, on the stream given."""
+    monkeypatch.setattr(symmetric, "DEVICE_BATCH_VALUES", 2 * 12 * 12)   # 2 matrices per call
+    A = grams(11, g=5, m=12)
+    upper = np.triu_indices(12, 1)
+    A[:, upper[0], upper[1]] = 777.0                                      # garbage above the diagonal
+    A[4, 7, 2] = np.nan                                                   # the last call's: info 1
+    fake = FakeCusolver()
+    At = torch.as_tensor(A, dtype=dtype)
+    w, V, info = symmetric._syev_batched(fake, 11, 22, 33, At)
+    assert fake.streams == [(11, 33)]
+    assert [c["batch"] for c in fake.calls] == [2, 2, 1]
+    assert all(c["uplo"] == 1 and c["n"] == c["lda"] == 12 and (c["handle"], c["params"]) == (11, 22)
+               for c in fake.calls)
+    assert w.dtype == V.dtype == dtype and info.tolist() == [0, 0, 0, 0, 1]
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    lower = np.tril(A) + np.tril(A, -1).transpose(0, 2, 1)
+    for k in range(4):
+        want = np.linalg.eigvalsh(lower[k])
+        np.testing.assert_allclose(w[k].double().numpy(), want, atol=tol * np.abs(want).max())
+        Vk = V[k].double().numpy()
+        np.testing.assert_allclose(lower[k] @ Vk, Vk * w[k].double().numpy(), atol=tol * np.abs(want).max())
+    np.testing.assert_array_equal(At.numpy(), A.astype(At.numpy().dtype))   # A itself untouched (NaN too)
+
+
+def test_failed_device_decompositions_are_redone_on_the_host():
+    """The check: a matrix answered by its diagonal and the identity (syevjBatched's known failure), one
+    with NaN eigenvalues, one with a nonzero info and one whose eigenvectors are not orthonormal are
+    decomposed again by LAPACK, with a warning that counts them; the others are kept as they were."""
+    A = torch.as_tensor(grams(12, g=6, m=9))
+    w, V = torch.linalg.eigh(A)
+    w, V = w.clone(), V.clone()
+    w[1], V[1] = torch.diagonal(A[1]).sort().values, torch.eye(9, dtype=A.dtype)
+    w[2, 3] = float("nan")
+    V[4] *= 1.01
+    info = torch.tensor([0, 0, 0, 5, 0, 0], dtype=torch.int32)
+    kept = V[5].clone()
+    with pytest.warns(RuntimeWarning, match=r"4 of 6 decompositions failed the check .* the first: matrix 1"):
+        w2, V2 = symmetric._checked(A, w, V, info, np.full(6, 9), "cupy")
+    for k in range(6):
+        want = np.linalg.eigvalsh(A[k].numpy())
+        np.testing.assert_allclose(w2[k].numpy(), want, atol=1e-12 * want.max())
+        np.testing.assert_allclose(A[k].numpy() @ V2[k].numpy(), V2[k].numpy() * w2[k].numpy(),
+                                   atol=1e-12 * want.max())
+    assert torch.equal(V2[5], kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        symmetric._checked(A, w2, V2, None, np.full(6, 9), "cupy")          # all good: no warning
