@@ -7,10 +7,10 @@
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
-#   lease2    = setup mnist-dense profile resnet18-krylov modes kernels: the MNIST target with the dense
-#             solve on the device, where the Krylov basis' MNIST time goes (the first H100 run,
-#             2026-11-27, found it host-bound), the ResNet-18 target (extrapolated), then the modes and
-#             the kernels against the libraries (short rounds) with what is left
+#   lease2    = setup mnist-dense resnet18-krylov modes kernels profile: the MNIST target with the dense
+#             solve on the device, the ResNet-18 target (16 examples a call, extrapolated), then with
+#             what is left the modes, the kernels against the libraries (short rounds), and where the
+#             Krylov basis' MNIST time goes (the first H100 run, 2026-11-27, found it host-bound)
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation), the carried wheels,
 #             print the versions and the device, find libNVVM for numba-cuda, and warm up (first
 #             compilations of CuPy's and the Numba kernels, timed)
@@ -41,8 +41,11 @@
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
 #             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
 #             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
-#             in RESNET_SLICES (16: 8 examples a call; the H100 took 98.9 s for a call of 4) slices under
-#             what the call has left: what is not done by then is extrapolated
+#             in RESNET_SLICES (8: 16 examples a call) slices under what the call has left: what is not
+#             done by then is extrapolated. The H100 took 98.9 s for a call of 4 (23 ms a step, 13.8 ms
+#             of it in the model's products at a batch of 4, far from filling the GPU; the Gram-Schmidt
+#             passes ~1 ms): 3,163 s extrapolated at 4 a call. A step's products should cost little more
+#             at 16 than at 4; the basis takes 0.8 GB an example (4,097 x 2 x ~25,000 float32 values).
 #   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #   summary   the table of what ran (also printed by itself at the end of every call)
@@ -166,7 +169,7 @@ stages=()
 for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup mnist-dense profile resnet18-krylov modes kernels) ;;
+    lease2) stages+=(setup mnist-dense resnet18-krylov modes kernels profile) ;;
     setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
         echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
@@ -348,9 +351,9 @@ EOF
         ;;
     resnet18-krylov)
         ensure_installed
-        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-16} slices, the rest extrapolated)"
+        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-8} slices, the rest extrapolated)"
         MIN=120 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
-            --slices "${RESNET_SLICES:-16}" \
+            --slices "${RESNET_SLICES:-8}" \
             --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     tf32)
