@@ -4,7 +4,8 @@ The dense solve (:func:`hcrfast.dense.min_norm_solver`) factors one Gram matrix 
 (the MNIST MLP: ~390 × 390 in float64; a chunk holds tens of examples on a CPU, thousands on a
 GPU). ``torch.linalg.eigh`` runs such a batch one matrix at a time: on a CPU each through a
 LAPACK call whose BLAS threads gain little at this size; on CUDA, for orders above 32, one
-cuSOLVER ``syevd`` after another (PyTorch's dispatch batches only orders ≤ 32).
+cuSOLVER call per matrix (``syevd``, or ``syevj`` for float32 at some orders; PyTorch's dispatch
+batches only orders ≤ 32).
 
 * ``impl="torch"``: ``torch.linalg.eigh`` where the matrices are (the twin: another LAPACK, or
   cuSOLVER).
@@ -61,6 +62,9 @@ CHECK_TOL = 100.0
 #: Matrix values per call of a device routine and per block of the check (its temporaries hold as
 #: many values each): 2**27 float64 values are 1 GiB, 882 Gram matrices of order 390.
 DEVICE_BATCH_VALUES = 2**27
+#: ... and matrices per call: a user's report has cusolverDnXsyevBatched's size query refuse a batch
+#: of 65,536 matrices of order 16 (not documented by NVIDIA); a refused batch is halved anyway.
+DEVICE_BATCH_MATRICES = 32_768
 
 #: dsyevd's workspace, 1 + 6m + 2m², must fit LAPACK's 32-bit integers.
 _MAX_ORDER = 32_000
@@ -136,17 +140,21 @@ def _blocks(A: torch.Tensor, orders: np.ndarray) -> torch.Tensor:
 
 def _symmetric(A: torch.Tensor) -> torch.Tensor:
     """The symmetric matrices whose lower triangle is A's (what every implementation reads)."""
-    low = torch.tril(A)
-    return low + torch.tril(A, -1).transpose(1, 2)
+    S = torch.tril(A)
+    S += torch.tril(A, -1).transpose(1, 2)
+    return S
 
 
 def _per_call(m: int) -> int:
-    return max(1, DEVICE_BATCH_VALUES // max(1, m * m))
+    """Matrices per call of a device routine: :data:`DEVICE_BATCH_VALUES` values, at most
+    :data:`DEVICE_BATCH_MATRICES` matrices."""
+    return max(1, min(DEVICE_BATCH_MATRICES, DEVICE_BATCH_VALUES // max(1, m * m)))
 
 
 # ------------------------------------------------------------------------------- cuSOLVER via ctypes
 # cusolverStatus_t fn(...): every handle, parameter object, stream and array is a pointer; the enums
-# (cusolverEigMode_t, cublasFillMode_t, cudaDataType) are C ints; n, lda, batchSize are int64_t.
+# (cusolverEigMode_t, cublasFillMode_t, cudaDataType) are C ints; n, lda, batchSize are int64_t
+# (cusolverDn.h; tests/test_symmetric.py compares these with the header torch's CUDA wheel ships).
 _P, _I, _I64, _SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
 _SIGNATURES = {
     "cusolverDnCreate": [ctypes.POINTER(_P)],
@@ -163,7 +171,15 @@ _SIGNATURES = {
 _EIG_MODE_VECTOR = 1            # CUSOLVER_EIG_MODE_VECTOR
 _FILL_MODE_UPPER = 1            # CUBLAS_FILL_MODE_UPPER: Fortran's upper triangle is a C array's lower one
 _CUDA_DTYPES = {torch.float32: 0, torch.float64: 1}   # CUDA_R_32F, CUDA_R_64F
+#: cusolverStatus_t (cusolver_common.h): named in errors, so that hcrfast.algorithm's out-of-memory
+#: handling (which halves the chunk) knows ALLOC_FAILED.
+_STATUS = {1: "NOT_INITIALIZED", 2: "ALLOC_FAILED", 3: "INVALID_VALUE", 4: "ARCH_MISMATCH", 5: "MAPPING_ERROR",
+           6: "EXECUTION_FAILED", 7: "INTERNAL_ERROR", 8: "MATRIX_TYPE_NOT_SUPPORTED", 9: "NOT_SUPPORTED",
+           31: "INVALID_WORKSPACE"}
+_INVALID_VALUE = 3
 _CUSOLVER_LOCK = threading.Lock()   # a cuSOLVER handle is not to be used by two threads at once
+#: The soname of cuSOLVER in torch's CUDA wheels, by CUDA major version.
+_SONAMES = {"12": "libcusolver.so.11", "13": "libcusolver.so.12"}
 
 
 def _bind(lib, name: str):
@@ -174,32 +190,49 @@ def _bind(lib, name: str):
 
 def _status(name: str, status: int) -> None:
     if status:
-        raise RuntimeError(f"cuSOLVER's {name} returned status {status} (cusolverStatus_t; 0 is success)")
+        raise RuntimeError(f"cuSOLVER's {name} returned CUSOLVER_STATUS_{_STATUS.get(status, 'UNKNOWN')} "
+                           f"({status})")
+
+
+def _mapped_cusolvers() -> list[str]:
+    """Paths of the cuSOLVER libraries mapped into this process (/proc/self/maps; [] elsewhere)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) == 6:
+                    path = fields[5].removesuffix(" (deleted)")
+                    if "/libcusolver.so" in path and path not in found:
+                        found.append(path)
+    except OSError:  # not on Linux
+        pass
+    return found
 
 
 @functools.cache
 def _cusolver_library():
-    """cuSOLVER as torch loaded it (a 1 × 1 decomposition on CUDA loads torch's CUDA linear algebra,
-    which links it), opened by its path in this process's memory map; else by name."""
+    """The cuSOLVER torch loaded (a 1 × 1 decomposition on CUDA makes sure its CUDA linear algebra is
+    loaded), opened by its path in this process's memory map, the one of torch's CUDA version first;
+    else by name. The first one that has cusolverDnXsyevBatched."""
     torch.linalg.eigvalsh(torch.ones((1, 1), dtype=torch.float64, device="cuda"))
-    paths = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libcusolver.so" in line})
-    except OSError:  # not on Linux
-        pass
-    names = paths + ["libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"]
-    for name in names:
+    own = _SONAMES.get(str(torch.version.cuda or "").split(".")[0], "")
+    paths = sorted(_mapped_cusolvers(), key=lambda path: not (own and path.endswith("/" + own)))
+    names = paths + [own, "libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"]
+    lacking = []
+    for name in dict.fromkeys(n for n in names if n):
         try:
             lib = ctypes.CDLL(name)
         except OSError:
             continue
-        if not hasattr(lib, "cusolverDnXsyevBatched"):
-            raise RuntimeError(f"the cuSOLVER this process loaded ({name}) has no cusolverDnXsyevBatched "
-                               f"(cuSOLVER 11.7.1, CUDA 12.6.2 or newer has it): use impl='lapack' or 'torch'")
-        return lib
-    raise RuntimeError(f"impl='cusolver' found no cuSOLVER library (looked for {', '.join(names)}): install "
-                       f"torch's CUDA build or use impl='lapack' or 'torch'")
+        if hasattr(lib, "cusolverDnXsyevBatched"):
+            return lib
+        lacking.append(name)
+    if lacking:
+        raise RuntimeError(f"the cuSOLVER this process loaded ({', '.join(lacking)}) has no cusolverDnXsyevBatched "
+                           f"(cuSOLVER 11.7.1, CUDA 12.6.2 or newer has it): use impl='lapack' or 'torch'")
+    raise RuntimeError(f"impl='cusolver' found no cuSOLVER library (looked for {', '.join(dict.fromkeys(names))}): "
+                       f"install torch's CUDA build or use impl='lapack' or 'torch'")
 
 
 @functools.cache
@@ -226,7 +259,14 @@ def _host_workspace(handle, size: int) -> np.ndarray:
     return bufs[-1]
 
 
-def _syev_batched(lib, handle, params, stream, A: torch.Tensor):
+def _workspace_budget(device: torch.device) -> int | None:
+    """Bytes a call's device workspace may take: half the free memory (None off CUDA: no limit)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0] // 2
+
+
+def _syev_batched(lib, handle, params, stream, A: torch.Tensor, budget: int | None = None):
     """``(w, V)`` of the symmetric matrices whose lower triangles are A's (g, m, m), by
     ``cusolverDnXsyevBatched`` through ``lib`` on ``stream``, and its ``info`` (g,) on A's device.
 
@@ -234,29 +274,37 @@ def _syev_batched(lib, handle, params, stream, A: torch.Tensor):
     transpose, the same symmetric matrix, so UPLO "upper" reads the C array's lower triangle, and the
     eigenvectors come back as Fortran columns, which are the C array's rows. The device workspace
     comes from torch's allocator on A's device (the call is queued on ``stream``, torch's current).
+    A call takes :func:`_per_call` matrices at most, fewer (halved) while the workspace it asks for is
+    over ``budget`` bytes or the size query refuses the batch (INVALID_VALUE).
     """
     g, m = A.shape[0], A.shape[1]
     V = A.detach().clone(memory_format=torch.contiguous_format)   # overwritten by the eigenvectors
-    w = torch.empty((g, m), dtype=A.dtype, device=A.device)
+    w = torch.zeros((g, m), dtype=A.dtype, device=A.device)
     info = torch.zeros(g, dtype=torch.int32, device=A.device)
+    if g == 0 or m == 0:
+        return w, V.transpose(1, 2), info
     dtype = _CUDA_DTYPES[A.dtype]
     _status("cusolverDnSetStream", _bind(lib, "cusolverDnSetStream")(handle, stream))
     size = _bind(lib, "cusolverDnXsyevBatched_bufferSize")
     run = _bind(lib, "cusolverDnXsyevBatched")
-    call = _per_call(m)
-    for lo in range(0, g, call):
+    lo, call = 0, _per_call(m)
+    while lo < g:
         b = min(call, g - lo)
         a_ptr, w_ptr = V[lo].data_ptr(), w[lo].data_ptr()
         on_device, on_host = _SZ(0), _SZ(0)
-        _status("cusolverDnXsyevBatched_bufferSize",
-                size(handle, params, _EIG_MODE_VECTOR, _FILL_MODE_UPPER, m, dtype, a_ptr, m, dtype, w_ptr, dtype,
-                     ctypes.byref(on_device), ctypes.byref(on_host), b))
+        status = size(handle, params, _EIG_MODE_VECTOR, _FILL_MODE_UPPER, m, dtype, a_ptr, m, dtype, w_ptr, dtype,
+                      ctypes.byref(on_device), ctypes.byref(on_host), b)
+        if b > 1 and (status == _INVALID_VALUE or (not status and budget is not None and on_device.value > budget)):
+            call = b // 2
+            continue
+        _status("cusolverDnXsyevBatched_bufferSize", status)
         device_work = torch.empty(max(1, on_device.value), dtype=torch.uint8, device=A.device)
         host_work = _host_workspace(handle, on_host.value)
         _status("cusolverDnXsyevBatched",
                 run(handle, params, _EIG_MODE_VECTOR, _FILL_MODE_UPPER, m, dtype, a_ptr, m, dtype, w_ptr, dtype,
                     device_work.data_ptr(), on_device.value, host_work.ctypes.data, on_host.value,
                     info[lo].data_ptr(), b))
+        lo += b
     return w, V.transpose(1, 2), info
 
 
@@ -264,43 +312,71 @@ def _cusolver_eigh(A: torch.Tensor):
     index = A.device.index if A.device.index is not None else torch.cuda.current_device()
     handle, params = _cusolver_handle(index)
     with _CUSOLVER_LOCK, torch.cuda.device(index):
-        return _syev_batched(_cusolver_library(), handle, params, torch.cuda.current_stream(index).cuda_stream, A)
+        return _syev_batched(_cusolver_library(), handle, params, torch.cuda.current_stream(index).cuda_stream, A,
+                             budget=_workspace_budget(A.device))
 
 
 def _cupy_eigh(A: torch.Tensor):
-    """``cupy.linalg.eigh`` of the batch (CuPy runs cuSOLVER's ``syevjBatched``), on torch's stream, sorted."""
+    """``cupy.linalg.eigh`` (CuPy runs cuSOLVER's ``syevjBatched``, with 32-bit sizes) on torch's stream,
+    :func:`_per_call` matrices a call, the eigenpairs sorted ascending."""
     from hcrfast.bindings import array_module_for, from_torch, solver_stream, to_torch
 
     xp = array_module_for(A.device)
+    g, m = A.shape[0], A.shape[1]
+    w = torch.empty((g, m), dtype=A.dtype, device=A.device)
+    V = torch.empty((g, m, m), dtype=A.dtype, device=A.device)
     with solver_stream(A.device):
-        w, V = xp.linalg.eigh(from_torch(A), UPLO="L")
-        w, V = to_torch(w).clone(), to_torch(V).clone()   # out of CuPy's arrays: torch owns the results
-    order = torch.argsort(w, dim=1)
-    return w.gather(1, order), V.gather(2, order[:, None, :].expand_as(V)), None
+        for lo in range(0, g, _per_call(m)):
+            hi = min(g, lo + _per_call(m))
+            wc, Vc = xp.linalg.eigh(from_torch(A[lo:hi]), UPLO="L")
+            wc, Vc = to_torch(wc), to_torch(Vc)
+            order = torch.argsort(wc, dim=1)
+            w[lo:hi] = wc.gather(1, order)
+            V[lo:hi] = Vc.gather(2, order[:, None, :].expand_as(Vc))
+    return w, V, None
 
 
-def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, orders: np.ndarray, impl: str):
-    """``(w, V)`` with every matrix whose decomposition fails the check (:data:`CHECK_TOL`; or whose
-    ``info`` is not 0) decomposed again by "lapack" on the host: one host read for the whole batch."""
+def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, impl: str):
+    """``(w, V)`` with every matrix whose decomposition fails the check (:data:`CHECK_TOL`; eigenvalues
+    not ascending; or an ``info`` that is not 0) decomposed again by "lapack" on the host: one host read
+    for the whole batch. Each matrix is scaled by its largest entry first (so that no norm overflows),
+    and the products run in IEEE float32 or float64 whatever torch's TF32 settings say. A matrix with
+    NaN or inf in its lower triangle is refused by name, as "lapack" refuses it."""
+    from hcrfast.bindings import ieee_float32
+
     g, m = S.shape[0], S.shape[1]
     if g == 0:
         return w, V
     tol = CHECK_TOL * m * float(torch.finfo(S.dtype).eps)
     ok = torch.empty(g, dtype=torch.bool, device=S.device)
+    finite = torch.empty(g, dtype=torch.bool, device=S.device)
     eye = torch.eye(m, dtype=S.dtype, device=S.device)
-    for lo in range(0, g, _per_call(m)):
-        sl = slice(lo, lo + _per_call(m))
-        Sb, wb, Vb = S[sl], w[sl], V[sl]
-        res = torch.linalg.vector_norm(torch.baddbmm(Vb * wb[:, None, :], Sb, Vb, beta=-1), dim=(1, 2))
-        orth = torch.linalg.vector_norm(Vb.transpose(1, 2) @ Vb - eye, dim=(1, 2))
-        ok[sl] = (res <= tol * torch.linalg.vector_norm(Sb, dim=(1, 2))) & (orth <= tol) & torch.isfinite(wb).all(1)
+    with ieee_float32():
+        for lo in range(0, g, _per_call(m)):
+            sl = slice(lo, lo + _per_call(m))
+            Sb, wb, Vb = S[sl], w[sl], V[sl]
+            finite[sl] = torch.isfinite(Sb).flatten(1).all(dim=1)
+            scale = Sb.abs().flatten(1).amax(dim=1).clamp_min(torch.finfo(S.dtype).tiny)
+            Sb, wb = Sb / scale[:, None, None], wb / scale[:, None]
+            res = torch.linalg.vector_norm(torch.baddbmm(Vb * wb[:, None, :], Sb, Vb, beta=-1), dim=(1, 2))
+            orth = torch.linalg.vector_norm(Vb.transpose(1, 2) @ Vb - eye, dim=(1, 2))
+            ascending = (wb[:, 1:] >= wb[:, :-1]).all(dim=1)
+            ok[sl] = ((res <= tol * torch.linalg.vector_norm(Sb, dim=(1, 2))) & (orth <= tol)
+                      & torch.isfinite(wb).all(dim=1) & ascending)
     if info is not None:
         ok &= info == 0
-    bad = np.flatnonzero(~ok.cpu().numpy())
+    flags = torch.stack([ok, finite]).cpu().numpy()
+    if not flags[1].all():
+        bad = int(np.flatnonzero(~flags[1])[0])
+        raise ValueError(f"matrix {bad} (order {m} with the outside of its block zeroed) holds NaN or inf in its "
+                         f"lower triangle: its entries must be finite (a Gram matrix JJᵀ of entries near 1e154 or "
+                         f"more overflows float64)")
+    bad = np.flatnonzero(~flags[0])
     if bad.size:
         warnings.warn(f"eigh_batch(impl={impl!r}): {bad.size} of {g} decompositions failed the check "
-                      f"(residual or orthogonality above {CHECK_TOL:g}·m·eps, or a nonzero info; the first: matrix "
-                      f"{int(bad[0])}) and were redone by LAPACK on the host", RuntimeWarning, stacklevel=3)
+                      f"(residual or orthogonality above {CHECK_TOL:g}·m·eps, eigenvalues out of order, or a "
+                      f"nonzero info; the first: matrix {int(bad[0])}) and were redone by LAPACK on the host",
+                      RuntimeWarning, stacklevel=4)
         idx = torch.as_tensor(bad, device=S.device)
         w_h, Z = _lapack_host(S.index_select(0, idx).double().cpu().numpy(), np.full(bad.size, m))
         w, V = w.clone(), V.clone()
@@ -378,4 +454,4 @@ def _device_eigh(A: torch.Tensor, orders: np.ndarray, impl: str, differentiable:
                          f"or use impl='lapack' (the host's LAPACK) or 'torch'")
     S = _symmetric(_blocks(A.detach(), orders))
     w, V, info = (_cusolver_eigh if impl == "cusolver" else _cupy_eigh)(S)
-    return _checked(S, w, V, info, orders, impl)
+    return _checked(S, w, V, info, impl)

@@ -342,3 +342,29 @@ def test_gram_eigendecompositions_on_the_cupy_path(emulated, monkeypatch):
         block[:n, :n] = A[a, :n, :n]
         np.testing.assert_allclose(w[a], np.linalg.eigvalsh(block), atol=1e-12 * np.abs(A).max())
         np.testing.assert_allclose(V[a] @ np.diag(w[a]) @ V[a].T, block, atol=1e-11 * np.abs(A).max())
+
+
+def test_a_failed_device_eigendecomposition_is_redone_on_the_host_and_said_where_it_was_asked(emulated, monkeypatch):
+    """syevjBatched's known failure (the diagonal as eigenvalues, the identity as eigenvectors) on one
+    matrix of a batch: the check catches it, LAPACK redoes that matrix, and the warning points at the
+    caller of eigh_batch (this file), not at hcrfast's internals."""
+    from hcrfast.kernels import symmetric
+
+    rng = np.random.default_rng(9)
+    J = rng.standard_normal((3, 7, 12))
+    A = J @ J.transpose(0, 2, 1)
+    real = emulated.module.linalg.eigh
+
+    def fails_on_matrix_1(a, **kw):
+        w, V = real(a, **kw)
+        w[1] = emulated.module.sort(emulated.module.diagonal(a[1]))
+        V[1] = emulated.module.eye(7)
+        return w, V
+
+    monkeypatch.setattr(emulated.module.linalg, "eigh", fails_on_matrix_1)
+    with pytest.warns(RuntimeWarning, match=r"1 of 3 decompositions failed the check .* matrix 1") as caught:
+        w, V = symmetric.eigh_batch(torch.as_tensor(A), impl="cupy")
+    assert caught[0].filename == __file__
+    for a in range(3):
+        np.testing.assert_allclose(w[a].numpy(), np.linalg.eigvalsh(A[a]), rtol=1e-12)
+        np.testing.assert_allclose(A[a] @ V[a].numpy(), V[a].numpy() * w[a].numpy(), atol=1e-12 * np.abs(A).max())

@@ -207,13 +207,22 @@ class FakeCusolver:
     columns, the eigenvalues ascending in ``W[j + n·k]``, ``info[k]`` per matrix (here 1 where the
     triangle read holds NaN). The workspaces it asks for are written through, end to end."""
 
-    def __init__(self):
-        self.calls, self.streams = [], []
-        sig = symmetric._SIGNATURES
+    # The prototypes as cusolverDn.h declares them, spelled out here (not taken from the module under test).
+    P, I, I64, SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
+    PROTOTYPES = {
+        "cusolverDnSetStream": [P, P],
+        "cusolverDnXsyevBatched_bufferSize": [P, P, I, I, I64, I, P, I64, I, P, I, ctypes.POINTER(SZ),
+                                              ctypes.POINTER(SZ), I64],
+        "cusolverDnXsyevBatched": [P, P, I, I, I64, I, P, I64, I, P, I, P, SZ, P, SZ, P, I64],
+    }
+
+    def __init__(self, refuse_above=None):
+        self.calls, self.streams, self.queries = [], [], []
+        self.refuse_above = refuse_above        # a size query for more matrices returns INVALID_VALUE
         for name, fn in [("cusolverDnSetStream", self._set_stream),
                          ("cusolverDnXsyevBatched_bufferSize", self._buffer_size),
                          ("cusolverDnXsyevBatched", self._syev_batched)]:
-            setattr(self, name, ctypes.CFUNCTYPE(ctypes.c_int, *sig[name])(fn))
+            setattr(self, name, ctypes.CFUNCTYPE(ctypes.c_int, *self.PROTOTYPES[name])(fn))
 
     def _set_stream(self, handle, stream):
         self.streams.append((handle, stream))
@@ -224,6 +233,9 @@ class FakeCusolver:
         return 8 * n * batch + 40, 3 * n + 1
 
     def _buffer_size(self, handle, params, jobz, uplo, n, dta, A, lda, dtw, W, ct, dev, host, batch):
+        self.queries.append(batch)
+        if self.refuse_above is not None and batch > self.refuse_above:
+            return 3                                # CUSOLVER_STATUS_INVALID_VALUE
         dev[0], host[0] = self._sizes(n, batch)
         return 0
 
@@ -291,7 +303,7 @@ def test_failed_device_decompositions_are_redone_on_the_host():
     info = torch.tensor([0, 0, 0, 5, 0, 0], dtype=torch.int32)
     kept = V[5].clone()
     with pytest.warns(RuntimeWarning, match=r"4 of 6 decompositions failed the check .* the first: matrix 1"):
-        w2, V2 = symmetric._checked(A, w, V, info, np.full(6, 9), "cupy")
+        w2, V2 = symmetric._checked(A, w, V, info, "cupy")
     for k in range(6):
         want = np.linalg.eigvalsh(A[k].numpy())
         np.testing.assert_allclose(w2[k].numpy(), want, atol=1e-12 * want.max())
@@ -300,4 +312,105 @@ def test_failed_device_decompositions_are_redone_on_the_host():
     assert torch.equal(V2[5], kept)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        symmetric._checked(A, w2, V2, None, np.full(6, 9), "cupy")          # all good: no warning
+        symmetric._checked(A, w2, V2, None, "cupy")                        # all good: no warning
+
+
+def test_cusolver_batches_are_halved_where_the_size_query_refuses_them_or_the_workspace_is_over_budget():
+    """A batch the size query refuses (INVALID_VALUE) or whose device workspace is over the budget is
+    asked again at half the matrices; every matrix is still decomposed, once."""
+    A = torch.as_tensor(grams(13, g=7, m=6))
+    want = np.linalg.eigvalsh(A.numpy())
+    fake = FakeCusolver(refuse_above=3)
+    w, _, info = symmetric._syev_batched(fake, 1, 2, 0, A)
+    assert fake.queries == [7, 3, 3, 1] and [c["batch"] for c in fake.calls] == [3, 3, 1]
+    np.testing.assert_allclose(w.numpy(), want, rtol=1e-12)
+    fake = FakeCusolver()
+    budget = FakeCusolver._sizes(6, 3)[0]                   # the workspace of 3 matrices
+    w, _, _ = symmetric._syev_batched(fake, 1, 2, 0, A, budget=budget)
+    assert fake.queries == [7, 3, 3, 1] and [c["batch"] for c in fake.calls] == [3, 3, 1]
+    np.testing.assert_allclose(w.numpy(), want, rtol=1e-12)
+    w, V, info = symmetric._syev_batched(FakeCusolver(), 1, 2, 0, A[:0])    # nothing to do: no call
+    assert w.shape == (0, 6) and V.shape == (0, 6, 6) and info.shape == (0,)
+
+
+def test_cusolver_status_is_named_and_alloc_failed_counts_as_out_of_memory():
+    from hcrfast.algorithm import _is_oom
+
+    with pytest.raises(RuntimeError, match=r"cusolverDnXsyevBatched returned CUSOLVER_STATUS_ALLOC_FAILED \(2\)") as e:
+        symmetric._status("cusolverDnXsyevBatched", 2)
+    assert _is_oom(e.value)                                 # bound() halves the chunk and goes on
+    with pytest.raises(RuntimeError, match=r"CUSOLVER_STATUS_INVALID_VALUE \(3\)") as e:
+        symmetric._status("cusolverDnXsyevBatched_bufferSize", 3)
+    assert not _is_oom(e.value)
+
+
+def test_signatures_match_the_cusolver_header_torchs_wheel_ships():
+    """_SIGNATURES against cusolverDn.h as torch's CUDA wheel installs it (nvidia-cusolver), read here,
+    and the library beside it exports each function (skipped where the wheel's files are absent)."""
+    import glob
+    import os
+    import re
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    headers = sorted(glob.glob(os.path.join(site, "nvidia", "*", "include", "cusolverDn.h"))
+                     + glob.glob(os.path.join(site, "nvidia", "cusolver", "include", "cusolverDn.h")))
+    if not headers:
+        pytest.skip("no cusolverDn.h from torch's CUDA wheel here")
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(headers[0]).read(), flags=re.S)
+    scalar = {"int64_t": ctypes.c_int64, "size_t": ctypes.c_size_t, "cusolverEigMode_t": ctypes.c_int,
+              "cublasFillMode_t": ctypes.c_int, "cudaDataType": ctypes.c_int, "cusolverDnHandle_t": ctypes.c_void_p,
+              "cusolverDnParams_t": ctypes.c_void_p, "cudaStream_t": ctypes.c_void_p}
+
+    def ctype(decl):
+        words = decl.replace("*", " * ").split()
+        words = [w for w in words if w != "const"]
+        stars = words.count("*")
+        base = words[0]
+        if stars == 0:
+            return scalar[base]
+        if stars == 1 and base in ("size_t", "cusolverDnHandle_t", "cusolverDnParams_t"):
+            return ("pointer to", scalar[base])
+        return ctypes.c_void_p                             # void*, const void*, int*
+
+    def ours(t):
+        return ("pointer to", t._type_) if isinstance(t, type) and issubclass(t, ctypes._Pointer) else t
+
+    for name, sig in symmetric._SIGNATURES.items():
+        m = re.search(r"\b%s\s*\(([^)]*)\)\s*;" % re.escape(name), text)
+        assert m, name
+        declared = [ctype(a) for a in m.group(1).split(",")]
+        assert declared == [ours(t) for t in sig], name
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(headers[0])), "lib", "libcusolver.so.*")))
+    if libs:
+        lib = ctypes.CDLL(libs[0])
+        assert all(hasattr(lib, name) for name in symmetric._SIGNATURES)
+
+
+def test_the_check_refuses_wrong_answers_at_any_scale_and_names_a_non_finite_matrix():
+    """Scaled by each matrix's largest entry, the check's norms do not overflow: the diagonal-and-identity
+    answer is refused for matrices near float64's and float32's limits, and kept right ones pass. A NaN in
+    a lower triangle is refused with that matrix's index in the whole batch."""
+    for dtype, big in ((torch.float64, 1e153), (torch.float32, 1e18)):
+        A = torch.as_tensor(grams(14, g=3, m=8) / 50, dtype=torch.float64) * big
+        w, V = torch.linalg.eigh(A)
+        w, V = w.to(dtype), V.to(dtype)
+        A = A.to(dtype)
+        wrong_w, wrong_V = w.clone(), V.clone()
+        wrong_w[2], wrong_V[2] = torch.diagonal(A[2]).sort().values, torch.eye(8, dtype=dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            symmetric._checked(A, w, V, None, "cusolver")                   # right: kept, no warning
+        with pytest.warns(RuntimeWarning, match=r"1 of 3 decompositions failed the check .* matrix 2"):
+            symmetric._checked(A, wrong_w, wrong_V, None, "cusolver")
+    A = torch.as_tensor(grams(15, g=5, m=6))
+    w, V = torch.linalg.eigh(A)
+    kept = float(A[3, 4, 1])
+    A[3, 4, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"matrix 3 \(order 6 .*\) holds NaN or inf in its lower triangle"):
+        symmetric._checked(A, w, V, None, "cupy")
+    A[3, 4, 1] = kept
+    w2 = w.clone()
+    w2[1] = w2[1].flip(0)                                   # eigenpairs out of order: redone
+    with pytest.warns(RuntimeWarning, match=r"1 of 5 .* the first: matrix 1"):
+        w3, _ = symmetric._checked(A, w2, V, None, "cupy")
+    np.testing.assert_allclose(w3[1].numpy(), np.linalg.eigvalsh(A[1].numpy()), rtol=1e-12)
