@@ -419,3 +419,25 @@ def test_a_device_fault_while_building_j_is_raised_as_it_is(monkeypatch, fault):
     monkeypatch.setattr(dense, "_fill_jacobian", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("vmap: boom")))
     with pytest.raises(ValueError, match="solver='lsqr'"):   # what torch.func refuses still gets the advice
         dense.jacobian(Checkpointed().inner, x)
+
+
+def test_dense_chunks_on_cuda_leave_room_for_the_device_eigendecomposition(monkeypatch):
+    """On CUDA a chunk of the dense solve holds J's copies, the Gram matrix, the pseudo-inverse and the
+    restarts' vectors, plus ~6 arrays of order min(n, p) for a device eigendecomposition (its symmetrized
+    copy, eigenvectors, the core (Gram)⁺): with half the free memory, MNIST's geometry fits 349 examples
+    in 40 GiB (the CPU's budget, a fixed count of values, is unchanged)."""
+    from types import SimpleNamespace
+
+    from hcrfast import algorithm
+
+    free = 40 * 2**30
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(algorithm, "release_device_memory", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free, 80 * 2**30))
+    n = p = 784
+    R = 25
+    per_example = 5 * n * p + n * n + 8 * R * (n + p) + 6 * n * n
+    got = algorithm._dense_chunk(SimpleNamespace(device=torch.device("cuda")), R, n, p)
+    assert got == (free // 2) // (8 * per_example) == 349
+    cpu = algorithm._dense_chunk(torch.zeros(1), R, n, p)
+    assert cpu == algorithm._DENSE_ELEMENTS // (5 * n * p + n * n + 8 * R * (n + p)) == 16
