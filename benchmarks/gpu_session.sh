@@ -26,7 +26,8 @@
 #             "auto" kernels)
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
 #             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER batched on the
-#             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched),
+#             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched), the basis' B_k'B_k
+#             decomposed on the device (--eig-impl cusolver) instead of the host,
 #             JVP by double VJP vs forward mode, LSQR, "auto" Gram-Schmidt vs two passes every step, the
 #             solver's arrays in torch's caching allocator (the default) vs CuPy's own pool; by MODES:
 #             compaction on vs off, Numba vs twin kernels, TF32, cold starts
@@ -309,9 +310,9 @@ EOF
         ;;
     modes)
         ensure_installed
-        # Nine by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
+        # Ten by default, MODE_TIMEOUT_S (75) s each; those the call has no time left for are skipped, in
         # this order. Others: MODES="--compact-below 0|--kernels twin|--kernels numba|--tf32|--cold-start"
-        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver dense|--solver dense --dense-eigh cusolver|--solver dense --dense-eigh torch|--solver dense --dense-eigh cupy|--jacobian forward|--solver lsqr|--reorth-passes 2|--cupy-allocator cupy}"
+        IFS='|' read -r -a modes <<< "${MODES:---jacobian reverse|--solver dense|--solver dense --dense-eigh cusolver|--eig-impl cusolver|--solver dense --dense-eigh torch|--solver dense --dense-eigh cupy|--jacobian forward|--solver lsqr|--reorth-passes 2|--cupy-allocator cupy}"
         for flags in "${modes[@]}"; do
             say "gpu_targets mnist --examples 1000 $flags"
             # shellcheck disable=SC2086  # $flags is several words on purpose

@@ -92,6 +92,8 @@ def target_line(r: dict) -> str:
              if r.get(k, default) not in (default, None)]
     if r.get("solver") == "dense" and r.get("dense_eigh_impl"):
         opts.append(f"eigh={r['dense_eigh_impl']}")
+    if r.get("solver") == "krylov" and r.get("krylov_eig_impl") not in (None, "auto"):
+        opts.append(f"eig={r['krylov_eig_impl']}")
     if r.get("krylov_reorth_passes") not in (None, 1) and r.get("solver") == "krylov":
         opts.append(f"reorth={r['krylov_reorth_passes']}")
     if r.get("lsqr", {}).get("compact_below") == 0:

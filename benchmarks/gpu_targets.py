@@ -484,10 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     add_reorth_option(ap)
-    ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba", "lapack"),
+    ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba", "lapack", "cusolver", "cupy"),
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
                          "twin: SciPy one by one; lapack (auto): LAPACK through ctypes without the GIL, a thread per "
-                         "core; numba: the same from a Numba loop)")
+                         "core; numba: the same from a Numba loop; cusolver, cupy: written out dense and decomposed "
+                         "on the device by cusolverDnXsyevBatched or CuPy's syevjBatched)")
     ap.add_argument("--dense-eigh", default="auto", choices=("auto", "torch", "lapack", "cusolver", "cupy"),
                     help="with the dense solve: how the Gram matrices' eigendecompositions run (hcrfast.dense.EIGH_IMPL; "
                          "torch: torch.linalg.eigh where J is (cuSOLVER one matrix at a time on CUDA), lapack: "

@@ -91,7 +91,9 @@ _FIRST_CAPACITY = 64
 
 #: How the eigendecompositions of B_kᵀB_k run: "auto" = "lapack" (LAPACK called through ctypes without the
 #: GIL, a thread per core), "numba" (the same from a Numba loop, compiled once per process) or "twin" (SciPy
-#: one by one; see hcrfast.kernels.tridiagonal).
+#: one by one; see hcrfast.kernels.tridiagonal); on CUDA also "cusolver" or "cupy" (written out dense and
+#: decomposed by a batched cuSOLVER routine on the device: :func:`hcrfast.kernels.tridiagonal.eigh_tridiagonal_device`;
+#: not yet run on a GPU).
 EIG_IMPL = "auto"
 
 
@@ -293,22 +295,29 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
             V.masked_fill_((steps[:, :K] >= kt)[..., None], 0)
             alfa.masked_fill_(steps > kt, 0)
             beta.masked_fill_(steps > kt, 0)
-    ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
     noise = RITZ_NOISE * math.sqrt(max(U.shape[-1], V.shape[-1])) * float(np.finfo(np.float64).eps)
     # B_kᵀB_k, tridiagonal: (B_kᵀB_k)_jj = α_{j+1}² + β_{j+2}², (B_kᵀB_k)_{j,j+1} = α_{j+2} β_{j+2}.
     # Squaring costs no accuracy that matters here: singular values down to a float32 basis' rtol
     # (≥ 1.2e-7 of the largest) keep their digits, and on float64 ones down to 1e-9 of the largest
     # (condition 1e9: all kept, the solves pinv's; tests/test_krylov.py).
-    diag = ah[:, :K] ** 2 + bh[:, 1:K + 1] ** 2
-    off = ah[:, 1:K + 1] * bh[:, 1:K + 1]
-    lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
-    r = int(ranks.max()) if g else 0
-    if r < K:
-        Yt = np.ascontiguousarray(Yt[:, :r])   # eigenvectors as rows: (g, r, K)
+    if EIG_IMPL in tridiagonal.DEVICE_IMPLS:   # on the device: only the eigenvalues come to the host
+        diag = alfa[:, :K] ** 2 + beta[:, 1:K + 1] ** 2
+        off = alfa[:, 1:K + 1] * beta[:, 1:K + 1]
+        lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
+        r = Y.shape[1]
+    else:
+        ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
+        diag = ah[:, :K] ** 2 + bh[:, 1:K + 1] ** 2
+        off = ah[:, 1:K + 1] * bh[:, 1:K + 1]
+        lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
+        r = int(ranks.max()) if g else 0
+        if r < K:
+            Yt = np.ascontiguousarray(Yt[:, :r])   # eigenvectors as rows: (g, r, K)
+        Y = torch.as_tensor(Yt, device=dev)
     kept = np.arange(r)[None, :] < ranks[:, None]
     fh = np.divide(1.0, lam[:, :r] + damp * damp, out=np.zeros((g, r)), where=kept)
     group = _Group(members=members, ks=ks, ranks=ranks, U=U, V=V, alfa=alfa, beta=beta,
-                   Y=torch.as_tensor(Yt, device=dev).transpose(1, 2), filt=torch.as_tensor(fh, device=dev))
+                   Y=Y.transpose(1, 2), filt=torch.as_tensor(fh, device=dev))
     return group, [np.sqrt(lam[i, :k]) for i, k in enumerate(ks)]
 
 

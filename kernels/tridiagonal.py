@@ -21,6 +21,11 @@ eigenpairs): ~3 ms at k = 390 on one core. A GPU slice of the MNIST target holds
   process, which every Krylov run paid).
 
 All return the same values (the same LAPACK routine on the same data; tests compare them).
+
+:func:`eigh_tridiagonal_device` is the same contract on the GPU (``impl`` "cusolver" or "cupy"): the
+matrices are written out dense on the device and decomposed by a batched cuSOLVER routine
+(:func:`hcrfast.kernels.symmetric.eigh_batch`, whose results are checked there); the eigenvectors stay
+on the device, and only the eigenvalues come to the host. Not yet run on a GPU.
 """
 from __future__ import annotations
 
@@ -32,9 +37,12 @@ from hcrfast.backend import available_memory
 
 from . import _lapack
 
-__all__ = ["IMPLS", "eigh_tridiagonal_batch"]
+__all__ = ["DEVICE_IMPLS", "IMPLS", "eigh_tridiagonal_batch", "eigh_tridiagonal_device"]
 
 IMPLS = ("auto", "twin", "numba", "lapack")
+
+#: :func:`eigh_tridiagonal_device`'s implementations (:data:`hcrfast.kernels.symmetric.DEVICE_IMPLS`).
+DEVICE_IMPLS = ("cusolver", "cupy")
 
 def _postprocess(lam_desc: np.ndarray, k: int, rtol: float, noise: float) -> int:
     """Clip a descending spectrum at 0 and count the eigenvalues kept: the rank."""
@@ -203,3 +211,54 @@ def eigh_tridiagonal_batch(diag, off, ks, *, rtol: float, noise: float = 0.0, im
                          f"its entries must be finite")
     run = {"auto": _lapack_threads, "lapack": _lapack_threads, "numba": _numba, "twin": _twin}[impl]
     return run(diag, off, ks, rtol, noise)
+
+
+def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, impl: str = "cusolver"):
+    """:func:`eigh_tridiagonal_batch` on the device: ``diag``, ``off`` (g, K) torch tensors where the
+    bases are (CUDA), ``ks`` (g,) integers. Returns ``(lam, Y, ranks)`` as it does (``lam`` and ``ranks``
+    NumPy arrays on the host, one copy; ``Y`` (g, r, K) on the device, r = max(ranks): the kept
+    eigenvectors as rows, zero past each row's rank and k).
+
+    The tridiagonal matrices are written out dense (g × K × K float64 on the device: 1.5 GB for 1,250
+    bases of K = 390), each matrix its leading ks[a] block, and decomposed by
+    :func:`hcrfast.kernels.symmetric.eigh_batch` with ``impl`` ("cusolver": cusolverDnXsyevBatched;
+    "cupy": syevjBatched), its results checked matrix by matrix (a failed one is redone on the host)."""
+    import torch
+
+    from . import symmetric
+
+    if impl not in DEVICE_IMPLS:
+        raise ValueError(f"impl must be one of {DEVICE_IMPLS}, got {impl!r}")
+    ks = np.asarray(ks, dtype=np.int64)
+    g, K = diag.shape[0], int(ks.max()) if len(ks) else 0
+    if not (isinstance(diag, torch.Tensor) and isinstance(off, torch.Tensor)) or diag.ndim != 2 \
+            or off.shape != diag.shape or ks.shape != (g,) or K > diag.shape[1]:
+        raise ValueError(f"diag and off must be (g, ≥max ks) torch tensors and ks (g,), got "
+                         f"{tuple(getattr(diag, 'shape', ()))}, {tuple(getattr(off, 'shape', ()))}, {ks.shape}")
+    dev = diag.device
+    if K == 0:
+        return np.zeros((g, 0)), torch.zeros((g, 0, 0), dtype=torch.float64, device=dev), np.zeros(g, dtype=np.int64)
+    kt = torch.as_tensor(ks, device=dev)[:, None]
+    cols = torch.arange(K, device=dev)[None, :]
+    d = torch.where(cols < kt, diag[:, :K].to(torch.float64), 0.0)
+    e = torch.where(cols[:, :K - 1] < kt - 1, off[:, :K - 1].to(torch.float64), 0.0)
+    finite = (torch.isfinite(d).all(dim=1) & torch.isfinite(e).all(dim=1)).cpu().numpy()
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
+        raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
+                         f"its entries must be finite")
+    T = torch.diag_embed(d) + torch.diag_embed(e, offset=-1)      # the lower triangle is what is read
+    w, V = symmetric.eigh_batch(T, ks, impl=impl)                  # ascending, the padding's zeros among them
+    lam = w.flip(1).clamp_min(0.0)                                 # descending; the padding's 0 last (≥ 0 all)
+    lam_h = lam.cpu().numpy().copy()
+    ranks = np.zeros(g, dtype=np.int64)
+    for a, k in enumerate(ks):
+        k = int(k)
+        lam_h[a, k:] = 0.0
+        if k:
+            ranks[a] = _postprocess(lam_h[a, :k], k, rtol, noise)
+    r = int(ranks.max()) if g else 0
+    Y = V.flip(2)[:, :, :r].transpose(1, 2)                        # (g, r, K): eigenvectors as rows
+    keep = (torch.arange(r, device=dev)[None, :, None] < torch.as_tensor(ranks, device=dev)[:, None, None]) \
+        & (cols[:, None, :] < kt[:, :, None])
+    return lam_h, torch.where(keep, Y, 0.0).contiguous(), ranks

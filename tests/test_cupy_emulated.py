@@ -368,3 +368,51 @@ def test_a_failed_device_eigendecomposition_is_redone_on_the_host_and_said_where
     for a in range(3):
         np.testing.assert_allclose(w[a].numpy(), np.linalg.eigvalsh(A[a]), rtol=1e-12)
         np.testing.assert_allclose(A[a] @ V[a].numpy(), V[a].numpy() * w[a].numpy(), atol=1e-12 * np.abs(A).max())
+
+
+def test_tridiagonal_eigendecompositions_on_the_device_path(emulated):
+    """kernels.tridiagonal's device path (impl="cupy": the tridiagonal matrices written out dense, one
+    batched eigh; on a GPU syevjBatched) against the host's LAPACK (impl="lapack"): the same descending
+    eigenvalues, ranks, and kept eigenvectors up to sign, zero past each row's rank and k; the
+    eigenvectors stay torch tensors, the eigenvalues come back as NumPy arrays."""
+    from hcrfast.kernels import tridiagonal
+
+    rng = np.random.default_rng(11)
+    g, K = 5, 30
+    diag, off = rng.random((g, K)) + 0.5, rng.random((g, K)) * 0.3
+    off[2, 10] = 0.0                                     # a split matrix
+    diag[3, 20:] = 1e-30                                 # tiny tail: cut by the rank
+    off[3, 19:] = 0.0
+    ks = np.array([30, 1, 17, 30, 0])
+    want_lam, want_Y, want_ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-6, impl="lapack")
+    lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(torch.as_tensor(diag), torch.as_tensor(off), ks,
+                                                        rtol=1e-6, impl="cupy")
+    assert isinstance(lam, np.ndarray) and isinstance(ranks, np.ndarray) and isinstance(Y, torch.Tensor)
+    np.testing.assert_array_equal(ranks, want_ranks)
+    assert ranks[3] == 20 and ranks[4] == 0
+    np.testing.assert_allclose(lam, want_lam, rtol=1e-12, atol=1e-14)
+    r = int(ranks.max())
+    assert Y.shape == (g, r, K)
+    Y = Y.numpy()
+    for a, (k, rank) in enumerate(zip(ks, ranks)):
+        assert not Y[a, rank:].any() and not Y[a, :, k:].any()
+        signs = np.sign((Y[a, :rank] * want_Y[a, :rank]).sum(axis=1))
+        np.testing.assert_allclose(Y[a, :rank] * signs[:, None], want_Y[a, :rank], atol=1e-10)
+
+
+def test_krylov_bounds_with_the_basis_factored_on_the_device(emulated, monkeypatch):
+    """solver="krylov" with krylov.EIG_IMPL = "cupy" (B_kᵀB_k decomposed on the device): the host
+    LAPACK's bounds, with no eigenvector copied from the host."""
+    from hcrfast import krylov
+    from hcrfast.kernels import tridiagonal
+
+    x = batch(4)
+    with emulated.off():
+        want = hcrfast.bound(mlp(), x, 0.05, iterations=3, restarts=3, solver="krylov")
+    monkeypatch.setattr(krylov, "EIG_IMPL", "cupy")
+    host = []
+    monkeypatch.setattr(tridiagonal, "eigh_tridiagonal_batch", lambda *a, **k: host.append(1))
+    got = hcrfast.bound(mlp(), x, 0.05, iterations=3, restarts=3, solver="krylov")
+    assert not host
+    np.testing.assert_allclose(got.to_numpy().std, want.std, rtol=1e-9)
+    assert got.params["krylov"]["rank_min"] == want.params["krylov"]["rank_min"]

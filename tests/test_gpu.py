@@ -177,6 +177,28 @@ def test_krylov_solve_on_gpu_matches_cpu():
             assert np.median(gpu.to_numpy().std) == pytest.approx(np.median(cpu.std), rel=0.02)
 
 
+@pytest.mark.parametrize("eig_impl", ["cusolver", "cupy"])
+def test_krylov_basis_factored_on_the_device_matches_the_host(eig_impl, monkeypatch):
+    """krylov.EIG_IMPL "cusolver"/"cupy": B_kᵀB_k written out dense and decomposed by a batched
+    cuSOLVER routine on the device (no host LAPACK, no eigenvector copied over): the host's ranks and,
+    in float64, its bounds; no decomposition redone on the host."""
+    import warnings
+
+    from hcrfast import krylov
+    from hcrfast.kernels import tridiagonal
+
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    kw = dict(iterations=3, restarts=3, solver="krylov")
+    host = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
+    monkeypatch.setattr(krylov, "EIG_IMPL", eig_impl)
+    monkeypatch.setattr(tridiagonal, "eigh_tridiagonal_batch", lambda *a, **k: pytest.fail("host LAPACK called"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="eigh_batch", category=RuntimeWarning)
+        dev = hcrfast.bound(mlp().cuda(), x.cuda(), 0.05, **kw)
+    assert dev.params["krylov"]["rank_min"] == host.params["krylov"]["rank_min"]
+    np.testing.assert_allclose(dev.to_numpy().std, host.to_numpy().std, rtol=1e-7)
+
+
 def test_krylov_rollback_at_exhaustion_on_gpu_gives_pinv(cupy):
     """The default one-pass Gram–Schmidt with its device-side check: on a rank-100 float64 stack (CuPy
     matrices) the block where the space is exhausted is rerun with two passes, as on the CPU, and

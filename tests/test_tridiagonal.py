@@ -220,3 +220,20 @@ def test_blas_threads_are_restored():
     before = blas()
     tridiagonal.eigh_tridiagonal_batch(*batch(4), rtol=0.0, impl="numba")
     assert blas() == before
+
+
+def test_device_path_refuses_bad_input_by_name():
+    from hcrfast.kernels import tridiagonal
+
+    d, e = torch.ones((2, 4), dtype=torch.float64), torch.zeros((2, 4), dtype=torch.float64)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        tridiagonal.eigh_tridiagonal_device(d, e, [4, 4], rtol=0.0, impl="lapack")
+    with pytest.raises(ValueError, match="impl='cusolver' runs on a CUDA device, and A is on cpu"):
+        tridiagonal.eigh_tridiagonal_device(d, e, [4, 4], rtol=0.0, impl="cusolver")
+    with pytest.raises(ValueError, match=r"\(g, ≥max ks\) torch tensors"):
+        tridiagonal.eigh_tridiagonal_device(d.numpy(), e.numpy(), [4, 4], rtol=0.0)
+    d[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"row 1 \(k = 4\) holds NaN or inf"):
+        tridiagonal.eigh_tridiagonal_device(d, e, [4, 4], rtol=0.0, impl="cupy")
+    lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(d, e, [0, 0], rtol=0.0, impl="cupy")   # nothing to do
+    assert lam.shape == (2, 0) and Y.shape == (2, 0, 0) and not ranks.any()
