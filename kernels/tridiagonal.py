@@ -247,18 +247,32 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
         row = int(np.flatnonzero(~finite)[0])
         raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
                          f"its entries must be finite")
-    T = torch.diag_embed(d) + torch.diag_embed(e, offset=-1)      # the lower triangle is what is read
-    w, V = symmetric.eigh_batch(T, ks, impl=impl)                  # ascending, the padding's zeros among them
-    lam = w.flip(1).clamp_min(0.0)                                 # descending; the padding's 0 last (≥ 0 all)
-    lam_h = lam.cpu().numpy().copy()
+    lam_h = np.zeros((g, K))
     ranks = np.zeros(g, dtype=np.int64)
-    for a, k in enumerate(ks):
-        k = int(k)
-        lam_h[a, k:] = 0.0
-        if k:
-            ranks[a] = _postprocess(lam_h[a, :k], k, rtol, noise)
+    parts = []   # per block of matrices: its kept eigenvectors as rows, (b, r_block, K)
+    # Blocks of symmetric.DEVICE_BATCH_VALUES matrix values: the dense matrices and the decomposition's
+    # own arrays exist for one block at a time (1,250 bases of K = 390 at once would hold ~9 GB of them).
+    for lo in range(0, g, symmetric._per_call(K)):
+        hi = min(g, lo + symmetric._per_call(K))
+        T = torch.diag_embed(d[lo:hi]) + torch.diag_embed(e[lo:hi], offset=-1)   # the lower triangle is read
+        w, V = symmetric.eigh_batch(T, ks[lo:hi], impl=impl)      # ascending, the padding's zeros among them
+        del T
+        lam_h[lo:hi] = w.flip(1).clamp_min(0.0).cpu().numpy()      # descending; the padding's 0 last (≥ 0 all)
+        for a in range(lo, hi):
+            k = int(ks[a])
+            lam_h[a, k:] = 0.0
+            if k:
+                ranks[a] = _postprocess(lam_h[a, :k], k, rtol, noise)
+        rb = int(ranks[lo:hi].max())
+        Yb = V.flip(2)[:, :, :rb].transpose(1, 2)                 # (b, rb, K): eigenvectors as rows
+        keep = (torch.arange(rb, device=dev)[None, :, None] < torch.as_tensor(ranks[lo:hi], device=dev)[:, None, None]) \
+            & (cols[:, None, :] < kt[lo:hi, :, None])
+        parts.append(torch.where(keep, Yb, 0.0))
+        del w, V, Yb
     r = int(ranks.max()) if g else 0
-    Y = V.flip(2)[:, :, :r].transpose(1, 2)                        # (g, r, K): eigenvectors as rows
-    keep = (torch.arange(r, device=dev)[None, :, None] < torch.as_tensor(ranks, device=dev)[:, None, None]) \
-        & (cols[:, None, :] < kt[:, :, None])
-    return lam_h, torch.where(keep, Y, 0.0).contiguous(), ranks
+    Y = torch.zeros((g, r, K), dtype=torch.float64, device=dev)
+    lo = 0
+    for part in parts:
+        Y[lo:lo + part.shape[0], :part.shape[1]] = part
+        lo += part.shape[0]
+    return lam_h, Y, ranks

@@ -416,3 +416,25 @@ def test_krylov_bounds_with_the_basis_factored_on_the_device(emulated, monkeypat
     assert not host
     np.testing.assert_allclose(got.to_numpy().std, want.std, rtol=1e-9)
     assert got.params["krylov"]["rank_min"] == want.params["krylov"]["rank_min"]
+
+
+def test_tridiagonal_device_path_in_blocks_gives_what_one_block_gives(emulated, monkeypatch):
+    """Decomposed in blocks of a few matrices (symmetric.DEVICE_BATCH_VALUES), the device path returns
+    what one block gives: the blocks' kept eigenvectors put together at the largest rank."""
+    from hcrfast.kernels import symmetric, tridiagonal
+
+    rng = np.random.default_rng(12)
+    diag, off = torch.as_tensor(rng.random((7, 20)) + 0.5), torch.as_tensor(rng.random((7, 20)) * 0.3)
+    diag[4, 8:] = 1e-30
+    off[4, 7:] = 0.0
+    ks = np.array([20, 5, 12, 20, 20, 1, 16])
+    one = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=1e-6, impl="cupy")
+    monkeypatch.setattr(symmetric, "DEVICE_BATCH_VALUES", 3 * 20 * 20)       # blocks of 3, 3, 1
+    calls, real = [], emulated.module.linalg.eigh
+    monkeypatch.setattr(emulated.module.linalg, "eigh", lambda a, **kw: calls.append(a.shape[0]) or real(a, **kw))
+    blocks = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=1e-6, impl="cupy")
+    assert calls == [3, 3, 1]
+    np.testing.assert_array_equal(blocks[2], one[2])
+    np.testing.assert_array_equal(blocks[0], one[0])
+    assert blocks[1].shape == one[1].shape == (7, 20, 20)
+    np.testing.assert_array_equal(blocks[1].numpy(), one[1].numpy())
