@@ -267,6 +267,26 @@ def numba_kernels():
             x, w = rows.copy(), rows.copy()
             kernels.lsqr_update_xw(x, w, rows, cp.ones(4, dtype=dtype), cp.ones(4, dtype=dtype), impl="numba")
 timed("the Numba kernels, both dtypes", numba_kernels)
+
+def device_eigh(impl):
+    # The batched cuSOLVER routines (library lookup, handle, CuPy's solver): loaded once here, and a first
+    # word on whether they work at all before the stages that time them.
+    import warnings
+    from hcrfast.kernels import symmetric, tridiagonal
+    g = torch.randn(6, 40, 60, device="cuda", dtype=torch.float64)
+    A = g @ g.transpose(1, 2)
+    ref, _ = symmetric.eigh_batch(A, impl="lapack")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w, _ = symmetric.eigh_batch(A, impl=impl)
+        tridiagonal.eigh_tridiagonal_device(torch.rand(6, 40, device="cuda", dtype=torch.float64) + 1,
+                                            torch.rand(6, 40, device="cuda", dtype=torch.float64),
+                                            [40, 39, 1, 0, 40, 20], rtol=1e-12, impl=impl)
+    err = float((w - ref).abs().max() / ref.abs().max())
+    print(f"    eigh_batch impl={impl}: max relative eigenvalue difference from LAPACK {err:.1e}; "
+          f"{len(caught)} warning(s) {[str(c.message)[:80] for c in caught]}", flush=True)
+for impl in ("cusolver", "cupy"):
+    timed(f"batched device eigendecompositions, impl={impl}", lambda: device_eigh(impl))
 EOF
         [ "$?" = 0 ] && touch /tmp/hcrfast_warm.done
         fi
