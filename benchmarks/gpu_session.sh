@@ -57,7 +57,7 @@
 # the second issued at once after the first replies. LEASE_S (default 450) is the wall time of
 # this whole call: every command runs under `timeout` sized to what the call has left (and to its
 # own cap), a command that would get less than its minimum (MIN, default MIN_RUN_S = 20; the race
-# 60, MNIST 90, the kernels 60, ResNet-18 120, a mode 50: less could not finish it) is skipped and
+# 60, MNIST 90, the kernels 60, ResNet-18 120 (its Krylov run 240), the dense MNIST 60, a mode 50: less could not finish it) is skipped and
 # recorded as such, and the in-run time budgets of gpu_targets.py follow the same clock; RESERVE_S
 # (15) is kept for the summary. Give the device tool a timeout_s ~30 s above LEASE_S. For the second
 # call, LEASE_S = the status' budget_left_s minus ~90 s (the command's start, transfers, the close).
@@ -373,7 +373,8 @@ EOF
     resnet18-krylov)
         ensure_installed
         say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-8} slices, the rest extrapolated)"
-        MIN=120 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
+        # MIN 240: a first slice of 16 examples must be able to finish (nothing is written before it does)
+        MIN=240 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
             --slices "${RESNET_SLICES:-8}" \
             --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;

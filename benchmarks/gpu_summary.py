@@ -132,7 +132,8 @@ def race_line(r: dict) -> str:
                   else f"; stopped after {len(rows_done)} hcrfast row(s), the rest did not finish")
     rows = [r[k] for k in ("hcrfast_default", "hcrfast_dense") if r.get(k)] + list(r.get("hcrfast_dense_more") or [])
     rows += [r[k] for k in ("hcrfast_current", "hcrfast_input") if r.get(k)]
-    each = "".join(f"\n    {row['method'][:60]}: {row['seconds']:.2f} s, median {row['median']:.5g}, "
+    each = "".join(f"\n    {row['method'][:60]}: FAILED ({row['error'][:100]})" if "error" in row else
+                   f"\n    {row['method'][:60]}: {row['seconds']:.2f} s, median {row['median']:.5g}, "
                    f"{ref['seconds'] / row['seconds']:.1f}x" for row in rows)
     return (head + f"hcrfast {best['seconds']:.2f} s to {best['median']:.5g} ({best['method']}): {ratio:.1f}x{verdict}"
             + unfinished + each)

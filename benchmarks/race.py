@@ -204,10 +204,10 @@ def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label
     from hcrfast import dense
 
     saved = dense.EIGH_IMPL
-    dense.EIGH_IMPL = dense_eigh or saved
-    _sync(args.device)
-    t0 = time.perf_counter()
     try:
+        dense.EIGH_IMPL = dense_eigh or saved
+        _sync(args.device)
+        t0 = time.perf_counter()
         with RowCounter() as counter:
             b = hcrfast.bound(model, x, sigma, size=args.size, iterations=args.iterations, restarts=args.restarts,
                               seed=args.seed, linearize_at=linearize_at, lsqr=options, jacobian=args.jacobian,
@@ -387,10 +387,20 @@ def main(argv=None) -> int:
         # hcrfast's first CUDA call of a process pays CuPy's kernel loads, cuBLAS's handles and torch's
         # lazily loaded kernels: outside both timings, as gpu_targets.py does (the reference has none).
         t_warm = time.perf_counter()
-        for solver, linearize_at in (("auto", "input"), ("dense", "input"), ("lsqr", "current")):
-            hcrfast.bound(model, x[:2], sigma, size=args.size, iterations=1, restarts=2, seed=args.seed,
-                          linearize_at=linearize_at, solver=solver,
-                          lsqr=None if solver == "auto" else dataclasses.replace(hcrfast.DEFAULT_LSQR, iter_lim=8))
+        from hcrfast import dense
+
+        saved = dense.EIGH_IMPL
+        runs = [("auto", "input", None)] + [("dense", "input", e) for e in args.dense_eigh.split(",")]
+        for solver, linearize_at, eigh in runs + [("lsqr", "current", None)]:
+            try:   # each --dense-eigh's first use (cuSOLVER's lookup and handle, CuPy's solver) too
+                dense.EIGH_IMPL = eigh or saved
+                hcrfast.bound(model, x[:2], sigma, size=args.size, iterations=1, restarts=2, seed=args.seed,
+                              linearize_at=linearize_at, solver=solver,
+                              lsqr=None if solver != "lsqr" else dataclasses.replace(hcrfast.DEFAULT_LSQR, iter_lim=8))
+            except Exception as exc:  # the row itself will say so
+                print(f"  warm-up of solver={solver} eigh={eigh}: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                dense.EIGH_IMPL = saved
         _sync(args.device)
         info["hcrfast_cuda_warmup_seconds"] = time.perf_counter() - t_warm
     print(f"race: model {args.model}, {args.examples} examples of shape {tuple(x.shape[1:])}, R={args.restarts}, "
@@ -466,8 +476,15 @@ def main(argv=None) -> int:
     for i, eigh in enumerate(eighs):
         if dflt["solver"] == "dense" and i == 0:
             continue
-        row = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="dense", dense_eigh=eigh,
-                          label=f"hcrfast dense solve (solver=dense, eigh {eigh}), linearize_at=input")
+        label = f"hcrfast dense solve (solver=dense, eigh {eigh}), linearize_at=input"
+        try:
+            row = run_hcrfast(model, x, sigma, args, linearize_at="input", solver="dense", dense_eigh=eigh,
+                              label=label)
+        except Exception as exc:   # one implementation failing (a cuSOLVER without the routine) costs its row only
+            print(f"  hcrfast dense (eigh {eigh}): FAILED: {type(exc).__name__}: {exc}", flush=True)
+            more_dense.append(dict(method=label, solver="dense", dense_eigh=eigh,
+                                   error=f"{type(exc).__name__}: {exc}"))
+            continue
         print(f"  hcrfast dense (eigh {eigh}): {row['seconds']:.2f} s, median {row['median']:.5g}", flush=True)
         if dns is None:
             dns = row

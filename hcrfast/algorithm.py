@@ -694,13 +694,16 @@ def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int,
 
 def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
     """Examples per chunk of the dense solve: J (n·p) in float32 and float64, its live rows, the Gram
-    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors; on CUDA also
-    the eigendecomposition's own arrays (the Gram matrix symmetrized and copied, the eigenvectors, the
-    core (Gram)⁺: ~6 more of order min(n, p), what a device routine of ``dense.EIGH_IMPL`` holds)."""
+    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors; on CUDA, with
+    a device routine as ``dense.EIGH_IMPL``, also its own arrays (the Gram matrix symmetrized and copied,
+    the eigenvectors, the core (Gram)⁺: ~6 more of order min(n, p))."""
     per_example = 5 * n * p + n * n + 8 * restarts * (n + p)
     if batch.device.type != "cuda":
         return max(1, _DENSE_ELEMENTS // per_example)
-    per_example += 6 * min(n, p) ** 2
+    from hcrfast.kernels import symmetric
+
+    if dense.EIGH_IMPL in symmetric.DEVICE_IMPLS:
+        per_example += 6 * min(n, p) ** 2
     torch.cuda.synchronize(batch.device)
     release_device_memory(batch.device)
     free, _ = torch.cuda.mem_get_info(batch.device)

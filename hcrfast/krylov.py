@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,8 +94,12 @@ _FIRST_CAPACITY = 64
 #: GIL, a thread per core), "numba" (the same from a Numba loop, compiled once per process) or "twin" (SciPy
 #: one by one; see hcrfast.kernels.tridiagonal); on CUDA also "cusolver" or "cupy" (written out dense and
 #: decomposed by a batched cuSOLVER routine on the device: :func:`hcrfast.kernels.tridiagonal.eigh_tridiagonal_device`;
-#: not yet run on a GPU).
+#: not yet run on a GPU). The device is used only where the rank cut ``max(rtol, k·noise)²`` is at least
+#: ``DEVICE_EIG_MARGIN · K · eps64`` of the largest eigenvalue (a dense eigensolver's eigenvalues are good
+#: to ~eps·‖T‖; LAPACK's dstevd resolves far smaller ones of these graded matrices): float32 bases (the
+#: MNIST MLP: 1.1e-11 against 8.7e-14, a margin of 128), not float64 ones, which stay on the host.
 EIG_IMPL = "auto"
+DEVICE_EIG_MARGIN = 10.0
 
 
 def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:
@@ -272,7 +277,8 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     ``V`` (g, ≥K, p) and scalars ``alfa``, ``beta`` (``alfa[a, j] = α_{j+1}``, ``beta[a, j] = β_{j+1}``),
     with ``ks[a]`` steps each (K = max ks), and each example's Ritz values (host).
 
-    The eigendecompositions of the tridiagonal B_kᵀB_k run on the host (LAPACK's divide and conquer,
+    The eigendecompositions of the tridiagonal B_kᵀB_k run on the host (unless :data:`EIG_IMPL` puts
+    them on the device, where its margin allows: :data:`DEVICE_EIG_MARGIN`) (LAPACK's divide and conquer,
     :func:`hcrfast.kernels.tridiagonal.eigh_tridiagonal_batch`: rows in parallel, without the GIL, on
     every core (at most torch's thread count); 10,000 MNIST bases of ~390 steps: ~30 s on one core, the H100's profile spent 9.2 s of
     a 21.5 s slice of 1,250 here with SciPy's wrapper, which keeps the GIL); the eigenvalues in
@@ -300,7 +306,16 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     # Squaring costs no accuracy that matters here: singular values down to a float32 basis' rtol
     # (≥ 1.2e-7 of the largest) keep their digits, and on float64 ones down to 1e-9 of the largest
     # (condition 1e9: all kept, the solves pinv's; tests/test_krylov.py).
-    if EIG_IMPL in tridiagonal.DEVICE_IMPLS:   # on the device: only the eigenvalues come to the host
+    device = EIG_IMPL in tridiagonal.DEVICE_IMPLS and g > 0
+    if device and max(rtol, int(ks.min()) * noise) ** 2 < DEVICE_EIG_MARGIN * K * float(np.finfo(np.float64).eps):
+        # The rank cut lies where a dense eigensolver's errors (~eps·‖T‖) are: a float64 basis. dstevd
+        # resolves those eigenvalues; the device routine would keep rounding noise or drop real ones.
+        warnings.warn(f"hcrfast.krylov.EIG_IMPL={EIG_IMPL!r}: this basis' rank cut ({max(rtol, int(ks.min()) * noise):.1e} "
+                      f"of the largest singular value) is below what a dense eigensolver on the device resolves; "
+                      f"its B_kᵀB_k are decomposed by LAPACK's dstevd on the host (float64 bases always are)",
+                      RuntimeWarning, stacklevel=2)
+        device = False
+    if device:   # on the device: only the eigenvalues come to the host
         diag = alfa[:, :K] ** 2 + beta[:, 1:K + 1] ** 2
         off = alfa[:, 1:K + 1] * beta[:, 1:K + 1]
         lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
@@ -309,7 +324,8 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
         ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
         diag = ah[:, :K] ** 2 + bh[:, 1:K + 1] ** 2
         off = ah[:, 1:K + 1] * bh[:, 1:K + 1]
-        lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
+        host_impl = "auto" if EIG_IMPL in tridiagonal.DEVICE_IMPLS else EIG_IMPL
+        lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=host_impl)
         r = int(ranks.max()) if g else 0
         if r < K:
             Yt = np.ascontiguousarray(Yt[:, :r])   # eigenvectors as rows: (g, r, K)

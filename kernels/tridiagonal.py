@@ -217,10 +217,16 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
     """:func:`eigh_tridiagonal_batch` on the device: ``diag``, ``off`` (g, K) torch tensors where the
     bases are (CUDA), ``ks`` (g,) integers. Returns ``(lam, Y, ranks)`` as it does (``lam`` and ``ranks``
     NumPy arrays on the host, one copy; ``Y`` (g, r, K) on the device, r = max(ranks): the kept
-    eigenvectors as rows, zero past each row's rank and k).
+    eigenvectors as rows, zero past each row's rank and k; a view of a (g, K, K) array).
 
-    The tridiagonal matrices are written out dense (g × K × K float64 on the device: 1.5 GB for 1,250
-    bases of K = 390), each matrix its leading ks[a] block, and decomposed by
+    Peak device memory: that (g, K, K) float64 array (1.5 GB for 1,250 bases of K = 390), plus one
+    block's dense matrices and the decomposition's arrays (a quarter of DEVICE_BATCH_VALUES each).
+
+    Accuracy: a dense eigensolver's eigenvalue errors are ~eps·‖T‖, where LAPACK's ``dstevd`` resolves
+    much smaller eigenvalues of these graded matrices; :func:`hcrfast.krylov._factors` uses this path
+    only where its rank cut lies well above that (float32 bases), and the host otherwise.
+
+    The tridiagonal matrices are written out dense, each matrix its leading ks[a] block, and decomposed by
     :func:`hcrfast.kernels.symmetric.eigh_batch` with ``impl`` ("cusolver": cusolverDnXsyevBatched;
     "cupy": syevjBatched), its results checked matrix by matrix (a failed one is redone on the host)."""
     import torch
@@ -247,32 +253,26 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
         row = int(np.flatnonzero(~finite)[0])
         raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
                          f"its entries must be finite")
-    lam_h = np.zeros((g, K))
-    ranks = np.zeros(g, dtype=np.int64)
-    parts = []   # per block of matrices: its kept eigenvectors as rows, (b, r_block, K)
-    # Blocks of symmetric.DEVICE_BATCH_VALUES matrix values: the dense matrices and the decomposition's
-    # own arrays exist for one block at a time (1,250 bases of K = 390 at once would hold ~9 GB of them).
-    for lo in range(0, g, symmetric._per_call(K)):
-        hi = min(g, lo + symmetric._per_call(K))
+    lam_d = torch.empty((g, K), dtype=torch.float64, device=dev)
+    Y = torch.empty((g, K, K), dtype=torch.float64, device=dev)
+    # Blocks of a quarter of symmetric.DEVICE_BATCH_VALUES matrix values: the dense matrices and the
+    # decomposition's own arrays (~5 of them) exist for one block at a time; the eigenvectors are written
+    # into Y in place. The host waits once per block (the check's flags) and once for the eigenvalues.
+    per = max(1, symmetric.DEVICE_BATCH_VALUES // 4 // (K * K))
+    for lo in range(0, g, per):
+        hi = min(g, lo + per)
         T = torch.diag_embed(d[lo:hi]) + torch.diag_embed(e[lo:hi], offset=-1)   # the lower triangle is read
         w, V = symmetric.eigh_batch(T, ks[lo:hi], impl=impl)      # ascending, the padding's zeros among them
         del T
-        lam_h[lo:hi] = w.flip(1).clamp_min(0.0).cpu().numpy()      # descending; the padding's 0 last (≥ 0 all)
-        for a in range(lo, hi):
-            k = int(ks[a])
-            lam_h[a, k:] = 0.0
-            if k:
-                ranks[a] = _postprocess(lam_h[a, :k], k, rtol, noise)
-        rb = int(ranks[lo:hi].max())
-        Yb = V.flip(2)[:, :, :rb].transpose(1, 2)                 # (b, rb, K): eigenvectors as rows
-        keep = (torch.arange(rb, device=dev)[None, :, None] < torch.as_tensor(ranks[lo:hi], device=dev)[:, None, None]) \
-            & (cols[:, None, :] < kt[lo:hi, :, None])
-        parts.append(torch.where(keep, Yb, 0.0))
-        del w, V, Yb
+        lam_d[lo:hi] = w.flip(1).clamp_min(0.0)                    # descending; the padding's 0 last (≥ 0 all)
+        Y[lo:hi] = V.flip(2).transpose(1, 2)                       # eigenvectors as rows, all K; cut below
+        del w, V
+    lam_h = lam_d.cpu().numpy()
+    lam_h[np.arange(K)[None, :] >= ks[:, None]] = 0.0
+    thr = np.maximum(rtol, ks * noise) ** 2 * np.maximum(lam_h[:, 0], np.finfo(np.float64).tiny)
+    ranks = np.where(ks > 0, (lam_h > thr[:, None]).sum(axis=1), 0).astype(np.int64)   # as _postprocess
     r = int(ranks.max()) if g else 0
-    Y = torch.zeros((g, r, K), dtype=torch.float64, device=dev)
-    lo = 0
-    for part in parts:
-        Y[lo:lo + part.shape[0], :part.shape[1]] = part
-        lo += part.shape[0]
-    return lam_h, Y, ranks
+    keep = (torch.arange(K, device=dev)[None, :, None] < torch.as_tensor(ranks, device=dev)[:, None, None]) \
+        & (cols[:, None, :] < kt[:, :, None])
+    Y.masked_fill_(~keep, 0.0)
+    return lam_h, Y[:, :r], ranks

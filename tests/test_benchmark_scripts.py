@@ -206,6 +206,18 @@ def test_race_adds_the_dense_row_where_auto_takes_the_krylov_basis(tmp_path, mon
         assert line in text, row["method"]
     with pytest.raises(SystemExit):
         race.parse_args(["--dense-eigh", "lapack,magma"])
+    # An implementation that fails (here: a device one on the CPU) costs its row only, recorded as such.
+    for old in tmp_path.glob("race_*.json"):
+        old.unlink()
+    race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
+               "--no-sweep", "--dense-eigh", "lapack,cusolver", "--out", str(tmp_path)])
+    (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
+    r = json.loads(path.read_text())
+    (failed,) = r["hcrfast_dense_more"]
+    assert failed["dense_eigh"] == "cusolver" and "runs on a CUDA device" in failed["error"]
+    assert r["hcrfast_dense"]["dense_eigh"] == "lapack" and r["hcrfast_input"] and dense.EIGH_IMPL == "auto"
+    summary = run_script("gpu_summary.py", tmp_path).stdout
+    assert f"{failed['method'][:60]}: FAILED (ValueError" in summary
 
 
 def test_race_json_holds_no_bound_arrays_when_auto_takes_lsqr(tmp_path, monkeypatch):

@@ -423,7 +423,7 @@ def test_a_device_fault_while_building_j_is_raised_as_it_is(monkeypatch, fault):
 
 def test_dense_chunks_on_cuda_leave_room_for_the_device_eigendecomposition(monkeypatch):
     """On CUDA a chunk of the dense solve holds J's copies, the Gram matrix, the pseudo-inverse and the
-    restarts' vectors, plus ~6 arrays of order min(n, p) for a device eigendecomposition (its symmetrized
+    restarts' vectors, plus, with a device routine as dense.EIGH_IMPL, ~6 arrays of order min(n, p) (its symmetrized
     copy, eigenvectors, the core (Gram)⁺): with half the free memory, MNIST's geometry fits 349 examples
     in 40 GiB (the CPU's budget, a fixed count of values, is unchanged)."""
     from types import SimpleNamespace
@@ -437,7 +437,11 @@ def test_dense_chunks_on_cuda_leave_room_for_the_device_eigendecomposition(monke
     n = p = 784
     R = 25
     per_example = 5 * n * p + n * n + 8 * R * (n + p) + 6 * n * n
-    got = algorithm._dense_chunk(SimpleNamespace(device=torch.device("cuda")), R, n, p)
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    host_eigh = algorithm._dense_chunk(cuda, R, n, p)          # dense.EIGH_IMPL "auto": LAPACK on the host
+    assert host_eigh == (free // 2) // (8 * (per_example - 6 * n * n)) == 670
+    monkeypatch.setattr(dense, "EIGH_IMPL", "cusolver")
+    got = algorithm._dense_chunk(cuda, R, n, p)
     assert got == (free // 2) // (8 * per_example) == 349
     cpu = algorithm._dense_chunk(torch.zeros(1), R, n, p)
     assert cpu == algorithm._DENSE_ELEMENTS // (5 * n * p + n * n + 8 * R * (n + p)) == 16
