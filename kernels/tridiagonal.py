@@ -44,11 +44,16 @@ IMPLS = ("auto", "twin", "numba", "lapack")
 #: :func:`eigh_tridiagonal_device`'s implementations (:data:`hcrfast.kernels.symmetric.DEVICE_IMPLS`).
 DEVICE_IMPLS = ("cusolver", "cupy")
 
+def _cut(lam_max, k, rtol: float, noise: float):
+    """The rank cut of a descending spectrum of order ``k`` whose largest eigenvalue is ``lam_max``:
+    ``max(rtol, k·noise)² · lam_max`` (scalars, or arrays over rows)."""
+    return np.maximum(rtol, k * noise) ** 2 * np.maximum(lam_max, np.finfo(np.float64).tiny)
+
+
 def _postprocess(lam_desc: np.ndarray, k: int, rtol: float, noise: float) -> int:
     """Clip a descending spectrum at 0 and count the eigenvalues kept: the rank."""
     np.clip(lam_desc, 0, None, out=lam_desc)
-    thr = max(rtol, k * noise) ** 2 * max(lam_desc[0], np.finfo(np.float64).tiny)
-    return int((lam_desc > thr).sum())
+    return int((lam_desc > _cut(lam_desc[0], k, rtol, noise)).sum())
 
 
 def _twin(diag, off, ks, rtol, noise):
@@ -269,8 +274,7 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
         del w, V
     lam_h = lam_d.cpu().numpy()
     lam_h[np.arange(K)[None, :] >= ks[:, None]] = 0.0
-    thr = np.maximum(rtol, ks * noise) ** 2 * np.maximum(lam_h[:, 0], np.finfo(np.float64).tiny)
-    ranks = np.where(ks > 0, (lam_h > thr[:, None]).sum(axis=1), 0).astype(np.int64)   # as _postprocess
+    ranks = np.where(ks > 0, (lam_h > _cut(lam_h[:, 0], ks, rtol, noise)[:, None]).sum(axis=1), 0).astype(np.int64)
     r = int(ranks.max()) if g else 0
     keep = (torch.arange(K, device=dev)[None, :, None] < torch.as_tensor(ranks, device=dev)[:, None, None]) \
         & (cols[:, None, :] < kt[:, :, None])
