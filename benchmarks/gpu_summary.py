@@ -94,6 +94,10 @@ def target_line(r: dict) -> str:
         opts.append(f"eigh={r['dense_eigh_impl']}")
     if r.get("solver") == "krylov" and r.get("krylov_eig_impl") not in (None, "auto"):
         opts.append(f"eig={r['krylov_eig_impl']}")
+    if r.get("solver") == "krylov" and r.get("krylov_pilots") not in (None, 1):
+        opts.append(f"pilots={r['krylov_pilots']}")
+    if r.get("solver") == "krylov" and r.get("lsqr", {}).get("iter_lim") is not None:
+        opts.append(f"steps<={r['lsqr']['iter_lim']}")
     if r.get("krylov_reorth_passes") not in (None, 1) and r.get("solver") == "krylov":
         opts.append(f"reorth={r['krylov_reorth_passes']}")
     if r.get("lsqr", {}).get("compact_below") == 0:

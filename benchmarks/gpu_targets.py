@@ -300,12 +300,19 @@ def run(args, on_slice=None) -> dict:
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver)
+    if args.krylov_pilots != 1:
+        if solver != "krylov":
+            raise SystemExit(f"gpu_targets: --krylov-pilots {args.krylov_pilots} needs the Krylov solver, "
+                             f"but this run solves with {solver!r}; add --solver krylov")
+        kw["krylov_pilots"] = args.krylov_pilots
 
     t0 = time.perf_counter()
     # The warm-up pays compilation and allocation, not a whole Krylov basis: 8 steps are enough.
     warm_kw = {**kw, "restarts": 2, "iterations": 1, "chunk_size": None}
     if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
+        if "krylov_pilots" in kw:
+            warm_kw["krylov_pilots"] = min(kw["krylov_pilots"], warm_kw["restarts"])
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
     if solver == "krylov" and krylov.EIG_IMPL == "numba":
         # compiled once per process: here, not in the timed calls
@@ -347,6 +354,7 @@ def run(args, on_slice=None) -> dict:
                                   else products_per_example(itn, res.params["warm_start"])),
             krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
             krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
+            krylov_pilots=(kw.get("krylov_pilots", 1) if res.params["solver"] == "krylov" else None),
             krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
             krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
             dense_eigh_impl=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
@@ -483,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
+    ap.add_argument("--krylov-pilots", type=int, default=1,
+                    help="with --solver krylov: bound(krylov_pilots=...), bases per example (restart r is solved "
+                         "in the basis of pilot r mod pilots); each pilot's basis runs up to --krylov-steps")
     add_reorth_option(ap)
     ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba", "lapack", "cusolver", "cupy"),
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "

@@ -48,20 +48,23 @@ def main(argv=None) -> int:
     depths = sorted(int(d) for d in args.depths.split(","))
     if depths[0] < 1:
         raise SystemExit(f"--depths must be positive integers, got {args.depths!r}")
-    zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device)
+    if args.first < 0:
+        ap.error(f"--first {args.first}: pass an index >= 0")
+    zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device, args.first)
+    ids = np.arange(args.first, args.first + args.examples)
     n = f0[0].numel()
     reference = None
     if args.reference_json:
         ref = json.loads(Path(args.reference_json).read_text())
-        for key in ("examples", "restarts", "iterations"):
-            if ref["args"][key] != getattr(args, key) or ref["args"]["model"] != args.model:
-                raise SystemExit(f"--reference-json is another problem ({key}: {ref['args'][key]!r})")
+        for key in ("examples", "restarts", "iterations", "first"):
+            if ref["args"].get(key, 0) != getattr(args, key) or ref["args"]["model"] != args.model:
+                raise SystemExit(f"--reference-json is another problem ({key}: {ref['args'].get(key, 0)!r})")
         reference = ref["rows"][-1]
     print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
           f"sigma = {sigma:.4g}, depths {depths}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
 
     xp = array_module_for(x.device)
-    pilot = hcrfast.start_vectors(range(args.examples), args.restarts, n, seed=0, size=zm.size,
+    pilot = hcrfast.start_vectors(ids, args.restarts, n, seed=0, size=zm.size,
                                   sigma=sigma)[::args.restarts]
     t0 = time.perf_counter()
 
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
         try:
             t1 = time.perf_counter()
             res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
-                                solver="krylov", lsqr=hcrfast.LSQROptions(iter_lim=k), chunk_size=args.examples)
+                                solver="krylov", lsqr=hcrfast.LSQROptions(iter_lim=k), chunk_size=args.examples,
+                                example_ids=ids)
             seconds = time.perf_counter() - t1
         finally:
             algorithm.krylov.build = real_build

@@ -36,14 +36,15 @@ from hcrfast import krylov, zoo  # noqa: E402
 from hcrfast.backend import to_host  # noqa: E402
 
 
-def random_workload(name: str, examples: int, device: str):
+def random_workload(name: str, examples: int, device: str, first: int = 0):
     """A zoo model (random weights unless the zoo trains its own) on seeded random inputs of its geometry,
     normalized, and σ = its published scale × RMS of their features: ``(zm, model, x, features, sigma)``.
-    The problem of this script, ``krylov_depth.py`` and last session's ResNet-18 tables."""
+    The problem of this script, ``krylov_depth.py`` and last session's ResNet-18 tables. ``first``: skip
+    that many inputs of the seeded stream (example ``first`` is the same image as in a batch from 0)."""
     zm = zoo.build(name)
     model = zm.features.eval().to(device)
     g = torch.Generator().manual_seed(0)
-    x = zm.normalize(torch.rand((examples,) + tuple(zm.input_shape), generator=g)).to(device)
+    x = zm.normalize(torch.rand((first + examples,) + tuple(zm.input_shape), generator=g)[first:]).to(device)
     with torch.no_grad():
         features = model(x)
     return zm, model, x, features, hcrfast.rms_sigma(features, zm.sigma_scale)
@@ -53,6 +54,9 @@ def add_workload_arguments(ap, *, iterations: int) -> None:
     """The arguments of :func:`random_workload`'s problem (shared with ``krylov_depth.py``)."""
     ap.add_argument("model", choices=zoo.NAMES)
     ap.add_argument("--examples", type=int, default=1)
+    ap.add_argument("--first", type=int, default=0,
+                    help="the examples are inputs FIRST.. of the seeded stream, seeded as examples FIRST.. "
+                         "(bound's example_ids); sigma from their own features")
     ap.add_argument("--restarts", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=iterations)
 
@@ -76,8 +80,11 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     apply_reorth_option(args.reorth_passes)
     caps = [None if c.strip().lower() == "none" else int(c) for c in args.iter_lims.split(",")]
-    zm, model, x, _, sigma = random_workload(args.model, args.examples, args.device)
-    print(f"{args.model}, solver {args.solver}: {args.examples} examples x R {args.restarts} x i {args.iterations}, "
+    if args.first < 0:
+        ap.error(f"--first {args.first}: pass an index >= 0")
+    zm, model, x, _, sigma = random_workload(args.model, args.examples, args.device, args.first)
+    print(f"{args.model}, solver {args.solver}: {args.examples} examples"
+          f"{f' from {args.first}' if args.first else ''} x R {args.restarts} x i {args.iterations}, "
           f"s = {zm.size:g}, "
           f"sigma = {sigma:.4g}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
     rows = []
@@ -87,6 +94,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
                             lsqr=opts, solver=args.solver, targets=args.targets,
+                            example_ids=np.arange(args.first, args.first + args.examples),
                             **({"krylov_pilots": args.krylov_pilots} if args.solver == "krylov" else {}))
         if args.device == "cuda":
             torch.cuda.synchronize()
