@@ -48,8 +48,6 @@ def main(argv=None) -> int:
     depths = sorted(int(d) for d in args.depths.split(","))
     if depths[0] < 1:
         raise SystemExit(f"--depths must be positive integers, got {args.depths!r}")
-    if args.first < 0:
-        ap.error(f"--first {args.first}: pass an index >= 0")
     zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device, args.first)
     ids = np.arange(args.first, args.first + args.examples)
     n = f0[0].numel()

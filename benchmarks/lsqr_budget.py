@@ -50,11 +50,19 @@ def random_workload(name: str, examples: int, device: str, first: int = 0):
     return zm, model, x, features, hcrfast.rms_sigma(features, zm.sigma_scale)
 
 
+def _index(text: str) -> int:
+    """argparse type of ``--first``: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: pass an index >= 0")
+    return value
+
+
 def add_workload_arguments(ap, *, iterations: int) -> None:
     """The arguments of :func:`random_workload`'s problem (shared with ``krylov_depth.py``)."""
     ap.add_argument("model", choices=zoo.NAMES)
     ap.add_argument("--examples", type=int, default=1)
-    ap.add_argument("--first", type=int, default=0,
+    ap.add_argument("--first", type=_index, default=0,
                     help="the examples are inputs FIRST.. of the seeded stream, seeded as examples FIRST.. "
                          "(bound's example_ids); sigma from their own features")
     ap.add_argument("--restarts", type=int, default=2)
@@ -80,8 +88,6 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     apply_reorth_option(args.reorth_passes)
     caps = [None if c.strip().lower() == "none" else int(c) for c in args.iter_lims.split(",")]
-    if args.first < 0:
-        ap.error(f"--first {args.first}: pass an index >= 0")
     zm, model, x, _, sigma = random_workload(args.model, args.examples, args.device, args.first)
     print(f"{args.model}, solver {args.solver}: {args.examples} examples"
           f"{f' from {args.first}' if args.first else ''} x R {args.restarts} x i {args.iterations}, "

@@ -64,6 +64,30 @@ def test_gpu_targets_runs_the_krylov_solver_and_counts_its_basis(tmp_path):
     assert "Krylov basis steps median 20" in proc.stdout
 
 
+def test_gpu_targets_runs_several_krylov_pilots_and_the_summary_names_them(tmp_path):
+    """--krylov-pilots 2: two bases of 20 steps per example, 2 x (2 x 20 + 1) products, shown by the summary;
+    with another solver the option is refused, naming it."""
+    run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "2", "--restarts", "3",
+               "--iterations", "1", "--threads", "1", "--solver", "krylov", "--krylov-steps", "20",
+               "--krylov-pilots", "2", "--reorth-passes", "2", "--out", str(tmp_path))
+    (path,) = tmp_path.glob("gpu_targets_mnist_cpu_*.json")
+    r = json.loads(path.read_text())
+    assert r["krylov_pilots"] == 2 and r["products_per_example"] == 2 * (2 * 20 + 1)
+    assert "solver=krylov pilots=2 steps<=20 reorth=2" in run_script("gpu_summary.py", tmp_path).stdout
+    gpu_targets = _benchmark_script("gpu_targets")
+    with pytest.raises(SystemExit, match="--krylov-pilots 2 needs the Krylov solver"):
+        gpu_targets.main(["mnist", "--device", "cpu", "--examples", "1", "--solver", "lsqr", "--krylov-pilots", "2"])
+
+
+def test_lsqr_budget_first_picks_later_examples_of_the_same_stream():
+    lsqr_budget = _benchmark_script("lsqr_budget")
+    _, _, both, _, _ = lsqr_budget.random_workload("mnist", 2, "cpu")
+    _, _, second, _, _ = lsqr_budget.random_workload("mnist", 1, "cpu", first=1)
+    torch.testing.assert_close(second, both[1:], rtol=0, atol=0)
+    with pytest.raises(SystemExit):
+        lsqr_budget.main(["mnist", "--first", "-1"])
+
+
 def test_gpu_targets_slices_keep_the_bounds_and_a_spent_budget_extrapolates(tmp_path):
     base = ["mnist", "--device", "cpu", "--examples", "3", "--restarts", "2", "--iterations", "1", "--threads", "1",
             "--solver", "dense"]
