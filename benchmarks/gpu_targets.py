@@ -300,10 +300,10 @@ def run(args, on_slice=None) -> dict:
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver)
-    if args.krylov_pilots != 1:
-        if solver != "krylov":
-            raise SystemExit(f"gpu_targets: --krylov-pilots {args.krylov_pilots} needs the Krylov solver, "
-                             f"but this run solves with {solver!r}; add --solver krylov")
+    if args.krylov_pilots not in (None, 1, "auto") and solver != "krylov":
+        raise SystemExit(f"gpu_targets: --krylov-pilots {args.krylov_pilots} needs the Krylov solver, "
+                         f"but this run solves with {solver!r}; add --solver krylov")
+    if solver == "krylov" and args.krylov_pilots is not None:  # else bound()'s default
         kw["krylov_pilots"] = args.krylov_pilots
 
     t0 = time.perf_counter()
@@ -311,8 +311,9 @@ def run(args, on_slice=None) -> dict:
     warm_kw = {**kw, "restarts": 2, "iterations": 1, "chunk_size": None}
     if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
-        if "krylov_pilots" in kw:
-            warm_kw["krylov_pilots"] = min(kw["krylov_pilots"], warm_kw["restarts"])
+        if "krylov_pilots" in kw:  # ("auto" with iter_lim given is one pilot)
+            warm_kw["krylov_pilots"] = (kw["krylov_pilots"] if kw["krylov_pilots"] == "auto"
+                                        else min(kw["krylov_pilots"], warm_kw["restarts"]))
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
     if solver == "krylov" and krylov.EIG_IMPL == "numba":
         # compiled once per process: here, not in the timed calls
@@ -337,7 +338,7 @@ def run(args, on_slice=None) -> dict:
             slices=len(slices), slices_done=len(parts), restarts=restarts, iterations=iterations,
             size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
             tf32=args.tf32, cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
-            lsqr=dataclasses.asdict(opts),
+            lsqr=res.params["lsqr"],  # as the call resolved them (krylov_pilots="auto" sets each pilot's iter_lim)
             inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                               else "uniform random images"),
             device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
@@ -354,7 +355,9 @@ def run(args, on_slice=None) -> dict:
                                   else products_per_example(itn, res.params["warm_start"])),
             krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
             krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
-            krylov_pilots=(kw.get("krylov_pilots", 1) if res.params["solver"] == "krylov" else None),
+            krylov_pilots=(res.params["krylov"]["pilots"] if res.params["solver"] == "krylov" else None),
+            krylov_pilots_asked=(kw.get("krylov_pilots", "bound's default") if res.params["solver"] == "krylov"
+                                 else None),
             krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
             krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
             dense_eigh_impl=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
@@ -491,9 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
-    ap.add_argument("--krylov-pilots", type=int, default=1,
+    ap.add_argument("--krylov-pilots", type=_pilots_arg, default=None,
                     help="with --solver krylov: bound(krylov_pilots=...), bases per example (restart r is solved "
-                         "in the basis of pilot r mod pilots); each pilot's basis runs up to --krylov-steps")
+                         "in the basis of pilot r mod pilots); each pilot's basis runs up to --krylov-steps; "
+                         "'auto': hcrfast.krylov.resolve_pilots (ResNet-18: 25 pilots of 163 steps); default: "
+                         "bound()'s")
     add_reorth_option(ap)
     ap.add_argument("--eig-impl", default="auto", choices=("auto", "twin", "numba", "lapack", "cusolver", "cupy"),
                     help="with the Krylov basis: how B_k'B_k's eigendecompositions run (hcrfast.krylov.EIG_IMPL; "
@@ -523,6 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "slows the run: time the target without it)")
     ap.add_argument("--out", default=None, help="directory for gpu_targets_<workload>_<device>_<date>.json")
     return ap
+
+
+def _pilots_arg(text: str):
+    """--krylov-pilots: a positive integer or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'")
+    return value
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,19 @@ def _fraction(x: float) -> str:
     return f"1/{round(1 / x)}" if abs(1 / x - round(1 / x)) < 1e-9 else f"{x:g}"
 
 
+def _pilots(text: str):
+    """``--krylov-pilots``: a positive integer or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'")
+    return value
+
+
 def _epilog() -> str:
     rows = ["defaults are the experiment's published parameters (those of the paper's experiments):",
             "  name      examples  sigma scale  size (--limit)   iterations (--limit)"]
@@ -82,9 +95,11 @@ def add_subparser(subparsers) -> None:
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values whose J "
                         "(features x inputs) holds at most 2^24 values (digits, MNIST, CIFAR-10), krylov on CUDA and beyond "
                         "(ImageNet models), LSQR otherwise")
-    g.add_argument("--krylov-pilots", type=int, default=1, metavar="S",
+    g.add_argument("--krylov-pilots", type=_pilots, default=1, metavar="S",
                    help="with --solver krylov: restarts 0..S-1 each build their own Krylov basis and restart r "
-                        "uses pilot r mod S's (S times the products and memory; default 1)")
+                        "uses pilot r mod S's (S times the products and memory; default 1); 'auto': 1 where one "
+                        "basis exhausts the space (min(features, inputs) <= 4096), else up to 25 pilots sharing "
+                        "one basis' 4,096 steps (ImageNet models)")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "

@@ -102,6 +102,29 @@ EIG_IMPL = "auto"
 DEVICE_EIG_MARGIN = 10.0
 
 
+#: ``bound(krylov_pilots="auto")``: where one basis of :data:`MAX_STEPS` steps cannot exhaust the Krylov
+#: space (min(n, p) > MAX_STEPS and no ``iter_lim`` given), its products are spread over
+#: ``min(restarts, MAX_STEPS // AUTO_PILOT_STEPS)`` pilots of ``MAX_STEPS // pilots`` steps each. ResNet-18
+#: (3×91×91, R = 25, i = 10, three examples; benchmarks/README.md): at equal products 25 bases of 163-164
+#: steps gave a higher median bound than one of 4,096 (by 75% on example 0), and each step runs 25 rows
+#: at once. Shorter bases than ~160 steps were not measured, so no more pilots than that are taken.
+AUTO_PILOT_STEPS = 160
+
+
+def resolve_pilots(pilots, n: int, p: int, restarts: int, options: LSQROptions, *, solver: str = "krylov"):
+    """``(pilots, options)`` for ``bound(krylov_pilots=...)``: an int is kept (options unchanged); "auto"
+    is 1 for any other solver and for spaces one basis can exhaust, else :data:`AUTO_PILOT_STEPS`'s split,
+    with ``iter_lim`` set to each pilot's steps."""
+    if pilots != "auto":
+        return pilots, options
+    if solver != "krylov" or options.iter_lim is not None or min(n, p) <= MAX_STEPS:
+        return 1, options
+    pilots = max(1, min(restarts, MAX_STEPS // AUTO_PILOT_STEPS))
+    if pilots == 1:
+        return 1, options
+    return pilots, dataclasses.replace(options, iter_lim=MAX_STEPS // pilots)
+
+
 def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:
     """Basis steps at most: ``iter_lim`` if set, else :data:`MAX_STEPS`, and never beyond
     min(n, p) (orthonormal bases of R^n and R^p hold no more vectors)."""
@@ -565,13 +588,16 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
 
 
 def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch.Tensor:
-    """Cramér–Rao directions within each example's (first pilot's) Krylov space, ``‖J ε‖ = 1``.
+    """Cramér–Rao directions within each example's Krylov spaces, ``‖J ε‖ = 1``.
 
     For a mode q the best ε of the space ``span V_k`` maximizes ``(qᵀε)² / ‖J ε‖²``; since
     ``V_kᵀJᵀJ V_k = B_kᵀB_k``, it is ``ε = V_k (B_kᵀB_k)⁺ V_kᵀ q`` (METHOD.md §4 restricted to the
     space; the whole space gives ``(JᵀJ)⁺ q``, the dense path's direction). Then
-    ``‖J ε‖² = Σ_i (Yᵀ V_kᵀ q)_i² / λ_i``. No model product. Batched per group, in slices of
-    examples whose float64 copy of V stays under 2²⁶ values.
+    ``‖J ε‖² = Σ_i (Yᵀ V_kᵀ q)_i² / λ_i``, which is also ``(qᵀε)² / ‖J ε‖²`` there. With several pilots
+    per example each mode takes the direction of the pilot whose space gives it the largest such ratio
+    (the tightest Cramér–Rao bound of the one-dimensional steps; the pilot that wins may differ from
+    mode to mode). No model product. Batched per group, in slices of bases whose float64 copy of V stays
+    under 2²⁶ values.
 
     Parameters
     ----------
@@ -580,29 +606,33 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
 
     Returns
     -------
-    torch.Tensor (B, K, p), float64; zero rows where q has no component in the space.
+    torch.Tensor (B, K, p), float64; zero rows where q has no component in any of the example's spaces.
     """
     B = basis.batch // pilots
     p = q.shape[-1]
-    out = None
+    out = best = None
     for g in basis.groups:
-        pos = np.flatnonzero(g.members % pilots == 0)
-        if pos.size == 0:
-            continue
         dev = g.V.device
         q64 = q.to(device=dev, dtype=torch.float64)
         if out is None:
             out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=dev)
+            best = torch.zeros((B, q.shape[0]), dtype=torch.float64, device=dev)  # each mode's ratio so far
         per = max(1, 2**26 // max(1, g.V.shape[1] * p))
-        for lo in range(0, pos.size, per):
-            at = to_device(pos[lo:lo + per], dev)
+        for lo in range(0, len(g.members), per):
+            at = to_device(np.arange(lo, min(lo + per, len(g.members))), dev)
             V = g.V.index_select(0, at).to(torch.float64)                 # (s, k, p)
             Y, filt = g.Y.index_select(0, at), g.filt.index_select(0, at)[:, :, None]
             h = torch.bmm(Y.transpose(1, 2), V @ q64.T)                     # Yᵀ V_kᵀ q: (s, r, K)
-            lin = torch.sqrt((h * h * filt).sum(dim=1))                     # ‖J ε‖ before scaling: (s, K)
+            lin2 = (h * h * filt).sum(dim=1)                                # ‖J ε‖² before scaling: (s, K)
+            lin = torch.sqrt(lin2)
             scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
             y = torch.bmm(Y, h * filt) * scale[:, None, :]                  # (B_kᵀB_k)⁺ V_kᵀ q, scaled: (s, k, K)
-            out[to_device(g.members[pos[lo:lo + per]] // pilots, dev)] = torch.bmm(y.transpose(1, 2), V)
+            found = torch.bmm(y.transpose(1, 2), V)                         # (s, K, p)
+            # One basis at a time: a slice may hold several pilots of one example (no scatter collisions).
+            for i, e in enumerate((g.members[lo:lo + per] // pilots).tolist()):
+                better = lin2[i] > best[e]
+                out[e] = torch.where(better[:, None], found[i], out[e])
+                best[e] = torch.where(better, lin2[i], best[e])
     if out is None:
         out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=q.device)
     return out

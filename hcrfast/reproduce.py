@@ -500,7 +500,7 @@ def run(
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
-    krylov_pilots: int = 1,
+    krylov_pilots: int | str = 1,
     progress: bool = True,
     train_epochs: int | None = None,
     crash_after_chunks: int | None = None,
@@ -539,8 +539,10 @@ def run(
     solver : {"auto", "lsqr", "dense", "krylov"}
         ``hcrfast.bound``'s ``solver`` (``--solver``); "auto" is resolved before the run's
         key is written, so a resumed run keeps the solver its chunks were computed with.
-    krylov_pilots : int
-        ``hcrfast.bound``'s ``krylov_pilots`` (``--krylov-pilots``), for the Krylov solver only.
+    krylov_pilots : int or "auto"
+        ``hcrfast.bound``'s ``krylov_pilots`` (``--krylov-pilots``), for the Krylov solver only;
+        "auto" is resolved before the run's key is written (the pilots, and each one's steps as
+        the basis' ``iter_lim``), so the key and the command line spell out what ran.
     lsqr_atol, lsqr_btol, lsqr_iter_lim : optional
         Override ``hcrfast.DEFAULT_LSQR``'s stopping rules.
     progress : bool
@@ -603,7 +605,8 @@ def run(
                         sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                         data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
                         linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
-                        lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=_positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots"),
+                        lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=(krylov_pilots if krylov_pilots == "auto" else
+                                       _positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots")),
                         progress=progress, train_epochs=train_epochs,
                         crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
         except BaseException:
@@ -682,13 +685,17 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     seconds_data = seconds_load + time.perf_counter() - t_features  # loading and clean features
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
                                        int(np.prod(xn.shape[1:])), lsqr_given=bool(lsqr_given))  # --lsqr-*: LSQR
-    if krylov_pilots != 1 and solver != "krylov":
+    if krylov_pilots not in (1, "auto") and solver != "krylov":
         raise ValueError(f"--krylov-pilots {krylov_pilots} applies to the Krylov solver, but this run solves with "
                          f"{solver!r}; add --solver krylov or drop --krylov-pilots")
-    if krylov_pilots > restarts:
+    if krylov_pilots != "auto" and krylov_pilots > restarts:
         raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most {restarts}")
     if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
         lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **lsqr_given)
+    # "auto" is resolved before the key is written (its pilots, and their steps as the basis' iter_lim)
+    krylov_pilots, lsqr = hcrfast.krylov.resolve_pilots(
+        krylov_pilots, feats.reshape(feats.shape[0], -1).shape[1], int(np.prod(xn.shape[1:])), restarts, lsqr,
+        solver=solver)
     if solver == "dense" and lsqr_given:
         validation.warn(f"--solver dense solves every step exactly and runs no LSQR, so these options go unused: "
                         f"{', '.join('--lsqr-' + k.replace('_', '-') for k in lsqr_given)}; add --solver lsqr to "

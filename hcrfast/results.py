@@ -267,7 +267,9 @@ class Bounds:
             lines.append("  Krylov basis per example, every step projected on it")
         elif p.get("solver") == "krylov":
             k = p["krylov"]
-            lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s); one reorthogonalized "
+            lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s)"
+                         + (", chosen by krylov_pilots='auto'" if k.get("pilots_auto") else "")
+                         + "; one reorthogonalized "
                          f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
                          f"{k.get('products_per_example', float('nan')):.0f} products per example"

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+import hcrfast.krylov
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,6 +79,20 @@ def test_gpu_targets_runs_several_krylov_pilots_and_the_summary_names_them(tmp_p
     gpu_targets = _benchmark_script("gpu_targets")
     with pytest.raises(SystemExit, match="--krylov-pilots 2 needs the Krylov solver"):
         gpu_targets.main(["mnist", "--device", "cpu", "--examples", "1", "--solver", "lsqr", "--krylov-pilots", "2"])
+
+
+def test_gpu_targets_records_the_pilots_that_auto_chose(tmp_path, monkeypatch):
+    """--krylov-pilots auto with MAX_STEPS = 40 (the MNIST MLP's space is then beyond one basis): the JSON
+    records what bound() resolved, 2 pilots (R = 2) of 20 steps, and what was asked."""
+    gpu_targets = _benchmark_script("gpu_targets")
+    monkeypatch.setattr(hcrfast.krylov, "MAX_STEPS", 40)
+    monkeypatch.setattr(hcrfast.krylov, "AUTO_PILOT_STEPS", 20)
+    assert gpu_targets.main(["mnist", "--device", "cpu", "--examples", "1", "--restarts", "2", "--iterations", "1",
+                             "--solver", "krylov", "--krylov-pilots", "auto", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("gpu_targets_mnist_cpu_*.json")
+    r = json.loads(path.read_text())
+    assert r["krylov_pilots"] == 2 and r["krylov_pilots_asked"] == "auto" and r["lsqr"]["iter_lim"] == 20
+    assert r["products_per_example"] == 2 * (2 * 20 + 1)
 
 
 def test_lsqr_budget_first_picks_later_examples_of_the_same_stream():

@@ -558,6 +558,54 @@ def test_krylov_pilots_are_checked():
         hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=0)
 
 
+def test_auto_pilots_keep_one_basis_where_it_exhausts_the_space_and_split_its_steps_where_not():
+    """krylov_pilots="auto" (hcrfast.krylov.resolve_pilots): one pilot for other solvers, for spaces a
+    basis of MAX_STEPS exhausts (min(n, p) <= MAX_STEPS) and where iter_lim is given; beyond, MAX_STEPS
+    steps split over min(R, MAX_STEPS // AUTO_PILOT_STEPS) pilots."""
+    opts = krylov.DEFAULT_OPTIONS
+    assert krylov.resolve_pilots(3, 10**5, 10**5, 25, opts) == (3, opts)
+    assert krylov.resolve_pilots("auto", 10**5, 10**5, 25, opts, solver="lsqr") == (1, opts)
+    assert krylov.resolve_pilots("auto", 512, 10**5, 25, opts) == (1, opts)  # min(n, p) = 512: exhaustible
+    given = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=1000)
+    assert krylov.resolve_pilots("auto", 10**5, 10**5, 25, given) == (1, given)
+    most = krylov.MAX_STEPS // krylov.AUTO_PILOT_STEPS
+    for R in (1, 3, 25, 400):
+        pilots, o = krylov.resolve_pilots("auto", 10**5, 10**5, R, opts)
+        assert pilots == min(R, most)
+        assert o.iter_lim == (None if pilots == 1 else krylov.MAX_STEPS // pilots)
+        assert pilots * (o.iter_lim or krylov.MAX_STEPS) <= krylov.MAX_STEPS  # never more products than one basis
+        assert (o.atol, o.btol, o.conlim, o.check_every) == (opts.atol, opts.btol, opts.conlim, opts.check_every)
+
+
+def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, tmp_path):
+    """With MAX_STEPS = 8 the tanh net (n = 56, p = 64) is beyond one basis: "auto" runs 4 pilots of 2 steps
+    (R = 5, AUTO_PILOT_STEPS = 2), says so in params and the summary, and equals the explicit call, which
+    resumes the auto call's checkpoint (the key holds the resolved pilots and iter_lim, not "auto")."""
+    monkeypatch.setattr(krylov, "MAX_STEPS", 8)
+    monkeypatch.setattr(krylov, "AUTO_PILOT_STEPS", 2)
+    net = _tanh_net()
+    x = torch.as_tensor(np.random.default_rng(10).standard_normal((3, 1, 8, 8)))
+    kw = dict(size=0.05, iterations=2, restarts=5, seed=2, solver="krylov", checkpoint=tmp_path / "ck")
+    auto = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", **kw)
+    assert auto.params["krylov"]["pilots"] == 4 and auto.params["krylov"]["pilots_auto"]
+    assert auto.params["lsqr"]["iter_lim"] == 2 and auto.params["krylov"]["steps_max"] == 2
+    assert "4 pilot(s), chosen by krylov_pilots='auto'" in auto.summary()
+    explicit = hcrfast.bound(net, x, 0.2, krylov_pilots=4,
+                             lsqr=hcrfast.algorithm.dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=2), **kw)
+    assert explicit.params["checkpoint"]["examples_read_back"] == 3 and not explicit.params["krylov"]["pilots_auto"]
+    np.testing.assert_array_equal(auto.std, explicit.std)
+    fresh = hcrfast.bound(net, x, 0.2, krylov_pilots=4,
+                          lsqr=hcrfast.algorithm.dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=2),
+                          **{**kw, "checkpoint": None})
+    np.testing.assert_array_equal(auto.std, fresh.std)  # what was read back is what a run computes
+    one = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", **{**kw, "restarts": 1, "checkpoint": None})
+    assert one.params["krylov"]["pilots"] == 1 and one.params["lsqr"]["iter_lim"] is None  # one restart: one pilot
+    with pytest.raises(ValueError, match="krylov_pilots='many': pass a positive integer or 'auto'"):
+        hcrfast.bound(net, x, 0.2, krylov_pilots="many", **kw)
+    dense = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", size=0.05, iterations=1, restarts=2, solver="dense")
+    assert dense.params["solver"] == "dense"  # "auto" means one pilot (none) for the other solvers
+
+
 def test_auto_on_large_inputs_builds_the_basis_with_its_own_rules():
     """p = 4,225 > DENSE_SOLVE_MAX_INPUTS: "auto" takes the basis, with hcrfast.krylov.DEFAULT_OPTIONS
     (no pilot tolerance), not DEFAULT_LSQR's atol = 1e-5, and gets what solver="krylov" gets."""
@@ -644,30 +692,37 @@ def test_stacked_groups_padding_and_pilots_against_each_examples_own_oracle():
     np.testing.assert_allclose(krylov.directions(twice, q, pilots=2).numpy(), dirs, rtol=1e-8, atol=1e-10)
 
 
-def test_directions_with_pilots_come_from_each_examples_first_pilot():
-    """krylov_pilots = 2, spaces of k = 4 < rank steps, so the two pilots of an example span different
-    spaces: example e's directions are those of basis 2e (restart 0's pilot), the maximizer of
-    (qᵀε)²/‖Aε‖² over ITS Krylov space (numpy QR of the Krylov matrix of its own b), not basis 2e + 1's."""
+def test_directions_with_pilots_take_each_modes_best_pilot():
+    """krylov_pilots = 3, spaces of k = 4 < rank steps, so the pilots of an example span different
+    spaces: for each mode, example e's direction is the maximizer of (qᵀε)²/‖Aε‖² over the Krylov space
+    (numpy QR of the Krylov matrix of its own b) of whichever of its pilots gives the largest ratio,
+    and over 12 modes the winners are not all one pilot."""
     rng = np.random.default_rng(31)
+    P, k, K = 3, 4, 12
     A = spectrum_batch(rng, 2, 30, 20, np.logspace(0, -1, 20))
-    b = rng.standard_normal((4, 30))  # bases 2e and 2e + 1: example e's pilots 0 and 1
-    q = torch.as_tensor(rng.standard_normal((3, 20)))
-    k = 4
-    basis = krylov.build(DenseBatchOperator(np.repeat(A, 2, axis=0)), b, LSQROptions(atol=0, btol=0, conlim=0,
+    b = rng.standard_normal((2 * P, 30))  # bases P·e + j: example e's pilot j
+    q = torch.as_tensor(rng.standard_normal((K, 20)))
+    basis = krylov.build(DenseBatchOperator(np.repeat(A, P, axis=0)), b, LSQROptions(atol=0, btol=0, conlim=0,
                                                                                       iter_lim=k))
-    got = krylov.directions(basis, q, pilots=2).numpy()
-    assert got.shape == (2, 3, 20)
+    got = krylov.directions(basis, q, pilots=P).numpy()
+    assert got.shape == (2, K, 20)
+    winners = set()
     for e in range(2):
-        per_pilot = []
-        for j in range(2):
-            K = [A[e].T @ b[2 * e + j]]
+        per_pilot, ratio = [], []
+        for j in range(P):
+            Kr = [A[e].T @ b[P * e + j]]
             for _ in range(k - 1):
-                K.append(A[e].T @ (A[e] @ K[-1]))
-            Q, _ = np.linalg.qr(np.stack(K, axis=1))
+                Kr.append(A[e].T @ (A[e] @ Kr[-1]))
+            Q, _ = np.linalg.qr(np.stack(Kr, axis=1))
             want = (Q @ np.linalg.solve(Q.T @ A[e].T @ A[e] @ Q, Q.T @ q.numpy().T)).T
-            per_pilot.append(want / np.linalg.norm(want @ A[e].T, axis=1)[:, None])
-        np.testing.assert_allclose(got[e], per_pilot[0], rtol=1e-7, atol=1e-9)
-        assert not np.allclose(per_pilot[0], per_pilot[1], rtol=1e-3)  # the pilots' spaces differ
+            want /= np.linalg.norm(want @ A[e].T, axis=1)[:, None]
+            per_pilot.append(want)
+            ratio.append(np.einsum("kp,kp->k", want, q.numpy()) ** 2)  # ‖Aε‖ = 1
+        pick = np.argmax(np.stack(ratio), axis=0)
+        winners |= set(pick.tolist())
+        want = np.stack([per_pilot[pick[m]][m] for m in range(K)])
+        np.testing.assert_allclose(got[e], want, rtol=1e-7, atol=1e-9)
+    assert len(winners) > 1  # the test reaches the choice between pilots
 
 
 def test_after_a_rollback_the_rest_of_a_running_build_takes_two_passes(monkeypatch):

@@ -575,6 +575,33 @@ def test_krylov_solver_runs_with_its_own_stopping_rules(weights, tmp_path):
 
 
 
+def test_krylov_pilots_auto_is_resolved_into_the_key_and_the_command(weights, tmp_path, monkeypatch, capsys):
+    """--krylov-pilots auto: on digits (64 inputs) one basis exhausts the space, so the key is the default
+    run's (1 pilot, no iter_lim); with MAX_STEPS = 8 it splits into 2 pilots of 4 steps, which the key and
+    the command spell out, and that command resumes the run (every chunk read back)."""
+    small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "2", "--solver", "krylov",
+             "--weights", str(weights), "--no-progress"]
+    out = tmp_path / "auto"
+    assert cli.main(["reproduce", "digits", *small, "--krylov-pilots", "auto", "--out", str(out)]) == 0
+    key = json.loads((out / "run.json").read_text())["key"]
+    assert key["krylov_pilots"] == 1 and key["lsqr"]["iter_lim"] is None
+    monkeypatch.setattr(hcrfast.krylov, "MAX_STEPS", 8)
+    monkeypatch.setattr(hcrfast.krylov, "AUTO_PILOT_STEPS", 4)
+    out2 = tmp_path / "auto_split"
+    assert cli.main(["reproduce", "digits", *small, "--krylov-pilots", "auto", "--out", str(out2)]) == 0
+    key = json.loads((out2 / "run.json").read_text())["key"]
+    assert key["krylov_pilots"] == 2 and key["lsqr"]["iter_lim"] == 4
+    command = json.loads((out2 / "summary.json").read_text())["command"]
+    assert "--krylov-pilots 2" in command and "--lsqr-iter-lim 4" in command
+    capsys.readouterr()
+    assert cli.main(command.split()[1:] + ["--weights", str(weights), "--no-progress"]) == 0
+    assert json.loads((out2 / "summary.json").read_text())["timings"]["chunks_reused"] == 2
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit):
+            cli.main(["reproduce", "digits", *small, "--krylov-pilots", bad, "--out", str(tmp_path / "bad")])
+        assert "pass a positive integer or 'auto'" in capsys.readouterr().err
+
+
 def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise(weights, tmp_path, capsys):
     out = tmp_path / "threads"
     base = ["reproduce", "digits", *TINY, "--weights", str(weights), "--out", str(out)]
