@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
-#   lease2    = setup mnist-dense resnet18-krylov modes kernels profile: the MNIST target with the dense
-#             solve on the device, the ResNet-18 target (16 examples a call, extrapolated), then with
+#   lease2    = setup resnet18-krylov mnist-dense modes kernels profile: the ResNet-18 target (25 Krylov
+#             pilots per example, 8 examples a call, extrapolated), the MNIST target with the dense
+#             solve on the device (the first call ran MNIST with the default), then with
 #             what is left the modes, the kernels against the libraries (short rounds), and where the
 #             Krylov basis' MNIST time goes (the first H100 run, 2026-11-27, found it host-bound)
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation), the carried wheels,
@@ -40,13 +41,15 @@
 #             the reference's joint SciPy LSQR needs ~35k host-driven products at that size; at
 #             256 x R = 25 it needs > 390k, far beyond one call)
 #   resnet18-krylov  the issue's target, ResNet-18 at 91x91, 128 x 25 x 10 (< 10 min), with
-#             solver="krylov" (what "auto" takes: one reorthogonalized Krylov basis per example, every
-#             step projected on it: ~2 x 4,096 products per example instead of LSQR's ~25 x 7,800),
-#             in RESNET_SLICES (8: 16 examples a call) slices under what the call has left: what is not
-#             done by then is extrapolated. The H100 took 98.9 s for a call of 4 (23 ms a step, 13.8 ms
-#             of it in the model's products at a batch of 4, far from filling the GPU; the Gram-Schmidt
-#             passes ~1 ms): 3,163 s extrapolated at 4 a call. A step's products should cost little more
-#             at 16 than at 4; the basis takes 0.8 GB an example (4,097 x 2 x ~25,000 float32 values).
+#             solver="krylov" and RESNET_PILOTS (default auto: 25 reorthogonalized Krylov bases of 163
+#             steps per example, each restart's steps projected on its pilot's: ~2 x 4,096 products per
+#             example instead of LSQR's ~25 x 7,800; at equal products a higher median bound than one
+#             basis of 4,096 steps on CPU, benchmarks/README.md), in RESNET_SLICES (16: 8 examples a call)
+#             slices under what the call has left: what is not done by then is extrapolated. With ONE
+#             basis of 4,096 steps the H100 took 98.9 s for a call of 4 (23 ms a step, 13.8 ms of it in
+#             the model's products at a batch of 4, far from filling the GPU; the Gram-Schmidt passes
+#             ~1 ms): 3,163 s extrapolated. 25 pilots make 163 steps of 200 rows a call of 8, in the
+#             same memory (25 x 164 x 2 x ~25,000 float32 values, 0.8 GB an example).
 #   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
 #   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
 #   summary   the table of what ran (also printed by itself at the end of every call)
@@ -57,7 +60,7 @@
 # the second issued at once after the first replies. LEASE_S (default 450) is the wall time of
 # this whole call: every command runs under `timeout` sized to what the call has left (and to its
 # own cap), a command that would get less than its minimum (MIN, default MIN_RUN_S = 20; the race
-# 60, MNIST 90, the kernels 60, ResNet-18 120 (its Krylov run 240), the dense MNIST 60, a mode 50: less could not finish it) is skipped and
+# 60, MNIST 90, the kernels 60, ResNet-18 120 (its Krylov run 150), the dense MNIST 60, a mode 50: less could not finish it) is skipped and
 # recorded as such, and the in-run time budgets of gpu_targets.py follow the same clock; RESERVE_S
 # (15) is kept for the summary. Give the device tool a timeout_s ~30 s above LEASE_S. For the second
 # call, LEASE_S = the status' budget_left_s minus ~90 s (the command's start, transfers, the close).
@@ -170,7 +173,7 @@ stages=()
 for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup mnist-dense resnet18-krylov modes kernels profile) ;;
+    lease2) stages+=(setup resnet18-krylov mnist-dense modes kernels profile) ;;
     setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
         echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
@@ -372,10 +375,12 @@ EOF
         ;;
     resnet18-krylov)
         ensure_installed
-        say "gpu_targets resnet18 --solver krylov (128 x 25 x 10 in ${RESNET_SLICES:-8} slices, the rest extrapolated)"
-        # MIN 240: a first slice of 16 examples must be able to finish (nothing is written before it does)
-        MIN=240 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
-            --slices "${RESNET_SLICES:-8}" \
+        say "gpu_targets resnet18 --solver krylov --krylov-pilots ${RESNET_PILOTS:-auto} (128 x 25 x 10 in ${RESNET_SLICES:-16} slices, the rest extrapolated)"
+        # MIN 150: a first slice of 8 examples (200 bases of 163 steps) must be able to finish (nothing is
+        # written before it does); unmeasured on a GPU: 163 steps of 200 rows each, where one basis took
+        # 4,096 steps of 4 rows at 23 ms a step
+        MIN=150 T=${RESNET_TIMEOUT_S:-540} run "$PY" benchmarks/gpu_targets.py resnet18 --solver krylov \
+            --krylov-pilots "${RESNET_PILOTS:-auto}" --slices "${RESNET_SLICES:-16}" \
             --time-budget "$(budget "${RESNET_TIMEOUT_S:-540}" 90)" --progress --out "$DEST"
         ;;
     tf32)
