@@ -95,11 +95,12 @@ def add_subparser(subparsers) -> None:
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values whose J "
                         "(features x inputs) holds at most 2^24 values (digits, MNIST, CIFAR-10), krylov on CUDA and beyond "
                         "(ImageNet models), LSQR otherwise")
-    g.add_argument("--krylov-pilots", type=_pilots, default=1, metavar="S",
-                   help="with --solver krylov: restarts 0..S-1 each build their own Krylov basis and restart r "
-                        "uses pilot r mod S's (S times the products and memory; default 1); 'auto': 1 where one "
-                        "basis exhausts the space (min(features, inputs) <= 4096), else up to 25 pilots sharing "
-                        "one basis' 4,096 steps (ImageNet models)")
+    g.add_argument("--krylov-pilots", type=_pilots, default="auto", metavar="S",
+                   help="with the Krylov solver: restarts 0..S-1 each build their own Krylov basis and restart r "
+                        "uses pilot r mod S's (S times the products and memory). Default 'auto': 1 where one "
+                        "basis exhausts the space (min(features, inputs) <= 4096) or --lsqr-iter-lim is given, "
+                        "else up to 25 pilots sharing one basis' 4,096 steps (ImageNet models: a higher median "
+                        "bound at equal products)")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "

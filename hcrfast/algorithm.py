@@ -934,7 +934,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
           keep_targeted_eps: bool = False, tf32: bool = False, warm_start: bool = True, solver: str = "auto",
-          krylov_pilots: int | str = 1, checkpoint=None, shard: bool = False) -> Bounds:
+          krylov_pilots: int | str = "auto", checkpoint=None, shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -1038,7 +1038,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         basis, and restart r is solved in the basis of pilot ``r mod pilots``. More pilots cost
         ``pilots`` × the products and memory and bring more restarts their own Krylov space
         (pilots = restarts: every restart its own basis, recycled over its i steps). "auto"
-        (:func:`hcrfast.krylov.resolve_pilots`): one pilot where one basis exhausts the space
+        (the default, :func:`hcrfast.krylov.resolve_pilots`): one pilot where one basis exhausts the space
         (min(n, p) ≤ :data:`hcrfast.krylov.MAX_STEPS`) or ``iter_lim`` is given, and for the other
         solvers; beyond, one basis' MAX_STEPS steps split over up to R pilots of at least
         :data:`hcrfast.krylov.AUTO_PILOT_STEPS` steps each (ResNet-18: a higher median bound at equal

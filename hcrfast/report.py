@@ -396,7 +396,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("seed", s["seed"]),
         ("linearization point", s["linearize_at"]),
         ("solver", "dense: J built and factored once per example, every step exact" if dense
-         else "krylov: one reorthogonalized LSQR per example keeps its Krylov basis; every step projected on it"
+         else ("krylov: one reorthogonalized LSQR per example keeps its Krylov basis; every step projected on it"
+               if (s.get("krylov_pilots") or 1) == 1 else
+               f"krylov: {s['krylov_pilots']} reorthogonalized LSQRs (pilots) per example keep their Krylov bases; "
+               f"restart r's steps projected on pilot r mod {s['krylov_pilots']}'s")
          if s.get("solver") == "krylov"
          else f"LSQR, {'warm' if s.get('warm_start', True) else 'cold'} starts"),
         ("LSQR atol / btol / iter_lim",

@@ -500,7 +500,7 @@ def run(
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
-    krylov_pilots: int | str = 1,
+    krylov_pilots: int | str = "auto",
     progress: bool = True,
     train_epochs: int | None = None,
     crash_after_chunks: int | None = None,

@@ -268,7 +268,8 @@ class Bounds:
         elif p.get("solver") == "krylov":
             k = p["krylov"]
             lines.append(f"  Krylov basis per example and pilot ({k.get('pilots', 1)} pilot(s)"
-                         + (", chosen by krylov_pilots='auto'" if k.get("pilots_auto") else "")
+                         + (", chosen by krylov_pilots='auto'" if k.get("pilots_auto") and k.get("pilots", 1) > 1
+                            else "")
                          + "; one reorthogonalized "
                          f"LSQR each, every step projected on it): "
                          f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "

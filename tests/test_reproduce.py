@@ -593,6 +593,7 @@ def test_krylov_pilots_auto_is_resolved_into_the_key_and_the_command(weights, tm
     assert key["krylov_pilots"] == 2 and key["lsqr"]["iter_lim"] == 4
     command = json.loads((out2 / "summary.json").read_text())["command"]
     assert "--krylov-pilots 2" in command and "--lsqr-iter-lim 4" in command
+    assert "2 reorthogonalized LSQRs (pilots) per example" in (out2 / "report.html").read_text()
     capsys.readouterr()
     assert cli.main(command.split()[1:] + ["--weights", str(weights), "--no-progress"]) == 0
     assert json.loads((out2 / "summary.json").read_text())["timings"]["chunks_reused"] == 2
