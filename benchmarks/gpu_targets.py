@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import sys
@@ -73,6 +74,7 @@ import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
 from hcrfast.kernels import tridiagonal  # noqa: E402
 from hcrfast import dense as dense_mod  # noqa: E402
+from hcrfast._repro_cli import pilots_arg  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
 from hcrfast.bindings.bridge import ALLOCATOR_ENV, cupy_allocator_choice  # noqa: E402
 
@@ -296,6 +298,7 @@ def run(args, on_slice=None) -> dict:
     solver = ("lsqr" if args.solver == "auto" and args.cold_start
               else hcrfast.algorithm.resolve_solver(args.solver, "input", device, int(feats[0].numel()),
                                                     int(x[0].numel())))
+    n_features = int(feats[0].numel())
     del feats
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
@@ -311,9 +314,10 @@ def run(args, on_slice=None) -> dict:
     warm_kw = {**kw, "restarts": 2, "iterations": 1, "chunk_size": None}
     if solver == "krylov":
         warm_kw["lsqr"] = dataclasses.replace(opts, iter_lim=8)
-        if "krylov_pilots" in kw:  # ("auto" with iter_lim given is one pilot)
-            warm_kw["krylov_pilots"] = (kw["krylov_pilots"] if kw["krylov_pilots"] == "auto"
-                                        else min(kw["krylov_pilots"], warm_kw["restarts"]))
+        # as many pilots as the timed calls run (up to its 2 restarts), "auto" resolved as they resolve it
+        asked = kw.get("krylov_pilots", inspect.signature(hcrfast.bound).parameters["krylov_pilots"].default)
+        pilots, _ = krylov.resolve_pilots(asked, n_features, int(x[0].numel()), restarts, opts, solver=solver)
+        warm_kw["krylov_pilots"] = min(pilots, warm_kw["restarts"])
     hcrfast.bound(model, x[:2], sigma, **warm_kw)
     if solver == "krylov" and krylov.EIG_IMPL == "numba":
         # compiled once per process: here, not in the timed calls
@@ -494,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
     ap.add_argument("--krylov-steps", type=int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
-    ap.add_argument("--krylov-pilots", type=_pilots_arg, default=None,
+    ap.add_argument("--krylov-pilots", type=pilots_arg, default=None,
                     help="with --solver krylov: bound(krylov_pilots=...), bases per example (restart r is solved "
                          "in the basis of pilot r mod pilots); each pilot's basis runs up to --krylov-steps; "
                          "'auto': hcrfast.krylov.resolve_pilots (ResNet-18: 25 pilots of 163 steps); default: "
@@ -528,19 +532,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "slows the run: time the target without it)")
     ap.add_argument("--out", default=None, help="directory for gpu_targets_<workload>_<device>_<date>.json")
     return ap
-
-
-def _pilots_arg(text: str):
-    """--krylov-pilots: a positive integer or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'")
-    return value
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,8 @@ def _fraction(x: float) -> str:
     return f"1/{round(1 / x)}" if abs(1 / x - round(1 / x)) < 1e-9 else f"{x:g}"
 
 
-def _pilots(text: str):
-    """``--krylov-pilots``: a positive integer or "auto"."""
+def pilots_arg(text: str):
+    """``--krylov-pilots`` (here and in benchmarks/gpu_targets.py): a positive integer or "auto"."""
     if text == "auto":
         return text
     try:
@@ -95,7 +95,7 @@ def add_subparser(subparsers) -> None:
                         "--linearize-at input. auto: dense on the CPU for inputs of at most 4096 values whose J "
                         "(features x inputs) holds at most 2^24 values (digits, MNIST, CIFAR-10), krylov on CUDA and beyond "
                         "(ImageNet models), LSQR otherwise")
-    g.add_argument("--krylov-pilots", type=_pilots, default="auto", metavar="S",
+    g.add_argument("--krylov-pilots", type=pilots_arg, default="auto", metavar="S",
                    help="with the Krylov solver: restarts 0..S-1 each build their own Krylov basis and restart r "
                         "uses pilot r mod S's (S times the products and memory). Default 'auto': 1 where one "
                         "basis exhausts the space (min(features, inputs) <= 4096) or --lsqr-iter-lim is given, "
