@@ -9,6 +9,12 @@ at the price of one build.
     python benchmarks/krylov_depth.py resnet18 --examples 1 --restarts 2 --iterations 10 \\
         --depths 500,1000,2000,4096 --threads 1 --json out.json
 
+With ``--krylov-pilots P`` each example builds P bases, one from each of restarts 0..P−1's start vectors,
+and restart r is solved in pilot r mod P's (``bound(krylov_pilots=P)``); every depth is then each pilot's
+step count, so a depth k costs ~P·(2k + 1) products per example. Comparing ``--krylov-pilots 25 --depths
+20,41,82,164`` with ``--depths 512,1024,2048,4096`` compares many short bases with one long one at equal
+products, across budgets, from two builds.
+
 Random inputs of the model's geometry (normalized), its published σ scale and start size, random weights:
 the same problem as ``lsqr_budget.py`` (whose JSON ``--reference-json`` reads for the ratios).
 """
@@ -37,6 +43,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_arguments(ap, iterations=10)
     ap.add_argument("--depths", default="500,1000,2000,4096", help="comma-separated basis sizes k")
+    ap.add_argument("--krylov-pilots", type=int, default=1,
+                    help="bases per example (restarts 0..P-1 start them; restart r is solved in pilot r mod P's)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--reference-json", default=None,
@@ -48,22 +56,27 @@ def main(argv=None) -> int:
     depths = sorted(int(d) for d in args.depths.split(","))
     if depths[0] < 1:
         raise SystemExit(f"--depths must be positive integers, got {args.depths!r}")
+    pilots = args.krylov_pilots
+    if not 1 <= pilots <= args.restarts:
+        raise SystemExit(f"--krylov-pilots {pilots}: pass 1..--restarts ({args.restarts}); the pilots are restarts "
+                         "0..P-1")
     zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device, args.first)
     ids = np.arange(args.first, args.first + args.examples)
     n = f0[0].numel()
     reference = None
     if args.reference_json:
         ref = json.loads(Path(args.reference_json).read_text())
-        for key in ("examples", "restarts", "iterations", "first"):
+        for key in ("examples", "restarts", "iterations", "first"):  # pilots may differ: equal products
             if ref["args"].get(key, 0) != getattr(args, key) or ref["args"]["model"] != args.model:
                 raise SystemExit(f"--reference-json is another problem ({key}: {ref['args'].get(key, 0)!r})")
         reference = ref["rows"][-1]
     print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
-          f"sigma = {sigma:.4g}, depths {depths}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
+          f"sigma = {sigma:.4g}, {pilots} pilot(s), depths {depths}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
 
     xp = array_module_for(x.device)
-    pilot = hcrfast.start_vectors(ids, args.restarts, n, seed=0, size=zm.size,
-                                  sigma=sigma)[::args.restarts]
+    # bound()'s pilots: restarts 0..P-1 of each example's start vectors, example-major
+    starts = hcrfast.start_vectors(ids, args.restarts, n, seed=0, size=zm.size, sigma=sigma)
+    pilot = np.ascontiguousarray(starts.reshape(args.examples, args.restarts, n)[:, :pilots].reshape(-1, n))
     t0 = time.perf_counter()
 
     def progress(steps, active):
@@ -72,7 +85,7 @@ def main(argv=None) -> int:
 
     # As bound() builds it: on the solver's stream, with IEEE float32 products (cuDNN defaults to TF32).
     with solver_stream(x.device), ieee_float32():
-        full = krylov.build(TorchJacobian(model, x), xp.asarray(pilot, dtype=np.float32),
+        full = krylov.build(TorchJacobian(model, x.repeat_interleave(pilots, dim=0)), xp.asarray(pilot, dtype=np.float32),
                             hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1], check_every=16),
                             progress=progress)
     build_seconds = time.perf_counter() - t0
@@ -84,7 +97,7 @@ def main(argv=None) -> int:
         basis = full.truncated(k)
 
         def cached(op, b, options=None, **kw):  # bound()'s own build call, answered from the long build
-            if tuple(b.shape) != (args.examples, n):
+            if tuple(b.shape) != (args.examples * pilots, n):
                 raise RuntimeError(f"unexpected pilot shape {tuple(b.shape)}")
             return basis
 
@@ -92,16 +105,19 @@ def main(argv=None) -> int:
         try:
             t1 = time.perf_counter()
             res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
-                                solver="krylov", lsqr=hcrfast.LSQROptions(iter_lim=k), chunk_size=args.examples,
+                                solver="krylov", krylov_pilots=pilots, lsqr=hcrfast.LSQROptions(iter_lim=k),
+                                chunk_size=args.examples,
                                 example_ids=ids)
             seconds = time.perf_counter() - t1
         finally:
             algorithm.krylov.build = real_build
         h = res.to_numpy()
-        row = dict(depth=k, steps=basis.steps.tolist(), rank=basis.rank.tolist(),
+        # per example: its pilots' products together (each basis 2k + 1)
+        products = (2 * basis.steps + 1).reshape(args.examples, pilots).sum(axis=1)
+        row = dict(depth=k, pilots=pilots, steps=basis.steps.tolist(), rank=basis.rank.tolist(),
                    smallest_ritz_value=[float(s[r - 1]) if r else None for s, r in zip(basis.ritz, basis.rank)],
                    largest_ritz_value=[float(s[0]) if r else None for s, r in zip(basis.ritz, basis.rank)],
-                   products_per_example=float(np.mean(2 * basis.steps + 1)),
+                   products_per_example=float(np.mean(products)),
                    seconds_after_build=seconds,
                    seconds_build_estimate=build_seconds * float(np.mean(basis.steps)) / max(1.0, float(np.mean(full.steps))),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)))

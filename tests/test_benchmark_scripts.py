@@ -30,11 +30,12 @@ def _benchmark_script(name: str):
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
-def run_script(name, *args):
-    """Run ``benchmarks/<name>`` with ``args`` in a fresh interpreter; its CompletedProcess (exit 0 checked)."""
+def run_script(name, *args, check=True):
+    """Run ``benchmarks/<name>`` with ``args`` in a fresh interpreter; its CompletedProcess (exit 0 checked
+    unless ``check=False``)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *map(str, args)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not check or proc.returncode == 0, proc.stderr[-2000:]
     return proc
 
 
@@ -343,8 +344,10 @@ def test_lsqr_budget_script_runs_the_krylov_solver(tmp_path):
     assert t["other_modes"] == 2 * 60 and t["other_median_with_targets"] >= t["other_median_algorithm1"]
 
 
-def test_krylov_depth_script_truncates_one_build(tmp_path):
-    """Each depth's bound equals a bound(solver='krylov') run with that iter_lim (the basis prefix property)."""
+@pytest.mark.parametrize("pilots", [1, 2])
+def test_krylov_depth_script_truncates_one_build(tmp_path, pilots):
+    """Each depth's bound equals a bound(solver='krylov') run with that iter_lim (the basis prefix property),
+    with one basis per example and with a basis per restart (``--krylov-pilots``)."""
     import numpy as np
     import torch
 
@@ -353,17 +356,26 @@ def test_krylov_depth_script_truncates_one_build(tmp_path):
 
     out = tmp_path / "d.json"
     run_script("krylov_depth.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
-               "--depths", "4,9", "--threads", "1", "--json", str(out))
+               "--depths", "4,9", "--krylov-pilots", str(pilots), "--threads", "1", "--json", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [r["depth"] for r in rows] == [4, 9] and rows[0]["products_per_example"] == 9
+    assert [r["depth"] for r in rows] == [4, 9] and rows[0]["products_per_example"] == 9 * pilots
+    assert [r["pilots"] for r in rows] == [pilots, pilots] and len(rows[1]["steps"]) == 2 * pilots
     zm = zoo.build("digits")
     model = zm.features.eval()
     x = zm.normalize(torch.rand((2,) + tuple(zm.input_shape), generator=torch.Generator().manual_seed(0)))
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
-    direct = hcrfast.bound(model, x, sigma, size=zm.size, restarts=2, iterations=2, solver="krylov",
-                           lsqr=hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=9))
-    assert abs(float(np.median(direct.std)) - rows[1]["median"]) <= 1e-6 * rows[1]["median"]
+    for row, k in zip(rows, (4, 9)):
+        direct = hcrfast.bound(model, x, sigma, size=zm.size, restarts=2, iterations=2, solver="krylov",
+                               krylov_pilots=pilots, lsqr=hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k))
+        assert direct.params["krylov"]["pilots"] == pilots
+        assert abs(float(np.median(direct.std)) - row["median"]) <= 1e-6 * row["median"]
+
+
+def test_krylov_depth_script_refuses_more_pilots_than_restarts(tmp_path):
+    proc = run_script("krylov_depth.py", "digits", "--restarts", "2", "--krylov-pilots", "3", "--depths", "4",
+                      check=False)
+    assert proc.returncode != 0 and "--krylov-pilots 3" in proc.stderr
 
 
 @pytest.mark.parametrize("profile", ["rms", "feature-std"])
