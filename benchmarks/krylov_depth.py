@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default="500,1000,2000,4096", help="comma-separated basis sizes k")
     ap.add_argument("--krylov-pilots", type=int, default=1,
                     help="bases per example (restarts 0..P-1 start them; restart r is solved in pilot r mod P's)")
+    ap.add_argument("--check-every", type=int, default=krylov.DEFAULT_OPTIONS.check_every,
+                    help="basis steps between host checks (default bound()'s; each check may roll a block back)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--reference-json", default=None,
@@ -86,10 +88,13 @@ def main(argv=None) -> int:
     # As bound() builds it: on the solver's stream, with IEEE float32 products (cuDNN defaults to TF32).
     with solver_stream(x.device), ieee_float32():
         full = krylov.build(TorchJacobian(model, x.repeat_interleave(pilots, dim=0)), xp.asarray(pilot, dtype=np.float32),
-                            hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1], check_every=16),
+                            hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1],
+                                                    check_every=args.check_every),
                             progress=progress)
     build_seconds = time.perf_counter() - t0
-    print(f"  basis of {full.steps.tolist()} steps built in {build_seconds:.1f} s", flush=True)
+    print(f"  basis of {full.steps.tolist()} steps built in {build_seconds:.1f} s; steps run twice "
+          f"(rolled-back blocks) {full.redone.tolist()}, steps through the operator {full.passes.tolist()}",
+          flush=True)
 
     rows = []
     real_build = krylov.build
@@ -133,6 +138,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(dict(
             command="python benchmarks/krylov_depth.py " + " ".join(sys.argv[1:] if argv is None else argv),
             args=vars(args), sigma=sigma, build_seconds=build_seconds, reference=reference,
+            build_redone=full.redone.tolist(), build_operator_steps=full.passes.tolist(),
             machine=machine_info(args.device), rows=rows), indent=2))
     return 0
 
