@@ -118,17 +118,31 @@ def quantiles(std) -> dict:
 
 
 def machine_info(device: str) -> dict:
-    cpu = "unknown"
+    """The machine a JSON was measured on. Beside the versions: the CPU's family/model numbers and the
+    instruction set torch dispatches to (``torch.backends.cpu.get_cpu_capability``), since a VM's
+    "AMD EPYC" can be another generation from session to session, with other float32 kernels (and
+    so other rounding) under the same versions."""
+    cpu, family_model = "unknown", {}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name":
+                    cpu = value.strip()
+                elif key in ("cpu family", "model") and key not in family_model:
+                    family_model[key] = value.strip()
+                if line.strip() == "":  # the first processor's block is enough
                     break
     except OSError:
         pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older torch
+        capability = None
     info = dict(
-        cpu_model=cpu, logical_cpus=os.cpu_count(),
+        cpu_model=cpu, cpu_family=family_model.get("cpu family"), cpu_model_number=family_model.get("model"),
+        torch_cpu_capability=capability, logical_cpus=os.cpu_count(),
         cpus_available=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         torch=torch.__version__, numpy=np.__version__, scipy=scipy.__version__,
         python=platform.python_version(), torch_threads=torch.get_num_threads(),
