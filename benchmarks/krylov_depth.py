@@ -12,7 +12,7 @@ at the price of one build.
 With ``--krylov-pilots P`` each example builds P bases, one from each of restarts 0..P−1's start vectors,
 and restart r is solved in pilot r mod P's (``bound(krylov_pilots=P)``); every depth is then each pilot's
 step count, so a depth k costs ~P·(2k + 1) products per example. Comparing ``--krylov-pilots 25 --depths
-20,41,82,164`` with ``--depths 512,1024,2048,4096`` compares many short bases with one long one at equal
+20,41,82,163`` with ``--depths 512,1024,2048,4096`` compares many short bases with one long one at equal
 products, across budgets, from two builds.
 
 Random inputs of the model's geometry (normalized), its published σ scale and start size, random weights:
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"--reference-json is another problem ({key}: {ref['args'].get(key, 0)!r})")
         reference = ref["rows"][-1]
     print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "
-          f"sigma = {sigma:.4g}, {pilots} pilot(s), depths {depths}, {args.device}, torch threads {torch.get_num_threads()}", flush=True)
+          f"sigma = {sigma:.4g}, {pilots} pilot(s), depths {depths}, {args.device}, "
+          f"torch threads {torch.get_num_threads()}", flush=True)
 
     xp = array_module_for(x.device)
     # bound()'s pilots: restarts 0..P-1 of each example's start vectors, example-major
@@ -87,9 +88,10 @@ def main(argv=None) -> int:
 
     # As bound() builds it: on the solver's stream, with IEEE float32 products (cuDNN defaults to TF32).
     with solver_stream(x.device), ieee_float32():
-        full = krylov.build(TorchJacobian(model, x.repeat_interleave(pilots, dim=0)), xp.asarray(pilot, dtype=np.float32),
+        full = krylov.build(TorchJacobian(model, x.repeat_interleave(pilots, dim=0)),
+                            xp.asarray(pilot, dtype=np.float32),
                             hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=depths[-1],
-                                                    check_every=args.check_every),
+                                                check_every=args.check_every),
                             progress=progress)
     build_seconds = time.perf_counter() - t0
     print(f"  basis of {full.steps.tolist()} steps built in {build_seconds:.1f} s; steps run twice "
