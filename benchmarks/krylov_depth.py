@@ -62,6 +62,9 @@ def main(argv=None) -> int:
     if not 1 <= pilots <= args.restarts:
         raise SystemExit(f"--krylov-pilots {pilots}: pass 1..--restarts ({args.restarts}); the pilots are restarts "
                          "0..P-1")
+    if args.check_every < 1:
+        raise SystemExit(f"--check-every {args.check_every}: pass a step count >= 1 (bound()'s default is "
+                         f"{krylov.DEFAULT_OPTIONS.check_every})")
     zm, model, x, f0, sigma = random_workload(args.model, args.examples, args.device, args.first)
     ids = np.arange(args.first, args.first + args.examples)
     n = f0[0].numel()

@@ -107,9 +107,9 @@ DEVICE_EIG_MARGIN = 10.0
 #: ``min(restarts, MAX_STEPS // AUTO_PILOT_STEPS)`` pilots of ``MAX_STEPS // pilots`` steps each. ResNet-18
 #: (3×91×91, R = 25, i = 10, three examples; benchmarks/README.md): at equal products 25 bases of 163-164
 #: steps gave a higher median bound than one of 4,096 (by 75% on example 0), and each step runs 25 rows
-#: at once. Across budgets (one example, at equal products against one basis): 82-step pilots still won
-#: (+28%), 41-step ones lost (85%). More pilots of fewer steps against 25 of 163 at larger R were not
-#: measured, so no more pilots than that are taken.
+#: at once. Across budgets (three examples, at equal products against one basis): 82-step pilots still
+#: won (128-134% of its median), 41-step ones lost (85-96%). More pilots of fewer steps against 25 of 163
+#: at larger R were not measured, so no more pilots than that are taken.
 AUTO_PILOT_STEPS = 160
 
 

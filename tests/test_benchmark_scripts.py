@@ -376,10 +376,13 @@ def test_krylov_depth_script_truncates_one_build(tmp_path, pilots):
         assert abs(float(np.median(direct.std)) - row["median"]) <= 1e-6 * row["median"]
 
 
-def test_krylov_depth_script_refuses_more_pilots_than_restarts(tmp_path):
+def test_krylov_depth_script_refuses_bad_pilots_and_check_every(tmp_path):
     proc = run_script("krylov_depth.py", "digits", "--restarts", "2", "--krylov-pilots", "3", "--depths", "4",
                       check=False)
     assert proc.returncode != 0 and "--krylov-pilots 3" in proc.stderr
+    proc = run_script("krylov_depth.py", "digits", "--restarts", "2", "--check-every", "0", "--depths", "4",
+                      check=False)
+    assert proc.returncode != 0 and "--check-every 0" in proc.stderr
 
 
 @pytest.mark.parametrize("profile", ["rms", "feature-std"])
