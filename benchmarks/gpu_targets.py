@@ -276,6 +276,7 @@ def run(args, on_slice=None) -> dict:
     apply_reorth_option(args.reorth_passes)
     krylov.EIG_IMPL = args.eig_impl
     dense_mod.EIGH_IMPL = args.dense_eigh
+    jacobian_mod.LEAN_DOUBLE_BACKWARD = args.double_backward == "lean"
     if args.tf32:
         # bound(tf32=True) only stops forcing IEEE float32: it runs with the caller's settings, and
         # torch's defaults keep float32 matmuls in IEEE (only cuDNN convolutions default to TF32).
@@ -341,7 +342,7 @@ def run(args, on_slice=None) -> dict:
             workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
             slices=len(slices), slices_done=len(parts), restarts=restarts, iterations=iterations,
             size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
-            tf32=args.tf32, cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
+            double_backward=args.double_backward if args.jacobian == "reverse" else None, tf32=args.tf32, cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
             lsqr=res.params["lsqr"],  # as the call resolved them (krylov_pilots="auto" sets each pilot's iter_lim)
             inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                               else "uniform random images"),
@@ -487,6 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"))
+    ap.add_argument("--double-backward", default="lean", choices=("lean", "torch"),
+                    help="--jacobian reverse: record the forward under lean_double_backward (one convolution a "
+                         "layer per JVP; hcrfast.bindings.jacobian.LEAN_DOUBLE_BACKWARD) or torch's own graph")
     ap.add_argument("--kernels", default=None, choices=("auto", "twin", "numba"))
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")

@@ -148,38 +148,58 @@ def test_allocation_gpu(benchmark, allocator, monkeypatch):
 
 # ---------------------------------------------------------------- ResNet-18: JVP by double VJP vs forward mode
 
+# "reverse": the double VJP recorded under lean_double_backward (the default); "reverse-torch": torch's
+# own graph, whose double backward of a convolution also runs its weight gradient (the first H100 run's
+# 44.1 s of JVPs against 12.4 s of VJPs); "forward": torch.func.jvp, which recomputes the forward pass.
+# A VJP under the lean graph is a transposed convolution per layer where torch's is a convolution
+# backward for the input: the same work, timed both ways to show it.
+RESNET_MODES = ["reverse", "reverse-torch", "forward"]
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [8, 32])
-@pytest.mark.parametrize("mode", ["reverse", "forward"])
-@pytest.mark.parametrize("product", ["jvp", "vjp"])
-def test_resnet18_product_gpu(benchmark, rows, mode, product):
-    """The ResNet-18 target's products (3 × 91 × 91 inputs, 25,088 features) through ``TorchJacobian``
-    on CUDA, each round ending with a device sync. The first H100 run's basis spent 44.1 s in JVPs by
-    double VJP (mode "reverse") against 12.4 s in VJPs: does forward mode (``torch.func.jvp``, which
-    recomputes the forward pass) cost less per JVP there? (On this repository's CPU it cost more.)"""
-    import cupy
 
-    from hcrfast.bindings import solver_stream
+def _resnet18_products(benchmark, monkeypatch, rows, mode, product, device):
+    import hcrfast.bindings.jacobian as jac
 
-    model = build("resnet18", seed=0).features.eval().cuda()
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", mode != "reverse-torch")
+    model = build("resnet18", seed=0).features.eval().to(device)
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 3, 91, 91, generator=g).cuda()
-    with solver_stream(x.device):
-        op = TorchJacobian(model, x, mode=mode)
-        if product == "jvp":
-            arr = cupy.asarray(np.random.default_rng(rows).standard_normal((rows, 3 * 91 * 91)).astype(np.float32))
-            call = op.matvec
-        else:
-            arr = cupy.asarray(np.random.default_rng(rows).standard_normal((rows, op.n_rows)).astype(np.float32))
-            call = op.rmatvec
+    x = torch.randn(rows, 3, 91, 91, generator=g).to(device)
+    if device == "cuda":
+        import cupy
+
+        from hcrfast.bindings import solver_stream
+        to_array, sync, stream = cupy.asarray, torch.cuda.synchronize, solver_stream(x.device)
+    else:
+        import contextlib
+        to_array, sync, stream = (lambda a: a), (lambda: None), contextlib.nullcontext()
+    with stream:
+        op = TorchJacobian(model, x, mode=mode.split("-")[0])
+        cols = 3 * 91 * 91 if product == "jvp" else op.n_rows
+        arr = to_array(np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32))
+        call = op.matvec if product == "jvp" else op.rmatvec
         call(arr)  # the recorded graph / vjp function, outside the timing
 
         def timed():
             res = call(arr)
-            torch.cuda.synchronize()
+            sync()
             return res
 
         res = benchmark.pedantic(timed, rounds=5, iterations=1, warmup_rounds=1)
     assert res.shape[0] == rows
-    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device="cuda", model="resnet18")
+    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model="resnet18")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 32])
+@pytest.mark.parametrize("mode", RESNET_MODES)
+@pytest.mark.parametrize("product", ["jvp", "vjp"])
+def test_resnet18_product_gpu(benchmark, monkeypatch, rows, mode, product):
+    """The ResNet-18 target's products (3 × 91 × 91 inputs, 25,088 features) through ``TorchJacobian``
+    on CUDA, each round ending with a device sync."""
+    _resnet18_products(benchmark, monkeypatch, rows, mode, product, "cuda")
+
+
+@pytest.mark.parametrize("mode", RESNET_MODES)
+@pytest.mark.parametrize("product", ["jvp", "vjp"])
+def test_resnet18_product_cpu(benchmark, monkeypatch, mode, product):
+    """The same on the CPU, 2 rows."""
+    _resnet18_products(benchmark, monkeypatch, 2, mode, product, "cpu")

@@ -13,7 +13,10 @@ Two ways to get the products, chosen by ``mode``:
     backward pass through it; ``J v`` is the "double-VJP" identity
     ``J v = ∂/∂d ⟨Jᵀ d, v⟩``: a backward pass through the (linear in ``d``)
     graph of ``Jᵀ d``. Both reuse the recorded forward, so each product costs
-    about one backward pass. Needs ops with double-backward support.
+    about one backward pass. Needs ops with double-backward support. The
+    forward is recorded under :class:`~hcrfast.bindings.double_backward.lean_double_backward`
+    (while ``LEAN_DOUBLE_BACKWARD`` is true), which spares convolutions and eval batch
+    norms the double-backward work ``J v`` does not read.
 ``"forward"``
     ``torch.func.jvp`` (forward-mode AD) and ``torch.func.vjp``; recomputes
     the forward pass inside each JVP. Works for any model ``torch.func``
@@ -24,6 +27,7 @@ and "forward" 42 ms (one forward pass: 15 ms); see the benchmarks.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -34,8 +38,13 @@ from torch.func import vjp
 
 from hcrfast import profiling
 from hcrfast.bindings.bridge import from_torch, to_torch
+from hcrfast.bindings.double_backward import lean_double_backward
 
 MODES = ("reverse", "forward")
+
+# Mode "reverse" records its forward under lean_double_backward (module double_backward): one
+# convolution per layer in a JVP instead of two. False records torch's own graph (for comparison).
+LEAN_DOUBLE_BACKWARD = True
 
 
 @functools.cache
@@ -96,7 +105,8 @@ class TorchJacobian:
     def _recorded(self):
         """(x, a(x), d, Jᵀd) with graphs kept, recorded once (mode "reverse")."""
         if self._graph is None:
-            with torch.enable_grad():
+            lean = lean_double_backward() if LEAN_DOUBLE_BACKWARD else contextlib.nullcontext()
+            with torch.enable_grad(), lean:
                 x = self.x.clone().requires_grad_(True)
                 out = self._f(x)
                 d = torch.zeros_like(out, requires_grad=True)

@@ -67,6 +67,23 @@ def test_gpu_targets_runs_the_krylov_solver_and_counts_its_basis(tmp_path):
     assert "Krylov basis steps median 20" in proc.stdout
 
 
+def test_gpu_targets_double_backward_choice_is_recorded_and_leaves_the_bounds(tmp_path):
+    """--double-backward torch records the forward as torch does (hcrfast.bindings.jacobian.LEAN_DOUBLE_BACKWARD
+    off); on the CIFAR CNN's convolutions both graphs give the same products, so the same bounds."""
+    medians = {}
+    for choice in ("lean", "torch"):
+        out = tmp_path / choice
+        run_script("gpu_targets.py", "cifar10", "--device", "cpu", "--examples", "1", "--restarts", "2",
+                   "--iterations", "1", "--threads", "1", "--solver", "krylov", "--krylov-steps", "8",
+                   "--double-backward", choice, "--out", str(out))
+        (path,) = out.glob("gpu_targets_cifar10_cpu_*.json")
+        r = json.loads(path.read_text())
+        assert r["double_backward"] == choice and r["jacobian"] == "reverse"
+        medians[choice] = r["bound"]["median"]
+    assert np.isfinite(medians["lean"]) and medians["lean"] > 0
+    np.testing.assert_allclose(medians["lean"], medians["torch"], rtol=1e-5)
+
+
 def test_gpu_targets_runs_several_krylov_pilots_and_the_summary_names_them(tmp_path):
     """--krylov-pilots 2: two bases of 20 steps per example, 2 x (2 x 20 + 1) products, shown by the summary;
     with another solver the option is refused, naming it."""

@@ -359,3 +359,127 @@ def test_from_torch_makes_a_non_contiguous_tensor_contiguous():
     a = from_torch(t)
     assert a.flags.c_contiguous
     np.testing.assert_array_equal(a, np.arange(12.0).reshape(3, 4).T)
+
+
+# ------------------------------------------------ mode "reverse": the lean double backward of convolutions and batch norms
+
+
+class _Block(torch.nn.Module):
+    """A residual block as in ResNet: conv-BN-ReLU-conv-BN plus a strided 1×1 shortcut with its own BN."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(13)
+        nn = torch.nn
+        self.main = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                  nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4))
+        self.short = nn.Sequential(nn.Conv2d(3, 4, 1, stride=2, bias=False), nn.BatchNorm2d(4))
+        for bn in (self.main[1], self.main[4], self.short[1]):  # running statistics other than 0 and 1
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        return torch.relu(self.main(x) + self.short(x))
+
+
+def _lean_cases():
+    nn = torch.nn
+
+    def seq(*layers, seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(*layers, nn.Tanh())
+
+    return {
+        # even sizes under stride 2: the forward's floor drops a remainder, conv_transpose's output_padding is 1
+        "conv1d-stride-dilation": (lambda: seq(nn.Conv1d(2, 3, 3, stride=2, padding=1, dilation=2), seed=14), (3, 2, 14)),
+        "conv2d-groups-bias": (lambda: seq(nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), groups=2), seed=15),
+                               (2, 4, 10, 8)),
+        "conv3d": (lambda: seq(nn.Conv3d(2, 2, 2, stride=2, bias=False), seed=16), (2, 2, 5, 4, 5)),
+        "conv2d-padding-same": (lambda: seq(nn.Conv2d(2, 3, 4, padding="same"), seed=17), (2, 2, 7, 7)),
+        "conv2d-reflect": (lambda: seq(nn.Conv2d(2, 3, 3, padding=2, padding_mode="reflect"), seed=18), (2, 2, 6, 7)),
+        "batchnorm1d-no-affine": (lambda: seq(nn.Linear(5, 4), nn.BatchNorm1d(4, affine=False), seed=19), (3, 5)),
+        "resnet-block": (_Block, (2, 3, 10, 10)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_lean_cases()))
+def test_lean_double_backward_products_match_torch_func_jacobians(case):
+    """Mode "reverse" records convolutions and eval batch norms through lean_double_backward: J v and Jᵀ u
+    against torch.func.jacrev's dense Jacobians (not recorded under the mode), in float64."""
+    make, shape = _lean_cases()[case]
+    model = make().double().eval()
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(20))
+    J = dense_jacobians(model, x)
+    op = TorchJacobian(model, x)
+    rng = np.random.default_rng(21)
+    v = rng.standard_normal((op.batch, op.n_cols))
+    u = rng.standard_normal((op.batch, op.n_rows))
+    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    assert all(p.grad is None for p in model.parameters())
+
+
+class _AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten operators run inside, with a convolution backward's output mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.calls.append((name, tuple(args[-1])) if name == "convolution_backward" else name)
+        return func(*args, **(kwargs or {}))
+
+    def convolutions(self):
+        return [c for c in self.calls if "convolution" in (c[0] if isinstance(c, tuple) else c)]
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_lean_double_backward_runs_one_convolution_per_layer_in_a_jvp(lean, monkeypatch):
+    """The point of the mode: a JVP by double VJP runs one convolution per convolution layer (a convolution
+    backward for the input alone: torch's own double backward also runs the weight gradient's) and no
+    batch-norm backward. Counted at the aten level, with torch's own graph (LEAN_DOUBLE_BACKWARD = False)
+    as the control that the count can fail."""
+    import hcrfast.bindings.jacobian as jac
+
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", lean)
+    model = _Block().double().eval()
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+    op = TorchJacobian(model, x)
+    v = np.random.default_rng(23).standard_normal((2, op.n_cols))
+    u = np.random.default_rng(24).standard_normal((2, op.n_rows))
+    op.matvec(v)  # the graph is recorded outside the count
+    with _AtenCalls() as jvp_ops:
+        op.matvec(v)
+    with _AtenCalls() as vjp_ops:
+        op.rmatvec(u)
+    batch_norm = [c for c in jvp_ops.calls if "batch_norm" in str(c)]
+    input_only = [("convolution_backward", (True, False, False))] * 3
+    if lean:
+        assert jvp_ops.convolutions() == input_only and not batch_norm
+        assert vjp_ops.convolutions() == ["convolution"] * 3  # Jᵀ u: a transposed convolution per layer
+    else:  # torch's graph does more: what the mode removes
+        assert jvp_ops.convolutions() != input_only or batch_norm
+
+
+def test_lean_double_backward_leaves_forward_values_and_other_calls_unchanged():
+    """Under the mode a model's output is bit for bit its output without it; a call the mode does not cover
+    (no gradient wanted, training-mode batch norm) is torch's own."""
+    from hcrfast.bindings.double_backward import lean_double_backward
+
+    model = _Block().double().eval()
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(25))
+    plain = model(x.requires_grad_(True))
+    with lean_double_backward():
+        lean = model(x)
+        with torch.no_grad():
+            no_grad = model(x)
+        bn = torch.nn.BatchNorm2d(3).double().train()
+        trained = bn(x)
+    torch.testing.assert_close(lean, plain, rtol=0, atol=0)
+    torch.testing.assert_close(no_grad, plain.detach(), rtol=0, atol=0)
+    assert "NativeBatchNormBackward" in type(trained.grad_fn).__name__
+    assert torch.allclose(bn.running_mean, 0.1 * x.detach().mean(dim=(0, 2, 3)))  # training updated its statistics
