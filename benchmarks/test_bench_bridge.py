@@ -156,11 +156,11 @@ def test_allocation_gpu(benchmark, allocator, monkeypatch):
 RESNET_MODES = ["reverse", "reverse-torch", "forward"]
 
 
-def _resnet18_products(benchmark, monkeypatch, rows, mode, product, device):
+def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="resnet18"):
     import hcrfast.bindings.jacobian as jac
 
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", mode != "reverse-torch")
-    model = build("resnet18", seed=0).features.eval().to(device)
+    model = build(name, seed=0).features.eval().to(device)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 3, 91, 91, generator=g).to(device)
     if device == "cuda":
@@ -185,7 +185,7 @@ def _resnet18_products(benchmark, monkeypatch, rows, mode, product, device):
 
         res = benchmark.pedantic(timed, rounds=5, iterations=1, warmup_rounds=1)
     assert res.shape[0] == rows
-    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model="resnet18")
+    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model=name)
 
 
 @pytest.mark.gpu
@@ -195,11 +195,12 @@ def _resnet18_products(benchmark, monkeypatch, rows, mode, product, device):
 def test_resnet18_product_gpu(benchmark, monkeypatch, rows, mode, product):
     """The ResNet-18 target's products (3 × 91 × 91 inputs, 25,088 features) through ``TorchJacobian``
     on CUDA, each round ending with a device sync."""
-    _resnet18_products(benchmark, monkeypatch, rows, mode, product, "cuda")
+    _zoo_products(benchmark, monkeypatch, rows, mode, product, "cuda")
 
 
+@pytest.mark.parametrize("name", ["resnet18", "swin_t"])
 @pytest.mark.parametrize("mode", RESNET_MODES)
 @pytest.mark.parametrize("product", ["jvp", "vjp"])
-def test_resnet18_product_cpu(benchmark, monkeypatch, mode, product):
-    """The same on the CPU, 2 rows."""
-    _resnet18_products(benchmark, monkeypatch, 2, mode, product, "cpu")
+def test_zoo_product_cpu(benchmark, monkeypatch, name, mode, product):
+    """The same on the CPU, 2 rows, and Swin-T's (one convolution, LayerNorms: little for the lean graph)."""
+    _zoo_products(benchmark, monkeypatch, 2, mode, product, "cpu", name)
