@@ -9,6 +9,8 @@ and 800 (32 examples × 25 restarts, the race's size).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -169,14 +171,24 @@ def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="res
         from hcrfast.bindings import solver_stream
         to_array, sync, stream = cupy.asarray, torch.cuda.synchronize, solver_stream(x.device)
     else:
-        import contextlib
         to_array, sync, stream = (lambda a: a), (lambda: None), contextlib.nullcontext()
     with stream:
         op = TorchJacobian(model, x, mode=mode.split("-")[0])
         cols = 3 * 91 * 91 if product == "jvp" else op.n_rows
         arr = to_array(np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32))
         call = op.matvec if product == "jvp" else op.rmatvec
-        call(arr)  # the recorded graph / vjp function, outside the timing
+        saved = {}  # the activations the recorded graph keeps (mode "reverse"), by storage: not the weights
+        weights = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        counting = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if mode != "forward"
+                    else contextlib.nullcontext())  # torch.func's vjp refuses the hooks
+        with counting:
+            call(arr)  # the recorded graph / vjp function, outside the timing
 
         def timed():
             res = call(arr)
@@ -185,7 +197,8 @@ def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="res
 
         res = benchmark.pedantic(timed, rounds=5, iterations=1, warmup_rounds=1)
     assert res.shape[0] == rows
-    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model=name)
+    benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model=name,
+                                saved_mib_per_row=sum(saved.values()) / rows / 2**20 if mode != "forward" else None)
 
 
 @pytest.mark.gpu
