@@ -765,3 +765,30 @@ def test_a_sweep_on_gpu_gives_the_cpu_sweep_and_the_accuracy_along_it():
         cos_cpu = hcrfast.dithered_accuracy(mlp(), None, x, None, sigma, draws=8, metric="cosine")
         cos_gpu = hcrfast.dithered_accuracy(mlp().cuda(), None, x.cuda(), None, sigma, draws=8, metric="cosine")
         np.testing.assert_allclose(cos_gpu.per_draw, cos_cpu.per_draw, rtol=1e-10)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_lean_double_backward_products_on_gpu_match_jacrev_on_cpu(lean, cupy, monkeypatch):
+    """Mode "reverse" on CUDA (cuDNN, float64) with the lean graph (convolutions and eval batch norms through
+    bindings/double_backward.py) and with torch's: J v and Jᵀ u against torch.func.jacrev's J on the CPU."""
+    import hcrfast.bindings.jacobian as jac
+    from hcrfast.bindings import TorchJacobian
+
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", lean)
+    torch.manual_seed(5)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Conv2d(4, 4, 3, padding=1, groups=2), nn.BatchNorm2d(4), nn.Tanh()).double().eval()
+    for bn in (net[1], net[4]):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(3, 3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    J = torch.stack([torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(-1, 300)
+                     for b in range(3)]).detach().numpy()
+    op = TorchJacobian(net.cuda(), x.cuda())
+    rng = np.random.default_rng(7)
+    v, u = rng.standard_normal((3, 300)), rng.standard_normal((3, J.shape[1]))
+    np.testing.assert_allclose(cupy.asnumpy(op.matvec(cupy.asarray(v))), np.einsum("bij,bj->bi", J, v),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
+                               rtol=1e-10, atol=1e-12)
