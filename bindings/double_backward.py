@@ -12,8 +12,9 @@ Inside :func:`lean_double_backward` the two are recorded through autograd Functi
 backward is written in differentiable operations: a convolution's ``Jᵀ`` is ``conv_transpose(gy, W)``
 (whose own backward respects the mask: one convolution), an eval batch norm's ``Jᵀ`` is ``gy · s``
 with ``s = weight / sqrt(running_var + eps)``. The forward values are the same calls as without the
-mode, and so, on the devices measured, are the products (``tests/test_bindings.py``). On ResNet-18
-(3 × 91 × 91, 2 rows, 1 CPU thread) a JVP took 238 ms without the mode and 76 ms with it; a VJP ~100 ms.
+mode, and so, on the CPU measured, are the products, bit for bit. On ResNet-18 (3 × 91 × 91, 2 rows,
+1 CPU thread) a JVP took 190.8 ms without the mode and 76.1 ms with it, a VJP ~97 ms either way, and the
+recorded graph kept 19.8 MiB of activations per row instead of 39.4 (benchmarks/README.md).
 
 Weights are treated as constants: these Functions give no gradient to a convolution's or batch
 norm's parameters. Calls they do not cover pass through unchanged: string padding (``"same"``),
