@@ -17,8 +17,9 @@ mode, and so, on the CPU measured, are the products, bit for bit. On ResNet-18 (
 recorded graph kept 19.8 MiB of activations per row instead of 39.4 (benchmarks/README.md).
 
 Weights are treated as constants: these Functions give no gradient to a convolution's or batch
-norm's parameters. Calls they do not cover pass through unchanged: string padding (``"same"``),
-unbatched inputs, training-mode batch norm, inputs that need no gradient, tensor subclasses.
+norm's parameters. Calls they do not cover pass through unchanged: ``padding="same"`` where torch pads
+one side more than the other, unbatched inputs, training-mode batch norm, inputs that need no gradient,
+tensor subclasses.
 """
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e
 
 def _per_dim(value, nd: int) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * nd
+
+
+def _int_padding(padding, weight, dilation, nd: int):
+    """A convolution's padding as integers per dimension, or None where it is not symmetric: ``"same"``
+    with an odd total ``d·(k − 1)`` (torch pads the extra element on one side only)."""
+    if padding == "valid":
+        return (0,) * nd
+    if padding == "same":
+        totals = [dilation[i] * (weight.shape[2 + i] - 1) for i in range(nd)]
+        return None if any(t % 2 for t in totals) else tuple(t // 2 for t in totals)
+    return _per_dim(padding, nd)
 
 
 def _bind(names, defaults, args, kwargs) -> dict:
@@ -108,10 +120,10 @@ class lean_double_backward(TorchFunctionMode):
         if func in _CONV:
             nd = _CONV[func]
             a = _bind(_CONV_ARGS, _CONV_DEFAULTS, args, kwargs)
-            x = a["input"]
-            if x.requires_grad and x.dim() == nd + 2 and not isinstance(a["padding"], str):
-                return _Conv.apply(x, a["weight"], a["bias"], _per_dim(a["stride"], nd), _per_dim(a["padding"], nd),
-                                   _per_dim(a["dilation"], nd), a["groups"])
+            x, dilation = a["input"], _per_dim(a["dilation"], nd)
+            padding = _int_padding(a["padding"], a["weight"], dilation, nd) if x.dim() == nd + 2 else None
+            if x.requires_grad and padding is not None:
+                return _Conv.apply(x, a["weight"], a["bias"], _per_dim(a["stride"], nd), padding, dilation, a["groups"])
         elif func is F.batch_norm:
             a = _bind(_BN_ARGS, _BN_DEFAULTS, args, kwargs)
             x = a["input"]

@@ -397,7 +397,9 @@ def _lean_cases():
         "conv2d-groups-bias": (lambda: seq(nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), groups=2), seed=15),
                                (2, 4, 10, 8)),
         "conv3d": (lambda: seq(nn.Conv3d(2, 2, 2, stride=2, bias=False), seed=16), (2, 2, 5, 4, 5)),
-        "conv2d-padding-same": (lambda: seq(nn.Conv2d(2, 3, 4, padding="same"), seed=17), (2, 2, 7, 7)),
+        "conv2d-padding-same-odd": (lambda: seq(nn.Conv2d(2, 3, 4, padding="same"), seed=17), (2, 2, 7, 7)),
+        "conv2d-padding-same": (lambda: seq(nn.Conv2d(2, 3, 3, padding="same", dilation=(2, 1)), seed=26), (2, 2, 7, 6)),
+        "conv1d-padding-valid": (lambda: seq(nn.Conv1d(2, 3, 3, padding="valid"), seed=27), (2, 2, 9)),
         "conv2d-reflect": (lambda: seq(nn.Conv2d(2, 3, 3, padding=2, padding_mode="reflect"), seed=18), (2, 2, 6, 7)),
         "batchnorm1d-no-affine": (lambda: seq(nn.Linear(5, 4), nn.BatchNorm1d(4, affine=False), seed=19), (3, 5)),
         "resnet-block": (_Block, (2, 3, 10, 10)),
@@ -483,3 +485,17 @@ def test_lean_double_backward_leaves_forward_values_and_other_calls_unchanged():
     torch.testing.assert_close(no_grad, plain.detach(), rtol=0, atol=0)
     assert "NativeBatchNormBackward" in type(trained.grad_fn).__name__
     assert torch.allclose(bn.running_mean, 0.1 * x.detach().mean(dim=(0, 2, 3)))  # training updated its statistics
+
+
+@pytest.mark.parametrize("padding,kernel,lean", [("same", 3, True), ("valid", 4, True), (1, 3, True), ("same", 4, False)])
+def test_lean_double_backward_covers_string_padding_where_it_is_symmetric(padding, kernel, lean):
+    """padding="valid" is 0 and "same" is d·(k − 1)/2 on both sides where that total is even: those go through
+    the lean Function; an odd total (torch pads one side more) is left to torch."""
+    from hcrfast.bindings.double_backward import _Conv, lean_double_backward
+
+    conv = torch.nn.Conv2d(2, 3, kernel, padding=padding).double()
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64, requires_grad=True)
+    with lean_double_backward():
+        y = conv(x)
+    assert (type(y.grad_fn).__name__ == _Conv.__name__ + "Backward") == lean
+    torch.testing.assert_close(y, conv(x), rtol=0, atol=0)
