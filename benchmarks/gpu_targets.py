@@ -342,7 +342,8 @@ def run(args, on_slice=None) -> dict:
             workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
             slices=len(slices), slices_done=len(parts), restarts=restarts, iterations=iterations,
             size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
-            double_backward=args.double_backward if args.jacobian == "reverse" else None, tf32=args.tf32, cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
+            double_backward=args.double_backward if args.jacobian == "reverse" else None, tf32=args.tf32,
+            cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
             lsqr=res.params["lsqr"],  # as the call resolved them (krylov_pilots="auto" sets each pilot's iter_lim)
             inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                               else "uniform random images"),

@@ -5,10 +5,10 @@ of ``Jᵀ d`` with respect to ``d`` (double VJP). That second backward is linear
 convolution with fixed weights, is one convolution ``conv(v_l, W)`` per layer. torch's double
 backward of a convolution (``_convolution_double_backward``) also computes the weight gradient
 ``conv(ggI, gO)`` whenever its input has a gradient, mask or no mask, and throws it away: a second
-convolution per layer, the weight-gradient kind, often the slowest. Eval-mode batch norm's double
+convolution per layer, of the weight-gradient kind. Eval-mode batch norm's double
 backward (``NativeBatchNormBackwardBackward0``) runs training-mode formulas for an affine map.
 
-Inside :func:`lean_double_backward` the two are recorded through autograd Functions whose first
+Inside :class:`lean_double_backward` the two are recorded through autograd Functions whose first
 backward is written in differentiable operations: a convolution's ``Jᵀ`` is ``conv_transpose(gy, W)``
 (whose own backward respects the mask: one convolution), an eval batch norm's ``Jᵀ`` is ``gy · s``
 with ``s = weight / sqrt(running_var + eps)``. The forward values are the same calls as without the
