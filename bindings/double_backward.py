@@ -1,25 +1,27 @@
-"""Convolutions and eval-mode batch norms whose double backward does only the work ``J v`` needs.
+"""Convolutions, eval-mode batch norms and layer norms whose double backward does only the work ``J v`` needs.
 
 Mode "reverse" of :class:`~hcrfast.bindings.TorchJacobian` gets ``J v`` by differentiating the graph
 of ``Jᵀ d`` with respect to ``d`` (double VJP). That second backward is linear in ``d`` and, for a
 convolution with fixed weights, is one convolution ``conv(v_l, W)`` per layer. torch's double
 backward of a convolution (``_convolution_double_backward``) also computes the weight gradient
 ``conv(ggI, gO)`` whenever its input has a gradient, mask or no mask, and throws it away: a second
-convolution per layer, of the weight-gradient kind. Eval-mode batch norm's double
-backward (``NativeBatchNormBackwardBackward0``) runs training-mode formulas for an affine map.
+convolution per layer, of the weight-gradient kind. Eval-mode batch norm's double backward
+(``NativeBatchNormBackwardBackward0``) runs training-mode formulas for an affine map, and layer
+norm's is a composite of ~60 operations that computes every input's gradient.
 
-Inside :class:`lean_double_backward` the two are recorded through autograd Functions whose first
+Inside :class:`lean_double_backward` the three are recorded through autograd Functions whose first
 backward is written in differentiable operations: a convolution's ``Jᵀ`` is ``conv_transpose(gy, W)``
 (whose own backward respects the mask: one convolution), an eval batch norm's ``Jᵀ`` is ``gy · s``
-with ``s = weight / sqrt(running_var + eps)``. The forward values are the same calls as without the
-mode, and so, on the CPU measured, are the products, bit for bit. On ResNet-18 (3 × 91 × 91, 2 rows,
-1 CPU thread) a JVP took 190.8 ms without the mode and 76.1 ms with it, a VJP ~97 ms either way, and the
-recorded graph kept 19.8 MiB of activations per row instead of 39.4 (benchmarks/README.md).
+with ``s = weight / sqrt(running_var + eps)``, a layer norm's ``r · (g − mean(g) − x̂ · mean(g · x̂))``
+with ``g = gy · weight`` and ``x̂``, ``r`` held. The forward values are the same calls as without the
+mode; so, on the CPU measured, are the products of convolutions and batch norms, bit for bit (a layer
+norm's differ by rounding). On ResNet-18 (3 × 91 × 91, 2 rows, 1 CPU thread) a JVP took 190.8 ms
+without the mode and 76.1 ms with it, a VJP ~97 ms either way, and the recorded graph kept 19.8 MiB of
+activations per row instead of 39.4 (benchmarks/README.md).
 
-Weights are treated as constants: these Functions give no gradient to a convolution's or batch
-norm's parameters. Calls they do not cover pass through unchanged: ``padding="same"`` where torch pads
-one side more than the other, unbatched inputs, training-mode batch norm, inputs that need no gradient,
-tensor subclasses.
+Weights are treated as constants: these Functions give no gradient to a layer's parameters. Calls
+they do not cover pass through unchanged: ``padding="same"`` where torch pads one side more than the
+other, unbatched inputs, training-mode batch norm, inputs that need no gradient, tensor subclasses.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "group
 _CONV_DEFAULTS = dict(bias=None, stride=1, padding=0, dilation=1, groups=1)
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
+_LN_ARGS = ("input", "normalized_shape", "weight", "bias", "eps")
+_LN_DEFAULTS = dict(weight=None, bias=None, eps=1e-5)
 
 
 def _per_dim(value, nd: int) -> tuple:
@@ -106,6 +110,40 @@ class _EvalBatchNorm(torch.autograd.Function):
         return gy * scale.to(gy.dtype), None, None, None, None, None
 
 
+class _LayerNorm(torch.autograd.Function):
+    """Layer norm over the last dimensions, ``y = x̂ · w + b``, ``x̂ = (x − μ) · r``, ``r = 1/sqrt(var + eps)``.
+
+    ``Jᵀ gy = r · (g − mean(g) − x̂ · mean(g · x̂))`` with ``g = gy · w``. A plain backward (a VJP) runs
+    torch's own kernel on the forward's μ and r; one that records a graph (the create-graph backward of
+    a double VJP) writes it in differentiable operations with ``x̂`` and ``r`` held, linear in ``gy``."""
+
+    @staticmethod
+    def forward(x, normalized_shape, weight, bias, eps):
+        out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        return out, mean, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, normalized_shape, weight, bias, _ = inputs
+        _, mean, rstd = output
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        ctx.normalized_shape = normalized_shape
+
+    @staticmethod
+    def backward(ctx, gy, _mean, _rstd):
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        if not (torch.is_grad_enabled() and gy.requires_grad):
+            gx = torch.ops.aten.native_layer_norm_backward(gy, x, ctx.normalized_shape, mean, rstd, weight, bias,
+                                                           [True, False, False])[0]
+            return gx, None, None, None, None
+        dims = tuple(range(-len(ctx.normalized_shape), 0))
+        xhat = (x.detach() - mean) * rstd
+        g = gy if weight is None else gy * weight.detach()
+        gx = rstd * (g - g.mean(dim=dims, keepdim=True) - xhat * (g * xhat).mean(dim=dims, keepdim=True))
+        return gx, None, None, None, None
+
+
 class lean_double_backward(TorchFunctionMode):
     """Record a model's forward so that its double backward skips work ``J v`` never reads.
 
@@ -130,4 +168,10 @@ class lean_double_backward(TorchFunctionMode):
             if (x.requires_grad and not a["training"] and a["running_mean"] is not None
                     and a["running_var"] is not None and x.dim() >= 2):
                 return _EvalBatchNorm.apply(x, a["running_mean"], a["running_var"], a["weight"], a["bias"], a["eps"])
+        elif func is F.layer_norm:
+            a = _bind(_LN_ARGS, _LN_DEFAULTS, args, kwargs)
+            shape = a["normalized_shape"]
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            if a["input"].requires_grad and a["input"].is_floating_point():
+                return _LayerNorm.apply(a["input"], shape, a["weight"], a["bias"], a["eps"])[0]
         return func(*args, **kwargs)
