@@ -11,7 +11,8 @@ norm's is a composite of ~60 operations that computes every input's gradient.
 
 Inside :class:`lean_double_backward` the three are recorded through autograd Functions whose first
 backward is written in differentiable operations: a convolution's ``Jᵀ`` is ``conv_transpose(gy, W)``
-(whose own backward respects the mask: one convolution), an eval batch norm's ``Jᵀ`` is ``gy · s``
+(whose own backward respects the mask: one convolution; and a transposed convolution's is a
+convolution, which has the same waste in torch), an eval batch norm's ``Jᵀ`` is ``gy · s``
 with ``s = weight / sqrt(running_var + eps)``, a layer norm's ``r · (g − mean(g) − x̂ · mean(g · x̂))``
 with ``g = gy · weight`` and ``x̂``, ``r`` held. The forward values are the same calls as without the
 mode; so, on the CPU measured, are the products of convolutions and batch norms, bit for bit (a layer
@@ -21,7 +22,8 @@ activations per row instead of 39.4 (benchmarks/README.md).
 
 Weights are treated as constants: these Functions give no gradient to a layer's parameters. Calls
 they do not cover pass through unchanged: ``padding="same"`` where torch pads one side more than the
-other, unbatched inputs, training-mode batch norm, inputs that need no gradient, tensor subclasses.
+other, a transposed convolution's output padding at or over its stride, unbatched inputs,
+training-mode batch norm, inputs that need no gradient, tensor subclasses.
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ from torch.overrides import TorchFunctionMode
 _CONV = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
 _FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_CONV_T = {F.conv_transpose1d: 1, F.conv_transpose2d: 2, F.conv_transpose3d: 3}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_T_ARGS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+_CONV_T_DEFAULTS = dict(bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
 _CONV_DEFAULTS = dict(bias=None, stride=1, padding=0, dilation=1, groups=1)
 _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
@@ -87,6 +92,26 @@ class _Conv(torch.autograd.Function):
         stride, padding, dilation, groups = ctx.conv
         gx = _TRANSPOSE[gy.dim() - 2](gy, weight, None, stride, padding, ctx.output_padding, groups, dilation)
         return gx, None, None, None, None, None, None
+
+
+class _ConvTranspose(torch.autograd.Function):
+    """``y = conv_transpose(x, W) + b`` with ``Jᵀ gy = conv(gy, W)`` in differentiable operations (where each
+    output padding is under its stride, so that the convolution gives back x's size)."""
+
+    @staticmethod
+    def forward(x, weight, bias, stride, padding, output_padding, groups, dilation):
+        return _TRANSPOSE[x.dim() - 2](x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, weight, _, stride, padding, _, groups, dilation = inputs
+        ctx.save_for_backward(weight)
+        ctx.conv = (stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (weight,) = ctx.saved_tensors
+        return _FORWARD[gy.dim() - 2](gy, weight, None, *ctx.conv), None, None, None, None, None, None, None
 
 
 class _EvalBatchNorm(torch.autograd.Function):
@@ -162,6 +187,13 @@ class lean_double_backward(TorchFunctionMode):
             padding = _int_padding(a["padding"], a["weight"], dilation, nd) if x.dim() == nd + 2 else None
             if x.requires_grad and padding is not None:
                 return _Conv.apply(x, a["weight"], a["bias"], _per_dim(a["stride"], nd), padding, dilation, a["groups"])
+        elif func in _CONV_T:
+            nd = _CONV_T[func]
+            a = _bind(_CONV_T_ARGS, _CONV_T_DEFAULTS, args, kwargs)
+            x, stride, out_pad = a["input"], _per_dim(a["stride"], nd), _per_dim(a["output_padding"], nd)
+            if x.requires_grad and x.dim() == nd + 2 and all(o < s for o, s in zip(out_pad, stride)):
+                return _ConvTranspose.apply(x, a["weight"], a["bias"], stride, _per_dim(a["padding"], nd), out_pad,
+                                            a["groups"], _per_dim(a["dilation"], nd))
         elif func is F.batch_norm:
             a = _bind(_BN_ARGS, _BN_DEFAULTS, args, kwargs)
             x = a["input"]

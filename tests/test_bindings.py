@@ -408,6 +408,12 @@ def _lean_cases():
         "conv2d-padding-same": (lambda: seq(nn.Conv2d(2, 3, 3, padding="same", dilation=(2, 1)), seed=26), (2, 2, 7, 6)),
         "conv1d-padding-valid": (lambda: seq(nn.Conv1d(2, 3, 3, padding="valid"), seed=27), (2, 2, 9)),
         "conv2d-reflect": (lambda: seq(nn.Conv2d(2, 3, 3, padding=2, padding_mode="reflect"), seed=18), (2, 2, 6, 7)),
+        "conv-transpose2d": (lambda: seq(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+                                         seed=32), (2, 4, 4, 5)),
+        "conv-transpose1d-dilation": (lambda: seq(nn.ConvTranspose1d(2, 3, 3, stride=3, output_padding=2, dilation=2),
+                                                  seed=33), (2, 2, 5)),
+        "conv-transpose1d-padding-over-stride": (lambda: seq(nn.ConvTranspose1d(2, 3, 3, output_padding=1, dilation=2),
+                                                             seed=34), (2, 2, 5)),  # left to torch
         "batchnorm1d-no-affine": (lambda: seq(nn.Linear(5, 4), nn.BatchNorm1d(4, affine=False), seed=19), (3, 5)),
         "layernorm": (lambda: seq(nn.Linear(5, 6), _affine(nn.LayerNorm(6)), seed=28), (3, 5)),
         "layernorm-two-dims-no-affine": (lambda: seq(nn.Conv1d(2, 3, 2), nn.LayerNorm((3, 4), elementwise_affine=False),
@@ -531,3 +537,21 @@ def test_lean_double_backward_jvp_through_a_layer_norm_runs_under_a_third_of_the
         counts[lean] = len(jvp_ops.calls)
     assert 3 * counts[True] <= counts[False], counts  # 22 against 77 with torch 2.14
     np.testing.assert_allclose(products[True], products[False], rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_lean_double_backward_runs_one_convolution_per_transposed_convolution_in_a_jvp(lean, monkeypatch):
+    """A transposed convolution's double backward in torch also computes the weight gradient; under the lean
+    graph a JVP through one is one convolution backward for the input. torch's graph as the control."""
+    import hcrfast.bindings.jacobian as jac
+
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", lean)
+    torch.manual_seed(35)
+    model = torch.nn.Sequential(torch.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1),
+                                torch.nn.Tanh()).double().eval()
+    op = TorchJacobian(model, torch.randn(2, 3, 4, 4, dtype=torch.float64))
+    v = np.random.default_rng(36).standard_normal((2, op.n_cols))
+    op.matvec(v)
+    with _AtenCalls() as jvp_ops:
+        op.matvec(v)
+    assert (jvp_ops.convolutions() == [("convolution_backward", (True, False, False))]) == lean, jvp_ops.convolutions()
