@@ -22,9 +22,9 @@
 #             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
 #   kernels   pytest-benchmark of the dense solve's Gram eigendecompositions (host LAPACK vs cuSOLVER one
 #             by one through torch vs batched: cusolverDnXsyevBatched, CuPy's syevjBatched),
-#             the kernels (Numba vs twin on CuPy vs library), the batched LSQR, and ResNet-18's products
-#             (JVP by double VJP vs forward mode) on the GPU -> bench_gpu_kernels.json (chooses the
-#             "auto" kernels)
+#             the kernels (Numba vs twin on CuPy vs library), the batched LSQR -> bench_gpu_kernels.json
+#             (chooses the "auto" kernels); then ResNet-18's and Swin-T's products (JVP by double VJP through
+#             the lean graph and torch's, forward mode) -> bench_gpu_products.json
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
 #             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER batched on the
 #             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched), the basis' B_k'B_k
@@ -326,10 +326,15 @@ EOF
         say "kernel and LSQR benchmarks on the GPU"
         # Short rounds (0.2 s of each benchmark, at least 3): ~30 benchmarks in under a minute; the JSON is
         # written at the end only, so the command is not started with less than MIN = 60 s.
-        MIN=60 T=${KERNELS_TIMEOUT_S:-180} run "$PY" -m pytest benchmarks/test_bench_dense.py benchmarks/test_bench_kernels.py \
-            benchmarks/test_bench_lsqr.py benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q \
+        MIN=60 T=${KERNELS_TIMEOUT_S:-150} run "$PY" -m pytest benchmarks/test_bench_dense.py benchmarks/test_bench_kernels.py \
+            benchmarks/test_bench_lsqr.py -m gpu --benchmark-only -q \
             -p no:cacheprovider --benchmark-max-time=0.2 --benchmark-min-rounds=3 \
             --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_kernels.json"
+        # The models' products apart (their own JSON, so that one timeout loses one half): ResNet-18 and
+        # Swin-T, JVP by double VJP through the lean graph and torch's, and forward mode.
+        say "ResNet-18 and Swin-T products on the GPU"
+        MIN=45 T=${PRODUCTS_TIMEOUT_S:-90} run "$PY" -m pytest benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q \
+            -p no:cacheprovider --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_products.json"
         ;;
     modes)
         ensure_installed
