@@ -23,7 +23,7 @@ activations per row instead of 39.4 (benchmarks/README.md).
 Weights are treated as constants: these Functions give no gradient to a layer's parameters. Calls
 they do not cover pass through unchanged: ``padding="same"`` where torch pads one side more than the
 other, a transposed convolution's output padding at or over its stride, unbatched inputs,
-training-mode batch norm, inputs that need no gradient, tensor subclasses.
+training-mode batch norm, inputs that need no gradient, tensor subclasses, anything under autocast.
 """
 from __future__ import annotations
 
@@ -58,6 +58,15 @@ def _int_padding(padding, weight, dilation, nd: int):
         totals = [dilation[i] * (weight.shape[2 + i] - 1) for i in range(nd)]
         return None if any(t % 2 for t in totals) else tuple(t // 2 for t in totals)
     return _per_dim(padding, nd)
+
+
+def _autocast_on() -> bool:
+    """Autocast changes dtypes inside the calls (a layer norm runs in float32 on a half input), which these
+    Functions' backwards do not follow: under it every call is torch's own."""
+    try:
+        return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 def _bind(names, defaults, args, kwargs) -> dict:
@@ -178,7 +187,7 @@ class lean_double_backward(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types) or _autocast_on():
             return func(*args, **kwargs)
         if func in _CONV:
             nd = _CONV[func]

@@ -555,3 +555,18 @@ def test_lean_double_backward_runs_one_convolution_per_transposed_convolution_in
     with _AtenCalls() as jvp_ops:
         op.matvec(v)
     assert (jvp_ops.convolutions() == [("convolution_backward", (True, False, False))]) == lean, jvp_ops.convolutions()
+
+
+def test_lean_double_backward_leaves_calls_under_autocast_to_torch():
+    """Under autocast a call runs in another dtype than its input's; the mode leaves such calls to torch."""
+    from hcrfast.bindings.double_backward import _Conv, _LayerNorm, lean_double_backward
+
+    conv, norm = torch.nn.Conv2d(2, 3, 3), torch.nn.LayerNorm(4)
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    h = torch.randn(2, 4, requires_grad=True)
+    with lean_double_backward():
+        assert type(conv(x).grad_fn).__name__ == _Conv.__name__ + "Backward"
+        assert type(norm(h).grad_fn).__name__.startswith(_LayerNorm.__name__)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert type(conv(x).grad_fn).__name__ != _Conv.__name__ + "Backward"
+            assert not type(norm(h).grad_fn).__name__.startswith(_LayerNorm.__name__)
