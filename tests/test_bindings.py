@@ -361,7 +361,7 @@ def test_from_torch_makes_a_non_contiguous_tensor_contiguous():
     np.testing.assert_array_equal(a, np.arange(12.0).reshape(3, 4).T)
 
 
-# ------------------------------------------------ mode "reverse": the lean double backward of convolutions and batch norms
+# ------------------------------------------------ mode "reverse": the lean double backward of convolutions and norms
 
 
 class _Block(torch.nn.Module):
@@ -424,7 +424,7 @@ def _lean_cases():
 
 @pytest.mark.parametrize("case", list(_lean_cases()))
 def test_lean_double_backward_products_match_torch_func_jacobians(case):
-    """Mode "reverse" records convolutions and eval batch norms through lean_double_backward: J v and Jᵀ u
+    """Mode "reverse" records convolutions and norms through lean_double_backward: J v and Jᵀ u
     against torch.func.jacrev's dense Jacobians (not recorded under the mode), in float64."""
     make, shape = _lean_cases()[case]
     model = make().double().eval()
