@@ -16,12 +16,14 @@ convolution, which has the same waste in torch), an eval batch norm's ``Jᵀ`` i
 with ``s = weight / sqrt(running_var + eps)``, a layer norm's ``r · (g − mean(g) − x̂ · mean(g · x̂))``
 with ``g = gy · weight`` and ``x̂``, ``r`` held. The forward values are the same calls as without the
 mode; so, on the CPU measured, are the products of convolutions and batch norms, bit for bit (a layer
-norm's differ by rounding). On ResNet-18 (3 × 91 × 91, 2 rows, 1 CPU thread) a JVP took 190.8 ms
-without the mode and 76.1 ms with it, a VJP ~97 ms either way, and the recorded graph kept 19.8 MiB of
+norm's differ by rounding). On ResNet-18 (3 × 91 × 91, 2 rows, 1 CPU thread) a JVP took 195.1 ms
+without the mode and 85.6 ms with it, a VJP ~102 ms either way, and the recorded graph kept 19.8 MiB of
 activations per row instead of 39.4 (benchmarks/README.md).
 
-Weights are treated as constants: these Functions give no gradient to a layer's parameters. Calls
-they do not cover pass through unchanged: ``padding="same"`` where torch pads one side more than the
+Weights are held constant: these Functions give no gradient to a layer's weights, and take only
+weights that need none or are a module's parameters; a weight computed from the input (a modulated
+convolution, an adaptive norm) is part of the Jacobian, and its call is torch's. Calls they do not
+cover pass through unchanged, those too: ``padding="same"`` where torch pads one side more than the
 other, a transposed convolution's output padding at or over its stride, unbatched inputs,
 training-mode batch norm, inputs that need no gradient, tensor subclasses, anything under autocast.
 """
@@ -67,6 +69,12 @@ def _autocast_on() -> bool:
         return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
     except TypeError:  # torch < 2.4: no device argument
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def _constant(*tensors) -> bool:
+    """Whether these weights can be held constant: no gradient, or a module's parameter. A weight computed
+    from the input (a modulated convolution, an adaptive norm) carries part of the Jacobian: torch's."""
+    return all(t is None or not t.requires_grad or isinstance(t, torch.nn.Parameter) for t in tensors)
 
 
 def _bind(names, defaults, args, kwargs) -> dict:
@@ -194,25 +202,27 @@ class lean_double_backward(TorchFunctionMode):
             a = _bind(_CONV_ARGS, _CONV_DEFAULTS, args, kwargs)
             x, dilation = a["input"], _per_dim(a["dilation"], nd)
             padding = _int_padding(a["padding"], a["weight"], dilation, nd) if x.dim() == nd + 2 else None
-            if x.requires_grad and padding is not None:
+            if x.requires_grad and padding is not None and _constant(a["weight"], a["bias"]):
                 return _Conv.apply(x, a["weight"], a["bias"], _per_dim(a["stride"], nd), padding, dilation, a["groups"])
         elif func in _CONV_T:
             nd = _CONV_T[func]
             a = _bind(_CONV_T_ARGS, _CONV_T_DEFAULTS, args, kwargs)
             x, stride, out_pad = a["input"], _per_dim(a["stride"], nd), _per_dim(a["output_padding"], nd)
-            if x.requires_grad and x.dim() == nd + 2 and all(o < s for o, s in zip(out_pad, stride)):
+            if (x.requires_grad and x.dim() == nd + 2 and all(o < s for o, s in zip(out_pad, stride))
+                    and _constant(a["weight"], a["bias"])):
                 return _ConvTranspose.apply(x, a["weight"], a["bias"], stride, _per_dim(a["padding"], nd), out_pad,
                                             a["groups"], _per_dim(a["dilation"], nd))
         elif func is F.batch_norm:
             a = _bind(_BN_ARGS, _BN_DEFAULTS, args, kwargs)
             x = a["input"]
             if (x.requires_grad and not a["training"] and a["running_mean"] is not None
-                    and a["running_var"] is not None and x.dim() >= 2):
+                    and a["running_var"] is not None and x.dim() >= 2
+                    and _constant(a["running_mean"], a["running_var"], a["weight"], a["bias"])):
                 return _EvalBatchNorm.apply(x, a["running_mean"], a["running_var"], a["weight"], a["bias"], a["eps"])
         elif func is F.layer_norm:
             a = _bind(_LN_ARGS, _LN_DEFAULTS, args, kwargs)
             shape = a["normalized_shape"]
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
-            if a["input"].requires_grad and a["input"].is_floating_point():
+            if a["input"].requires_grad and a["input"].is_floating_point() and _constant(a["weight"], a["bias"]):
                 return _LayerNorm.apply(a["input"], shape, a["weight"], a["bias"], a["eps"])[0]
         return func(*args, **kwargs)

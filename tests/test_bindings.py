@@ -391,6 +391,26 @@ def _affine(norm):
     return norm
 
 
+class _InputDependentWeights(torch.nn.Module):
+    """Weights computed from the input (a modulated convolution, an adaptive layer norm): the Jacobian runs
+    through them too, so the lean Functions, which hold weights constant, must leave these calls to torch."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(37)
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+        self.norm = torch.nn.Linear(2, 3)
+
+    def forward(self, x):
+        style = x.mean(dim=(2, 3))                                       # (B, 2)
+        out = torch.cat([torch.nn.functional.conv2d(x[b:b + 1], self.conv.weight * (1 + style[b, 0]),
+                                                    self.conv.bias * style[b, 1], padding=1)
+                         for b in range(x.shape[0])])
+        gamma = self.norm(style)                                         # (B, 3)
+        return torch.cat([torch.nn.functional.layer_norm(out[b:b + 1].transpose(1, 3), (3,), gamma[b], None)
+                          for b in range(x.shape[0])])
+
+
 def _lean_cases():
     nn = torch.nn
 
@@ -419,6 +439,7 @@ def _lean_cases():
         "layernorm-two-dims-no-affine": (lambda: seq(nn.Conv1d(2, 3, 2), nn.LayerNorm((3, 4), elementwise_affine=False),
                                                      seed=29), (2, 2, 5)),
         "resnet-block": (_Block, (2, 3, 10, 10)),
+        "weights-from-the-input": (_InputDependentWeights, (2, 2, 5, 4)),
     }
 
 
