@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-_CONV = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
 _FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
-_CONV_T = {F.conv_transpose1d: 1, F.conv_transpose2d: 2, F.conv_transpose3d: 3}
+_CONV = {f: nd for nd, f in _FORWARD.items()}
+_CONV_T = {f: nd for nd, f in _TRANSPOSE.items()}
+_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm)
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_T_ARGS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
 _CONV_T_DEFAULTS = dict(bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
@@ -166,17 +167,17 @@ class _LayerNorm(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, normalized_shape, weight, bias, _ = inputs
+        x, normalized_shape, weight, _, _ = inputs
         _, mean, rstd = output
         ctx.mark_non_differentiable(mean, rstd)
-        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        ctx.save_for_backward(x, mean, rstd, weight)
         ctx.normalized_shape = normalized_shape
 
     @staticmethod
     def backward(ctx, gy, _mean, _rstd):
-        x, mean, rstd, weight, bias = ctx.saved_tensors
+        x, mean, rstd, weight = ctx.saved_tensors
         if not (torch.is_grad_enabled() and gy.requires_grad):
-            gx = torch.ops.aten.native_layer_norm_backward(gy, x, ctx.normalized_shape, mean, rstd, weight, bias,
+            gx = torch.ops.aten.native_layer_norm_backward(gy, x, ctx.normalized_shape, mean, rstd, weight, None,
                                                            [True, False, False])[0]
             return gx, None, None, None, None
         dims = tuple(range(-len(ctx.normalized_shape), 0))
@@ -195,7 +196,8 @@ class lean_double_backward(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types) or _autocast_on():
+        if (func not in _COVERED or any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types)
+                or _autocast_on()):
             return func(*args, **kwargs)
         if func in _CONV:
             nd = _CONV[func]
