@@ -156,15 +156,34 @@ def test_allocation_gpu(benchmark, allocator, monkeypatch):
 # A VJP under the lean graph is a transposed convolution per layer where torch's is a convolution
 # backward for the input: the same work, timed both ways to show it.
 RESNET_MODES = ["reverse", "reverse-torch", "forward"]
+# ViT-B/16: torch's fused attention has no double backward and no forward AD, so torch's graph
+# ("reverse-math") and forward mode run under the MATH backend; "reverse" keeps the fused forward.
+VIT_MODES = ["reverse", "reverse-math", "forward-math"]
+
+
+def _vit_b_16():
+    """torchvision's ViT-B/16 with random weights (no download), its zero-initialized head drawn at random
+    (else J = 0): the attention model of the suites, at its own 224 × 224."""
+    from torchvision.models import vit_b_16
+
+    torch.manual_seed(0)
+    model = vit_b_16()
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
 
 
 def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="resnet18"):
     import hcrfast.bindings.jacobian as jac
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", mode != "reverse-torch")
-    model = build(name, seed=0).features.eval().to(device)
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", mode not in ("reverse-torch", "reverse-math"))
+    math_backend = sdpa_kernel(SDPBackend.MATH) if mode.endswith("-math") else contextlib.nullcontext()
+    if mode == "forward-math":  # nn.MultiheadAttention's fast path has no forward AD either: off for the test
+        monkeypatch.setattr(torch.backends.mha, "get_fastpath_enabled", lambda: False)
+    model = (_vit_b_16() if name == "vit_b_16" else build(name, seed=0).features).eval().to(device)
+    size = 224 if name == "vit_b_16" else 91
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 3, 91, 91, generator=g).to(device)
+    x = torch.randn(rows, 3, size, size, generator=g).to(device)
     if device == "cuda":
         import cupy
 
@@ -172,9 +191,9 @@ def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="res
         to_array, sync, stream = cupy.asarray, torch.cuda.synchronize, solver_stream(x.device)
     else:
         to_array, sync, stream = (lambda a: a), (lambda: None), contextlib.nullcontext()
-    with stream:
+    with stream, math_backend:
         op = TorchJacobian(model, x, mode=mode.split("-")[0])
-        cols = 3 * 91 * 91 if product == "jvp" else op.n_rows
+        cols = op.n_cols if product == "jvp" else op.n_rows
         arr = to_array(np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32))
         call = op.matvec if product == "jvp" else op.rmatvec
         saved = {}  # the activations the recorded graph keeps (mode "reverse"), by storage: not the weights
@@ -185,7 +204,7 @@ def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="res
                 saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
-        counting = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if mode != "forward"
+        counting = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if not mode.startswith("forward")
                     else contextlib.nullcontext())  # torch.func's vjp refuses the hooks
         with counting:
             call(arr)  # the recorded graph / vjp function, outside the timing
@@ -198,7 +217,7 @@ def _zoo_products(benchmark, monkeypatch, rows, mode, product, device, name="res
         res = benchmark.pedantic(timed, rounds=5, iterations=1, warmup_rounds=1)
     assert res.shape[0] == rows
     benchmark.extra_info.update(rows=rows, mode=mode, product=product, device=device, model=name,
-                                saved_mib_per_row=sum(saved.values()) / rows / 2**20 if mode != "forward" else None)
+                                saved_mib_per_row=sum(saved.values()) / rows / 2**20 if not mode.startswith("forward") else None)
 
 
 @pytest.mark.gpu
@@ -218,3 +237,19 @@ def test_zoo_product_gpu(benchmark, monkeypatch, name, rows, mode, product):
 def test_zoo_product_cpu(benchmark, monkeypatch, name, mode, product):
     """The same on the CPU, 2 rows, and Swin-T's (one convolution, layer norms: a smaller gain)."""
     _zoo_products(benchmark, monkeypatch, 2, mode, product, "cpu", name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", VIT_MODES)
+@pytest.mark.parametrize("product", ["jvp", "vjp"])
+def test_attention_product_gpu(benchmark, monkeypatch, mode, product):
+    """ViT-B/16's products, 8 rows on CUDA: the lean graph's attention (torch's fused kernel forward, a
+    backward in four matrix products) against the MATH backend's graph and forward mode."""
+    _zoo_products(benchmark, monkeypatch, 8, mode, product, "cuda", "vit_b_16")
+
+
+@pytest.mark.parametrize("mode", VIT_MODES)
+@pytest.mark.parametrize("product", ["jvp", "vjp"])
+def test_attention_product_cpu(benchmark, monkeypatch, mode, product):
+    """The same on the CPU, 2 rows."""
+    _zoo_products(benchmark, monkeypatch, 2, mode, product, "cpu", "vit_b_16")

@@ -20,6 +20,17 @@ norm's differ by rounding). On ResNet-18 (3 × 91 × 91, 2 rows, 1 CPU thread) a
 without the mode and 85.6 ms with it, a VJP ~102 ms either way, and the recorded graph kept 19.8 MiB of
 activations per row instead of 39.4 (benchmarks/README.md).
 
+Attention is the other case, for another reason: torch's fused kernels (flash, memory-efficient, the
+CPU's flash) have no double backward at all, so mode "reverse" failed on every transformer that calls
+``scaled_dot_product_attention`` (timm, Hugging Face) or ``nn.MultiheadAttention`` (torchvision's ViT,
+``nn.TransformerEncoder``) unless the user chose the MATH backend. Under the mode the call keeps its
+fused kernel in the forward and gets ``Jᵀ`` in four matrix products with the softmax ``P`` held;
+``nn.MultiheadAttention``'s functional form, which calls the kernel out of the mode's sight, is asked
+for its weights instead, which makes it write the attention as matrix products and a softmax (same
+output; the weights are dropped). On ViT-B/16 (2 rows, 1 CPU thread) the products took what the MATH
+backend's graph takes (JVP 840.9 ms against 868.1, VJP 879.0 against 857.1). Left to torch: dropout,
+grouped-query heads, batch shapes that differ between q, k and v, masks computed from the input.
+
 Weights are held constant: these Functions give no gradient to a layer's weights, and take only
 weights that need none or are a module's parameters; a weight computed from the input (a modulated
 convolution, an adaptive norm) is part of the Jacobian, and its call is torch's. Calls they do not
@@ -29,6 +40,9 @@ training-mode batch norm, inputs that need no gradient, tensor subclasses, anyth
 """
 from __future__ import annotations
 
+import inspect
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -37,7 +51,8 @@ _FORWARD = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _CONV = {f: nd for nd, f in _FORWARD.items()}
 _CONV_T = {f: nd for nd, f in _TRANSPOSE.items()}
-_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm)
+_MHA = F.multi_head_attention_forward
+_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm, F.scaled_dot_product_attention, _MHA)
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_T_ARGS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
 _CONV_T_DEFAULTS = dict(bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
@@ -46,6 +61,9 @@ _BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training"
 _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
 _LN_ARGS = ("input", "normalized_shape", "weight", "bias", "eps")
 _LN_DEFAULTS = dict(weight=None, bias=None, eps=1e-5)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False)
+_MHA_SIGNATURE = inspect.signature(_MHA)
 
 
 def _per_dim(value, nd: int) -> tuple:
@@ -187,6 +205,52 @@ class _LayerNorm(torch.autograd.Function):
         return gx, None, None, None, None
 
 
+class _Attention(torch.autograd.Function):
+    """``y = P v``, ``P = softmax(q kᵀ · scale + mask)`` (torch's ``scaled_dot_product_attention``, fused
+    kernel and all, in the forward) with ``Jᵀ`` in differentiable operations, ``P`` held:
+    ``gv = Pᵀ gy``, ``gs = P ⊙ (gP − rowsum(gP ⊙ P))`` with ``gP = gy vᵀ``, ``gq = gs k · scale``,
+    ``gk = gsᵀ q · scale``. torch's fused kernels (flash, memory-efficient, the CPU's flash) have no
+    double backward; this one is four matrix products, linear in ``gy``."""
+
+    @staticmethod
+    def forward(q, k, v, mask, is_causal, scale):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, mask, is_causal, scale = inputs
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        s = q @ k.transpose(-2, -1) * scale
+        if is_causal:  # top-left aligned, as torch's (L, S) tril
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -math.inf)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
+        ctx.save_for_backward(q, k, v, torch.softmax(s, dim=-1))
+        ctx.scale = scale
+
+    @staticmethod
+    def backward(ctx, gy):
+        q, k, v, p = (t.detach() for t in ctx.saved_tensors)
+        gp = gy @ v.transpose(-2, -1)
+        gs = p * (gp - (gp * p).sum(dim=-1, keepdim=True))
+        grads = [gs @ k * ctx.scale if ctx.needs_input_grad[0] else None,
+                 gs.transpose(-2, -1) @ q * ctx.scale if ctx.needs_input_grad[1] else None,
+                 p.transpose(-2, -1) @ gy if ctx.needs_input_grad[2] else None]
+        return *grads, None, None, None
+
+
+def _attention(a: dict):
+    """``scaled_dot_product_attention`` through :class:`_Attention` where it covers the call, else None:
+    no dropout, no grouped-query heads, q, k and v of one batch shape, a constant mask."""
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    if (a["dropout_p"] == 0.0 and not a["enable_gqa"] and q.dim() >= 2 and k.dim() == q.dim() == v.dim()
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
+            and not any(t.is_nested for t in (q, k, v)) and any(t.requires_grad for t in (q, k, v))
+            and not (a["is_causal"] and mask is not None) and _constant(mask)):
+        return _Attention.apply(q, k, v, mask, bool(a["is_causal"]), a["scale"])
+    return None
+
+
 class lean_double_backward(TorchFunctionMode):
     """Record a model's forward so that its double backward skips work ``J v`` never reads.
 
@@ -227,4 +291,18 @@ class lean_double_backward(TorchFunctionMode):
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
             if a["input"].requires_grad and a["input"].is_floating_point() and _constant(a["weight"], a["bias"]):
                 return _LayerNorm.apply(a["input"], shape, a["weight"], a["bias"], a["eps"])[0]
+        elif func is F.scaled_dot_product_attention:
+            out = _attention(_bind(_SDPA_ARGS, _SDPA_DEFAULTS, args, kwargs))
+            if out is not None:
+                return out
+        elif func is _MHA:
+            # nn.MultiheadAttention's functional form calls scaled_dot_product_attention from inside, out of
+            # this mode's sight, unless weights are asked for: then it writes the attention in matrix products
+            # and a softmax, which torch differentiates twice. Same output; the weights are dropped.
+            a = _MHA_SIGNATURE.bind(*args, **kwargs)
+            a.apply_defaults()
+            a = a.arguments
+            if not a["need_weights"] and any(a[n].requires_grad for n in ("query", "key", "value")):
+                a.update(need_weights=True, average_attn_weights=False)
+                return func(**a)[0], None
         return func(*args, **kwargs)

@@ -465,7 +465,8 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         if chosen and how == "reverse" and twice:
             raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
                              f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward, "
-                             f"@once_differentiable functions and fused attention kernels refuse it); pass "
+                             f"@once_differentiable functions and fused attention kernels refuse it; hcrfast "
+                             f"reroutes attention calls without dropout or grouped-query heads, not others); pass "
                              f"jacobian='forward' (forward-mode AD: an autograd.Function needs setup_context and "
                              f"a jvp staticmethod for it), or for a compiled model the module before compiling "
                              f"(model._orig_mod), or for attention run the call under "
@@ -478,6 +479,9 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             except (RuntimeError, ValueError):
                 other = ("reverse mode fails on it too; for attention run the call under "
                          "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), and ")
+            if "multi_head_attention" in text:  # the MATH backend alone still meets the fast path
+                other += ("turn nn.MultiheadAttention's fast path off (torch.backends.mha.set_fastpath_enabled("
+                          "False)) with its attention on the MATH backend, or ")
             raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
                              f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
                              f"setup_context and a jvp staticmethod") from exc

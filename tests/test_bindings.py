@@ -591,3 +591,122 @@ def test_lean_double_backward_leaves_calls_under_autocast_to_torch():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert type(conv(x).grad_fn).__name__ != _Conv.__name__ + "Backward"
             assert not type(norm(h).grad_fn).__name__.startswith(_LayerNorm.__name__)
+
+
+# ------------------------------------------------ attention: torch's fused kernels have no double backward
+
+
+class _Attention(torch.nn.Module):
+    """Self-attention (or cross-attention on a constant memory) written with scaled_dot_product_attention, as
+    timm and Hugging Face models write it; q, k and v are projections of the input."""
+
+    def __init__(self, mask=None, is_causal=False, scale=None, cross=False, dropout_p=0.0, gqa=False):
+        super().__init__()
+        torch.manual_seed(41)
+        self.proj = torch.nn.Linear(4, 3 * 8)
+        self.memory = torch.nn.Parameter(torch.randn(1, 2, 7, 4))
+        self.mask, self.is_causal, self.scale, self.cross, self.dropout_p, self.gqa = (mask, is_causal, scale, cross,
+                                                                                        dropout_p, gqa)
+
+    def forward(self, x):                                   # (B, L, 4) → (B, 2 heads, L, 4)
+        q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 2, 3, 4).permute(3, 0, 2, 1, 4)
+        if self.cross:
+            k = self.memory.expand(x.shape[0], -1, -1, -1)
+            v = 2 * k
+        if self.gqa:
+            k, v = k[:, :1], v[:, :1]
+        extra = dict(enable_gqa=True) if self.gqa else {}
+        return torch.tanh(torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=self.mask, dropout_p=self.dropout_p, is_causal=self.is_causal, scale=self.scale,
+            **extra))
+
+
+class _MultiheadSelfAttention(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        torch.manual_seed(42)
+        self.attn = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False, **self.kwargs)[0]
+
+
+def _attention_cases():
+    gen = torch.Generator().manual_seed(43)
+    nn = torch.nn
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    return {
+        "plain": lambda: _Attention(),
+        "causal": lambda: _Attention(is_causal=True),
+        "bool-mask": lambda: _Attention(mask=torch.rand(5, 5, generator=gen) > 0.3),
+        "float-mask-per-head": lambda: _Attention(mask=torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)),
+        "cross-causal-scale": lambda: _Attention(cross=True, is_causal=True, scale=0.3),  # L = 5 queries, S = 7 keys
+        "multihead": lambda: _MultiheadSelfAttention(),
+        "multihead-causal": lambda: _MultiheadSelfAttention(attn_mask=nn.Transformer.generate_square_subsequent_mask(
+            5, dtype=torch.float64), is_causal=True),
+        "multihead-bool-mask": lambda: _MultiheadSelfAttention(attn_mask=~causal),
+        "transformer-encoder": lambda: (torch.manual_seed(44), nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(4, 2, 16, batch_first=True), 2, enable_nested_tensor=False))[1],
+    }
+
+
+@pytest.mark.parametrize("case", list(_attention_cases()))
+def test_lean_double_backward_differentiates_fused_attention_twice(case, monkeypatch):
+    """torch's fused attention kernels (here the CPU's flash kernel) refuse the double backward of mode
+    "reverse"; under lean_double_backward the call keeps its kernel in the forward and gets a backward in
+    matrix products, nn.MultiheadAttention its own softmax form. J v and Jᵀ u against torch.func.jacrev
+    under the MATH backend, in float64; without the mode, torch's graph fails on the same model."""
+    import hcrfast.bindings.jacobian as jac
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _attention_cases()[case]().double().eval()
+    x = torch.randn(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(45))
+    with sdpa_kernel(SDPBackend.MATH):
+        J = dense_jacobians(model, x)
+    op = TorchJacobian(model, x)
+    rng = np.random.default_rng(46)
+    v = rng.standard_normal((op.batch, op.n_cols))
+    u = rng.standard_normal((op.batch, op.n_rows))
+    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    assert np.abs(J).max() > 1e-3 and all(p.grad is None for p in model.parameters())
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
+    with pytest.raises(RuntimeError, match="derivative for .*scaled_dot_product.* is not implemented"):
+        TorchJacobian(model, x).matvec(v)
+
+
+@pytest.mark.parametrize("kwargs", [dict(dropout_p=0.5), dict(gqa=True)], ids=["dropout", "grouped-query"])
+def test_lean_double_backward_leaves_attention_with_dropout_or_grouped_heads_to_torch(kwargs):
+    """Dropout draws a mask the Function could not hold; grouped-query heads broadcast k and v: both calls
+    are torch's own (a plain call runs, and the double backward fails as without the mode)."""
+    from hcrfast.bindings.double_backward import _Attention as Lean
+    from hcrfast.bindings.double_backward import lean_double_backward
+
+    model = _Attention(**kwargs)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    with lean_double_backward():
+        assert not type(model(x).grad_fn.next_functions[0][0]).__name__.startswith(Lean.__name__)
+        assert type(_Attention()(x).grad_fn.next_functions[0][0]).__name__.startswith(Lean.__name__)
+
+
+def test_lean_attention_keeps_the_fused_forward_and_a_vjp_in_four_products():
+    """The recorded forward is torch's own call (same values, bit for bit); a VJP through the attention runs
+    four matrix products, a JVP through the recorded graph as many: no softmax is recomputed per product."""
+    from hcrfast.bindings.double_backward import lean_double_backward
+
+    model = _Attention().eval()
+    x = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(47))
+    with torch.no_grad():
+        plain = model(x)
+    with lean_double_backward():
+        lean = model(x.clone().requires_grad_(True))
+    torch.testing.assert_close(lean, plain, rtol=0, atol=0)
+    op = TorchJacobian(model, x)
+    op.matvec(np.zeros((2, op.n_cols), np.float32))
+    for call, arg in ((op.rmatvec, np.ones((2, op.n_rows), np.float32)), (op.matvec, np.ones((2, op.n_cols), np.float32))):
+        with _AtenCalls() as ops:
+            call(arg)
+        products = [c for c in ops.calls if c in ("bmm", "mm", "addmm", "matmul")]
+        assert "_softmax" not in ops.calls and "_scaled_dot_product_flash_attention_for_cpu" not in ops.calls
+        assert products.count("bmm") == 4, ops.calls

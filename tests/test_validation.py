@@ -1,4 +1,5 @@
 """Every bad input of hcrfast.bound raises the documented error, naming the value and the fix."""
+import copy
 import math
 import sys
 import warnings
@@ -751,9 +752,12 @@ def test_targeted_bound_and_the_attack_probe_with_the_jacobian_mode_they_were_gi
                                rtol=1e-4)
 
 
-def test_fused_attention_names_the_math_backend_which_then_runs():
-    """torch's fused CPU attention has no double backward (reverse mode's J v) and its multi-head
-    fast path no forward AD: both used to end in torch's raw RuntimeError."""
+def test_fused_attention_runs_in_reverse_mode_and_is_named_where_torch_refuses_it(monkeypatch):
+    """torch's fused CPU attention has no double backward (reverse mode's J v) and its multi-head fast path
+    no forward AD. Reverse mode records the attention through lean_double_backward, so the default runs,
+    with the bounds the MATH backend gives; torch's own graph (the mode off) and forward mode end in a
+    ValueError naming the fix, not torch's raw RuntimeError."""
+    import hcrfast.bindings.jacobian as jac
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torchvision.models import VisionTransformer
 
@@ -762,14 +766,26 @@ def test_fused_attention_names_the_math_backend_which_then_runs():
                             num_classes=5).eval()
     torch.nn.init.normal_(vit.heads.head.weight)  # torchvision starts the head at 0: J = 0
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    res = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
+    with sdpa_kernel(SDPBackend.MATH):
+        math_backend = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
+    assert np.all(np.isfinite(res.std)) and np.all(res.mse > 0)
+    np.testing.assert_allclose(res.std, math_backend.std, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"does not support forward-mode AD.*pass jacobian='reverse' \(the default\)"
+                                         r".*set_fastpath_enabled\(False\)"):
+        hcrfast.bound(vit, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    vit64, x64 = copy.deepcopy(vit).double(), x.double()  # float32 LSQR iterates differ by more than rounding
+    with sdpa_kernel(SDPBackend.MATH):  # the message's fix for forward mode: both switches
+        monkeypatch.setattr(torch.backends.mha, "get_fastpath_enabled", lambda: False)
+        forward = hcrfast.bound(vit64, x64, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    monkeypatch.undo()
+    np.testing.assert_allclose(forward.std, hcrfast.bound(vit64, x64, 0.05, solver="lsqr", **QUICK).std, rtol=1e-6)
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
     with pytest.raises(ValueError, match=r"cannot be differentiated twice.*sdpa_kernel\(torch\.nn\.attention\."
                                          r"SDPBackend\.MATH\)"):
         hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
     with pytest.raises(ValueError, match=r"does not support forward-mode AD.*reverse mode fails on it too.*sdpa_kernel"):
         hcrfast.bound(vit, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
-    with sdpa_kernel(SDPBackend.MATH):
-        res = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
-    assert np.all(np.isfinite(res.std)) and np.all(res.mse > 0)
 
 
 class _Quantized(torch.nn.Module):
