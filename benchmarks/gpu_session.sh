@@ -24,7 +24,8 @@
 #             by one through torch vs batched: cusolverDnXsyevBatched, CuPy's syevjBatched),
 #             the kernels (Numba vs twin on CuPy vs library), the batched LSQR -> bench_gpu_kernels.json
 #             (chooses the "auto" kernels); then ResNet-18's and Swin-T's products (JVP by double VJP through
-#             the lean graph and torch's, forward mode) -> bench_gpu_products.json
+#             the lean graph and torch's, forward mode) -> bench_gpu_products.json; ViT-B/16's (the lean
+#             graph's attention vs the MATH backend's graph) -> bench_gpu_attention.json
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
 #             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER batched on the
 #             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched), the basis' B_k'B_k
@@ -333,8 +334,14 @@ EOF
         # The models' products apart (their own JSON, so that one timeout loses one half): ResNet-18 and
         # Swin-T, JVP by double VJP through the lean graph and torch's, and forward mode.
         say "ResNet-18 and Swin-T products on the GPU"
-        MIN=45 T=${PRODUCTS_TIMEOUT_S:-90} run "$PY" -m pytest benchmarks/test_bench_bridge.py -m gpu --benchmark-only -q \
-            -p no:cacheprovider --benchmark-columns=min,median,max,rounds --benchmark-json "$DEST/bench_gpu_products.json"
+        MIN=45 T=${PRODUCTS_TIMEOUT_S:-90} run "$PY" -m pytest benchmarks/test_bench_bridge.py -m gpu -k "not attention" \
+            --benchmark-only -q -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
+            --benchmark-json "$DEST/bench_gpu_products.json"
+        # ViT-B/16's (the lean graph's attention against the MATH backend's graph, forward mode), last
+        say "ViT-B/16 products on the GPU"
+        MIN=30 T=${ATTENTION_TIMEOUT_S:-60} run "$PY" -m pytest benchmarks/test_bench_bridge.py -m gpu -k attention \
+            --benchmark-only -q -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
+            --benchmark-json "$DEST/bench_gpu_attention.json"
         ;;
     modes)
         ensure_installed

@@ -7,7 +7,7 @@ them. It reads, in the session folder (``benchmarks/results/gpu_session`` by def
 * ``ledger.tsv``: one line per command (stage, status, seconds, command, call) from ``gpu_session.sh``;
 * ``tests.out``: pytest's closing line of the GPU tests;
 * ``gpu_targets_*.json`` (``gpu_targets.py``), ``race_*.json`` (``race.py``) and
-  ``bench_gpu_kernels.json`` and ``bench_gpu_products.json`` (pytest-benchmark).
+  ``bench_gpu_kernels.json``, ``bench_gpu_products.json`` and ``bench_gpu_attention.json`` (pytest-benchmark).
 
 Standard library only, so that it runs, and says what did, even where torch or CuPy fails to
 import. Usage: ``python benchmarks/gpu_summary.py [FOLDER]``.
@@ -177,7 +177,7 @@ def summarize(folder: Path) -> str:
         ref = _load(p).get("reference", {})
         out.append(f"  {p.name}: reference only ({ref.get('seconds', float('nan')):.1f} s, median "
                    f"{ref.get('median', float('nan')):.5g}); the hcrfast rows did not finish")
-    for name in ("bench_gpu_kernels.json", "bench_gpu_products.json"):
+    for name in ("bench_gpu_kernels.json", "bench_gpu_products.json", "bench_gpu_attention.json"):
         if (folder / name).exists():
             out.append(f"{name}:")
             out += _safe(kernel_lines, folder / name).split("\n")

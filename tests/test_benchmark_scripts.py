@@ -529,16 +529,19 @@ def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(t
 
 
 def test_gpu_summary_lists_the_kernels_and_the_models_products_from_their_own_files(tmp_path):
-    """gpu_session.sh kernels writes two pytest-benchmark JSONs (one timeout loses one half); the summary
+    """gpu_session.sh kernels writes three pytest-benchmark JSONs (one timeout loses one part); the summary
     prints each one's medians under its name."""
     for name, bench, median in (("bench_gpu_kernels.json", "test_dct2_gpu[numba]", 0.0012),
-                                ("bench_gpu_products.json", "test_zoo_product_gpu[jvp-reverse-resnet18-8]", 0.0203)):
+                                ("bench_gpu_products.json", "test_zoo_product_gpu[jvp-reverse-resnet18-8]", 0.0203),
+                                ("bench_gpu_attention.json", "test_attention_product_gpu[jvp-reverse]", 0.0311)):
         (tmp_path / name).write_text(json.dumps({"benchmarks": [{"name": bench, "group": None,
                                                                  "stats": {"median": median}}]}))
     text = run_script("gpu_summary.py", tmp_path).stdout
     kernels, products = text.index("bench_gpu_kernels.json:"), text.index("bench_gpu_products.json:")
-    assert kernels < text.index("test_dct2_gpu[numba]") < products < text.index("test_zoo_product_gpu[jvp-reverse")
-    assert "median     20.300 ms" in text and "median      1.200 ms" in text
+    attention = text.index("bench_gpu_attention.json:")
+    assert (kernels < text.index("test_dct2_gpu[numba]") < products < text.index("test_zoo_product_gpu[jvp-reverse")
+            < attention < text.index("test_attention_product_gpu[jvp-reverse]"))
+    assert "median     20.300 ms" in text and "median      1.200 ms" in text and "median     31.100 ms" in text
 
 
 def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path):

@@ -4,6 +4,7 @@ Each compares the GPU path with the CPU path on the same inputs, checks the
 zero-copy bridge by data pointers, and checks that the LSQR loop makes no
 device-to-host transfer between its every-k convergence checks.
 """
+import copy
 import numpy as np
 import pytest
 import torch
@@ -792,3 +793,49 @@ def test_lean_double_backward_products_on_gpu_match_jacrev_on_cpu(lean, cupy, mo
                                rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
                                rtol=1e-10, atol=1e-12)
+
+
+class _SelfAttention(torch.nn.Module):
+    """q, k, v projections of the input through scaled_dot_product_attention (2 heads of 8), causal."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.tanh(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("make", [_SelfAttention, lambda: torch.nn.TransformerEncoder(
+    torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2, enable_nested_tensor=False)],
+                         ids=["scaled-dot-product", "transformer-encoder"])
+def test_lean_attention_on_gpu_matches_jacrev_on_cpu_where_torch_refuses(make, cupy, monkeypatch):
+    """torch's memory-efficient attention kernel (CUDA, float32) has no double backward. Under
+    lean_double_backward a scaled_dot_product_attention call keeps that kernel in its forward and
+    nn.MultiheadAttention writes the attention out; J v and Jᵀ u match torch.func.jacrev's J computed on the
+    CPU in float64 under the MATH backend (to float32 rounding). Without the lean graph torch's fails."""
+    import hcrfast.bindings.jacobian as jac
+    from hcrfast.bindings import TorchJacobian
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(8)
+    net = make().eval()
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(9))
+    net64 = copy.deepcopy(net).double()
+    with sdpa_kernel(SDPBackend.MATH):
+        J = torch.stack([torch.func.jacrev(lambda t: net64(t[None]).reshape(-1))(x[b].double()).reshape(-1, 96)
+                         for b in range(3)]).detach().numpy()
+    net = net.cuda()
+    rng = np.random.default_rng(10)
+    v, u = rng.standard_normal((3, 96)).astype(np.float32), rng.standard_normal((3, 96)).astype(np.float32)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        op = TorchJacobian(net, x.cuda())
+        jv = cupy.asnumpy(op.matvec(cupy.asarray(v)))
+        jtu = cupy.asnumpy(op.rmatvec(cupy.asarray(u)))
+        want_jv, want_jtu = np.einsum("bij,bj->bi", J, v), np.einsum("bij,bi->bj", J, u)
+        np.testing.assert_allclose(jv, want_jv, rtol=0, atol=1e-4 * np.abs(want_jv).max())
+        np.testing.assert_allclose(jtu, want_jtu, rtol=0, atol=1e-4 * np.abs(want_jtu).max())
+        monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
+        with pytest.raises(RuntimeError, match="derivative for .* is not implemented"):
+            TorchJacobian(net, x.cuda()).matvec(cupy.asarray(v))
