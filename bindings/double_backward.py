@@ -31,9 +31,12 @@ output; the weights are dropped). On ViT-B/16 (2 rows, 1 CPU thread) the product
 backend's graph takes (JVP 840.9 ms against 868.1, VJP 879.0 against 857.1). Left to torch: dropout,
 grouped-query heads, batch shapes that differ between q, k and v, masks computed from the input.
 
-Weights are held constant: these Functions give no gradient to a layer's weights, and take only
-weights that need none or are a module's parameters; a weight computed from the input (a modulated
-convolution, an adaptive norm) is part of the Jacobian, and its call is torch's. Calls they do not
+Weights are held constant: these Functions give no gradient to a layer's weights (or masks), and take
+only those whose autograd graph does not reach the input the mode is given (``TorchJacobian`` gives its
+x): parameters, and what is computed from them alone (a weight-normalized convolution's weight, an
+attention bias from a small network). A weight computed from the input (a modulated convolution, an
+adaptive norm) is part of the Jacobian, and its call is torch's. Without inputs, the mode takes only
+weights that need no gradient or are a module's parameters. Calls they do not
 cover pass through unchanged, those too: ``padding="same"`` where torch pads one side more than the
 other, a transposed convolution's output padding at or over its stride, unbatched inputs,
 training-mode batch norm, inputs that need no gradient, tensor subclasses, anything under autocast.
@@ -90,10 +93,6 @@ def _autocast_on() -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
-def _constant(*tensors) -> bool:
-    """Whether these weights can be held constant: no gradient, or a module's parameter. A weight computed
-    from the input (a modulated convolution, an adaptive norm) carries part of the Jacobian: torch's."""
-    return all(t is None or not t.requires_grad or isinstance(t, torch.nn.Parameter) for t in tensors)
 
 
 def _bind(names, defaults, args, kwargs) -> dict:
@@ -239,14 +238,14 @@ class _Attention(torch.autograd.Function):
         return *grads, None, None, None
 
 
-def _attention(a: dict):
+def _attention(a: dict, constant):
     """``scaled_dot_product_attention`` through :class:`_Attention` where it covers the call, else None:
     no dropout, no grouped-query heads, q, k and v of one batch shape, a constant mask."""
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if (a["dropout_p"] == 0.0 and not a["enable_gqa"] and q.dim() >= 2 and k.dim() == q.dim() == v.dim()
             and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
             and not any(t.is_nested for t in (q, k, v)) and any(t.requires_grad for t in (q, k, v))
-            and not (a["is_causal"] and mask is not None) and _constant(mask)):
+            and not (a["is_causal"] and mask is not None) and constant(mask)):
         return _Attention.apply(q, k, v, mask, bool(a["is_causal"]), a["scale"])
     return None
 
@@ -256,7 +255,45 @@ class lean_double_backward(TorchFunctionMode):
 
     Use as a context manager around the forward pass (and the create-graph backward) whose graph
     will be differentiated twice; the backward passes themselves may run outside it.
+
+    Parameters
+    ----------
+    inputs : tuple of torch.Tensor, optional
+        The leaves the Jacobian is taken with respect to. Given, a weight (or mask) is held constant
+        unless its autograd graph reaches one of them: a weight-normalized convolution's weight,
+        computed from parameters alone, is constant; a weight computed from the input is torch's.
+        Not given, only weights that need no gradient or are a module's parameters are held.
     """
+
+    def __init__(self, inputs=None):
+        super().__init__()
+        self._inputs = None if inputs is None else tuple(inputs)
+        self._free = set()  # autograd nodes from which no input is reached
+
+    def _constant(self, *tensors) -> bool:
+        """Whether these weights can be held constant. A weight computed from the input (a modulated
+        convolution, an adaptive norm) carries part of the Jacobian: its call is torch's."""
+        if self._inputs is None:
+            return all(t is None or not t.requires_grad or isinstance(t, torch.nn.Parameter) for t in tensors)
+        return all(t is None or not t.requires_grad or not self._reaches_input(t) for t in tensors)
+
+    def _reaches_input(self, t) -> bool:
+        """Whether ``t``'s autograd graph reaches an input: a walk to the leaves, each node seen once per
+        call and, where no input was found, never walked again."""
+        if t.grad_fn is None:
+            return any(t is x for x in self._inputs)
+        stack, seen = [t.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen or node in self._free:
+                continue
+            seen.add(node)
+            leaf = getattr(node, "variable", None)  # AccumulateGrad: a leaf that needs a gradient
+            if leaf is not None and any(leaf is x for x in self._inputs):
+                return True
+            stack.extend(f for f, _ in node.next_functions)
+        self._free |= seen
+        return False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -268,14 +305,14 @@ class lean_double_backward(TorchFunctionMode):
             a = _bind(_CONV_ARGS, _CONV_DEFAULTS, args, kwargs)
             x, dilation = a["input"], _per_dim(a["dilation"], nd)
             padding = _int_padding(a["padding"], a["weight"], dilation, nd) if x.dim() == nd + 2 else None
-            if x.requires_grad and padding is not None and _constant(a["weight"], a["bias"]):
+            if x.requires_grad and padding is not None and self._constant(a["weight"], a["bias"]):
                 return _Conv.apply(x, a["weight"], a["bias"], _per_dim(a["stride"], nd), padding, dilation, a["groups"])
         elif func in _CONV_T:
             nd = _CONV_T[func]
             a = _bind(_CONV_T_ARGS, _CONV_T_DEFAULTS, args, kwargs)
             x, stride, out_pad = a["input"], _per_dim(a["stride"], nd), _per_dim(a["output_padding"], nd)
             if (x.requires_grad and x.dim() == nd + 2 and all(o < s for o, s in zip(out_pad, stride))
-                    and _constant(a["weight"], a["bias"])):
+                    and self._constant(a["weight"], a["bias"])):
                 return _ConvTranspose.apply(x, a["weight"], a["bias"], stride, _per_dim(a["padding"], nd), out_pad,
                                             a["groups"], _per_dim(a["dilation"], nd))
         elif func is F.batch_norm:
@@ -283,16 +320,16 @@ class lean_double_backward(TorchFunctionMode):
             x = a["input"]
             if (x.requires_grad and not a["training"] and a["running_mean"] is not None
                     and a["running_var"] is not None and x.dim() >= 2
-                    and _constant(a["running_mean"], a["running_var"], a["weight"], a["bias"])):
+                    and self._constant(a["running_mean"], a["running_var"], a["weight"], a["bias"])):
                 return _EvalBatchNorm.apply(x, a["running_mean"], a["running_var"], a["weight"], a["bias"], a["eps"])
         elif func is F.layer_norm:
             a = _bind(_LN_ARGS, _LN_DEFAULTS, args, kwargs)
             shape = a["normalized_shape"]
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
-            if a["input"].requires_grad and a["input"].is_floating_point() and _constant(a["weight"], a["bias"]):
+            if a["input"].requires_grad and a["input"].is_floating_point() and self._constant(a["weight"], a["bias"]):
                 return _LayerNorm.apply(a["input"], shape, a["weight"], a["bias"], a["eps"])[0]
         elif func is F.scaled_dot_product_attention:
-            out = _attention(_bind(_SDPA_ARGS, _SDPA_DEFAULTS, args, kwargs))
+            out = _attention(_bind(_SDPA_ARGS, _SDPA_DEFAULTS, args, kwargs), self._constant)
             if out is not None:
                 return out
         elif func is _MHA:

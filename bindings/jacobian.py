@@ -105,9 +105,11 @@ class TorchJacobian:
     def _recorded(self):
         """(x, a(x), d, Jᵀd) with graphs kept, recorded once (mode "reverse")."""
         if self._graph is None:
-            lean = lean_double_backward() if LEAN_DOUBLE_BACKWARD else contextlib.nullcontext()
+            x = self.x.clone().requires_grad_(True)
+            # Weights computed from the parameters alone (weight norm, an attention bias) are held
+            # constant too: the mode walks their graph for x.
+            lean = lean_double_backward(inputs=(x,)) if LEAN_DOUBLE_BACKWARD else contextlib.nullcontext()
             with torch.enable_grad(), lean:
-                x = self.x.clone().requires_grad_(True)
                 out = self._f(x)
                 d = torch.zeros_like(out, requires_grad=True)
                 (jtd,) = torch.autograd.grad(out, x, d, create_graph=True)

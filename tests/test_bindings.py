@@ -438,6 +438,9 @@ def _lean_cases():
         "layernorm": (lambda: seq(nn.Linear(5, 6), _affine(nn.LayerNorm(6)), seed=28), (3, 5)),
         "layernorm-two-dims-no-affine": (lambda: seq(nn.Conv1d(2, 3, 2), nn.LayerNorm((3, 4), elementwise_affine=False),
                                                      seed=29), (2, 2, 5)),
+        "conv2d-weight-norm": (lambda: seq(torch.nn.utils.parametrizations.weight_norm(nn.Conv2d(2, 3, 3, padding=1)),
+                                           seed=38), (2, 2, 5, 4)),
+        "conv1d-legacy-weight-norm": (lambda: seq(torch.nn.utils.weight_norm(nn.Conv1d(2, 3, 3)), seed=39), (2, 2, 7)),
         "resnet-block": (_Block, (2, 3, 10, 10)),
         "weights-from-the-input": (_InputDependentWeights, (2, 2, 5, 4)),
     }
@@ -502,6 +505,25 @@ def test_lean_double_backward_runs_one_convolution_per_layer_in_a_jvp(lean, monk
         assert vjp_ops.convolutions() == ["convolution"] * 3  # Jᵀ u: a transposed convolution per layer
     else:  # torch's graph does more: what the mode removes
         assert jvp_ops.convolutions() != input_only or batch_norm
+
+
+@pytest.mark.parametrize("norm", ["parametrizations", "legacy"])
+def test_lean_double_backward_holds_weights_computed_from_parameters_alone(norm):
+    """A weight-normalized convolution's weight is computed from its parameters (g · v / ‖v‖) in the forward:
+    it needs a gradient and is no parameter, but its graph never reaches the input, so the recorded call is
+    lean (one convolution in a JVP, not torch's two). The residual block's weights computed from the input
+    are the other side (test above)."""
+    wrap = (torch.nn.utils.parametrizations.weight_norm if norm == "parametrizations"
+            else torch.nn.utils.weight_norm)
+    torch.manual_seed(40)
+    model = torch.nn.Sequential(wrap(torch.nn.Conv2d(2, 3, 3, padding=1)), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(41))
+    op = TorchJacobian(model, x)
+    v = np.random.default_rng(42).standard_normal((2, op.n_cols))
+    op.matvec(v)
+    with _AtenCalls() as jvp_ops:
+        op.matvec(v)
+    assert jvp_ops.convolutions() == [("convolution_backward", (True, False, False))], jvp_ops.convolutions()
 
 
 def test_lean_double_backward_leaves_forward_values_and_other_calls_unchanged():
@@ -621,6 +643,20 @@ class _Attention(torch.nn.Module):
             **extra))
 
 
+class _BiasedAttention(_Attention):
+    """A relative-position bias computed by a small network from fixed offsets (as in T5 or Swin V2), passed
+    as the float mask: it needs a gradient but never reaches the input, so the call stays lean."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias_net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        self.register_buffer("offsets", (torch.arange(5.0)[:, None] - torch.arange(5.0)[None, :])[..., None] / 5)
+
+    def forward(self, x):
+        self.mask = self.bias_net(self.offsets.to(x.dtype)).permute(2, 0, 1)[None]   # (1, 2 heads, 5, 5)
+        return super().forward(x)
+
+
 class _MultiheadSelfAttention(torch.nn.Module):
     def __init__(self, **kwargs):
         super().__init__()
@@ -642,6 +678,7 @@ def _attention_cases():
         "bool-mask": lambda: _Attention(mask=torch.rand(5, 5, generator=gen) > 0.3),
         "float-mask-per-head": lambda: _Attention(mask=torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)),
         "cross-causal-scale": lambda: _Attention(cross=True, is_causal=True, scale=0.3),  # L = 5 queries, S = 7 keys
+        "bias-from-parameters": lambda: _BiasedAttention(),
         "multihead": lambda: _MultiheadSelfAttention(),
         "multihead-causal": lambda: _MultiheadSelfAttention(attn_mask=nn.Transformer.generate_square_subsequent_mask(
             5, dtype=torch.float64), is_causal=True),
@@ -671,9 +708,27 @@ def test_lean_double_backward_differentiates_fused_attention_twice(case, monkeyp
     np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
     assert np.abs(J).max() > 1e-3 and all(p.grad is None for p in model.parameters())
+    recorded = _graph_names(op._recorded()[1])
+    assert ("_AttentionBackward" in recorded) == (case not in ("multihead", "multihead-causal", "multihead-bool-mask",
+                                                               "transformer-encoder")), recorded
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
+    if case == "bias-from-parameters":  # a mask that needs a gradient sends torch to its MATH backend
+        return
     with pytest.raises(RuntimeError, match="derivative for .*scaled_dot_product.* is not implemented"):
         TorchJacobian(model, x).matvec(v)
+
+
+def _graph_names(t) -> set:
+    """The names of the autograd nodes of ``t``'s graph."""
+    names, stack, seen = set(), [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(f for f, _ in node.next_functions)
+    return names
 
 
 @pytest.mark.parametrize("kwargs", [dict(dropout_p=0.5), dict(gqa=True)], ids=["dropout", "grouped-query"])
