@@ -29,7 +29,8 @@ fused kernel in the forward and gets ``Jᵀ`` in four matrix products with the s
 for its weights instead, which makes it write the attention as matrix products and a softmax (same
 output; the weights are dropped). On ViT-B/16 (2 rows, 1 CPU thread) the products took what the MATH
 backend's graph takes (JVP 840.9 ms against 868.1, VJP 879.0 against 857.1). Left to torch: dropout,
-grouped-query heads, batch shapes that differ between q, k and v, masks computed from the input.
+batch shapes that differ between q, k and v (other than grouped-query heads), masks computed from
+the input.
 
 Weights are held constant: these Functions give no gradient to a layer's weights (or masks), and take
 only those whose autograd graph does not reach the input the mode is given (``TorchJacobian`` gives its
@@ -240,9 +241,15 @@ class _Attention(torch.autograd.Function):
 
 def _attention(a: dict, constant):
     """``scaled_dot_product_attention`` through :class:`_Attention` where it covers the call, else None:
-    no dropout, no grouped-query heads, q, k and v of one batch shape, a constant mask."""
+    no dropout, q, k and v of one batch shape (grouped-query k and v repeated to q's heads, as torch's
+    ``enable_gqa`` does), a constant mask."""
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    if (a["dropout_p"] == 0.0 and not a["enable_gqa"] and q.dim() >= 2 and k.dim() == q.dim() == v.dim()
+    if (a["enable_gqa"] and a["dropout_p"] == 0.0 and q.dim() >= 3 and k.dim() == q.dim() == v.dim()
+            and k.shape[-3] == v.shape[-3]
+            and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0):
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    if (a["dropout_p"] == 0.0 and q.dim() >= 2 and k.dim() == q.dim() == v.dim()
             and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
             and not any(t.is_nested for t in (q, k, v)) and any(t.requires_grad for t in (q, k, v))
             and not (a["is_causal"] and mask is not None) and constant(mask)):

@@ -466,7 +466,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise ValueError(f"the model cannot be differentiated twice (torch: {text.splitlines()[0]}), which "
                              f"jacobian='reverse' (the default) does for J v (torch.compile's compiled backward, "
                              f"@once_differentiable functions and fused attention kernels refuse it; hcrfast "
-                             f"reroutes attention calls without dropout or grouped-query heads, not others); pass "
+                             f"reroutes attention calls without dropout, not others); pass "
                              f"jacobian='forward' (forward-mode AD: an autograd.Function needs setup_context and "
                              f"a jvp staticmethod for it), or for a compiled model the module before compiling "
                              f"(model._orig_mod), or for attention run the call under "

@@ -679,6 +679,7 @@ def _attention_cases():
         "float-mask-per-head": lambda: _Attention(mask=torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)),
         "cross-causal-scale": lambda: _Attention(cross=True, is_causal=True, scale=0.3),  # L = 5 queries, S = 7 keys
         "bias-from-parameters": lambda: _BiasedAttention(),
+        "grouped-query-causal": lambda: _Attention(gqa=True, is_causal=True),
         "multihead": lambda: _MultiheadSelfAttention(),
         "multihead-causal": lambda: _MultiheadSelfAttention(attn_mask=nn.Transformer.generate_square_subsequent_mask(
             5, dtype=torch.float64), is_causal=True),
@@ -731,14 +732,13 @@ def _graph_names(t) -> set:
     return names
 
 
-@pytest.mark.parametrize("kwargs", [dict(dropout_p=0.5), dict(gqa=True)], ids=["dropout", "grouped-query"])
-def test_lean_double_backward_leaves_attention_with_dropout_or_grouped_heads_to_torch(kwargs):
-    """Dropout draws a mask the Function could not hold; grouped-query heads broadcast k and v: both calls
-    are torch's own (a plain call runs, and the double backward fails as without the mode)."""
+@pytest.mark.parametrize("gqa", [False, True], ids=["plain", "grouped-query"])
+def test_lean_double_backward_leaves_attention_with_dropout_to_torch(gqa):
+    """Dropout draws a mask the Function could not hold: the call is torch's own, grouped-query heads or not."""
     from hcrfast.bindings.double_backward import _Attention as Lean
     from hcrfast.bindings.double_backward import lean_double_backward
 
-    model = _Attention(**kwargs)
+    model = _Attention(dropout_p=0.5, gqa=gqa)
     x = torch.randn(2, 5, 4, requires_grad=True)
     with lean_double_backward():
         assert not type(model(x).grad_fn.next_functions[0][0]).__name__.startswith(Lean.__name__)
