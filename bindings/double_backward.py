@@ -220,12 +220,13 @@ class _Attention(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         q, k, v, mask, is_causal, scale = inputs
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        s = q @ k.transpose(-2, -1) * scale
+        wide = torch.promote_types(q.dtype, torch.float32)  # half-precision scores in float32, as fused kernels
+        s = q.to(wide) @ k.to(wide).transpose(-2, -1) * scale
         if is_causal:  # top-left aligned, as torch's (L, S) tril
             s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), -math.inf)
         if mask is not None:
             s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
-        ctx.save_for_backward(q, k, v, torch.softmax(s, dim=-1))
+        ctx.save_for_backward(q, k, v, torch.softmax(s, dim=-1).to(q.dtype))
         ctx.scale = scale
 
     @staticmethod
