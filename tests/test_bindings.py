@@ -27,6 +27,16 @@ def dense_jacobians(model, x):
     return jac.reshape(x.shape[0], -1, x[0].numel()).detach().numpy()
 
 
+def assert_products_match(op, J, seed):
+    """``op``'s J v and Jᵀ u against the dense (B, n, p) Jacobians ``J``, for random v and u, in float64."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((op.batch, op.n_cols))
+    u = rng.standard_normal((op.batch, op.n_rows))
+    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    return v, u
+
+
 CASES = [(conv_model, (4, 2, 8, 8)), (mlp_model, (5, 2, 5, 5))]
 
 
@@ -38,11 +48,7 @@ def test_products_match_dense_jacobian(make, shape, mode):
     J = dense_jacobians(model, x)
     op = TorchJacobian(model, x, mode=mode)
     assert (op.batch, op.n_rows, op.n_cols) == J.shape
-    rng = np.random.default_rng(3)
-    v = rng.standard_normal((op.batch, op.n_cols))
-    u = rng.standard_normal((op.batch, op.n_rows))
-    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    v, _ = assert_products_match(op, J, 3)
     # the same operator applied again (the recorded graph is reused) gives the same answer
     np.testing.assert_array_equal(op.matvec(v), op.matvec(v))
 
@@ -455,11 +461,7 @@ def test_lean_double_backward_products_match_torch_func_jacobians(case):
     x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(20))
     J = dense_jacobians(model, x)
     op = TorchJacobian(model, x)
-    rng = np.random.default_rng(21)
-    v = rng.standard_normal((op.batch, op.n_cols))
-    u = rng.standard_normal((op.batch, op.n_rows))
-    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    assert_products_match(op, J, 21)
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -703,11 +705,7 @@ def test_lean_double_backward_differentiates_fused_attention_twice(case, monkeyp
     with sdpa_kernel(SDPBackend.MATH):
         J = dense_jacobians(model, x)
     op = TorchJacobian(model, x)
-    rng = np.random.default_rng(46)
-    v = rng.standard_normal((op.batch, op.n_cols))
-    u = rng.standard_normal((op.batch, op.n_rows))
-    np.testing.assert_allclose(op.matvec(v), np.einsum("bij,bj->bi", J, v), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(op.rmatvec(u), np.einsum("bij,bi->bj", J, u), rtol=1e-12, atol=1e-12)
+    v, _ = assert_products_match(op, J, 46)
     assert np.abs(J).max() > 1e-3 and all(p.grad is None for p in model.parameters())
     recorded = _graph_names(op._recorded()[1])
     assert ("_AttentionBackward" in recorded) == (case not in ("multihead", "multihead-causal", "multihead-bool-mask",
