@@ -32,6 +32,11 @@ backend's graph takes (JVP 840.9 ms against 868.1, VJP 879.0 against 857.1). Lef
 batch shapes that differ between q, k and v (other than grouped-query heads), masks computed from
 the input.
 
+RNN calls (``torch.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``: ``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) on CUDA run
+with cuDNN off, for that call alone: cuDNN's RNN backward runs in training mode only and has no double
+backward; torch's own implementation has both. :class:`native_rnn` does only that, for the products
+that do not record under this mode (forward mode, the dense solve's ``torch.func``).
+
 Weights are held constant: these Functions give no gradient to a layer's weights (or masks), and take
 only those whose autograd graph does not reach the input the mode is given (``TorchJacobian`` gives its
 x): parameters, and what is computed from them alone (a weight-normalized convolution's weight, an
@@ -44,6 +49,7 @@ training-mode batch norm, inputs that need no gradient, tensor subclasses, anyth
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 
@@ -56,7 +62,8 @@ _TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3
 _CONV = {f: nd for nd, f in _FORWARD.items()}
 _CONV_T = {f: nd for nd, f in _TRANSPOSE.items()}
 _MHA = F.multi_head_attention_forward
-_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm, F.scaled_dot_product_attention, _MHA)
+_RNN = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)  # what nn.LSTM, nn.GRU and nn.RNN call
+_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm, F.scaled_dot_product_attention, _MHA, *_RNN)
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_T_ARGS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
 _CONV_T_DEFAULTS = dict(bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
@@ -258,6 +265,40 @@ def _attention(a: dict, constant):
     return None
 
 
+def _rnn_without_cudnn(func, args, kwargs):
+    """An RNN call (``torch.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) whose input is on CUDA, run with cuDNN
+    off, else as it is. cuDNN's RNN backward runs in training mode only ("cudnn RNN backward can only be
+    called in training mode": an eval-mode model fails even a VJP) and has no double backward; torch's own
+    implementation (fused cells whose backward, when a graph is recorded, is written in differentiable
+    operations) has both. Only this call's flag is switched, and restored."""
+    if not (args and isinstance(args[0], torch.Tensor) and args[0].is_cuda and torch.backends.cudnn.enabled):
+        return func(*args, **kwargs)
+    torch.backends.cudnn.enabled = False
+    try:
+        return func(*args, **kwargs)
+    finally:
+        torch.backends.cudnn.enabled = True
+
+
+class native_rnn(TorchFunctionMode):
+    """Run the RNNs of the code inside without cuDNN on CUDA (:func:`_rnn_without_cudnn`): for the products
+    that do not record under :class:`lean_double_backward` (forward mode, the dense solve's torch.func)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _RNN:
+            return _rnn_without_cudnn(func, args, kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+def native_rnn_for(model):
+    """:class:`native_rnn` where ``model`` is a module with an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` in it, else a
+    null context: a mode costs every torch call of the forward a Python dispatch (and turns off
+    ``nn.MultiheadAttention``'s fast path)."""
+    if isinstance(model, torch.nn.Module) and any(isinstance(m, torch.nn.RNNBase) for m in model.modules()):
+        return native_rnn()
+    return contextlib.nullcontext()
+
+
 class lean_double_backward(TorchFunctionMode):
     """Record a model's forward so that its double backward skips work ``J v`` never reads.
 
@@ -305,6 +346,8 @@ class lean_double_backward(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _RNN:
+            return _rnn_without_cudnn(func, args, kwargs)
         if (func not in _COVERED or any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types)
                 or _autocast_on()):
             return func(*args, **kwargs)

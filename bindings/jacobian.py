@@ -38,7 +38,7 @@ from torch.func import vjp
 
 from hcrfast import profiling
 from hcrfast.bindings.bridge import from_torch, to_torch
-from hcrfast.bindings.double_backward import lean_double_backward
+from hcrfast.bindings.double_backward import lean_double_backward, native_rnn_for
 
 MODES = ("reverse", "forward")
 
@@ -125,7 +125,7 @@ class TorchJacobian:
                 _, _, d, jtd = self._recorded()
                 (out,) = torch.autograd.grad(jtd, d, tangent, retain_graph=True)
             else:
-                with torch.no_grad():
+                with torch.no_grad(), native_rnn_for(self.model):
                     _, out = jvp(self._f, (self.x,), (tangent,))
         return from_torch(out)
 
@@ -139,7 +139,8 @@ class TorchJacobian:
             else:
                 with torch.no_grad():
                     if self._vjp_fn is None:
-                        _, self._vjp_fn = vjp(self._f, self.x)
+                        with native_rnn_for(self.model):
+                            _, self._vjp_fn = vjp(self._f, self.x)
                     (res,) = self._vjp_fn(cotangent)
         return from_torch(res.reshape(self.batch, -1))
 

@@ -36,6 +36,7 @@ from torch.func import vjp, vmap
 
 from hcrfast import kernels, validation
 from hcrfast.bindings import array_module_for, jvp
+from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast.kernels import symmetric
 
 #: How the "eigh" driver's Gram matrices are decomposed (:func:`hcrfast.kernels.symmetric.eigh_batch`):
@@ -144,7 +145,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     p = math.prod(input_shape)
 
     def f(t):
-        return model(t).reshape(t.shape[0], -1)
+        with native_rnn_for(model):  # cuDNN's RNN backward refuses eval mode
+            return model(t).reshape(t.shape[0], -1)
 
     with torch.no_grad():
         n = f(x[:1]).shape[1]

@@ -763,3 +763,79 @@ def test_lean_attention_keeps_the_fused_forward_and_a_vjp_in_four_products():
         products = [c for c in ops.calls if c in ("bmm", "mm", "addmm", "matmul")]
         assert "_softmax" not in ops.calls and "_scaled_dot_product_flash_attention_for_cpu" not in ops.calls
         assert products.count("bmm") == 4, ops.calls
+
+
+# ------------------------------------------------ RNNs: cuDNN's backward refuses eval mode and the double backward
+
+
+class _Recurrent(torch.nn.Module):
+    """An LSTM over the rows of the input, then a GRU, features from both (batch first)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(53)
+        self.lstm = torch.nn.LSTM(4, 5, num_layers=2, batch_first=True)
+        self.gru = torch.nn.GRU(5, 3, batch_first=True, bidirectional=True)
+
+    def forward(self, x):                                   # (B, T, 4)
+        h, _ = self.lstm(x)
+        g, _ = self.gru(torch.tanh(h))
+        return torch.cat([h[:, -1], g.flatten(1)], dim=1)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_rnn_calls_go_without_cudnn_in_every_product(mode, monkeypatch):
+    """nn.LSTM and nn.GRU call torch.lstm and torch.gru; mode "reverse" (under lean_double_backward), forward
+    mode and the dense solve's J (under native_rnn) route each call through _rnn_without_cudnn, which on
+    CUDA switches cuDNN off for it (a GPU test runs that); the products still match autograd's Jacobian."""
+    import hcrfast.bindings.double_backward as db
+    from hcrfast import dense
+
+    calls = []
+    real = db._rnn_without_cudnn
+    monkeypatch.setattr(db, "_rnn_without_cudnn", lambda func, args, kwargs: calls.append(func.__name__)
+                        or real(func, args, kwargs))
+    model = _Recurrent().double().eval()
+    x = torch.randn(2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(54))
+    # torch.func.vmap over examples cannot run nn.LSTM (its zero state has no batch dimension there): autograd's
+    J = torch.stack([torch.autograd.functional.jacobian(lambda t: model(t[None])[0], x[b]).reshape(-1, 24)
+                     for b in range(2)]).numpy()
+    assert not calls
+    assert_products_match(TorchJacobian(model, x, mode=mode), J, 55)
+    assert calls[:2] == ["lstm", "gru"], calls
+    calls.clear()
+    np.testing.assert_allclose(dense.jacobian(model, x, mode=mode).numpy(), J, rtol=1e-12, atol=1e-12)
+    assert calls[:2] == ["lstm", "gru"], calls
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: what _rnn_without_cudnn reads."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_rnn_without_cudnn_switches_only_its_own_call_and_restores_the_flag(fails, monkeypatch):
+    from hcrfast.bindings.double_backward import _rnn_without_cudnn
+
+    seen = []
+
+    def call(*args, **kwargs):
+        seen.append(torch.backends.cudnn.enabled)
+        if fails:
+            raise RuntimeError("out of memory")
+        return "out"
+
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", True)
+    on_cuda = torch.zeros(2).as_subclass(_OnCuda)
+    with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+        assert _rnn_without_cudnn(call, (on_cuda, 1), {"batch_first": True}) == "out"
+    assert seen == [False] and torch.backends.cudnn.enabled
+    _rnn_without_cudnn(call, (torch.zeros(2),), {}) if not fails else None   # a CPU input: the flag as it is
+    assert seen == ([False, True] if not fails else [False])
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", False)  # off already: left off
+    with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+        _rnn_without_cudnn(call, (on_cuda,), {})
+    assert seen[-1] is False and not torch.backends.cudnn.enabled

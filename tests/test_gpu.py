@@ -839,3 +839,50 @@ def test_lean_attention_on_gpu_matches_jacrev_on_cpu_where_torch_refuses(make, c
         monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
         with pytest.raises(RuntimeError, match="derivative for .* is not implemented"):
             TorchJacobian(net, x.cuda()).matvec(cupy.asarray(v))
+
+
+class _RecurrentOnGpu(torch.nn.Module):
+    """An LSTM then a bidirectional GRU over the rows of the input (batch first)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.lstm = torch.nn.LSTM(4, 5, num_layers=2, batch_first=True)
+        self.gru = torch.nn.GRU(5, 3, batch_first=True, bidirectional=True)
+
+    def forward(self, x):
+        h, _ = self.lstm(x)
+        g, _ = self.gru(torch.tanh(h))
+        return torch.cat([h[:, -1], g.flatten(1)], dim=1)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_rnns_on_gpu_run_without_cudnn_in_the_products_and_match_the_cpu(mode, cupy, monkeypatch):
+    """cuDNN's RNN backward refuses eval mode ("cudnn RNN backward can only be called in training mode"):
+    the products and the dense solve's J run the RNN calls without cuDNN (float64 on CUDA) and match
+    autograd's Jacobian on the CPU; cuDNN's flag is on again afterwards; torch's own graph fails."""
+    import hcrfast.bindings.jacobian as jac
+    from hcrfast import dense
+    from hcrfast.bindings import TorchJacobian
+
+    model = _RecurrentOnGpu().double().eval()
+    x = torch.randn(3, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    J = torch.stack([torch.autograd.functional.jacobian(lambda t: model(t[None])[0], x[b]).reshape(-1, 24)
+                     for b in range(3)]).numpy()
+    model = model.cuda()
+    assert torch.backends.cudnn.enabled
+    op = TorchJacobian(model, x.cuda(), mode=mode)
+    rng = np.random.default_rng(13)
+    v, u = rng.standard_normal((3, 24)), rng.standard_normal((3, J.shape[1]))
+    np.testing.assert_allclose(cupy.asnumpy(op.matvec(cupy.asarray(v))), np.einsum("bij,bj->bi", J, v),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dense.jacobian(model, x.cuda(), mode=mode).cpu().numpy(), J, rtol=1e-10, atol=1e-12)
+    assert torch.backends.cudnn.enabled
+    res = hcrfast.bound(model, x.cuda(), 0.05, restarts=2, iterations=1, solver="lsqr", jacobian=mode)
+    assert np.all(np.isfinite(res.std)) and torch.backends.cudnn.enabled
+    if mode == "reverse":  # the control, in float32 (what cuDNN surely takes)
+        monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
+        with pytest.raises(RuntimeError, match="cudnn RNN backward can only be called in training mode"):
+            TorchJacobian(model.float(), x.float().cuda()).rmatvec(cupy.asarray(u.astype(np.float32)))
