@@ -35,6 +35,7 @@ from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch
                                 gaps as checkpoint_gaps, model_fingerprint, sha256_tensors)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
+from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise
@@ -374,7 +375,7 @@ def _random_vjp(model, x):
     """torch's ``Jᵀu`` of ``model``'s features at ``x`` for a fixed random ``u`` (one backward pass), flat
     per row; None where the features do not depend on ``x`` through autograd."""
     x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with torch.enable_grad(), native_rnn_for(model):  # cuDNN's RNN backward refuses eval mode
         f = model(x).reshape(x.shape[0], -1)
         if not f.requires_grad:
             return None
