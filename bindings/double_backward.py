@@ -63,7 +63,8 @@ _CONV = {f: nd for nd, f in _FORWARD.items()}
 _CONV_T = {f: nd for nd, f in _TRANSPOSE.items()}
 _MHA = F.multi_head_attention_forward
 _RNN = (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu)  # what nn.LSTM, nn.GRU and nn.RNN call
-_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm, F.scaled_dot_product_attention, _MHA, *_RNN)
+_COVERED = (*_CONV, *_CONV_T, F.batch_norm, F.layer_norm, F.hardsigmoid, F.scaled_dot_product_attention, _MHA,
+            *_RNN)
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _CONV_T_ARGS = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
 _CONV_T_DEFAULTS = dict(bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)
@@ -210,6 +211,26 @@ class _LayerNorm(torch.autograd.Function):
         g = gy if weight is None else gy * weight.detach()
         gx = rstd * (g - g.mean(dim=dims, keepdim=True) - xhat * (g * xhat).mean(dim=dims, keepdim=True))
         return gx, None, None, None, None
+
+
+class _Hardsigmoid(torch.autograd.Function):
+    """``y = clamp(x/6 + 1/2, 0, 1)`` with ``Jᵀ gy = gy/6`` where ``−3 < x < 3`` (torch's kernel's mask), in
+    differentiable operations: torch's ``hardsigmoid_backward`` has no derivative at all, so every model with
+    one (MobileNetV3's squeeze-and-excitation blocks) failed the double backward."""
+
+    @staticmethod
+    def forward(x):
+        return F.hardsigmoid(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (x,) = inputs
+        ctx.save_for_backward(((x > -3) & (x < 3)).to(x.dtype) / 6)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (slope,) = ctx.saved_tensors
+        return gy * slope
 
 
 class _Attention(torch.autograd.Function):
@@ -379,6 +400,11 @@ class lean_double_backward(TorchFunctionMode):
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
             if a["input"].requires_grad and a["input"].is_floating_point() and self._constant(a["weight"], a["bias"]):
                 return _LayerNorm.apply(a["input"], shape, a["weight"], a["bias"], a["eps"])[0]
+        elif func is F.hardsigmoid:
+            x = args[0] if args else kwargs["input"]
+            inplace = args[1] if len(args) > 1 else kwargs.get("inplace", False)
+            if x.requires_grad and x.is_floating_point() and not inplace:
+                return _Hardsigmoid.apply(x)
         elif func is F.scaled_dot_product_attention:
             out = _attention(_bind(_SDPA_ARGS, _SDPA_DEFAULTS, args, kwargs), self._constant)
             if out is not None:

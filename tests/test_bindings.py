@@ -417,6 +417,22 @@ class _InputDependentWeights(torch.nn.Module):
                           for b in range(x.shape[0])])
 
 
+class _SqueezeExcitation(torch.nn.Module):
+    """MobileNetV3's squeeze-and-excitation block (torchvision's, with its hardsigmoid gate) after a convolution."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.ops import SqueezeExcitation
+
+        torch.manual_seed(56)
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.se = SqueezeExcitation(8, 4, scale_activation=torch.nn.Hardsigmoid)
+        torch.nn.init.normal_(self.se.fc2.weight, std=15.0)  # gates on both sides of the kinks at ±3
+
+    def forward(self, x):
+        return self.se(self.conv(x))
+
+
 def _lean_cases():
     nn = torch.nn
 
@@ -728,6 +744,42 @@ def _graph_names(t) -> set:
         names.add(type(node).__name__)
         stack.extend(f for f, _ in node.next_functions)
     return names
+
+
+class _ClampGate(torch.nn.Module):
+    def forward(self, t):
+        return torch.clamp(t / 6 + 0.5, 0, 1)
+
+
+def test_lean_double_backward_differentiates_hardsigmoid_twice(monkeypatch):
+    """torch's hardsigmoid_backward has no derivative, so a JVP by double VJP failed on every model with a
+    hardsigmoid (MobileNetV3's squeeze-and-excitation blocks); under the mode it runs. The oracle is
+    torch.func.jacrev of the same block with the gate written as clamp(x/6 + 1/2, 0, 1): torch's own
+    hardsigmoid backward multiplies by 1/6 rounded to float32 even in float64 (a relative 3e-8), the lean
+    one by 1/6. Its slope is 0 at the kinks ±3 themselves, as torch's kernel's; without the mode torch's
+    graph fails."""
+    import copy
+
+    import hcrfast.bindings.jacobian as jac
+
+    model = _SqueezeExcitation().double().eval()
+    x = torch.randn((2, 4, 5, 5), dtype=torch.float64, generator=torch.Generator().manual_seed(57))
+    written_out = copy.deepcopy(model)
+    written_out.se.scale_activation = _ClampGate()
+    gates = model.se.fc2(torch.relu(model.se.fc1(model.conv(x).mean(dim=(2, 3), keepdim=True))))
+    assert (gates.abs() < 3).any() and (gates.abs() > 3).any()  # both sides of the kinks
+    assert_products_match(TorchJacobian(model, x), dense_jacobians(written_out, x), 58)
+
+    gate = torch.nn.Hardsigmoid()
+    kinks = torch.tensor([[-4.0, -3.0, -1.0, 0.0, 2.5, 3.0, 3.5]], dtype=torch.float64)
+    jv = TorchJacobian(gate, kinks).matvec(np.ones((1, 7)))
+    np.testing.assert_array_equal(jv, [[0, 0, 1 / 6, 1 / 6, 1 / 6, 0, 0]])
+    kinks.requires_grad_(True)
+    torch.nn.functional.hardsigmoid(kinks).backward(torch.ones_like(kinks))
+    np.testing.assert_allclose(jv, kinks.grad.numpy(), rtol=1e-7, atol=0)  # torch's slope, its float32 1/6
+    monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
+    with pytest.raises(RuntimeError, match="derivative for aten::hardsigmoid_backward is not implemented"):
+        TorchJacobian(gate, kinks.detach()).matvec(np.ones((1, 7)))
 
 
 @pytest.mark.parametrize("gqa", [False, True], ids=["plain", "grouped-query"])
