@@ -32,6 +32,9 @@ backend's graph takes (JVP 840.9 ms against 868.1, VJP 879.0 against 857.1). Lef
 batch shapes that differ between q, k and v (other than grouped-query heads), masks computed from
 the input.
 
+``hardsigmoid`` likewise: torch's ``hardsigmoid_backward`` has no derivative, so every MobileNetV3 (its
+squeeze-and-excitation gates) failed; recorded through ``_Hardsigmoid``, its slope (1/6 inside ±3) held.
+
 RNN calls (``torch.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``: ``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) on CUDA run
 with cuDNN off, for that call alone: cuDNN's RNN backward runs in training mode only and has no double
 backward; torch's own implementation has both. :class:`native_rnn` does only that, for the products
