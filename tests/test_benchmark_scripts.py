@@ -640,3 +640,16 @@ def test_accuracy_tradeoff_script_keeps_the_features_cosine_without_a_head(tmp_p
     for row in r["rows"]:
         assert row["accuracy"] >= row["target"] > row["above_accuracy"]
     assert r["rows"][0]["scale"] < r["rows"][1]["scale"]
+
+
+def test_lean_zoo_compares_the_lean_graph_with_torchs_or_with_forward_mode_where_torchs_fails(tmp_path):
+    """benchmarks/lean_zoo.py: RegNet's products through both graphs agree to float32 rounding; MobileNetV3's
+    hardsigmoid fails torch's double backward, so its lean products are checked against forward mode."""
+    out = tmp_path / "zoo.json"
+    run_script("lean_zoo.py", "--models", "mobilenet_v3_small", "regnet_y_400mf", "--size", "64", "--repeats", "1",
+               "--json", out)
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    regnet, mobilenet = rows["regnet_y_400mf"], rows["mobilenet_v3_small"]
+    assert regnet["jv_rel_diff"] < 1e-4 and regnet["jtu_rel_diff"] < 1e-4 and regnet["jvp_speedup"] > 0
+    assert "hardsigmoid_backward" in mobilenet["torch"]["error"] and mobilenet["oracle"].startswith("forward mode")
+    assert mobilenet["jv_rel_diff"] < 1e-4 and mobilenet["jtu_rel_diff"] < 1e-4 and mobilenet["lean"]["jvp_ms"] > 0
