@@ -25,7 +25,8 @@
 #             the kernels (Numba vs twin on CuPy vs library), the batched LSQR -> bench_gpu_kernels.json
 #             (chooses the "auto" kernels); then ResNet-18's and Swin-T's products (JVP by double VJP through
 #             the lean graph and torch's, forward mode) -> bench_gpu_products.json; ViT-B/16's (the lean
-#             graph's attention vs the MATH backend's graph) -> bench_gpu_attention.json
+#             graph's attention vs the MATH backend's graph) -> bench_gpu_attention.json; lean_zoo.py (the
+#             lean graph vs torch's on seven torchvision models, 8 rows) -> lean_zoo_gpu.json
 #   modes     the MNIST MLP at 1,000 examples: what solver="auto" takes on CUDA (the Krylov basis) vs the
 #             dense solve (its Gram matrices on the host's LAPACK, the default, vs cuSOLVER batched on the
 #             device, vs cuSOLVER one by one through torch, vs CuPy's syevjBatched), the basis' B_k'B_k
@@ -342,6 +343,10 @@ EOF
         MIN=30 T=${ATTENTION_TIMEOUT_S:-60} run "$PY" -m pytest benchmarks/test_bench_bridge.py -m gpu -k attention \
             --benchmark-only -q -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
             --benchmark-json "$DEST/bench_gpu_attention.json"
+        # and the lean graph against torch's across seven torchvision models (their products, both ways)
+        say "the lean graph across torchvision's models on the GPU"
+        MIN=40 T=${ZOO_TIMEOUT_S:-90} run "$PY" benchmarks/lean_zoo.py --device cuda --rows 8 --size 96 --repeats 5 \
+            --json "$DEST/lean_zoo_gpu.json"
         ;;
     modes)
         ensure_installed

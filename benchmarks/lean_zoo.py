@@ -11,10 +11,12 @@ forward mode's (``torch.func.jvp`` and ``vjp``) instead.
 
     python benchmarks/lean_zoo.py --size 96 --rows 2 --repeats 5 --threads 1 --json out.json
     python benchmarks/lean_zoo.py --models resnet50 convnext_tiny   # a subset
+    python benchmarks/lean_zoo.py --device cuda --rows 8             # on a GPU (CuPy arrays, synced timings)
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -47,32 +49,52 @@ def build(name: str) -> torch.nn.Module:
     return model.eval()
 
 
-def timed(call, arg, repeats: int) -> tuple[float, np.ndarray]:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)  # a CuPy array on CUDA
+
+
+def timed(call, arg, repeats: int, device: str) -> tuple[float, np.ndarray]:
     call(arg)  # the recorded graph, outside the timing
+    _sync(device)
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = call(arg)
+        _sync(device)
         times.append(time.perf_counter() - t0)
-    return float(np.median(times)), out
+    return float(np.median(times)), _host(out)
 
 
-def measure(name: str, size: int, rows: int, repeats: int) -> dict:
-    model = build(name)
+def measure(name: str, size: int, rows: int, repeats: int, device: str = "cpu") -> dict:
+    model = build(name).to(device)
     size = 224 if name.startswith("vit") else size
-    x = torch.randn(rows, 3, size, size, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(rows, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
     rng = np.random.default_rng(2)
-    row = {"model": name, "input": [rows, 3, size, size]}
+    row = {"model": name, "input": [rows, 3, size, size], "device": device}
+    if device == "cuda":
+        import cupy
+
+        from hcrfast.bindings import solver_stream
+
+        to_device, stream = cupy.asarray, solver_stream(x.device)
+    else:
+        to_device, stream = (lambda a: a), contextlib.nullcontext()
     results, v, u = {}, None, None
     for lean in (True, False):
         jac.LEAN_DOUBLE_BACKWARD = lean
         try:
-            op = TorchJacobian(model, x)
-            if v is None:
-                v = rng.standard_normal((rows, op.n_cols)).astype(np.float32)
-                u = rng.standard_normal((rows, op.n_rows)).astype(np.float32)
-            jvp_s, jv = timed(op.matvec, v, repeats)
-            vjp_s, jtu = timed(op.rmatvec, u, repeats)
+            with stream:
+                op = TorchJacobian(model, x)
+                if v is None:
+                    v = to_device(rng.standard_normal((rows, op.n_cols)).astype(np.float32))
+                    u = to_device(rng.standard_normal((rows, op.n_rows)).astype(np.float32))
+                jvp_s, jv = timed(op.matvec, v, repeats, device)
+                vjp_s, jtu = timed(op.rmatvec, u, repeats, device)
             results[lean] = dict(jvp_ms=1e3 * jvp_s, vjp_ms=1e3 * vjp_s, jv=jv, jtu=jtu)
         except RuntimeError as exc:
             results[lean] = dict(error=str(exc).splitlines()[0][:200])
@@ -87,9 +109,9 @@ def measure(name: str, size: int, rows: int, repeats: int) -> dict:
         fast = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            with sdpa_kernel(SDPBackend.MATH):
+            with sdpa_kernel(SDPBackend.MATH), stream:
                 op = TorchJacobian(model, x, mode="forward")
-                results[False].update(jv=op.matvec(v), jtu=op.rmatvec(u))
+                results[False].update(jv=_host(op.matvec(v)), jtu=_host(op.rmatvec(u)))
         finally:
             torch.backends.mha.set_fastpath_enabled(fast)
         row["oracle"] = "forward mode (torch.func.jvp, vjp; MATH attention)"
@@ -109,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -116,7 +139,7 @@ def main(argv=None) -> int:
     print(f"{'model':<20} {'JVP lean':>10} {'JVP torch':>10} {'ratio':>6} {'VJP lean':>10} {'VJP torch':>10} "
           f"{'J v diff':>9} {'Jᵀu diff':>9}")
     for name in args.models:
-        row = measure(name, args.size, args.rows, args.repeats)
+        row = measure(name, args.size, args.rows, args.repeats, args.device)
         rows.append(row)
         lean, torch_ = row["lean"], row["torch"]
         if "error" in torch_:
@@ -130,7 +153,7 @@ def main(argv=None) -> int:
                   f"{row['jtu_rel_diff']:>9.1e}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": machine_info("cpu"), "args": {k: str(v) for k, v in vars(args).items()},
+        args.json.write_text(json.dumps({"machine": machine_info(args.device), "args": {k: str(v) for k, v in vars(args).items()},
                                          "rows": rows}, indent=1))
     return 0
 
