@@ -653,3 +653,18 @@ def test_lean_zoo_compares_the_lean_graph_with_torchs_or_with_forward_mode_where
     assert regnet["jv_rel_diff"] < 1e-4 and regnet["jtu_rel_diff"] < 1e-4 and regnet["jvp_speedup"] > 0
     assert "hardsigmoid_backward" in mobilenet["torch"]["error"] and mobilenet["oracle"].startswith("forward mode")
     assert mobilenet["jv_rel_diff"] < 1e-4 and mobilenet["jtu_rel_diff"] < 1e-4 and mobilenet["lean"]["jvp_ms"] > 0
+
+
+def test_lean_end_to_end_runs_both_graphs_and_records_where_torchs_fails(tmp_path):
+    """benchmarks/lean_end_to_end.py: EfficientNet-B0's trunk gives the same bounds through both graphs (the
+    same J) with the JVPs counted apart; MobileNetV3's runs through the lean graph only, torch's refusal kept."""
+    for name in ("efficientnet_b0", "mobilenet_v3_small"):
+        out = tmp_path / f"{name}.json"
+        run_script("lean_end_to_end.py", name, "--size", "32", "--restarts", "2", "--iterations", "1", "--json", out)
+        runs = json.loads(out.read_text())["runs"]
+        assert runs["lean"]["jvp_rows"] > 0 and runs["lean"]["jvp_s"] > 0 and runs["lean"]["median_bound"] > 0
+        if name == "efficientnet_b0":
+            assert runs["torch"]["jvp_rows"] == runs["lean"]["jvp_rows"]
+            np.testing.assert_allclose(runs["lean"]["median_bound"], runs["torch"]["median_bound"], rtol=1e-4)
+        else:
+            assert "hardsigmoid_backward" in runs["torch"]["error"]
