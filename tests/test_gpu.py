@@ -768,6 +768,18 @@ def test_a_sweep_on_gpu_gives_the_cpu_sweep_and_the_accuracy_along_it():
         np.testing.assert_allclose(cos_gpu.per_draw, cos_cpu.per_draw, rtol=1e-10)
 
 
+def _assert_gpu_products_match(cupy, op, J, seed):
+    """A CUDA operator's J v and Jᵀ u (CuPy in and out) against the CPU's dense (B, n, p) float64 ``J``;
+    the cotangents u, for more use."""
+    rng = np.random.default_rng(seed)
+    v, u = rng.standard_normal((J.shape[0], J.shape[2])), rng.standard_normal(J.shape[:2])
+    np.testing.assert_allclose(cupy.asnumpy(op.matvec(cupy.asarray(v))), np.einsum("bij,bj->bi", J, v),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
+                               rtol=1e-10, atol=1e-12)
+    return u
+
+
 @pytest.mark.parametrize("lean", [True, False])
 def test_lean_double_backward_products_on_gpu_match_jacrev_on_cpu(lean, cupy, monkeypatch):
     """Mode "reverse" on CUDA (cuDNN, float64) with the lean graph (convolutions and eval batch norms through
@@ -786,13 +798,7 @@ def test_lean_double_backward_products_on_gpu_match_jacrev_on_cpu(lean, cupy, mo
     x = torch.randn(3, 3, 10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     J = torch.stack([torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(-1, 300)
                      for b in range(3)]).detach().numpy()
-    op = TorchJacobian(net.cuda(), x.cuda())
-    rng = np.random.default_rng(7)
-    v, u = rng.standard_normal((3, 300)), rng.standard_normal((3, J.shape[1]))
-    np.testing.assert_allclose(cupy.asnumpy(op.matvec(cupy.asarray(v))), np.einsum("bij,bj->bi", J, v),
-                               rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
-                               rtol=1e-10, atol=1e-12)
+    _assert_gpu_products_match(cupy, TorchJacobian(net.cuda(), x.cuda()), J, 7)
 
 
 class _SelfAttention(torch.nn.Module):
@@ -841,21 +847,6 @@ def test_lean_attention_on_gpu_matches_jacrev_on_cpu_where_torch_refuses(make, c
             TorchJacobian(net, x.cuda()).matvec(cupy.asarray(v))
 
 
-class _RecurrentOnGpu(torch.nn.Module):
-    """An LSTM then a bidirectional GRU over the rows of the input (batch first)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(11)
-        self.lstm = torch.nn.LSTM(4, 5, num_layers=2, batch_first=True)
-        self.gru = torch.nn.GRU(5, 3, batch_first=True, bidirectional=True)
-
-    def forward(self, x):
-        h, _ = self.lstm(x)
-        g, _ = self.gru(torch.tanh(h))
-        return torch.cat([h[:, -1], g.flatten(1)], dim=1)
-
-
 @pytest.mark.parametrize("mode", ["reverse", "forward"])
 def test_rnns_on_gpu_run_without_cudnn_in_the_products_and_match_the_cpu(mode, cupy, monkeypatch):
     """cuDNN's RNN backward refuses eval mode ("cudnn RNN backward can only be called in training mode"):
@@ -865,19 +856,15 @@ def test_rnns_on_gpu_run_without_cudnn_in_the_products_and_match_the_cpu(mode, c
     from hcrfast import dense
     from hcrfast.bindings import TorchJacobian
 
-    model = _RecurrentOnGpu().double().eval()
+    from test_bindings import _Recurrent  # an LSTM then a bidirectional GRU
+
+    model = _Recurrent().double().eval()
     x = torch.randn(3, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
     J = torch.stack([torch.autograd.functional.jacobian(lambda t: model(t[None])[0], x[b]).reshape(-1, 24)
                      for b in range(3)]).numpy()
     model = model.cuda()
     assert torch.backends.cudnn.enabled
-    op = TorchJacobian(model, x.cuda(), mode=mode)
-    rng = np.random.default_rng(13)
-    v, u = rng.standard_normal((3, 24)), rng.standard_normal((3, J.shape[1]))
-    np.testing.assert_allclose(cupy.asnumpy(op.matvec(cupy.asarray(v))), np.einsum("bij,bj->bi", J, v),
-                               rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(cupy.asnumpy(op.rmatvec(cupy.asarray(u))), np.einsum("bij,bi->bj", J, u),
-                               rtol=1e-10, atol=1e-12)
+    u = _assert_gpu_products_match(cupy, TorchJacobian(model, x.cuda(), mode=mode), J, 13)
     np.testing.assert_allclose(dense.jacobian(model, x.cuda(), mode=mode).cpu().numpy(), J, rtol=1e-10, atol=1e-12)
     assert torch.backends.cudnn.enabled
     res = hcrfast.bound(model, x.cuda(), 0.05, restarts=2, iterations=1, solver="lsqr", jacobian=mode)
