@@ -16,7 +16,8 @@ Two ways to get the products, chosen by ``mode``:
     about one backward pass. Needs ops with double-backward support. The
     forward is recorded under :class:`~hcrfast.bindings.double_backward.lean_double_backward`
     (while ``LEAN_DOUBLE_BACKWARD`` is true), which spares convolutions and eval batch
-    norms the double-backward work ``J v`` does not read.
+    norms the double-backward work ``J v`` does not read, and gives fused attention and
+    hardsigmoid, which torch cannot differentiate twice, a backward that can be.
 ``"forward"``
     ``torch.func.jvp`` (forward-mode AD) and ``torch.func.vjp``; recomputes
     the forward pass inside each JVP. Works for any model ``torch.func``
