@@ -173,9 +173,10 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                              f"in-place changes to the model's state") from exc
         raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
                          f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
-                         f"(torch: {first}; activation checkpointing and cuDNN's recurrent layers are known "
-                         f"cases): pass solver='lsqr' (or, for targeted_bound, method='lsqr'), which needs plain "
-                         f"autograd only") from exc
+                         f"(torch: {first}; activation checkpointing is a known case, and in forward mode, which "
+                         f"it takes where the features outnumber the inputs, any operation without forward AD: "
+                         f"fused attention, CUDA's fused RNN cells): pass solver='lsqr' (or, for targeted_bound, "
+                         f"method='lsqr'), which needs plain autograd only") from exc
     if not return_products:
         return out
     if live is not None:

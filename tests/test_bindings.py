@@ -891,3 +891,20 @@ def test_rnn_without_cudnn_switches_only_its_own_call_and_restores_the_flag(fail
     with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
         _rnn_without_cudnn(call, (on_cuda,), {})
     assert seen[-1] is False and not torch.backends.cudnn.enabled
+
+
+def test_dense_jacobian_names_an_operation_without_forward_ad_and_the_matrix_free_fix():
+    """A self-attention layer with more features than inputs (p = 20 < n = 40): the dense solve's J is built
+    in forward mode, which torch's fused CPU attention cannot run; the error says so and names
+    solver='lsqr', whose products (reverse mode, the lean graph) run it."""
+    import hcrfast
+    from hcrfast import dense
+
+    model = _Attention().double().eval()
+    x = torch.randn(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(59))
+    assert dense.resolve_jacobian_mode("auto", 40, 20) == "forward"
+    with pytest.raises(ValueError, match=r"forward AD.*in forward mode, which it takes where the features "
+                                         r"outnumber the inputs.*fused attention.*solver='lsqr'"):
+        dense.jacobian(model, x)
+    res = hcrfast.bound(model, x, 0.05, solver="lsqr", restarts=2, iterations=1)
+    assert np.all(np.isfinite(res.std))
