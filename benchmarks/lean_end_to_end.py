@@ -39,7 +39,8 @@ def features(name: str) -> torch.nn.Module:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="a torchvision model with a .features trunk (efficientnet_b0, mobilenet_v3_small, ...)")
+    ap.add_argument("model", help="a torchvision model with a .features trunk (efficientnet_b0, "
+                                  "mobilenet_v3_small, ...)")
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--examples", type=int, default=1)
     ap.add_argument("--restarts", type=int, default=25)
@@ -82,7 +83,8 @@ def main(argv=None) -> int:
         print(f"speed-up {ratio:.2f}x; medians differ by {agree:.1e} (relative)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": machine_info("cpu"), "args": {k: str(v) for k, v in vars(args).items()},
+        settings = {k: str(v) for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"machine": machine_info("cpu"), "args": settings,
                                          "input": [args.examples, 3, args.size, args.size], "sigma": float(sigma),
                                          "runs": runs, "speedup": ratio and round(ratio, 2)}, indent=1))
     return 0

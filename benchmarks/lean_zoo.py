@@ -153,8 +153,9 @@ def main(argv=None) -> int:
                   f"{row['jtu_rel_diff']:>9.1e}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"machine": machine_info(args.device), "args": {k: str(v) for k, v in vars(args).items()},
-                                         "rows": rows}, indent=1))
+        settings = {k: str(v) for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"machine": machine_info(args.device), "args": settings, "rows": rows},
+                                        indent=1))
     return 0
 
 

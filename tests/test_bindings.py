@@ -676,14 +676,28 @@ class _BiasedAttention(_Attention):
 
 
 class _MultiheadSelfAttention(torch.nn.Module):
-    def __init__(self, **kwargs):
+    def __init__(self, padding=None, **kwargs):
         super().__init__()
         torch.manual_seed(42)
         self.attn = torch.nn.MultiheadAttention(4, 2, batch_first=True)
-        self.kwargs = kwargs
+        self.padding, self.kwargs = padding, kwargs  # padding: (S,) bool, the keys every example masks out
 
     def forward(self, x):
-        return self.attn(x, x, x, need_weights=False, **self.kwargs)[0]
+        extra = {} if self.padding is None else dict(key_padding_mask=self.padding.expand(x.shape[0], -1))
+        return self.attn(x, x, x, need_weights=False, **self.kwargs, **extra)[0]
+
+
+class _Decoder(torch.nn.Module):
+    """nn.TransformerDecoder over the input, cross-attending to a learned memory of 7 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(60)
+        self.memory = torch.nn.Parameter(torch.randn(1, 7, 4))
+        self.decoder = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(4, 2, 16, batch_first=True), 1)
+
+    def forward(self, x):
+        return self.decoder(x, self.memory.expand(x.shape[0], -1, -1))
 
 
 def _attention_cases():
@@ -702,6 +716,9 @@ def _attention_cases():
         "multihead-causal": lambda: _MultiheadSelfAttention(attn_mask=nn.Transformer.generate_square_subsequent_mask(
             5, dtype=torch.float64), is_causal=True),
         "multihead-bool-mask": lambda: _MultiheadSelfAttention(attn_mask=~causal),
+        "multihead-key-padding": lambda: _MultiheadSelfAttention(
+            padding=torch.tensor([False, False, True, False, True])),
+        "transformer-decoder": lambda: _Decoder(),
         "transformer-encoder": lambda: (torch.manual_seed(44), nn.TransformerEncoder(
             nn.TransformerEncoderLayer(4, 2, 16, batch_first=True), 2, enable_nested_tensor=False))[1],
     }
@@ -725,6 +742,7 @@ def test_lean_double_backward_differentiates_fused_attention_twice(case, monkeyp
     assert np.abs(J).max() > 1e-3 and all(p.grad is None for p in model.parameters())
     recorded = _graph_names(op._recorded()[1])
     assert ("_AttentionBackward" in recorded) == (case not in ("multihead", "multihead-causal", "multihead-bool-mask",
+                                                               "multihead-key-padding", "transformer-decoder",
                                                                "transformer-encoder")), recorded
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
     if case == "bias-from-parameters":  # a mask that needs a gradient sends torch to its MATH backend
@@ -809,7 +827,8 @@ def test_lean_attention_keeps_the_fused_forward_and_a_vjp_in_four_products():
     torch.testing.assert_close(lean, plain, rtol=0, atol=0)
     op = TorchJacobian(model, x)
     op.matvec(np.zeros((2, op.n_cols), np.float32))
-    for call, arg in ((op.rmatvec, np.ones((2, op.n_rows), np.float32)), (op.matvec, np.ones((2, op.n_cols), np.float32))):
+    for call, arg in ((op.rmatvec, np.ones((2, op.n_rows), np.float32)),
+                      (op.matvec, np.ones((2, op.n_cols), np.float32))):
         with _AtenCalls() as ops:
             call(arg)
         products = [c for c in ops.calls if c in ("bmm", "mm", "addmm", "matmul")]
