@@ -105,8 +105,6 @@ def _autocast_on() -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
-
-
 def _bind(names, defaults, args, kwargs) -> dict:
     bound = dict(defaults)
     bound.update(zip(names, args))
@@ -276,17 +274,17 @@ def _attention(a: dict, constant):
     no dropout, q, k and v of one batch shape (grouped-query k and v repeated to q's heads, as torch's
     ``enable_gqa`` does), a constant mask."""
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
-    if (a["enable_gqa"] and a["dropout_p"] == 0.0 and q.dim() >= 3 and k.dim() == q.dim() == v.dim()
-            and k.shape[-3] == v.shape[-3]
-            and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0):
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    if (a["dropout_p"] == 0.0 and q.dim() >= 2 and k.dim() == q.dim() == v.dim()
-            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
+    if not (a["dropout_p"] == 0.0 and q.dim() >= 2 and k.dim() == q.dim() == v.dim() and k.shape[:-1] == v.shape[:-1]
             and not any(t.is_nested for t in (q, k, v)) and any(t.requires_grad for t in (q, k, v))
             and not (a["is_causal"] and mask is not None) and constant(mask)):
-        return _Attention.apply(q, k, v, mask, bool(a["is_causal"]), a["scale"])
-    return None
+        return None
+    if (a["enable_gqa"] and q.dim() >= 3 and q.shape[:-3] == k.shape[:-3] and 0 < k.shape[-3] < q.shape[-3]
+            and q.shape[-3] % k.shape[-3] == 0):
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    if q.shape[:-2] != k.shape[:-2]:
+        return None
+    return _Attention.apply(q, k, v, mask, bool(a["is_causal"]), a["scale"])
 
 
 def _rnn_without_cudnn(func, args, kwargs):
