@@ -21,7 +21,8 @@ Two ways to get the products, chosen by ``mode``:
 ``"forward"``
     ``torch.func.jvp`` (forward-mode AD) and ``torch.func.vjp``; recomputes
     the forward pass inside each JVP. Works for any model ``torch.func``
-    supports.
+    supports; attention runs on torch's MATH backend inside a JVP
+    (:func:`forward_ad_attention`: its fused kernels have no forward AD).
 
 On CPU, with the 784-784-784 MLP and 800 rows, "reverse" took 13 ms per JVP
 and "forward" 42 ms (one forward pass: 15 ms); see the benchmarks.
@@ -36,6 +37,7 @@ import warnings
 import torch
 import torch.func
 from torch.func import vjp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hcrfast import profiling
 from hcrfast.bindings.bridge import from_torch, to_torch
@@ -61,10 +63,35 @@ def _load_jvp_decompositions() -> None:
             pass
 
 
+@contextlib.contextmanager
+def forward_ad_attention():
+    """Attention through the kernels that have forward-mode AD, for the length of a JVP.
+
+    torch's fused attention kernels (flash, memory-efficient, cuDNN's, the CPU's flash) have no
+    forward AD, and neither has the fast path of ``nn.MultiheadAttention`` and
+    ``nn.TransformerEncoderLayer`` (``_native_multi_head_attention``,
+    ``_transformer_encoder_layer_fwd``), which eval mode takes without gradients: every
+    transformer failed ``torch.func.jvp``. Inside, ``scaled_dot_product_attention`` runs on the
+    MATH backend and the fast path is off (both process-wide switches, restored on exit; public
+    entry points hold one call at a time). A JVP of attention needs its softmax matrix anyway, which
+    the MATH backend forms; the values are the fused kernels' to float rounding. Models without
+    attention are untouched.
+    """
+    fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
+
+
 def jvp(func, primals, tangents):
-    """``torch.func.jvp``, without torch's warning about its own use of ``torch.jit.script``."""
+    """``torch.func.jvp``, without torch's warning about its own use of ``torch.jit.script``, with
+    attention on kernels that have forward AD (:func:`forward_ad_attention`)."""
     _load_jvp_decompositions()
-    return torch.func.jvp(func, primals, tangents)
+    with forward_ad_attention():
+        return torch.func.jvp(func, primals, tangents)
 
 
 class TorchJacobian:

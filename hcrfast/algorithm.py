@@ -1282,10 +1282,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     reuse.admit((start, stop), (basis, targeted_dirs))
             elif solver == "dense":
                 with profiling.annotate("dense-factor"):
-                    J, products = dense.jacobian(model, batch[start:stop], skip_zero_rows=True,
-                                                 mode=dense.resolve_jacobian_mode("auto", n, p), return_products=True)
+                    J, products, jac_mode = dense.jacobian(model, batch[start:stop], skip_zero_rows=True,
+                                                           return_products=True, return_mode=True)
                     min_norm = dense.min_norm_solver(J)
-                    min_norm.jacobian_products = products
+                    min_norm.jacobian_products, min_norm.jacobian_mode = products, jac_mode
                 if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):
@@ -1335,7 +1335,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     if min_norm is not None:
                         dirs = DenseDirections(eps=found.eps, null_part=found.null_part,
                                                null_fraction=found.null_fraction, null_dim=min_norm.null_dim,
-                                               jacobian=dense.resolve_jacobian_mode("auto", n, p),
+                                               jacobian=min_norm.jacobian_mode,
                                                seconds=(0.0, seconds))
                     else:  # the Krylov space's directions: no null-space parts
                         dirs = DenseDirections.empty(stop - start, len(modes), p, jacobian, batch.device,

@@ -97,7 +97,7 @@ def resolve_jacobian_mode(mode: str, n: int, p: int) -> str:
 
 
 def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | None = None,
-             skip_zero_rows: bool = False, return_products: bool = False):
+             skip_zero_rows: bool = False, return_products: bool = False, return_mode: bool = False):
     """The full Jacobian of every example, shape (B, n, p), in the dtype of ``x``.
 
     Forward mode pushes unit tangents ``e_j`` through ``torch.func.jvp``, vmapped
@@ -126,7 +126,10 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         (B, *input_shape) → (B, ...) features; must not mix examples.
     x : torch.Tensor, shape (B, *input_shape)
     mode : {"auto", "forward", "reverse"}
-        See :func:`resolve_jacobian_mode`.
+        See :func:`resolve_jacobian_mode`. Where "auto" takes forward mode and the model has an
+        operation without forward AD (an ``autograd.Function`` without a ``jvp`` staticmethod, CUDA's
+        fused RNN cells), J is built in reverse mode instead (n VJPs instead of p JVPs, the same J);
+        ``return_mode`` says which ran. (Attention runs in forward mode: :func:`hcrfast.bindings.jvp`.)
     chunk_size : int, optional
         At most this many example rows (examples × tangents) per vmapped pass;
         default :func:`default_chunk_rows`.
@@ -139,6 +142,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         the VJPs of the rows pulled back and the probes' 2 JVPs and 1 VJP (2 JVPs alone where they found
         no zero row). (In a pass every example of a chunk rides along until the one with the most rows
         to pull back is done: these are what each needed.)
+    return_mode : bool
+        Also return the mode J was built in, "forward" or "reverse", last in the tuple.
     """
     B = x.shape[0]
     input_shape = tuple(x.shape[1:])
@@ -148,42 +153,69 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         with native_rnn_for(model):  # cuDNN's RNN backward refuses eval mode
             return model(t).reshape(t.shape[0], -1)
 
+    from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
+
     with torch.no_grad():
         n = f(x[:1]).shape[1]
-    mode = resolve_jacobian_mode(mode, n, p)
+    asked, mode = mode, resolve_jacobian_mode(mode, n, p)
     rows = default_chunk_rows(n, p) if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
-    live, probes = (_nonzero_rows(f, x, n, rows) if skip_zero_rows and mode == "reverse"
-                    else (None, np.zeros(B, dtype=np.int64)))
-    out = (torch.empty if live is None else torch.zeros)((B, n, p), dtype=x.dtype, device=x.device)
-    try:
-        _fill_jacobian(out, f, x, mode, rows, live)
-    except RuntimeError as exc:
-        from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
 
+    def build(mode):
+        live, probes = (_nonzero_rows(f, x, n, rows) if skip_zero_rows and mode == "reverse"
+                        else (None, np.zeros(B, dtype=np.int64)))
+        out = (torch.empty if live is None else torch.zeros)((B, n, p), dtype=x.dtype, device=x.device)
+        _fill_jacobian(out, f, x, mode, rows, live)
+        return out, live, probes
+
+    try:
+        try:
+            out, live, probes = build(mode)
+        except RuntimeError as exc:
+            if (asked != "auto" or mode != "forward" or not _lacks_forward_ad(exc) or _is_oom(exc)
+                    or _is_device_failure(exc)):
+                raise
+            # An operation without forward AD (an autograd.Function without a jvp staticmethod, CUDA's
+            # fused RNN cells): the same J from n VJPs instead of p JVPs.
+            mode = "reverse"
+            out, live, probes = build(mode)
+    except RuntimeError as exc:
         if _is_oom(exc) or _is_device_failure(exc):  # the caller halves the chunk; a device fault is no vmap limit
             raise
         # The plain-autograd probes of the entry point passed: what fails here is torch.func's.
+        forward_hint = (", and in forward mode, asked for here, any operation without forward AD: "
+                        "jacobian='auto' builds J in reverse mode then")
         text = str(exc)
         first = text.splitlines()[0] if text else type(exc).__name__
         if any(k in text for k in ("vmap", "captured Tensor", "Batching rule", "functorch", "BatchedTensor")):
+            cause, fix = (("an autograd.Function without vmap support is the cause",
+                           "give it generate_vmap_rule = True or a vmap staticmethod") if "generate_vmap_rule" in text
+                          else ("a forward that changes its own buffers or attributes in place is the usual cause",
+                                "keep the forward free of in-place changes to the model's state"))
             raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this "
-                             f"model's forward does not support (torch: {first}); a forward that changes its "
-                             f"own buffers or attributes in place is the usual cause: pass solver='lsqr' (or, for "
-                             f"targeted_bound, method='lsqr'), which needs no vmap, or keep the forward free of "
-                             f"in-place changes to the model's state") from exc
+                             f"model's forward does not support (torch: {first}); {cause}: pass solver='lsqr' (or, "
+                             f"for targeted_bound, method='lsqr'), which needs no vmap, or {fix}") from exc
         raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
                          f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
-                         f"(torch: {first}; activation checkpointing is a known case, and in forward mode, which "
-                         f"it takes where the features outnumber the inputs, any operation without forward AD: "
-                         f"fused attention, CUDA's fused RNN cells): pass solver='lsqr' (or, for targeted_bound, "
-                         f"method='lsqr'), which needs plain autograd only") from exc
-    if not return_products:
+                         f"(torch: {first}; activation checkpointing is a known case"
+                         f"{forward_hint if mode == 'forward' else ''}): pass solver='lsqr' (or, for "
+                         f"targeted_bound, method='lsqr'), which needs plain autograd only") from exc
+    if not (return_products or return_mode):
         return out
-    if live is not None:
-        products = live.sum(dim=1).cpu().numpy().astype(np.int64) + probes
-    else:
-        products = np.full(B, p if mode == "forward" else n, dtype=np.int64) + probes
-    return out, products
+    got = (out,)
+    if return_products:
+        if live is not None:
+            products = live.sum(dim=1).cpu().numpy().astype(np.int64) + probes
+        else:
+            products = np.full(B, p if mode == "forward" else n, dtype=np.int64) + probes
+        got += (products,)
+    return got + (mode,) if return_mode else got
+
+
+def _lacks_forward_ad(exc: BaseException) -> bool:
+    """torch's refusal of forward-mode AD for an operation (an ``autograd.Function`` without a ``jvp``
+    staticmethod, an ATen kernel with no forward derivative)."""
+    text = str(exc)
+    return any(k in text for k in ("forward AD", "forward mode AD", "forward-mode AD", "jvp function"))
 
 
 #: What torch, cuBLAS and cuDNN say of a fault of the device or its libraries (not of the model's code).
@@ -468,6 +500,7 @@ class MinNormSolver:
     live_rows: torch.Tensor
     driver: str
     jacobian_products: np.ndarray | None = None   # (B,): the products that built each J, where the builder said
+    jacobian_mode: str | None = None   # "forward" or "reverse": how J was built, where the builder said
 
     @property
     def null_dim(self) -> torch.Tensor:

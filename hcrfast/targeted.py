@@ -500,7 +500,11 @@ def _dense_directions(model, batch, qmat, n, *, jacobian, chunk) -> DenseDirecti
 
     def work(start, stop):
         t0 = time.perf_counter()
-        J = dense.jacobian(model, batch[start:stop], mode=out.jacobian, chunk_size=chunk, skip_zero_rows=True)
+        # "auto" may fall back to reverse mode (an operation without forward AD): the later chunks and
+        # the products after the directions (rounding, certification) take the mode that ran.
+        asked = jacobian if out.jacobian == dense.resolve_jacobian_mode(jacobian, n, p) else out.jacobian
+        J, out.jacobian = dense.jacobian(model, batch[start:stop], mode=asked, chunk_size=chunk, skip_zero_rows=True,
+                                         return_mode=True)
         t1 = time.perf_counter()
         solver = dense.min_norm_solver(J)
         out.fill(start, stop, solver, solver.directions(q, J))

@@ -477,11 +477,8 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                 product("reverse", chosen=False)
                 other = "pass jacobian='reverse' (the default), or "
             except (RuntimeError, ValueError):
-                other = ("reverse mode fails on it too; for attention run the call under "
-                         "torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), and ")
-            if "multi_head_attention" in text:  # the MATH backend alone still meets the fast path
-                other += ("turn nn.MultiheadAttention's fast path off (torch.backends.mha.set_fastpath_enabled("
-                          "False)) with its attention on the MATH backend, or ")
+                other = "reverse mode fails on it too; "
+            # (Attention is no case: hcrfast's JVPs run it on the MATH backend, its fast path off.)
             raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
                              f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
                              f"setup_context and a jvp staticmethod") from exc

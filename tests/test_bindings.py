@@ -912,18 +912,27 @@ def test_rnn_without_cudnn_switches_only_its_own_call_and_restores_the_flag(fail
     assert seen[-1] is False and not torch.backends.cudnn.enabled
 
 
-def test_dense_jacobian_names_an_operation_without_forward_ad_and_the_matrix_free_fix():
+def test_dense_jacobian_of_fused_attention_in_forward_mode_matches_autograd():
     """A self-attention layer with more features than inputs (p = 20 < n = 40): the dense solve's J is built
-    in forward mode, which torch's fused CPU attention cannot run; the error says so and names
-    solver='lsqr', whose products (reverse mode, the lean graph) run it."""
+    in forward mode, which torch's fused CPU attention cannot run; hcrfast's JVPs run it on the MATH backend
+    (forward_ad_attention), so J is autograd's and the default bound runs, with the matrix-free one's bounds."""
     import hcrfast
     from hcrfast import dense
 
     model = _Attention().double().eval()
     x = torch.randn(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(59))
     assert dense.resolve_jacobian_mode("auto", 40, 20) == "forward"
-    with pytest.raises(ValueError, match=r"forward AD.*in forward mode, which it takes where the features "
-                                         r"outnumber the inputs.*fused attention.*solver='lsqr'"):
-        dense.jacobian(model, x)
-    res = hcrfast.bound(model, x, 0.05, solver="lsqr", restarts=2, iterations=1)
-    assert np.all(np.isfinite(res.std))
+    with pytest.raises(NotImplementedError, match="forward AD"):  # torch alone
+        torch.func.jvp(model, (x,), (x,))
+    J, mode = dense.jacobian(model, x, return_mode=True)
+    assert mode == "forward"
+    want = torch.stack([torch.autograd.functional.jacobian(lambda t: model(t[None]).reshape(-1), x[b]).reshape(40, 20)
+                        for b in range(2)])
+    np.testing.assert_allclose(J.numpy(), want.numpy(), rtol=1e-12, atol=1e-14)
+    res = hcrfast.bound(model, x, 0.05, restarts=2, iterations=1)
+    assert res.params["solver"] == "dense" and res.params["dense"]["jacobian_products"] == 20
+    lsqr = hcrfast.bound(model, x, 0.05, solver="lsqr", lsqr=hcrfast.LSQROptions(atol=1e-12, btol=1e-12),
+                         restarts=2, iterations=1)
+    np.testing.assert_allclose(res.std, lsqr.std, rtol=1e-5)
+
+

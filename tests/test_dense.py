@@ -153,6 +153,112 @@ def test_jacobian_skips_nothing_where_forward_mode_cannot_run():
     np.testing.assert_array_equal(products, [16, 16, 16])
 
 
+class _SoftSign(torch.autograd.Function):
+    """t / (1 + |t|) with a backward and no jvp staticmethod: torch.func's forward mode refuses it."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(t):
+        return t / (1 + t.abs())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        (t,) = ctx.saved_tensors
+        return g / (1 + t.abs()) ** 2
+
+
+class _Widening(torch.nn.Module):
+    """16 inputs → 40 features (forward mode's side), through _SoftSign, or the same function in plain ops."""
+
+    def __init__(self, custom=True):
+        super().__init__()
+        torch.manual_seed(7)
+        self.lin, self.custom = torch.nn.Linear(16, 40), custom
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        return _SoftSign.apply(h) if self.custom else h / (1 + h.abs())
+
+
+def test_auto_builds_j_in_reverse_mode_where_forward_ad_is_missing():
+    """"auto" takes forward mode for 40 features of 16 inputs; an autograd.Function without a jvp staticmethod
+    refuses it, so J is built from VJPs instead (40 products, not 16): autograd's J, and the mode that ran is
+    said. Forward mode asked for by name is refused with the way out. bound's dense solve and targeted_bound
+    then give the bounds of the same function written in plain ops (which runs in forward mode)."""
+    import hcrfast
+
+    QUICK = dict(iterations=2, restarts=2)
+    model, plain = _Widening().double().eval(), _Widening(custom=False).double().eval()
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    with pytest.raises(NotImplementedError, match="jvp"):
+        torch.func.jvp(model, (x,), (x,))
+    J, products, mode = dense.jacobian(model, x, return_products=True, return_mode=True)
+    assert mode == "reverse"
+    np.testing.assert_array_equal(products, [40, 40, 40])
+    np.testing.assert_allclose(J.numpy(), jacrev_oracle(plain, x), rtol=1e-12, atol=1e-14)
+    _, products, mode = dense.jacobian(plain, x, return_products=True, return_mode=True)
+    assert mode == "forward"
+    np.testing.assert_array_equal(products, [16, 16, 16])
+    with pytest.raises(ValueError, match=r"in forward mode, asked for here.*jacobian='auto' builds J in reverse "
+                                         r"mode.*solver='lsqr'"):
+        dense.jacobian(model, x, mode="forward")
+
+    got, want = hcrfast.bound(model, x, 0.05, **QUICK), hcrfast.bound(plain, x, 0.05, **QUICK)
+    assert got.params["solver"] == "dense" and got.params["dense"]["jacobian_products"] == 40
+    assert want.params["dense"]["jacobian_products"] == 16
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-9)
+    targets = hcrfast.bound(model, x, 0.05, targets=[0, 5], **QUICK)
+    np.testing.assert_allclose(targets.targeted.std, hcrfast.bound(plain, x, 0.05, targets=[0, 5], **QUICK).targeted.std,
+                               rtol=1e-9)
+    got = hcrfast.targeted_bound(model, x, 0.05, targets=[0, 5, 9], method="dense")
+    want = hcrfast.targeted_bound(plain, x, 0.05, targets=[0, 5, 9], method="dense")
+    assert got.params["jacobian"] == "reverse" and want.params["jacobian"] == "forward"
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-9)
+
+
+class _SoftSignNoVmap(_SoftSign):
+    """With a jvp staticmethod and no vmap rule: forward mode's vmapped JVPs refuse it."""
+
+    generate_vmap_rule = False
+
+    @staticmethod
+    def jvp(ctx, t_dot):
+        (t,) = ctx.saved_tensors
+        return t_dot / (1 + t.abs()) ** 2
+
+
+def test_an_autograd_function_without_vmap_support_is_named_with_its_fix():
+    class Model(_Widening):
+        def forward(self, x):
+            return _SoftSignNoVmap.apply(self.lin(x.flatten(1)))
+
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    with pytest.raises(ValueError, match=r"autograd\.Function without vmap support.*solver='lsqr'.*or give it "
+                                         r"generate_vmap_rule = True"):
+        dense.jacobian(Model().double().eval(), x)           # "auto": forward mode
+
+
+def test_dense_jacobian_of_a_transformer_layer_on_its_fast_path_matches_autograd():
+    """nn.TransformerEncoderLayer in eval mode without gradients takes torch's fused fast path
+    (_transformer_encoder_layer_fwd), which has no forward AD; forward mode's JVPs turn it off for their
+    length (and leave it on), so J is autograd's."""
+    torch.manual_seed(9)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double().eval()
+    x = torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="forward AD"):
+        torch.func.jvp(layer, (x,), (x,))
+    J = dense.jacobian(layer, x, mode="forward")
+    assert torch.backends.mha.get_fastpath_enabled()
+    want = torch.stack([torch.autograd.functional.jacobian(lambda t: layer(t[None]).reshape(-1), x[b]).reshape(24, 24)
+                        for b in range(2)])
+    np.testing.assert_allclose(J.numpy(), want.numpy(), rtol=1e-12, atol=1e-13)
+
+
 def test_jacobian_float32():
     model = tanh_mlp(16, 20, 12, dtype=torch.float32)
     x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(2))

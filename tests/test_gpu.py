@@ -842,6 +842,10 @@ def test_lean_attention_on_gpu_matches_jacrev_on_cpu_where_torch_refuses(make, c
         want_jv, want_jtu = np.einsum("bij,bj->bi", J, v), np.einsum("bij,bi->bj", J, u)
         np.testing.assert_allclose(jv, want_jv, rtol=0, atol=1e-4 * np.abs(want_jv).max())
         np.testing.assert_allclose(jtu, want_jtu, rtol=0, atol=1e-4 * np.abs(want_jtu).max())
+        # forward mode: torch's fused kernels have no forward AD; hcrfast's JVPs run the MATH backend
+        jv = cupy.asnumpy(TorchJacobian(net, x.cuda(), mode="forward").matvec(cupy.asarray(v)))
+        np.testing.assert_allclose(jv, want_jv, rtol=0, atol=1e-4 * np.abs(want_jv).max())
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
         monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
         with pytest.raises(RuntimeError, match="derivative for .* is not implemented"):
             TorchJacobian(net, x.cuda()).matvec(cupy.asarray(v))
@@ -870,6 +874,13 @@ def test_rnns_on_gpu_run_without_cudnn_in_the_products_and_match_the_cpu(cupy, m
     assert torch.backends.cudnn.enabled
     res = hcrfast.bound(model, x.cuda(), 0.05, restarts=2, iterations=1, solver="lsqr")
     assert np.all(np.isfinite(res.std)) and torch.backends.cudnn.enabled
+
+    # 41 features of 24 inputs: "auto" takes forward mode, which CUDA's fused cells refuse (reverse mode then)
+    got, mode = dense.jacobian(model, x.cuda(), return_mode=True)
+    np.testing.assert_allclose(got.cpu().numpy(), J, rtol=1e-10, atol=1e-12)
+    res = hcrfast.bound(model, x.cuda(), 0.05, restarts=2, iterations=1, solver="dense")
+    assert np.all(np.isfinite(res.std)) and torch.backends.cudnn.enabled
+    assert res.params["dense"]["jacobian_products"] == (41 if mode == "reverse" else 24)
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)  # the control, in float32 (what cuDNN surely takes)
     with pytest.raises(RuntimeError, match="cudnn RNN backward can only be called in training mode"):
         TorchJacobian(model.float(), x.float().cuda()).rmatvec(cupy.asarray(u.astype(np.float32)))

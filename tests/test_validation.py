@@ -752,11 +752,13 @@ def test_targeted_bound_and_the_attack_probe_with_the_jacobian_mode_they_were_gi
                                rtol=1e-4)
 
 
-def test_fused_attention_runs_in_reverse_mode_and_is_named_where_torch_refuses_it(monkeypatch):
-    """torch's fused CPU attention has no double backward (reverse mode's J v) and its multi-head fast path
-    no forward AD. Reverse mode records the attention through lean_double_backward, so the default runs,
-    with the bounds the MATH backend gives; torch's own graph (the mode off) and forward mode end in a
-    ValueError naming the fix, not torch's raw RuntimeError."""
+def test_fused_attention_runs_in_both_modes_and_is_named_where_torch_refuses_it(monkeypatch):
+    """torch's fused CPU attention has no double backward (reverse mode's J v) and no forward AD, and its
+    multi-head fast path no forward AD either. Reverse mode records the attention through
+    lean_double_backward, so the default runs, with the bounds the MATH backend gives; forward mode's
+    JVPs run it on the MATH backend with the fast path off (``forward_ad_attention``), so it runs too,
+    with reverse mode's bounds, and leaves both switches as it found them. Torch's own graph (the lean
+    mode off) ends in a ValueError naming the fixes, not torch's raw RuntimeError."""
     import hcrfast.bindings.jacobian as jac
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torchvision.models import VisionTransformer
@@ -771,21 +773,22 @@ def test_fused_attention_runs_in_reverse_mode_and_is_named_where_torch_refuses_i
         math_backend = hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
     assert np.all(np.isfinite(res.std)) and np.all(res.mse > 0)
     np.testing.assert_allclose(res.std, math_backend.std, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"does not support forward-mode AD.*pass jacobian='reverse' \(the default\)"
-                                         r".*set_fastpath_enabled\(False\)"):
-        hcrfast.bound(vit, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
     vit64, x64 = copy.deepcopy(vit).double(), x.double()  # float32 LSQR iterates differ by more than rounding
-    with sdpa_kernel(SDPBackend.MATH):  # the message's fix for forward mode: both switches
-        monkeypatch.setattr(torch.backends.mha, "get_fastpath_enabled", lambda: False)
-        forward = hcrfast.bound(vit64, x64, 0.05, solver="lsqr", jacobian="forward", **QUICK)
-    monkeypatch.undo()
-    np.testing.assert_allclose(forward.std, hcrfast.bound(vit64, x64, 0.05, solver="lsqr", **QUICK).std, rtol=1e-6)
+    assert torch.backends.mha.get_fastpath_enabled()
+    forward = hcrfast.bound(vit64, x64, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    assert torch.backends.mha.get_fastpath_enabled()                         # restored
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    reverse64 = hcrfast.bound(vit64, x64, 0.05, solver="lsqr", **QUICK)
+    np.testing.assert_allclose(forward.std, reverse64.std, rtol=1e-6)
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
-    with pytest.raises(ValueError, match=r"cannot be differentiated twice.*sdpa_kernel\(torch\.nn\.attention\."
-                                         r"SDPBackend\.MATH\)"):
+    with pytest.raises(ValueError, match=r"cannot be differentiated twice.*jacobian='forward'.*sdpa_kernel\("
+                                         r"torch\.nn\.attention\.SDPBackend\.MATH\)"):
         hcrfast.bound(vit, x, 0.05, solver="lsqr", **QUICK)
-    with pytest.raises(ValueError, match=r"does not support forward-mode AD.*reverse mode fails on it too.*sdpa_kernel"):
-        hcrfast.bound(vit, x, 0.05, solver="lsqr", jacobian="forward", **QUICK)
+    with pytest.raises(ValueError, match=r"cannot be differentiated twice"):
+        hcrfast.bound(vit64, x64, 0.05, solver="lsqr", **QUICK)
+    # the fix that message names first, with the lean graph off: forward mode, the lean graph's bounds
+    np.testing.assert_allclose(hcrfast.bound(vit64, x64, 0.05, solver="lsqr", jacobian="forward", **QUICK).std,
+                               reverse64.std, rtol=1e-6)
 
 
 class _Quantized(torch.nn.Module):
