@@ -120,6 +120,12 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
     taken for zero would only leave the solve less tight: its step is still certified by forward
     passes.
 
+    The J built is checked against plain autograd: ``uᵀ J_b`` against one backward pass of a random
+    ``u`` per example. torch.func can be wrong where plain autograd is right (in torch 2.14 vmap over
+    ``torch.cdist``'s backward gives wrong rows, so ``jacrev`` does too); a J that fails is built again
+    one row at a time by plain backward passes, with a warning. A wrong J would only loosen the bounds
+    (each step is certified by forward passes), or leave none ("every step's eps came out 0").
+
     Parameters
     ----------
     model : callable
@@ -140,7 +146,7 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         Also return, per example, the products that built its J: ``(J, products)`` with ``products`` a
         (B,) int64 NumPy array: p JVPs (forward mode), n VJPs (reverse mode), with ``skip_zero_rows``
         the VJPs of the rows pulled back and the probes' 2 JVPs and 1 VJP (2 JVPs alone where they found
-        no zero row). (In a pass every example of a chunk rides along until the one with the most rows
+        no zero row), and 1 VJP that checks J against plain autograd (below). (In a pass every example of a chunk rides along until the one with the most rows
         to pull back is done: these are what each needed.)
     return_mode : bool
         Also return the mode J was built in, "forward" or "reverse", last in the tuple.
@@ -199,16 +205,66 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                          f"(torch: {first}; activation checkpointing is a known case"
                          f"{forward_hint if mode == 'forward' else ''}): pass solver='lsqr' (or, for "
                          f"targeted_bound, method='lsqr'), which needs plain autograd only") from exc
+    def count(live, probes, mode):  # the products that built J, and the one VJP that checked it
+        if live is not None:
+            return live.sum(dim=1).cpu().numpy().astype(np.int64) + probes + 1
+        return np.full(B, p if mode == "forward" else n, dtype=np.int64) + probes + 1
+
+    products = count(live, probes, mode)
+    if not _agrees_with_autograd(out, f, x, rows):
+        # torch.func gave another J than plain autograd: a batching rule of torch's that is wrong (vmap over
+        # torch.cdist's backward gives wrong rows in torch 2.14). Every row again, one plain backward each.
+        validation.warn(f"torch.func.vmap gave this model a Jacobian that plain autograd contradicts (a wrong "
+                        f"batching rule in torch: torch.cdist's backward is one), so the dense solve built J again "
+                        f"one row at a time, {n} backward passes per chunk; solver='lsqr' or 'krylov' use plain "
+                        f"autograd only")
+        out, mode = _rows_by_autograd(f, x, n, p), "reverse"
+        products = products + count(None, 0, mode)   # the wrong J's products were spent too
+        if not _agrees_with_autograd(out, f, x, rows):
+            raise RuntimeError("the dense solve's J, built one row at a time by plain autograd, disagrees with "
+                               "plain autograd's own product: the model's forward is not deterministic")
     if not (return_products or return_mode):
         return out
-    got = (out,)
-    if return_products:
-        if live is not None:
-            products = live.sum(dim=1).cpu().numpy().astype(np.int64) + probes
-        else:
-            products = np.full(B, p if mode == "forward" else n, dtype=np.int64) + probes
-        got += (products,)
+    got = (out, products) if return_products else (out,)
     return got + (mode,) if return_mode else got
+
+
+def _agrees_with_autograd(J: torch.Tensor, f, x: torch.Tensor, rows: int) -> bool:
+    """Whether ``uᵀ J_b`` is plain autograd's ``J_bᵀ u`` for a random ``u`` per example (one backward pass of
+    at most ``rows`` examples at a time, what a vmapped pass of ``rows`` takes): a J that torch.func built wrong (a wrong batching rule) fails it.
+    Loose (1e-2 of the products' scale below float64, 1e-8 in float64: TF32 and another kernel round
+    differently; a wrong rule is off by the whole product), so it never refuses a right J."""
+    B, n, p = J.shape
+    g = torch.Generator().manual_seed(0xC4EC)
+    tol = 1e-8 if J.dtype == torch.float64 else 1e-2
+    for b0 in range(0, B, max(1, rows)):
+        xb = x[b0:b0 + max(1, rows)].detach()
+        u = torch.randn((xb.shape[0], n), generator=g, dtype=J.dtype).to(J.device)
+        with torch.enable_grad():
+            xg = xb.clone().requires_grad_(True)
+            (want,) = torch.autograd.grad(f(xg), xg, u)
+        Jb = J[b0:b0 + xb.shape[0]]
+        got = torch.einsum("bij,bi->bj", Jb, u)
+        scale = torch.einsum("bij,bi->bj", Jb.abs(), u.abs()).amax(dim=1).clamp_min(torch.finfo(J.dtype).tiny)
+        if bool(((got - want.reshape(got.shape)).abs().amax(dim=1) > tol * scale).any()):
+            return False
+    return True
+
+
+def _rows_by_autograd(f, x: torch.Tensor, n: int, p: int) -> torch.Tensor:
+    """Every J_b, shape (B, n, p), from n plain backward passes through one recorded forward, no torch.func."""
+    B = x.shape[0]
+    out = torch.empty((B, n, p), dtype=x.dtype, device=x.device)
+    with torch.enable_grad():
+        xg = x.detach().clone().requires_grad_(True)
+        y = f(xg)
+        cot = torch.zeros_like(y)
+        for i in range(n):
+            cot.zero_()
+            cot[:, i] = 1
+            (row,) = torch.autograd.grad(y, xg, cot, retain_graph=i < n - 1)
+            out[:, i] = row.reshape(B, p)
+    return out
 
 
 def _lacks_forward_ad(exc: BaseException) -> bool:

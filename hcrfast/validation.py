@@ -502,6 +502,15 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         return bool(to_torch(jtu).any())
 
     jv = product(mode)
+    bad = ~torch.isfinite(jv[0])
+    if bool(bad.any()):
+        raise ValueError(f"the model's Jacobian product J v at example 0 is NaN or inf in {int(bad.sum())} of its "
+                         f"{bad.numel()} features (jacobian={mode!r}) though the features are finite: an operation "
+                         f"whose derivative is undefined at this input, or whose {'double backward' if mode == 'reverse' else 'forward AD'} "
+                         f"is (a square root or a norm at 0; torch.cdist between a point and itself, whose double "
+                         f"backward is NaN there once either side has more than 25 points); make it differentiable "
+                         f"there (an eps inside the root: torch.sqrt(d2 + 1e-12); the zero distances left out of "
+                         f"the features)")
     own = jv[0].abs().max()
     if mode == "forward" and float(own) == 0:
         # Forward mode differentiates through .detach() to an exact 0 without a word; reverse mode

@@ -1,5 +1,7 @@
 """hcrfast.dense: Jacobians against torch.func.jacrev, the basis against scipy.fft, the SVD
 quantities against numpy.linalg."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -60,11 +62,11 @@ def test_jacobian_skipping_zero_rows_matches_jacrev(chunk_size):
                                  return_products=True)
     np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
     assert not J.numpy()[np.abs(want) == 0].any()
-    np.testing.assert_array_equal(products, nonzero + 3)
+    np.testing.assert_array_equal(products, nonzero + 3 + 1)   # the probes, the check of J
     # without skipping: every row by a VJP, n products
     J, products = dense.jacobian(model, x, mode="reverse", chunk_size=chunk_size, return_products=True)
     np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
-    np.testing.assert_array_equal(products, [30] * 5)
+    np.testing.assert_array_equal(products, [30 + 1] * 5)
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -102,7 +104,7 @@ def test_jacobian_pulls_back_every_row_where_reverse_mode_disagrees_with_the_pro
     assert (np.abs(want).max(axis=2) > 0).all()
     J, products = dense.jacobian(model, x, mode="reverse", skip_zero_rows=True, return_products=True)
     np.testing.assert_allclose(J.detach().numpy(), want, rtol=1e-12, atol=1e-14)
-    np.testing.assert_array_equal(products, [12 + 3] * 3)
+    np.testing.assert_array_equal(products, [12 + 3 + 1] * 3)
 
 
 def test_jacobian_of_a_model_without_zero_rows_is_built_the_usual_way():
@@ -146,11 +148,11 @@ def test_jacobian_skips_nothing_where_forward_mode_cannot_run():
         torch.func.jvp(model, (x,), (x,))
     J, products = dense.jacobian(model, x, mode="reverse", skip_zero_rows=True, return_products=True)
     np.testing.assert_allclose(J.detach().numpy(), jacrev_oracle(model, x), rtol=1e-12, atol=1e-14)
-    np.testing.assert_array_equal(products, [12, 12, 12])
+    np.testing.assert_array_equal(products, [12 + 1] * 3)
     # forward mode builds columns: p JVPs each, whatever skip_zero_rows says
     _, products = dense.jacobian(relu_mlp(16, 20, 30), x.reshape(3, 1, 4, 4), mode="forward",
                                  skip_zero_rows=True, return_products=True)
-    np.testing.assert_array_equal(products, [16, 16, 16])
+    np.testing.assert_array_equal(products, [16 + 1] * 3)
 
 
 class _SoftSign(torch.autograd.Function):
@@ -199,18 +201,18 @@ def test_auto_builds_j_in_reverse_mode_where_forward_ad_is_missing():
         torch.func.jvp(model, (x,), (x,))
     J, products, mode = dense.jacobian(model, x, return_products=True, return_mode=True)
     assert mode == "reverse"
-    np.testing.assert_array_equal(products, [40, 40, 40])
+    np.testing.assert_array_equal(products, [40 + 1] * 3)       # and the VJP that checks J
     np.testing.assert_allclose(J.numpy(), jacrev_oracle(plain, x), rtol=1e-12, atol=1e-14)
     _, products, mode = dense.jacobian(plain, x, return_products=True, return_mode=True)
     assert mode == "forward"
-    np.testing.assert_array_equal(products, [16, 16, 16])
+    np.testing.assert_array_equal(products, [16 + 1] * 3)
     with pytest.raises(ValueError, match=r"in forward mode, asked for here.*jacobian='auto' builds J in reverse "
                                          r"mode.*solver='lsqr'"):
         dense.jacobian(model, x, mode="forward")
 
     got, want = hcrfast.bound(model, x, 0.05, **QUICK), hcrfast.bound(plain, x, 0.05, **QUICK)
-    assert got.params["solver"] == "dense" and got.params["dense"]["jacobian_products"] == 40
-    assert want.params["dense"]["jacobian_products"] == 16
+    assert got.params["solver"] == "dense" and got.params["dense"]["jacobian_products"] == 41
+    assert want.params["dense"]["jacobian_products"] == 17
     np.testing.assert_allclose(got.std, want.std, rtol=1e-9)
     targets = hcrfast.bound(model, x, 0.05, targets=[0, 5], **QUICK)
     np.testing.assert_allclose(targets.targeted.std, hcrfast.bound(plain, x, 0.05, targets=[0, 5], **QUICK).targeted.std,
@@ -257,6 +259,39 @@ def test_dense_jacobian_of_a_transformer_layer_on_its_fast_path_matches_autograd
     want = torch.stack([torch.autograd.functional.jacobian(lambda t: layer(t[None]).reshape(-1), x[b]).reshape(24, 24)
                         for b in range(2)])
     np.testing.assert_allclose(J.numpy(), want.numpy(), rtol=1e-12, atol=1e-13)
+
+
+class _Distances(torch.nn.Module):
+    """Distances from 6 points computed from the input to 5 fixed ones: torch.cdist."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(63)
+        self.lin = torch.nn.Linear(16, 24)
+        self.register_buffer("anchors", torch.randn(5, 4))
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x.flatten(1))).reshape(-1, 6, 4)
+        return torch.cdist(h, self.anchors.to(h.dtype).expand(h.shape[0], -1, -1)).flatten(1)
+
+
+def test_a_jacobian_that_torch_func_builds_wrong_is_built_again_by_plain_autograd():
+    """In torch 2.14 vmap over torch.cdist's backward gives wrong rows (torch.func.jacrev's J is wrong with it):
+    the check against one plain backward pass catches the J built that way, and it is built again one row at
+    a time: autograd's J, with a warning, and the products spent on both counted."""
+    model = _Distances().double().eval()
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(64))
+    want = np.stack([torch.autograd.functional.jacobian(lambda t: model(t[None])[0], x[b]).reshape(30, 16).numpy()
+                     for b in range(3)])
+    torch_func_wrong = not np.allclose(jacrev_oracle(model, x), want, rtol=1e-10, atol=1e-12)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        J, products, mode = dense.jacobian(model, x, mode="reverse", return_products=True, return_mode=True)
+    np.testing.assert_allclose(J.numpy(), want, rtol=1e-12, atol=1e-14)
+    rebuilt = [w for w in seen if "plain autograd contradicts" in str(w.message)]
+    assert len(rebuilt) == int(torch_func_wrong)
+    np.testing.assert_array_equal(products, [30 + 1 + (30 + 1 if torch_func_wrong else 0)] * 3)
+    assert mode == "reverse"
 
 
 def test_jacobian_float32():

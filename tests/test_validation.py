@@ -961,3 +961,39 @@ def test_a_jacobian_that_couples_example_0_to_example_1_only_is_caught(x):
     assert cross[1, 0] > 0 and cross[2, 0] == 0 and cross[0, 1] == 0  # row 0 reaches row 1 only
     with pytest.raises(ValueError, match="mixes the examples of a batch"):
         hcrfast.bound(model, x, 0.05, **QUICK)
+
+
+class _PairwiseDistances(torch.nn.Module):
+    """Distances between 30 points computed from the input and 5 of them: the 5 zero distances are where
+    torch.cdist's double backward (more than 25 points: its matrix-product path) is NaN."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(61)
+        self.lin = torch.nn.Linear(16, 30 * 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x.flatten(1))).reshape(-1, 30, 4)
+        return torch.cdist(h, h[:, :5]).flatten(1)
+
+
+def test_a_jacobian_product_that_is_nan_is_named_not_solved_with():
+    """It went into LSQR, whose NaN iterates ended as some bound; now the probe names the cause and the fix,
+    and the same distances with an eps inside the root run."""
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(62))
+    model = _PairwiseDistances().eval()
+    with pytest.raises(ValueError, match=r"J v at example 0 is NaN or inf in 5 of its 150 features \(jacobian="
+                                         r"'reverse'\).*torch\.cdist between a point and itself.*torch\.sqrt\(d2 \+"):
+        hcrfast.bound(model, x, 0.05, solver="lsqr", **QUICK)
+
+    class Smooth(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model.lin
+
+        def forward(self, x):
+            h = torch.tanh(self.lin(x.flatten(1))).reshape(-1, 30, 4)
+            return torch.sqrt(((h[:, :, None] - h[:, None, :5]) ** 2).sum(-1) + 1e-12).flatten(1)
+
+    res = hcrfast.bound(Smooth().eval(), x, 0.05, solver="lsqr", **QUICK)
+    assert np.all(np.isfinite(res.std))
