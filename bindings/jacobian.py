@@ -22,7 +22,7 @@ Two ways to get the products, chosen by ``mode``:
     ``torch.func.jvp`` (forward-mode AD) and ``torch.func.vjp``; recomputes
     the forward pass inside each JVP. Works for any model ``torch.func``
     supports; attention runs on torch's MATH backend inside a JVP
-    (:func:`forward_ad_attention`: its fused kernels have no forward AD).
+    (:func:`composite_attention`: its fused kernels have no forward AD).
 
 On CPU, with the 784-784-784 MLP and 800 rows, "reverse" took 13 ms per JVP
 and "forward" 42 ms (one forward pass: 15 ms); see the benchmarks.
@@ -64,8 +64,9 @@ def _load_jvp_decompositions() -> None:
 
 
 @contextlib.contextmanager
-def forward_ad_attention():
-    """Attention through the kernels that have forward-mode AD, for the length of a JVP.
+def composite_attention():
+    """Attention written in composite operations (the MATH backend, no fast path), for the length of a JVP
+    or of the dense solve's vmapped VJPs.
 
     torch's fused attention kernels (flash, memory-efficient, cuDNN's, the CPU's flash) have no
     forward AD, and neither has the fast path of ``nn.MultiheadAttention`` and
@@ -75,7 +76,9 @@ def forward_ad_attention():
     MATH backend and the fast path is off (both process-wide switches, restored on exit; public
     entry points hold one call at a time). A JVP of attention needs its softmax matrix anyway, which
     the MATH backend forms; the values are the fused kernels' to float rounding. Models without
-    attention are untouched.
+    attention are untouched. The dense solve also records its reverse-mode J under it: vmap has no
+    batching rule for the fused kernels' backward (torch falls back to a loop, with a warning), and
+    has one for the MATH backend's matrix products.
     """
     fast = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
@@ -88,9 +91,9 @@ def forward_ad_attention():
 
 def jvp(func, primals, tangents):
     """``torch.func.jvp``, without torch's warning about its own use of ``torch.jit.script``, with
-    attention on kernels that have forward AD (:func:`forward_ad_attention`)."""
+    attention on kernels that have forward AD (:func:`composite_attention`)."""
     _load_jvp_decompositions()
-    with forward_ad_attention():
+    with composite_attention():
         return torch.func.jvp(func, primals, tangents)
 
 

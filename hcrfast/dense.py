@@ -36,6 +36,7 @@ from torch.func import vjp, vmap
 
 from hcrfast import kernels, validation
 from hcrfast.bindings import array_module_for, jvp
+from hcrfast.bindings.jacobian import composite_attention
 from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast.kernels import symmetric
 
@@ -345,7 +346,8 @@ def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, 
                     cols = vmap(column)(tangents.reshape((j1 - j0,) + input_shape))  # (c, bg, n)
                     out[g0:g0 + bg, :, j0:j1] = cols.permute(1, 2, 0)
             elif live is not None:
-                _, pullback = vjp(f, xg)
+                with composite_attention():  # vmap batches the MATH backend's backward, not the fused kernels'
+                    _, pullback = vjp(f, xg)
                 lg = live[g0:g0 + bg]
                 counts = lg.sum(dim=1)
                 # per example its live rows first (then its zero rows, whose pullbacks are the zeros out holds)
@@ -365,7 +367,8 @@ def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, 
                     got = vmap(own_rows)(cot).reshape(t1 - t0, bg, p)                     # zero where not valid
                     out[g0 + at[None, :].expand_as(idx), idx] = got
             else:
-                _, pullback = vjp(f, xg)
+                with composite_attention():  # vmap batches the MATH backend's backward, not the fused kernels'
+                    _, pullback = vjp(f, xg)
 
                 def row(c, bg=bg, pullback=pullback):
                     return pullback(c.expand(bg, n))[0]

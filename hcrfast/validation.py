@@ -443,10 +443,12 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         tangent = torch.zeros_like(probe)
         tangent[0] = torch.randn(probe.shape[1:], generator=gen, dtype=probe.dtype).to(probe.device)
 
+    ops = {}  # the operators of the probe, by mode: reverse mode's recorded graph serves J^T u too
+
     def product(how, chosen=True):
         try:
-            return to_torch(TorchJacobian(model, probe, mode=how).matvec(from_torch(tangent.reshape(probe.shape[0],
-                                                                                                    -1))))
+            ops[how] = TorchJacobian(model, probe, mode=how)
+            return to_torch(ops[how].matvec(from_torch(tangent.reshape(probe.shape[0], -1))))
         except RuntimeError as exc:
             explain(exc, how, chosen)
             raise
@@ -520,24 +522,33 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             product("reverse", chosen=False)
         except RuntimeError:
             pass
-    if mode == "forward" and float(own) > 0:
+    if float(own) > 0:
         # LSQR also needs J^T u, by reverse mode; the two must be adjoint. Forward mode goes through
-        # torch.no_grad() sections that reverse mode sees as constants.
+        # torch.no_grad() sections that reverse mode sees as constants; in reverse mode J v comes from
+        # the derivative of the backward, which an operation can get wrong (its double backward, or a
+        # backward written by hand that is not linear in its gradient).
         gen = torch.Generator(device="cpu").manual_seed(1)
         u = torch.randn(jv.shape, generator=gen, dtype=jv.dtype).to(jv.device)
         try:
-            jtu = to_torch(TorchJacobian(model, probe, mode="reverse").rmatvec(from_torch(u)))
+            jtu = to_torch((ops.get("reverse") or TorchJacobian(model, probe, mode="reverse")).rmatvec(from_torch(u)))
         except RuntimeError as exc:
             explain(exc, "reverse", chosen=False)
             raise
         left = float((jv.double() * u.double()).sum())
         right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
         size = float(jv.double().norm() * u.double().norm())
-        if abs(left - right) > 1e-3 * size:
+        if abs(left - right) > 1e-3 * size and mode == "forward":
             raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
                              f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
                              f"mode differentiates through and reverse mode does not; remove it from the path from "
                              f"input to features (jacobian='reverse' names it)")
+        if abs(left - right) > 1e-3 * size:
+            raise ValueError(f"the model's J v (by differentiating its backward pass, jacobian='reverse') is not the "
+                             f"adjoint of its J^T u (<J v, u> = {left:.4g} but <v, J^T u> = {right:.4g}): an "
+                             f"operation whose double backward is wrong, or an autograd.Function whose backward is "
+                             f"not linear in its incoming gradient: fix that backward, or where it is torch's own "
+                             f"operation pass jacobian='forward' (forward-mode AD, checked against J^T u the same "
+                             f"way)")
     leak = jv[1:].abs().max()
     if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):
         raise ValueError(

@@ -915,7 +915,7 @@ def test_rnn_without_cudnn_switches_only_its_own_call_and_restores_the_flag(fail
 def test_dense_jacobian_of_fused_attention_in_forward_mode_matches_autograd():
     """A self-attention layer with more features than inputs (p = 20 < n = 40): the dense solve's J is built
     in forward mode, which torch's fused CPU attention cannot run; hcrfast's JVPs run it on the MATH backend
-    (forward_ad_attention), so J is autograd's and the default bound runs, with the matrix-free one's bounds."""
+    (composite_attention), so J is autograd's and the default bound runs, with the matrix-free one's bounds."""
     import hcrfast
     from hcrfast import dense
 

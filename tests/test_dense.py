@@ -259,6 +259,13 @@ def test_dense_jacobian_of_a_transformer_layer_on_its_fast_path_matches_autograd
     want = torch.stack([torch.autograd.functional.jacobian(lambda t: layer(t[None]).reshape(-1), x[b]).reshape(24, 24)
                         for b in range(2)])
     np.testing.assert_allclose(J.numpy(), want.numpy(), rtol=1e-12, atol=1e-13)
+    # reverse mode: vmap over the fused kernel's backward has no batching rule (torch loops, and warns);
+    # the J is recorded with the MATH backend's products, which vmap batches
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        J = dense.jacobian(layer, x, mode="reverse")
+    assert not [w for w in seen if "batching rule" in str(w.message)]
+    np.testing.assert_allclose(J.numpy(), want.numpy(), rtol=1e-12, atol=1e-13)
 
 
 class _Distances(torch.nn.Module):

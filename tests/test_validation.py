@@ -756,7 +756,7 @@ def test_fused_attention_runs_in_both_modes_and_is_named_where_torch_refuses_it(
     """torch's fused CPU attention has no double backward (reverse mode's J v) and no forward AD, and its
     multi-head fast path no forward AD either. Reverse mode records the attention through
     lean_double_backward, so the default runs, with the bounds the MATH backend gives; forward mode's
-    JVPs run it on the MATH backend with the fast path off (``forward_ad_attention``), so it runs too,
+    JVPs run it on the MATH backend with the fast path off (``composite_attention``), so it runs too,
     with reverse mode's bounds, and leaves both switches as it found them. Torch's own graph (the lean
     mode off) ends in a ValueError naming the fixes, not torch's raw RuntimeError."""
     import hcrfast.bindings.jacobian as jac
@@ -996,4 +996,41 @@ def test_a_jacobian_product_that_is_nan_is_named_not_solved_with():
             return torch.sqrt(((h[:, :, None] - h[:, None, :5]) ** 2).sum(-1) + 1e-12).flatten(1)
 
     res = hcrfast.bound(Smooth().eval(), x, 0.05, solver="lsqr", **QUICK)
+    assert np.all(np.isfinite(res.std))
+
+
+class _NonLinearBackward(torch.autograd.Function):
+    """tanh whose hand-written backward adds g²/2: not linear in g, so the J v that reverse mode gets by
+    differentiating it is not the adjoint of its J^T u (it went into LSQR as it was)."""
+
+    @staticmethod
+    def forward(t):
+        return torch.tanh(t)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (1 - y * y) + 0.5 * g * g
+
+
+def test_reverse_mode_products_that_are_not_adjoint_are_named(x):
+    torch.manual_seed(65)
+    lin = torch.nn.Linear(x[0].numel(), 8)
+
+    class Model(torch.nn.Module):
+        def __init__(self, op):
+            super().__init__()
+            self.lin, self.op = lin, op
+
+        def forward(self, t):
+            return self.op(self.lin(t.flatten(1)))
+
+    with pytest.raises(ValueError, match=r"J v \(by differentiating its backward pass, jacobian='reverse'\) is not "
+                                         r"the adjoint of its J\^T u.*not linear in its incoming gradient"):
+        hcrfast.bound(Model(_NonLinearBackward.apply).eval(), x, 0.05, solver="lsqr", **QUICK)
+    res = hcrfast.bound(Model(torch.tanh).eval(), x, 0.05, solver="lsqr", **QUICK)  # the same forward, torch's backward
     assert np.all(np.isfinite(res.std))
