@@ -147,8 +147,9 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         Also return, per example, the products that built its J: ``(J, products)`` with ``products`` a
         (B,) int64 NumPy array: p JVPs (forward mode), n VJPs (reverse mode), with ``skip_zero_rows``
         the VJPs of the rows pulled back and the probes' 2 JVPs and 1 VJP (2 JVPs alone where they found
-        no zero row), and 1 VJP that checks J against plain autograd (below). (In a pass every example of a chunk rides along until the one with the most rows
-        to pull back is done: these are what each needed.)
+        no zero row), and 1 VJP that checks J against plain autograd (below). (In a pass every example
+        of a chunk rides along until the one with the most rows to pull back is done: these are what
+        each needed.)
     return_mode : bool
         Also return the mode J was built in, "forward" or "reverse", last in the tuple.
     """
@@ -232,7 +233,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
 
 def _agrees_with_autograd(J: torch.Tensor, f, x: torch.Tensor, rows: int) -> bool:
     """Whether ``uᵀ J_b`` is plain autograd's ``J_bᵀ u`` for a random ``u`` per example (one backward pass of
-    at most ``rows`` examples at a time, what a vmapped pass of ``rows`` takes): a J that torch.func built wrong (a wrong batching rule) fails it.
+    at most ``rows`` examples at a time, what a vmapped pass of ``rows`` takes): a J that torch.func built
+    wrong (a wrong batching rule) fails it.
     Loose (1e-2 of the product's largest entry below float64, 1e-8 in float64: TF32 and another kernel
     round differently; a wrong rule is off by the whole product), so it never refuses a right J."""
     B, n, p = J.shape

@@ -404,8 +404,10 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     Cheap probes: (1) a second forward of the batch gives the same features (else the model is
     random); (2) examples 0, 1, 2 and the last, each alone, give their features in the batch;
     (3) a JVP whose tangent is non-zero on example 0 only leaves the other rows of the first
-    three unchanged; (4) in forward mode, that JVP is adjoint to reverse mode's VJP. BatchNorm
-    with batch statistics, attention across the batch or a statistic of the batch fail (2) or (3).
+    three unchanged; (4) that JVP is finite and adjoint to reverse mode's VJP (forward mode: no
+    no_grad section that only one mode sees; reverse mode: the derivative of the backward is
+    right). BatchNorm with batch statistics, attention across the batch or a statistic of the batch
+    fail (2) or (3).
     ``rtol`` is relative to the largest feature, and at least 4 ulps of the features' dtype (a
     float16 model may round one example differently alone than in a batch).
     """
@@ -506,11 +508,12 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     jv = product(mode)
     bad = ~torch.isfinite(jv[0])
     if bool(bad.any()):
+        how_jv = "double backward" if mode == "reverse" else "forward AD"
         raise ValueError(f"the model's Jacobian product J v at example 0 is NaN or inf in {int(bad.sum())} of its "
                          f"{bad.numel()} features (jacobian={mode!r}) though the features are finite: an operation "
-                         f"whose derivative is undefined at this input, or whose {'double backward' if mode == 'reverse' else 'forward AD'} "
-                         f"is (a square root or a norm at 0; torch.cdist between a point and itself, whose double "
-                         f"backward is NaN there once either side has more than 25 points); make it differentiable "
+                         f"whose derivative is undefined at this input, or whose {how_jv} is (a square root or a "
+                         f"norm at 0; torch.cdist between a point and itself, whose double backward is NaN there "
+                         f"once either side has more than 25 points); make it differentiable "
                          f"there (an eps inside the root: torch.sqrt(d2 + 1e-12); the zero distances left out of "
                          f"the features)")
     own = jv[0].abs().max()
