@@ -539,13 +539,14 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise
         left = float((jv.double() * u.double()).sum())
         right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
-        size = float(jv.double().norm() * u.double().norm())
-        if abs(left - right) > 1e-3 * size and mode == "forward":
+        # 1e-3 of |J v| |u|, or float16's rounding (3e-2 of it)
+        tol = max(1e-3, 32 * torch.finfo(jv.dtype).eps) * float(jv.double().norm() * u.double().norm())
+        if abs(left - right) > tol and mode == "forward":
             raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
                              f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
                              f"mode differentiates through and reverse mode does not; remove it from the path from "
                              f"input to features (jacobian='reverse' names it)")
-        if abs(left - right) > 1e-3 * size:
+        if abs(left - right) > tol:
             raise ValueError(f"the model's J v (by differentiating its backward pass, jacobian='reverse') is not the "
                              f"adjoint of its J^T u (<J v, u> = {left:.4g} but <v, J^T u> = {right:.4g}): an "
                              f"operation whose double backward is wrong, or an autograd.Function whose backward is "
