@@ -207,6 +207,7 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                          f"(torch: {first}; activation checkpointing is a known case"
                          f"{forward_hint if mode == 'forward' else ''}): pass solver='lsqr' (or, for "
                          f"targeted_bound, method='lsqr'), which needs plain autograd only") from exc
+
     def count(live, probes, mode):  # the products that built J, and the one VJP that checked it
         if live is not None:
             return live.sum(dim=1).cpu().numpy().astype(np.int64) + probes + 1

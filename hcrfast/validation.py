@@ -482,7 +482,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                 other = "pass jacobian='reverse' (the default), or "
             except (RuntimeError, ValueError):
                 other = "reverse mode fails on it too; "
-            # (Attention is no case: hcrfast's JVPs run it on the MATH backend, its fast path off.)
+            # (Not attention: hcrfast's JVPs run it on the MATH backend with the fast path off.)
             raise ValueError(f"the model does not support forward-mode AD (torch: {text.splitlines()[0]}), which "
                              f"jacobian='forward' uses for J v; {other}give its autograd.Functions "
                              f"setup_context and a jvp staticmethod") from exc
