@@ -260,7 +260,8 @@ class Bounds:
         if p.get("solver") == "dense":
             d = p.get("dense")
             lines.append(f"  dense solve: J built with {float(d.get('jacobian_products', float('nan'))):.1f} products per "
-                         f"example (a VJP per nonzero row and 3 products to find them, or one per row or column), rank of J "
+                         f"example (a VJP per nonzero row and 3 products to find them, or one per row or column; and one "
+                         f"VJP that checks J), rank of J "
                          f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact"
                          if d else "  dense solve: every step exact")  # (reproduce's merged runs: no per-call counts)
         elif p.get("solver") == "krylov" and not p.get("krylov"):
