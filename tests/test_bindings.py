@@ -936,3 +936,28 @@ def test_dense_jacobian_of_fused_attention_in_forward_mode_matches_autograd():
     np.testing.assert_allclose(res.std, lsqr.std, rtol=1e-5)
 
 
+
+
+def test_composite_attention_restores_both_switches_when_the_jvp_raises():
+    """The JVPs switch attention to the MATH backend and the multi-head fast path off, process-wide: both come
+    back as they were, also when the model raises inside, and a user's own backend choice around the call
+    is what stands after it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hcrfast.bindings import jvp
+
+    def seen(t):
+        seen.inside = (torch.backends.mha.get_fastpath_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                       torch.backends.cuda.math_sdp_enabled())
+        raise RuntimeError("the model's own error")
+
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match="the model's own error"):
+        jvp(seen, (x,), (x,))
+    assert seen.inside == (False, False, True)
+    assert torch.backends.mha.get_fastpath_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with pytest.raises(RuntimeError):
+            jvp(seen, (x,), (x,))
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.math_sdp_enabled()
