@@ -669,3 +669,14 @@ def test_lean_end_to_end_runs_both_graphs_and_records_where_torchs_fails(tmp_pat
             np.testing.assert_allclose(runs["lean"]["median_bound"], runs["torch"]["median_bound"], rtol=1e-4)
         else:
             assert "hardsigmoid_backward" in runs["torch"]["error"]
+
+
+def test_small_transformer_runs_at_toy_size_and_its_solvers_agree(tmp_path):
+    """The default (dense, its J in forward mode through the MATH backend's attention) and the Krylov basis on
+    a 2-layer transformer: both run, and their medians agree (both solve the same steps exactly here)."""
+    out = tmp_path / "small.json"
+    run_script("small_transformer.py", "--examples", "1", "--solvers", "dense", "krylov", "--json", out)
+    r = json.loads(out.read_text())
+    assert set(r["jacobian_seconds"]) == {"forward", "reverse"}
+    assert r["bound"]["dense"]["solver"] == "dense" and r["bound"]["krylov"]["solver"] == "krylov"
+    assert r["bound"]["dense"]["median"] == pytest.approx(r["bound"]["krylov"]["median"], rel=1e-3)
