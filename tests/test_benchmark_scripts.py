@@ -680,3 +680,8 @@ def test_small_transformer_runs_at_toy_size_and_its_solvers_agree(tmp_path):
     assert set(r["jacobian_seconds"]) == {"forward", "reverse"}
     assert r["bound"]["dense"]["solver"] == "dense" and r["bound"]["krylov"]["solver"] == "krylov"
     assert r["bound"]["dense"]["median"] == pytest.approx(r["bound"]["krylov"]["median"], rel=1e-3)
+
+
+def test_dense_check_cost_runs_at_toy_size():
+    proc = run_script("dense_check_cost.py", "--examples", "2", "--repeats", "1")
+    assert "the check alone" in proc.stdout and "without" in proc.stdout
