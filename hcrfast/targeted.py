@@ -502,7 +502,8 @@ def _dense_directions(model, batch, qmat, n, *, jacobian, chunk) -> DenseDirecti
         t0 = time.perf_counter()
         # "auto" may fall back to reverse mode (an operation without forward AD): the later chunks and
         # the products after the directions (rounding, certification) take the mode that ran.
-        asked = jacobian if out.jacobian == dense.resolve_jacobian_mode(jacobian, n, p) else out.jacobian
+        fell_back = out.jacobian != dense.resolve_jacobian_mode(jacobian, n, p)   # an earlier chunk's J: VJPs
+        asked = "reverse" if fell_back else jacobian
         J, out.jacobian = dense.jacobian(model, batch[start:stop], mode=asked, chunk_size=chunk, skip_zero_rows=True,
                                          return_mode=True)
         t1 = time.perf_counter()
