@@ -219,6 +219,10 @@ def check_batch(batch, basis: str) -> torch.Tensor:
     if not isinstance(batch, torch.Tensor):
         raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
                         f"convert with torch.as_tensor(batch)")
+    if batch.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"batch is on {batch.device}, but hcrfast runs on the CPU (NumPy) or a CUDA GPU (CuPy) "
+                         f"only; move the model and batch to one of them: model.cpu() and batch.cpu(), or "
+                         f"model.cuda() and batch.cuda()")
     if not batch.is_floating_point():
         if batch.is_complex():
             fix = "split it into real and imaginary channels (torch.view_as_real) inside a wrapper model"

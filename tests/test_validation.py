@@ -156,6 +156,15 @@ def test_complex_batch_names_the_real_split(x):
         hcrfast.bound(mlp(), x.to(torch.complex64), 1.0, **QUICK)
 
 
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_batch_on_another_device_type_names_cpu_and_cuda(x, entry):
+    """A device NumPy and CuPy cannot reach (``meta`` here, as ``mps`` or ``xpu`` would be) is refused before any
+    pass, naming the device and the way out; without the check, torch failed deep inside an input check."""
+    model = mlp().to("meta")
+    with pytest.raises(ValueError, match=r"batch is on meta.*model\.cpu\(\) and batch\.cpu\(\)"):
+        getattr(hcrfast, entry)(model, x.to("meta"), 1.0)
+
+
 def test_bfloat16_batch_names_the_float32_fix(x):
     """NumPy and CuPy have no bfloat16: without this check torch's conversion fails with a bare ScalarType error."""
     with pytest.raises(TypeError, match=r"bfloat16.*model\.float\(\) and batch\.float\(\)"):
