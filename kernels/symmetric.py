@@ -325,15 +325,31 @@ def _cupy_eigh(A: torch.Tensor):
     g, m = A.shape[0], A.shape[1]
     w = torch.empty((g, m), dtype=A.dtype, device=A.device)
     V = torch.empty((g, m, m), dtype=A.dtype, device=A.device)
+    lo, call = 0, _per_call(m)
     with solver_stream(A.device):
-        for lo in range(0, g, _per_call(m)):
-            hi = min(g, lo + _per_call(m))
-            wc, Vc = xp.linalg.eigh(from_torch(A[lo:hi]), UPLO="L")
+        while lo < g:
+            hi = min(g, lo + call)
+            try:
+                wc, Vc = xp.linalg.eigh(from_torch(A[lo:hi]), UPLO="L")
+            except Exception as exc:
+                # CuPy sizes syevjBatched's workspace in a 32-bit int, which a large batch overflows
+                # (cupy/cupy#7261: CUSOLVER_STATUS_INVALID_VALUE): fewer matrices a call, as "cusolver" does.
+                if hi - lo > 1 and _refused_as_invalid(exc):
+                    call = (hi - lo) // 2
+                    continue
+                raise
             wc, Vc = to_torch(wc), to_torch(Vc)
             order = torch.argsort(wc, dim=1)
             w[lo:hi] = wc.gather(1, order)
             V[lo:hi] = Vc.gather(2, order[:, None, :].expand_as(Vc))
+            lo = hi
     return w, V, None
+
+
+def _refused_as_invalid(exc: BaseException) -> bool:
+    """A cuSOLVER call CuPy made came back ``CUSOLVER_STATUS_INVALID_VALUE`` (CuPy's ``CUSOLVERError`` keeps
+    the status; its message names it)."""
+    return getattr(exc, "status", None) == _INVALID_VALUE or "INVALID_VALUE" in str(exc)
 
 
 def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, impl: str):
@@ -345,7 +361,7 @@ def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, impl: str)
     from hcrfast.bindings import ieee_float32
 
     g, m = S.shape[0], S.shape[1]
-    if g == 0:
+    if g == 0 or m == 0:
         return w, V
     tol = CHECK_TOL * m * float(torch.finfo(S.dtype).eps)
     ok = torch.empty(g, dtype=torch.bool, device=S.device)

@@ -279,4 +279,6 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
     keep = (torch.arange(K, device=dev)[None, :, None] < torch.as_tensor(ranks, device=dev)[:, None, None]) \
         & (cols[:, None, :] < kt[:, :, None])
     Y.masked_fill_(~keep, 0.0)
-    return lam_h, Y[:, :r], ranks
+    # Its own storage where rows are cut: the basis keeps Y for its lifetime, and a view would hold (and a
+    # byte count of its elements under-count) all K rows of every matrix.
+    return lam_h, (Y[:, :r].clone() if r < K else Y), ranks

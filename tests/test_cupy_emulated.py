@@ -402,6 +402,28 @@ def test_tridiagonal_eigendecompositions_on_the_device_path(emulated):
         np.testing.assert_allclose(Y[a, :rank] * signs[:, None], want_Y[a, :rank], atol=1e-10)
 
 
+def test_tridiagonal_device_eigenvectors_cut_below_k_hold_only_their_rows(emulated):
+    """Where every row's rank is below K the kept eigenvectors (g, r, K) are their own storage: the basis
+    keeps them for its lifetime, and a view of the (g, K, K) buffer held all of it (and the memory count
+    of a reused factorization, numel × itemsize, missed K − r rows a matrix)."""
+    from hcrfast.kernels import tridiagonal
+
+    rng = np.random.default_rng(12)
+    g, K = 3, 24
+    diag, off = rng.random((g, K)) + 0.5, rng.random((g, K)) * 0.3
+    ks = np.array([24, 24, 10])
+    diag[:, 16:], off[:, 15:] = 1e-30, 0.0                # ranks 16, 16, 10
+    lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(torch.as_tensor(diag), torch.as_tensor(off), ks,
+                                                        rtol=1e-6, impl="cupy")
+    np.testing.assert_array_equal(ranks, [16, 16, 10])
+    assert Y.shape == (g, 16, K) and Y.is_contiguous()
+    assert Y.untyped_storage().nbytes() == Y.numel() * Y.element_size()
+    want_lam, want_Y, _ = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=1e-6, impl="lapack")
+    for a, rank in enumerate(ranks):
+        signs = np.sign((Y[a, :rank].numpy() * want_Y[a, :rank]).sum(axis=1))
+        np.testing.assert_allclose(Y[a, :rank].numpy() * signs[:, None], want_Y[a, :rank], atol=1e-10)
+
+
 def test_krylov_bounds_with_the_basis_factored_on_the_device(emulated, monkeypatch):
     """solver="krylov" with krylov.EIG_IMPL = "cupy": a float32 basis' B_kᵀB_k decomposed on the device
     (no host LAPACK called) gives the host's ranks and bounds; a float64 basis, whose rank cut lies
@@ -447,3 +469,50 @@ def test_tridiagonal_device_path_in_blocks_gives_what_one_block_gives(emulated, 
     np.testing.assert_array_equal(blocks[0], one[0])
     assert blocks[1].shape == one[1].shape == (7, 20, 20)
     np.testing.assert_array_equal(blocks[1].numpy(), one[1].numpy())
+
+
+def test_a_cupy_batch_refused_as_invalid_is_split_and_finished(emulated, monkeypatch):
+    """CuPy sizes syevjBatched's workspace in a 32-bit int, which a large batch overflows (cupy/cupy#7261:
+    CUSOLVER_STATUS_INVALID_VALUE). impl="cupy" then halves the matrices per call until the calls go
+    through, as "cusolver" does on its size query, and gives every matrix its eigenpairs; an error of
+    another kind, or one matrix refused alone, still propagates."""
+    from hcrfast.kernels import symmetric
+
+    class CUSOLVERError(RuntimeError):  # as cupy_backends' own: the status kept, named in the message
+        def __init__(self, status):
+            self.status = status
+            super().__init__("CUSOLVER_STATUS_INVALID_VALUE" if status == 3 else f"status {status}")
+
+    rng = np.random.default_rng(3)
+    J = rng.standard_normal((7, 6, 9))
+    A = J @ J.transpose(0, 2, 1)
+    monkeypatch.setattr(symmetric, "DEVICE_BATCH_MATRICES", 8)
+    real, sizes = emulated.module.linalg.eigh, []
+
+    def refuses_more_than_2(a, **kw):
+        sizes.append(a.shape[0])
+        if a.shape[0] > 2:
+            raise CUSOLVERError(3)
+        return real(a, **kw)
+
+    monkeypatch.setattr(emulated.module.linalg, "eigh", refuses_more_than_2)
+    w, V = symmetric.eigh_batch(torch.as_tensor(A), impl="cupy")
+    assert sizes == [7, 3] + [1] * 7       # 7 refused, 3 refused (halved), then the rest a matrix a call
+    for a in range(7):
+        np.testing.assert_allclose(w[a].numpy(), np.linalg.eigvalsh(A[a]), rtol=1e-10)
+        np.testing.assert_allclose(A[a] @ V[a].numpy(), V[a].numpy() * w[a].numpy(), atol=1e-10 * np.abs(A).max())
+
+    monkeypatch.setattr(emulated.module.linalg, "eigh", lambda a, **kw: (_ for _ in ()).throw(CUSOLVERError(3)))
+    with pytest.raises(CUSOLVERError):          # one matrix refused alone: nothing left to split
+        symmetric.eigh_batch(torch.as_tensor(A[:1]), impl="cupy")
+    monkeypatch.setattr(emulated.module.linalg, "eigh", lambda a, **kw: (_ for _ in ()).throw(CUSOLVERError(7)))
+    with pytest.raises(CUSOLVERError, match="status 7"):
+        symmetric.eigh_batch(torch.as_tensor(A), impl="cupy")
+
+
+def test_order_zero_matrices_on_the_cupy_path(emulated):
+    """A batch of 0 × 0 matrices: empty eigenpairs, not a reduction over an empty axis in the check."""
+    from hcrfast.kernels import symmetric
+
+    w, V = symmetric.eigh_batch(torch.zeros((3, 0, 0), dtype=torch.float64), impl="cupy")
+    assert tuple(w.shape) == (3, 0) and tuple(V.shape) == (3, 0, 0)
