@@ -172,7 +172,7 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         live, probes = (_nonzero_rows(f, x, n, rows) if skip_zero_rows and mode == "reverse"
                         else (None, np.zeros(B, dtype=np.int64)))
         out = (torch.empty if live is None else torch.zeros)((B, n, p), dtype=x.dtype, device=x.device)
-        _fill_jacobian(out, f, x, mode, rows, live)
+        _fill_jacobian(out, f, x, mode, rows, live, graph=x.is_cuda and _has_rnn_cells(model))
         return out, live, probes
 
     try:
@@ -326,10 +326,22 @@ def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):
     return live, np.full(B, 3, dtype=np.int64)
 
 
-def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, live=None) -> None:
+def _has_rnn_cells(model) -> bool:
+    """Whether ``model`` is a module with an RNN or an LSTM/GRU cell in it (on CUDA, torch's fused cells)."""
+    kinds = (torch.nn.RNNBase, torch.nn.LSTMCell, torch.nn.GRUCell)
+    return isinstance(model, torch.nn.Module) and any(isinstance(m, kinds) for m in model.modules())
+
+
+def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, live=None, *,
+                   graph: bool = False) -> None:
     """``out[b] = J_b`` (n × p) for every example of ``x``, ``rows`` example rows per vmapped pass. With
     ``live`` (B, n) bool (reverse mode; ``out`` zeroed), only those rows are pulled back, each example's
-    own in every pass."""
+    own in every pass.
+
+    ``graph``: the vmapped pullbacks run with ``create_graph=True`` (grad mode on inside the backward). For
+    CUDA's fused LSTM/GRU cells: without grad mode their backward is a CUDA kernel with no batching rule
+    (``_thnn_fused_lstm_cell_backward_impl``, ``_thnn_fused_gru_cell_backward``), which vmap runs one row at
+    a time, with a warning; with it, torch's differentiable composite backward, which vmap batches."""
     B, n, p = out.shape
     input_shape = tuple(x.shape[1:])
     group = min(B, rows)
@@ -359,7 +371,7 @@ def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, 
                 at = torch.arange(bg, device=x.device)
 
                 def own_rows(c, pullback=pullback):
-                    return pullback(c)[0]
+                    return pullback(c, create_graph=graph)[0]
 
                 for t0 in range(0, steps, per_pass):
                     t1 = min(steps, t0 + per_pass)
@@ -374,7 +386,7 @@ def _fill_jacobian(out: torch.Tensor, f, x: torch.Tensor, mode: str, rows: int, 
                     _, pullback = vjp(f, xg)
 
                 def row(c, bg=bg, pullback=pullback):
-                    return pullback(c.expand(bg, n))[0]
+                    return pullback(c.expand(bg, n), create_graph=graph)[0]
 
                 for i0 in range(0, n, per_pass):
                     i1 = min(n, i0 + per_pass)

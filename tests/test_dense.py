@@ -593,3 +593,50 @@ def test_dense_chunks_on_cuda_leave_room_for_the_device_eigendecomposition(monke
     assert got == (free // 2) // (8 * per_example) == 349
     cpu = algorithm._dense_chunk(torch.zeros(1), R, n, p)
     assert cpu == algorithm._DENSE_ELEMENTS // (5 * n * p + n * n + 8 * R * (n + p)) == 16
+
+
+class _Cells(torch.nn.Module):
+    """An LSTM cell and a GRU cell stepped over the rows of the input, then an LSTM: what CUDA runs with
+    torch's fused cells."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(61)
+        self.lstm_cell, self.gru_cell = torch.nn.LSTMCell(4, 5), torch.nn.GRUCell(5, 3)
+        self.lstm = torch.nn.LSTM(3, 2, batch_first=True)
+
+    def forward(self, x):                                   # (B, T, 4)
+        h = c = x.new_zeros((x.shape[0], 5))
+        g, seq = x.new_zeros((x.shape[0], 3)), []
+        for t in range(x.shape[1]):
+            h, c = self.lstm_cell(x[:, t], (h, c))
+            g = self.gru_cell(torch.relu(h), g)             # ReLU: some rows of J are zero (the live-row path)
+            seq.append(g)
+        out, _ = self.lstm(torch.stack(seq, dim=1))
+        return torch.cat([g, out.flatten(1)], dim=1)
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_pullbacks_with_a_graph_give_the_same_jacobian(live):
+    """On CUDA, with RNN cells in the model, the dense solve's vmapped pullbacks run with create_graph=True,
+    so that torch takes its differentiable (batchable) backward of the fused cells instead of a CUDA kernel
+    vmap runs row by row. Here on the CPU: that switch gives autograd's J, on both reverse paths (every row,
+    the live rows alone), and leaves no graph on the result."""
+    model = _Cells().double().eval()
+    assert dense._has_rnn_cells(model) and not dense._has_rnn_cells(torch.nn.Linear(2, 2))
+    x = torch.randn(3, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    J = torch.stack([torch.autograd.functional.jacobian(lambda t: model(t[None])[0], x[b]).reshape(-1, 24)
+                     for b in range(3)])
+
+    def f(t):
+        return model(t).reshape(t.shape[0], -1)
+
+    rows = None
+    if live:
+        rows = (J != 0).any(dim=2)
+        assert not rows.all()                               # the ReLU zeroes some rows
+    for graph in (False, True):
+        out = torch.zeros_like(J)
+        dense._fill_jacobian(out, f, x, "reverse", 4, rows, graph=graph)
+        assert not out.requires_grad
+        torch.testing.assert_close(out, J, rtol=1e-10, atol=1e-12)

@@ -5,6 +5,8 @@ zero-copy bridge by data pointers, and checks that the LSQR loop makes no
 device-to-host transfer between its every-k convergence checks.
 """
 import copy
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -869,8 +871,13 @@ def test_rnns_on_gpu_run_without_cudnn_in_the_products_and_match_the_cpu(cupy, m
     model = model.cuda()
     assert torch.backends.cudnn.enabled
     u = _assert_gpu_products_match(cupy, TorchJacobian(model, x.cuda()), J, 13)
-    np.testing.assert_allclose(dense.jacobian(model, x.cuda(), mode="reverse").cpu().numpy(), J, rtol=1e-10,
-                               atol=1e-12)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = dense.jacobian(model, x.cuda(), mode="reverse")
+    np.testing.assert_allclose(got.cpu().numpy(), J, rtol=1e-10, atol=1e-12)
+    # the fused cells' backward under vmap: torch's differentiable composite (create_graph), not the CUDA kernel
+    # with no batching rule that vmap runs row by row ("There is a performance drop ...")
+    assert not [str(w.message) for w in caught if "performance drop" in str(w.message)]
     assert torch.backends.cudnn.enabled
     res = hcrfast.bound(model, x.cuda(), 0.05, restarts=2, iterations=1, solver="lsqr")
     assert np.all(np.isfinite(res.std)) and torch.backends.cudnn.enabled
