@@ -630,14 +630,40 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
             scale = torch.where(lin > 0, 1.0 / torch.where(lin > 0, lin, torch.ones_like(lin)), torch.zeros_like(lin))
             y = torch.bmm(Y, h * filt) * scale[:, None, :]                  # (B_kᵀB_k)⁺ V_kᵀ q, scaled: (s, k, K)
             found = torch.bmm(y.transpose(1, 2), V)                         # (s, K, p)
-            # One basis at a time: a slice may hold several pilots of one example (no scatter collisions).
-            for i, e in enumerate((g.members[lo:lo + per] // pilots).tolist()):
-                better = lin2[i] > best[e]
-                out[e] = torch.where(better[:, None], found[i], out[e])
-                best[e] = torch.where(better, lin2[i], best[e])
+            _keep_best(out, best, found, lin2, g.members[lo:lo + per] // pilots)
     if out is None:
         out = torch.zeros((B, q.shape[0], p), dtype=torch.float64, device=q.device)
     return out
+
+
+def _keep_best(out: torch.Tensor, best: torch.Tensor, found: torch.Tensor, lin2: torch.Tensor,
+               examples: np.ndarray, *, batched: bool | None = None) -> None:
+    """Per (example, mode), the candidate of ``found`` (s, K, p) with the largest ``lin2`` (s, K) replaces
+    ``out`` (B, K, p) where it beats ``best`` (B, K) strictly; ``examples`` (s,) on the host: each candidate's
+    example, repeated where a slice holds several pilots of one. The candidates are taken one by one in
+    order (the first of equal ones wins); ``batched`` (default: on CUDA) does the same in a few batched
+    operations instead of ~5 launches a basis, with no read of the device (the slice's examples are the
+    host's). Not on the CPU: there its (E, K, p) temporaries, fresh pages each, made it 5× slower than the
+    loop (2,000 bases of 8 modes × 784 values: 528 against 96 ms, one thread)."""
+    if not (lin2.is_cuda if batched is None else batched):
+        for i, e in enumerate(np.asarray(examples).tolist()):
+            better = lin2[i] > best[e]
+            out[e] = torch.where(better[:, None], found[i], out[e])
+            best[e] = torch.where(better, lin2[i], best[e])
+        return
+    s, K = lin2.shape
+    dev = lin2.device
+    idx = to_device(np.asarray(examples, dtype=np.int64), dev)[:, None].expand(s, K)
+    top = best.new_full(best.shape, -math.inf).scatter_reduce(0, idx, lin2, "amax")       # (B, K)
+    rank = torch.arange(s, device=dev)[:, None].expand(s, K)
+    first = torch.where(lin2 == top.gather(0, idx), rank, s)                                # candidates at the max
+    winner = torch.full(best.shape, s, dtype=rank.dtype, device=dev).scatter_reduce(0, idx, first, "amin")
+    seen = to_device(np.unique(examples).astype(np.int64), dev)                             # the slice's examples
+    w = winner[seen]                                                                        # (E, K), each < s
+    better = top[seen] > best[seen]
+    picked = found[w, torch.arange(K, device=dev)[None, :].expand_as(w)]                   # (E, K, p)
+    out[seen] = torch.where(better[:, :, None], picked, out[seen])
+    best[seen] = torch.where(better, top[seen], best[seen])
 
 
 def solve(basis: KrylovBasis, c, *, pilots: int = 1):

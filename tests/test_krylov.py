@@ -796,3 +796,27 @@ def test_an_exhausted_basis_reports_scipys_stop_code_and_the_least_squares_resid
     lsq = np.linalg.norm(b64 - A64 @ x) / np.linalg.norm(b64)
     (got,) = basis.groups[0].pilot_residual()
     assert abs(got - lsq) <= 1e-6 + 1e-6 * lsq
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_keep_best_takes_each_modes_best_candidate_as_the_loop_did(batched):
+    """krylov._keep_best, batched (CUDA's) and not, against taking the candidates one by one: per
+    (example, mode) the candidate with the largest ratio replaces the kept one where it beats it strictly,
+    the first of equal ones winning; examples repeated (several pilots in a slice), absent, and over two
+    slices (a later slice must beat the earlier's best)."""
+    rng = np.random.default_rng(8)
+    B, K, p = 5, 7, 3
+    out, best = torch.zeros((B, K, p), dtype=torch.float64), torch.zeros((B, K), dtype=torch.float64)
+    want_out, want_best = out.clone(), best.clone()
+    for examples in ([0, 0, 2, 3, 3, 3], [3, 1, 0, 0]):       # example 4 never comes; ties below
+        s = len(examples)
+        lin2 = torch.as_tensor(rng.integers(0, 4, size=(s, K)).astype(np.float64))   # small integers: many ties
+        found = torch.as_tensor(rng.standard_normal((s, K, p)))
+        for i, e in enumerate(examples):
+            better = lin2[i] > want_best[e]
+            want_out[e] = torch.where(better[:, None], found[i], want_out[e])
+            want_best[e] = torch.where(better, lin2[i], want_best[e])
+        krylov._keep_best(out, best, found, lin2, np.array(examples), batched=batched)
+        torch.testing.assert_close(best, want_best, rtol=0, atol=0)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    assert not out[4].any() and (best[:4] > 0).any()
