@@ -1044,8 +1044,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         solvers; beyond, one basis' MAX_STEPS steps split over up to R pilots of at least
         :data:`hcrfast.krylov.AUTO_PILOT_STEPS` steps each (ResNet-18: a higher median bound at equal
         products), and of at most :data:`hcrfast.krylov.AUTO_PILOT_MAX_STEPS` (246: deeper pilots gave
-        lower bounds there; R = 25: 25 pilots of 163 steps, R = 10: 10 of 246). Resolved before anything is keyed: ``params["krylov"]`` gives the pilots (and
-        ``pilots_auto``), ``params["lsqr"]["iter_lim"]`` each one's steps. With ``targets``, each mode
+        lower bounds there; R = 25: 25 pilots of 163 steps, R = 10: 10 of 246). Resolved before
+        anything is keyed: ``params["krylov"]`` gives the pilots (and ``pilots_auto``),
+        ``params["lsqr"]["iter_lim"]`` each one's steps. With ``targets``, each mode
         takes the direction of the pilot whose space bounds it tightest.
     checkpoint : str or os.PathLike, optional
         A folder (created if missing) where every finished chunk of examples is written at
