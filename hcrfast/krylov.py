@@ -116,8 +116,8 @@ AUTO_PILOT_STEPS = 160
 #: pilot's deeper basis gives a LOWER median bound (ResNet-18, R = P pilots, i = 10; benchmarks/README.md "how
 #: many Krylov pilots, how deep"): R = 2: 0.231 at 246 steps against 0.153 at 2,048 (auto's split before);
 #: R = 5: 0.326 at 246 against 0.267 at 819; R = 10: 0.387 / 0.373 (two examples) at 246 against 0.364 /
-#: 0.352 at 409; at R = 25 the medians peak at 205-246 steps (163 is what MAX_STEPS leaves each pilot, kept).
-#: Fewer products and higher bounds both.
+#: 0.352 at 409; R = 1: 0.151 at 246 against 0.100 at 4,096; at R = 25 the medians peak at 205-246 steps (163
+#: is what MAX_STEPS leaves each pilot, kept). Fewer products and higher bounds both.
 AUTO_PILOT_MAX_STEPS = 246
 
 
@@ -125,14 +125,12 @@ def resolve_pilots(pilots, n: int, p: int, restarts: int, options: LSQROptions, 
     """``(pilots, options)`` for ``bound(krylov_pilots=...)``: an int is kept (options unchanged); "auto"
     is 1 for any other solver and for spaces one basis can exhaust, else :data:`AUTO_PILOT_STEPS`'s split,
     with ``iter_lim`` set to each pilot's steps, at most :data:`AUTO_PILOT_MAX_STEPS` (R = 25: 25 pilots of
-    163 steps; R = 10: 10 of 246; R = 2: 2 of 246)."""
+    163 steps; R = 10: 10 of 246; R = 1: one of 246)."""
     if pilots != "auto":
         return pilots, options
     if solver != "krylov" or options.iter_lim is not None or min(n, p) <= MAX_STEPS:
         return 1, options
     pilots = max(1, min(restarts, MAX_STEPS // AUTO_PILOT_STEPS))
-    if pilots == 1:
-        return 1, options
     return pilots, dataclasses.replace(options, iter_lim=min(MAX_STEPS // pilots, AUTO_PILOT_MAX_STEPS))
 
 

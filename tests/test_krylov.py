@@ -573,11 +573,12 @@ def test_auto_pilots_keep_one_basis_where_it_exhausts_the_space_and_split_its_st
     for R in (1, 3, 25, 400):
         pilots, o = krylov.resolve_pilots("auto", 10**5, 10**5, R, opts)
         assert pilots == min(R, most)
-        assert o.iter_lim == (None if pilots == 1 else min(krylov.MAX_STEPS // pilots, krylov.AUTO_PILOT_MAX_STEPS))
-        assert pilots * (o.iter_lim or krylov.MAX_STEPS) <= krylov.MAX_STEPS  # never more products than one basis
+        assert o.iter_lim == min(krylov.MAX_STEPS // pilots, krylov.AUTO_PILOT_MAX_STEPS)
+        assert pilots * o.iter_lim <= krylov.MAX_STEPS  # never more products than one basis
         assert (o.atol, o.btol, o.conlim, o.check_every) == (opts.atol, opts.btol, opts.conlim, opts.check_every)
     # the defaults: ResNet-18 at the published R = 25 keeps 25 pilots of 163 steps; fewer restarts, 246 steps each
-    assert [krylov.resolve_pilots("auto", 24843, 24843, R, opts)[1].iter_lim for R in (25, 10, 2)] == [163, 246, 246]
+    assert [krylov.resolve_pilots("auto", 24843, 24843, R, opts)[1].iter_lim for R in (25, 10, 2, 1)] == [163, 246, 246,
+                                                                                                      246]
 
 
 def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, tmp_path):
@@ -602,7 +603,8 @@ def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, t
                           **{**kw, "checkpoint": None})
     np.testing.assert_array_equal(auto.std, fresh.std)  # what was read back is what a run computes
     one = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", **{**kw, "restarts": 1, "checkpoint": None})
-    assert one.params["krylov"]["pilots"] == 1 and one.params["lsqr"]["iter_lim"] is None  # one restart: one pilot
+    # one restart: one pilot, of MAX_STEPS (8 here) steps at most AUTO_PILOT_MAX_STEPS
+    assert one.params["krylov"]["pilots"] == 1 and one.params["lsqr"]["iter_lim"] == 8
     with pytest.raises(ValueError, match="krylov_pilots='many': pass a positive integer or 'auto'"):
         hcrfast.bound(net, x, 0.2, krylov_pilots="many", **kw)
     dense = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", size=0.05, iterations=1, restarts=2, solver="dense")
