@@ -339,6 +339,21 @@ def test_dense_vs_lsqr_script_runs_and_both_solvers_agree_on_digits(tmp_path):
     assert dense_t["median"] >= dense["median"] and lsqr_t["median"] >= lsqr["median"]
 
 
+def test_restarts_cost_script_reports_what_bound_gives_at_each_restart_count(tmp_path):
+    import hcrfast
+
+    out = tmp_path / "r.json"
+    run_script("restarts_cost.py", "--model", "digits", "--examples", "3", "--restarts", "2,6",
+               "--solvers", "dense", "--iterations", "3", "--threads", "1", "--json", str(out))
+    saved = json.loads(out.read_text())
+    assert [(r["solver"], r["restarts"]) for r in saved["rows"]] == [("dense", 2), ("dense", 6)]
+    # J is built once per example whatever R is: the restarts cost no Jacobian product
+    assert saved["rows"][0]["products_per_example"] == saved["rows"][1]["products_per_example"] > 3
+    model, x = _benchmark_script("race").build_problem("digits", 3, seed=0, device="cpu")
+    res = hcrfast.bound(model, x, saved["sigma"], restarts=6, iterations=3, size=saved["size"], solver="dense", seed=0)
+    assert saved["rows"][1]["median"] == pytest.approx(float(np.median(res.std)), rel=1e-12)
+
+
 def test_lsqr_budget_script_caps_the_solves(tmp_path):
     out = tmp_path / "b.json"
     run_script("lsqr_budget.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
