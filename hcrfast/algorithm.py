@@ -1041,10 +1041,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         (pilots = restarts: every restart its own basis, recycled over its i steps). "auto"
         (the default, :func:`hcrfast.krylov.resolve_pilots`): one pilot where one basis exhausts the space
         (min(n, p) ≤ :data:`hcrfast.krylov.MAX_STEPS`) or ``iter_lim`` is given, and for the other
-        solvers; beyond, one basis' MAX_STEPS steps split over up to R pilots of at least
-        :data:`hcrfast.krylov.AUTO_PILOT_STEPS` steps each (ResNet-18: a higher median bound at equal
-        products), and of at most :data:`hcrfast.krylov.AUTO_PILOT_MAX_STEPS` (246: deeper pilots gave
-        lower bounds there; R = 25: 25 pilots of 163 steps, R = 10: 10 of 246). Resolved before
+        solvers; beyond, a pilot per restart (at most :data:`hcrfast.krylov.AUTO_MAX_PILOTS`, 100) of
+        MAX_STEPS // R steps, at least :data:`hcrfast.krylov.AUTO_PILOT_STEPS` (ResNet-18: up to R = 25
+        a higher median bound than one basis at equal products; past it 160 steps each, the products
+        growing with R, since restarts sharing a short basis gave the same bounds) and at most
+        :data:`hcrfast.krylov.AUTO_PILOT_MAX_STEPS` (246: deeper pilots gave lower bounds there; R = 25:
+        25 pilots of 163 steps, R = 10: 10 of 246, R = 50: 50 of 160). Resolved before
         anything is keyed: ``params["krylov"]`` gives the pilots (and ``pilots_auto``),
         ``params["lsqr"]["iter_lim"]`` each one's steps. With ``targets``, each mode
         takes the direction of the pilot whose space bounds it tightest.

@@ -103,13 +103,17 @@ DEVICE_EIG_MARGIN = 10.0
 
 
 #: ``bound(krylov_pilots="auto")``: where one basis of :data:`MAX_STEPS` steps cannot exhaust the Krylov
-#: space (min(n, p) > MAX_STEPS and no ``iter_lim`` given), its products are spread over
-#: ``min(restarts, MAX_STEPS // AUTO_PILOT_STEPS)`` pilots of ``MAX_STEPS // pilots`` steps each. ResNet-18
-#: (3×91×91, R = 25, i = 10, three examples; benchmarks/README.md): at equal products 25 bases of 163-164
-#: steps gave a higher median bound than one of 4,096 (by 75% on example 0), and each step runs 25 rows
-#: at once. Across budgets (three examples, at equal products against one basis): 82-step pilots still
-#: won (128-134% of its median), 41-step ones lost (85-96%). More pilots of fewer steps against 25 of 163
-#: at larger R were not measured, so no more pilots than that are taken.
+#: space (min(n, p) > MAX_STEPS and no ``iter_lim`` given), every restart gets a basis of its own (up to
+#: :data:`AUTO_MAX_PILOTS`), of ``MAX_STEPS // restarts`` steps but never fewer than this (nor more than
+#: :data:`AUTO_PILOT_MAX_STEPS`). ResNet-18 (3×91×91, R = 25, i = 10, three examples; benchmarks/README.md):
+#: at equal products 25 bases of 163-164 steps gave a higher median bound than one of 4,096 (by 75% on
+#: example 0), and each step runs 25 rows at once. Across budgets (three examples, at equal products
+#: against one basis): 82-step pilots still won (128-134% of its median), 41-step ones lost (85-96%); at
+#: ~8,200 products, 50 pilots of 82 steps gave 0.352 against 25 of 163's 0.442. So past R = 25 the pilots
+#: keep 160 steps and the products grow with R, as LSQR's do: restarts sharing a basis that is short of
+#: the space land on the same bounds (R = 100 on 25 pilots: the median of R = 25 to four digits), and 50
+#: pilots of 163 steps (auto takes 160) at R = 50 raised the median by 12% over 25 (0.494 and 0.480 against 0.442 and 0.429
+#: on examples 0 and 1) for twice the products.
 AUTO_PILOT_STEPS = 160
 
 #: ``bound(krylov_pilots="auto")`` with several pilots: none runs more steps than this. Past ~200-250 steps a
@@ -120,18 +124,25 @@ AUTO_PILOT_STEPS = 160
 #: is what MAX_STEPS leaves each pilot, kept). Fewer products and higher bounds both.
 AUTO_PILOT_MAX_STEPS = 246
 
+#: ``bound(krylov_pilots="auto")``: at most this many pilots per example (their bases are held together:
+#: 100 pilots of 160 steps of ResNet-18 at 3×91×91 are 3.2 GB in float32); restarts beyond share them,
+#: restart r the basis of pilot r mod pilots.
+AUTO_MAX_PILOTS = 100
+
 
 def resolve_pilots(pilots, n: int, p: int, restarts: int, options: LSQROptions, *, solver: str = "krylov"):
     """``(pilots, options)`` for ``bound(krylov_pilots=...)``: an int is kept (options unchanged); "auto"
-    is 1 for any other solver and for spaces one basis can exhaust, else :data:`AUTO_PILOT_STEPS`'s split,
-    with ``iter_lim`` set to each pilot's steps, at most :data:`AUTO_PILOT_MAX_STEPS` (R = 25: 25 pilots of
-    163 steps; R = 10: 10 of 246; R = 1: one of 246)."""
+    is 1 for any other solver and for spaces one basis can exhaust, else a pilot per restart (at most
+    :data:`AUTO_MAX_PILOTS`) with ``iter_lim`` set to each pilot's steps: ``MAX_STEPS // restarts`` within
+    [:data:`AUTO_PILOT_STEPS`, :data:`AUTO_PILOT_MAX_STEPS`] (R = 25: 25 pilots of 163 steps; R = 10: 10 of
+    246; R = 1: one of 246; R = 50: 50 of 160)."""
     if pilots != "auto":
         return pilots, options
     if solver != "krylov" or options.iter_lim is not None or min(n, p) <= MAX_STEPS:
         return 1, options
-    pilots = max(1, min(restarts, MAX_STEPS // AUTO_PILOT_STEPS))
-    return pilots, dataclasses.replace(options, iter_lim=min(MAX_STEPS // pilots, AUTO_PILOT_MAX_STEPS))
+    pilots = max(1, min(restarts, AUTO_MAX_PILOTS))
+    steps = min(max(MAX_STEPS // pilots, AUTO_PILOT_STEPS), AUTO_PILOT_MAX_STEPS)
+    return pilots, dataclasses.replace(options, iter_lim=steps)
 
 
 def step_limit(n: int, p: int, options: LSQROptions | None = None) -> int:

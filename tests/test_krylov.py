@@ -560,29 +560,32 @@ def test_krylov_pilots_are_checked():
 
 def test_auto_pilots_keep_one_basis_where_it_exhausts_the_space_and_split_its_steps_where_not():
     """krylov_pilots="auto" (hcrfast.krylov.resolve_pilots): one pilot for other solvers, for spaces a
-    basis of MAX_STEPS exhausts (min(n, p) <= MAX_STEPS) and where iter_lim is given; beyond, MAX_STEPS
-    steps split over min(R, MAX_STEPS // AUTO_PILOT_STEPS) pilots, none of more than AUTO_PILOT_MAX_STEPS
-    steps (deeper pilots gave lower bounds on ResNet-18)."""
+    basis of MAX_STEPS exhausts (min(n, p) <= MAX_STEPS) and where iter_lim is given; beyond, a pilot per
+    restart up to AUTO_MAX_PILOTS, of MAX_STEPS // R steps within [AUTO_PILOT_STEPS, AUTO_PILOT_MAX_STEPS]
+    (deeper pilots gave lower bounds on ResNet-18, shallower ones lost at equal products, and restarts
+    sharing a short basis gave its bounds again)."""
     opts = krylov.DEFAULT_OPTIONS
     assert krylov.resolve_pilots(3, 10**5, 10**5, 25, opts) == (3, opts)
     assert krylov.resolve_pilots("auto", 10**5, 10**5, 25, opts, solver="lsqr") == (1, opts)
     assert krylov.resolve_pilots("auto", 512, 10**5, 25, opts) == (1, opts)  # min(n, p) = 512: exhaustible
     given = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=1000)
     assert krylov.resolve_pilots("auto", 10**5, 10**5, 25, given) == (1, given)
-    most = krylov.MAX_STEPS // krylov.AUTO_PILOT_STEPS
-    for R in (1, 3, 25, 400):
+    for R in (1, 3, 25, 26, 50, 100, 101, 400):
         pilots, o = krylov.resolve_pilots("auto", 10**5, 10**5, R, opts)
-        assert pilots == min(R, most)
-        assert o.iter_lim == min(krylov.MAX_STEPS // pilots, krylov.AUTO_PILOT_MAX_STEPS)
-        assert pilots * o.iter_lim <= krylov.MAX_STEPS  # never more products than one basis
+        assert pilots == min(R, krylov.AUTO_MAX_PILOTS)
+        assert krylov.AUTO_PILOT_STEPS <= o.iter_lim <= krylov.AUTO_PILOT_MAX_STEPS
+        # up to R = MAX_STEPS // AUTO_PILOT_STEPS (25) the pilots share one basis' steps; beyond, 160 steps each
+        assert o.iter_lim == min(max(krylov.MAX_STEPS // pilots, krylov.AUTO_PILOT_STEPS), krylov.AUTO_PILOT_MAX_STEPS)
+        assert (pilots * o.iter_lim <= krylov.MAX_STEPS) == (R <= krylov.MAX_STEPS // krylov.AUTO_PILOT_STEPS)
         assert (o.atol, o.btol, o.conlim, o.check_every) == (opts.atol, opts.btol, opts.conlim, opts.check_every)
-    # the defaults: ResNet-18 at the published R = 25 keeps 25 pilots of 163 steps; fewer restarts, 246 steps each
-    assert [krylov.resolve_pilots("auto", 24843, 24843, R, opts)[1].iter_lim for R in (25, 10, 2, 1)] == [163, 246, 246,
-                                                                                                      246]
+    # ResNet-18 at the published R = 25 keeps 25 pilots of 163 steps; fewer restarts, 246 steps each; more, 160
+    resolved = [krylov.resolve_pilots("auto", 24843, 24843, R, opts) for R in (400, 100, 50, 25, 10, 2, 1)]
+    assert [(P, o.iter_lim) for P, o in resolved] == [(100, 160), (100, 160), (50, 160), (25, 163), (10, 246),
+                                                      (2, 246), (1, 246)]
 
 
 def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, tmp_path):
-    """With MAX_STEPS = 8 the tanh net (n = 56, p = 64) is beyond one basis: "auto" runs 4 pilots of 2 steps
+    """With MAX_STEPS = 8 the tanh net (n = 56, p = 64) is beyond one basis: "auto" runs 5 pilots of 2 steps
     (R = 5, AUTO_PILOT_STEPS = 2), says so in params and the summary, and equals the explicit call, which
     resumes the auto call's checkpoint (the key holds the resolved pilots and iter_lim, not "auto")."""
     monkeypatch.setattr(krylov, "MAX_STEPS", 8)
@@ -591,14 +594,14 @@ def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, t
     x = torch.as_tensor(np.random.default_rng(10).standard_normal((3, 1, 8, 8)))
     kw = dict(size=0.05, iterations=2, restarts=5, seed=2, solver="krylov", checkpoint=tmp_path / "ck")
     auto = hcrfast.bound(net, x, 0.2, krylov_pilots="auto", **kw)
-    assert auto.params["krylov"]["pilots"] == 4 and auto.params["krylov"]["pilots_auto"]
+    assert auto.params["krylov"]["pilots"] == 5 and auto.params["krylov"]["pilots_auto"]
     assert auto.params["lsqr"]["iter_lim"] == 2 and auto.params["krylov"]["steps_max"] == 2
-    assert "4 pilot(s), chosen by krylov_pilots='auto'" in auto.summary()
-    explicit = hcrfast.bound(net, x, 0.2, krylov_pilots=4,
+    assert "5 pilot(s), chosen by krylov_pilots='auto'" in auto.summary()
+    explicit = hcrfast.bound(net, x, 0.2, krylov_pilots=5,
                              lsqr=hcrfast.algorithm.dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=2), **kw)
     assert explicit.params["checkpoint"]["examples_read_back"] == 3 and not explicit.params["krylov"]["pilots_auto"]
     np.testing.assert_array_equal(auto.std, explicit.std)
-    fresh = hcrfast.bound(net, x, 0.2, krylov_pilots=4,
+    fresh = hcrfast.bound(net, x, 0.2, krylov_pilots=5,
                           lsqr=hcrfast.algorithm.dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=2),
                           **{**kw, "checkpoint": None})
     np.testing.assert_array_equal(auto.std, fresh.std)  # what was read back is what a run computes
