@@ -814,6 +814,28 @@ def _progress_line(who: str, done: str, t_start: float, t_first: float, computed
     print(f"{who}: {done} done ({now - t_start:.1f} s{eta})", file=sys.stderr)
 
 
+def _one_example_note(solver: str, n: int, p: int, restarts: int, pilots, options: LSQROptions, itemsize: int,
+                      pilots_auto: bool) -> str:
+    """What :func:`bound` adds to an out-of-memory error that a chunk of one example still raised: what
+    one example holds with this solver, by count, and the ways to hold less."""
+    gib = lambda values, size=itemsize: f"{values * size / 2**30:.2g} GiB"  # noqa: E731
+    head = (f"hcrfast.bound: one example alone ran out of memory (chunks are halved down to 1, no further) with "
+            f"solver={solver!r}, {p} inputs and {n} features, R = {restarts}. ")
+    if solver == "krylov":
+        k = krylov.step_limit(n, p, options)
+        how = "chosen by krylov_pilots='auto' for R = %d" % restarts if pilots_auto else "asked for"
+        return (head + f"Its Krylov bases hold {pilots} pilot(s) ({how}) × up to {k} steps × (n + p) values, "
+                f"~{gib(pilots * (k + 1) * (n + p))} (up to 1.5× that while a buffer grows), beside the model's "
+                f"product graphs for {pilots} rows. Fewer pilots (krylov_pilots=, each restart past them shares a "
+                f"pilot's basis), fewer steps (lsqr=LSQROptions(atol=0, btol=0, conlim=0, iter_lim=...)), fewer "
+                f"restarts, or solver='lsqr' (~16 vectors per restart, many more products) hold less")
+    if solver == "dense":
+        return (head + f"Its Jacobian and factor hold ~5·n·p + n² values, ~{gib(5 * n * p + n * n, 8)} in float64. "
+                f"solver='krylov' or 'lsqr' hold no J")
+    return (head + f"Its {restarts} restarts run through the model's product graphs together (LSQR keeps ~16 vectors "
+            f"per restart, ~{gib(16 * restarts * (n + p))}); fewer restarts, or a smaller input, hold less")
+
+
 def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=None, on_halve=None) -> int:
     """``compute(lo, hi)`` over ``0..total`` in chunks, then ``store(lo, hi, result)``.
 
@@ -1497,9 +1519,15 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             todo = pieces[world.rank::world.size]
         # examples computed by this call, since when, and how many it has to compute
         computed = [0, time.perf_counter(), sum(hi - lo for lo, hi in todo)]
-        for lo, hi in todo:
-            chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
-                                    store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        try:
+            for lo, hi in todo:
+                chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
+                                        store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
+        except Exception as exc:  # out of memory at one example (_in_chunks halves down to 1): say what it holds
+            if _is_oom(exc) and hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(_one_example_note(solver, n, p, restarts, krylov_pilots, options, batch.element_size(),
+                                               pilots_auto))
+            raise
         if reuse is not None and todo:
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:

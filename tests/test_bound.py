@@ -4,6 +4,8 @@ import threading
 import re
 import warnings
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.fft
@@ -417,6 +419,47 @@ def test_a_chunk_out_of_memory_in_its_products_is_halved_and_nothing_is_lost():
     assert tight.refused >= 2
     np.testing.assert_allclose(got.std, want.std, rtol=1e-6)
     np.testing.assert_array_equal(got.lsqr_iterations, want.lsqr_iterations)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("solver", ["krylov", "lsqr", "dense"])
+def test_one_example_out_of_memory_is_raised_with_what_it_holds_and_the_fixes(solver, monkeypatch):
+    """Chunks halve down to one example; one that still does not fit raises the allocator's own error
+    (its type kept, so callers' handlers still catch it), with a note of what one example holds by count
+    (here 3 pilots x 8 steps x (20 + 16) values: 972 float64 values for the bases) and how to hold less."""
+    inner = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((2, 1, 4, 4)))
+    tight = OutOfMemoryAbove(inner, grad_rows=2).eval()   # the entry probe (2 rows) fits, no example (3 rows)
+    kw = dict(iterations=2, restarts=3, seed=3, solver=solver)
+    if solver == "krylov":
+        kw.update(krylov_pilots=3, lsqr=hcrfast.LSQROptions(atol=0, btol=0, conlim=0, iter_lim=8))
+    if solver == "dense":  # its J is built by vmapped products, whose rows the model does not see: J itself fails
+        from hcrfast import dense
+
+        def no_room(model, x, **kw):
+            raise torch.cuda.OutOfMemoryError(f"fake: J of {x.shape[0]} example(s)")
+
+        monkeypatch.setattr(dense, "jacobian", no_room)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="fake") as info:
+        hcrfast.bound(tight, x, 0.2, chunk_size=2, **kw)
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"one example alone ran out of memory (chunks are halved down to 1, no further) with solver={solver!r}, " \
+           f"16 inputs and 20 features, R = 3" in note
+    if solver == "krylov":
+        want = 3 * 9 * (20 + 16) * 8 / 2**30  # pilots x (steps + 1) x (n + p) float64 values
+        assert f"3 pilot(s) (asked for) × up to 8 steps × (n + p) values, ~{want:.2g} GiB" in note
+        assert "krylov_pilots=" in note and "solver='lsqr'" in note
+    elif solver == "dense":
+        assert f"~{(5 * 20 * 16 + 20 * 20) * 8 / 2**30:.2g} GiB in float64" in note
+    else:
+        assert "fewer restarts" in note
+    if solver == "dense":
+        return
+    # any other error in a chunk of one example gets no such note
+    with pytest.raises(ZeroDivisionError) as info:
+        hcrfast.bound(lambda t: 1 / 0 if torch.is_grad_enabled() and t.shape[0] > 2 else inner(t), x, 0.2,
+                      chunk_size=2, **kw)
+    assert "one example alone" not in "".join(getattr(info.value, "__notes__", []))
 
 
 def test_forward_passes_out_of_memory_are_split_without_losing_the_chunk():
