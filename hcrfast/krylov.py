@@ -112,8 +112,8 @@ DEVICE_EIG_MARGIN = 10.0
 #: ~8,200 products, 50 pilots of 82 steps gave 0.352 against 25 of 163's 0.442. So past R = 25 the pilots
 #: keep 160 steps and the products grow with R, as LSQR's do: restarts sharing a basis that is short of
 #: the space land on the same bounds (R = 100 on 25 pilots: the median of R = 25 to four digits), and 50
-#: pilots of 163 steps (auto takes 160) at R = 50 raised the median by 12% over 25 (0.494 and 0.480 against 0.442 and 0.429
-#: on examples 0 and 1) for twice the products.
+#: pilots of 163 steps (auto takes 160) at R = 50 raised the median by 12% over 25 (0.494 and 0.480
+#: against 0.442 and 0.429 on examples 0 and 1) for twice the products.
 AUTO_PILOT_STEPS = 160
 
 #: ``bound(krylov_pilots="auto")`` with several pilots: none runs more steps than this. Past ~200-250 steps a
