@@ -73,7 +73,9 @@ def add_subparser(subparsers) -> None:
     b.add_argument("--size", type=float, default=1 / 200, metavar="S", help="start-vector size s (default 1/200)")
     b.add_argument("--iterations", type=int, default=10, metavar="I", help="LSQR solves per restart (default 10)")
     b.add_argument("--restarts", type=int, default=25, metavar="R",
-                   help="start vectors per example; the bound is the max over them (default 25)")
+                   help="start vectors per example; the bound is the max over them (default 25). With the dense "
+                        "solve (small inputs) more cost forward passes only: R = 100 raised the median 21%% over 25 "
+                        "on an MNIST MLP for 1.5x the time")
     b.add_argument("--seed", type=int, default=0, help="example e draws from default_rng([seed, e]) (default 0)")
     b.add_argument("--basis", choices=("dct", "pixel"), default="dct",
                    help="the modes bounded: 2-D DCT-II over the last two axes per channel (default), or the inputs "
