@@ -614,6 +614,27 @@ def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, t
     assert dense.params["solver"] == "dense"  # "auto" means one pilot (none) for the other solvers
 
 
+def test_auto_pilots_capped_below_the_restarts_warn_that_the_rest_share_bases(monkeypatch):
+    """Past AUTO_MAX_PILOTS (3 here) restarts share the pilots' bases: "auto" says so, naming both ways out,
+    and the explicit call with as many pilots as restarts gives each its own (no warning)."""
+    monkeypatch.setattr(krylov, "MAX_STEPS", 8)
+    monkeypatch.setattr(krylov, "AUTO_PILOT_STEPS", 2)
+    monkeypatch.setattr(krylov, "AUTO_MAX_PILOTS", 3)
+    net = _tanh_net()
+    x = torch.as_tensor(np.random.default_rng(10).standard_normal((2, 1, 8, 8)))
+    kw = dict(size=0.05, iterations=2, seed=2, solver="krylov")
+    with pytest.warns(UserWarning, match=r"took 3 pilots \(hcrfast.krylov.AUTO_MAX_PILOTS\) for R = 5: restarts 3..4 "
+                                         r"share their bases.*pass restarts=3, or krylov_pilots=5 for a basis each"):
+        res = hcrfast.bound(net, x, 0.2, restarts=5, **kw)
+    assert res.params["krylov"]["pilots"] == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert hcrfast.bound(net, x, 0.2, restarts=3, **kw).params["krylov"]["pilots"] == 3
+        assert hcrfast.bound(net, x, 0.2, restarts=5, krylov_pilots=5,
+                             lsqr=hcrfast.algorithm.dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=2),
+                             **kw).params["krylov"]["pilots"] == 5
+
+
 def test_auto_on_large_inputs_builds_the_basis_with_its_own_rules():
     """p = 4,225 > DENSE_SOLVE_MAX_INPUTS: "auto" takes the basis, with hcrfast.krylov.DEFAULT_OPTIONS
     (no pilot tolerance), not DEFAULT_LSQR's atol = 1e-5, and gets what solver="krylov" gets."""
