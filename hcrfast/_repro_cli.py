@@ -100,9 +100,10 @@ def add_subparser(subparsers) -> None:
                    help="with the Krylov solver: restarts 0..S-1 each build their own Krylov basis and restart r "
                         "uses pilot r mod S's (S times the products and memory). Default 'auto': 1 where one "
                         "basis exhausts the space (min(features, inputs) <= 4096) or --lsqr-iter-lim is given, "
-                        "else one per restart (at most 100): up to R = 25 sharing one basis' 4,096 steps, at most 246 "
-                        "each, beyond 160 each (ImageNet models: a higher median bound at equal products; deeper "
-                        "pilots gave lower bounds, and restarts sharing a pilot its bounds again)")
+                        "else one per restart (at most 100, and 2^30 basis values an example): up to R = 25 "
+                        "sharing one basis' 4,096 steps, at most 246 each, beyond 160 each (ImageNet models: a "
+                        "higher median bound at equal products; deeper pilots gave lower bounds, and restarts "
+                        "sharing a pilot its bounds again)")
     g.add_argument("--targets", default=None, metavar="SPEC",
                    help="also aim one perturbation at each of these DCT modes (Cramer-Rao direction), e.g. "
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "

@@ -1063,7 +1063,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         (pilots = restarts: every restart its own basis, recycled over its i steps). "auto"
         (the default, :func:`hcrfast.krylov.resolve_pilots`): one pilot where one basis exhausts the space
         (min(n, p) ≤ :data:`hcrfast.krylov.MAX_STEPS`) or ``iter_lim`` is given, and for the other
-        solvers; beyond, a pilot per restart (at most :data:`hcrfast.krylov.AUTO_MAX_PILOTS`, 100) of
+        solvers; beyond, a pilot per restart (at most :data:`hcrfast.krylov.AUTO_MAX_PILOTS`, 100, and past
+        R = 25 what :data:`hcrfast.krylov.AUTO_MAX_BASIS_VALUES` holds; a warning names restarts left to share) of
         MAX_STEPS // R steps, at least :data:`hcrfast.krylov.AUTO_PILOT_STEPS` (ResNet-18: up to R = 25
         a higher median bound than one basis at equal products; past it 160 steps each, the products
         growing with R, since restarts sharing a short basis gave the same bounds) and at most
@@ -1170,7 +1171,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         pilots_auto = krylov_pilots == "auto"
         krylov_pilots, options = krylov.resolve_pilots(krylov_pilots, n, p, restarts, options, solver=solver)
         if pilots_auto and 1 < krylov_pilots < restarts:
-            validation.warn(f"krylov_pilots='auto' took {krylov_pilots} pilots (hcrfast.krylov.AUTO_MAX_PILOTS) for "
+            validation.warn(f"krylov_pilots='auto' took {krylov_pilots} pilots (hcrfast.krylov.AUTO_MAX_PILOTS, and "
+                            f"AUTO_MAX_BASIS_VALUES: their bases are held together) for "
                             f"R = {restarts}: restarts {krylov_pilots}..{restarts - 1} share their bases, and restarts "
                             f"sharing a basis this short of the space gave the same bounds on ResNet-18 (R = 100 on 25 "
                             f"pilots: R = 25's median), for i forward passes each; pass restarts={krylov_pilots}, or "

@@ -124,24 +124,33 @@ AUTO_PILOT_STEPS = 160
 #: is what MAX_STEPS leaves each pilot, kept). Fewer products and higher bounds both.
 AUTO_PILOT_MAX_STEPS = 246
 
-#: ``bound(krylov_pilots="auto")``: at most this many pilots per example (their bases are held together:
-#: 100 pilots of 160 steps of ResNet-18 at 3×91×91 are 3.2 GB in float32); restarts beyond share them,
+#: ``bound(krylov_pilots="auto")``: at most this many pilots per example; restarts beyond share them,
 #: restart r the basis of pilot r mod pilots.
 AUTO_MAX_PILOTS = 100
+
+#: ``bound(krylov_pilots="auto")``: past :data:`MAX_STEPS` steps per example (R > 25), no more pilots than hold
+#: this many values per example in all (their bases are held together; 4 GiB in float32), and never fewer
+#: than ``MAX_STEPS // AUTO_PILOT_STEPS`` (25). ResNet-18 at 3×91×91 (n + p = 49,931): 100 pilots of 160
+#: steps, 3.2 GB; at 3×224×224 (n + p = 175,616): 37 pilots. A count of the input and features alone, so
+#: the same call resolves the same pilots on every machine.
+AUTO_MAX_BASIS_VALUES = 2**30
 
 
 def resolve_pilots(pilots, n: int, p: int, restarts: int, options: LSQROptions, *, solver: str = "krylov"):
     """``(pilots, options)`` for ``bound(krylov_pilots=...)``: an int is kept (options unchanged); "auto"
     is 1 for any other solver and for spaces one basis can exhaust, else a pilot per restart (at most
-    :data:`AUTO_MAX_PILOTS`) with ``iter_lim`` set to each pilot's steps: ``MAX_STEPS // restarts`` within
-    [:data:`AUTO_PILOT_STEPS`, :data:`AUTO_PILOT_MAX_STEPS`] (R = 25: 25 pilots of 163 steps; R = 10: 10 of
-    246; R = 1: one of 246; R = 50: 50 of 160)."""
+    :data:`AUTO_MAX_PILOTS`, and past R = 25 as many as :data:`AUTO_MAX_BASIS_VALUES` holds) with ``iter_lim``
+    set to each pilot's steps: ``MAX_STEPS // restarts`` within [:data:`AUTO_PILOT_STEPS`,
+    :data:`AUTO_PILOT_MAX_STEPS`] (R = 25: 25 pilots of 163 steps; R = 10: 10 of 246; R = 1: one of 246;
+    R = 50: 50 of 160)."""
     if pilots != "auto":
         return pilots, options
     if solver != "krylov" or options.iter_lim is not None or min(n, p) <= MAX_STEPS:
         return 1, options
     pilots = max(1, min(restarts, AUTO_MAX_PILOTS))
     steps = min(max(MAX_STEPS // pilots, AUTO_PILOT_STEPS), AUTO_PILOT_MAX_STEPS)
+    if pilots * steps > MAX_STEPS:   # past one basis' steps: as many as the memory budget holds, at least 25
+        pilots = max(MAX_STEPS // AUTO_PILOT_STEPS, min(pilots, AUTO_MAX_BASIS_VALUES // ((steps + 1) * (n + p))))
     return pilots, dataclasses.replace(options, iter_lim=steps)
 
 

@@ -1,5 +1,6 @@
 """Recycled Golub–Kahan bases (hcrfast.krylov) against numpy.linalg.pinv / lstsq / qr and SciPy's LSQR,
 and ``bound(solver="krylov")`` against the test's own Algorithm 1 on a projected Krylov space."""
+import dataclasses
 import warnings
 
 import numpy as np
@@ -572,16 +573,25 @@ def test_auto_pilots_keep_one_basis_where_it_exhausts_the_space_and_split_its_st
     assert krylov.resolve_pilots("auto", 10**5, 10**5, 25, given) == (1, given)
     for R in (1, 3, 25, 26, 50, 100, 101, 400):
         pilots, o = krylov.resolve_pilots("auto", 10**5, 10**5, R, opts)
-        assert pilots == min(R, krylov.AUTO_MAX_PILOTS)
+        # past 25, what 2^30 values hold: 2^30 // (161 * 2e5) = 33 pilots
+        assert pilots == (min(R, 33) if R > 25 else R)
         assert krylov.AUTO_PILOT_STEPS <= o.iter_lim <= krylov.AUTO_PILOT_MAX_STEPS
         # up to R = MAX_STEPS // AUTO_PILOT_STEPS (25) the pilots share one basis' steps; beyond, 160 steps each
         assert o.iter_lim == min(max(krylov.MAX_STEPS // pilots, krylov.AUTO_PILOT_STEPS), krylov.AUTO_PILOT_MAX_STEPS)
         assert (pilots * o.iter_lim <= krylov.MAX_STEPS) == (R <= krylov.MAX_STEPS // krylov.AUTO_PILOT_STEPS)
         assert (o.atol, o.btol, o.conlim, o.check_every) == (opts.atol, opts.btol, opts.conlim, opts.check_every)
     # ResNet-18 at the published R = 25 keeps 25 pilots of 163 steps; fewer restarts, 246 steps each; more, 160
-    resolved = [krylov.resolve_pilots("auto", 24843, 24843, R, opts) for R in (400, 100, 50, 25, 10, 2, 1)]
+    resolved = [krylov.resolve_pilots("auto", 25088, 24843, R, opts) for R in (400, 100, 50, 25, 10, 2, 1)]
     assert [(P, o.iter_lim) for P, o in resolved] == [(100, 160), (100, 160), (50, 160), (25, 163), (10, 246),
                                                       (2, 246), (1, 246)]
+    # past 25 pilots, no more than AUTO_MAX_BASIS_VALUES hold (ResNet-18 at 224 x 224: 37), never fewer than 25
+    assert krylov.resolve_pilots("auto", 25088, 150528, 100, opts)[0] == 2**30 // (161 * (25088 + 150528)) == 37
+    assert krylov.resolve_pilots("auto", 10**6, 10**6, 100, opts)[0] == 25
+    assert krylov.resolve_pilots("auto", 10**6, 10**6, 10, opts) == (10, dataclasses.replace(opts, iter_lim=246))
+    for R in (26, 50, 100, 400):
+        for n, p in ((5000, 5000), (25088, 24843), (25088, 150528), (10**6, 10**6)):
+            P, o = krylov.resolve_pilots("auto", n, p, R, opts)
+            assert P * (o.iter_lim + 1) * (n + p) <= krylov.AUTO_MAX_BASIS_VALUES or P == 25
 
 
 def test_bound_auto_pilots_are_resolved_before_the_checkpoint_key(monkeypatch, tmp_path):
@@ -623,7 +633,7 @@ def test_auto_pilots_capped_below_the_restarts_warn_that_the_rest_share_bases(mo
     net = _tanh_net()
     x = torch.as_tensor(np.random.default_rng(10).standard_normal((2, 1, 8, 8)))
     kw = dict(size=0.05, iterations=2, seed=2, solver="krylov")
-    with pytest.warns(UserWarning, match=r"took 3 pilots \(hcrfast.krylov.AUTO_MAX_PILOTS\) for R = 5: restarts 3..4 "
+    with pytest.warns(UserWarning, match=r"took 3 pilots \(hcrfast.krylov.AUTO_MAX_PILOTS.*\) for R = 5: restarts 3..4 "
                                          r"share their bases.*pass restarts=3, or krylov_pilots=5 for a basis each"):
         res = hcrfast.bound(net, x, 0.2, restarts=5, **kw)
     assert res.params["krylov"]["pilots"] == 3
