@@ -4,7 +4,9 @@ With ``solver="dense"`` (J factored once per example) or a Krylov basis that exh
 pilot), a restart costs Algorithm 1's i forward passes and i small projected solves, no Jacobian
 product: R is then the cheap way to a higher bound (each mode's bound is the max over the restarts).
 This times ``hcrfast.bound`` on the race's problem (the MNIST-geometry MLP on the digits test split,
-σ = ``--sigma-scale`` × RMS of the features, s = ``--size``) at each R of ``--restarts``, per solver.
+σ = ``--sigma-scale`` × RMS of the features, s = ``--size``) at each R of ``--restarts``, per solver; or,
+with ``--model cifar10`` (any zoo name but ``mnist`` and ``digits``), on ``krylov_depth.py``'s problem: the
+zoo model with random weights on seeded random inputs, its published σ scale and start size.
 
     python benchmarks/restarts_cost.py --examples 32 --restarts 1,5,25,100,400 --solvers dense,krylov \\
         --threads 1 --json out.json
@@ -26,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from lsqr_budget import random_workload  # noqa: E402
 from race import build_problem, machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
@@ -42,12 +45,13 @@ def _products(params) -> float | None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="mlp", choices=("mlp", "digits"))
+    ap.add_argument("--model", default="mlp", choices=("mlp", "digits", "cifar10", "resnet18", "swin_t"),
+                    help="mlp, digits: the race's problems; a zoo name: krylov_depth.py's (random weights and inputs)")
     ap.add_argument("--examples", type=int, default=32)
     ap.add_argument("--restarts", default="1,5,25,100", help="comma-separated R")
     ap.add_argument("--solvers", default="dense,krylov", help="comma-separated bound(solver=...)")
     ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--size", type=float, default=1 / 200)
+    ap.add_argument("--size", type=float, default=1 / 200, help="s (the race's models; a zoo model runs at its own)")
     ap.add_argument("--sigma-scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
@@ -62,9 +66,13 @@ def main(argv=None) -> dict:
     solvers = args.solvers.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, x = build_problem(args.model, args.examples, seed=args.seed, device="cpu")
-    with torch.no_grad():
-        sigma = args.sigma_scale * float(model(x).double().pow(2).mean().sqrt())
+    if args.model in ("mlp", "digits"):
+        model, x = build_problem(args.model, args.examples, seed=args.seed, device="cpu")
+        with torch.no_grad():
+            sigma = args.sigma_scale * float(model(x).double().pow(2).mean().sqrt())
+    else:  # its published σ scale and start size, as krylov_depth.py runs it
+        zm, model, x, _, sigma = random_workload(args.model, args.examples, "cpu")
+        args.size = zm.size
     print(f"{args.model}: {args.examples} examples x i {args.iterations}, s = {args.size}, sigma = {sigma:.4g}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
     hcrfast.bound(model, x[:1], sigma, restarts=1, iterations=1, size=args.size)  # first calls outside the timing
