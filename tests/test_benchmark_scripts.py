@@ -354,6 +354,16 @@ def test_restarts_cost_script_reports_what_bound_gives_at_each_restart_count(tmp
     assert saved["rows"][1]["median"] == pytest.approx(float(np.median(res.std)), rel=1e-12)
 
 
+def test_restart_directions_script_finds_the_exhausted_space_has_no_smallest_ritz_pull():
+    """digits (64 inputs): at k = 64 the pilot's space is all of R^64, whose smallest Ritz value is J's
+    null direction (~0, never taken by lstsq), so the steps have no part along it; at k = 4 they share it."""
+    rows = _benchmark_script("restart_directions").main(["digits", "--depths", "4,64", "--restarts", "3",
+                                                         "--iterations", "2", "--threads", "1"])
+    assert [r["k"] for r in rows] == [4, 64]
+    assert rows[1]["ritz_min"] < 1e-12 and rows[1]["cos_smallest_ritz_median"] < 1e-2   # rounding: 1.3e-4
+    assert rows[0]["cos_smallest_ritz_median"] > 0.5 and 0 <= rows[0]["pairwise_cos_min"] <= 1
+
+
 def test_lsqr_budget_script_caps_the_solves(tmp_path):
     out = tmp_path / "b.json"
     run_script("lsqr_budget.py", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2",
