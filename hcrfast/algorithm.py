@@ -693,12 +693,17 @@ def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int,
     return "dense" if torch.device(device).type == "cpu" else "krylov"
 
 
+def _dense_values(n: int, p: int, restarts: int) -> int:
+    """Values one example of the dense solve holds on the host's path (:func:`_dense_chunk`)."""
+    return 5 * n * p + n * n + 8 * restarts * (n + p)
+
+
 def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
     """Examples per chunk of the dense solve: J (n·p) in float32 and float64, its live rows, the Gram
     matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors; on CUDA, with
     a device routine as ``dense.EIGH_IMPL``, also its own arrays (the Gram matrix symmetrized and copied,
     the eigenvectors, the core (Gram)⁺: ~6 more of order min(n, p))."""
-    per_example = 5 * n * p + n * n + 8 * restarts * (n + p)
+    per_example = _dense_values(n, p, restarts)
     if batch.device.type != "cuda":
         return max(1, _DENSE_ELEMENTS // per_example)
     from hcrfast.kernels import symmetric
@@ -824,14 +829,15 @@ def _one_example_note(solver: str, n: int, p: int, restarts: int, pilots, option
     if solver == "krylov":
         k = krylov.step_limit(n, p, options)
         how = "chosen by krylov_pilots='auto' for R = %d" % restarts if pilots_auto else "asked for"
-        return (head + f"Its Krylov bases hold {pilots} pilot(s) ({how}) × up to {k} steps × (n + p) values, "
-                f"~{gib(pilots * (k + 1) * (n + p))} (up to 1.5× that while a buffer grows), beside the model's "
-                f"product graphs for {pilots} rows. Fewer pilots (krylov_pilots=, each restart past them shares a "
-                f"pilot's basis), fewer steps (lsqr=LSQROptions(atol=0, btol=0, conlim=0, iter_lim=...)), fewer "
-                f"restarts, or solver='lsqr' (~16 vectors per restart, many more products) hold less")
+        return (head + f"Its Krylov bases: {pilots} pilot(s) ({how}) of up to {k} steps, ~"
+                f"{gib(pilots * krylov.basis_values(n, p, options))} as the chunk size counts them (the kept vectors, "
+                f"a buffer's growth copy, the eigenvectors), beside the model's product graphs for {pilots} rows. "
+                f"Fewer pilots (krylov_pilots=, each restart past them shares a pilot's basis), fewer steps "
+                f"(lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, iter_lim=...)), fewer restarts, or "
+                f"solver='lsqr' (~16 vectors per restart, many more products) hold less")
     if solver == "dense":
-        return (head + f"Its Jacobian and factor hold ~5·n·p + n² values, ~{gib(5 * n * p + n * n, 8)} in float64. "
-                f"solver='krylov' or 'lsqr' hold no J")
+        return (head + f"Its Jacobian, factor and restarts' vectors: ~{gib(_dense_values(n, p, restarts), 8)} in "
+                f"float64 as the chunk size counts them. solver='krylov' or 'lsqr' hold no J")
     return (head + f"Its {restarts} restarts run through the model's product graphs together (LSQR keeps ~16 vectors "
             f"per restart, ~{gib(16 * restarts * (n + p))}); fewer restarts, or a smaller input, hold less")
 
@@ -1176,8 +1182,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"R = {restarts}: restarts {krylov_pilots}..{restarts - 1} share their bases, and restarts "
                             f"sharing a basis this short of the space gave the same bounds on ResNet-18 (R = 100 on 25 "
                             f"pilots: R = 25's median), for i forward passes each; pass restarts={krylov_pilots}, or "
-                            f"krylov_pilots={restarts} for a basis each ({restarts} × {options.iter_lim} steps of "
-                            f"memory per example)")
+                            f"krylov_pilots={restarts} with lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, "
+                            f"iter_lim={options.iter_lim}) for a basis each ({restarts} × {options.iter_lim} steps of "
+                            f"memory per example; without iter_lim each pilot runs up to "
+                            f"hcrfast.krylov.MAX_STEPS = {krylov.MAX_STEPS})")
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")

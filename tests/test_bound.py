@@ -426,7 +426,7 @@ def test_a_chunk_out_of_memory_in_its_products_is_halved_and_nothing_is_lost():
 def test_one_example_out_of_memory_is_raised_with_what_it_holds_and_the_fixes(solver, monkeypatch):
     """Chunks halve down to one example; one that still does not fit raises the allocator's own error
     (its type kept, so callers' handlers still catch it), with a note of what one example holds by count
-    (here 3 pilots x 8 steps x (20 + 16) values: 972 float64 values for the bases) and how to hold less."""
+    (here 3 pilots of 8 steps of 20 features and 16 inputs, as the chunk size counts them) and how to hold less."""
     inner = _small_tanh_net()
     x = torch.as_tensor(np.random.default_rng(5).standard_normal((2, 1, 4, 4)))
     tight = OutOfMemoryAbove(inner, grad_rows=2).eval()   # the entry probe (2 rows) fits, no example (3 rows)
@@ -446,11 +446,12 @@ def test_one_example_out_of_memory_is_raised_with_what_it_holds_and_the_fixes(so
     assert f"one example alone ran out of memory (chunks are halved down to 1, no further) with solver={solver!r}, " \
            f"16 inputs and 20 features, R = 3" in note
     if solver == "krylov":
-        want = 3 * 9 * (20 + 16) * 8 / 2**30  # pilots x (steps + 1) x (n + p) float64 values
-        assert f"3 pilot(s) (asked for) × up to 8 steps × (n + p) values, ~{want:.2g} GiB" in note
+        # what hcrfast.krylov.basis_values counts: U, V and a growth copy (3 (k+1)(n+p)) and 2k² eigenvector values
+        want = 3 * (3 * 9 * (20 + 16) + 2 * 8 * 8) * 8 / 2**30
+        assert f"3 pilot(s) (asked for) of up to 8 steps, ~{want:.2g} GiB as the chunk size counts them" in note
         assert "krylov_pilots=" in note and "solver='lsqr'" in note
     elif solver == "dense":
-        assert f"~{(5 * 20 * 16 + 20 * 20) * 8 / 2**30:.2g} GiB in float64" in note
+        assert f"~{(5 * 20 * 16 + 20 * 20 + 8 * 3 * (20 + 16)) * 8 / 2**30:.2g} GiB in float64" in note
     else:
         assert "fewer restarts" in note
     if solver == "dense":

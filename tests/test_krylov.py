@@ -634,7 +634,8 @@ def test_auto_pilots_capped_below_the_restarts_warn_that_the_rest_share_bases(mo
     x = torch.as_tensor(np.random.default_rng(10).standard_normal((2, 1, 8, 8)))
     kw = dict(size=0.05, iterations=2, seed=2, solver="krylov")
     with pytest.warns(UserWarning, match=r"took 3 pilots \(hcrfast.krylov.AUTO_MAX_PILOTS.*\) for R = 5: restarts 3..4 "
-                                         r"share their bases.*pass restarts=3, or krylov_pilots=5 for a basis each"):
+                                         r"share their bases.*pass restarts=3, or krylov_pilots=5 with lsqr=dataclasses.replace\(hcrfast.krylov."
+                                         r"DEFAULT_OPTIONS, iter_lim=2\) for a basis each"):
         res = hcrfast.bound(net, x, 0.2, restarts=5, **kw)
     assert res.params["krylov"]["pilots"] == 3
     with warnings.catch_warnings():
