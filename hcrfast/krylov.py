@@ -113,7 +113,9 @@ DEVICE_EIG_MARGIN = 10.0
 #: keep 160 steps and the products grow with R, as LSQR's do: restarts sharing a basis that is short of
 #: the space land on the same bounds (R = 100 on 25 pilots: the median of R = 25 to four digits), and 50
 #: pilots of 163 steps (auto takes 160) at R = 50 raised the median by 12% over 25 (0.494 and 0.480
-#: against 0.442 and 0.429 on examples 0 and 1) for twice the products.
+#: against 0.442 and 0.429 on examples 0 and 1) for twice the products. Swin-T (R = 25, two examples): 25 bases
+#: of 163 steps gave a median 55.5% / 53.5% above one basis of 4,096 at equal products, and 99.8% of what
+#: 246 steps give (its medians flatten past ~123 steps instead of peaking).
 AUTO_PILOT_STEPS = 160
 
 #: ``bound(krylov_pilots="auto")`` with several pilots: none runs more steps than this. Past ~200-250 steps a
@@ -121,7 +123,9 @@ AUTO_PILOT_STEPS = 160
 #: many Krylov pilots, how deep"): R = 2: 0.231 at 246 steps against 0.153 at 2,048 (auto's split before);
 #: R = 5: 0.326 at 246 against 0.267 at 819; R = 10: 0.387 / 0.373 (two examples) at 246 against 0.364 /
 #: 0.352 at 409; R = 1: 0.151 at 246 against 0.100 at 4,096; at R = 25 the medians peak at 205-246 steps (163
-#: is what MAX_STEPS leaves each pilot, kept). Fewer products and higher bounds both.
+#: is what MAX_STEPS leaves each pilot, kept). Fewer products and higher bounds both. Swin-T's medians do not
+#: fall past the cap, they stay flat (R = 10: 0.1823 at 246 steps, 0.1822 at 409 and 512): the cap costs it
+#: nothing (benchmarks/README.md, "Swin-T ... bears out").
 AUTO_PILOT_MAX_STEPS = 246
 
 #: ``bound(krylov_pilots="auto")``: at most this many pilots per example; restarts beyond share them,
