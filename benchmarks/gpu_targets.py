@@ -303,7 +303,8 @@ def run(args, on_slice=None) -> dict:
     del feats
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
-              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver)
+              chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver,
+              iterates=args.iterates)
     if args.krylov_pilots not in (None, 1, "auto") and solver != "krylov":
         raise SystemExit(f"gpu_targets: --krylov-pilots {args.krylov_pilots} needs the Krylov solver, "
                          f"but this run solves with {solver!r}; add --solver krylov")
@@ -367,7 +368,7 @@ def run(args, on_slice=None) -> dict:
             krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
             krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
             dense_eigh_impl=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
-            warm_start=res.params["warm_start"],
+            warm_start=res.params["warm_start"], iterates=res.params["iterates"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
             target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
@@ -457,6 +458,7 @@ def report(r: dict) -> str:
         f"{r['workload']}: {r['examples']} examples x R={r['restarts']} x i={r['iterations']}, s={r['size']:g}, "
         f"sigma={r['sigma']:.4g} ({r['sigma_scale']:g} x RMS), jacobian={r['jacobian']}, kernels={r['kernels']}, "
         f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
+        f"iterates={r.get('iterates', 'last')}, "
         f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
         (f"  hcrfast.bound: {r['seconds']:.2f} s wall"
@@ -496,6 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--compact-below", type=float, default=None,
                     help="LSQROptions.compact_below (0: never compact stopped problems out of the batch)")
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
+    ap.add_argument("--iterates", default="all", choices=("all", "last"),
+                    help="bound(iterates=...): every iterate's certified bound (default) or the last one's alone")
     ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense", "krylov"),
                     help="bound(solver=...); auto: what bound() takes without lsqr= options (on CUDA the Krylov "
                          "basis; with --cold-start, LSQR). dense: J "

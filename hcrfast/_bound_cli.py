@@ -91,6 +91,9 @@ def add_subparser(subparsers) -> None:
                    help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
                         "refuse a double backward, torch.compile'd ones)")
     b.add_argument("--cold-start", action="store_true", help="every LSQR solve from zero (warm_start=False)")
+    b.add_argument("--last-iterate", action="store_true",
+                   help="bound by Algorithm 1's last iterate alone, as the paper (iterates='last'; default: every "
+                        "iterate, each certified, the largest bound per mode)")
     b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls use TF32 (still certified)")
     b.add_argument("--chunk-size", type=int, default=None, metavar="K",
                    help="examples per chunk, each written to OUT/chunks/ when done (default: sized from memory)")
@@ -625,6 +628,7 @@ def _run(args: argparse.Namespace) -> int:
             size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
+            iterates="last" if args.last_iterate else "all",
             progress=progress, shard=world > 1)
         search = sweep = accuracy_search = None
         if args.min_accuracy is not None:

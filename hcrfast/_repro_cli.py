@@ -89,6 +89,9 @@ def add_subparser(subparsers) -> None:
     g.add_argument("--cold-start", action="store_true",
                    help="start every LSQR solve from zero, as the published scripts (default: warm starts, "
                         "see hcrfast.bound's warm_start)")
+    g.add_argument("--last-iterate", action="store_true",
+                   help="bound by Algorithm 1's last iterate alone, as the paper (default: every iterate, each "
+                        "certified, the largest bound per mode; see hcrfast.bound's iterates)")
     g.add_argument("--solver", choices=("auto", "lsqr", "dense", "krylov"), default="auto",
                    help="how each least-squares step is solved: matrix-free LSQR; dense (J built once per "
                         "example and factored, every step exact); krylov (one reorthogonalized LSQR per example "
@@ -196,6 +199,7 @@ def _reproduce(args: argparse.Namespace):
         linearize_at=args.linearize_at,
         targets=args.targets,
         warm_start=not args.cold_start,
+        iterates="last" if args.last_iterate else "all",
         solver=args.solver,
         lsqr_atol=args.lsqr_atol,
         lsqr_btol=args.lsqr_btol,

@@ -395,6 +395,8 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("σ = scale × RMS", f"{s['sigma_scale']:g} × {s['rms']:.4g} = {s['sigma']:.4g}"),
         ("seed", s["seed"]),
         ("linearization point", s["linearize_at"]),
+        ("steps that bound", "every iterate ε(1) … ε(i) of each restart, each certified (the largest bound per mode)"
+         if s.get("iterates", "last") == "all" else "each restart's last iterate ε(i) (the paper's Algorithm 1)"),
         ("solver", "dense: J built and factored once per example, every step exact" if dense
          else ("krylov: one reorthogonalized LSQR per example keeps its Krylov basis; every step projected on it"
                if (s.get("krylov_pilots") or 1) == 1 else

@@ -302,6 +302,7 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
         seed=cfg["seed"], linearize_at=cfg["linearize_at"], example_ids=ids, progress=False,
         lsqr=None if cfg.get("solver") == "dense" else lsqr,  # the dense solve runs no LSQR (the key keeps lsqr)
         targets=cfg.get("targets"), warm_start=cfg["warm_start"], solver=cfg.get("solver", "lsqr"),
+        iterates=cfg.get("iterates", "last"),  # a key without it is a run from before: Algorithm 1's last iterates
         krylov_pilots=cfg.get("krylov_pilots", 1),
     ).to_numpy()
     # Without targets Algorithm 1's bounds are the bounds.
@@ -331,7 +332,7 @@ def _zero_step_kind(line: str) -> int:
 
 
 # The entries of hcrfast.bound's params that are the same for every chunk of a run.
-_RUN_WIDE_PARAMS = ("noise", "certify", "basis", "jacobian", "dtype", "tf32", "solver", "warm_start", "lsqr",
+_RUN_WIDE_PARAMS = ("noise", "certify", "basis", "jacobian", "dtype", "tf32", "solver", "warm_start", "iterates", "lsqr",
                     "device", "n_features", "n_inputs")
 
 
@@ -457,6 +458,8 @@ def _command_line(name, key, weights, out, data_root) -> str:
         parts += ["--targets", key["targets"]]
     if not key["warm_start"]:
         parts.append("--cold-start")
+    if key.get("iterates", "last") == "last":
+        parts.append("--last-iterate")
     parts += ["--solver", key.get("solver", "lsqr")]
     if key.get("krylov_pilots", 1) != 1:
         parts += ["--krylov-pilots", key["krylov_pilots"]]
@@ -496,6 +499,7 @@ def run(
     linearize_at: str = "input",
     targets: str | None = None,
     warm_start: bool = True,
+    iterates: str = "all",
     solver: str = "auto",
     lsqr_atol: float | None = None,
     lsqr_btol: float | None = None,
@@ -536,6 +540,9 @@ def run(
     warm_start : bool
         ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
         published scripts; ``--cold-start``).
+    iterates : {"all", "last"}
+        ``hcrfast.bound``'s ``iterates``: every iterate of Algorithm 1 bounds the modes (default), or
+        the last alone, as the paper (``--last-iterate``).
     solver : {"auto", "lsqr", "dense", "krylov"}
         ``hcrfast.bound``'s ``solver`` (``--solver``); "auto" is resolved before the run's
         key is written, so a resumed run keeps the solver its chunks were computed with.
@@ -605,6 +612,7 @@ def run(
                         sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
                         data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
                         linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
+                        iterates=validation.choice("iterates", iterates, ("all", "last")),
                         lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=(krylov_pilots if krylov_pilots == "auto" else
                                        _positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots")),
                         progress=progress, train_epochs=train_epochs,
@@ -626,7 +634,8 @@ def _remove_if_empty(folders) -> None:
 
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
-         download, weights, chunk_examples, linearize_at, targets, warm_start, solver, lsqr, lsqr_given, progress,
+         download, weights, chunk_examples, linearize_at, targets, warm_start, iterates, solver, lsqr, lsqr_given,
+         progress,
          train_epochs, krylov_pilots,
          crash_after_chunks,
          world, t_start) -> RunResult:
@@ -715,6 +724,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "linearize_at": linearize_at,
         "targets": targets,
         "warm_start": warm_start,
+        **({"iterates": iterates} if iterates != "last" else {}),  # absent for "last": old keys (all "last") match
         "solver": solver,
         **({"krylov_pilots": krylov_pilots} if solver == "krylov" else {}),  # absent elsewhere: old keys still match
         "lsqr": dataclasses.asdict(lsqr),
@@ -856,6 +866,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "seed": seed,
         "linearize_at": linearize_at,
         "warm_start": warm_start,
+        "iterates": iterates,
         "solver": solver,
         "krylov_pilots": krylov_pilots if solver == "krylov" else None,
         "lsqr_options": dataclasses.asdict(lsqr),

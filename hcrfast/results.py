@@ -123,18 +123,21 @@ class Bounds:
     ----------
     std : array, shape = batch.shape
         Per-coordinate bound in the chosen basis (DCT modes per channel, or
-        pixels): ``max_r |(Q ε_r)_k| / sqrt(D(z_{ε_r}))`` over the restarts r,
-        and over every targeted step (each bounds every mode it moves) when ``targets`` was given.
+        pixels): ``max |(Q ε)_k| / sqrt(D(z_ε))`` over the steps ε of every restart (with
+        ``params["iterates"] == "all"``, the default, every iterate ε(1) … ε(i) of each; with
+        "last", ε(i) alone, the paper's Algorithm 1), and over every targeted step (each bounds
+        every mode it moves) when ``targets`` was given.
         ``inf`` where a certified ε with ``D = 0`` moves that coordinate.
     mse : array, shape (B,)
         Bound on the mean squared error per coordinate, paper eq. (6):
-        ``max_r (1/p)‖ε_r‖² / D(z_{ε_r})``. :attr:`mse_from_modes` is a tighter one.
+        ``max (1/p)‖ε‖² / D(z_ε)`` over the same steps. :attr:`mse_from_modes` is a tighter one.
     eps, z : arrays, shapes (B, *input_shape) and (B, n)
-        The perturbation of the restart with the largest ``mse`` bound per
-        example, and its feature shift ``a(θ+ε) − a(θ)`` from forward passes.
+        The step with the largest ``mse`` bound per example (of any restart and, with
+        ``iterates="all"``, any iterate), and its feature shift ``a(θ+ε) − a(θ)`` from forward passes.
     divergence : array, shape (B, R)
-        ``D(z_ε)`` of every restart (float64; certified when ``certify``).
+        ``D(z_ε)`` of every restart's last iterate ε(i) (float64; certified when ``certify``).
     best_restart : array, shape (B,)
+        The restart of ``eps``.
     lsqr_iterations, lsqr_istop : arrays, shape (B, R, i)
         LSQR iteration count and stop code of every solve of Algorithm 1 (SciPy's
         ``istop``); with ``solver="dense"`` (``params["solver"]``) no LSQR ran: 0 and -1;
@@ -234,7 +237,8 @@ class Bounds:
         lines = [
             f"HCR bounds for {counted(std.shape[0], 'example')} x {counted(std.shape[1], str(p.get('basis', '?')) + ' mode')} "
             f"(noise={noise_label(p.get('noise_asked') or p.get('noise'))}, size={p.get('size', float('nan')):.4g}, "
-            f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')})",
+            f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')}"
+            f"{', every iterate' if p.get('iterates') == 'all' and (p.get('iterations') or 1) > 1 else ''})",
             quantile_line(std),
             f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g} "
             f"(eq. 6, one eps); from the per-mode bounds (.mse_from_modes): median "
@@ -304,8 +308,9 @@ class Bounds:
                          f"(.std_algorithm1) and the targeted ones, which lifted {lifted.mean():.1%} of them")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
-            by_restart = sum(bool(_RESTART.match(r)) for r in self.infinite_reasons)
-            by_target = len(self.infinite_reasons) - by_restart
+            matched = [_RESTART.match(r) for r in self.infinite_reasons]
+            by_restart = len({m.groups() for m in matched if m})   # a restart's iterates may each have one
+            by_target = sum(not m for m in matched)
             lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): "
                          + " and ".join(part for part in (
                              counted(by_restart, "restart") if by_restart else "",

@@ -80,7 +80,7 @@ def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, sol
     sigma, size, R = 0.4, 0.02, 3
     res = hcrfast.bound(model, x, sigma, size=size, iterations=iterations, restarts=R, basis="pixel",
                         lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
-                        seed=5, solver=solver, warm_start=False)
+                        seed=5, solver=solver, warm_start=False, iterates="last")
     assert res.params["solver"] == solver
     z0 = hcrfast.start_vectors(np.arange(3), R, n, seed=5, size=size, sigma=sigma)
     eps = z0 @ np.linalg.pinv(W).T
@@ -98,6 +98,73 @@ def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, sol
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
+@pytest.mark.parametrize("n", [24, 10])
+def test_every_iterate_bounds_the_modes_on_linear_models_in_closed_form(n, solver):
+    """iterates="all" (the default): each mode takes the largest certified bound of ε(1) = W⁺z and of
+    ε(j ≥ 2) = (‖z‖/‖P z‖) W⁺z (the closed forms of the test above) over the restarts; the eq.-(6) bound,
+    its step and restart are of whichever (restart, iterate) has the largest, and ``divergence`` stays
+    the last iterate's."""
+    rng = np.random.default_rng(7 * n)
+    p = 16
+    W = matrix_with_condition(rng, n, p, 20.0) if n >= p else matrix_with_condition(rng, p, n, 20.0).T
+    model = linear_model(W, rng.standard_normal(n), (1, 4, 4))
+    x = torch.as_tensor(rng.standard_normal((3, 1, 4, 4)))
+    sigma, size, R = 0.4, 0.02, 3
+    res = hcrfast.bound(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
+                        lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
+                        seed=5, solver=solver, warm_start=False)
+    assert res.params["iterates"] == "all"
+    z0 = hcrfast.start_vectors(np.arange(3), R, n, seed=5, size=size, sigma=sigma)
+    eps1 = z0 @ np.linalg.pinv(W).T
+    eps2 = eps1 * (np.linalg.norm(z0, axis=1) / np.linalg.norm(eps1 @ W.T, axis=1))[:, None]
+    std, mse, d = [], [], []
+    for eps in (eps1, eps2):
+        d.append(np.expm1(np.linalg.norm(eps @ W.T, axis=1) ** 2 / sigma**2).reshape(3, R))
+        std.append((np.abs(eps).reshape(3, R, p) / np.sqrt(d[-1])[..., None]).max(axis=1))
+        mse.append((np.sum(eps**2, axis=1).reshape(3, R) / p) / d[-1])
+    np.testing.assert_allclose(res.std.reshape(3, p), np.maximum(*std), rtol=1e-7)
+    if n > p:  # z(1) = P z is shorter than z: ε(1) has the smaller D per |ε_k|, so it is the one that counts
+        assert (std[0] > std[1] * (1 + 1e-9)).all()
+    else:      # W has full row rank: P z = z and every iterate is ε(1)
+        np.testing.assert_allclose(std[0], std[1], rtol=1e-9)
+    np.testing.assert_allclose(res.divergence, d[1], rtol=1e-7)
+    np.testing.assert_allclose(res.mse, np.maximum(*mse).max(axis=1), rtol=1e-7)
+    both = np.stack(mse, axis=1).reshape(3, 2 * R)   # (example, iterate · R + restart)
+    np.testing.assert_array_equal(res.best_restart, both.argmax(axis=1) % R)
+    pick = np.stack([eps1, eps2]).reshape(2, 3, R, p).transpose(1, 0, 2, 3).reshape(3, 2 * R, p)
+    np.testing.assert_allclose(res.eps.reshape(3, p), pick[np.arange(3), both.argmax(axis=1)], rtol=1e-7, atol=1e-12)
+    # and "last" is the paper's ε(i) alone
+    last = hcrfast.bound(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
+                         lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
+                         seed=5, solver=solver, warm_start=False, iterates="last")
+    np.testing.assert_allclose(last.std.reshape(3, p), std[1], rtol=1e-7)
+
+
+def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate():
+    """On a curved model, bound(iterates="all") with i iterations equals, mode by mode, the max of
+    bound(iterations=j, iterates="last") over j = 1..i (Algorithm 1 is deterministic, so the run stopped
+    at j took the same ε(j)), and the eq.-(6) fields agree with the step they name."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 30), torch.nn.Tanh(),
+                                torch.nn.Linear(30, 24), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 1, 6, 6, dtype=torch.float64)
+    sigma = 0.05
+    for solver in ("dense", "lsqr"):
+        kw = dict(size=0.5, restarts=3, solver=solver, lsqr=None if solver == "dense" else FAST)
+        res = hcrfast.bound(model, x, sigma, iterations=4, **kw)
+        runs = [hcrfast.bound(model, x, sigma, iterations=j, iterates="last", **kw) for j in range(1, 5)]
+        np.testing.assert_allclose(res.std, np.max([r.std for r in runs], axis=0), rtol=1e-12)
+        np.testing.assert_allclose(res.mse, np.max([r.mse for r in runs], axis=0), rtol=1e-12)
+        assert (res.std > runs[-1].std * (1 + 1e-9)).any(), "no earlier iterate helped: the test shows nothing"
+        with torch.no_grad():
+            z = model(x + torch.as_tensor(res.eps)) - model(x)
+        np.testing.assert_allclose(res.z, z.reshape(2, -1).numpy(), rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(res.mse, (res.eps.reshape(2, -1) ** 2).mean(axis=1)
+                                   / np.expm1((z.reshape(2, -1).numpy() ** 2).sum(axis=1) / sigma**2), rtol=1e-9)
+        np.testing.assert_array_equal(res.divergence, runs[-1].divergence)
+
+
 def test_bound_is_computed_from_forward_passes_not_the_linearization():
     """Large perturbations of a curved model: z_ε is a(θ+ε) − a(θ), not J ε."""
     torch.manual_seed(0)
@@ -105,18 +172,20 @@ def test_bound_is_computed_from_forward_passes_not_the_linearization():
                                 torch.nn.Linear(20, 20), torch.nn.Tanh()).double().eval()
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     sigma = 0.2
-    res = hcrfast.bound(model, x, sigma, size=2.0, iterations=2, restarts=3, lsqr=FAST)
-    eps = torch.as_tensor(res.eps)
-    with torch.no_grad():
-        z_forward = (model(x + eps) - model(x)).numpy()
-    np.testing.assert_allclose(res.z, z_forward, rtol=1e-12, atol=1e-15)
-    jv = torch.func.jvp(model, (x,), (eps,))[1].detach().numpy()
-    assert np.linalg.norm(jv - z_forward) > 1e-3 * np.linalg.norm(z_forward)  # really nonlinear here
-    d = np.expm1((z_forward**2).sum(axis=1) / sigma**2)
-    np.testing.assert_allclose(res.divergence[np.arange(2), res.best_restart], d, rtol=1e-12)
-    np.testing.assert_allclose(res.mse, (res.eps.reshape(2, -1) ** 2).mean(axis=1) / d, rtol=1e-12)
-    coords = np.abs(scipy.fft.dctn(res.eps, axes=(-2, -1), norm="ortho")) / np.sqrt(d)[:, None, None, None]
-    assert np.all(res.std >= coords * (1 - 1e-12))
+    for iterates in ("all", "last"):
+        res = hcrfast.bound(model, x, sigma, size=2.0, iterations=2, restarts=3, lsqr=FAST, iterates=iterates)
+        eps = torch.as_tensor(res.eps)
+        with torch.no_grad():
+            z_forward = (model(x + eps) - model(x)).numpy()
+        np.testing.assert_allclose(res.z, z_forward, rtol=1e-12, atol=1e-15)
+        jv = torch.func.jvp(model, (x,), (eps,))[1].detach().numpy()
+        assert np.linalg.norm(jv - z_forward) > 1e-3 * np.linalg.norm(z_forward)  # really nonlinear here
+        d = np.expm1((z_forward**2).sum(axis=1) / sigma**2)
+        if iterates == "last":  # divergence is of the last iterates, which eps then is one of
+            np.testing.assert_allclose(res.divergence[np.arange(2), res.best_restart], d, rtol=1e-12)
+        np.testing.assert_allclose(res.mse, (res.eps.reshape(2, -1) ** 2).mean(axis=1) / d, rtol=1e-12)
+        coords = np.abs(scipy.fft.dctn(res.eps, axes=(-2, -1), norm="ortho")) / np.sqrt(d)[:, None, None, None]
+        assert np.all(res.std >= coords * (1 - 1e-12))
 
 
 @pytest.mark.filterwarnings("ignore:certify=False. every feature shift")  # uncertified on purpose
@@ -658,7 +727,9 @@ def test_warm_start_computes_algorithm_1s_iterates_with_fewer_lsqr_steps(lineari
     model = _small_tanh_net()
     x = torch.as_tensor(np.random.default_rng(8).standard_normal((3, 1, 4, 4)))
     tight = hcrfast.LSQROptions(atol=1e-13, btol=1e-13, conlim=1e14, iter_lim=2000)
-    kw = dict(iterations=4, restarts=2, seed=2, linearize_at=linearize_at)
+    # Algorithm 1's last iterates (iterates="all" would also take the earlier ones, which differ
+    # more where the solves stop early)
+    kw = dict(iterations=4, restarts=2, seed=2, linearize_at=linearize_at, iterates="last")
     warm = hcrfast.bound(model, x, 0.2, lsqr=tight, warm_start=True, **kw)
     cold = hcrfast.bound(model, x, 0.2, lsqr=tight, warm_start=False, **kw)
     np.testing.assert_allclose(warm.std, cold.std, rtol=1e-6)
@@ -719,7 +790,7 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
     with torch.no_grad():
         f0 = net(x).numpy()
     z0 = hcrfast.start_vectors(np.arange(3), R, 40, seed=1, size=size, sigma=sigma).reshape(3, R, 40)
-    want = np.zeros((3, 64))
+    want, want_last = np.zeros((3, 64)), np.zeros((3, 64))
     ranks, nonzero_rows = [], []
     for b in range(3):
         J = torch.func.jacrev(lambda t: net(t[None]).reshape(-1))(x[b]).reshape(40, 64).detach().numpy()
@@ -728,15 +799,20 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
         nonzero_rows.append((np.abs(J).max(axis=1) > 0).sum())
         target = np.linalg.norm(z0[b], axis=1)
         zt = z0[b]
-        for _ in range(iterations):
+        for j in range(iterations):
             eps = np.linalg.lstsq(J, zt.T, rcond=None)[0].T                      # (R, 64)
             with torch.no_grad():
                 z = net(x[b] + torch.as_tensor(eps).reshape(R, 1, 8, 8)).numpy() - f0[b]
             zt = z * (target / np.linalg.norm(z, axis=1))[:, None]
-        d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
-        coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
-        want[b] = (coords / np.sqrt(d)[:, None]).max(axis=0)
+            d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
+            coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
+            # iterates="all" (the default): every iterate's bounds, the max kept
+            want[b] = np.maximum(want[b], (coords / np.sqrt(d)[:, None]).max(axis=0))
+        want_last[b] = (coords / np.sqrt(d)[:, None]).max(axis=0)
     np.testing.assert_allclose(res.std.reshape(3, 64), want, rtol=1e-9)
+    last = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense",
+                         iterates="last")
+    np.testing.assert_allclose(last.std.reshape(3, 64), want_last, rtol=1e-9)
     assert res.params["dense"]["rank_min"] == min(ranks)
     # J by VJPs of its nonzero rows alone, found by 2 JVPs and checked by a VJP (40 VJPs pulled back every row)
     assert res.params["dense"]["jacobian_products"] == np.mean(nonzero_rows) + 3 + 1 < 40
@@ -1055,8 +1131,14 @@ def test_laplace_noise_never_exceeds_the_least_squares_variance():
     assert np.all(ratio <= 1 + 1e-9) and np.median(ratio) > 0.01
     assert "Laplace" in res.params["noise"] and res.params["sigma"] is None
     mc = hcrfast.bound(model, x, hcrfast.MonteCarlo.from_scipy(scipy.stats.laplace(scale=b), n_samples=20_000), **kw)
-    # both laws draw the start vectors from the same stream (checked), so the z are the same
-    np.testing.assert_array_equal(mc.z, res.z)
+    # both laws draw the start vectors from the same stream (checked), so every restart's steps are the
+    # same: the last iterates' D (divergence) compare shift by shift (the step with the largest eq.-(6)
+    # bound, eps and z, may be another iterate under each law)
+    last = dict(kw, iterates="last")
+    np.testing.assert_array_equal(
+        hcrfast.bound(model, x, hcrfast.Laplace(b), **last).z,
+        hcrfast.bound(model, x, hcrfast.MonteCarlo.from_scipy(scipy.stats.laplace(scale=b), n_samples=20_000),
+                      **last).z)
     assert np.all(mc.divergence >= res.divergence * (1 - 1e-12))
     np.testing.assert_allclose(mc.std, res.std, rtol=0.1)
     with pytest.raises(NotImplementedError, match="Gaussian"):

@@ -450,6 +450,8 @@ def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
     opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
     res = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
                         lsqr=opts)
+    last = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
+                         lsqr=opts, iterates="last")
     assert res.params["solver"] == "krylov" and res.params["krylov"]["steps_max"] == k
     assert np.all(res.lsqr_iterations[:, 0, 0] == k) and np.all(res.lsqr_istop[:, 0, 0] == 7)
     assert np.all(res.lsqr_iterations.reshape(2, -1)[:, 1:] == 0) and np.all(res.lsqr_istop.reshape(2, -1)[:, 1:] == -2)
@@ -465,14 +467,17 @@ def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
         Q, _ = np.linalg.qr(np.stack(K, axis=1))
         target = np.linalg.norm(z0[b], axis=1)
         zt = z0[b]
+        every = []   # each iterate's bounds (iterates="all", the default, takes their max)
         for _ in range(iterations):
             eps = (Q @ np.linalg.lstsq(J @ Q, zt.T, rcond=None)[0]).T
             with torch.no_grad():
                 z = net(x[b] + torch.as_tensor(eps).reshape(R, 1, 8, 8)).numpy() - f0[b]
             zt = z * (target / np.linalg.norm(z, axis=1))[:, None]
-        d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
-        coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
-        np.testing.assert_allclose(res.std[b].reshape(64), (coords / np.sqrt(d)[:, None]).max(axis=0), rtol=1e-6)
+            d = np.expm1(np.linalg.norm(z, axis=1) ** 2 / sigma**2)
+            coords = np.abs(scipy.fft.dctn(eps.reshape(R, 8, 8), axes=(-2, -1), norm="ortho")).reshape(R, 64)
+            every.append((coords / np.sqrt(d)[:, None]).max(axis=0))
+        np.testing.assert_allclose(res.std[b].reshape(64), np.max(every, axis=0), rtol=1e-6)
+        np.testing.assert_allclose(last.std[b].reshape(64), every[-1], rtol=1e-6)
         np.testing.assert_allclose(res.divergence[b], d, rtol=1e-6)
     assert "Krylov basis" in res.summary()
 
