@@ -19,6 +19,11 @@ Each row also gives the element-wise max of the bounds of the depths so far (``m
 depth's bounds are certified by forward passes, so their max is a bound too, what a run that tried every
 listed depth (one build, Algorithm 1's forward passes once per depth) would report.
 
+With ``--union`` each depth also solves every restart in the union of its example's pilot bases
+(``krylov_union.py``: J is known on all P·k vectors, so no more products), once per ``--union-tau``, and
+reports that bound and its element-wise max with the pilots' own; the max over depths then takes in the
+union's bounds too.
+
 Random inputs of the model's geometry (normalized), its published σ scale and start size, random weights:
 the same problem as ``lsqr_budget.py`` (whose JSON ``--reference-json`` reads for the ratios).
 """
@@ -36,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsqr_budget import add_workload_arguments, random_workload  # noqa: E402
+from krylov_union import UnionSolver, describe  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
@@ -55,6 +61,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--reference-json", default=None,
                     help="an lsqr_budget.py JSON of the same problem: its last row's median is the reference")
+    ap.add_argument("--iterates", default="all", choices=("all", "last"),
+                    help="bound(iterates=...): every iterate's certified bound (default since 2026-11-29's eighth "
+                         "session) or the last one's alone (what this script's earlier results took)")
+    ap.add_argument("--union", action="store_true",
+                    help="also solve every restart in the union of its example's pilot bases (krylov_union.py) "
+                         "and report that bound and the element-wise max of both")
+    ap.add_argument("--union-tau", type=lambda v: [float(t) for t in v.split(",")], default=[0.1],
+                    help="--union: keep the union's directions whose singular value in W is at least this share "
+                         "of the largest (comma-separated: one union solve each)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -120,14 +135,48 @@ def main(argv=None) -> int:
         try:
             t1 = time.perf_counter()
             res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
-                                solver="krylov", krylov_pilots=pilots, lsqr=hcrfast.LSQROptions(iter_lim=k),
+                                solver="krylov", krylov_pilots=pilots, iterates=args.iterates,
+                                lsqr=hcrfast.LSQROptions(iter_lim=k),
                                 chunk_size=args.examples,
                                 example_ids=ids)
             seconds = time.perf_counter() - t1
         finally:
             algorithm.krylov.build = real_build
         h = res.to_numpy()
-        best = h.std if best is None else np.maximum(best, h.std)
+        unions = []
+        h_std = h.std
+        for tau in (args.union_tau if args.union else ()):
+            t2 = time.perf_counter()
+            solver = UnionSolver(basis, pilots, tau=tau)
+            factor_seconds = time.perf_counter() - t2
+            real_solve = algorithm.krylov.solve
+            algorithm.krylov.build, algorithm.krylov.solve = cached, solver
+            try:
+                t2 = time.perf_counter()
+                ures = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts,
+                                     iterations=args.iterations, solver="krylov", krylov_pilots=pilots,
+                                     iterates=args.iterates,
+                                     lsqr=hcrfast.LSQROptions(iter_lim=k), chunk_size=args.examples,
+                                     example_ids=ids).to_numpy()
+                union_seconds = time.perf_counter() - t2
+            finally:
+                algorithm.krylov.build, algorithm.krylov.solve = real_build, real_solve
+            info = describe(solver)
+            del solver
+            both = np.maximum(h.std, ures.std)
+            h_std = np.maximum(h_std, ures.std)
+            unions.append(dict(info, union_factor_seconds=factor_seconds, union_seconds=union_seconds,
+                               union_median=float(np.median(ures.std)), union_p90=float(np.quantile(ures.std, 0.9)),
+                               union_median_per_example=np.median(ures.std.reshape(args.examples, -1), axis=1).tolist(),
+                               max_of_both_median=float(np.median(both)), max_of_both_p90=float(np.quantile(both, 0.9)),
+                               union_beats_pilots_share=float(np.mean(ures.std > h.std))))
+            u = unions[-1]
+            print(f"           union of the pilots, tau {tau:g}: {u['union_dims']} of {u['union_vectors']} directions "
+                  f"kept, rank {u['union_rank']}, factored in {factor_seconds:.1f} s; median {u['union_median']:.5g} "
+                  f"p90 {u['union_p90']:.5g} ({union_seconds:.1f} s); max with the pilots' own: median "
+                  f"{u['max_of_both_median']:.5g} p90 {u['max_of_both_p90']:.5g}; union higher on "
+                  f"{100 * u['union_beats_pilots_share']:.1f}% of the modes", flush=True)
+        best = h_std if best is None else np.maximum(best, h_std)
         # per example: its pilots' products together (each basis 2k + 1)
         products = (2 * basis.steps + 1).reshape(args.examples, pilots).sum(axis=1)
         row = dict(depth=k, pilots=pilots, steps=basis.steps.tolist(), rank=basis.rank.tolist(),
@@ -138,6 +187,9 @@ def main(argv=None) -> int:
                    seconds_build_estimate=build_seconds * float(np.mean(basis.steps)) / max(1.0, float(np.mean(full.steps))),
                    median=float(np.median(h.std)), p90=float(np.quantile(h.std, 0.9)),
                    median_max_over_depths=float(np.median(best)), p90_max_over_depths=float(np.quantile(best, 0.9)))
+        if unions:
+            row["pilots_median_per_example"] = np.median(h.std.reshape(args.examples, -1), axis=1).tolist()
+            row["union"] = unions
         if reference is not None:
             row["median_vs_reference"] = row["median"] / reference["median"]
             row["p90_vs_reference"] = row["p90"] / reference["p90"]
