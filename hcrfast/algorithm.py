@@ -630,6 +630,21 @@ def _certified_shift(model64, x, eps):
     return from_torch(eps64), from_torch(moved - still)
 
 
+def _certified_iterates(model64, x, rows, eps, per: int):
+    """:func:`_certified_shift` of the earlier iterates (``bound(iterates="all")``): ``eps`` on ``rows`` (the
+    examples ``x``, ``per`` consecutive rows each), with ``a(θ)`` taken once per example instead of once
+    per row, which halves the passes. The last iterates' certification computes both sides in the same
+    pieces, so that an unchanged row is bitwise 0 there; here a row the model maps identically may come out
+    a rounding apart (another batch shape), which the rounding guard then finds (D not established: 0, no
+    +inf): never a bound the passes do not support."""
+    x64 = rows.double()
+    pert = x64 + to_torch(eps).reshape(rows.shape).double()
+    eps64 = (pert - x64).reshape(rows.shape[0], -1)
+    still = _features(model64, x.double()).repeat_interleave(per, dim=0)
+    moved = _features(model64, pert)
+    return from_torch(eps64), from_torch(moved - still)
+
+
 def _applied_shift(model, x, eps, f0):
     """Uncertified: ε as rounded into the input dtype and z in that dtype."""
     pert = x + to_torch(eps).reshape(x.shape)
@@ -1086,7 +1101,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     iterates : {"all", "last"}
         Which steps of each restart bound the input. "all" (the default): every iterate
         ε(1) … ε(i) of Algorithm 1, each certified by its own forward passes (float64 ones with
-        ``certify``: i × the certification's passes, no more products), and each mode takes the
+        ``certify``: one of each earlier step, a(θ) once per example, in one more call per chunk;
+        no more products), and each mode takes the
         largest bound over the restarts and their iterates; the max of valid bounds is valid.
         The iterations sharpen ε toward J's smallest singular directions, which tightens the bounds
         of the modes those directions move and loosens the others', so an earlier iterate often
@@ -1375,34 +1391,34 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x))
-            if earlier:  # iterates="all": ε(1) … ε(i−1) of every row, certified in one call (example-major rows)
-                k, P = len(earlier), x.shape[0]
-                stacked = xp.stack(earlier)                                   # (k, P, p), iterate-major
+            earlier_shifts = None
+            if earlier:  # iterates="all": ε(1) … ε(i−1) of every row, certified in one call
+                k, m = len(earlier), stop - start
+                # rows example-major, then iterate, then restart: (m, k, R) flattened, one copy
+                stacked = xp.concatenate([e.reshape(m, 1, restarts, -1) for e in earlier], axis=1)
+                stacked = stacked.reshape(k * len(x), -1)
                 del earlier
-                m = stop - start
-                stacked = stacked.reshape(k, m, restarts, -1).transpose(1, 0, 2, 3).reshape(k * P, -1)
                 xs = x.reshape((m, 1, restarts) + tuple(x.shape[1:])).expand(
-                    (m, k, restarts) + tuple(x.shape[1:])).reshape((k * P,) + tuple(x.shape[1:]))
+                    (m, k, restarts) + tuple(x.shape[1:])).reshape((k * len(x),) + tuple(x.shape[1:]))
                 with profiling.annotate("certify"):
-                    earlier = (_certified_shift(model64, xs, stacked) if certify else
-                               _applied_shift(model, xs, stacked, xp.repeat(f0.reshape(m, 1, restarts, -1), k, axis=1)
-                                              .reshape(k * P, -1)))
-                _check_perturbations(*earlier, noise, size, batch.dtype,
+                    earlier_shifts = (_certified_iterates(model64, batch[start:stop], xs, stacked, k * restarts)
+                                      if certify else
+                                      _applied_shift(model, xs, stacked, xp.repeat(f0.reshape(m, 1, restarts, -1), k,
+                                                                                   axis=1).reshape(k * len(x), -1)))
+                _check_perturbations(*earlier_shifts, noise, size, batch.dtype,
                                      features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                      derivative_vanishes=lambda: _derivative_vanishes(model, x))
                 del stacked, xs
-            else:
-                earlier = None
             if basis is not None:
                 again = (basis.redone, basis.passes)
             elif min_norm is not None and min_norm.jacobian_products is not None:  # the dense J's products
                 again = (np.zeros(stop - start, dtype=np.int64), min_norm.jacobian_products)
             else:
                 again = None
-            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier)
+            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts)
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier = result
+            eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts = result
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
                 passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
@@ -1506,9 +1522,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 itn[start:stop] = c_itn.reshape(m, restarts, iterations)
                 istop[start:stop] = c_istop.reshape(m, restarts, iterations)
                 earlier_inf = []   # +inf from an earlier iterate: (example, restart, iterate)
-                if earlier is not None:
+                if earlier_shifts is not None:
                     # ε(j), j < i: certified like the last, so each mode takes the largest bound of all
-                    e64, zz64 = earlier
+                    e64, zz64 = earlier_shifts
                     k = e64.shape[0] // (m * restarts)
                     (pr, mr, _, zd, mv, unr, _, _, _, rk, w) = assess(e64, zz64, restarts=k * restarts)
                     std[start:stop] = xp.maximum(std[start:stop], pr.max(axis=1))

@@ -98,6 +98,14 @@ def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, sol
                                atol=1e-12)
 
 
+def tanh_mlp(*widths):
+    """Flatten, then Linear + Tanh between each pair of ``widths``: a curved float64 model in eval mode."""
+    layers = [torch.nn.Flatten()]
+    for a, b in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers).double().eval()
+
+
 @pytest.mark.parametrize("solver", ["lsqr", "dense", "krylov"])
 @pytest.mark.parametrize("n", [24, 10])
 def test_every_iterate_bounds_the_modes_on_linear_models_in_closed_form(n, solver):
@@ -146,8 +154,7 @@ def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate():
     bound(iterations=j, iterates="last") over j = 1..i (Algorithm 1 is deterministic, so the run stopped
     at j took the same ε(j)), and the eq.-(6) fields agree with the step they name."""
     torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 30), torch.nn.Tanh(),
-                                torch.nn.Linear(30, 24), torch.nn.Tanh()).double().eval()
+    model = tanh_mlp(36, 30, 24)
     x = torch.randn(2, 1, 6, 6, dtype=torch.float64)
     sigma = 0.05
     for solver in ("dense", "lsqr"):
@@ -168,8 +175,7 @@ def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate():
 def test_bound_is_computed_from_forward_passes_not_the_linearization():
     """Large perturbations of a curved model: z_ε is a(θ+ε) − a(θ), not J ε."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh(),
-                                torch.nn.Linear(20, 20), torch.nn.Tanh()).double().eval()
+    model = tanh_mlp(16, 20, 20)
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
     sigma = 0.2
     for iterates in ("all", "last"):

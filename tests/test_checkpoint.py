@@ -42,18 +42,15 @@ class Crash(Exception):
     pass
 
 
-def crash_after(monkeypatch, chunks, per_chunk=2):
-    """Make the certification raise once ``chunks`` chunks have been certified (each chunk makes
-    ``per_chunk`` calls: with bound's default iterates="all" and i > 1, one for the last iterates and
-    one for all the earlier ones); return the list of the chunks' row counts (their last iterates')."""
-    calls, seen = [], [0]
+def crash_after(monkeypatch, chunks):
+    """Make the certification (one call per chunk) raise once ``chunks`` chunks have been certified;
+    return the list of the row counts certified."""
+    calls = []
 
     def certify(model64, x, eps):
-        if seen[0] % per_chunk == 0:   # a chunk's first certification
-            if len(calls) == chunks:
-                raise Crash
-            calls.append(x.shape[0])
-        seen[0] += 1
+        if len(calls) == chunks:
+            raise Crash
+        calls.append(x.shape[0])
         return REAL_CERTIFY(model64, x, eps)
 
     monkeypatch.setattr(algorithm, "_certified_shift", certify)
