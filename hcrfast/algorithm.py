@@ -630,6 +630,12 @@ def _certified_shift(model64, x, eps):
     return from_torch(eps64), from_torch(moved - still)
 
 
+#: ``bound(iterates="all")``: the earlier iterates' bounds are taken a slice of iterates at a time, each
+#: slice's arithmetic holding a few arrays of at most this many values (examples × iterates × restarts ×
+#: modes; one iterate a slice at least): 2 GiB of float64 for the ~4 of them at once.
+_EARLIER_VALUES = 2**26
+
+
 def _certified_iterates(model64, x, rows, eps, per: int):
     """:func:`_certified_shift` of the earlier iterates (``bound(iterates="all")``): ``eps`` on ``rows`` (the
     examples ``x``, ``per`` consecutive rows each), with ``a(θ)`` taken once per example instead of once
@@ -1526,28 +1532,35 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     # ε(j), j < i: certified like the last, so each mode takes the largest bound of all
                     e64, zz64 = earlier_shifts
                     k = e64.shape[0] // (m * restarts)
-                    (pr, mr, _, zd, mv, unr, _, _, _, rk, w) = assess(e64, zz64, restarts=k * restarts)
-                    std[start:stop] = xp.maximum(std[start:stop], pr.max(axis=1))
-                    bj = xp.argmax(mr, axis=1)            # j − 1 = bj // R, the restart bj % R
-                    top = mr[xp.arange(m), bj]
-                    better = top > mse[start:stop]   # strictly: the last iterate keeps ties
-                    rows_j = xp.arange(m) * (k * restarts) + bj
-                    mse[start:stop] = xp.where(better, top, mse[start:stop])
-                    best_restart[start:stop] = xp.where(better, bj % restarts, best_restart[start:stop])
-                    best_eps[start:stop] = xp.where(better[:, None], e64[rows_j], best_eps[start:stop])
-                    best_z[start:stop] = xp.where(better[:, None], zz64[rows_j], best_z[start:stop])
-                    risky = risky | rk.reshape(m, k, restarts).any(axis=1)   # a restart counts once
-                    worst = max(worst, w)
-                    zd, inf_j = to_host(xp.stack([zd & xp.any(zz64 != 0, axis=1).reshape(m, k * restarts),
-                                                  zd & mv & ~unr]))
-                    if zd.any():
-                        raise ValueError(divergence_underflow(noise, int(zd.sum())))
-                    # one reason per restart: the last iterate's if it has one, else its first iterate's
+                    e64, zz64 = e64.reshape(m, k, restarts, -1), zz64.reshape(m, k, restarts, -1)
                     final_inf = to_host(zero_d & moved & ~unresolved)
-                    first_inf = {}
-                    for e, c in zip(*np.nonzero(inf_j)):   # iterate-major within an example: earliest first
-                        if not final_inf[e, c % restarts]:
-                            first_inf.setdefault((e, c % restarts), c // restarts + 1)
+                    first_inf = {}   # one reason per restart: the last iterate's if it has one, else its first
+                    per = max(1, min(k, _EARLIER_VALUES // max(1, m * restarts * p)))   # iterates a slice
+                    for g in range(0, k, per):
+                        h = min(k, g + per) - g
+                        es = e64[:, g:g + h].reshape(m * h * restarts, -1)
+                        zs = zz64[:, g:g + h].reshape(m * h * restarts, -1)
+                        (pr, mr, _, zd, mv, unr, _, _, _, rk, w) = assess(es, zs, restarts=h * restarts)
+                        std[start:stop] = xp.maximum(std[start:stop], pr.max(axis=1))
+                        del pr
+                        bj = xp.argmax(mr, axis=1)            # iterate g + 1 + bj // R, restart bj % R
+                        top = mr[xp.arange(m), bj]
+                        better = top > mse[start:stop]   # strictly: the last iterate, then the earliest, keeps ties
+                        rows_j = xp.arange(m) * (h * restarts) + bj
+                        mse[start:stop] = xp.where(better, top, mse[start:stop])
+                        best_restart[start:stop] = xp.where(better, bj % restarts, best_restart[start:stop])
+                        best_eps[start:stop] = xp.where(better[:, None], es[rows_j], best_eps[start:stop])
+                        best_z[start:stop] = xp.where(better[:, None], zs[rows_j], best_z[start:stop])
+                        risky = risky | rk.reshape(m, h, restarts).any(axis=1)   # a restart counts once
+                        worst = max(worst, w)
+                        zd, inf_j = to_host(xp.stack([zd & xp.any(zs != 0, axis=1).reshape(m, h * restarts),
+                                                      zd & mv & ~unr]))
+                        if zd.any():
+                            raise ValueError(divergence_underflow(noise, int(zd.sum())))
+                        for e, c in zip(*np.nonzero(inf_j)):   # iterate-major within an example: earliest first
+                            if not final_inf[e, c % restarts]:
+                                first_inf.setdefault((e, c % restarts), g + c // restarts + 1)
+                        del es, zs
                     earlier_inf = [(e, r, j) for (e, r), j in sorted(first_inf.items())]
                     del e64, zz64
                 risky_of[start] = (int(to_host(risky.sum())), worst)

@@ -149,10 +149,16 @@ def test_every_iterate_bounds_the_modes_on_linear_models_in_closed_form(n, solve
     np.testing.assert_allclose(last.std.reshape(3, p), std[1], rtol=1e-7)
 
 
-def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate():
+@pytest.mark.parametrize("one_iterate_a_slice", [False, True])
+def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate(one_iterate_a_slice, monkeypatch):
     """On a curved model, bound(iterates="all") with i iterations equals, mode by mode, the max of
     bound(iterations=j, iterates="last") over j = 1..i (Algorithm 1 is deterministic, so the run stopped
-    at j took the same ε(j)), and the eq.-(6) fields agree with the step they name."""
+    at j took the same ε(j)), and the eq.-(6) fields agree with the step they name; also when the earlier
+    iterates' bounds are taken one iterate at a time (what a chunk too large for one slice does)."""
+    from hcrfast import algorithm
+
+    if one_iterate_a_slice:
+        monkeypatch.setattr(algorithm, "_EARLIER_VALUES", 1)
     torch.manual_seed(3)
     model = tanh_mlp(36, 30, 24)
     x = torch.randn(2, 1, 6, 6, dtype=torch.float64)
