@@ -113,6 +113,9 @@ def main(argv=None) -> int:
         only = hcrfast.bound(model, x, sigma, iterates="last", **kw).to_numpy()
         gap = float(np.max(np.abs(only.std.reshape(B, -1) - last_std) / np.maximum(last_std, 1e-300)))
         timing.update(last_seconds=only.seconds, last_median=float(np.median(only.std)), last_vs_here=gap)
+        if gap > 1e-9:
+            raise SystemExit(f"every_iterate: bound(iterates='last') differs from the last iterate certified here "
+                             f"(relative {gap:.2e})")
         print(f"bound(iterates='last'): {only.seconds:.1f} s (iterates='all' took {res.seconds:.1f} s: "
               f"{100 * (res.seconds / only.seconds - 1):+.1f}%), median {np.median(only.std):.5g} (the last iterate "
               f"certified here: {gap:.1e} apart)", flush=True)

@@ -622,12 +622,17 @@ def _cross_bounds(targeted, basis: str, input_shape) -> object:
 
 def _certified_shift(model64, x, eps):
     """ε as actually applied and ``z = a(θ+ε) − a(θ)`` in float64 (forward passes)."""
-    x64 = x.double()
-    pert = x64 + to_torch(eps).reshape(x.shape).double()
-    # the step as applied: exact where |x| >= |eps| (Fast2Sum), else within an ulp of eps (relative 1e-16)
-    eps64 = (pert - x64).reshape(x.shape[0], -1)
+    x64, pert, eps64 = _applied64(x, eps)
     moved, still = _features_pair(model64, pert, x64)
     return from_torch(eps64), from_torch(moved - still)
+
+
+def _applied64(x, eps):
+    """``(x, x + ε, ε as applied)`` in float64, ε flat per row: exact where |x| >= |eps| (Fast2Sum), else
+    within an ulp of eps (relative 1e-16)."""
+    x64 = x.double()
+    pert = x64 + to_torch(eps).reshape(x.shape).double()
+    return x64, pert, (pert - x64).reshape(x.shape[0], -1)
 
 
 #: ``bound(iterates="all")``: the earlier iterates' bounds are taken a slice of iterates at a time, each
@@ -643,9 +648,7 @@ def _certified_iterates(model64, x, rows, eps, per: int):
     pieces, so that an unchanged row is bitwise 0 there; here a row the model maps identically may come out
     a rounding apart (another batch shape), which the rounding guard then finds (D not established: 0, no
     +inf): never a bound the passes do not support."""
-    x64 = rows.double()
-    pert = x64 + to_torch(eps).reshape(rows.shape).double()
-    eps64 = (pert - x64).reshape(rows.shape[0], -1)
+    _, pert, eps64 = _applied64(rows, eps)
     still = _features(model64, x.double()).repeat_interleave(per, dim=0)
     moved = _features(model64, pert)
     return from_torch(eps64), from_torch(moved - still)

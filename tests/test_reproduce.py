@@ -190,6 +190,24 @@ def test_cold_start_is_recorded_and_not_mixed_with_warm_chunks(first, weights, t
     assert summary["warm_start"] is False and "--cold-start" in summary["command"]
 
 
+def test_last_iterate_is_recorded_not_mixed_and_bounds_no_more_than_every_iterate(first, weights, tmp_path, capsys):
+    """--last-iterate (the paper's: each restart bounded by its last step) is a run of its own: refused in
+    the folder of a default run (every iterate), recorded in run.json, summary and command; its bounds are
+    at most the default run's, whose max takes the last steps in too, and below them somewhere."""
+    key = json.loads((first / "run.json").read_text())["key"]
+    assert key["iterates"] == "all"
+    code = cli.main(["reproduce", "digits", *TINY, "--last-iterate", "--out", str(first), "--weights", str(weights)])
+    assert code == 2 and "iterates" in capsys.readouterr().err
+    last = tmp_path / "last"
+    assert cli.main(["reproduce", "digits", *TINY, "--last-iterate", "--out", str(last), "--weights", str(weights),
+                     "--no-progress"]) == 0
+    assert "iterates" not in json.loads((last / "run.json").read_text())["key"]  # as runs made before it existed
+    summary = json.loads((last / "summary.json").read_text())
+    assert summary["iterates"] == "last" and "--last-iterate" in summary["command"]
+    every, only = _arrays(first / "bounds.npz")["std"], _arrays(last / "bounds.npz")["std"]
+    assert np.all(every >= only * (1 - 1e-9)) and np.any(every > only * (1 + 1e-6))
+
+
 def test_killed_run_resumes_to_identical_bounds(first, weights, tmp_path, capsys):
     out = tmp_path / "killed"
     argv = ["reproduce", "digits", *TINY, "--out", out, "--weights", weights, "--no-progress"]
