@@ -7,10 +7,12 @@ the bounds of each iterate alone; their element-wise max must equal the engine's
 run fails otherwise), and the last iterate's alone are what ``iterates="last"`` (the paper) reports.
 
     python benchmarks/every_iterate.py resnet18 --examples 1 --restarts 25 --iterations 10 --threads 1 \\
-        --json out.json [--time-last]
+        --json out.json [--time-last] [--time-unscreened] [--repeat N]
 
 ``--time-last`` also times ``bound(iterates="last")`` on the same problem (a second call, as long as
-the first): the cost of certifying every iterate. Random inputs of the model's geometry, its published
+the first): the cost of certifying every iterate. ``--time-unscreened`` times ``iterates="all"`` once more
+with its screen off (every earlier step certified, ``algorithm._SCREEN_MARGIN = inf``) and checks that it
+gives the same bounds: what the screen saves. Random inputs of the model's geometry, its published
 σ scale and start size, random weights (``lsqr_budget.py``'s problem).
 """
 from __future__ import annotations
@@ -42,6 +44,11 @@ def main(argv=None) -> int:
                     help="bound(solver=...); the hooks record the dense and Krylov solves only")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--time-last", action="store_true", help="also time bound(iterates='last') (a second call)")
+    ap.add_argument("--time-unscreened", action="store_true",
+                    help="also time bound(iterates='all') certifying every earlier step (the screen off: a third call)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time the calls (iterates='all', and those --time-last / --time-unscreened add) this many "
+                         "times more, in turn, and report the medians: for calls of a second or so")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -76,8 +83,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"every_iterate: solver {solver!r} recorded {len(recorded)} solves; pass --solver dense or krylov")
     chunks = len(recorded) // I
     steps = [np.concatenate([recorded[c * I + j] for c in range(chunks)]) for j in range(I)]  # per iterate
+    screened = res.params["earlier_iterates"]
     print(f"{args.model}: {B} examples x R {R} x i {I}, sigma {sigma:.4g}, s {zm.size:g}, solver {solver}; "
-          f"bound(iterates='all') {res.seconds:.1f} s", flush=True)
+          f"bound(iterates='all') {res.seconds:.1f} s, certifying {screened['certified']} of the "
+          f"{screened['steps']} earlier steps", flush=True)
 
     model64 = copy.deepcopy(model).double()
     rows = x.double().repeat_interleave(R, 0)
@@ -119,10 +128,44 @@ def main(argv=None) -> int:
         print(f"bound(iterates='last'): {only.seconds:.1f} s (iterates='all' took {res.seconds:.1f} s: "
               f"{100 * (res.seconds / only.seconds - 1):+.1f}%), median {np.median(only.std):.5g} (the last iterate "
               f"certified here: {gap:.1e} apart)", flush=True)
+    if args.time_unscreened:
+        real_margin = algorithm._SCREEN_MARGIN
+        algorithm._SCREEN_MARGIN = float("inf")
+        try:
+            every = hcrfast.bound(model, x, sigma, **kw).to_numpy()
+        finally:
+            algorithm._SCREEN_MARGIN = real_margin
+        gap = float(np.max(np.abs(every.std.reshape(B, -1) - engine) / np.maximum(engine, 1e-300)))
+        timing.update(unscreened_seconds=every.seconds, unscreened_vs_screened=gap)
+        if gap > 1e-9:
+            raise SystemExit(f"every_iterate: certifying every earlier step gives other bounds than the screened call "
+                             f"(relative {gap:.2e})")
+        print(f"bound(iterates='all') certifying all {every.params['earlier_iterates']['steps']} earlier steps: "
+              f"{every.seconds:.1f} s against {res.seconds:.1f} s screened; the same bounds to {gap:.1e}", flush=True)
+    if args.repeat > 1:   # short calls: their times, the three variants in turn, medians
+        variants = {"all": {}}
+        if args.time_last:
+            variants["last"] = dict(iterates="last")
+        if args.time_unscreened:
+            variants["unscreened"] = {}
+        times = {name: [] for name in variants}
+        real_margin = algorithm._SCREEN_MARGIN
+        for _ in range(args.repeat):
+            for name, extra in variants.items():
+                algorithm._SCREEN_MARGIN = float("inf") if name == "unscreened" else real_margin
+                try:
+                    times[name].append(hcrfast.bound(model, x, sigma, **kw, **extra).seconds)
+                finally:
+                    algorithm._SCREEN_MARGIN = real_margin
+        timing["repeats"] = times
+        timing["repeat_medians"] = {name: float(np.median(t)) for name, t in times.items()}
+        print("repeated " + str(args.repeat) + "x in turn, median s: "
+              + ", ".join(f"{name} {np.median(t):.3f}" for name, t in times.items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             command="python benchmarks/every_iterate.py " + " ".join(sys.argv[1:] if argv is None else argv),
             args=vars(args), sigma=sigma, solver=solver, params_krylov=res.params.get("krylov"),
+            earlier_iterates={k: v for k, v in screened.items() if k != "note"},
             median_all=float(np.median(engine)), p90_all=float(np.quantile(engine, 0.9)),
             median_last=last["median"], p90_last=last["p90"], engine_vs_here=worst, per_iterate=per_iterate,
             timing=timing, machine=machine_info("cpu")), indent=2))

@@ -258,8 +258,12 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
 
     Returns ``(eps, itn, istop, earlier)`` as solver arrays: the final ε (P, p), the
     LSQR iteration counts and stop codes (P, i), and with ``keep_iterates`` the iterates
-    ε(1) … ε(i−1) (a list of (P, p) copies; else empty): each is a perturbation like the last,
-    whose certified bound ``bound(iterates="all")`` takes too.
+    ε(1) … ε(i) with their feature shifts ``z = a(θ+ε) − a(θ)`` in the model's dtype, as the
+    restart step computed them (a list of ((P, p), (P, n)) copies, the last entry's ε the final
+    one itself; else empty): each earlier ε is a perturbation like the last, whose certified
+    bound ``bound(iterates="all")`` takes too; its z tells :func:`_screen_earlier` whether
+    certifying it can raise any mode's bound, and the last z how far the model dtype's shifts
+    stray from the certified ones.
 
     With ``min_norm`` (a :class:`hcrfast.dense.MinNormSolver` of the chunk's examples at θ,
     rows of ``x`` grouped by example), every step is solved exactly, ``ε(j) = J⁺ z̃``: what
@@ -317,12 +321,12 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
             eps = res.x if eps is None else xp.where(stuck[:, None], eps, res.x)
             itns.append(res.itn)
             istops.append(res.istop)
-        if keep_iterates and j < iterations - 1:
-            earlier.append(xp.copy(eps))   # a copy: no solver path may then reuse its storage
         with profiling.annotate("restart"):
             fp = from_torch(_features(model, x + to_torch(eps).reshape(x.shape)))
-            _, znorm, ztilde = kernels.restart_update(fp, f0, target, impl=options.kernels)
+            z, znorm, ztilde = kernels.restart_update(fp, f0, target, impl=options.kernels)
             stuck = stuck | (znorm == 0)
+        if keep_iterates:   # copies: no solver path may then reuse their storage
+            earlier.append((xp.copy(eps) if j < iterations - 1 else eps, xp.copy(z)))
     return eps, xp.stack(itns, axis=1), xp.stack(istops, axis=1), earlier
 
 
@@ -641,17 +645,126 @@ def _applied64(x, eps):
 _EARLIER_VALUES = 2**26
 
 
-def _certified_iterates(model64, x, rows, eps, per: int):
-    """:func:`_certified_shift` of the earlier iterates (``bound(iterates="all")``): ``eps`` on ``rows`` (the
-    examples ``x``, ``per`` consecutive rows each), with ``a(θ)`` taken once per example instead of once
-    per row, which halves the passes. The last iterates' certification computes both sides in the same
-    pieces, so that an unchanged row is bitwise 0 there; here a row the model maps identically may come out
-    a rounding apart (another batch shape), which the rounding guard then finds (D not established: 0, no
-    +inf): never a bound the passes do not support."""
-    _, pert, eps64 = _applied64(rows, eps)
-    still = _features(model64, x.double()).repeat_interleave(per, dim=0)
+def _certified_iterates(model64, x, owner, eps):
+    """:func:`_certified_shift` of the earlier iterates (``bound(iterates="all")``): the rows ``eps``, each a
+    step at the example ``x[owner[row]]``, with ``a(θ)`` taken once per example instead of once per row,
+    which halves the passes. The last iterates' certification computes both sides in the same pieces, so
+    that an unchanged row is bitwise 0 there; here a row the model maps identically may come out a rounding
+    apart (another batch shape), which the rounding guard then finds (D not established: 0, no +inf):
+    never a bound the passes do not support."""
+    _, pert, eps64 = _applied64(x[owner], eps)
+    still = _features(model64, x.double())[owner]
     moved = _features(model64, pert)
     return from_torch(eps64), from_torch(moved - still)
+
+
+#: :func:`_screen_earlier`: each earlier step's uncertified feature shift is taken to be within ``margin·u·
+#: magnitude`` of the certified one, feature by feature (u: the model dtype's unit roundoff; magnitude:
+#: :func:`_rounding_magnitude`), with ``margin`` per example ``_SCREEN_MARGIN`` times the largest stray of
+#: its last iterates' uncertified D from their certified D, in units of that bracket's (at least
+#: ``_SCREEN_FLOOR``). The last iterates' strays, against that first-order estimate, were at most 0.7x
+#: (ResNet-18), 1.5x (CIFAR-10 CNN) and 2x (MNIST MLP) in float32 at every step size tried. ``math.inf``
+#: certifies every earlier iterate; 0 trusts the uncertified shifts outright.
+_SCREEN_MARGIN = 2.0
+_SCREEN_FLOOR = 0.5
+
+
+def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: int, input_shape, basis, unit: float,
+                    impl: str = "auto"):
+    """Which earlier iterates ``bound(iterates="all")`` certifies: the steps whose certified bound could
+    raise some mode above what the certified steps give it. ``(take, margin)``: a bool (examples, k·R)
+    host array and the widest margin used (a float).
+
+    ``eps``, ``z``: the earlier steps, rows example-major (k·R an example), ``z`` the feature shift the restart
+    step computed in the model's dtype, whose rounding ``unit`` is. ``eps64``, ``z64``: the last iterates,
+    certified (R rows an example), and ``z_last`` their shifts as the restart step computed them. Each
+    feature of a certified shift is taken to lie within ``margin·unit·magnitude`` of the uncertified one,
+    ``margin`` calibrated on the example's last iterates (:data:`_SCREEN_MARGIN`), and D grows with each
+    |z_j| (Gaussian, Laplace), so each step's D is bracketed, ``[D_lo, D_hi]``, and its bound on mode m,
+    ``[lo, up] = |c_m|·[1/sqrt(D_hi), 1/sqrt(D_lo)]``.
+    Per example and mode, ``L`` is the largest of the last iterates' certified bounds (0 where the rounding
+    guard could zero them) and of the steps' ``lo`` (0 for steps the guard could zero); a step is certified
+    where its ``up`` passes ``L`` on some mode, or where its ``lo`` is the one that set ``L`` (so ``L`` is
+    certified); likewise for eq. (6), ``‖ε‖²/(p·D)``, whose largest step names ``mse``, ``eps``, ``z`` and
+    ``best_restart``. A step not certified could thus not have raised any mode's bound nor eq. (6) (ties
+    aside). Where the bracket does not hold (a model whose rounding the estimate misses), a mode may keep a
+    smaller bound, but every bound reported stays one the float64 passes certify. A step whose bracket is
+    not finite (D_lo = 0, ε not finite) is always certified. The mode coordinates are taken for a slice of
+    examples at a time (:data:`_EARLIER_VALUES`)."""
+    xp = get_array_module(eps)
+    P, p = eps64.shape
+    m = P // restarts
+    K = eps.shape[0] // m
+    n = z.shape[1]
+    d = noise.divergence(z64).reshape(m, restarts)
+    rel = _rounding_error(xp.repeat(magnitude, restarts, axis=0), z64).reshape(m, restarts)
+    ok = xp.isfinite(d) & (d > 0) & (rel <= _ROUNDING_LIMIT)
+    inv_d = xp.where(ok, 1.0 / xp.where(ok, d, 1.0), 0.0)
+    # the margin: how far the last iterates' uncertified D strayed from the certified, in units of the
+    # first-order bracket's half-width (margin 1), the largest over the example's restarts
+    unit_err = unit * xp.repeat(magnitude, restarts, axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_last = noise.divergence(z_last.astype(xp.float64)).reshape(m, restarts)
+        half = noise.divergence(xp.abs(z64) + unit_err).reshape(m, restarts) - d
+        stray = xp.where(ok & xp.isfinite(d_last) & (half > 0), xp.abs(d_last - d) / xp.where(half > 0, half, 1.0), 0.0)
+    margin = _SCREEN_MARGIN * xp.maximum(stray.max(axis=1), _SCREEN_FLOOR)   # (m,)
+    del unit_err
+    z32 = z.astype(xp.float64)
+    zz = xp.abs(z32).reshape(m, K, n)
+    err = (margin[:, None] * unit * magnitude).reshape(m, 1, n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_lo = noise.divergence(xp.maximum(zz - err, 0.0).reshape(m * K, n)).reshape(m, K)
+        d_hi = noise.divergence((zz + err).reshape(m * K, n)).reshape(m, K)
+    del zz
+    finite = xp.all(xp.isfinite(eps), axis=1).reshape(m, K)
+    sure = finite & xp.isfinite(d_lo) & (d_lo > 0)   # a bracket: else always certified
+    up = xp.where(sure, 1.0 / xp.sqrt(xp.where(sure, d_lo, 1.0)), xp.inf)
+    # a step float64's rounding might zero (the guard's coarse shifts) sets no lower bound
+    fine = _rounding_error(xp.repeat(magnitude, K, axis=0), z32).reshape(m, K) <= _ROUNDING_LIMIT / 10
+    del z32
+    has_hi = sure & fine & xp.isfinite(d_hi) & (d_hi > 0)
+    low = xp.where(has_hi, 1.0 / xp.sqrt(xp.where(has_hi, d_hi, 1.0)), 0.0)
+    flat = xp.where(finite.reshape(-1, 1), eps, 0).astype(xp.float64)
+    sq = (xp.einsum("ij,ij->i", flat, flat) / p).reshape(m, K)   # ‖ε‖²/p
+    del flat
+    with np.errstate(over="ignore", invalid="ignore"):
+        # eq. (6): the last iterates' certified, then the steps' brackets
+        lb_mse = ((xp.einsum("ij,ij->i", eps64, eps64).reshape(m, restarts) / p) * inv_d).max(axis=1)
+        mse_lo, mse_up = sq * low * low, xp.where(sq > 0, sq * up * up, 0.0)
+        take = ~sure | (mse_up > xp.maximum(lb_mse, mse_lo.max(axis=1))[:, None])
+        lead = xp.argmax(mse_lo, axis=1)
+        examples = xp.arange(m)
+        take[examples, lead] |= mse_lo[examples, lead] > lb_mse
+        per = max(1, _EARLIER_VALUES // max(1, K * p))   # examples a slice
+        for b0 in range(0, m, per):
+            b1 = min(m, b0 + per)
+            mb = b1 - b0
+            last = _mode_coords(eps64[b0 * restarts:b1 * restarts], input_shape, basis, impl).reshape(mb, restarts, p)
+            lb = (last * xp.sqrt(inv_d[b0:b1])[..., None]).max(axis=1)   # (mb, p)
+            del last
+            c = _mode_coords(eps[b0 * K:b1 * K], input_shape, basis, impl).reshape(mb, K, p)
+            lo = c * low[b0:b1, :, None]
+            best, at = lo.max(axis=1), lo.argmax(axis=1)   # (mb, p)
+            del lo
+            bound = xp.maximum(lb, best)
+            c *= up[b0:b1, :, None]
+            c[c != c] = 0.0   # 0 · inf: a mode the step does not move
+            take[b0:b1] |= xp.any(c > bound[:, None, :], axis=2)
+            del c
+            # the steps whose lower bound set L somewhere: certified, so that L is
+            rows, modes = xp.nonzero(best > lb)
+            take[b0 + rows, at[rows, modes]] = True
+    return to_host(take), float(to_host(margin.max()))
+
+
+def _mode_coords(eps, input_shape, basis, impl: str = "auto"):
+    """|coordinates| of the steps ``eps`` (rows) in the modes of ``basis`` ("dct": the orthonormal DCT-II
+    over the last two axes of ``input_shape``; else the inputs' own), float64, one row each."""
+    xp = get_array_module(eps)
+    coords = eps.astype(xp.float64).reshape((eps.shape[0],) + tuple(input_shape))
+    if basis == "dct":
+        coords = kernels.dct2(coords, impl=impl)
+    return xp.abs(coords.reshape(eps.shape[0], -1))
 
 
 def _applied_shift(model, x, eps, f0):
@@ -1113,6 +1226,11 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         ``certify``: one of each earlier step, a(θ) once per example, in one more call per chunk;
         no more products), and each mode takes the
         largest bound over the restarts and their iterates; the max of valid bounds is valid.
+        With ``certify`` (Gaussian or Laplace noise), an earlier step is certified only where
+        the shift its restart step computed in the model's dtype, with a margin for that dtype's
+        rounding, says it could raise some mode's bound or eq. (6): the others could not, and
+        are left out (``params["earlier_iterates"]`` counts both; ResNet-18 and the CIFAR-10 CNN
+        certify about one in six).
         The iterations sharpen ε toward J's smallest singular directions, which tightens the bounds
         of the modes those directions move and loosens the others', so an earlier iterate often
         bounds a mode better (median over the modes, R = 25, i = 10: +127% on a random-weight CIFAR-10
@@ -1264,6 +1382,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if reuse is not None and reuse.chunk_size is None:
             reuse.chunk_size = chunk_size
         reused_factors = [0]  # examples whose factor or basis came from the store
+        # iterates="all": earlier steps certified, of how many (this call's chunks), the widest screen margin
+        screened = [0, 0, 0.0]
+        # Screening the earlier iterates needs D monotone in each |z_j| (Gaussian, Laplace; a Monte Carlo
+        # D is an estimate) and the rounding of the model's forward passes (TF32: 10 bits).
+        screen = (iterates == "all" and certify and isinstance(noise, (Gaussian, Laplace))
+                  and math.isfinite(_SCREEN_MARGIN))
+        unit = 2.0**-11 if tf32 and batch.dtype == torch.float32 else torch.finfo(batch.dtype).eps / 2
+        modes_basis = basis   # compute() names its Krylov basis so
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
@@ -1400,34 +1526,63 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x))
-            earlier_shifts = None
+            earlier_shifts = magnitude = None
+            z_last = None
+            if earlier:
+                z_last = earlier.pop()[1]   # the last iterates' shifts in the model's dtype
             if earlier:  # iterates="all": ε(1) … ε(i−1) of every row, certified in one call
                 k, m = len(earlier), stop - start
-                # rows example-major, then iterate, then restart: (m, k, R) flattened, one copy
-                stacked = xp.concatenate([e.reshape(m, 1, restarts, -1) for e in earlier], axis=1)
+                # rows example-major, then iterate, then restart: (m, k, R) flattened, one copy each
+                stacked = xp.concatenate([e.reshape(m, 1, restarts, -1) for e, _ in earlier], axis=1)
                 stacked = stacked.reshape(k * len(x), -1)
+                shifts = xp.concatenate([zj.reshape(m, 1, restarts, -1) for _, zj in earlier], axis=1)
+                shifts = shifts.reshape(k * len(x), -1)
                 del earlier
-                xs = x.reshape((m, 1, restarts) + tuple(x.shape[1:])).expand(
-                    (m, k, restarts) + tuple(x.shape[1:])).reshape((k * len(x),) + tuple(x.shape[1:]))
+                take = margin = None   # every earlier step, unless screened
+                if certify and screen:
+                    with profiling.annotate("certify-screen"):
+                        magnitude = _rounding_magnitude(model64, batch[start:stop], from_torch(features[start:stop]),
+                                                        jacobian)
+                        with np.errstate(over="ignore", invalid="ignore"):
+                            take, margin = _screen_earlier(stacked, shifts, eps64, z64, z_last, magnitude, noise,
+                                                           restarts=restarts, input_shape=input_shape,
+                                                           basis=modes_basis, unit=unit, impl=options.kernels)
+                            take = take.reshape(-1)
+                picked = np.arange(k * len(x)) if take is None else np.flatnonzero(take)
+                owner = torch.as_tensor(picked // (k * restarts), device=batch.device)
+                rows_at = xp.asarray(picked)
                 with profiling.annotate("certify"):
-                    earlier_shifts = (_certified_iterates(model64, batch[start:stop], xs, stacked, k * restarts)
-                                      if certify else
-                                      _applied_shift(model, xs, stacked, xp.repeat(f0.reshape(m, 1, restarts, -1), k,
-                                                                                   axis=1).reshape(k * len(x), -1)))
-                _check_perturbations(*earlier_shifts, noise, size, batch.dtype,
-                                     features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
-                                     derivative_vanishes=lambda: _derivative_vanishes(model, x))
-                del stacked, xs
+                    if not len(picked):
+                        got = (xp.zeros((0, p)), xp.zeros((0, n)))
+                    elif certify:
+                        got = _certified_iterates(model64, batch[start:stop], owner, stacked[rows_at])
+                    else:
+                        got = _applied_shift(model, batch[start:stop][owner], stacked[rows_at], f0[xp.asarray(
+                            picked // (k * restarts) * restarts)])
+                if len(picked):
+                    _check_perturbations(*got, noise, size, batch.dtype,
+                                         features_move=lambda: bool(_features_move(model64 if certify else model, x)
+                                                                    .any()),
+                                         derivative_vanishes=lambda: _derivative_vanishes(model, x))
+                del stacked, shifts
+                if take is None:
+                    earlier_shifts = (got[0], got[1], None, None)
+                else:  # the steps not certified bound nothing here (ε = 0, z = 0: a bound of 0)
+                    e_all, z_all = xp.zeros((k * len(x), p)), xp.zeros((k * len(x), n))
+                    e_all[rows_at], z_all[rows_at] = got
+                    earlier_shifts = (e_all, z_all, take.reshape(m, k, restarts), margin)
+                del got
             if basis is not None:
                 again = (basis.redone, basis.passes)
             elif min_norm is not None and min_norm.jacobian_products is not None:  # the dense J's products
                 again = (np.zeros(stop - start, dtype=np.int64), min_norm.jacobian_products)
             else:
                 again = None
-            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts)
+            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude)
 
         def store(start, stop, result):
-            eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts = result
+            (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
+             magnitude) = result
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
                 passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
@@ -1462,7 +1617,6 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     targeted_of[start] = dataclasses.replace(targeted_of[start], eps=None)
             with profiling.annotate("bound"):
                 m = stop - start
-                magnitude = None
 
                 def assess(eps64, z64, restarts=restarts):
                     """Steps (ε, z), ``restarts`` rows an example (example-major): their bounds and why some are
@@ -1533,14 +1687,20 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 earlier_inf = []   # +inf from an earlier iterate: (example, restart, iterate)
                 if earlier_shifts is not None:
                     # ε(j), j < i: certified like the last, so each mode takes the largest bound of all
-                    e64, zz64 = earlier_shifts
+                    e64, zz64, take, margin = earlier_shifts
                     k = e64.shape[0] // (m * restarts)
+                    screened[0] += e64.shape[0] if take is None else int(take.sum())
+                    screened[1] += e64.shape[0]
+                    if margin is not None:
+                        screened[2] = max(screened[2], margin)
                     e64, zz64 = e64.reshape(m, k, restarts, -1), zz64.reshape(m, k, restarts, -1)
                     final_inf = to_host(zero_d & moved & ~unresolved)
                     first_inf = {}   # one reason per restart: the last iterate's if it has one, else its first
                     per = max(1, min(k, _EARLIER_VALUES // max(1, m * restarts * p)))   # iterates a slice
                     for g in range(0, k, per):
                         h = min(k, g + per) - g
+                        if take is not None and not take[:, g:g + h].any():
+                            continue   # screened out: ε = 0 there, which bounds nothing
                         es = e64[:, g:g + h].reshape(m * h * restarts, -1)
                         zs = zz64[:, g:g + h].reshape(m * h * restarts, -1)
                         (pr, mr, _, zd, mv, unr, _, _, _, rk, w) = assess(es, zs, restarts=h * restarts)
@@ -1730,6 +1890,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   linearize_at=linearize_at, basis=basis, certify=certify, jacobian=jacobian,
                   lsqr=dataclasses.asdict(options), dtype=validation.dtype_name(batch.dtype), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver, iterates=iterates,
+                  earlier_iterates=None if iterates != "all" else dict(
+                      steps=screened[1], certified=screened[0], screened=bool(screen),
+                      margin=screened[2] if screen else None,
+                      note="the steps eps(1) .. eps(i-1) of the chunks this call computed, and how many were "
+                           "certified: the others could not raise any mode's bound (their uncertified shifts, "
+                           "with a margin for rounding, bound them below what the certified steps give); margin: "
+                           "the widest bracket, in units of the model dtype's first-order rounding of the shift"),
                   dense=None if solver != "dense" else dict(
                       # ≤ 0: chunks from a checkpoint written before they were counted (every row pulled back)
                       jacobian_products=float(np.mean(np.where(passes[:, 0] <= 0, min(n, p), passes[:, 0]))),

@@ -245,6 +245,10 @@ class Bounds:
             f"{np.median(mse_modes):.4g}, min {np.min(mse_modes):.4g}",
             f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
         ]
+        earlier = p.get("earlier_iterates")
+        if earlier and earlier.get("screened") and earlier.get("steps"):
+            lines.append(f"  earlier iterates: {earlier['certified']} of {earlier['steps']} steps certified; by their "
+                         f"uncertified shifts the others could not raise any mode's bound")
         # the restarts that bound nothing, and why (the markers of bound()'s zero-step reasons)
         from hcrfast import algorithm
 

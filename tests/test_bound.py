@@ -178,6 +178,87 @@ def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate(one_it
         np.testing.assert_array_equal(res.divergence, runs[-1].divergence)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("law", ["gaussian", "laplace"])
+def test_screening_the_earlier_iterates_loses_nothing(dtype, law, monkeypatch):
+    """bound(iterates="all") certifies only the earlier steps whose uncertified shift says they could raise
+    some mode's bound (or eq. (6)): the bounds, eq.-(6) fields and reasons equal those of certifying every
+    step (the screen off: margin inf), in float32 (where the model's rounding brackets each step) and float64,
+    under Gaussian and Laplace noise, with the DCT's modes and the pixels'; and the screen leaves steps out."""
+    from hcrfast import algorithm
+
+    torch.manual_seed(3)
+    model = tanh_mlp(36, 30, 24).to(dtype)
+    x = torch.randn(3, 1, 6, 6, dtype=dtype)
+    noise = hcrfast.Gaussian(0.05) if law == "gaussian" else hcrfast.Laplace(0.05)
+    for solver, basis in (("dense", "dct"), ("lsqr", "pixel")):
+        kw = dict(size=0.5, restarts=4, iterations=5, solver=solver, basis=basis,
+                  lsqr=None if solver == "dense" else FAST)
+        screened = hcrfast.bound(model, x, noise, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(algorithm, "_SCREEN_MARGIN", float("inf"))
+            every = hcrfast.bound(model, x, noise, **kw)
+        assert every.params["earlier_iterates"] == dict(every.params["earlier_iterates"], steps=48, certified=48,
+                                                         screened=False)
+        info = screened.params["earlier_iterates"]
+        assert info["screened"] and info["steps"] == 48 and 0 < info["certified"] < 48, info
+        assert info["margin"] >= algorithm._SCREEN_MARGIN * algorithm._SCREEN_FLOOR   # never below the floor
+        assert f"earlier iterates: {info['certified']} of 48 steps certified" in screened.summary()
+        assert "earlier iterates" not in every.summary()
+        np.testing.assert_allclose(screened.std, every.std, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(screened.mse, every.mse, rtol=1e-12, atol=0)
+        np.testing.assert_array_equal(screened.best_restart, every.best_restart)
+        np.testing.assert_allclose(screened.eps, every.eps, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(screened.z, every.z, rtol=1e-9, atol=1e-15)
+        np.testing.assert_array_equal(screened.divergence, every.divergence)
+        assert screened.infinite_reasons == every.infinite_reasons
+
+
+def test_steps_the_screen_leaves_out_bound_nothing(monkeypatch):
+    """A screen that leaves every earlier step out gives exactly iterates="last": the steps it does not
+    certify enter as ε = 0, which bound nothing; one that keeps them all gives the unscreened bounds. And a
+    screen that trusts the uncertified shifts outright (margin 0) reports no bound above what certifying
+    every step gives: whatever it chooses, only certified steps are reported."""
+    from hcrfast import algorithm
+
+    torch.manual_seed(4)
+    model = tanh_mlp(36, 30, 24).float()
+    x = torch.randn(3, 1, 6, 6)
+    kw = dict(size=0.5, restarts=4, iterations=5, solver="dense")
+    last = hcrfast.bound(model, x, 0.05, iterates="last", **kw)
+    with monkeypatch.context() as m:
+        m.setattr(algorithm, "_screen_earlier", lambda eps, z, eps64, *a, **k: (np.zeros(
+            (eps64.shape[0] // 4, eps.shape[0] // (eps64.shape[0] // 4)), dtype=bool), 1.0))
+        none = hcrfast.bound(model, x, 0.05, **kw)
+    assert none.params["earlier_iterates"]["certified"] == 0
+    np.testing.assert_array_equal(none.std, last.std)
+    np.testing.assert_array_equal(none.mse, last.mse)
+    np.testing.assert_array_equal(none.best_restart, last.best_restart)
+    with monkeypatch.context() as m:
+        m.setattr(algorithm, "_SCREEN_MARGIN", float("inf"))
+        every = hcrfast.bound(model, x, 0.05, **kw)
+    assert (every.std > last.std * (1 + 1e-6)).any(), "no earlier iterate helped: the test shows nothing"
+    with monkeypatch.context() as m:
+        m.setattr(algorithm, "_SCREEN_MARGIN", 0.0)
+        trusting = hcrfast.bound(model, x, 0.05, **kw)
+    assert np.all(trusting.std <= every.std * (1 + 1e-12))
+    assert np.all(trusting.std >= last.std)
+
+
+def test_a_monte_carlo_divergence_is_not_screened():
+    """A Monte Carlo D is an estimate, not monotone in each |z_j| for certain: every earlier step is
+    certified there, and iterates="last" reports no screening."""
+    torch.manual_seed(5)
+    model = tanh_mlp(16, 12, 8)
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    noise = hcrfast.MonteCarlo.from_scipy(scipy.stats.norm(scale=0.3), n_samples=2_000)
+    res = hcrfast.bound(model, x, noise, size=0.5, restarts=2, iterations=3, solver="dense")
+    assert res.params["earlier_iterates"] == dict(res.params["earlier_iterates"], steps=8, certified=8,
+                                                   screened=False)
+    last = hcrfast.bound(model, x, 0.3, size=0.5, restarts=2, iterations=3, solver="dense", iterates="last")
+    assert last.params["earlier_iterates"] is None
+
+
 def test_bound_is_computed_from_forward_passes_not_the_linearization():
     """Large perturbations of a curved model: z_ε is a(θ+ε) − a(θ), not J ε."""
     torch.manual_seed(0)

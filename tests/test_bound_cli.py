@@ -96,6 +96,29 @@ def test_gives_what_the_python_api_gives_with_sigma_the_features_rms(files, caps
     assert s["params"]["restarts"] == 2 and s["arguments"]["model"].endswith("mynet.py:Net")
 
 
+def test_last_iterate_is_the_apis_iterates_last_and_resumes_only_its_own_chunks(files, capsys):
+    """--last-iterate gives bound(iterates="last") (the paper's Algorithm 1), says so in summary.json and
+    the printed summary, bounds no mode above the default's (every iterate), and its chunks are not
+    those of a default run in the same folder: that run is refused as a changed call."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", "--restarts", "2", "--iterations", "3",
+            "--threads", "1", "--no-progress", "--no-report", "--out", out]
+    assert _bound([*argv, "--last-iterate"]) == 0
+    printed = capsys.readouterr().out
+    assert "every iterate" not in printed
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    s = json.loads((out / "summary.json").read_text())
+    assert s["params"]["iterates"] == "last" and got.params["iterates"] == "last"
+    model = _user_model(tmp_path)
+    want = hcrfast.bound(model, x, s["noise"]["sigma"], restarts=2, iterations=3, iterates="last")
+    np.testing.assert_array_equal(got.std, want.std)
+    every = hcrfast.bound(model, x, s["noise"]["sigma"], restarts=2, iterations=3)
+    assert np.all(got.std <= every.std) and (got.std < every.std).any()
+    assert _bound(argv) == 2                                  # the default run in the --last-iterate folder
+    assert "iterates" in capsys.readouterr().err
+
+
 def test_targets_are_bounded_and_summarized(files):
     """--targets low:2: the command's bounds are bound(targets="low:2")'s, and summary.json says how far
     the targeted steps lifted them above Algorithm 1's."""
