@@ -689,8 +689,8 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     ``best_restart``. A step not certified could thus not have raised any mode's bound nor eq. (6) (ties
     aside). Where the bracket does not hold (a model whose rounding the estimate misses), a mode may keep a
     smaller bound, but every bound reported stays one the float64 passes certify. A step whose bracket is
-    not finite (D_lo = 0, ε not finite) is always certified. The mode coordinates are taken for a slice of
-    examples at a time (:data:`_EARLIER_VALUES`)."""
+    not finite (D_lo = 0, ε not finite) is always certified, a step ε = 0 never (it bounds nothing). The
+    mode coordinates are taken for a slice of examples at a time (:data:`_EARLIER_VALUES`)."""
     xp = get_array_module(eps)
     P, p = eps64.shape
     m = P // restarts
@@ -743,6 +743,7 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
             lb = (last * xp.sqrt(inv_d[b0:b1])[..., None]).max(axis=1)   # (mb, p)
             del last
             c = _mode_coords(eps[b0 * K:b1 * K], input_shape, basis, impl).reshape(mb, K, p)
+            c = xp.where(finite[b0:b1, :, None], c, 0.0)   # a NaN step (always certified) sets nothing here
             lo = c * low[b0:b1, :, None]
             best, at = lo.max(axis=1), lo.argmax(axis=1)   # (mb, p)
             del lo
@@ -754,6 +755,7 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
             # the steps whose lower bound set L somewhere: certified, so that L is
             rows, modes = xp.nonzero(best > lb)
             take[b0 + rows, at[rows, modes]] = True
+    take &= xp.any(eps != 0, axis=1).reshape(m, K)   # ε = 0 (NaN counts as moved) bounds nothing: no pass
     return to_host(take), float(to_host(margin.max()))
 
 

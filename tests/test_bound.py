@@ -214,6 +214,51 @@ def test_screening_the_earlier_iterates_loses_nothing(dtype, law, monkeypatch):
         assert screened.infinite_reasons == every.infinite_reasons
 
 
+@pytest.mark.parametrize("basis", ["dct", "pixel"])
+@pytest.mark.parametrize("law", [hcrfast.Gaussian(0.7), hcrfast.Laplace(0.4)], ids=["gaussian", "laplace"])
+def test_the_screen_keeps_every_step_that_sets_a_mode_s_max(basis, law):
+    """_screen_earlier on random steps whose shifts are exact (what the bracket allows, at any margin): the
+    max over the last iterates and the steps it keeps is, mode by mode, the max over all steps (the DCT by
+    SciPy), and so is eq. (6)'s largest step; a step ε = 0 is never kept, one with a NaN always (its
+    certification then refuses it), and it keeps fewer steps than there are."""
+    from hcrfast import algorithm
+
+    rng = np.random.default_rng(7)
+    m, R, k, n, shape = 3, 4, 5, 6, (2, 4, 5)
+    p, K = int(np.prod(shape)), k * R
+    eps = (rng.standard_normal((m * K, p)) * rng.uniform(0.2, 1.0, (m * K, 1))).astype(np.float32)
+    eps[1] = 0
+    eps[K + 2, 3] = np.nan
+    z = (rng.standard_normal((m * K, n)) * rng.uniform(0.5, 1.5, (m * K, 1))).astype(np.float32)
+    z[1] = 0
+    eps64, z64 = rng.standard_normal((m * R, p)) * 0.8, rng.standard_normal((m * R, n))
+    magnitude = np.abs(rng.standard_normal((m, n))) + 1.0
+    take, margin = algorithm._screen_earlier(eps, z, eps64, z64, z64.astype(np.float32), magnitude, law, restarts=R,
+                                             input_shape=shape, basis=basis, unit=2.0**-24)
+    assert take.shape == (m, K) and margin > 0
+    assert not take[0, 1] and take[1, 2] and 0 < take.sum() < m * K
+
+    def modes(e):
+        e = e.reshape((-1,) + shape).astype(np.float64)
+        return np.abs(scipy.fft.dctn(e, axes=(-2, -1), norm="ortho") if basis == "dct" else e).reshape(len(e), -1)
+
+    d = law.divergence(z.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        steps = (modes(eps) / np.sqrt(d)[:, None]).reshape(m, K, p)
+    steps[~np.isfinite(steps)] = 0                       # the ε = 0 and NaN rows bound nothing here
+    last = (modes(eps64) / np.sqrt(law.divergence(z64))[:, None]).reshape(m, R, p).max(axis=1)
+    every = np.maximum(last, steps.max(axis=1))
+    kept = np.maximum(last, np.where(take[..., None], steps, 0).max(axis=1))
+    np.testing.assert_array_equal(kept, every)
+    sq = np.nan_to_num((eps.astype(np.float64) ** 2).sum(axis=1) / p).reshape(m, K)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mse = np.nan_to_num(sq / d.reshape(m, K))
+    mse_last = ((eps64**2).sum(axis=1) / p / law.divergence(z64)).reshape(m, R).max(axis=1)
+    for b in range(m):
+        best = mse[b].argmax()
+        assert take[b, best] or mse[b, best] <= mse_last[b]
+
+
 def test_steps_the_screen_leaves_out_bound_nothing(monkeypatch):
     """A screen that leaves every earlier step out gives exactly iterates="last": the steps it does not
     certify enter as ε = 0, which bound nothing; one that keeps them all gives the unscreened bounds. And a
