@@ -1541,7 +1541,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 shifts = shifts.reshape(k * len(x), -1)
                 del earlier
                 take = margin = None   # every earlier step, unless screened
-                if certify and screen:
+                if screen:   # (certify=True only)
                     with profiling.annotate("certify-screen"):
                         magnitude = _rounding_magnitude(model64, batch[start:stop], from_torch(features[start:stop]),
                                                         jacobian)
@@ -1553,20 +1553,21 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 picked = np.arange(k * len(x)) if take is None else np.flatnonzero(take)
                 owner = torch.as_tensor(picked // (k * restarts), device=batch.device)
                 rows_at = xp.asarray(picked)
+                steps = stacked if take is None else stacked[rows_at]   # no copy of them all
                 with profiling.annotate("certify"):
                     if not len(picked):
                         got = (xp.zeros((0, p)), xp.zeros((0, n)))
                     elif certify:
-                        got = _certified_iterates(model64, batch[start:stop], owner, stacked[rows_at])
+                        got = _certified_iterates(model64, batch[start:stop], owner, steps)
                     else:
-                        got = _applied_shift(model, batch[start:stop][owner], stacked[rows_at], f0[xp.asarray(
+                        got = _applied_shift(model, batch[start:stop][owner], steps, f0[xp.asarray(
                             picked // (k * restarts) * restarts)])
                 if len(picked):
                     _check_perturbations(*got, noise, size, batch.dtype,
                                          features_move=lambda: bool(_features_move(model64 if certify else model, x)
                                                                     .any()),
                                          derivative_vanishes=lambda: _derivative_vanishes(model, x))
-                del stacked, shifts
+                del stacked, shifts, steps
                 if take is None:
                     earlier_shifts = (got[0], got[1], None, None)
                 else:  # the steps not certified bound nothing here (ε = 0, z = 0: a bound of 0)
