@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
 #   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
-#   lease2    = setup resnet18-krylov mnist-dense modes kernels profile: the ResNet-18 target (25 Krylov
-#             pilots per example, 8 examples a call, extrapolated), the MNIST target with the dense
+#   lease2    = setup resnet18-krylov tf32 mnist-dense modes kernels profile: the ResNet-18 target (25 Krylov
+#             pilots per example, 8 examples a call, extrapolated), what TF32 does to its time and bounds, the
+#             MNIST target with the dense
 #             solve on the device (the first call ran MNIST with the default), then with
 #             what is left the modes, the kernels against the libraries (short rounds), and where the
 #             Krylov basis' MNIST time goes (the first H100 run, 2026-11-27, found it host-bound)
@@ -53,7 +54,9 @@
 #             ~1 ms): 3,163 s extrapolated. 25 pilots make 163 steps of 200 rows a call of 8, in the
 #             same memory (25 x 164 x 2 x ~25,000 float32 values, 0.8 GB an example).
 #   resnet18  the same target with LSQR (warm starts), in 16 slices of 8 examples, likewise
-#   tf32      ResNet-18 at 2 examples, R = 25, i = 1, IEEE float32 (the default) vs --tf32
+#   tf32      ResNet-18 at 2 examples, R = 25, i = 10, the defaults, IEEE float32 vs the hardware's TF32
+#             (benchmarks/tf32_cost.py): the time and the median bound both ways, and the product errors of
+#             TF32 against those of the CPU's emulation of it (which put ResNet-18's median 6-7% lower, 2026-11-29)
 #   summary   the table of what ran (also printed by itself at the end of every call)
 #
 # The lease (device tool, 2026-11): 15 minutes of device time per task IN ALL, machine start
@@ -175,7 +178,7 @@ stages=()
 for stage in "$@"; do
     case "$stage" in
     lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup resnet18-krylov mnist-dense modes kernels profile) ;;
+    lease2) stages+=(setup resnet18-krylov tf32 mnist-dense modes kernels profile) ;;
     setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
     *)
         echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
@@ -402,12 +405,9 @@ EOF
         ;;
     tf32)
         ensure_installed
-        for flags in "" "--tf32"; do
-            say "gpu_targets resnet18 --examples 2 --iterations 1 $flags"
-            # shellcheck disable=SC2086
-            T=${TF32_TIMEOUT_S:-150} run "$PY" benchmarks/gpu_targets.py resnet18 --examples 2 --iterations 1 \
-                --solver lsqr $flags --out "$DEST"
-        done
+        say "tf32_cost resnet18 --device cuda --examples 2 (R = 25, i = 10): IEEE vs TF32"
+        MIN=60 T=${TF32_TIMEOUT_S:-180} run "$PY" benchmarks/tf32_cost.py resnet18 --device cuda --examples 2 \
+            --restarts 25 --iterations 10 --mode both --json "$DEST/tf32_cost_resnet18_gpu.json"
         ;;
     summary) ;;  # printed below, once, as every call's last lines
     esac

@@ -143,6 +143,21 @@ def race_line(r: dict) -> str:
             + unfinished + each)
 
 
+def tf32_lines(r: dict) -> str:
+    """``tf32_cost.py``: the product errors each way, then each seed's time and median, IEEE against TF32."""
+    model, device = r["args"]["model"], r["args"]["device"]
+    out = [f"  {model} [{device}], {r['args']['examples']} example(s) x R {r['args']['restarts']} x i "
+           f"{r['args']['iterations']}: " + "; ".join(
+               f"{kind} J v error {e['jvp']:.2e}, J^T u {e['vjp']:.2e}" for kind, e in r["errors"].items())]
+    out += [f"    seed {row['seed']} {row['mode']} ({row['kind']}): {row['seconds']:.1f} s, median {row['median']:.5g}"
+            for row in r["rows"]]
+    ratio = r.get("summary", {}).get("tf32_over_ieee")
+    if ratio:
+        seconds = ratio.get("seconds", [])
+        out.append(f"    tf32 / ieee: median x{ratio['mean']:.4f}, time x{sum(seconds) / max(len(seconds), 1):.3f}")
+    return "\n".join(out)
+
+
 def kernel_lines(path: Path, limit: int = 40) -> str:
     """pytest-benchmark's medians, one line each (at most ``limit``)."""
     if path.stat().st_size == 0:   # pytest-benchmark leaves it empty when every benchmark skipped
@@ -177,6 +192,10 @@ def summarize(folder: Path) -> str:
         ref = _load(p).get("reference", {})
         out.append(f"  {p.name}: reference only ({ref.get('seconds', float('nan')):.1f} s, median "
                    f"{ref.get('median', float('nan')):.5g}); the hcrfast rows did not finish")
+    tf32 = [_load(p) for p in sorted(folder.glob("tf32_cost_*.json"))]
+    if tf32:
+        out.append("tf32_cost.py:")
+        out += [_safe(tf32_lines, r) for r in tf32]
     for name in ("bench_gpu_kernels.json", "bench_gpu_products.json", "bench_gpu_attention.json"):
         if (folder / name).exists():
             out.append(f"{name}:")

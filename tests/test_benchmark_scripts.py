@@ -715,3 +715,67 @@ def test_small_transformer_runs_at_toy_size_and_its_solvers_agree(tmp_path):
 def test_dense_check_cost_runs_at_toy_size():
     proc = run_script("dense_check_cost.py", "--examples", "2", "--repeats", "1")
     assert "the check alone" in proc.stdout and "without" in proc.stdout
+
+
+@pytest.mark.parametrize("bits, oracle", [(7, torch.bfloat16), (10, torch.float16)])
+def test_tf32_emulation_rounds_like_torchs_own_narrow_floats(bits, oracle):
+    """The emulation's rounding to 7 / 10 mantissa bits (nearest, ties to even) is torch's own conversion to
+    bfloat16 / float16 (inside float16's normal range, where both keep 10 bits), ties and carries into the
+    exponent included; non-float32 tensors and infinities pass as they are."""
+    emu = _benchmark_script("tf32_cost")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20_000, generator=g) * torch.exp(torch.randn(20_000, generator=g) * 3)
+    x = x[(x.abs() > 1e-4) & (x.abs() < 6e4)]
+    ties = torch.tensor([1 + 2.0**-bits / 2, 1 + 3 * 2.0**-bits / 2, -(1 + 2.0**-bits / 2), 2 - 2.0**-bits / 4])
+    x = torch.cat([x, ties])
+    got = emu.round_mantissa(x, bits)
+    assert torch.equal(got, x.to(oracle).float())
+    assert not torch.equal(got, x)                       # it did round
+    special = torch.tensor([float("inf"), -float("inf"), 0.0])
+    assert torch.equal(emu.round_mantissa(special, bits), special)
+    assert emu.round_mantissa(x.double(), bits).dtype == torch.float64   # float64 (the certification) untouched
+
+
+def test_tf32_emulation_follows_torchs_settings_and_leaves_hcrfasts_ieee_blocks_exact():
+    """Entered, the emulation switches TF32 on as a GPU run would and rounds matmuls and convolutions; inside
+    hcrfast's ``ieee_float32`` (the Krylov basis' Gram-Schmidt) it rounds nothing, as the hardware would not;
+    on exit torch's settings are back as they were."""
+    from hcrfast.bindings import ieee_float32
+
+    emu = _benchmark_script("tf32_cost")
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    w, x = torch.randn(4, 3, 3, 3, generator=g), torch.randn(2, 3, 9, 9, generator=g)
+    exact_mm, exact_conv = a @ b, torch.nn.functional.conv2d(x, w)
+    rounded_mm = emu.round_mantissa(a, 7).double() @ emu.round_mantissa(b, 7).double()
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    with emu.ReducedProducts(7):
+        got_mm, got_conv = a @ b, torch.nn.functional.conv2d(x, w)
+        with ieee_float32(True):
+            ieee_mm, ieee_conv = a @ b, torch.nn.functional.conv2d(x, w)
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+    assert torch.allclose(got_mm.double(), rounded_mm, rtol=1e-5, atol=1e-4)   # the rounded operands' product
+    assert (got_mm - exact_mm).abs().max() > 1e-3 and (got_conv - exact_conv).abs().max() > 1e-3
+    assert torch.equal(ieee_mm, exact_mm) and torch.equal(ieee_conv, exact_conv)
+
+
+def test_tf32_cost_script_runs_both_modes_over_seeds(tmp_path):
+    """Both modes at toy size over two seeds: the emulated products differ from IEEE by rounding (not 0, not
+    more than a few percent on the MLP), and every row is a finite, certified median. Without a GPU,
+    ``--device cuda`` is refused by name."""
+    out = tmp_path / "tf32_cost_mnist_cpu.json"
+    run_script("tf32_cost.py", "mnist", "--examples", "2", "--restarts", "3", "--iterations", "2",
+               "--seeds", "2", "--mode", "both", "--threads", "1", "--json", out)
+    r = json.loads(out.read_text())
+    assert [(row["seed"], row["mode"]) for row in r["rows"]] == [(0, "ieee"), (0, "tf32"), (1, "ieee"), (1, "tf32")]
+    assert {row["kind"] for row in r["rows"]} == {"ieee", "emulated"}
+    assert all(np.isfinite(row["median"]) and row["median"] > 0 for row in r["rows"])
+    assert set(r["errors"]) == {"emulated"}
+    assert all(0 < r["errors"]["emulated"][k] < 1e-2 for k in ("forward", "jvp", "vjp"))
+    assert len(r["summary"]["tf32_over_ieee"]["per_seed"]) == 2
+    text = run_script("gpu_summary.py", tmp_path).stdout          # the lease's summary reads it
+    assert "tf32_cost.py:" in text and "emulated J v error" in text and "tf32 / ieee: median x" in text
+    assert "unreadable" not in text
+    if not torch.cuda.is_available():
+        proc = run_script("tf32_cost.py", "mnist", "--device", "cuda", "--mode", "errors", check=False)
+        assert proc.returncode == 2 and "--device cuda" in proc.stderr
