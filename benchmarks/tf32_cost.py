@@ -16,6 +16,8 @@ the product errors are given both ways, which tells how well the emulation stand
         --mode tf32 --json out_tf32.json
     python benchmarks/tf32_cost.py resnet18 --device cuda --examples 2 --mode both --json out_gpu.json
 
+``--scope products`` rounds in the model's Jacobian products alone (the restart steps' forward passes in
+IEEE float32), ``--scope forwards`` everywhere but there: which of the two costs the bound.
 ``--mode`` ieee / tf32 / both / errors (the product errors alone): one process per mode lets two cores
 run both at once; ``--seeds N`` runs each mode at ``bound(seed=0..N-1)``, since the median moves by a
 few percent from one draw of the restarts to the next and one pair of runs cannot tell that from the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -43,7 +46,7 @@ from lsqr_budget import add_workload_arguments, random_workload  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
-from hcrfast import validation  # noqa: E402
+from hcrfast import dense, validation  # noqa: E402
 from hcrfast.bindings import TorchJacobian, from_torch, ieee_float32, to_torch  # noqa: E402
 
 aten = torch.ops.aten
@@ -137,6 +140,47 @@ def reduced(kind: str, bits: int):
     return ReducedProducts(bits) if kind == "emulated" else hardware_tf32()
 
 
+@contextlib.contextmanager
+def exact(kind: str):
+    """Undo ``reduced(kind, ...)`` inside it: the emulation set aside, IEEE float32."""
+    with (_disable_current_modes() if kind == "emulated" else contextlib.nullcontext()), ieee_float32(True):
+        yield
+
+
+# where the model's Jacobian products are taken: the matrix-free solvers' J v and Jᵀu, the dense solve's J
+PRODUCTS = ((TorchJacobian, "matvec"), (TorchJacobian, "rmatvec"), (dense, "jacobian"))
+
+
+@contextlib.contextmanager
+def scoped(kind: str, bits: int, scope: str):
+    """The context of a "tf32" row's ``bound``: TF32 everywhere (``"all"``, what ``tf32=True`` does on a GPU),
+    in the model's Jacobian products alone (``"products"``: the forward passes of Algorithm 1's restart
+    steps in IEEE float32), or everywhere but there (``"forwards"``)."""
+    if scope == "all":
+        with reduced(kind, bits):
+            yield
+        return
+    inner = (lambda: reduced(kind, bits)) if scope == "products" else (lambda: exact(kind))
+    outer = exact(kind) if scope == "products" else reduced(kind, bits)
+    saved = [getattr(owner, name) for owner, name in PRODUCTS]
+
+    def wrap(f):
+        @functools.wraps(f)
+        def within(*args, **kwargs):
+            with inner():
+                return f(*args, **kwargs)
+        return within
+
+    try:
+        for (owner, name), f in zip(PRODUCTS, saved):
+            setattr(owner, name, wrap(f))
+        with outer:
+            yield
+    finally:
+        for (owner, name), f in zip(PRODUCTS, saved):
+            setattr(owner, name, f)
+
+
 def product_errors(model, x, bits: int, kinds) -> dict:
     """Relative errors of a forward, one J v and one Jᵀu (random v, u) under each of ``kinds``, against IEEE
     float32: ``{kind: {"forward", "jvp", "vjp"}}``."""
@@ -168,6 +212,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="both", choices=("ieee", "tf32", "both", "errors"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--emulate", action="store_true", help="on a GPU too, emulate the rounding instead of its TF32")
+    ap.add_argument("--scope", default="all", choices=("all", "products", "forwards"),
+                    help="where the tf32 rows round: everywhere (bound(tf32=True) on a GPU), in the model's Jacobian "
+                         "products alone (the restart steps' forward passes in IEEE), or everywhere but there")
     ap.add_argument("--mantissa", type=int, default=10, help="explicit mantissa bits of the emulated operands "
                     "(10: TF32, 7: bfloat16)")
     ap.add_argument("--seeds", type=int, default=1,
@@ -203,18 +250,19 @@ def main(argv=None) -> int:
                 real_check = validation.check_independent
                 validation.check_independent = _ieee_probe(real_check)
                 try:
-                    with reduced(kind, args.mantissa):
+                    with scoped(kind, args.mantissa, args.scope):
                         res = hcrfast.bound(model, x, sigma, tf32=True, seed=seed, **kw).to_numpy()
                 finally:
                     validation.check_independent = real_check
             else:
                 res = hcrfast.bound(model, x, sigma, seed=seed, **kw).to_numpy()
-            row = dict(mode=mode, kind=kind if mode == "tf32" else "ieee", seed=seed,
+            row = dict(mode=mode, kind=kind if mode == "tf32" else "ieee", scope=args.scope if mode == "tf32" else None,
+                       seed=seed,
                        mantissa=args.mantissa if mode == "tf32" else 23, seconds=res.seconds,
                        solver=res.params["solver"], median=float(np.median(res.std)),
                        p90=float(np.quantile(res.std, 0.9)), infinite=int(np.isinf(res.std).sum()))
             rows.append(row)
-            print(f"  seed {seed} {mode}{' (' + kind + ')' if mode == 'tf32' else ''}: {res.seconds:.1f} s, "
+            print(f"  seed {seed} {mode}{f' ({kind}, {args.scope})' if mode == 'tf32' else ''}: {res.seconds:.1f} s, "
                   f"solver {row['solver']}, median {row['median']:.5g}, p90 {row['p90']:.5g}", flush=True)
     for mode in sorted({r["mode"] for r in rows}):
         medians = np.array([r["median"] for r in rows if r["mode"] == mode])

@@ -759,6 +759,29 @@ def test_tf32_emulation_follows_torchs_settings_and_leaves_hcrfasts_ieee_blocks_
     assert torch.equal(ieee_mm, exact_mm) and torch.equal(ieee_conv, exact_conv)
 
 
+@pytest.mark.parametrize("scope", ["products", "forwards"])
+def test_tf32_emulation_scopes_round_the_products_or_the_forwards_alone(scope):
+    """``--scope products`` rounds inside the model's J v (and Jᵀu, and the dense J) and leaves a forward pass
+    exact; ``--scope forwards`` the reverse; the patched methods are restored on exit."""
+    from hcrfast.bindings import TorchJacobian, from_torch, to_torch
+
+    emu = _benchmark_script("tf32_cost")
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16))
+    x, v = torch.randn(3, 32, generator=g), torch.randn(3, 32, generator=g)
+    with torch.no_grad():
+        y = model(x)
+    jv = to_torch(TorchJacobian(model, x).matvec(from_torch(v)))
+    originals = (TorchJacobian.matvec, TorchJacobian.rmatvec, emu.dense.jacobian)
+    with emu.scoped("emulated", 7, scope):
+        with torch.no_grad():
+            y_in = model(x)
+        jv_in = to_torch(TorchJacobian(model, x).matvec(from_torch(v)))
+    assert (TorchJacobian.matvec, TorchJacobian.rmatvec, emu.dense.jacobian) == originals
+    forward_exact, product_exact = torch.equal(y_in, y), torch.equal(jv_in, jv)
+    assert (forward_exact, product_exact) == ((True, False) if scope == "products" else (False, True))
+
+
 def test_tf32_cost_script_runs_both_modes_over_seeds(tmp_path):
     """Both modes at toy size over two seeds: the emulated products differ from IEEE by rounding (not 0, not
     more than a few percent on the MLP), and every row is a finite, certified median. Without a GPU,
