@@ -194,8 +194,9 @@ def release_device_memory(device: torch.device) -> None:
 def ieee_float32(enabled: bool = True):
     """Run the block with float32 matmuls, convolutions and recurrent layers in full IEEE float32 (no TF32).
 
-    torch's defaults let cuDNN convolutions use TF32 (about 1e-3 relative error), which
-    makes a GPU's ``J v`` and ``Jᵀu`` differ from each other and from the CPU's by far more
+    torch's defaults let cuDNN convolutions use TF32 (about 1e-3 relative error in a forward
+    pass, 3e-2 to 7e-2 in the ``J v`` of a CNN or ResNet-18, emulated: ``benchmarks/tf32_cost.py``),
+    which makes a GPU's ``J v`` and ``Jᵀu`` differ from each other and from the CPU's by far more
     than LSQR's tolerances. The previous settings are restored afterwards, exactly. With
     ``enabled=False`` the block runs with whatever the caller set. Uses torch's
     ``fp32_precision`` settings where they exist, the ``allow_tf32`` flags otherwise.

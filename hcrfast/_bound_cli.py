@@ -94,7 +94,8 @@ def add_subparser(subparsers) -> None:
     b.add_argument("--last-iterate", action="store_true",
                    help="bound by Algorithm 1's last iterate alone, as the paper (iterates='last'; default: every "
                         "iterate, each certified, the largest bound per mode)")
-    b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls use TF32 (still certified)")
+    b.add_argument("--tf32", action="store_true", help="let float32 GPU matmuls and convolutions use TF32: faster, still certified, but "
+                   "the solver sees a noisier J (a ResNet-18's median bound fell 6.7%% in a CPU emulation)")
     b.add_argument("--chunk-size", type=int, default=None, metavar="K",
                    help="examples per chunk, each written to OUT/chunks/ when done (default: sized from memory)")
     c = p.add_argument_group("the noise to release: the smallest sigma whose bounds reach a target "
