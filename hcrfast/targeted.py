@@ -49,10 +49,10 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, profiling, validation
-from hcrfast.algorithm import (_applied_shift, _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts,
-                               _cross_bounds, _in_chunks, _nonfinite_derivative, _progress_line, _rounded_away,
-                               _rounding_error, _rounding_magnitude, _warn_rounding, divergence_underflow,
-                               infinite_derivative)
+from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, _auto_chunk, _certified_shift,
+                               _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
+                               _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
+                               _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
@@ -384,24 +384,45 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     eps64 = xp.empty((R, eps.shape[1]))
     d = xp.empty(R)
     rel = xp.empty(R)  # float64's rounding error in each shift's D (algorithm._rounding_error)
+    moves = xp.empty(R, dtype=bool)  # z != 0
     example_of = xp.asarray(example_of)
+    scale = f0 if magnitude is None else magnitude
+    # Certified steps take a(θ) from one float64 pass per example, not one per step: half the passes
+    # (an example's K targeted steps are K rows at one θ). A row whose shift is not far above float64's
+    # resolution (or is 0) is certified again with a(θ) in its own pieces (_certified_shift), so that an
+    # unchanged row comes out bitwise 0 whatever the batch shapes: what decides D = 0 stays as it was.
+    # Null-space probes are rounding by design: every one in pieces of its own.
+    paired = not certify or null_probes
+    still = None if paired else _features(model64, batch.double())
 
-    def work(r0, r1):
-        idx = to_torch(example_of[r0:r1]).to(batch.device)
-        x = batch[idx]
-        if certify:
-            e64, z64 = _certified_shift(model64, x, eps[r0:r1])
-        else:
-            e64, z64 = _applied_shift(model, x, eps[r0:r1].astype(from_torch(x[:1]).dtype),
-                                      f0[example_of[r0:r1]])
-        eps64[r0:r1] = e64
-        rel[r0:r1] = _rounding_error((f0 if magnitude is None else magnitude)[example_of[r0:r1]], z64)
-        d[r0:r1] = noise.divergence(z64)
-        underflow = int(to_host(((d[r0:r1] == 0) & xp.any(z64 != 0, axis=1)).sum()))
-        if underflow:
-            raise ValueError(divergence_underflow(noise, underflow))
+    def shift(r0, r1, rows=None):
+        at = example_of[r0:r1] if rows is None else example_of[rows]
+        steps = eps[r0:r1] if rows is None else eps[rows]
+        x = batch[to_torch(at).to(batch.device)]
+        if not certify:
+            return _applied_shift(model, x, steps.astype(from_torch(x[:1]).dtype), f0[at])
+        if paired or rows is not None:
+            return _certified_shift(model64, x, steps)
+        _, pert, e64 = _applied64(x, steps)
+        return from_torch(e64), from_torch(_features(model64, pert) - still[to_torch(at).to(batch.device)])
 
-    _in_chunks(R, chunk, work, batch.device)
+    def store(sl, e64, z64):
+        eps64[sl] = e64
+        rel[sl] = _rounding_error(scale[example_of[sl]], z64)
+        d[sl] = noise.divergence(z64)
+        moves[sl] = xp.any(z64 != 0, axis=1)
+
+    _in_chunks(R, chunk, lambda r0, r1: store(slice(r0, r1), *shift(r0, r1)), batch.device)
+    if not paired:
+        again = xp.flatnonzero((rel > _ROUNDING_TOLERANCE) | ~moves)
+        if again.size:
+            again_host = to_host(again)
+            _in_chunks(again.size, chunk,
+                       lambda r0, r1: store(xp.asarray(again_host[r0:r1]), *shift(0, 0, rows=again[r0:r1])),
+                       batch.device)
+    underflow = int(to_host(((d == 0) & moves).sum()))
+    if underflow:
+        raise ValueError(divergence_underflow(noise, underflow))
     coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))

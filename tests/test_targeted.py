@@ -158,6 +158,53 @@ def test_float32_model_is_certified_in_float64():
         np.testing.assert_allclose(res.std[:, res.targeted], own, rtol=1e-10)
 
 
+class _CountingTanh(torch.nn.Module):
+    """A float32 tanh MLP that counts the rows of its forward passes without autograd, per dtype:
+    the float64 ones are the certification's (its float64 copy shares the class's counter)."""
+    rows = {}
+
+    def __init__(self):
+        super().__init__()
+        self.net = tanh_mlp(16, 20, 24).float()
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            _CountingTanh.rows[x.dtype] = _CountingTanh.rows.get(x.dtype, 0) + x.shape[0]
+        return self.net(x)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-9])
+def test_certification_takes_a_theta_once_per_example_and_pairs_the_shifts_near_rounding(monkeypatch, scale):
+    """K targeted steps of an example are K rows at one θ: certified with a(θ) from one float64 pass per
+    example (B·K + B rows, not 2·B·K). Shifts near float64's resolution (σ tiny against the features) are
+    certified again with a(θ) in their own pieces, as before. Either way the bounds are the test's own
+    float64 forward passes' (forward_bound)."""
+    model = _CountingTanh().eval()
+    x = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(8))
+    sigma = hcrfast.rms_sigma(model(x).detach(), 1.0) * scale
+    paired = []
+    import hcrfast.targeted as targeted_module
+    real = targeted_module._certified_shift
+    monkeypatch.setattr(targeted_module, "_certified_shift",
+                        lambda m, xs, eps: paired.append(len(xs)) or real(m, xs, eps))
+    _CountingTanh.rows.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # σ tiny: the rounding warnings
+        res = targeted_bound(model, x, sigma, targets="low:3", method="dense", null_probes=False)
+    B, K = res.eps.shape[:2]
+    model64 = tanh_mlp(16, 20, 24)
+    model64.load_state_dict({k: v.double() for k, v in model.net.state_dict().items()})
+    own, _ = forward_bound(model64, x, res.eps, res.modes, sigma)
+    if scale == 1.0:
+        assert not paired
+        assert B * K + B <= _CountingTanh.rows[torch.float64] < 2 * B * K
+        np.testing.assert_allclose(res.std[:, res.targeted], own, rtol=1e-10)
+    else:  # every shift is near float64's resolution: each certified again in pairs
+        assert sum(paired) == B * K
+        assert _CountingTanh.rows[torch.float64] >= 3 * B * K
+        np.testing.assert_allclose(res.std[:, res.targeted], own, rtol=1e-5)
+
+
 def test_chunking_does_not_change_the_result():
     model = tanh_mlp(16, 20, 24)
     x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
