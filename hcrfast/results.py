@@ -310,6 +310,14 @@ class Bounds:
             lifted = std > np.asarray(h.std_algorithm1).reshape(std.shape)
             lines.append(f"  targeted bounds folded in: the bounds above are the larger of Algorithm 1's "
                          f"(.std_algorithm1) and the targeted ones, which lifted {lifted.mean():.1%} of them")
+        elif (p.get("solver") in ("dense", "krylov") and p.get("basis") == "dct" and h.std.ndim >= 3
+              and str(p.get("noise", "")).startswith("Gaussian")):
+            # the directions would come from this solve's own factorization: no model product, K forward passes
+            k = min(8, *h.std.shape[-2:])
+            lines.append(f"  no targeted steps: targets='low:{k}' (hcrfast bound --targets low:{k}) would add a "
+                         f"certified step aimed at each of the {k}x{k} lowest modes of a channel, its direction from "
+                         f"this solve's own factorization, at one forward pass a step; it can only raise these bounds "
+                         f"(README, 'Tighter bounds')")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
             matched = [_RESTART.match(r) for r in self.infinite_reasons]

@@ -167,3 +167,22 @@ def test_summary_names_what_gave_each_infinite_and_zero_bound():
     mc = hcrfast.bound(net, x, law, restarts=2, iterations=2)
     assert "noise=MonteCarlo(norm), bounds at 0.95 confidence, size=" in mc.summary()  # as asked (each
     assert "0.975-confidence" in mc.params["noise"]  # restart's D at 1 - 0.05 / 2, so that their max holds at it)
+
+
+@pytest.mark.parametrize("kw, hint", [({}, True), (dict(targets="low:1"), False), (dict(solver="lsqr"), False),
+                                      (dict(sigma=hcrfast.Laplace(0.1)), False), (dict(basis="pixel"), False),
+                                      (dict(sigma=torch.full((20,), 0.1)), True)])
+def test_summary_points_to_targets_only_where_the_solve_gives_them_cheaply(kw, hint):
+    """The hint names targets= where they are free of model products (the dense solve's or the Krylov
+    basis' factorization) and possible (Gaussian noise); not once they ran, nor under LSQR or Laplace noise.
+    Where it shows, targets='low:8' does not lower a bound (the promise it makes)."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 1, 4, 4)
+    kw = dict(kw)
+    sigma = kw.pop("sigma", 0.1)
+    res = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, **kw)
+    assert ("no targeted steps: targets='low:4' (hcrfast bound --targets low:4)" in res.summary()) == hint
+    if hint:  # (4x4 inputs: K of low:K at most 4)
+        more = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, targets="low:4", **kw)
+        assert np.all(more.std >= res.std) and np.any(more.std > res.std)
