@@ -802,3 +802,32 @@ def test_tf32_cost_script_runs_both_modes_over_seeds(tmp_path):
     if not torch.cuda.is_available():
         proc = run_script("tf32_cost.py", "mnist", "--device", "cuda", "--mode", "errors", check=False)
         assert proc.returncode == 2 and "--device cuda" in proc.stderr
+
+
+def test_targets_gain_checks_every_targeted_bound_with_its_own_passes(tmp_path, monkeypatch):
+    """The script's rows at toy size, and its independent check: targeted bounds the engine reported 1%
+    too high (or Algorithm 1's lowered) stop the run."""
+    out = tmp_path / "tg.json"
+    args = ["mnist", "--examples", "2", "--restarts", "3", "--iterations", "2", "--targets", "low:1,low:2",
+            "--json", out]
+    run_script("targets_gain.py", *args)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["targets"] for r in rows] == [None, "low:1", "low:2"]
+    assert [r.get("n_targets") for r in rows[1:]] == [1, 4]
+    for r in rows[1:]:
+        assert r["independent_check"] < 1e-9 and r["median"] >= rows[0]["median"]
+        assert 0 < r["lifted_fraction"] <= 1 and r["targeted_timings"]["certify"] > 0
+
+    script = _benchmark_script("targets_gain")
+    import hcrfast
+    real = hcrfast.bound
+
+    def inflated(*a, **k):
+        res = real(*a, **k)
+        if k.get("targets"):
+            res.std *= 1.01
+        return res
+
+    monkeypatch.setattr(hcrfast, "bound", inflated)
+    with pytest.raises(SystemExit, match="differ"):
+        script.main([str(a) for a in args[:-2]])
