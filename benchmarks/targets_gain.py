@@ -1,4 +1,5 @@
-"""What ``bound(targets=...)`` adds to Algorithm 1: bounds and time, in one process, on one problem.
+"""What ``bound(targets=...)`` and ``bound(singular_steps=K)`` add to Algorithm 1: bounds and time, in one
+process, on one problem.
 
 One ``bound`` call without targets (Algorithm 1, every iterate: the defaults), then one per target set
 (``--targets low:8,all``), same seeds and chunks. For each: wall time, the median and 90th percentile of
@@ -7,8 +8,12 @@ part's time went (directions, certification, the cross bounds). Each targeted ca
 (``keep_targeted_eps=True``, which changes no bound) and they are certified HERE, independently of the
 engine (a float64 copy of the model, ``D = expm1(‖a(θ+ε) − a(θ)‖²/σ²)``, SciPy's DCT): every mode's bound
 must be the max of Algorithm 1's and of every targeted step's on that mode (the run fails otherwise).
+``--singular 16,64`` adds a call per count with ``singular_steps=K`` (J's K smallest singular directions,
+certified); those steps are not returned, so this script does not certify them again (tests/test_singular_steps.py
+checks them against NumPy's SVD and forward passes of its own); every bound must still be at least Algorithm 1's.
 
-    python benchmarks/targets_gain.py mnist --examples 32 --targets low:8,all --threads 1 --json out.json
+    python benchmarks/targets_gain.py mnist --examples 32 --targets low:8,all --singular 16,64 --threads 1 \
+        --json out.json
 
 Random inputs of the model's geometry, its published σ scale and start size, random weights
 (``lsqr_budget.py``'s problem); R = 25, i = 10 by default.
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
     add_workload_arguments(ap, iterations=10)
     ap.set_defaults(restarts=25)
     ap.add_argument("--targets", default="low:8", help="comma-separated target sets for bound(targets=...)")
+    ap.add_argument("--singular", default="", help="comma-separated counts for bound(singular_steps=K)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -104,6 +110,22 @@ def main(argv=None) -> int:
               f"{row['mse_from_modes_median']:.5g}; {len(t.modes)} targets lifted {100 * lifted:.1f}% of the modes "
               f"(median gain {row['median_gain_of_modes']:.3f}x); targeted part {t.timings['total']:.2f} s, "
               f"certification {t.timings.get('certify', 0.0):.2f} s; checked here to {worst:.1e}", flush=True)
+    for count in [int(c) for c in args.singular.split(",") if c]:
+        res = hcrfast.bound(model, x, sigma, singular_steps=count, **kw).to_numpy()
+        std = res.std.reshape(B, -1)
+        if not np.all(std >= std0):
+            raise SystemExit(f"targets_gain: singular_steps={count} lowered a bound below Algorithm 1's")
+        lifted = float(np.mean(std > std0))
+        row = dict(singular_steps=count, seconds=res.seconds, median=float(np.median(std)),
+                   p90=float(np.quantile(std, 0.9)), median_per_example=np.median(std, axis=1).tolist(),
+                   mse_from_modes_median=float(np.median(res.mse_from_modes)), lifted_fraction=lifted,
+                   median_gain_of_modes=float(np.median(std / np.where(std0 > 0, std0, np.inf))),
+                   singular_seconds=res.params["singular_steps"]["seconds"], independent_check=None)
+        rows.append(row)
+        print(f"  singular {count:<6}: {res.seconds:8.2f} s ({res.seconds / base.seconds:.2f}x)  median {row['median']:.5g} "
+              f"({row['median'] / rows[0]['median']:.2f}x)  p90 {row['p90']:.5g}  mse_from_modes "
+              f"{row['mse_from_modes_median']:.5g}; lifted {100 * lifted:.1f}% of the modes (median gain "
+              f"{row['median_gain_of_modes']:.3f}x); the steps {row['singular_seconds']:.2f} s", flush=True)
     if args.json:
         out = dict(script="targets_gain.py", model=args.model, examples=B, first=args.first, restarts=R,
                    iterations=I, sigma=float(sigma), size=zm.size, solver=base.params["solver"],

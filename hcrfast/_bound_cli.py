@@ -87,6 +87,10 @@ def add_subparser(subparsers) -> None:
                         "and for large inputs); see hcrfast.bound")
     b.add_argument("--targets", default=None, metavar="SPEC",
                    help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
+    b.add_argument("--singular-steps", type=int, default=0, metavar="K",
+                   help="also certify a step along each of J's K smallest singular directions (from the dense or "
+                        "Krylov solve's own factorization: no model product, one forward pass a step); each bounds "
+                        "every mode it moves (default 0: none)")
     b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
                    help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
                         "refuse a double backward, torch.compile'd ones)")
@@ -629,7 +633,7 @@ def _run(args: argparse.Namespace) -> int:
             size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
-            iterates="last" if args.last_iterate else "all",
+            iterates="last" if args.last_iterate else "all", singular_steps=args.singular_steps,
             progress=progress, shard=world > 1)
         search = sweep = accuracy_search = None
         if args.min_accuracy is not None:

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -1106,7 +1107,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
           keep_targeted_eps: bool = False, tf32: bool = False, warm_start: bool = True, solver: str = "auto",
-          krylov_pilots: int | str = "auto", iterates: str = "all", checkpoint=None, shard: bool = False) -> Bounds:
+          krylov_pilots: int | str = "auto", iterates: str = "all", singular_steps: int = 0, checkpoint=None,
+          shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -1164,6 +1166,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         Krylov solve), so checkpoints and shards hold them too.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
+    singular_steps : int
+        Also certify, per example, a step along each of J's ``singular_steps`` smallest singular
+        directions (right singular vectors, from the dense solve's factorization, or the Ritz vectors
+        of the Krylov bases: no model product), scaled to a linearized feature shift of ``size·σ``, and
+        report per mode the largest bound (each step bounds every mode it moves, as a targeted step
+        does). One forward pass per step (float64 with ``certify``). Needs ``solver`` "dense" or
+        "krylov" and Gaussian noise. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's.
+        Default 0: none.
     keep_targeted_eps : bool
         Keep every targeted step ε_k in ``result.targeted.eps`` (B·K·p float64 values: 12 GB
         for CIFAR-10's 2,500 test images with ``targets="low:8"``, 230 MB per 224×224 image).
@@ -1271,7 +1281,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
 
 def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_at, lsqr, basis, certify, jacobian,
            chunk_size, example_ids, progress, targets, targeted_method, keep_targeted_eps, tf32, warm_start, solver,
-           krylov_pilots, iterates, checkpoint, shard, world) -> Bounds:
+           krylov_pilots, iterates, singular_steps, checkpoint, shard, world) -> Bounds:
     """:func:`bound`, its arguments unchecked; ``world`` is this process's place in a sharded call (or None)."""
     t_start = time.perf_counter()
     noise = as_noise(validation.sigma_or_law(sigma))
@@ -1294,6 +1304,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     if keep_targeted_eps and targets is None:
         raise ValueError("keep_targeted_eps=True keeps the targeted steps, but targets=None asks for none: pass "
                          "targets= (e.g. 'low:8') or leave keep_targeted_eps out")
+    if isinstance(singular_steps, bool) or not isinstance(singular_steps, numbers.Integral):
+        raise TypeError(f"singular_steps must be an integer, got {singular_steps!r} ({type(singular_steps).__name__})")
+    if singular_steps < 0:
+        raise ValueError(f"singular_steps must be 0 (none) or a positive integer (how many of J's smallest singular "
+                         f"directions to certify as steps), got {singular_steps}")
+    singular_steps = int(singular_steps)
     given_options = validation.lsqr_options(lsqr)
     options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     if isinstance(krylov_pilots, str):
@@ -1328,6 +1344,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     if targets is not None and gaussian_sigma is None:
         raise NotImplementedError(f"targets= needs Gaussian noise (the targeted directions are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}")
+    if singular_steps and gaussian_sigma is None:
+        raise NotImplementedError(f"singular_steps={singular_steps} needs Gaussian noise (the steps are scaled to a "
+                                  f"Gaussian feature shift); got {noise.describe()}: pass singular_steps=0")
 
     with validation.entry_point(model, batch.device, tf32=tf32):
         features = validation.features_of(model, batch)
@@ -1352,6 +1371,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"iter_lim={options.iter_lim}) for a basis each ({restarts} × {options.iter_lim} steps of "
                             f"memory per example; without iter_lim each pilot runs up to "
                             f"hcrfast.krylov.MAX_STEPS = {krylov.MAX_STEPS})")
+        if singular_steps and solver not in ("dense", "krylov"):
+            raise ValueError(f"singular_steps={singular_steps} takes J's smallest singular directions from the dense "
+                             f"solve's factorization or the Krylov basis, but this call solves with {solver!r}; pass "
+                             f"solver='dense' or solver='krylov' (linearize_at='input'), or singular_steps=0")
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
                              f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
@@ -1377,7 +1400,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                          krylov_pilots, int(seed), size, restarts, basis, tf32,
                          None if targets is None else sha256_tensors(np.asarray(
                              parse_targets(targets, tuple(batch.shape[1:]), basis), dtype=np.int64)),
-                         targeted_method))
+                         targeted_method, singular_steps))
             if chunk_size is None:
                 chunk_size = reuse.chunk_size
         if chunk_size is None:
@@ -1390,6 +1413,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         reused_factors = [0]  # examples whose factor or basis came from the store
         # iterates="all": earlier steps certified, of how many (this call's chunks), the widest screen margin
         screened = [0, 0, 0.0]
+        # singular_steps: examples given them (this call's chunks), modes they lifted, seconds
+        singular_done = [0, 0, 0.0]
         # Screening the earlier iterates needs D monotone in each |z_j| (Gaussian, Laplace; a Monte Carlo
         # D is an estimate) and the rounding of the model's forward passes (TF32: 10 bits).
         screen = (iterates == "all" and certify and isinstance(noise, (Gaussian, Laplace))
@@ -1451,6 +1476,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                            targeted_method=targeted_method)
                 if keep_targeted_eps:  # chunk files with the steps; the default's hold none
                     key.update(keep_targeted_eps=True)
+            if singular_steps:  # (absent without them: checkpoints made before they existed still resume)
+                key.update(singular_steps=singular_steps)
             clean = features.detach().cpu().numpy()
             # the dense J's rows are pulled back per example since 2026-11-27 (last bits differ from before)
             arithmetic = arithmetic_of(batch.device) + ("; dense J by nonzero rows" if solver == "dense" else "")
@@ -1503,7 +1530,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 with profiling.annotate("dense-factor"):
                     J, products, jac_mode = dense.jacobian(model, batch[start:stop], skip_zero_rows=True,
                                                            return_products=True, return_mode=True)
-                    min_norm = dense.min_norm_solver(J)
+                    min_norm = dense.min_norm_solver(J, smallest=singular_steps)
                     min_norm.jacobian_products, min_norm.jacobian_mode = products, jac_mode
                 if share is not None:
                     t0 = time.perf_counter()
@@ -1579,17 +1606,46 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     e_all[rows_at], z_all[rows_at] = got
                     earlier_shifts = (e_all, z_all, take.reshape(m, k, restarts), margin)
                 del got
+            singular_shifts = None
+            if singular_steps:   # J's smallest singular directions, each a step scaled to a shift of size·σ
+                t0 = time.perf_counter()
+                with profiling.annotate("singular-steps"):
+                    if min_norm is not None:
+                        dirs, values = min_norm.smallest, min_norm.smallest_values
+                    else:
+                        dirs, values = krylov.smallest_directions(basis, singular_steps, pilots=krylov_pilots)
+                    dirs, values = dirs.detach(), values.detach()
+                    m = stop - start
+                    scale = torch.where(values > 0, size * gaussian_sigma / torch.where(values > 0, values, 1.0), 0.0)
+                    steps = from_torch((dirs * scale[..., None]).reshape(m * singular_steps, p))
+                    owner = torch.arange(m, device=batch.device).repeat_interleave(singular_steps)
+                    got = (xp.empty((m * singular_steps, p)), xp.empty((m * singular_steps, n)))
+                    # in pieces of the chunk's restart rows, which its forward passes hold already
+                    per = max(1, m * restarts)
+                    with profiling.annotate("certify"):
+                        for r0 in range(0, m * singular_steps, per):
+                            r1 = min(m * singular_steps, r0 + per)
+                            if certify:
+                                piece = _certified_iterates(model64, batch[start:stop], owner[r0:r1], steps[r0:r1])
+                            else:
+                                piece = _applied_shift(model, batch[start:stop][owner[r0:r1]],
+                                                       steps[r0:r1].astype(from_torch(batch[:1]).dtype),
+                                                       f0[xp.asarray(owner[r0:r1].cpu().numpy() * restarts)])
+                            got[0][r0:r1], got[1][r0:r1] = piece
+                singular_shifts = (got[0], got[1], time.perf_counter() - t0)
+                del got, steps
             if basis is not None:
                 again = (basis.redone, basis.passes)
             elif min_norm is not None and min_norm.jacobian_products is not None:  # the dense J's products
                 again = (np.zeros(stop - start, dtype=np.int64), min_norm.jacobian_products)
             else:
                 again = None
-            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude)
+            return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude,
+                    singular_shifts)
 
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
-             magnitude) = result
+             magnitude, singular_shifts) = result
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
                 passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
@@ -1733,7 +1789,27 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         del es, zs
                     earlier_inf = [(e, r, j) for (e, r), j in sorted(first_inf.items())]
                     del e64, zz64
-                risky_of[start] = (int(to_host(risky.sum())), worst)
+                singular_inf = []   # +inf from a singular step: (example, step)
+                extra_risky = 0     # singular steps whose D float64's rounding may move (warned with the rest)
+                if singular_shifts is not None:
+                    # J's smallest singular directions, certified: each mode takes the larger bound
+                    es, zs, seconds = singular_shifts
+                    K = es.shape[0] // m
+                    (pr, _, _, zd, mv, unr, _, _, _, rk, w) = assess(es, zs, restarts=K)
+                    top = pr.max(axis=1)
+                    singular_done[0] += m
+                    singular_done[1] += int(to_host((top > std[start:stop]).sum()))
+                    singular_done[2] += seconds
+                    std[start:stop] = xp.maximum(std[start:stop], top)
+                    del pr, top
+                    extra_risky = int(to_host(rk.sum()))
+                    worst = max(worst, w)
+                    zd, inf_k = to_host(xp.stack([zd & xp.any(zs != 0, axis=1).reshape(m, K), zd & mv & ~unr]))
+                    if zd.any():
+                        raise ValueError(divergence_underflow(noise, int(zd.sum())))
+                    singular_inf = list(zip(*np.nonzero(inf_k)))
+                    del es, zs
+                risky_of[start] = (int(to_host(risky.sum())) + extra_risky, worst)
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
                 zero_d, moved, underflow, unresolved, rounded, coarse = to_host(xp.stack([
                     zero_d, moved, zero_d & shifted, unresolved, rounded, coarse]))
@@ -1745,6 +1821,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 c_reasons += [f"example {start + e}, restart {r}: its iterate {j} of {iterations}: a(theta+eps) == "
                               f"a(theta) exactly, so D = 0; no unbiased estimator exists for the coordinates this "
                               f"eps moves (their bound is +inf)" for e, r, j in earlier_inf]
+                c_reasons += [f"example {start + e}, singular step {k}: a(theta+eps) == a(theta) exactly, so D = 0; no "
+                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
+                              for e, k in singular_inf]
                 reasons_of[start] = c_reasons
                 c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
                 c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in {z_dtype}, {_UNRESOLVED} "
@@ -1921,6 +2000,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                         examples_computed=computed[0]),
                   zero_step_reasons=zero_steps,
                   rounding=dict(restarts=n_risky, worst=worst),
+                  singular_steps=None if not singular_steps else dict(
+                      count=singular_steps, examples=singular_done[0], modes_lifted=singular_done[1],
+                      seconds=singular_done[2],
+                      note="per example, a step along each of J's smallest singular directions (the dense "
+                           "factorization's, or the Krylov bases' Ritz vectors), certified like Algorithm 1's: "
+                           "modes_lifted counts the (example, mode) bounds they raised, over the chunks this call "
+                           "computed"),
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

@@ -575,6 +575,9 @@ class MinNormSolver:
     driver: str
     jacobian_products: np.ndarray | None = None   # (B,): the products that built each J, where the builder said
     jacobian_mode: str | None = None   # "forward" or "reverse": how J was built, where the builder said
+    smallest: torch.Tensor | None = None   # (B, K, p) float64: unit right singular vectors of J's K smallest kept
+    #                                        singular values (min_norm_solver(smallest=K)); zero rows past the rank
+    smallest_values: torch.Tensor | None = None   # (B, K): those singular values, ‖J v‖ (0 for the zero rows)
 
     @property
     def null_dim(self) -> torch.Tensor:
@@ -610,7 +613,8 @@ class MinNormSolver:
                                    null_fraction=null_fraction)
 
 
-def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto") -> MinNormSolver:
+def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str = "auto",
+                    smallest: int = 0) -> MinNormSolver:
     """Factor every ``J_b`` (B, n, p) once for :meth:`MinNormSolver.solve`.
 
     Rank tolerance and drivers as :func:`decompose` (``rtol`` relative to the largest
@@ -619,6 +623,10 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
     matrix is that of the smaller side after dropping J's zero rows: k × k with k live
     rows when k ≤ p, else p × p. On the MNIST MLP (p = 784, about 390 live rows of 784)
     this is ~6× faster than the p × p eigendecomposition of :func:`decompose`.
+
+    ``smallest=K`` also keeps the unit right singular vectors of each J's K smallest singular values
+    above the tolerance, from the same factorization (``.smallest``, ``.smallest_values``): the
+    directions ``bound(singular_steps=K)`` certifies.
     """
     rtol = _checked(J, rtol, driver)
     B, n, p = J.shape
@@ -636,6 +644,7 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
         keep = s > rtol * smax
         inv = torch.where(keep, 1.0 / torch.where(keep, s, torch.ones_like(s)), torch.zeros_like(s))
         matrix = (u * inv[:, None, :]) @ vh                                 # (J⁺)ᵀ = U S⁺ Vh
+        vals = s
     else:
         gram = Jr @ Jr.transpose(1, 2) if k <= p else Jr.transpose(1, 2) @ Jr
         # s² = λ; k ≤ p: example b's Gram matrix is its leading live_rows[b] block (zero elsewhere)
@@ -646,5 +655,23 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
         core = (vec * inv[:, None, :]) @ vec.transpose(1, 2)               # (Gram)⁺
         # k ≤ p: J⁺ = Jᵀ (J Jᵀ)⁺, so (J⁺)ᵀ = (J Jᵀ)⁺ J;  k > p: J⁺ = (JᵀJ)⁺ Jᵀ, (J⁺)ᵀ = J (JᵀJ)⁺.
         matrix = core @ Jr if k <= p else Jr @ core
+        vals = torch.sqrt(torch.clamp(lam, min=0.0))
     rank = keep.sum(dim=1)
-    return MinNormSolver(rows=rows, matrix=matrix, rank=rank, live_rows=live_rows, driver=driver)
+    out = MinNormSolver(rows=rows, matrix=matrix, rank=rank, live_rows=live_rows, driver=driver)
+    if smallest:
+        K = min(int(smallest), vals.shape[1])
+        at = torch.topk(torch.where(keep, vals, torch.full_like(vals, math.inf)), K, dim=1, largest=False).indices
+        got = keep.gather(1, at)                                             # fewer kept than K: zero rows
+        values = torch.where(got, vals.gather(1, at), torch.zeros_like(vals[:, :K]))
+        if driver == "svd":
+            dirs = vh.gather(1, at[:, :, None].expand(B, K, p))               # rows of Vh: unit already
+        elif k <= p:   # v = Jrᵀ u / s, unit
+            u = vec.gather(2, at[:, None, :].expand(B, k, K))                 # (B, k, K)
+            dirs = (u.transpose(1, 2) @ Jr) / torch.where(got, values, torch.ones_like(values))[:, :, None]
+        else:          # JᵀJ's own eigenvectors
+            dirs = vec.gather(2, at[:, None, :].expand(B, p, K)).transpose(1, 2)
+        pad = int(smallest) - K   # fewer singular values than asked: zero rows, value 0
+        out.smallest = torch.nn.functional.pad(torch.where(got[:, :, None], dirs, torch.zeros_like(dirs)),
+                                               (0, 0, 0, pad))
+        out.smallest_values = torch.nn.functional.pad(values, (0, pad))
+    return out

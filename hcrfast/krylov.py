@@ -667,6 +667,54 @@ def directions(basis: KrylovBasis, q: torch.Tensor, *, pilots: int = 1) -> torch
     return out
 
 
+def smallest_directions(basis: KrylovBasis, count: int, *, pilots: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example, the unit Ritz vectors of its ``count`` smallest kept Ritz values over all its pilots'
+    bases: ``v = V_kᵀ y`` with ``B_kᵀB_k y = λ y``, so that ``‖J v‖ = sqrt(λ)`` (the basis
+    orthonormal): the Krylov spaces' approximations of J's smallest singular directions, which
+    ``bound(singular_steps=K)`` certifies. No model product. Pilots whose spaces overlap find the same
+    vectors: a vector within 60° of one already taken (|cos| > 0.5) is passed over for the next Ritz
+    value (up to ``pilots`` rounds of ``count`` candidates).
+
+    Returns ``(dirs, values)``: (B, count, p) float64 and (B, count) ``sqrt(λ)``, ascending; zero rows
+    (value 0) where an example's bases keep fewer than ``count`` such vectors."""
+    B = basis.batch // pilots
+    p = basis.groups[0].V.shape[-1] if basis.groups else 0
+    dev = basis.groups[0].V.device if basis.groups else torch.device("cpu")
+    cand = [[] for _ in range(B)]   # per example: (λ, group, row in group, column of Y), on the host
+    for gi, g in enumerate(basis.groups):
+        filt = g.filt.cpu().numpy()
+        for row, member in enumerate(np.asarray(g.members).tolist()):
+            cols = np.flatnonzero(filt[row] > 0)
+            lam = 1.0 / filt[row, cols] - basis.damp**2
+            cand[member // pilots].extend(zip(lam.tolist(), [gi] * len(cols), [row] * len(cols), cols.tolist()))
+    dirs = torch.zeros((B, count, p), dtype=torch.float64, device=dev)
+    values = np.zeros((B, count))
+    for e, c in enumerate(cand):
+        c = sorted(c)[:count * max(1, pilots)]
+        taken = 0
+        for lo in range(0, len(c), count):
+            block = c[lo:lo + count]
+            vs = torch.stack([basis.groups[gi].Y[row, :, col] @ basis.groups[gi].V[row].to(torch.float64)
+                              for _, gi, row, col in block])                            # (len, p)
+            vs = vs / torch.clamp(torch.linalg.vector_norm(vs, dim=1, keepdim=True), min=1e-300)
+            near = torch.abs(vs @ vs.T).cpu().numpy()                                   # within the block
+            prior = (torch.abs(vs @ dirs[e, :taken].T).amax(dim=1).cpu().numpy() if taken
+                     else np.zeros(len(block)))
+            kept = []
+            for i, (lam, *_ ) in enumerate(block):
+                if taken == count:
+                    break
+                if prior[i] > 0.5 or any(near[i, j] > 0.5 for j in kept):
+                    continue
+                kept.append(i)
+                dirs[e, taken] = vs[i]
+                values[e, taken] = math.sqrt(max(lam, 0.0))
+                taken += 1
+            if taken == count:
+                break
+    return dirs, to_device(values, dev)
+
+
 def _keep_best(out: torch.Tensor, best: torch.Tensor, found: torch.Tensor, lin2: torch.Tensor,
                examples: np.ndarray, *, batched: bool | None = None) -> None:
     """Per (example, mode), the candidate of ``found`` (s, K, p) with the largest ``lin2`` (s, K) replaces

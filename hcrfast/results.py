@@ -294,6 +294,12 @@ class Bounds:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
+        sing = p.get("singular_steps")
+        if sing:
+            lines.append(f"  singular steps: {sing['count']} per example along J's smallest singular directions, "
+                         f"certified; they raised {sing['modes_lifted']:,} of the "
+                         f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
+                         f"computed ({sing['seconds']:.2f} s)")
         if h.targeted is not None:
             t = h.targeted
             lifted = np.asarray(t.std).reshape(std.shape[0], -1)[:, t.modes] > \
@@ -311,13 +317,14 @@ class Bounds:
             lines.append(f"  targeted bounds folded in: the bounds above are the larger of Algorithm 1's "
                          f"(.std_algorithm1) and the targeted ones, which lifted {lifted.mean():.1%} of them")
         elif (p.get("solver") in ("dense", "krylov") and p.get("basis") == "dct" and h.std.ndim >= 3
-              and str(p.get("noise", "")).startswith("Gaussian")):
-            # the directions would come from this solve's own factorization: no model product, K forward passes
+              and not sing and str(p.get("noise", "")).startswith("Gaussian")):
+            # the directions would come from this solve's own factorization: no model product, a forward pass a step
             k = min(8, *h.std.shape[-2:])
-            lines.append(f"  no targeted steps: targets='low:{k}' (hcrfast bound --targets low:{k}) would add a "
-                         f"certified step aimed at each of the {k}x{k} lowest modes of a channel, its direction from "
-                         f"this solve's own factorization, at one forward pass a step; it can only raise these bounds "
-                         f"(README, 'Tighter bounds')")
+            lines.append(f"  no extra steps: targets='low:{k}' (hcrfast bound --targets low:{k}: a step aimed at each "
+                         f"of the {k}x{k} lowest modes of a channel) or singular_steps=64 (--singular-steps 64: a step "
+                         f"along each of J's 64 smallest singular directions) would add certified steps, their "
+                         f"directions from this solve's own factorization, at one forward pass a step; they can only "
+                         f"raise these bounds (README, 'Tighter bounds')")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
             matched = [_RESTART.match(r) for r in self.infinite_reasons]

@@ -119,6 +119,23 @@ def test_last_iterate_is_the_apis_iterates_last_and_resumes_only_its_own_chunks(
     assert "iterates" in capsys.readouterr().err
 
 
+def test_singular_steps_are_the_apis_and_a_bad_count_is_refused_by_name(files, capsys):
+    """--singular-steps 4 gives bound(singular_steps=4), says so in summary.json's params and the printed
+    summary; a negative count exits 2 naming the argument and the fix."""
+    tmp_path, x = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", "--restarts", "2", "--iterations", "2",
+            "--threads", "1", "--no-progress", "--no-report"]
+    assert _bound([*argv, "--singular-steps", "4", "--out", tmp_path / "run"]) == 0
+    assert "singular steps: 4 per example" in capsys.readouterr().out
+    got = hcrfast.Bounds.load(tmp_path / "run" / "bounds.npz")
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["params"]["singular_steps"]["count"] == 4
+    want = hcrfast.bound(_user_model(tmp_path), x, s["noise"]["sigma"], restarts=2, iterations=2, singular_steps=4)
+    np.testing.assert_array_equal(got.std, want.std)
+    assert _bound([*argv, "--singular-steps", "-1", "--out", tmp_path / "bad"]) == 2
+    assert "singular_steps must be 0 (none) or a positive integer" in capsys.readouterr().err
+
+
 def test_targets_are_bounded_and_summarized(files):
     """--targets low:2: the command's bounds are bound(targets="low:2")'s, and summary.json says how far
     the targeted steps lifted them above Algorithm 1's."""

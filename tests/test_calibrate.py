@@ -394,14 +394,19 @@ def test_the_secant_is_local_so_a_bending_statistic_does_not_stall_the_search():
 
 # ---- hcrfast.sweep_sigma: bounds at several noise levels, sharing the factors ----
 
+@pytest.mark.parametrize("singular_steps", [0, 3])
 @pytest.mark.parametrize("solver", ["dense", "krylov"])
-def test_a_sweep_gives_a_direct_calls_bounds_at_every_sigma_building_the_factors_once(solver, monkeypatch):
+def test_a_sweep_gives_a_direct_calls_bounds_at_every_sigma_building_the_factors_once(solver, singular_steps,
+                                                                                      monkeypatch):
+    """(With singular_steps: the directions kept with the dense factor, or taken from the kept bases, serve
+    every σ, scaled to each.)"""
     from hcrfast import dense, krylov
 
     model, x = _tanh_net(), _batch(4)
     if solver == "krylov":
         model, x = model.double(), x.double()
     builds = _count(monkeypatch, dense, "jacobian") if solver == "dense" else _count(monkeypatch, krylov, "build")
+    KW = dict(globals()["KW"], singular_steps=singular_steps)
     sweep = hcrfast.sweep_sigma(model, x, [1.0, 0.25, 4.0], solver=solver, chunk_size=2, **KW)
     assert len(builds) == 2 and sweep.reused_examples == [0, 4, 4]  # two chunks, built once
     sigma0 = hcrfast.rms_sigma(model(x).detach(), 1.0)

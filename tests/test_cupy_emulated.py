@@ -92,6 +92,8 @@ CASES = {
         lambda z: -np.abs(z) / 0.05 - np.log(0.1), lambda rng, shape: rng.laplace(0, 0.05, shape))),
     "chunks-of-3": dict(solver="krylov", chunk_size=3),
     "per-feature-sigma-targets": dict(solver="dense", targets="low:2", noise=np.linspace(0.03, 0.08, 48)),
+    "dense-singular-steps": dict(solver="dense", singular_steps=5),
+    "krylov-2-pilots-singular-steps": dict(solver="krylov", krylov_pilots=2, singular_steps=5, chunk_size=3),
 }
 
 

@@ -1,0 +1,183 @@
+"""bound(singular_steps=K): steps along J's K smallest singular directions, certified like Algorithm 1's, each
+bounding every mode it moves. Oracles: NumPy's SVD of W (linear models, closed form) or of torch.func's J, the
+test's own float64 forward passes and SciPy's DCT."""
+import warnings
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+from test_bound import linear_model, matrix_with_condition
+
+import hcrfast
+from hcrfast import dense, krylov
+
+
+def coords(eps, shape, basis="dct"):
+    """|mode coordinates| of the steps (rows), by SciPy's orthonormal DCT-II over the last two axes."""
+    e = np.asarray(eps).reshape((-1,) + tuple(shape))
+    c = scipy.fft.dctn(e, axes=(-2, -1), norm="ortho") if basis == "dct" else e
+    return np.abs(c.reshape(len(e), -1))
+
+
+def singular_oracle(model64, x, K, sigma, size, signs=(1.0,)):
+    """Per example (B, p): max over J's K smallest singular directions v_i (NumPy's SVD of torch.func's J,
+    above 1e-12 of the largest) of |Q ε|/sqrt(D), ε = ±v_i·size·σ/s_i and D from this test's own float64
+    passes; with several signs, the (lowest, highest) over them, as (B, p) arrays."""
+    B = x.shape[0]
+    shape = tuple(x.shape[1:])
+    p = int(np.prod(shape))
+    lo, hi = np.zeros((B, p)), np.zeros((B, p))
+    for b in range(B):
+        xb = x[b:b + 1].double()
+        J = torch.func.jacrev(lambda t: model64(t).reshape(-1))(xb).reshape(-1, p).detach().numpy()
+        _, s, vt = np.linalg.svd(J)
+        keep = s > s[0] * 1e-12
+        s, vt = s[keep][::-1][:K], vt[keep][::-1][:K]
+        with torch.no_grad():
+            a0 = model64(xb).reshape(-1)
+        per_sign = []
+        for sign in signs:
+            e = sign * vt * (size * sigma / s)[:, None]
+            with torch.no_grad():
+                z = model64(xb + torch.as_tensor(e).reshape((len(e),) + shape)).reshape(len(e), -1) - a0
+            d = np.expm1((z.numpy() ** 2).sum(axis=1) / sigma**2)
+            per_sign.append(coords(e, shape) / np.sqrt(d)[:, None])
+        both = np.stack(per_sign)                       # (signs, K, p)
+        lo[b] = both.min(axis=0).max(axis=0)
+        hi[b] = both.max(axis=0).max(axis=0)
+    return lo, hi
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+@pytest.mark.parametrize("n", [40, 18])  # more features than inputs, and fewer (a null space)
+def test_linear_models_get_the_closed_form_of_each_singular_step(solver, n):
+    """a(θ) = Wθ + b: the step along v_i (scaled to ‖W ε‖ = sσ) bounds mode j by
+    |(Q v_i)_j|·sσ/s_i / sqrt(expm1(s²)); the result is the max of that and Algorithm 1's."""
+    rng = np.random.default_rng(n)
+    shape, p, B, K, sigma, size = (2, 3, 4), 24, 3, 5, 0.7, 1 / 200
+    W = matrix_with_condition(rng, n, p, 1e3) if n >= p else matrix_with_condition(rng, p, n, 1e3).T
+    model = linear_model(W, rng.standard_normal(n), shape)
+    x = torch.as_tensor(rng.standard_normal((B,) + shape))
+    kw = dict(restarts=3, iterations=3, solver=solver, size=size)
+    base = hcrfast.bound(model, x, sigma, **kw).std.reshape(B, -1)
+    res = hcrfast.bound(model, x, sigma, singular_steps=K, **kw)
+    _, s, vt = np.linalg.svd(W)
+    s, vt = s[::-1][:K], vt[:len(s)][::-1][:K]
+    closed = (coords(vt, shape) * (size * sigma / s)[:, None]).max(axis=0) / np.sqrt(np.expm1(size**2))
+    np.testing.assert_allclose(res.std.reshape(B, -1), np.maximum(base, closed[None]), rtol=1e-7)
+    assert res.params["singular_steps"]["count"] == K and res.params["singular_steps"]["examples"] == B
+    assert res.params["singular_steps"]["modes_lifted"] == int((closed[None] > base * (1 + 1e-9)).sum())
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_a_relu_model_gets_what_its_own_forward_passes_certify(solver):
+    """Float32 ReLU MLP: every mode's bound lies between the max of Algorithm 1's and the singular steps'
+    certified by the test (float64 copy, both signs of each singular vector, which SVD leaves open; the
+    engine's vectors are of its float32 J, 1e-4 apart), and at least one singular step raises some mode."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 90), torch.nn.ReLU(),
+                                torch.nn.Linear(90, 70)).eval()
+    x = torch.randn(2, 1, 8, 8)
+    sigma = hcrfast.rms_sigma(model(x).detach(), 1.0)
+    kw = dict(restarts=3, iterations=2, solver=solver)
+    base = hcrfast.bound(model, x, sigma, **kw).std.reshape(2, -1)
+    got = hcrfast.bound(model, x, sigma, singular_steps=6, **kw).std.reshape(2, -1)
+    model64 = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 90), torch.nn.ReLU(),
+                                  torch.nn.Linear(90, 70)).double().eval()
+    model64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    lo, hi = singular_oracle(model64, x, 6, sigma, 1 / 200, signs=(1.0, -1.0))
+    assert np.all(got >= base) and np.any(got > base * 1.01)
+    assert np.all(got >= np.maximum(base, lo) * (1 - 1e-4))
+    assert np.all(got <= np.maximum(base, hi) * (1 + 1e-4))
+    # uncertified float32 passes (certify=False): the same steps, their shifts rounded at 1e-7
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the uncertified-bounds warning
+        loose = hcrfast.bound(model, x, sigma, singular_steps=6, certify=False, **kw).std.reshape(2, -1)
+        loose0 = hcrfast.bound(model, x, sigma, certify=False, **kw).std.reshape(2, -1)
+    assert np.all(loose >= loose0)
+    np.testing.assert_allclose(loose, got, rtol=1e-2)
+
+
+def test_krylov_ritz_vectors_of_pilots_sharing_one_space_are_taken_once():
+    """Two pilots whose bases both exhaust the space find the same Ritz vectors: the K smallest distinct
+    ones are J's K smallest right singular vectors (NumPy's SVD), not each twice."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 30), torch.nn.Tanh(),
+                                torch.nn.Linear(30, 24)).double().eval()
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    built = []
+    real = krylov.build
+
+    def spy(*a, **k):
+        built.append(real(*a, **k))
+        return built[-1]
+
+    krylov.build = spy
+    try:
+        hcrfast.bound(model, x, 0.1, solver="krylov", restarts=2, iterations=2, krylov_pilots=2)
+    finally:
+        krylov.build = real
+    dirs, values = krylov.smallest_directions(built[0], 4, pilots=2)
+    for b in range(2):
+        J = torch.func.jacrev(lambda t: model(t).reshape(-1))(x[b:b + 1]).reshape(24, 16).detach().numpy()
+        _, s, vt = np.linalg.svd(J)
+        np.testing.assert_allclose(values[b].numpy(), s[::-1][:4], rtol=1e-8)
+        np.testing.assert_allclose(np.abs(np.sum(dirs[b].numpy() * vt[::-1][:4], axis=1)), 1.0, atol=1e-8)
+
+
+def test_min_norm_solver_keeps_the_smallest_singular_vectors_with_each_driver():
+    torch.manual_seed(2)
+    for n, p in ((30, 20), (12, 20), (20, 20)):
+        J = torch.randn(3, n, p, dtype=torch.float64)
+        J[1, :4] = 0   # dead rows, dropped before the factorization
+        for driver in ("svd", "eigh"):
+            solver = dense.min_norm_solver(J, driver=driver, smallest=5)
+            for b in range(3):
+                _, s, vt = np.linalg.svd(J[b].numpy())
+                r = int((s > s[0] * 1e-12).sum())
+                np.testing.assert_allclose(solver.smallest_values[b].numpy(), s[:r][::-1][:5], rtol=1e-8)
+                np.testing.assert_allclose(np.abs(np.sum(solver.smallest[b].numpy() * vt[:r][::-1][:5], axis=1)),
+                                           1.0, atol=1e-8)
+    # more asked than the rank holds: zero rows with value 0
+    J = torch.zeros(1, 6, 5, dtype=torch.float64)
+    J[0, 0, 0], J[0, 1, 1] = 2.0, 3.0
+    solver = dense.min_norm_solver(J, smallest=4)
+    np.testing.assert_allclose(solver.smallest_values[0].numpy(), [2.0, 3.0, 0.0, 0.0])
+    assert not solver.smallest[0, 2:].any()
+
+
+def test_singular_steps_are_checked_before_the_run():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="singular_steps must be 0 .none. or a positive integer.*got -1"):
+        hcrfast.bound(model, x, 0.1, singular_steps=-1)
+    for bad in (True, 2.0, "4"):
+        with pytest.raises(TypeError, match="singular_steps must be an integer"):
+            hcrfast.bound(model, x, 0.1, singular_steps=bad)
+    with pytest.raises(ValueError, match="solves with 'lsqr'; pass solver='dense' or solver='krylov'"):
+        hcrfast.bound(model, x, 0.1, singular_steps=4, solver="lsqr")
+    with pytest.raises(NotImplementedError, match="needs Gaussian noise.*pass singular_steps=0"):
+        hcrfast.bound(model, x, hcrfast.Laplace(0.1), singular_steps=4)
+    a = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2)
+    b = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, singular_steps=0)
+    np.testing.assert_array_equal(a.std, b.std)
+    assert a.params["singular_steps"] is None
+
+
+def test_a_checkpoint_keys_the_singular_steps_and_resumes_them(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
+    x = torch.randn(4, 1, 4, 4)
+    kw = dict(restarts=2, iterations=2, chunk_size=2, singular_steps=3)
+    whole = hcrfast.bound(model, x, 0.1, **kw)
+    first = hcrfast.bound(model, x[:2], 0.1, checkpoint=tmp_path / "c", example_ids=[0, 1], **kw)
+    assert first.std.shape[0] == 2
+    with pytest.raises(hcrfast.CheckpointMismatchError, match="singular_steps"):
+        hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **dict(kw, singular_steps=4))
+    with pytest.raises(hcrfast.CheckpointMismatchError):
+        hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **dict(kw, singular_steps=0))
+    resumed = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "d", **kw)
+    np.testing.assert_allclose(resumed.std, whole.std, rtol=1e-12)
+    assert "singular" in whole.summary()
