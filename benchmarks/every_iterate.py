@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lsqr_budget import add_workload_arguments, random_workload  # noqa: E402
+from lsqr_budget import add_workload_arguments, workload_from_args  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
@@ -51,10 +51,7 @@ def main(argv=None) -> int:
                          "times more, in turn, and report the medians: for calls of a second or so")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    zm, model, x, f0, sigma = random_workload(args.model, args.examples, "cpu", args.first)
-    ids = np.arange(args.first, args.first + args.examples)
+    zm, model, x, f0, sigma, ids = workload_from_args(args)
     B, R, I = args.examples, args.restarts, args.iterations
 
     recorded = []

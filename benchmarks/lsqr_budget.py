@@ -50,6 +50,15 @@ def random_workload(name: str, examples: int, device: str, first: int = 0):
     return zm, model, x, features, hcrfast.rms_sigma(features, zm.sigma_scale)
 
 
+def workload_from_args(args):
+    """:func:`random_workload` of :func:`add_workload_arguments`' ``args`` on the CPU, torch's threads set
+    from ``args.threads`` first where given: ``(zm, model, x, features, sigma, example_ids)``."""
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    zm, model, x, features, sigma = random_workload(args.model, args.examples, "cpu", args.first)
+    return zm, model, x, features, sigma, np.arange(args.first, args.first + args.examples)
+
+
 def _index(text: str) -> int:
     """argparse type of ``--first``: an integer >= 0."""
     value = int(text)

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lsqr_budget import add_workload_arguments, random_workload  # noqa: E402
+from lsqr_budget import add_workload_arguments, workload_from_args  # noqa: E402
 from race import machine_info  # noqa: E402
 
 import hcrfast  # noqa: E402
@@ -70,10 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    zm, model, x, f0, sigma = random_workload(args.model, args.examples, "cpu", args.first)
-    ids = np.arange(args.first, args.first + args.examples)
+    zm, model, x, f0, sigma, ids = workload_from_args(args)
     B, R, I = args.examples, args.restarts, args.iterations
     kw = dict(size=zm.size, restarts=R, iterations=I, example_ids=ids)
     # one-time costs of the process (compilation, thread pools) out of the timed calls
