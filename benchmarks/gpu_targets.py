@@ -304,7 +304,7 @@ def run(args, on_slice=None) -> dict:
     opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver,
-              iterates=args.iterates)
+              iterates=args.iterates, singular_steps=args.singular_steps)
     if args.krylov_pilots not in (None, 1, "auto") and solver != "krylov":
         raise SystemExit(f"gpu_targets: --krylov-pilots {args.krylov_pilots} needs the Krylov solver, "
                          f"but this run solves with {solver!r}; add --solver krylov")
@@ -369,6 +369,7 @@ def run(args, on_slice=None) -> dict:
             krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
             dense_eigh_impl=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
             warm_start=res.params["warm_start"], iterates=res.params["iterates"],
+            singular_steps=res.params.get("singular_steps"),
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
             target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
@@ -459,7 +460,8 @@ def report(r: dict) -> str:
         f"sigma={r['sigma']:.4g} ({r['sigma_scale']:g} x RMS), jacobian={r['jacobian']}, kernels={r['kernels']}, "
         f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
         f"iterates={r.get('iterates', 'last')}, "
-        f"on {gpu}; inputs: {r['inputs']}",
+        + (f"singular_steps={r['singular_steps']['count']}, " if r.get("singular_steps") else "")
+        + f"on {gpu}; inputs: {r['inputs']}",
         f"  warm-up call {r['warmup_seconds']:.1f} s (one-time costs of the process)",
         (f"  hcrfast.bound: {r['seconds']:.2f} s wall"
          + (f" in {r.get('slices_done', r['slices'])} calls" if r["slices"] > 1 else "")
@@ -500,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
     ap.add_argument("--iterates", default="all", choices=("all", "last"),
                     help="bound(iterates=...): every iterate's certified bound (default) or the last one's alone")
+    ap.add_argument("--singular-steps", type=int, default=0,
+                    help="bound(singular_steps=K): a certified step along each of J's K smallest singular directions")
     ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense", "krylov"),
                     help="bound(solver=...); auto: what bound() takes without lsqr= options (on CUDA the Krylov "
                          "basis; with --cold-start, LSQR). dense: J "

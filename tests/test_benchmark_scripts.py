@@ -65,6 +65,13 @@ def test_gpu_targets_runs_the_krylov_solver_and_counts_its_basis(tmp_path):
     assert r["lsqr"]["atol"] == 0 and r["lsqr"]["iter_lim"] == 20  # the basis' own rules, capped
     assert r["rows_through_jvp"] + r["rows_through_vjp"] >= 41 * 2
     assert "Krylov basis steps median 20" in proc.stdout
+    # --singular-steps: the same call with 4 singular steps, recorded, and no bound lower
+    run_script("gpu_targets.py", "mnist", "--device", "cpu", "--examples", "2", "--restarts", "3",
+               "--iterations", "2", "--threads", "1", "--solver", "krylov", "--krylov-steps", "20",
+               "--reorth-passes", "2", "--singular-steps", "4", "--out", str(tmp_path / "sing"))
+    (path,) = (tmp_path / "sing").glob("gpu_targets_mnist_cpu_*.json")
+    s = json.loads(path.read_text())
+    assert s["singular_steps"]["count"] == 4 and s["bound"]["median"] >= r["bound"]["median"]
 
 
 def test_gpu_targets_double_backward_choice_is_recorded_and_leaves_the_bounds(tmp_path):
