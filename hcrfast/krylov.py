@@ -701,7 +701,7 @@ def smallest_directions(basis: KrylovBasis, count: int, *, pilots: int = 1) -> t
             prior = (torch.abs(vs @ dirs[e, :taken].T).amax(dim=1).cpu().numpy() if taken
                      else np.zeros(len(block)))
             kept = []
-            for i, (lam, *_ ) in enumerate(block):
+            for i, (lam, *_) in enumerate(block):
                 if taken == count:
                     break
                 if prior[i] > 0.5 or any(near[i, j] > 0.5 for j in kept):

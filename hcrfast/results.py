@@ -113,6 +113,7 @@ def noise_label(described) -> str:
 
 # How a reason of params["zero_step_reasons"] or of infinite_reasons names its restart.
 _RESTART = re.compile(r"example (\d+), restart (\d+): ")
+_SINGULAR = re.compile(r"example (\d+), singular step (\d+): ")
 
 
 @dataclass
@@ -329,10 +330,12 @@ class Bounds:
         if n_inf:
             matched = [_RESTART.match(r) for r in self.infinite_reasons]
             by_restart = len({m.groups() for m in matched if m})   # a restart's iterates may each have one
-            by_target = sum(not m for m in matched)
+            by_singular = sum(bool(not m and _SINGULAR.match(r)) for m, r in zip(matched, self.infinite_reasons))
+            by_target = sum(not m for m in matched) - by_singular
             lines.append(f"  {n_inf} coordinates have bound +inf (D = 0): "
                          + " and ".join(part for part in (
                              counted(by_restart, "restart") if by_restart else "",
+                             counted(by_singular, "singular step") if by_singular else "",
                              counted(by_target, "targeted (example, mode) step") if by_target else "") if part)
                          + " left the features exactly unchanged; see .infinite_reasons")
         n_zero = int((std == 0).sum())

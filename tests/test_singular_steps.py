@@ -181,3 +181,22 @@ def test_a_checkpoint_keys_the_singular_steps_and_resumes_them(tmp_path):
     resumed = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "d", **kw)
     np.testing.assert_allclose(resumed.std, whole.std, rtol=1e-12)
     assert "singular" in whole.summary()
+
+
+class _Frozen(torch.nn.Module):
+    """Features that do not move although the Jacobian (I) says they do: every step has D = 0."""
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        return (flat - flat.detach()) + 1.0
+
+
+def test_a_singular_step_with_zero_divergence_gives_infinite_bounds_with_its_reason():
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hcrfast.bound(_Frozen(), x, 0.1, restarts=2, iterations=2, solver="dense", singular_steps=3)
+    assert np.all(np.isinf(res.std))
+    singular = [r for r in res.infinite_reasons if ", singular step " in r]
+    assert len(singular) == 2 * 3 and all("so D = 0" in r for r in singular)
+    assert "and 6 singular steps left the features exactly unchanged" in res.summary()
