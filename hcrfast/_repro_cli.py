@@ -112,6 +112,9 @@ def add_subparser(subparsers) -> None:
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
                         "largest of Algorithm 1's and the targeted steps' (each bounds every mode it moves), and the "
                         "summary reports the gain")
+    g.add_argument("--singular-steps", type=int, default=0, metavar="K",
+                   help="also certify a step along each of J's K smallest singular directions (from the dense or "
+                        "Krylov solve's own factorization); each bounds every mode it moves (default 0: none)")
     g.add_argument("--lsqr-atol", type=float, default=None,
                    help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
                         f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")
@@ -205,6 +208,7 @@ def _reproduce(args: argparse.Namespace):
         lsqr_btol=args.lsqr_btol,
         lsqr_iter_lim=args.lsqr_iter_lim,
         krylov_pilots=args.krylov_pilots,
+        singular_steps=args.singular_steps,
         progress=not args.no_progress,
         train_epochs=args.train_epochs,
         crash_after_chunks=args.test_crash_after_chunks,

@@ -1172,7 +1172,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         of the Krylov bases: no model product), scaled to a linearized feature shift of ``size·σ``, and
         report per mode the largest bound (each step bounds every mode it moves, as a targeted step
         does). One forward pass per step (float64 with ``certify``). Needs ``solver`` "dense" or
-        "krylov" and Gaussian noise. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's.
+        "krylov" and Gaussian noise. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's;
+        with ``targets``, ``std_algorithm1`` (what the targeted steps are weighed against) includes them.
         Default 0: none.
     keep_targeted_eps : bool
         Keep every targeted step ε_k in ``result.targeted.eps`` (B·K·p float64 values: 12 GB

@@ -303,7 +303,7 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
         lsqr=None if cfg.get("solver") == "dense" else lsqr,  # the dense solve runs no LSQR (the key keeps lsqr)
         targets=cfg.get("targets"), warm_start=cfg["warm_start"], solver=cfg.get("solver", "lsqr"),
         iterates=cfg.get("iterates", "last"),  # a key without it is a run from before: Algorithm 1's last iterates
-        krylov_pilots=cfg.get("krylov_pilots", 1),
+        krylov_pilots=cfg.get("krylov_pilots", 1), singular_steps=cfg.get("singular_steps", 0),
     ).to_numpy()
     # Without targets Algorithm 1's bounds are the bounds.
     arrays = {k: np.asarray(getattr(res, k) if getattr(res, k, None) is not None else res.std)
@@ -456,6 +456,8 @@ def _command_line(name, key, weights, out, data_root) -> str:
         parts.append("--limit")
     if key.get("targets") is not None:
         parts += ["--targets", key["targets"]]
+    if key.get("singular_steps"):
+        parts += ["--singular-steps", key["singular_steps"]]
     if not key["warm_start"]:
         parts.append("--cold-start")
     if key.get("iterates", "last") == "last":
@@ -505,6 +507,7 @@ def run(
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
     krylov_pilots: int | str = "auto",
+    singular_steps: int = 0,
     progress: bool = True,
     train_epochs: int | None = None,
     crash_after_chunks: int | None = None,
@@ -537,6 +540,8 @@ def run(
     linearize_at : {"input", "current"}
     targets : str, optional
         ``hcrfast.bound``'s ``targets`` (e.g. "low:8").
+    singular_steps : int
+        ``hcrfast.bound``'s ``singular_steps`` (0: none): needs the dense or Krylov solve.
     warm_start : bool
         ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
         published scripts; ``--cold-start``).
@@ -602,6 +607,12 @@ def run(
             from hcrfast.targeted import parse_targets
 
             parse_targets(targets, _zoo.published_parameters(name)["input_shape"], "dct")
+        if singular_steps != 0:  # a bad --singular-steps fails before a model is trained or a folder made
+            singular_steps = _positive_int("singular_steps", singular_steps, "--singular-steps")
+            if solver == "lsqr" or linearize_at != "input" or (lsqr_given and solver == "auto"):
+                raise ValueError(f"--singular-steps {singular_steps} takes J's smallest singular directions from "
+                                 f"the dense solve or the Krylov basis, but this run solves by LSQR (--solver lsqr, "
+                                 f"--linearize-at current or an --lsqr-* option); drop those, or --singular-steps")
         _check_weights(name, weights)
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
@@ -615,7 +626,7 @@ def run(
                         iterates=validation.choice("iterates", iterates, ("all", "last")),
                         lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=(krylov_pilots if krylov_pilots == "auto" else
                                        _positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots")),
-                        progress=progress, train_epochs=train_epochs,
+                        singular_steps=singular_steps, progress=progress, train_epochs=train_epochs,
                         crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
         except BaseException:
             if world.rank == 0:
@@ -635,7 +646,7 @@ def _remove_if_empty(folders) -> None:
 
 def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed, device, out, data_root,
          download, weights, chunk_examples, linearize_at, targets, warm_start, iterates, solver, lsqr, lsqr_given,
-         progress,
+         singular_steps, progress,
          train_epochs, krylov_pilots,
          crash_after_chunks,
          world, t_start) -> RunResult:
@@ -727,6 +738,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         **({"iterates": iterates} if iterates != "last" else {}),  # absent for "last": old keys (all "last") match
         "solver": solver,
         **({"krylov_pilots": krylov_pilots} if solver == "krylov" else {}),  # absent elsewhere: old keys still match
+        **({"singular_steps": singular_steps} if singular_steps else {}),  # absent without: old keys still match
         "lsqr": dataclasses.asdict(lsqr),
         "device_type": dev.type,
         "dtype": str(xn.dtype).replace("torch.", ""),

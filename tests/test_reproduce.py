@@ -535,6 +535,28 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
                       progress=False)
 
 
+def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_path, weights, capsys):
+    """--singular-steps 8: bound(singular_steps=8)'s bounds, no mode below the plain run's, some above; the
+    command names it; the same folder without it is another run (refused); with LSQR it is refused before
+    anything is trained or made."""
+    small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "4",
+             "--weights", str(weights), "--no-progress"]
+    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "plain")]) == 0
+    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "sing"), "--singular-steps", "8"]) == 0
+    plain, sing = _arrays(tmp_path / "plain" / "bounds.npz")["std"], _arrays(tmp_path / "sing" / "bounds.npz")["std"]
+    assert np.all(sing >= plain) and np.any(sing > plain)
+    summary = json.loads((tmp_path / "sing" / "summary.json").read_text())
+    assert "--singular-steps 8" in summary["command"]
+    assert json.loads((tmp_path / "sing" / "run.json").read_text())["key"]["singular_steps"] == 8
+    capsys.readouterr()
+    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "sing")]) == 2
+    assert "singular_steps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--singular-steps 4 takes J's smallest singular directions"):
+        reproduce.run("digits", examples=4, weights=str(weights), out=tmp_path / "lsqr", solver="lsqr",
+                      singular_steps=4, progress=False)
+    assert not (tmp_path / "lsqr").exists()
+
+
 def test_solver_is_resolved_into_the_run_key_and_never_mixed(weights, tmp_path, capsys):
     """Without --lsqr-* options, digits (64 inputs, CPU) runs the dense solve; the resolved solver
     is part of the key, so a rerun that asks for LSQR in the same folder is refused."""
