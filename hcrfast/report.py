@@ -343,6 +343,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                     f"mode, certified, bounds its own mode and every other it moves: together they lifted "
                     f"{tg['modes_lifted_fraction']:.1%} of all bounds above Algorithm 1's; gain "
                     f"(bound / Algorithm 1's bound) over all modes: median {g['q50']:.3g}, 95% {g['q95']:.3g}.</p>")
+    if s.get("singular_steps"):
+        body.append(f"<p>Each example's bounds include {s['singular_steps']:,} certified steps along J's smallest "
+                    f"singular directions (--singular-steps), each bounding every mode it moves.</p>")
     inf = s["infinite"]
     if inf["coordinates"]:
         targeted = inf.get("targeted_steps", 0)
@@ -575,6 +578,10 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
         body.append(f"<p>Targeted steps ({e(str(s['targeted']['targets']))}) lifted "
                     f"{s['targeted']['modes_lifted_fraction']:.1%} of the bounds above Algorithm 1's; gain over "
                     f"all modes: median {_fmt(g.get('q50'))}.</p>")
+    sing = (s.get("params") or {}).get("singular_steps")
+    if sing:
+        body.append(f"<p>Singular steps ({sing['count']:,} per example along J's smallest singular directions, "
+                    f"certified) raised {sing['modes_lifted']:,} of the (example, mode) bounds.</p>")
     if s.get("infinite_reasons"):
         body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
                     f"there); the first: {e(s['infinite_reasons'][0])}</p>")

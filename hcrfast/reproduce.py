@@ -919,6 +919,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),
+        "singular_steps": singular_steps,   # per example, certified steps along J's smallest singular directions
         "timings": {
             "bound_seconds_all_chunks": bound_seconds,
             "data_and_features_seconds": seconds_data,

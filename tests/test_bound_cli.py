@@ -125,11 +125,12 @@ def test_singular_steps_are_the_apis_and_a_bad_count_is_refused_by_name(files, c
     tmp_path, x = files
     argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", "--restarts", "2", "--iterations", "2",
             "--threads", "1", "--no-progress", "--no-report"]
-    assert _bound([*argv, "--singular-steps", "4", "--out", tmp_path / "run"]) == 0
+    assert _bound([*argv[:-1], "--singular-steps", "4", "--out", tmp_path / "run"]) == 0   # with its report
     assert "singular steps: 4 per example" in capsys.readouterr().out
     got = hcrfast.Bounds.load(tmp_path / "run" / "bounds.npz")
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["params"]["singular_steps"]["count"] == 4
+    assert "Singular steps (4 per example" in (tmp_path / "run" / "report.html").read_text()
     want = hcrfast.bound(_user_model(tmp_path), x, s["noise"]["sigma"], restarts=2, iterations=2, singular_steps=4)
     np.testing.assert_array_equal(got.std, want.std)
     assert _bound([*argv, "--singular-steps", "-1", "--out", tmp_path / "bad"]) == 2

@@ -546,7 +546,9 @@ def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_p
     plain, sing = _arrays(tmp_path / "plain" / "bounds.npz")["std"], _arrays(tmp_path / "sing" / "bounds.npz")["std"]
     assert np.all(sing >= plain) and np.any(sing > plain)
     summary = json.loads((tmp_path / "sing" / "summary.json").read_text())
-    assert "--singular-steps 8" in summary["command"]
+    assert "--singular-steps 8" in summary["command"] and summary["singular_steps"] == 8
+    assert "8 certified steps along J's smallest singular directions" in (tmp_path / "sing" / "report.html").read_text()
+    assert "singular directions" not in (tmp_path / "plain" / "report.html").read_text()
     assert json.loads((tmp_path / "sing" / "run.json").read_text())["key"]["singular_steps"] == 8
     capsys.readouterr()
     assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "sing")]) == 2
