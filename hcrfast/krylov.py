@@ -694,8 +694,14 @@ def smallest_directions(basis: KrylovBasis, count: int, *, pilots: int = 1) -> t
         taken = 0
         for lo in range(0, len(c), count):
             block = c[lo:lo + count]
-            vs = torch.stack([basis.groups[gi].Y[row, :, col] @ basis.groups[gi].V[row].to(torch.float64)
-                              for _, gi, row, col in block])                            # (len, p)
+            vs = torch.empty((len(block), p), dtype=torch.float64, device=dev)
+            by_basis = {}   # one product per basis the block draws on: (gi, row) -> its candidates' places
+            for i, (_, gi, row, _) in enumerate(block):
+                by_basis.setdefault((gi, row), []).append(i)
+            for (gi, row), places in by_basis.items():
+                g = basis.groups[gi]
+                cols = to_device(np.asarray([block[i][3] for i in places]), g.Y.device)
+                vs[to_device(np.asarray(places), dev)] = g.Y[row][:, cols].T @ g.V[row].to(torch.float64)
             vs = vs / torch.clamp(torch.linalg.vector_norm(vs, dim=1, keepdim=True), min=1e-300)
             near = torch.abs(vs @ vs.T).cpu().numpy()                                   # within the block
             prior = (torch.abs(vs @ dirs[e, :taken].T).amax(dim=1).cpu().numpy() if taken
