@@ -395,31 +395,31 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     paired = not certify or null_probes
     still = None if paired else _features(model64, batch.double())
 
-    def shift(r0, r1, rows=None):
-        at = example_of[r0:r1] if rows is None else example_of[rows]
-        steps = eps[r0:r1] if rows is None else eps[rows]
+    def shift(rows, pair):
+        """ε as applied and z of the rows ``rows`` (a slice or indices); ``pair``: a(θ) in their own pieces."""
+        at = example_of[rows]
         x = batch[to_torch(at).to(batch.device)]
         if not certify:
-            return _applied_shift(model, x, steps.astype(from_torch(x[:1]).dtype), f0[at])
-        if paired or rows is not None:
-            return _certified_shift(model64, x, steps)
-        _, pert, e64 = _applied64(x, steps)
+            return _applied_shift(model, x, eps[rows].astype(from_torch(x[:1]).dtype), f0[at])
+        if pair:
+            return _certified_shift(model64, x, eps[rows])
+        _, pert, e64 = _applied64(x, eps[rows])
         return from_torch(e64), from_torch(_features(model64, pert) - still[to_torch(at).to(batch.device)])
 
-    def store(sl, e64, z64):
-        eps64[sl] = e64
-        rel[sl] = _rounding_error(scale[example_of[sl]], z64)
-        d[sl] = noise.divergence(z64)
-        moves[sl] = xp.any(z64 != 0, axis=1)
+    def store(rows, e64, z64):
+        eps64[rows] = e64
+        rel[rows] = _rounding_error(scale[example_of[rows]], z64)
+        d[rows] = noise.divergence(z64)
+        moves[rows] = xp.any(z64 != 0, axis=1)
 
-    _in_chunks(R, chunk, lambda r0, r1: store(slice(r0, r1), *shift(r0, r1)), batch.device)
+    def work(rows, pair):
+        store(rows, *shift(rows, pair))
+
+    _in_chunks(R, chunk, lambda r0, r1: work(slice(r0, r1), paired), batch.device)
     if not paired:
-        again = xp.flatnonzero((rel > _ROUNDING_TOLERANCE) | ~moves)
+        again = to_host(xp.flatnonzero((rel > _ROUNDING_TOLERANCE) | ~moves))
         if again.size:
-            again_host = to_host(again)
-            _in_chunks(again.size, chunk,
-                       lambda r0, r1: store(xp.asarray(again_host[r0:r1]), *shift(0, 0, rows=again[r0:r1])),
-                       batch.device)
+            _in_chunks(again.size, chunk, lambda r0, r1: work(xp.asarray(again[r0:r1]), True), batch.device)
     underflow = int(to_host(((d == 0) & moves).sum()))
     if underflow:
         raise ValueError(divergence_underflow(noise, underflow))
