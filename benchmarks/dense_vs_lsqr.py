@@ -50,7 +50,9 @@ def main(argv=None) -> int:
         model, x = model.double(), x.double()
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), zm.sigma_scale)
-    kw = dict(size=zm.size, iterations=args.iterations, restarts=args.restarts)
+    # Algorithm 1's steps alone (singular_steps=0): the solvers are compared on the same steps, and LSQR's
+    # factorization gives no singular directions (the default "auto" takes none there)
+    kw = dict(size=zm.size, iterations=args.iterations, restarts=args.restarts, singular_steps=0)
     hcrfast.bound(model, x[:1], sigma, **{**kw, "restarts": 1, "iterations": 1})  # the process's one-time costs
     rows = []
     print(f"{args.model}: {args.examples} examples x R {args.restarts} x i {args.iterations}, s = {zm.size:g}, "

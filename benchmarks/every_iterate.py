@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         recorded.append(out.detach().to(torch.float64).reshape(-1, out.shape[-1]).numpy().copy())
         return out
 
-    kw = dict(size=zm.size, restarts=R, iterations=I, solver=args.solver, example_ids=ids)
+    kw = dict(size=zm.size, restarts=R, iterations=I, solver=args.solver, example_ids=ids,
+              singular_steps=0)   # Algorithm 1's iterates alone: what the script certifies again
     # one-time costs of the process (compilation, thread pools) out of the timed calls
     hcrfast.bound(model, x[:1], sigma, size=zm.size, restarts=2, iterations=2, solver=args.solver)
     algorithm.krylov.solve, dense.MinNormSolver.solve = krylov_solve, dense_solve

@@ -74,6 +74,7 @@ import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
 from hcrfast.kernels import tridiagonal  # noqa: E402
 from hcrfast import dense as dense_mod  # noqa: E402
+from hcrfast._bound_cli import steps_arg  # noqa: E402
 from hcrfast._repro_cli import pilots_arg  # noqa: E402
 from hcrfast.bindings import jacobian as jacobian_mod  # noqa: E402
 from hcrfast.bindings.bridge import ALLOCATOR_ENV, cupy_allocator_choice  # noqa: E402
@@ -502,8 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cold-start", action="store_true", help="bound(warm_start=False): every LSQR solve from zero")
     ap.add_argument("--iterates", default="all", choices=("all", "last"),
                     help="bound(iterates=...): every iterate's certified bound (default) or the last one's alone")
-    ap.add_argument("--singular-steps", type=int, default=0,
-                    help="bound(singular_steps=K): a certified step along each of J's K smallest singular directions")
+    ap.add_argument("--singular-steps", type=steps_arg, default="auto",
+                    help="bound(singular_steps=K): a certified step along each of J's K smallest singular directions "
+                         "(default auto: bound()'s, 64 with the dense or Krylov solve; 0: Algorithm 1 alone)")
     ap.add_argument("--solver", default="auto", choices=("auto", "lsqr", "dense", "krylov"),
                     help="bound(solver=...); auto: what bound() takes without lsqr= options (on CUDA the Krylov "
                          "basis; with --cold-start, LSQR). dense: J "

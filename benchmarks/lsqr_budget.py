@@ -109,6 +109,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         res = hcrfast.bound(model, x, sigma, size=zm.size, restarts=args.restarts, iterations=args.iterations,
                             lsqr=opts, solver=args.solver, targets=args.targets,
+                            singular_steps=0,   # Algorithm 1 (and targets): what the cap changes
                             example_ids=np.arange(args.first, args.first + args.examples),
                             **({"krylov_pilots": args.krylov_pilots} if args.solver == "krylov" else {}))
         if args.device == "cuda":

@@ -27,6 +27,20 @@ import numpy as np
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
 
+def steps_arg(text: str):
+    """``--singular-steps`` (here, in ``hcrfast bound`` and in benchmarks/gpu_targets.py): a count ≥ 0 or
+    "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass 0 (none), a positive integer or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass 0 (none), a positive integer or 'auto'")
+    return value
+
+
 def add_subparser(subparsers) -> None:
     p = subparsers.add_parser(
         "bound",
@@ -87,10 +101,11 @@ def add_subparser(subparsers) -> None:
                         "and for large inputs); see hcrfast.bound")
     b.add_argument("--targets", default=None, metavar="SPEC",
                    help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
-    b.add_argument("--singular-steps", type=int, default=0, metavar="K",
+    b.add_argument("--singular-steps", type=steps_arg, default="auto", metavar="K",
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
                         "Krylov solve's own factorization: no model product, one forward pass a step); each bounds "
-                        "every mode it moves (default 0: none)")
+                        "every mode it moves (default auto: 64 with the dense or Krylov solve, none with LSQR; "
+                        "0: none, Algorithm 1 alone)")
     b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
                    help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
                         "refuse a double backward, torch.compile'd ones)")

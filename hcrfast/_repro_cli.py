@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from hcrfast import reproduce, zoo
+from hcrfast._bound_cli import steps_arg
 
 
 def _fraction(x: float) -> str:
@@ -112,9 +113,10 @@ def add_subparser(subparsers) -> None:
                         "'low:8' (the 8x8 lowest frequencies per channel) or 'all'; the bound per mode is the "
                         "largest of Algorithm 1's and the targeted steps' (each bounds every mode it moves), and the "
                         "summary reports the gain")
-    g.add_argument("--singular-steps", type=int, default=0, metavar="K",
+    g.add_argument("--singular-steps", type=steps_arg, default="auto", metavar="K",
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
-                        "Krylov solve's own factorization); each bounds every mode it moves (default 0: none)")
+                        "Krylov solve's own factorization); each bounds every mode it moves (default auto: 64 with "
+                        "the dense or Krylov solve, none with LSQR; 0: none, Algorithm 1 alone)")
     g.add_argument("--lsqr-atol", type=float, default=None,
                    help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
                         f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")

@@ -78,6 +78,11 @@ DENSE_SOLVE_MAX_VALUES = 2**24
 #: beyond 10 minutes on one H100 by the FLOP count). At equal R LSQR is tighter; at any budget
 #: that fits, the basis is. ``solver="lsqr"`` remains one argument away.
 KRYLOV_MIN_INPUTS = DENSE_SOLVE_MAX_INPUTS + 1
+#: ``bound(singular_steps="auto")``: this many of J's smallest singular directions (at most min(n, p)),
+#: certified as steps, where the dense or Krylov solve gives them (and Gaussian noise); else none.
+#: 64 raised the median bound 1.04× to 3.90× on five models, in 0.94× to 1.13× Algorithm 1's time
+#: (benchmarks/README.md, "eleventh session").
+AUTO_SINGULAR_STEPS = 64
 
 #: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
 _DENSE_ELEMENTS = 2**26
@@ -837,17 +842,28 @@ def resolve_solver(solver: str, linearize_at: str, device: torch.device, n: int,
     return "dense" if torch.device(device).type == "cpu" else "krylov"
 
 
-def _dense_values(n: int, p: int, restarts: int) -> int:
+def resolve_singular_steps(singular_steps, solver: str, n: int, p: int, *, gaussian: bool = True) -> int:
+    """``singular_steps="auto"``: :data:`AUTO_SINGULAR_STEPS`, at most min(n, p) (J's rank), where the
+    resolved ``solver`` is dense or Krylov (their factorizations give the directions without a model
+    product) and the noise Gaussian (the steps are scaled to a Gaussian shift); else 0. A count is
+    returned as given."""
+    if singular_steps != "auto":
+        return singular_steps
+    return min(AUTO_SINGULAR_STEPS, n, p) if solver in ("dense", "krylov") and gaussian else 0
+
+
+def _dense_values(n: int, p: int, restarts: int, singular: int = 0) -> int:
     """Values one example of the dense solve holds on the host's path (:func:`_dense_chunk`)."""
-    return 5 * n * p + n * n + 8 * restarts * (n + p)
+    return 5 * n * p + n * n + 8 * restarts * (n + p) + 3 * singular * (n + p)
 
 
-def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
+def _dense_chunk(batch, restarts: int, n: int, p: int, singular: int = 0) -> int:
     """Examples per chunk of the dense solve: J (n·p) in float32 and float64, its live rows, the Gram
-    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors; on CUDA, with
+    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors, and the
+    ``singular`` smallest right singular vectors with their steps and shifts; on CUDA, with
     a device routine as ``dense.EIGH_IMPL``, also its own arrays (the Gram matrix symmetrized and copied,
     the eigenvectors, the core (Gram)⁺: ~6 more of order min(n, p))."""
-    per_example = _dense_values(n, p, restarts)
+    per_example = _dense_values(n, p, restarts, singular)
     if batch.device.type != "cuda":
         return max(1, _DENSE_ELEMENTS // per_example)
     from hcrfast.kernels import symmetric
@@ -861,11 +877,12 @@ def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
 
 
 def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, options: LSQROptions,
-                  pilots: int = 1) -> int:
+                  pilots: int = 1, singular: int = 0) -> int:
     """Examples per chunk of the Krylov solve: each keeps up to ``pilots`` ×
-    :func:`hcrfast.krylov.basis_values` values; on CPUs a fixed budget, on CUDA what fits in free
-    memory beside the product graphs and the restarts' vectors (measured as in :func:`_auto_chunk`)."""
-    values = pilots * krylov.basis_values(n, p, options)
+    :func:`hcrfast.krylov.basis_values` values, and ``singular`` Ritz vectors with their steps and
+    shifts; on CPUs a fixed budget, on CUDA what fits in free memory beside the product graphs and
+    the restarts' vectors (measured as in :func:`_auto_chunk`)."""
+    values = pilots * krylov.basis_values(n, p, options) + 3 * singular * (n + p)
     if batch.device.type != "cuda":
         # the bases, and per pilot and restart ~16 rows of n + p 4-byte values: LSQR's vectors, the
         # restarts' z̃, ε, features and their float64 certification (R = 400 doubled the peak without)
@@ -1107,8 +1124,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
           keep_targeted_eps: bool = False, tf32: bool = False, warm_start: bool = True, solver: str = "auto",
-          krylov_pilots: int | str = "auto", iterates: str = "all", singular_steps: int = 0, checkpoint=None,
-          shard: bool = False) -> Bounds:
+          krylov_pilots: int | str = "auto", iterates: str = "all", singular_steps: int | str = "auto",
+          checkpoint=None, shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -1166,15 +1183,19 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         Krylov solve), so checkpoints and shards hold them too.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
-    singular_steps : int
+    singular_steps : int or "auto"
         Also certify, per example, a step along each of J's ``singular_steps`` smallest singular
         directions (right singular vectors, from the dense solve's factorization, or the Ritz vectors
         of the Krylov bases: no model product), scaled to a linearized feature shift of ``size·σ``, and
         report per mode the largest bound (each step bounds every mode it moves, as a targeted step
-        does). One forward pass per step (float64 with ``certify``). Needs ``solver`` "dense" or
+        does). Each direction is certified with both signs (the factorization's sign is arbitrary, and
+        on a curved model +v and -v move the features differently): two forward passes a direction
+        (float64 with ``certify``). A count needs ``solver`` "dense" or
         "krylov" and Gaussian noise. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's;
         with ``targets``, ``std_algorithm1`` (what the targeted steps are weighed against) includes them.
-        Default 0: none.
+        Default "auto": :data:`AUTO_SINGULAR_STEPS` (64, at most min(n, p)) where the solve is dense or
+        Krylov and the noise Gaussian, else 0; ``params["singular_steps"]`` says how many were taken.
+        0: none, Algorithm 1 alone (with ``iterates="last"``, the paper's).
     keep_targeted_eps : bool
         Keep every targeted step ε_k in ``result.targeted.eps`` (B·K·p float64 values: 12 GB
         for CIFAR-10's 2,500 test images with ``targets="low:8"``, 230 MB per 224×224 image).
@@ -1305,12 +1326,18 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     if keep_targeted_eps and targets is None:
         raise ValueError("keep_targeted_eps=True keeps the targeted steps, but targets=None asks for none: pass "
                          "targets= (e.g. 'low:8') or leave keep_targeted_eps out")
-    if isinstance(singular_steps, bool) or not isinstance(singular_steps, numbers.Integral):
-        raise TypeError(f"singular_steps must be an integer, got {singular_steps!r} ({type(singular_steps).__name__})")
-    if singular_steps < 0:
-        raise ValueError(f"singular_steps must be 0 (none) or a positive integer (how many of J's smallest singular "
-                         f"directions to certify as steps), got {singular_steps}")
-    singular_steps = int(singular_steps)
+    singular_auto = isinstance(singular_steps, str)
+    if singular_auto:
+        if singular_steps != "auto":
+            raise ValueError(f"singular_steps={singular_steps!r}: pass 'auto', 0 (none) or a positive integer")
+    elif isinstance(singular_steps, bool) or not isinstance(singular_steps, numbers.Integral):
+        raise TypeError(f"singular_steps must be an integer or 'auto', got {singular_steps!r} "
+                        f"({type(singular_steps).__name__})")
+    elif singular_steps < 0:
+        raise ValueError(f"singular_steps must be 0 (none), a positive integer (how many of J's smallest singular "
+                         f"directions to certify as steps) or 'auto', got {singular_steps}")
+    else:
+        singular_steps = int(singular_steps)
     given_options = validation.lsqr_options(lsqr)
     options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
     if isinstance(krylov_pilots, str):
@@ -1345,7 +1372,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     if targets is not None and gaussian_sigma is None:
         raise NotImplementedError(f"targets= needs Gaussian noise (the targeted directions are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}")
-    if singular_steps and gaussian_sigma is None:
+    if singular_steps and not singular_auto and gaussian_sigma is None:
         raise NotImplementedError(f"singular_steps={singular_steps} needs Gaussian noise (the steps are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}: pass singular_steps=0")
 
@@ -1372,6 +1399,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"iter_lim={options.iter_lim}) for a basis each ({restarts} × {options.iter_lim} steps of "
                             f"memory per example; without iter_lim each pilot runs up to "
                             f"hcrfast.krylov.MAX_STEPS = {krylov.MAX_STEPS})")
+        singular_steps = resolve_singular_steps(singular_steps, solver, n, p, gaussian=gaussian_sigma is not None)
         if singular_steps and solver not in ("dense", "krylov"):
             raise ValueError(f"singular_steps={singular_steps} takes J's smallest singular directions from the dense "
                              f"solve's factorization or the Krylov basis, but this call solves with {solver!r}; pass "
@@ -1405,8 +1433,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if chunk_size is None:
                 chunk_size = reuse.chunk_size
         if chunk_size is None:
-            chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
-                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
+            chunk_size = (_dense_chunk(batch, restarts, n, p, singular_steps) if solver == "dense"
+                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots,
+                                             singular_steps)
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         if reuse is not None and reuse.chunk_size is None:
@@ -1615,17 +1644,20 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         dirs, values = min_norm.smallest, min_norm.smallest_values
                     else:
                         dirs, values = krylov.smallest_directions(basis, singular_steps, pilots=krylov_pilots)
-                    dirs, values = dirs.detach(), values.detach()
-                    m = stop - start
+                    # Both signs: the factorization's sign of each vector is arbitrary (LAPACK's and torch's
+                    # eigensolvers differ), and where the model curves over a step this long, +v and -v move
+                    # the features differently (race MLP: a median of 1.56 or 1.39 by the sign each took).
+                    dirs, values = torch.cat([dirs, -dirs], dim=1).detach(), values.repeat(1, 2).detach()
+                    m, rows = stop - start, 2 * singular_steps
                     scale = torch.where(values > 0, size * gaussian_sigma / torch.where(values > 0, values, 1.0), 0.0)
-                    steps = from_torch((dirs * scale[..., None]).reshape(m * singular_steps, p))
-                    owner = torch.arange(m, device=batch.device).repeat_interleave(singular_steps)
-                    got = (xp.empty((m * singular_steps, p)), xp.empty((m * singular_steps, n)))
+                    steps = from_torch((dirs * scale[..., None]).reshape(m * rows, p))
+                    owner = torch.arange(m, device=batch.device).repeat_interleave(rows)
+                    got = (xp.empty((m * rows, p)), xp.empty((m * rows, n)))
                     # in pieces of the chunk's restart rows, which its forward passes hold already
                     per = max(1, m * restarts)
                     with profiling.annotate("certify"):
-                        for r0 in range(0, m * singular_steps, per):
-                            r1 = min(m * singular_steps, r0 + per)
+                        for r0 in range(0, m * rows, per):
+                            r1 = min(m * rows, r0 + per)
                             if certify:
                                 piece = _certified_iterates(model64, batch[start:stop], owner[r0:r1], steps[r0:r1])
                             else:
@@ -1822,7 +1854,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 c_reasons += [f"example {start + e}, restart {r}: its iterate {j} of {iterations}: a(theta+eps) == "
                               f"a(theta) exactly, so D = 0; no unbiased estimator exists for the coordinates this "
                               f"eps moves (their bound is +inf)" for e, r, j in earlier_inf]
-                c_reasons += [f"example {start + e}, singular step {k}: a(theta+eps) == a(theta) exactly, so D = 0; no "
+                c_reasons += [f"example {start + e}, singular step {k % singular_steps} "
+                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) exactly, so D = 0; no "
                               f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                               for e, k in singular_inf]
                 reasons_of[start] = c_reasons
@@ -2002,7 +2035,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   zero_step_reasons=zero_steps,
                   rounding=dict(restarts=n_risky, worst=worst),
                   singular_steps=None if not singular_steps else dict(
-                      count=singular_steps, examples=singular_done[0], modes_lifted=singular_done[1],
+                      count=singular_steps, auto=singular_auto, examples=singular_done[0], modes_lifted=singular_done[1],
                       seconds=singular_done[2],
                       note="per example, a step along each of J's smallest singular directions (the dense "
                            "factorization's, or the Krylov bases' Ritz vectors), certified like Algorithm 1's: "

@@ -577,7 +577,8 @@ class MinNormSolver:
     jacobian_mode: str | None = None   # "forward" or "reverse": how J was built, where the builder said
     smallest: torch.Tensor | None = None   # (B, K, p) float64: unit right singular vectors of J's K smallest kept
     #                                        singular values (min_norm_solver(smallest=K)); zero rows past the rank
-    smallest_values: torch.Tensor | None = None   # (B, K): those singular values, ‖J v‖ (0 for the zero rows)
+    smallest_values: torch.Tensor | None = None   # (B, K): those singular values, ‖J v‖ computed from J (0 for
+    #                                               the zero rows)
 
     @property
     def null_dim(self) -> torch.Tensor:
@@ -670,6 +671,15 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
             dirs = (u.transpose(1, 2) @ Jr) / torch.where(got, values, torch.ones_like(values))[:, :, None]
         else:          # JᵀJ's own eigenvectors
             dirs = vec.gather(2, at[:, None, :].expand(B, p, K)).transpose(1, 2)
+        if driver != "svd":
+            # The Gram matrix squares J's condition: its small eigenpairs carry absolute errors of order
+            # eps·λmax, so Jᵀu/s is not unit and s not ‖J v‖ there. Each direction is made unit and its
+            # value taken from J itself (k·p·K flops, no model product), so that every step's linearized
+            # shift is size·σ as asked.
+            dirs = dirs / torch.clamp(torch.linalg.vector_norm(dirs, dim=2, keepdim=True), min=1e-300)
+            values = torch.where(got, torch.linalg.vector_norm(dirs @ Jr.transpose(1, 2), dim=2),
+                                 torch.zeros_like(values))
+            got = got & (values > 0)
         pad = int(smallest) - K   # fewer singular values than asked: zero rows, value 0
         out.smallest = torch.nn.functional.pad(torch.where(got[:, :, None], dirs, torch.zeros_like(dirs)),
                                                (0, 0, 0, pad))

@@ -458,6 +458,8 @@ def _command_line(name, key, weights, out, data_root) -> str:
         parts += ["--targets", key["targets"]]
     if key.get("singular_steps"):
         parts += ["--singular-steps", key["singular_steps"]]
+    elif key.get("solver") in ("dense", "krylov"):  # none, where the default ("auto") would take 64
+        parts += ["--singular-steps", 0]
     if not key["warm_start"]:
         parts.append("--cold-start")
     if key.get("iterates", "last") == "last":
@@ -507,7 +509,7 @@ def run(
     lsqr_btol: float | None = None,
     lsqr_iter_lim: int | None = None,
     krylov_pilots: int | str = "auto",
-    singular_steps: int = 0,
+    singular_steps: int | str = "auto",
     progress: bool = True,
     train_epochs: int | None = None,
     crash_after_chunks: int | None = None,
@@ -540,8 +542,10 @@ def run(
     linearize_at : {"input", "current"}
     targets : str, optional
         ``hcrfast.bound``'s ``targets`` (e.g. "low:8").
-    singular_steps : int
-        ``hcrfast.bound``'s ``singular_steps`` (0: none): needs the dense or Krylov solve.
+    singular_steps : int or "auto"
+        ``hcrfast.bound``'s ``singular_steps``: default "auto", 64 with the dense or Krylov solve and 0
+        with LSQR (resolved before the run's key is written); 0: none; a count needs the dense or
+        Krylov solve.
     warm_start : bool
         ``hcrfast.bound``'s ``warm_start`` (False: every LSQR solve from zero, as the
         published scripts; ``--cold-start``).
@@ -607,7 +611,7 @@ def run(
             from hcrfast.targeted import parse_targets
 
             parse_targets(targets, _zoo.published_parameters(name)["input_shape"], "dct")
-        if singular_steps != 0:  # a bad --singular-steps fails before a model is trained or a folder made
+        if singular_steps not in (0, "auto"):  # a bad --singular-steps fails before a model is trained or a folder made
             singular_steps = _positive_int("singular_steps", singular_steps, "--singular-steps")
             if solver == "lsqr" or linearize_at != "input" or (lsqr_given and solver == "auto"):
                 raise ValueError(f"--singular-steps {singular_steps} takes J's smallest singular directions from "
@@ -716,6 +720,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     krylov_pilots, lsqr = hcrfast.krylov.resolve_pilots(
         krylov_pilots, feats.reshape(feats.shape[0], -1).shape[1], int(np.prod(xn.shape[1:])), restarts, lsqr,
         solver=solver)
+    singular_steps = _algorithm.resolve_singular_steps(  # "auto" resolved before the key is written
+        singular_steps, solver, feats.reshape(feats.shape[0], -1).shape[1], int(np.prod(xn.shape[1:])))
     if solver == "dense" and lsqr_given:
         validation.warn(f"--solver dense solves every step exactly and runs no LSQR, so these options go unused: "
                         f"{', '.join('--lsqr-' + k.replace('_', '-') for k in lsqr_given)}; add --solver lsqr to "

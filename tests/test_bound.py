@@ -18,6 +18,10 @@ from hcrfast.targeted import DenseDirections
 
 FAST = hcrfast.LSQROptions(atol=1e-8, btol=1e-8, iter_lim=200)
 
+#: bound() with Algorithm 1's steps alone (no singular steps, which bound(singular_steps="auto") adds with
+#: the dense and Krylov solves): what the oracles of Algorithm 1 below compute
+algorithm1 = functools.partial(hcrfast.bound, singular_steps=0)
+
 
 def linear_model(W, b, input_shape):
     """a(θ) = W θ + b on flattened inputs, float64."""
@@ -78,7 +82,7 @@ def test_algorithm_1_on_linear_models_matches_the_closed_form(iterations, n, sol
     model = linear_model(W, rng.standard_normal(n), (1, 4, 4))
     x = torch.as_tensor(rng.standard_normal((3, 1, 4, 4)))
     sigma, size, R = 0.4, 0.02, 3
-    res = hcrfast.bound(model, x, sigma, size=size, iterations=iterations, restarts=R, basis="pixel",
+    res = algorithm1(model, x, sigma, size=size, iterations=iterations, restarts=R, basis="pixel",
                         lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
                         seed=5, solver=solver, warm_start=False, iterates="last")
     assert res.params["solver"] == solver
@@ -119,7 +123,7 @@ def test_every_iterate_bounds_the_modes_on_linear_models_in_closed_form(n, solve
     model = linear_model(W, rng.standard_normal(n), (1, 4, 4))
     x = torch.as_tensor(rng.standard_normal((3, 1, 4, 4)))
     sigma, size, R = 0.4, 0.02, 3
-    res = hcrfast.bound(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
+    res = algorithm1(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
                         lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
                         seed=5, solver=solver, warm_start=False)
     assert res.params["iterates"] == "all"
@@ -143,7 +147,7 @@ def test_every_iterate_bounds_the_modes_on_linear_models_in_closed_form(n, solve
     pick = np.stack([eps1, eps2]).reshape(2, 3, R, p).transpose(1, 0, 2, 3).reshape(3, 2 * R, p)
     np.testing.assert_allclose(res.eps.reshape(3, p), pick[np.arange(3), both.argmax(axis=1)], rtol=1e-7, atol=1e-12)
     # and "last" is the paper's ε(i) alone
-    last = hcrfast.bound(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
+    last = algorithm1(model, x, sigma, size=size, iterations=3, restarts=R, basis="pixel",
                          lsqr=None if solver == "dense" else hcrfast.LSQROptions(atol=1e-12, btol=1e-12, iter_lim=500),
                          seed=5, solver=solver, warm_start=False, iterates="last")
     np.testing.assert_allclose(last.std.reshape(3, p), std[1], rtol=1e-7)
@@ -165,8 +169,8 @@ def test_every_iterate_bound_is_the_max_over_runs_stopped_at_each_iterate(one_it
     sigma = 0.05
     for solver in ("dense", "lsqr"):
         kw = dict(size=0.5, restarts=3, solver=solver, lsqr=None if solver == "dense" else FAST)
-        res = hcrfast.bound(model, x, sigma, iterations=4, **kw)
-        runs = [hcrfast.bound(model, x, sigma, iterations=j, iterates="last", **kw) for j in range(1, 5)]
+        res = algorithm1(model, x, sigma, iterations=4, **kw)
+        runs = [algorithm1(model, x, sigma, iterations=j, iterates="last", **kw) for j in range(1, 5)]
         np.testing.assert_allclose(res.std, np.max([r.std for r in runs], axis=0), rtol=1e-12)
         np.testing.assert_allclose(res.mse, np.max([r.mse for r in runs], axis=0), rtol=1e-12)
         assert (res.std > runs[-1].std * (1 + 1e-9)).any(), "no earlier iterate helped: the test shows nothing"
@@ -478,7 +482,7 @@ def test_shifts_float64_gives_to_within_the_limit_keep_their_bounds_with_a_warni
     x = torch.as_tensor(rng.standard_normal((3, 1, 4, 5)))
     exact = 1e-4 * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))  # pixel basis
     with pytest.warns(UserWarning, match=r"may move D, and the bounds with it, by up to ~1e-05 \(relative\)"):
-        res = hcrfast.bound(OffsetLinear(W, 1e4, constant=False).eval(), x, 1e-4, iterations=2, restarts=2,
+        res = algorithm1(OffsetLinear(W, 1e4, constant=False).eval(), x, 1e-4, iterations=2, restarts=2,
                             basis="pixel", solver="dense")
     assert res.params["zero_step_reasons"] == []
     assert res.params["rounding"]["restarts"] == 6 and 1e-6 < res.params["rounding"]["worst"] < 1e-3  # 3 x 2, kept
@@ -566,7 +570,7 @@ def test_zero_divergence_gives_infinite_bound_with_reason(solver):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with np.errstate(all="raise"):
-            res = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, iterations=2, restarts=2, solver=solver,
+            res = algorithm1(FrozenFeatures().eval(), x, 0.5, iterations=2, restarts=2, solver=solver,
                                 lsqr=None if solver == "dense" else FAST)  # the dense solve runs no LSQR
     assert np.all(res.divergence == 0)
     assert np.all(np.isinf(res.std[np.abs(scipy.fft.dctn(res.eps, axes=(-2, -1), norm="ortho")) > 0]))
@@ -923,7 +927,7 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
     rng = np.random.default_rng(4)
     x = torch.as_tensor(rng.standard_normal((3, 1, 8, 8)))
     sigma, size, R, iterations = 0.3, 0.05, 3, 4
-    res = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense")
+    res = algorithm1(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense")
     assert res.params["solver"] == "dense" and np.all(res.lsqr_istop == -1) and np.all(res.lsqr_iterations == 0)
     with torch.no_grad():
         f0 = net(x).numpy()
@@ -948,7 +952,7 @@ def test_dense_solver_is_algorithm_1_with_exact_minimum_norm_solves():
             want[b] = np.maximum(want[b], (coords / np.sqrt(d)[:, None]).max(axis=0))
         want_last[b] = (coords / np.sqrt(d)[:, None]).max(axis=0)
     np.testing.assert_allclose(res.std.reshape(3, 64), want, rtol=1e-9)
-    last = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense",
+    last = algorithm1(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=1, solver="dense",
                          iterates="last")
     np.testing.assert_allclose(last.std.reshape(3, 64), want_last, rtol=1e-9)
     assert res.params["dense"]["rank_min"] == min(ranks)
@@ -961,9 +965,9 @@ def test_dense_solver_agrees_with_lsqr_solved_tightly():
     net = _relu_net_with_dead_units()
     x = torch.as_tensor(np.random.default_rng(6).standard_normal((2, 1, 8, 8)))
     kw = dict(size=0.05, iterations=3, restarts=2)
-    dense = hcrfast.bound(net, x, 0.3, solver="dense", **kw)
+    dense = algorithm1(net, x, 0.3, solver="dense", **kw)
     tight = hcrfast.LSQROptions(atol=1e-14, btol=1e-14, conlim=1e15, iter_lim=2000)
-    lsqr = hcrfast.bound(net, x, 0.3, lsqr=tight, warm_start=False, **kw)
+    lsqr = algorithm1(net, x, 0.3, lsqr=tight, warm_start=False, **kw)
     assert lsqr.params["solver"] == "lsqr"  # lsqr options given: auto keeps LSQR
     np.testing.assert_allclose(dense.std, lsqr.std, rtol=1e-6)
 
@@ -1302,8 +1306,8 @@ def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_example
     the +inf reasons name the examples by their place in the whole batch."""
     x = torch.rand(5, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     kw = dict(iterations=2, restarts=2, targets="low:2", solver="dense", keep_targeted_eps=True)
-    one = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=5, **kw)
-    many = hcrfast.bound(FrozenFeatures().eval(), x, 0.5, chunk_size=2, **kw)
+    one = algorithm1(FrozenFeatures().eval(), x, 0.5, chunk_size=5, **kw)
+    many = algorithm1(FrozenFeatures().eval(), x, 0.5, chunk_size=2, **kw)
     assert len(one.targeted.infinite_reasons) == 5 * 4  # every example, every targeted mode
     assert many.targeted.infinite_reasons == one.targeted.infinite_reasons
     assert many.targeted.infinite_reasons[-1].startswith("example 4,")

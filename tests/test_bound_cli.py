@@ -133,8 +133,16 @@ def test_singular_steps_are_the_apis_and_a_bad_count_is_refused_by_name(files, c
     assert "Singular steps (4 per example" in (tmp_path / "run" / "report.html").read_text()
     want = hcrfast.bound(_user_model(tmp_path), x, s["noise"]["sigma"], restarts=2, iterations=2, singular_steps=4)
     np.testing.assert_array_equal(got.std, want.std)
-    assert _bound([*argv, "--singular-steps", "-1", "--out", tmp_path / "bad"]) == 2
-    assert "singular_steps must be 0 (none) or a positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        _bound([*argv, "--singular-steps", "-1", "--out", tmp_path / "bad"])
+    assert exit_.value.code == 2
+    assert "--singular-steps: '-1': pass 0 (none), a positive integer or 'auto'" in capsys.readouterr().err
+    # the default is bound()'s "auto" (64 steps, at most min(n, p): Net's 16 features), and 0 is Algorithm 1 alone
+    assert _bound([*argv, "--out", tmp_path / "auto"]) == 0
+    auto = json.loads((tmp_path / "auto" / "summary.json").read_text())["params"]["singular_steps"]
+    assert auto["auto"] is True and auto["count"] == 16
+    assert _bound([*argv, "--singular-steps", "0", "--out", tmp_path / "none"]) == 0
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["params"]["singular_steps"] is None
 
 
 def test_targets_are_bounded_and_summarized(files):

@@ -10,6 +10,7 @@ import scipy.sparse.linalg as spla
 import torch
 
 import hcrfast
+from test_bound import algorithm1
 from hcrfast import krylov
 from hcrfast.lsqr import LSQROptions
 from hcrfast.operators import DenseBatchOperator
@@ -430,11 +431,11 @@ def test_bound_krylov_on_a_float64_relu_net_is_the_dense_solve():
     x = torch.as_tensor(np.random.default_rng(1).standard_normal((12, 1, 8, 8)))
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(net(x))
-    dense = hcrfast.bound(net, x, sigma, solver="dense", restarts=3, iterations=3)
+    dense = algorithm1(net, x, sigma, solver="dense", restarts=3, iterations=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        recycled = hcrfast.bound(net, x, sigma, solver="krylov", restarts=3, iterations=3)
-        alone = hcrfast.bound(net, x, sigma, solver="krylov", restarts=3, iterations=3, chunk_size=1)
+        recycled = algorithm1(net, x, sigma, solver="krylov", restarts=3, iterations=3)
+        alone = algorithm1(net, x, sigma, solver="krylov", restarts=3, iterations=3, chunk_size=1)
     assert recycled.params["krylov"]["rank_median"] == dense.params["dense"]["rank_median"]
     np.testing.assert_allclose(recycled.std, dense.std, rtol=1e-6)
     np.testing.assert_allclose(alone.std, recycled.std, rtol=1e-6)  # whatever chunk an example is in
@@ -448,9 +449,9 @@ def test_bound_krylov_is_algorithm_1_projected_on_the_pilot_krylov_space():
     x = torch.as_tensor(rng.standard_normal((2, 1, 8, 8)))
     sigma, size, R, iterations, k = 0.2, 0.05, 3, 3, 5
     opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
-    res = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
+    res = algorithm1(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
                         lsqr=opts)
-    last = hcrfast.bound(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
+    last = algorithm1(net, x, sigma, size=size, iterations=iterations, restarts=R, seed=2, solver="krylov",
                          lsqr=opts, iterates="last")
     assert res.params["solver"] == "krylov" and res.params["krylov"]["steps_max"] == k
     assert np.all(res.lsqr_iterations[:, 0, 0] == k) and np.all(res.lsqr_istop[:, 0, 0] == 7)
@@ -486,8 +487,8 @@ def test_bound_krylov_with_the_whole_row_space_is_the_dense_solve():
     net = _tanh_net()
     x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 8, 8)))
     kw = dict(size=0.05, iterations=3, restarts=4, seed=1)
-    dense = hcrfast.bound(net, x, 0.2, solver="dense", **kw)
-    rec = hcrfast.bound(net, x, 0.2, solver="krylov", lsqr=TIGHT, chunk_size=2, **kw)
+    dense = algorithm1(net, x, 0.2, solver="dense", **kw)
+    rec = algorithm1(net, x, 0.2, solver="krylov", lsqr=TIGHT, chunk_size=2, **kw)
     assert rec.params["krylov"]["rank_min"] == 48  # J = W2 diag(tanh') W1 has rank 48
     np.testing.assert_allclose(rec.std, dense.std, rtol=1e-7)
 
@@ -532,7 +533,7 @@ def test_pilots_give_each_restart_the_basis_of_pilot_r_mod_pilots():
     x = torch.as_tensor(rng.standard_normal((2, 1, 8, 8)))
     sigma, size, R, k = 0.2, 0.05, 5, 6
     opts = LSQROptions(atol=0, btol=0, conlim=0, iter_lim=k)
-    res = hcrfast.bound(net, x, sigma, size=size, iterations=1, restarts=R, seed=4, solver="krylov", lsqr=opts,
+    res = algorithm1(net, x, sigma, size=size, iterations=1, restarts=R, seed=4, solver="krylov", lsqr=opts,
                         krylov_pilots=2, certify=False)
     assert res.params["krylov"]["pilots"] == 2 and res.params["krylov"]["products_per_example"] == 2 * (2 * k + 1)
     assert np.all(res.lsqr_iterations[:, :2, 0] == k) and np.all(res.lsqr_istop[:, 2:, 0] == -2)
@@ -699,8 +700,8 @@ def test_bound_krylov_with_targets_takes_the_directions_from_the_basis():
     net = _tanh_net()
     x = torch.as_tensor(np.random.default_rng(14).standard_normal((3, 1, 8, 8)))
     kw = dict(size=0.05, iterations=2, restarts=2, targets="low:3")
-    rec = hcrfast.bound(net, x, 0.2, solver="krylov", chunk_size=2, **kw)
-    den = hcrfast.bound(net, x, 0.2, solver="dense", **kw)
+    rec = algorithm1(net, x, 0.2, solver="krylov", chunk_size=2, **kw)
+    den = algorithm1(net, x, 0.2, solver="dense", **kw)
     assert rec.targeted.method == "krylov" and rec.targeted.params["shared_factorization"]
     assert rec.params["targeted"]["method"] == "krylov"
     np.testing.assert_allclose(rec.targeted.std, den.targeted.std, rtol=1e-7)

@@ -541,7 +541,7 @@ def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_p
     anything is trained or made."""
     small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "4",
              "--weights", str(weights), "--no-progress"]
-    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "plain")]) == 0
+    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "plain"), "--singular-steps", "0"]) == 0
     assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "sing"), "--singular-steps", "8"]) == 0
     plain, sing = _arrays(tmp_path / "plain" / "bounds.npz")["std"], _arrays(tmp_path / "sing" / "bounds.npz")["std"]
     assert np.all(sing >= plain) and np.any(sing > plain)
@@ -550,6 +550,13 @@ def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_p
     assert "8 certified steps along J's smallest singular directions" in (tmp_path / "sing" / "report.html").read_text()
     assert "singular directions" not in (tmp_path / "plain" / "report.html").read_text()
     assert json.loads((tmp_path / "sing" / "run.json").read_text())["key"]["singular_steps"] == 8
+    # none is spelt out in the command (the default would take 64), and the default's 64 are keyed as such
+    assert "--singular-steps 0" in json.loads((tmp_path / "plain" / "summary.json").read_text())["command"]
+    assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "auto")]) == 0
+    auto = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert auto["singular_steps"] == 64 and "--singular-steps 64" in auto["command"]
+    assert json.loads((tmp_path / "auto" / "run.json").read_text())["key"]["singular_steps"] == 64
+    assert np.all(_arrays(tmp_path / "auto" / "bounds.npz")["std"] >= plain)
     capsys.readouterr()
     assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "sing")]) == 2
     assert "singular_steps" in capsys.readouterr().err
@@ -697,7 +704,7 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hcrfast.bound's own warnings, per chunk
         assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "1e-11",
-                         "--out", str(out), "--weights", str(weights)]) == 0
+                         "--singular-steps", "0", "--out", str(out), "--weights", str(weights)]) == 0
     s = json.loads((out / "summary.json").read_text())
     std = _arrays(out / "bounds.npz")["std"]
     assert s["bounds"]["zero"] == int((std == 0).sum()) == std.size  # the oracle: the saved bounds
@@ -716,7 +723,7 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "3e-10",
-                         "--out", str(out), "--weights", str(weights), "--no-progress"]) == 0
+                         "--singular-steps", "0", "--out", str(out), "--weights", str(weights), "--no-progress"]) == 0
     rough = json.loads((out / "summary.json").read_text())
     assert rough["zero_steps"]["restarts"] == 0 and rough["bounds"]["zero"] == 0
     assert rough["rounding"]["restarts"] == 20 and 1e-6 < rough["rounding"]["worst_relative_error"] < 1e-3

@@ -140,7 +140,7 @@ def test_summary_names_what_gave_each_infinite_and_zero_bound():
     x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = hcrfast.bound(Quantized().eval(), x, 0.1, restarts=3, iterations=2, targets="low:2")
+        res = hcrfast.bound(Quantized().eval(), x, 0.1, restarts=3, iterations=2, targets="low:2", singular_steps=0)
     n_restarts = int((res.divergence == 0).sum())
     n_targeted = int(res.targeted.infinite.sum())
     assert n_restarts and n_targeted and len(res.infinite_reasons) == n_restarts + n_targeted
@@ -153,7 +153,7 @@ def test_summary_names_what_gave_each_infinite_and_zero_bound():
         sigma = hcrfast.rms_sigma(net(x), 1e-13)  # every step's shift below float64's resolution, or too coarse
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tiny = hcrfast.bound(net, x, sigma, restarts=3, iterations=2)
+        tiny = hcrfast.bound(net, x, sigma, restarts=3, iterations=2, singular_steps=0)
     text = tiny.summary()
     assert np.all(tiny.std == 0) and "no restart moved them" not in text
     assert "(32 of 32 are 0, which bounds nothing)" in text
@@ -171,20 +171,22 @@ def test_summary_names_what_gave_each_infinite_and_zero_bound():
 
 @pytest.mark.parametrize("kw, hint", [({}, True), (dict(targets="low:1"), False), (dict(solver="lsqr"), False),
                                       (dict(sigma=hcrfast.Laplace(0.1)), False), (dict(basis="pixel"), False),
-                                      (dict(sigma=torch.full((20,), 0.1)), True)])
+                                      (dict(sigma=torch.full((20,), 0.1)), True),
+                                      (dict(singular_steps="auto"), False)])
 def test_summary_points_to_targets_only_where_the_solve_gives_them_cheaply(kw, hint):
-    """The hint names targets= and singular_steps= where they are free of model products (the dense solve's
-    or the Krylov basis' factorization) and possible (Gaussian noise); not once they ran, nor under LSQR or
-    Laplace noise. Where it shows, either raises some bounds and lowers none (the promise it makes)."""
+    """With singular_steps=0, the hint names targets= and the default singular steps where they are free of
+    model products (the dense solve's or the Krylov basis' factorization) and possible (Gaussian noise);
+    not once they ran (the default runs the singular steps), nor under LSQR or Laplace noise. Where it
+    shows, either raises some bounds and lowers none (the promise it makes)."""
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
     x = torch.randn(2, 1, 4, 4)
-    kw = dict(kw)
+    kw = dict(singular_steps=0) | kw
     sigma = kw.pop("sigma", 0.1)
     res = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, **kw)
     assert ("no extra steps: targets='low:4' (hcrfast bound --targets low:4" in res.summary()) == hint
     if hint:  # (4x4 inputs: K of low:K at most 4)
-        for extra in (dict(targets="low:4"), dict(singular_steps=64)):
-            more = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, **extra, **kw)
+        for extra in (dict(targets="low:4"), dict(singular_steps="auto")):
+            more = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, **(kw | extra))
             assert np.all(more.std >= res.std) and np.any(more.std > res.std)
             assert "no extra steps" not in more.summary()

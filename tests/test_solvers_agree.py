@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import hcrfast
+from test_bound import algorithm1
 
 
 def relu_mlp():
@@ -52,12 +53,12 @@ def test_krylov_and_lsqr_give_the_dense_solves_bounds(make, dtype):
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(net(x))
     kw = dict(restarts=3, iterations=3)
-    dense = hcrfast.bound(net, x, sigma, solver="dense", **kw).to_numpy()
+    dense = algorithm1(net, x, sigma, solver="dense", **kw).to_numpy()
     got = {}
     for solver in ("krylov", "lsqr"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no restart bounding nothing, no overflow
-            got[solver] = hcrfast.bound(net, x, sigma, solver=solver, **kw).to_numpy()
+            got[solver] = algorithm1(net, x, sigma, solver=solver, **kw).to_numpy()
     assert np.all(dense.std > 0)
     krylov, lsqr = got["krylov"], got["lsqr"]
     assert krylov.params["krylov"]["rank_median"] == dense.params["dense"]["rank_median"]
