@@ -1,15 +1,16 @@
 """What ``bound(targets=...)`` and ``bound(singular_steps=K)`` add to Algorithm 1: bounds and time, in one
 process, on one problem.
 
-One ``bound`` call without targets (Algorithm 1, every iterate: the defaults), then one per target set
-(``--targets low:8,all``), same seeds and chunks. For each: wall time, the median and 90th percentile of
+One ``bound`` call of Algorithm 1 alone (every iterate, ``singular_steps=0``: the defaults before
+``singular_steps="auto"``), then one per target set (``--targets low:8,all``, without singular steps),
+same seeds and chunks. For each: wall time, the median and 90th percentile of
 every mode's bound, ``mse_from_modes``, how many modes the targeted steps lifted, and where the targeted
 part's time went (directions, certification, the cross bounds). Each targeted call keeps its steps
 (``keep_targeted_eps=True``, which changes no bound) and they are certified HERE, independently of the
 engine (a float64 copy of the model, ``D = expm1(‖a(θ+ε) − a(θ)‖²/σ²)``, SciPy's DCT): every mode's bound
 must be the max of Algorithm 1's and of every targeted step's on that mode (the run fails otherwise).
 ``--singular 16,64`` adds a call per count with ``singular_steps=K`` (J's K smallest singular directions,
-certified); those steps are not returned, so this script does not certify them again (tests/test_singular_steps.py
+each certified with both signs; 64 is the default's); those steps are not returned, so this script does not certify them again (tests/test_singular_steps.py
 checks them against NumPy's SVD and forward passes of its own); every bound must still be at least Algorithm 1's.
 
     python benchmarks/targets_gain.py mnist --examples 32 --targets low:8,all --singular 16,64 --threads 1 \
