@@ -852,18 +852,20 @@ def resolve_singular_steps(singular_steps, solver: str, n: int, p: int, *, gauss
     return min(AUTO_SINGULAR_STEPS, n, p) if solver in ("dense", "krylov") and gaussian else 0
 
 
-def _dense_values(n: int, p: int, restarts: int, singular: int = 0) -> int:
+def _dense_values(n: int, p: int, restarts: int) -> int:
     """Values one example of the dense solve holds on the host's path (:func:`_dense_chunk`)."""
-    return 5 * n * p + n * n + 8 * restarts * (n + p) + 3 * singular * (n + p)
+    return 5 * n * p + n * n + 8 * restarts * (n + p)
 
 
-def _dense_chunk(batch, restarts: int, n: int, p: int, singular: int = 0) -> int:
+def _dense_chunk(batch, restarts: int, n: int, p: int) -> int:
     """Examples per chunk of the dense solve: J (n·p) in float32 and float64, its live rows, the Gram
-    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors, and the
-    ``singular`` smallest right singular vectors with their steps and shifts; on CUDA, with
+    matrix and the pseudo-inverse (≤ 4·n·p + n² float64 values) plus the restarts' vectors; on CUDA, with
     a device routine as ``dense.EIGH_IMPL``, also its own arrays (the Gram matrix symmetrized and copied,
-    the eigenvectors, the core (Gram)⁺: ~6 more of order min(n, p))."""
-    per_example = _dense_values(n, p, restarts, singular)
+    the eigenvectors, the core (Gram)⁺: ~6 more of order min(n, p)). The singular steps are left out
+    (K = 64: their directions, steps and shifts ~2.5·K·(n + p) values, certified in pieces of the restarts'
+    rows; a tenth of 5·n·p on the MNIST MLP), so that they leave the chunks, and so Algorithm 1's bounds,
+    bitwise as without them."""
+    per_example = _dense_values(n, p, restarts)
     if batch.device.type != "cuda":
         return max(1, _DENSE_ELEMENTS // per_example)
     from hcrfast.kernels import symmetric
@@ -877,12 +879,13 @@ def _dense_chunk(batch, restarts: int, n: int, p: int, singular: int = 0) -> int
 
 
 def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, options: LSQROptions,
-                  pilots: int = 1, singular: int = 0) -> int:
+                  pilots: int = 1) -> int:
     """Examples per chunk of the Krylov solve: each keeps up to ``pilots`` ×
-    :func:`hcrfast.krylov.basis_values` values, and ``singular`` Ritz vectors with their steps and
-    shifts; on CPUs a fixed budget, on CUDA what fits in free memory beside the product graphs and
-    the restarts' vectors (measured as in :func:`_auto_chunk`)."""
-    values = pilots * krylov.basis_values(n, p, options) + 3 * singular * (n + p)
+    :func:`hcrfast.krylov.basis_values` values; on CPUs a fixed budget, on CUDA what fits in free
+    memory beside the product graphs and the restarts' vectors (measured as in :func:`_auto_chunk`).
+    The singular steps are left out, as in :func:`_dense_chunk` (~2.5·K·(n + p) values against the
+    bases' pilots·steps·(n + p))."""
+    values = pilots * krylov.basis_values(n, p, options)
     if batch.device.type != "cuda":
         # the bases, and per pilot and restart ~16 rows of n + p 4-byte values: LSQR's vectors, the
         # restarts' z̃, ε, features and their float64 certification (R = 400 doubled the peak without)
@@ -1433,9 +1436,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if chunk_size is None:
                 chunk_size = reuse.chunk_size
         if chunk_size is None:
-            chunk_size = (_dense_chunk(batch, restarts, n, p, singular_steps) if solver == "dense"
-                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots,
-                                             singular_steps)
+            chunk_size = (_dense_chunk(batch, restarts, n, p) if solver == "dense"
+                          else _krylov_chunk(model, batch, restarts, n, p, jacobian, options, krylov_pilots)
                           if solver == "krylov"
                           else _auto_chunk(model, batch, restarts, n, p, jacobian))
         if reuse is not None and reuse.chunk_size is None:
