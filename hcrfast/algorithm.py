@@ -80,8 +80,9 @@ DENSE_SOLVE_MAX_VALUES = 2**24
 KRYLOV_MIN_INPUTS = DENSE_SOLVE_MAX_INPUTS + 1
 #: ``bound(singular_steps="auto")``: this many of J's smallest singular directions (at most min(n, p)),
 #: certified as steps, where the dense or Krylov solve gives them (and Gaussian noise); else none.
-#: 64 raised the median bound 1.04× to 3.90× on five models, in 0.94× to 1.13× Algorithm 1's time
-#: (benchmarks/README.md, "eleventh session").
+#: 64, each direction certified with both signs, raised the median bound 1.05× (CIFAR-10 CNN) to 2.89×
+#: (MNIST MLP) in 1.04× to 1.14× Algorithm 1's time (benchmarks/README.md, "twelfth session"; one sign:
+#: 1.04× to 3.90× on five models, Swin-T the 3.90×, "eleventh session").
 AUTO_SINGULAR_STEPS = 64
 
 #: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
