@@ -27,18 +27,23 @@ import numpy as np
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
 
-def steps_arg(text: str):
-    """``--singular-steps`` (here, in ``hcrfast bound`` and in benchmarks/gpu_targets.py): a count ≥ 0 or
-    "auto"."""
+def auto_or_count(text: str, least: int, fix: str):
+    """An argparse value: "auto", or an integer of at least ``least`` (else ``fix`` says what to pass)."""
     if text == "auto":
         return text
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass 0 (none), a positive integer or 'auto'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass 0 (none), a positive integer or 'auto'")
+        raise argparse.ArgumentTypeError(f"{text!r}: {fix}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: {fix}")
     return value
+
+
+def steps_arg(text: str):
+    """``--singular-steps`` (``hcrfast bound``, ``hcrfast reproduce``, benchmarks/gpu_targets.py): a count
+    ≥ 0 or "auto"."""
+    return auto_or_count(text, 0, "pass 0 (none), a positive integer or 'auto'")
 
 
 def add_subparser(subparsers) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from hcrfast import reproduce, zoo
-from hcrfast._bound_cli import steps_arg
+from hcrfast._bound_cli import auto_or_count, steps_arg
 
 
 def _fraction(x: float) -> str:
@@ -20,15 +20,7 @@ def _fraction(x: float) -> str:
 
 def pilots_arg(text: str):
     """``--krylov-pilots`` (here and in benchmarks/gpu_targets.py): a positive integer or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: pass a positive integer or 'auto'")
-    return value
+    return auto_or_count(text, 1, "pass a positive integer or 'auto'")
 
 
 def _epilog() -> str:
