@@ -1858,8 +1858,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                               f"a(theta) exactly, so D = 0; no unbiased estimator exists for the coordinates this "
                               f"eps moves (their bound is +inf)" for e, r, j in earlier_inf]
                 c_reasons += [f"example {start + e}, singular step {k % singular_steps} "
-                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) exactly, so D = 0; no "
-                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
+                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) exactly, so D = 0; "
+                              f"no unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                               for e, k in singular_inf]
                 reasons_of[start] = c_reasons
                 c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
@@ -2038,7 +2038,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   zero_step_reasons=zero_steps,
                   rounding=dict(restarts=n_risky, worst=worst),
                   singular_steps=None if not singular_steps else dict(
-                      count=singular_steps, auto=singular_auto, examples=singular_done[0], modes_lifted=singular_done[1],
+                      count=singular_steps, auto=singular_auto, examples=singular_done[0],
+                      modes_lifted=singular_done[1],
                       seconds=singular_done[2],
                       note="per example, a step along each of J's smallest singular directions (the dense "
                            "factorization's, or the Krylov bases' Ritz vectors), certified like Algorithm 1's: "

@@ -345,7 +345,8 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                     f"(bound / Algorithm 1's bound) over all modes: median {g['q50']:.3g}, 95% {g['q95']:.3g}.</p>")
     if s.get("singular_steps"):
         body.append(f"<p>Each example's bounds include {s['singular_steps']:,} certified steps along J's smallest "
-                    f"singular directions (--singular-steps), each bounding every mode it moves.</p>")
+                    f"singular directions (--singular-steps; each direction with both signs), each bounding every mode "
+                    f"it moves.</p>")
     inf = s["infinite"]
     if inf["coordinates"]:
         targeted = inf.get("targeted_steps", 0)
@@ -581,7 +582,8 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
     sing = (s.get("params") or {}).get("singular_steps")
     if sing:
         body.append(f"<p>Singular steps ({sing['count']:,} per example along J's smallest singular directions, "
-                    f"certified) raised {sing['modes_lifted']:,} of the (example, mode) bounds.</p>")
+                    f"each certified with both signs) raised {sing['modes_lifted']:,} of the (example, mode) "
+                    f"bounds.</p>")
     if s.get("infinite_reasons"):
         body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
                     f"there); the first: {e(s['infinite_reasons'][0])}</p>")

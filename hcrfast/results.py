@@ -298,7 +298,8 @@ class Bounds:
         sing = p.get("singular_steps")
         if sing:
             lines.append(f"  singular steps{' (auto)' if sing.get('auto') else ''}: {sing['count']} per example along "
-                         f"J's smallest singular directions, each certified with both signs; they raised {sing['modes_lifted']:,} of the "
+                         f"J's smallest singular directions, each certified with both signs; they raised "
+                         f"{sing['modes_lifted']:,} of the "
                          f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
                          f"computed ({sing['seconds']:.2f} s)")
         if h.targeted is not None:
@@ -322,8 +323,9 @@ class Bounds:
             # the directions would come from this solve's own factorization: no model product, a forward pass a step
             k = min(8, *h.std.shape[-2:])
             lines.append(f"  no extra steps: targets='low:{k}' (hcrfast bound --targets low:{k}: a step aimed at each "
-                         f"of the {k}x{k} lowest modes of a channel) or the default singular_steps='auto' (64 steps "
-                         f"along J's smallest singular directions; this call passed 0) would add certified steps, their "
+                         f"of the {k}x{k} lowest modes of a channel) or the default singular_steps='auto' (64 "
+                         f"steps along J's smallest singular directions; this call passed 0) would add certified "
+                         f"steps, their "
                          f"directions from this solve's own factorization, at one forward pass a step; they can only "
                          f"raise these bounds (README, 'Tighter bounds')")
         n_inf = int(np.isinf(std).sum())
