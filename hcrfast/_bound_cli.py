@@ -803,7 +803,8 @@ def _numbers(res, targets) -> dict:
         "mse_bound": reproduce._quantiles(np.asarray(h.mse, dtype=np.float64)),
         "mse_bound_modes": reproduce._quantiles(np.asarray(h.mse_from_modes, dtype=np.float64)),
         "targeted": (None if h.std_algorithm1 is None else reproduce._targeted_stats(
-            targets, std, np.asarray(h.std_algorithm1, dtype=np.float64))),
+            targets, std, np.asarray(h.std_algorithm1, dtype=np.float64),
+            (res.params.get("singular_steps") or {}).get("count", 0))),
         "infinite_reasons": list(h.infinite_reasons),
         "restarts_bounding_nothing": len(res.params.get("zero_step_reasons") or []),
         "bound_seconds": float(res.seconds),

@@ -311,6 +311,10 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     arrays["seconds"] = np.float64(res.seconds)
     # restarts whose D float64's rounding may move by more than 1e-6 (bounds kept, warned), the worst estimate
     arrays["rounding"] = np.array([res.params["rounding"]["restarts"], res.params["rounding"]["worst"]], np.float64)
+    # the singular steps' account (examples, (example, mode) bounds they raised, seconds), summed over chunks
+    sing = res.params.get("singular_steps")
+    if sing:
+        arrays["singular"] = np.array([sing["examples"], sing["modes_lifted"], sing["seconds"]], np.float64)
     # the call's run-wide parameters, for bounds.npz's Bounds header
     arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
     # (example, restart, why: _ZERO_STEP_KINDS) of every restart that bounds nothing: its D = 0, if
@@ -423,8 +427,10 @@ def _lsqr_stats(itn: np.ndarray, istop: np.ndarray) -> dict:
     }
 
 
-def _targeted_stats(targets, std, std_algorithm1):
-    """How much the targeted directions lifted the bounds: gain = bound / Algorithm 1's bound."""
+def _targeted_stats(targets, std, std_algorithm1, singular_steps: int = 0):
+    """How much the targeted directions lifted the bounds: gain = bound / the bound without them
+    (``std_algorithm1``: Algorithm 1's, and the ``singular_steps``' where they were taken; the keys keep
+    their names from before the singular steps, and ``baseline`` says what they were weighed against)."""
     if targets is None:
         return None
     lifted = std > std_algorithm1
@@ -436,7 +442,25 @@ def _targeted_stats(targets, std, std_algorithm1):
         "gain_over_algorithm1_all_modes": _quantiles(gain),
         "gain_over_algorithm1_lifted_modes": _quantiles(std[lifted & ok] / std_algorithm1[lifted & ok]),
         "bounds_algorithm1_only": _quantiles(std_algorithm1.ravel()),
+        "baseline": targets_baseline(singular_steps),
     }
+
+
+def _singular_account(singular_steps, parts) -> dict | None:
+    """The singular steps' account summed over a run's chunks, as ``hcrfast.bound``'s params give it for one
+    call (examples, modes_lifted, seconds); None without them, or where a chunk was computed before the
+    chunks kept it."""
+    if not singular_steps or any("singular" not in p for p in parts):
+        return None
+    total = np.sum([np.asarray(p["singular"], dtype=np.float64) for p in parts], axis=0)
+    return dict(examples=int(total[0]), modes_lifted=int(total[1]), seconds=float(total[2]))
+
+
+def targets_baseline(singular_steps) -> str:
+    """What the targeted steps' gains are over: the bounds without them, which hold the singular steps' too."""
+    if not singular_steps:
+        return "Algorithm 1's bounds"
+    return f"the bounds of Algorithm 1 and the {int(singular_steps)} singular steps"
 
 
 def _command_line(name, key, weights, out, data_root) -> str:
@@ -832,6 +856,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     infinite = np.argwhere((merged["divergence"] == 0) & ~bounding_nothing)
     params = dict(key, sigma=sigma, rms=rms, basis="dct", bounds_on="coefficients of the orthonormal 2-D "
                   "DCT-II (per channel) of the normalized image", normalization=[list(v) for v in zm.normalization])
+    singular_lifted = _singular_account(singular_steps, parts)
+    if singular_steps:  # as hcrfast.bound's params give it (Bounds.summary reads it)
+        params["singular_steps"] = dict(count=int(singular_steps), **(singular_lifted or {}))
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
     reasons = [f"example {e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no unbiased estimator exists "
@@ -924,8 +951,10 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "features' size: a larger --sigma-scale removes it)"),
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
-        "targeted": _targeted_stats(targets, std, merged["std_algorithm1"]),
+        "targeted": _targeted_stats(targets, std, merged["std_algorithm1"], singular_steps),
         "singular_steps": singular_steps,   # per example, certified steps along J's smallest singular directions
+        # (example, mode) bounds they raised above Algorithm 1's; None for chunks computed before it was kept
+        "singular_steps_lifted": singular_lifted,
         "timings": {
             "bound_seconds_all_chunks": bound_seconds,
             "data_and_features_seconds": seconds_data,

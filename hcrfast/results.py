@@ -153,8 +153,8 @@ class Bounds:
     targeted : TargetedBounds or None
         The targeted bounds alone, when ``targets`` was given.
     std_algorithm1 : array or None
-        Algorithm 1's bounds alone (before the max with the targeted ones), when
-        ``targets`` was given.
+        The bounds before the max with the targeted ones, when ``targets`` was given: Algorithm 1's,
+        and the singular steps' where they were taken (``params["singular_steps"]``; the default).
     """
 
     std: object
@@ -296,12 +296,17 @@ class Bounds:
             lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
         sing = p.get("singular_steps")
+        if sing and not isinstance(sing, dict):   # a run hcrfast reproduce wrote before it kept their account
+            sing = {"count": int(sing)}
         if sing:
             lines.append(f"  singular steps{' (auto)' if sing.get('auto') else ''}: {sing['count']} per example along "
-                         f"J's smallest singular directions, each certified with both signs; they raised "
-                         f"{sing['modes_lifted']:,} of the "
-                         f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
-                         f"computed ({sing['seconds']:.2f} s)")
+                         f"J's smallest singular directions, each certified with both signs"
+                         + (f"; they raised {sing['modes_lifted']:,} of the "
+                            f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
+                            f"computed ({sing['seconds']:.2f} s)" if "modes_lifted" in sing else ""))
+        # what the targeted steps are weighed against: the bounds without them, the singular steps' included
+        without = ("Algorithm 1's" if not sing else
+                   f"Algorithm 1's and the {sing['count']} singular steps'")
         if h.targeted is not None:
             t = h.targeted
             lifted = np.asarray(t.std).reshape(std.shape[0], -1)[:, t.modes] > \
@@ -310,13 +315,13 @@ class Bounds:
             others[t.modes] = False
             cross = (std > np.asarray(h.std_algorithm1).reshape(std.shape))[:, others]
             lines.append(f"  targeted ({t.method}): {len(t.modes)} modes per example, each its own certified "
-                         f"perturbation; {lifted.mean():.1%} of their bounds above Algorithm 1's (the bounds above "
-                         f"are the largest of all)"
+                         f"perturbation; {lifted.mean():.1%} of their bounds above {without} (the bounds "
+                         f"above are the largest of all)"
                          + (f"; their steps also bound the other modes, and lifted {cross.mean():.1%} of those"
                             if cross.size else ""))
         elif h.std_algorithm1 is not None:  # the targeted bounds folded in, their own fields not kept (reproduce)
             lifted = std > np.asarray(h.std_algorithm1).reshape(std.shape)
-            lines.append(f"  targeted bounds folded in: the bounds above are the larger of Algorithm 1's "
+            lines.append(f"  targeted bounds folded in: the bounds above are the larger of {without} "
                          f"(.std_algorithm1) and the targeted ones, which lifted {lifted.mean():.1%} of them")
         elif (p.get("solver") in ("dense", "krylov") and p.get("basis") == "dct" and h.std.ndim >= 3
               and not sing and str(p.get("noise", "")).startswith("Gaussian")):

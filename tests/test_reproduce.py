@@ -526,10 +526,34 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
     assert "--targets low:2" in summary["command"]
     assert "Targeted bounds (low:2)" in (out / "report.html").read_text()
     assert summary["infinite"]["targeted_steps"] == int((np.isinf(std) & ~np.isinf(alg1)).sum())
+    # With LSQR (TINY's --lsqr-* options) no singular steps are taken: the gains are over Algorithm 1's
+    assert summary["solver"] == "lsqr" and summary["singular_steps"] == 0
+    assert tg["baseline"] == "Algorithm 1's bounds"
     # Bounds.load keeps Algorithm 1's bounds beside the larger ones, and its summary says which are which
     assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's (.std_algorithm1) and "
             f"the targeted ones, which lifted {np.mean(std > alg1):.1%} of them"
             in hcrfast.Bounds.load(out / "bounds.npz").summary())
+    # The dense solve takes the default's 64 singular steps (8x8 digits: n = p = 64): the bounds without the
+    # targeted steps hold theirs, the gains are over those, and summary.json, the report and Bounds.summary()
+    # say so, not "Algorithm 1's"
+    dense = tmp_path / "targeted_dense"
+    assert cli.main(["reproduce", "digits", "--examples", "4", "--restarts", "2", "--iterations", "2",
+                     "--solver", "dense", "--weights", str(weights), "--out", str(dense), "--targets", "low:2",
+                     "--no-progress"]) == 0
+    summary = json.loads((dense / "summary.json").read_text())
+    arrays = _arrays(dense / "bounds.npz")
+    std, without = arrays["std"], arrays["std_algorithm1"]
+    assert summary["singular_steps"] == 64
+    assert summary["targeted"]["baseline"] == "the bounds of Algorithm 1 and the 64 singular steps"
+    assert "above the bounds of Algorithm 1 and the 64 singular steps; gain" in (dense / "report.html").read_text()
+    assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's and the 64 singular "
+            f"steps' (.std_algorithm1) and the targeted ones, which lifted {np.mean(std > without):.1%} of them"
+            in hcrfast.Bounds.load(dense / "bounds.npz").summary())
+    # and the bounds without the targeted steps are those of the same run without them (the singular steps in)
+    plain = tmp_path / "plain_dense"
+    assert cli.main(["reproduce", "digits", "--examples", "4", "--restarts", "2", "--iterations", "2",
+                     "--solver", "dense", "--weights", str(weights), "--out", str(plain), "--no-progress"]) == 0
+    np.testing.assert_array_equal(without, _arrays(plain / "bounds.npz")["std"])
     with pytest.raises(ValueError, match="low"):
         reproduce.run("digits", examples=4, weights=str(weights), out=tmp_path / "bad", targets="low:99",
                       progress=False)
@@ -550,6 +574,18 @@ def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_p
     assert "8 certified steps along J's smallest singular directions" in (tmp_path / "sing" / "report.html").read_text()
     assert "singular directions" not in (tmp_path / "plain" / "report.html").read_text()
     assert json.loads((tmp_path / "sing" / "run.json").read_text())["key"]["singular_steps"] == 8
+    # their account, summed over the chunks: the (example, mode) bounds above the plain run's (the steps leave
+    # Algorithm 1's part as it was), in summary.json and in the summary of the run's Bounds
+    lifted = summary["singular_steps_lifted"]
+    assert lifted["examples"] == 4 and lifted["modes_lifted"] == int((sing > plain).sum()) and lifted["seconds"] > 0
+    loaded = hcrfast.Bounds.load(tmp_path / "sing" / "bounds.npz")
+    assert (f"singular steps: 8 per example along J's smallest singular directions, each certified with both signs; "
+            f"they raised {int((sing > plain).sum()):,} of the {sing.size:,} (example, mode) bounds") in loaded.summary()
+    loaded.params["singular_steps"] = 8   # as runs made before the account was kept wrote it: still summarized
+    assert "singular steps: 8 per example along J's smallest singular directions, each certified with both " \
+           "signs\n" in loaded.summary() + "\n"
+    assert reproduce._singular_account(8, [{"singular": np.array([4.0, 9.0, 0.5])}, {}]) is None  # an older chunk
+    assert reproduce._singular_account(0, []) is None
     # none is spelt out in the command (the default would take 64), and the default's 64 are keyed as such
     assert "--singular-steps 0" in json.loads((tmp_path / "plain" / "summary.json").read_text())["command"]
     assert cli.main(["reproduce", "digits", *small, "--out", str(tmp_path / "auto")]) == 0
@@ -787,6 +823,9 @@ def test_summary_statistics_against_numpy():
     assert t["gain_over_algorithm1_all_modes"]["finite"] == 3 and t["gain_over_algorithm1_all_modes"]["infinite"] == 0
     assert t["gain_over_algorithm1_lifted_modes"]["q50"] == pytest.approx(np.median([2.0, 1.5]))
     assert t["bounds_algorithm1_only"] == reproduce._quantiles(alg1)
+    assert t["baseline"] == "Algorithm 1's bounds"
+    assert reproduce._targeted_stats("low:2", std, alg1, 8)["baseline"] == \
+        "the bounds of Algorithm 1 and the 8 singular steps"
     assert reproduce._targeted_stats(None, std, alg1) is None
 
 
