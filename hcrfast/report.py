@@ -349,9 +349,16 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                     f"{tg['modes_lifted_fraction']:.1%} of all bounds above {html.escape(_baseline(tg))}; gain "
                     f"(bound / that bound) over all modes: median {g['q50']:.3g}, 95% {g['q95']:.3g}.</p>")
     if s.get("singular_steps"):
+        lifted = s.get("singular_steps_lifted")   # absent from runs made before it was kept
+        if lifted:   # the (example, mode) bounds of the examples that took them
+            modes = (s["bounds"]["finite"] + s["bounds"]["infinite"]) // max(1, s["examples"])
+            total = lifted["examples"] * modes
         body.append(f"<p>Each example's bounds include {s['singular_steps']:,} certified steps along J's smallest "
                     f"singular directions (--singular-steps; each direction with both signs), each bounding every mode "
-                    f"it moves.</p>")
+                    f"it moves"
+                    + (f": they raised {lifted['modes_lifted']:,} of the {total:,} (example, mode) bounds above "
+                       f"Algorithm 1's ({lifted['modes_lifted'] / max(1, total):.1%}; {lifted['seconds']:.1f} s)"
+                       if lifted else "") + ".</p>")
     inf = s["infinite"]
     if inf["coordinates"]:
         targeted = inf.get("targeted_steps", 0)

@@ -578,6 +578,8 @@ def test_singular_steps_raise_the_bounds_are_keyed_and_need_an_exact_solve(tmp_p
     # Algorithm 1's part as it was), in summary.json and in the summary of the run's Bounds
     lifted = summary["singular_steps_lifted"]
     assert lifted["examples"] == 4 and lifted["modes_lifted"] == int((sing > plain).sum()) and lifted["seconds"] > 0
+    assert (f"they raised {int((sing > plain).sum()):,} of the {sing.size:,} (example, mode) bounds above "
+            f"Algorithm 1's" in (tmp_path / "sing" / "report.html").read_text())
     loaded = hcrfast.Bounds.load(tmp_path / "sing" / "bounds.npz")
     assert (f"singular steps: 8 per example along J's smallest singular directions, each certified with both signs; "
             f"they raised {int((sing > plain).sum()):,} of the {sing.size:,} (example, mode) bounds") in loaded.summary()
