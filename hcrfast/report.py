@@ -24,6 +24,7 @@ import numpy as np
 
 from hcrfast.kernels import dct2, idct2
 from hcrfast.krylov import MAX_STEPS
+from hcrfast.results import targets_baseline
 
 __all__ = ["reconstructions", "write_figures", "write_html"]
 
@@ -302,7 +303,7 @@ code { background: #f5f5f5; padding: 0 0.2em; }
 
 def _baseline(targeted: dict) -> str:
     """What a run's targeted gains are over (``baseline``, absent from runs made before the singular steps)."""
-    return targeted.get("baseline", "Algorithm 1's bounds")
+    return targeted.get("baseline", targets_baseline(0))
 
 
 def _fmt(v) -> str:

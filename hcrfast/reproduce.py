@@ -65,7 +65,7 @@ from hcrfast.checkpoint import (CheckpointMismatchError, arithmetic_of, atomic_s
                                 mixed_arithmetic, sha256_tensors)
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
-from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz
+from hcrfast.results import _FORMAT as BOUNDS_FORMAT, counted, mse_from_modes, save_npz, targets_baseline
 
 __all__ = ["DEFAULT_CHUNK_EXAMPLES", "DEFAULT_RESTARTS", "EXPERIMENTS", "RunMismatchError", "RunResult", "run"]
 
@@ -454,13 +454,6 @@ def _singular_account(singular_steps, parts) -> dict | None:
         return None
     total = np.sum([np.asarray(p["singular"], dtype=np.float64) for p in parts], axis=0)
     return dict(examples=int(total[0]), modes_lifted=int(total[1]), seconds=float(total[2]))
-
-
-def targets_baseline(singular_steps) -> str:
-    """What the targeted steps' gains are over: the bounds without them, which hold the singular steps' too."""
-    if not singular_steps:
-        return "Algorithm 1's bounds"
-    return f"the bounds of Algorithm 1 and the {int(singular_steps)} singular steps"
 
 
 def _command_line(name, key, weights, out, data_root) -> str:

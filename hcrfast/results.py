@@ -116,6 +116,14 @@ _RESTART = re.compile(r"example (\d+), restart (\d+): ")
 _SINGULAR = re.compile(r"example (\d+), singular step (\d+)(?: \([+-]v\))?: ")
 
 
+def targets_baseline(singular_steps) -> str:
+    """What the targeted steps' gains are over: the bounds without them (``std_algorithm1``), which hold the
+    singular steps' too where they were taken."""
+    if not singular_steps:
+        return "Algorithm 1's bounds"
+    return f"the bounds of Algorithm 1 and the {int(singular_steps)} singular steps"
+
+
 @dataclass
 class Bounds:
     """Lower bounds on the standard deviation of every unbiased estimator of the input.
@@ -304,9 +312,7 @@ class Bounds:
                          + (f"; they raised {sing['modes_lifted']:,} of the "
                             f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
                             f"computed ({sing['seconds']:.2f} s)" if "modes_lifted" in sing else ""))
-        # what the targeted steps are weighed against: the bounds without them, the singular steps' included
-        without = ("Algorithm 1's" if not sing else
-                   f"Algorithm 1's and the {sing['count']} singular steps'")
+        without = targets_baseline(sing and sing["count"])   # what the targeted steps are weighed against
         if h.targeted is not None:
             t = h.targeted
             lifted = np.asarray(t.std).reshape(std.shape[0], -1)[:, t.modes] > \

@@ -19,7 +19,6 @@ import torch
 
 import hcrfast
 from hcrfast import cli
-from hcrfast import reproduce as reproduce_module
 
 MODEL_FILE = textwrap.dedent("""
     import torch
@@ -161,7 +160,7 @@ def test_targets_are_bounded_and_summarized(files):
     assert t["modes_lifted_fraction"] == pytest.approx(float(np.mean(want.std > want.std_algorithm1)))
     # the gains are over the bounds without the targeted steps, the default's singular steps included
     count = (want.params["singular_steps"] or {}).get("count", 0)
-    assert t["baseline"] == reproduce_module.targets_baseline(count)
+    assert t["baseline"] == hcrfast.results.targets_baseline(count)
     assert count > 0 and f"and the {count} singular steps" in t["baseline"]
 
 

@@ -530,8 +530,8 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
     assert summary["solver"] == "lsqr" and summary["singular_steps"] == 0
     assert tg["baseline"] == "Algorithm 1's bounds"
     # Bounds.load keeps Algorithm 1's bounds beside the larger ones, and its summary says which are which
-    assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's (.std_algorithm1) and "
-            f"the targeted ones, which lifted {np.mean(std > alg1):.1%} of them"
+    assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's bounds (.std_algorithm1) "
+            f"and the targeted ones, which lifted {np.mean(std > alg1):.1%} of them"
             in hcrfast.Bounds.load(out / "bounds.npz").summary())
     # The dense solve takes the default's 64 singular steps (8x8 digits: n = p = 64): the bounds without the
     # targeted steps hold theirs, the gains are over those, and summary.json, the report and Bounds.summary()
@@ -546,8 +546,8 @@ def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
     assert summary["singular_steps"] == 64
     assert summary["targeted"]["baseline"] == "the bounds of Algorithm 1 and the 64 singular steps"
     assert "above the bounds of Algorithm 1 and the 64 singular steps; gain" in (dense / "report.html").read_text()
-    assert (f"targeted bounds folded in: the bounds above are the larger of Algorithm 1's and the 64 singular "
-            f"steps' (.std_algorithm1) and the targeted ones, which lifted {np.mean(std > without):.1%} of them"
+    assert (f"targeted bounds folded in: the bounds above are the larger of the bounds of Algorithm 1 and the 64 "
+            f"singular steps (.std_algorithm1) and the targeted ones, which lifted {np.mean(std > without):.1%} of them"
             in hcrfast.Bounds.load(dense / "bounds.npz").summary())
     # and the bounds without the targeted steps are those of the same run without them (the singular steps in)
     plain = tmp_path / "plain_dense"
