@@ -847,10 +847,19 @@ def resolve_singular_steps(singular_steps, solver: str, n: int, p: int, *, gauss
     """``singular_steps="auto"``: :data:`AUTO_SINGULAR_STEPS`, at most min(n, p) (J's rank), where the
     resolved ``solver`` is dense or Krylov (their factorizations give the directions without a model
     product) and the noise Gaussian (the steps are scaled to a Gaussian shift); else 0. A count is
-    returned as given."""
+    returned as given up to min(n, p), and capped there with a warning: J has no more singular directions."""
     if singular_steps != "auto":
+        if singular_steps > min(n, p):
+            warnings.warn(f"singular_steps={singular_steps}: J ({n} features x {p} inputs) has at most min(n, p) = "
+                          f"{min(n, p)} singular directions; taking those {min(n, p)}", stacklevel=3)
+            return min(n, p)
         return singular_steps
     return min(AUTO_SINGULAR_STEPS, n, p) if solver in ("dense", "krylov") and gaussian else 0
+
+
+def _pilots_need_krylov(krylov_pilots: int, solver: str) -> str:
+    return (f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves with {solver!r}; "
+            f"pass solver='krylov', or leave krylov_pilots at its default ('auto', which the other solvers ignore)")
 
 
 def _dense_values(n: int, p: int, restarts: int) -> int:
@@ -1349,6 +1358,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             raise ValueError(f"krylov_pilots={krylov_pilots!r}: pass a positive integer or 'auto'")
     else:
         krylov_pilots = validation.positive_int("krylov_pilots", krylov_pilots)
+    if krylov_pilots not in ("auto", 1) and solver in ("dense", "lsqr"):
+        raise ValueError(_pilots_need_krylov(krylov_pilots, solver))
     if krylov_pilots != "auto" and krylov_pilots > restarts:
         raise ValueError(f"krylov_pilots={krylov_pilots} exceeds restarts={restarts}: the pilots are restarts "
                          f"0..krylov_pilots-1; pass at most {restarts}")
@@ -1409,8 +1420,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                              f"solve's factorization or the Krylov basis, but this call solves with {solver!r}; pass "
                              f"solver='dense' or solver='krylov' (linearize_at='input'), or singular_steps=0")
         if krylov_pilots != 1 and solver != "krylov":
-            raise ValueError(f"krylov_pilots={krylov_pilots} applies to solver='krylov' only, but this call solves "
-                             f"with {solver!r}; pass solver='krylov' or leave krylov_pilots at 1")
+            raise ValueError(_pilots_need_krylov(krylov_pilots, solver))
         if solver == "dense" and given_options is not None:
             unused = [f.name for f in dataclasses.fields(LSQROptions) if f.name != "kernels"
                       and getattr(given_options, f.name) != getattr(LSQROptions(), f.name)]
@@ -1655,19 +1665,28 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     scale = torch.where(values > 0, size * gaussian_sigma / torch.where(values > 0, values, 1.0), 0.0)
                     steps = from_torch((dirs * scale[..., None]).reshape(m * rows, p))
                     owner = torch.arange(m, device=batch.device).repeat_interleave(rows)
-                    got = (xp.empty((m * rows, p)), xp.empty((m * rows, n)))
+                    # Rows of value 0 (past an example's rank, or its basis' kept vectors) are steps of 0: their
+                    # shift is 0 without a forward pass (ε = 0, z = 0: a bound of 0, as certified).
+                    live = np.flatnonzero((values.reshape(-1) > 0).cpu().numpy())
+                    every = len(live) == m * rows
+                    got = ((xp.empty if every else xp.zeros)((m * rows, p)),
+                           (xp.empty if every else xp.zeros)((m * rows, n)))
                     # in pieces of the chunk's restart rows, which its forward passes hold already
                     per = max(1, m * restarts)
                     with profiling.annotate("certify"):
-                        for r0 in range(0, m * rows, per):
-                            r1 = min(m * rows, r0 + per)
-                            if certify:
-                                piece = _certified_iterates(model64, batch[start:stop], owner[r0:r1], steps[r0:r1])
+                        for r0 in range(0, len(live), per):
+                            r1 = min(len(live), r0 + per)
+                            if every:
+                                at = at_owner = slice(r0, r1)
                             else:
-                                piece = _applied_shift(model, batch[start:stop][owner[r0:r1]],
-                                                       steps[r0:r1].astype(from_torch(batch[:1]).dtype),
-                                                       f0[xp.asarray(owner[r0:r1].cpu().numpy() * restarts)])
-                            got[0][r0:r1], got[1][r0:r1] = piece
+                                at, at_owner = xp.asarray(live[r0:r1]), torch.as_tensor(live[r0:r1], device=owner.device)
+                            if certify:
+                                piece = _certified_iterates(model64, batch[start:stop], owner[at_owner], steps[at])
+                            else:
+                                piece = _applied_shift(model, batch[start:stop][owner[at_owner]],
+                                                       steps[at].astype(from_torch(batch[:1]).dtype),
+                                                       f0[xp.asarray(owner[at_owner].cpu().numpy() * restarts)])
+                            got[0][at], got[1][at] = piece
                 singular_shifts = (got[0], got[1], time.perf_counter() - t0)
                 del got, steps
             if basis is not None:

@@ -244,11 +244,47 @@ def test_a_checkpoint_keys_the_singular_steps_and_resumes_them(tmp_path):
     assert first.std.shape[0] == 2
     with pytest.raises(hcrfast.CheckpointMismatchError, match="singular_steps"):
         hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **dict(kw, singular_steps=4))
-    with pytest.raises(hcrfast.CheckpointMismatchError):
+    # the key leaves out a count of 0 (keys from before the steps still match), named as the value it means
+    with pytest.raises(hcrfast.CheckpointMismatchError, match="singular_steps: 3 -> 0"):
         hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **dict(kw, singular_steps=0))
     resumed = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "d", **kw)
     np.testing.assert_allclose(resumed.std, whole.std, rtol=1e-12)
     assert "singular" in whole.summary()
+
+
+def test_a_count_above_js_rank_is_capped_and_zero_directions_cost_no_forward_pass(monkeypatch):
+    """J (24 features x 16 inputs) has at most 16 singular directions: singular_steps=2000 takes 16, with a
+    warning, and the bounds of 16. Behind a 6-unit layer its rank is at most 6: the rows past it (value 0, a
+    step of 0, a bound of 0) get no float64 forward pass, and the bounds are those of 6 steps."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 4, 4)
+    kw = dict(restarts=2, iterations=2)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 24)).eval()
+    with pytest.warns(UserWarning, match=r"singular_steps=2000: J \(24 features x 16 inputs\) has at most "
+                                         r"min\(n, p\) = 16 singular directions; taking those 16"):
+        many = hcrfast.bound(model, x, 0.1, singular_steps=2000, **kw)
+    assert many.params["singular_steps"]["count"] == 16
+    np.testing.assert_array_equal(many.std, hcrfast.bound(model, x, 0.1, singular_steps=16, **kw).std)
+    assert hcrfast.algorithm.resolve_singular_steps(5, "lsqr", 6, 7) == 5  # a count within it: as given
+
+    passed = []
+    certified = hcrfast.algorithm._certified_iterates
+
+    def counting(model64, batch, owner, steps):
+        passed.append(np.linalg.norm(np.asarray(steps, dtype=np.float64), axis=1))
+        return certified(model64, batch, owner, steps)
+
+    monkeypatch.setattr(hcrfast.algorithm, "_certified_iterates", counting)
+    narrow = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 6), torch.nn.ReLU(),
+                                 torch.nn.Linear(6, 24)).eval()
+    for solver in ("dense", "krylov"):
+        passed.clear()
+        wide = hcrfast.bound(narrow, x, 0.1, singular_steps=16, solver=solver, **kw)
+        rows = np.concatenate(passed)
+        assert len(rows) and np.all(rows > 0), solver
+        six = hcrfast.bound(narrow, x, 0.1, singular_steps=6, solver=solver, **kw)
+        np.testing.assert_allclose(wide.std, six.std, rtol=1e-12, err_msg=solver)
 
 
 class _Frozen(torch.nn.Module):
