@@ -96,11 +96,22 @@ def model_fingerprint(model) -> str:
     return f"{type(model).__qualname__}:sha256:{h.hexdigest()}"
 
 
+#: What an entry left out of a key means: keys leave out what older checkpoints never recorded (a call
+#: with these values writes the key it always wrote, so old folders still resume); a mismatch names
+#: the value, not the absence.
+ABSENT_MEANS = {"iterates": "last", "singular_steps": 0, "keep_targeted_eps": False, "targets": None,
+                "targeted_method": None}
+
+
 def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
     """Raise :class:`CheckpointMismatchError` naming every entry where ``stored`` and ``key`` differ."""
     if stored == key:
         return
-    diffs = [f"{k}: {stored.get(k, '(absent)')!r} -> {key.get(k, '(absent)')!r}"
+
+    def value(d, k):
+        return repr(d[k] if k in d else ABSENT_MEANS.get(k, "(absent)"))
+
+    diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}"
              for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]
     raise CheckpointMismatchError(f"{path} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
 

@@ -384,6 +384,10 @@ def test_a_key_with_an_entry_more_or_less_is_refused_naming_it(tmp_path):
         Checkpoint(tmp_path, {"a": 1, "t": (1, 2), "b": 2}, np.arange(2))
     with pytest.raises(CheckpointMismatchError, match=r"t: \[1, 2\] -> '\(absent\)'"):
         Checkpoint(tmp_path, {"a": 1}, np.arange(2))
+    # entries bound() leaves out at a value (so that keys from before them still match) are named by it
+    Checkpoint(tmp_path / "k", {"a": 1, "iterates": "all", "singular_steps": 16}, np.arange(2))
+    with pytest.raises(CheckpointMismatchError, match=r"iterates: 'all' -> 'last'; singular_steps: 16 -> 0\)"):
+        Checkpoint(tmp_path / "k", {"a": 1}, np.arange(2))
 
 
 def test_fingerprints_see_shapes_names_and_dtypes_not_only_the_bytes():
