@@ -138,6 +138,18 @@ def _describe(statistic: str, quantile: float) -> str:
     return "median of the " + of if quantile == 0.5 else f"{quantile:g}-quantile of the {of}"
 
 
+def _quantile(quantile) -> float:
+    """``quantile=`` checked: a number in [0, 1]."""
+    try:
+        q = float(quantile)
+    except (TypeError, ValueError):
+        q = math.nan
+    if isinstance(quantile, bool) or not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile={quantile!r}: pass a number in [0, 1] (0.5: the median bound must reach the "
+                         f"target; 0.05: 95% of the bounds must)")
+    return q
+
+
 def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=None) -> float:
     """The number :func:`sigma_for` aims at, from a :class:`hcrfast.Bounds` (or its ``std`` array).
 
@@ -163,6 +175,7 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
     from hcrfast import validation
 
     validation.choice("statistic", statistic, STATISTICS)
+    quantile = _quantile(quantile)
     values = flat.ravel() if statistic == "std" else np.sqrt(mse_from_modes(flat))
     return float(np.quantile(values, quantile, method="lower"))
 
@@ -231,10 +244,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     from hcrfast import validation
 
     target = validation.positive_float("target", target)
-    quantile = float(quantile)
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile={quantile!r}: pass a number in [0, 1] (0.5: the median bound must reach the "
-                         f"target; 0.05: 95% of the bounds must)")
+    quantile = _quantile(quantile)
     validation.choice("statistic", statistic, STATISTICS)
     rtol = validation.positive_float("rtol", rtol)
     max_calls = validation.positive_int("max_calls", max_calls)

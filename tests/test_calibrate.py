@@ -501,6 +501,11 @@ def test_a_saved_sweep_loads_back_as_it_was(tmp_path, profile):
     assert (got.seconds, got.reused_examples, got.reuse_bytes) == (sweep.seconds, sweep.reused_examples,
                                                                    sweep.reuse_bytes)
     assert got.summary() == sweep.summary()
+    for bad in (1.5, -0.1, float("nan"), "median", True):   # as sigma_for names them, not NumPy's words
+        with pytest.raises(ValueError, match=rf"quantile={bad!r}: pass a number in \[0, 1\]".replace("(", r"\(")):
+            got.statistic(quantile=bad)
+        with pytest.raises(ValueError, match="pass a number in"):
+            hcrfast.calibrate.statistic_of(got.bounds[0], quantile=bad)
 
 
 def test_loading_what_is_not_a_saved_sweep_says_what_is_missing(tmp_path):

@@ -561,6 +561,10 @@ def test_krylov_pilots_are_checked():
         hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=3)
     with pytest.raises(ValueError, match="applies to solver='krylov' only"):
         hcrfast.bound(net, x, 0.2, restarts=2, solver="dense", krylov_pilots=2)
+    # more pilots than restarts with another solver: the solver is what is wrong, and 'auto' the default
+    with pytest.raises(ValueError, match=r"krylov_pilots=3 applies to solver='krylov' only, but this call solves "
+                                         r"with 'lsqr'; .*leave krylov_pilots at its default \('auto'"):
+        hcrfast.bound(net, x, 0.2, restarts=2, solver="lsqr", krylov_pilots=3)
     with pytest.raises(ValueError, match="krylov_pilots"):
         hcrfast.bound(net, x, 0.2, restarts=2, solver="krylov", krylov_pilots=0)
 

@@ -171,6 +171,16 @@ def test_bad_input_is_named_with_its_fix(problem, change, words):
     assert words in str(info.value)
 
 
+def test_an_empty_or_non_tensor_batch_is_refused_before_the_model_runs(problem):
+    model, head, x, labels = problem
+    with pytest.raises(ValueError, match=r"batch is empty \(shape \(0, "):
+        hcrfast.dithered_accuracy(model, head, x[:0], labels[:0], 0.1)
+    with pytest.raises(ValueError, match="batch is empty"):
+        hcrfast.sigma_for_accuracy(model, head, x[:0], labels[:0], 0.5)
+    with pytest.raises(TypeError, match="batch must be a torch.Tensor.*got ndarray; convert with torch.as_tensor"):
+        hcrfast.dithered_accuracy(model, head, x.numpy(), labels, 0.1)
+
+
 def test_a_head_in_training_mode_runs_in_eval_mode_and_is_told(problem):
     model, head, x, labels = problem
     head = torch.nn.Sequential(head, torch.nn.Dropout(0.9))   # dropout would scramble the scores
