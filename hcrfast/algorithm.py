@@ -1203,8 +1203,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         report per mode the largest bound (each step bounds every mode it moves, as a targeted step
         does). Each direction is certified with both signs (the factorization's sign is arbitrary, and
         on a curved model +v and -v move the features differently): two forward passes a direction
-        (float64 with ``certify``). A count needs ``solver`` "dense" or
-        "krylov" and Gaussian noise. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's;
+        (float64 with ``certify``); directions past an example's rank are steps of 0, with no pass. A count
+        needs ``solver`` "dense" or "krylov" and Gaussian noise; one above min(n, p), J's largest possible
+        rank, takes min(n, p), with a warning. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's;
         with ``targets``, ``std_algorithm1`` (what the targeted steps are weighed against) includes them.
         Default "auto": :data:`AUTO_SINGULAR_STEPS` (64, at most min(n, p)) where the solve is dense or
         Krylov and the noise Gaussian, else 0; ``params["singular_steps"]`` says how many were taken.
