@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
+        if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
+            raise   # the user's model or file raised it: its traceback (and hcrfast's note) say where
         print(f"hcrfast: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
@@ -98,6 +100,25 @@ def main(argv=None) -> int:
         return 130
     finally:
         warnings.formatwarning = saved_format
+
+
+def _raised_outside_hcrfast(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by code outside hcrfast's packages (a user's model or model file, or a
+    library it calls): hcrfast's own refusals are raised in its files and say what to pass instead."""
+    import importlib.util
+    import os
+
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    roots = []
+    for name in ("hcrfast", "hcrfast.kernels", "hcrfast.bindings"):
+        spec = importlib.util.find_spec(name)
+        roots += [os.path.realpath(r) for r in (spec.submodule_search_locations or [])] if spec else []
+    where = os.path.realpath(tb.tb_frame.f_code.co_filename)
+    return not any(where.startswith(root + os.sep) for root in roots)
 
 
 if __name__ == "__main__":  # pragma: no cover

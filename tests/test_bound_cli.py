@@ -549,6 +549,20 @@ def test_a_sigma_search_reports_the_accuracy_at_the_sigma_found(files):
     assert s["utility"]["per_draw"] == want.per_draw.tolist() and s["utility"]["sigma"] == s["noise"]["sigma"]
 
 
+@pytest.mark.parametrize("line", ["raise ValueError('boom in forward')",
+                                  "return x + 'a'"])   # a TypeError inside torch, called by the model
+def test_an_error_the_users_model_raises_keeps_its_traceback(files, line):
+    """hcrfast's own refusals print one line (exit 2); a ValueError or TypeError raised in the user's model
+    (or a library it calls) is not hcrfast's to reword: it propagates with its traceback and hcrfast's note of
+    where it was running the model."""
+    tmp_path, _ = files
+    (tmp_path / "bad.py").write_text(f"import torch\nclass Bad(torch.nn.Module):\n    def forward(self, x):\n"
+                                     f"        {line}\n")
+    with pytest.raises((ValueError, TypeError)) as info:
+        _bound([f"{tmp_path / 'bad.py'}:Bad", tmp_path / "x.pt", *TINY, "--out", tmp_path / "run"])
+    assert any("the model raised this on its first forward pass" in note for note in info.value.__notes__)
+
+
 def test_an_out_that_is_a_file_is_refused_before_the_model_runs(files, capsys):
     tmp_path, _ = files
     (tmp_path / "taken").write_text("a user's file")
@@ -722,10 +736,15 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py:Net", "two.npz", [], "holds 2 entries (images, labels); name the inputs with --key"),
     ("{d}/mynet.py:Pair", "x.pt", [], "the model must return a torch.Tensor of features, got tuple"),
     ("{d}/mynet.py:Net", "two.npz", ["--key", "nope"], "--key 'nope': "),
+    ("{d}/mynet.py:Net", "none.pt", [], "none.pt: shape (0, 1, 8, 8) holds no inputs"),
+    ("{d}/mynet.py:Net", "x.pt", ["--weights", "default"],
+     "--weights default: no such file ('default', torchvision's pretrained weights, exists only for `hcrfast "
+     "reproduce resnet18`"),
 ])
 def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, extra, words):
     tmp_path, _ = files
     torch.save(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), tmp_path / "u8.pt")
+    torch.save(torch.zeros(0, 1, 8, 8), tmp_path / "none.pt")
     torch.save({"lin.weight": torch.zeros(3, 3)}, tmp_path / "bad_w.pt")
     torch.save({"a": torch.zeros(2, 2), "b": torch.zeros(24), "c": torch.zeros(16, 24)}, tmp_path / "small_w.pt")
     np.savez(tmp_path / "two.npz", images=np.zeros((2, 1, 8, 8)), labels=np.arange(2))
