@@ -344,6 +344,9 @@ def load_inputs(path, key=None):
                          f"normalization) and save that")
     if value.dim() < 2:
         raise ValueError(f"INPUTS {path}: shape {tuple(value.shape)}; pass a batch (B, ...) with one input per row")
+    if value.shape[0] == 0 or value[0].numel() == 0:
+        raise ValueError(f"INPUTS {path}: shape {tuple(value.shape)} holds no inputs (or inputs of no values); pass a "
+                         f"batch (B, ...) with B >= 1 inputs, one per row")
     return value
 
 
@@ -434,6 +437,11 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
         return None
     from hcrfast import reproduce, zoo
 
+    if not Path(path).exists():
+        also = (" ('default', torchvision's pretrained weights, exists only for `hcrfast reproduce resnet18` and "
+                "`swin_t`)" if str(path) == "default" else "")
+        raise FileNotFoundError(f"{flag} {path}: no such file{also}; pass the path of a state dict of {spec}, saved "
+                                f"with torch.save(model.state_dict(), PATH)")
     state = zoo._read_state_dict(Path(path))
     expected, given = set(model.state_dict()), set(state)
     missing, unexpected = expected - given, given - expected

@@ -211,6 +211,8 @@ def _run_figure(args: argparse.Namespace) -> int:
         raise ValueError(f"dpi must be at least 10, got {args.dpi}")
     if args.repeats < 1:
         raise ValueError(f"repeats must be a positive number of noise draws, got {args.repeats}")
+    if args.seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {args.seed} (--seed)")
 
     root = np.random.SeedSequence(args.seed)
     image_seed, *noise_seeds = root.spawn(1 + len(sigmas))

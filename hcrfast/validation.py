@@ -262,6 +262,8 @@ def finite_inputs(batch: torch.Tensor) -> None:
 
 
 def _nonfinite_rows(t: torch.Tensor) -> list[int]:
+    if t.numel() == 0:   # (no rows, or rows of nothing: reshape(B, -1) cannot infer -1)
+        return []
     finite = torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
     return torch.nonzero(~finite).flatten().tolist()
 

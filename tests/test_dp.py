@@ -475,6 +475,8 @@ def test_cli_figure_prints_the_path_it_writes_and_checks_it_first(tmp_path, caps
     for out, text in ((tmp_path, "is a folder; pass a file name"), (tmp_path / "no" / "x.png", "does not exist")):
         assert main(["dp", "figure", "--out", str(out), "--sigmas", "0.3"]) == 2
         assert text in capsys.readouterr().err
+    assert main(["dp", "figure", "--out", str(tmp_path / "s.png"), "--sigmas", "0.3", "--seed", "-1"]) == 2
+    assert "seed must be a non-negative integer, got -1 (--seed)" in capsys.readouterr().err
 
 
 # ------------------------------------------------------- extreme regimes
