@@ -459,6 +459,25 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
     return {"path": str(path), "sha256": reproduce._sha256_file(Path(path))}
 
 
+#: What each kind of `hcrfast bound` run keeps in OUT (its resumable chunks, its results), and what it is.
+_OUT_KINDS = {"bound": (("chunks", "bounds.npz"), "a plain bound run"),
+              "search": (("calibration", "bounds.npz"), "a --target-std search"),
+              "sweep": (("sweep_chunks", "sweep"), "a --sweep")}
+
+
+def _check_out_kind(out: Path, kind: str) -> None:
+    """Refuse an OUT that holds another kind of run (a plain run, a --target-std search, a --sweep): each
+    resumes from its own chunks, so another kind would run beside them and leave its results next to the
+    other's (bounds.npz of one, summary.json and the report of the other)."""
+    own = set(_OUT_KINDS[kind][0])
+    for other, (names, what) in _OUT_KINDS.items():
+        found = [n for n in names if n not in own and (out / n).exists()]
+        if other != kind and found:
+            raise ValueError(f"--out {out}: holds {what} ({', '.join(f'{n}' for n in found)}), and this command is "
+                             f"{_OUT_KINDS[kind][1]}, which would leave its results beside those; pass another --out, "
+                             f"or delete {out} to start anew")
+
+
 def _positive(name, value):
     if value is not None and not value > 0:  # argparse has made it an int
         raise ValueError(f"{name} {value!r}: pass a positive integer")
@@ -557,6 +576,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out}: a file is there; pass a folder for the results (it is made if missing)")
     metric = utility_metric(args)  # (None: no utility asked for)
     scales = None if args.sweep is None else sweep_scales(args.sweep)
+    _check_out_kind(out_path, "sweep" if scales is not None else "search" if args.target_std is not None else "bound")
     if args.min_accuracy is not None:
         other = [f for f, v in (("--target-std", args.target_std), ("--sweep", args.sweep)) if v is not None]
         if other:
@@ -746,6 +766,10 @@ def _run(args: argparse.Namespace) -> int:
         return _write_sweep(out, args, summary, sweep, attacks, utilities, versions, t_start)
 
     h = res.to_numpy()
+    for name, made in (("attack.npz", bool(attacks)), ("sigma.npy", np.ndim(sigma) != 0 and (
+            search is not None or accuracy_search is not None))):
+        if not made:   # an earlier command's in this OUT (another --attack, search or accuracy): not this one's
+            (out / name).unlink(missing_ok=True)
     res.save(out / "bounds.npz")
     summary.update(_numbers(res, args.targets))
     summary.update(wall_seconds=time.perf_counter() - t_start,

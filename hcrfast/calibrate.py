@@ -346,6 +346,15 @@ class SigmaSweep:
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"SigmaSweep.save({str(folder)!r}): a file is there; pass a folder (made if missing)")
         folder.mkdir(parents=True, exist_ok=True)
+        stale = set()   # what a sweep saved here before wrote and this one does not: removed, not left beside it
+        try:
+            before = json.loads((folder / "sweep.json").read_text())
+            stale = {level["bounds"].split("/")[0] for level in before.get("levels", [])} | (
+                {"sigma0.npy"} if before.get("sigma0") == "sigma0.npy" else set())
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass
+        stale -= {scale_folder(k) for k in self.scales.tolist()} | (
+            set() if np.ndim(self.sigma0) == 0 else {"sigma0.npy"})
         levels = []
         for k, res in zip(self.scales.tolist(), self.bounds):
             name = scale_folder(k)
@@ -360,6 +369,16 @@ class SigmaSweep:
             "sigma0": float(self.sigma0) if scalar else "sigma0.npy", "levels": levels,
             "seconds": [float(t) for t in self.seconds], "reused_examples": [int(n) for n in self.reused_examples],
             "reuse_bytes": int(self.reuse_bytes)}, indent=1) + "\n")
+        for name in sorted(stale):   # after the new sweep.json: a crash between leaves files, never a dangling list
+            if name.startswith("scale_") and (folder / name).is_dir():
+                for f in ("bounds.npz", "attack.npz"):
+                    (folder / name / f).unlink(missing_ok=True)
+                try:
+                    (folder / name).rmdir()
+                except OSError:   # it holds something else too: leave it
+                    pass
+            elif name == "sigma0.npy":
+                (folder / name).unlink(missing_ok=True)
         return folder / "sweep.json"
 
     @classmethod

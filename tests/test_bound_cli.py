@@ -563,6 +563,35 @@ def test_an_error_the_users_model_raises_keeps_its_traceback(files, line):
     assert any("the model raised this on its first forward pass" in note for note in info.value.__notes__)
 
 
+def test_an_out_holding_another_kind_of_run_is_refused_and_a_rerun_leaves_nothing_of_the_last(files, capsys):
+    """A plain run, a --target-std search and a --sweep each resume from their own chunks: one OUT holds one
+    kind. Within a kind, what the last command wrote and this one does not (a sweep's other scales, an
+    attack no longer asked for) is removed, so OUT holds this command's results alone."""
+    tmp_path, _ = files
+    model, x = f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt"
+    out = tmp_path / "run"
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--attack", "2", "--attack-steps", "1",
+                   "--out", out]) == 0
+    assert (out / "attack.npz").is_file()
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--out", out]) == 0   # no attack now
+    assert not (out / "attack.npz").exists() and "attack" not in json.loads((out / "summary.json").read_text())
+    capsys.readouterr()
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--sweep", "1,2", "--out", out]) == 2
+    assert (f"--out {out}: holds a plain bound run (chunks, bounds.npz), and this command is a --sweep, which "
+            f"would leave its results beside those") in capsys.readouterr().err
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--target-std", "1", "--out", out]) == 2
+    assert "holds a plain bound run (chunks)" in capsys.readouterr().err
+
+    swept = tmp_path / "swept"
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--sweep", "1,2", "--out", swept]) == 0
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--sweep", "2,4", "--out", swept]) == 0
+    assert sorted(p.name for p in (swept / "sweep").iterdir()) == ["scale_2", "scale_4", "sweep.json"]
+    again = hcrfast.SigmaSweep.load(swept / "sweep")
+    np.testing.assert_array_equal(again.scales, [2.0, 4.0])
+    assert _bound([model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--out", swept]) == 2
+    assert "holds a --sweep (sweep_chunks, sweep)" in capsys.readouterr().err
+
+
 def test_an_out_that_is_a_file_is_refused_before_the_model_runs(files, capsys):
     tmp_path, _ = files
     (tmp_path / "taken").write_text("a user's file")
