@@ -108,6 +108,23 @@ def test_bound_on_the_cupy_path_gives_the_cpu_bounds(case, emulated):
     assert_same_bounds(got, want)
 
 
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_singular_steps_past_the_rank_skip_their_passes_on_the_cupy_path(solver, emulated):
+    """J of rank <= 6 behind a 6-unit layer, 12 singular steps asked for: the rows past the rank (steps of
+    0) are left out of the certification by index on the device, and the bounds are the CPU's."""
+    def narrow():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 6), torch.nn.Tanh(),
+                                   torch.nn.Linear(6, 48), torch.nn.Tanh()).double().eval()
+
+    x = batch(3)
+    kw = dict(iterations=2, restarts=2, solver=solver, singular_steps=12)
+    with emulated.off():
+        want = hcrfast.bound(narrow(), x, 0.05, **kw)
+    got = hcrfast.bound(narrow(), x, 0.05, **kw)
+    assert_same_bounds(got, want)
+
+
 class FrozenFeatures(torch.nn.Module):
     """Features that do not move although the Jacobian says they do (as in test_bound.py): D = 0."""
 
