@@ -186,6 +186,23 @@ def test_krylov_solve_on_gpu_matches_cpu():
             assert np.median(gpu.to_numpy().std) == pytest.approx(np.median(cpu.std), rel=0.02)
 
 
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_singular_steps_past_the_rank_on_gpu_match_cpu(solver):
+    """J of rank <= 6 behind a 6-unit layer, 12 singular steps: the rows past the rank (steps of 0) are
+    left out of the certification by device index, and the bounds are the CPU's (float64)."""
+    def narrow():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 6), torch.nn.Tanh(),
+                                   torch.nn.Linear(6, 48), torch.nn.Tanh()).double().eval()
+
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    kw = dict(iterations=2, restarts=2, solver=solver, singular_steps=12)
+    cpu = hcrfast.bound(narrow(), x, 0.05, **kw)
+    gpu = hcrfast.bound(narrow().cuda(), x.cuda(), 0.05, **kw).to_numpy()
+    assert gpu.params["singular_steps"]["count"] == 12
+    np.testing.assert_allclose(gpu.std, cpu.std, rtol=1e-7)
+
+
 @pytest.mark.parametrize("eig_impl", ["cusolver", "cupy"])
 def test_krylov_basis_factored_on_the_device_matches_the_host(eig_impl, monkeypatch):
     """krylov.EIG_IMPL "cusolver"/"cupy": a float32 basis' B_kᵀB_k written out dense and decomposed by a
