@@ -515,7 +515,7 @@ def _profile(model, batch, sigma0, who: str):
     if sigma0 is None:
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), validation.eval_mode(model):   # the features bound() sees (no dropout, running stats)
             sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
     if hasattr(sigma0, "detach"):
         sigma0 = sigma0.detach().cpu().numpy()
@@ -528,7 +528,7 @@ def _profile(model, batch, sigma0, who: str):
     if not scalar:  # checked here, where the message can name sigma0 (bound's would name its sigma)
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), validation.eval_mode(model):
             shape = tuple(validation.features_of(model, batch, flat=False).shape[1:])
         n = int(np.prod(shape))
         if profile.size != n:

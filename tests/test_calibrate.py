@@ -508,6 +508,25 @@ def test_a_saved_sweep_loads_back_as_it_was(tmp_path, profile):
             hcrfast.calibrate.statistic_of(got.bounds[0], quantile=bad)
 
 
+def test_the_default_sigma0_is_the_rms_of_the_eval_mode_features_bound_sees():
+    """A model left in training mode: sigma0 (the RMS of the clean features) is taken in eval mode, as every
+    bound call runs (running statistics, no dropout), not from a dropout draw; the RNG is not touched."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.BatchNorm1d(24),
+                                torch.nn.Dropout(0.5), torch.nn.Tanh())
+    x = torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = float(np.sqrt(np.mean(model.eval()(x).double().numpy() ** 2)))
+    for seed in (1, 2):
+        model.train()
+        torch.manual_seed(seed)
+        rng = torch.get_rng_state()
+        with pytest.warns(UserWarning, match="training mode"):
+            sweep = hcrfast.sweep_sigma(model, x, [1.0], restarts=2, iterations=2)
+        assert sweep.sigmas[0] == pytest.approx(want, rel=1e-6) and model.training
+        assert torch.equal(torch.get_rng_state(), rng)
+
+
 def test_loading_what_is_not_a_saved_sweep_says_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no sweep.json there"):
         hcrfast.SigmaSweep.load(tmp_path)
