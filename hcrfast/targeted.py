@@ -275,7 +275,14 @@ class TargetedBounds:
     __repr__ = short_repr
 
     def with_every_mode(self) -> TargetedBounds:
-        """This, with ``std_every_mode`` computed from ``eps`` (one DCT of every step)."""
+        """This, with ``std_every_mode`` computed from ``eps`` (one DCT of every step); this itself where
+        the steps were dropped after computing it (``bound(targets=...)`` without ``keep_targeted_eps``)."""
+        if self.eps is None:
+            if self.std_every_mode is not None:
+                return self
+            raise ValueError("with_every_mode() computes each step's bounds on every mode from the steps, and "
+                             "these targeted bounds do not keep them: pass keep_targeted_eps=True to "
+                             "hcrfast.bound(targets=...), or use hcrfast.targeted_bound, which keeps them")
         xp = get_array_module(self.std)
         cross = _cross_bounds(self, self.params["basis"], tuple(self.std.shape[1:]))
         return dataclasses.replace(self, std_every_mode=xp.maximum(self.std, cross.reshape(self.std.shape)))
@@ -316,8 +323,25 @@ class TargetedBounds:
     @classmethod
     def concatenate(cls, parts, xp=np) -> TargetedBounds:
         """The targeted bounds of consecutive chunks of one batch as one, its arrays in ``xp``: the
-        per-example rows stacked, the reasons numbered over the whole batch, the timings summed."""
+        per-example rows stacked, the reasons numbered over the whole batch, the timings summed. Parts
+        made with other modes, method or parameters (noise, size, basis, ...) are refused by name."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("TargetedBounds.concatenate([]): pass at least one part")
         first = parts[0]
+        for i, part in enumerate(parts[1:], 1):
+            if part.method != first.method:
+                raise ValueError(f"TargetedBounds.concatenate: part {i} was made by method {part.method!r}, part 0 "
+                                 f"by {first.method!r}; pass the chunks of one call")
+            if not np.array_equal(np.asarray(part.modes), np.asarray(first.modes)):
+                raise ValueError(f"TargetedBounds.concatenate: part {i} targets other modes than part 0 "
+                                 f"({len(part.modes)} against {len(first.modes)}); pass the chunks of one call")
+            differ = [k for k in _SAME_PROBLEM if repr(part.params.get(k)) != repr(first.params.get(k))]
+            if differ:
+                k = differ[0]
+                raise ValueError(f"TargetedBounds.concatenate: part {i} has {k}={part.params.get(k)!r}, part 0 "
+                                 f"{first.params.get(k)!r}" + (f" (and {', '.join(differ[1:])} differ)" if differ[1:]
+                                                              else "") + "; pass the chunks of one call")
         rows = {k: None if getattr(first, k) is None else xp.concatenate([xp.asarray(getattr(p, k)) for p in parts])
                 for k in cls._PER_EXAMPLE}
         std = rows["std"]
@@ -352,6 +376,11 @@ class TargetedBounds:
                          + (", or uncertified passes" if r["unresolved"] else "") + "); see .rounding")
         lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()))
         return "\n".join(lines)
+
+
+#: The params that make targeted bounds one problem: chunks that :meth:`TargetedBounds.concatenate` joins share
+#: them (how a chunk's J was built, read back or not, may differ).
+_SAME_PROBLEM = ("noise", "sigma", "size", "basis", "certify", "null_probes", "n_features", "n_inputs", "dtype")
 
 
 def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str, from_null=None) -> list[str]:

@@ -518,3 +518,38 @@ def test_std_every_mode_is_the_best_bound_of_every_step_for_every_mode():
     del arrays["std_every_mode"]
     old_file = hcrfast.targeted.TargetedBounds.from_arrays(arrays, meta)
     np.testing.assert_array_equal(np.asarray(old_file.std_every_mode).reshape(2, p), got)
+
+
+def test_concatenate_joins_the_chunks_of_one_problem_only():
+    """Parts at another sigma, over other modes or by another method are not chunks of one call: refused
+    by name, not stacked under part 0's label."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    a = targeted_bound(model, x[:1], 0.3, targets="low:2")
+    whole = targeted_bound(model, x, 0.3, targets="low:2")
+    joined = hcrfast.TargetedBounds.concatenate([a, targeted_bound(model, x[1:], 0.3, targets="low:2")])
+    np.testing.assert_allclose(joined.std, whole.std, rtol=1e-8)   # (float32 products: batch size rounds)
+    for other, words in ((targeted_bound(model, x[1:], 5.0, targets="low:2"), "part 1 has noise="),
+                         (targeted_bound(model, x[1:], 0.3, targets="low:3"), "part 1 targets other modes"),
+                         (targeted_bound(model, x[1:], 0.3, targets="low:2", method="lsqr"), "made by method 'lsqr'")):
+        with pytest.raises(ValueError, match=words):
+            hcrfast.TargetedBounds.concatenate([a, other])
+    with pytest.raises(ValueError, match=r"concatenate\(\[\]\): pass at least one part"):
+        hcrfast.TargetedBounds.concatenate([])
+
+
+def test_with_every_mode_of_bounds_that_dropped_their_steps():
+    """bound(targets=...) computes std_every_mode and drops the steps (keep_targeted_eps=False): asking again
+    gives it back; without either, the way to keep the steps is named."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    res = hcrfast.bound(model, x, 0.3, restarts=2, iterations=2, targets="low:2")
+    assert res.targeted.eps is None and res.targeted.with_every_mode() is res.targeted
+    kept = hcrfast.bound(model, x, 0.3, restarts=2, iterations=2, targets="low:2", keep_targeted_eps=True)
+    np.testing.assert_array_equal(kept.targeted.with_every_mode().std_every_mode, res.targeted.std_every_mode)
+    import dataclasses
+    bare = dataclasses.replace(res.targeted, std_every_mode=None)
+    with pytest.raises(ValueError, match="pass keep_targeted_eps=True to hcrfast.bound"):
+        bare.with_every_mode()
