@@ -1680,7 +1680,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             if every:
                                 at = at_owner = slice(r0, r1)
                             else:
-                                at, at_owner = xp.asarray(live[r0:r1]), torch.as_tensor(live[r0:r1], device=owner.device)
+                                at = xp.asarray(live[r0:r1])
+                                at_owner = torch.as_tensor(live[r0:r1], device=owner.device)
                             if certify:
                                 piece = _certified_iterates(model64, batch[start:stop], owner[at_owner], steps[at])
                             else:
@@ -1989,7 +1990,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # restarts whose D float64's rounding may move by more than _ROUNDING_TOLERANCE (bounds kept), the
         # largest such estimate: in params["rounding"] beside the warning
         n_risky, worst = sum(n for n, _ in risky_of.values()), max((w for _, w in risky_of.values()), default=0.0)
-        _warn_rounding("restarts' steps", n_coarse, n_risky, worst)
+        _warn_rounding("restarts' steps" + (" and singular steps" if singular_steps else ""), n_coarse, n_risky,
+                       worst)
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "

@@ -488,6 +488,10 @@ def test_shifts_float64_gives_to_within_the_limit_keep_their_bounds_with_a_warni
     assert res.params["rounding"]["restarts"] == 6 and 1e-6 < res.params["rounding"]["worst"] < 1e-3  # 3 x 2, kept
     assert np.all(res.std > 0) and np.all(res.mse > 0)
     assert np.all(res.std.reshape(3, -1) <= exact * (1 + 1e-3))
+    # the singular steps' rounding is counted with the restarts', and the warning says so
+    with pytest.warns(UserWarning, match=r"^\d+ restarts' steps and singular steps moved the features so little"):
+        hcrfast.bound(OffsetLinear(W, 1e4, constant=False).eval(), x, 1e-4, iterations=2, restarts=2,
+                      basis="pixel", solver="dense", singular_steps=4)
 
 
 class SecondOrder(torch.nn.Module):
