@@ -232,17 +232,14 @@ def forward(model, x: torch.Tensor):
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device, arithmetic=None):
-    """The first steps of a sharded :func:`bound`: rank 0 opens the checkpoint (writing or checking its
-    key), then every process checks that it makes rank 0's call on rank 0's folder. Returns
-    ``(checkpoint, chunk_size)``, the chunk size rank 0's. ``arithmetic``: what each chunk records
-    (default :func:`hcrfast.checkpoint.arithmetic_of` the device)."""
+    """The first steps of a sharded :func:`bound`: every process checks that it makes rank 0's call, before
+    anything is written; then rank 0 opens the checkpoint (writing or checking its key) and every process
+    checks that it sees rank 0's folder. Returns ``(checkpoint, chunk_size)``, the chunk size rank 0's.
+    ``arithmetic``: what each chunk records (default :func:`hcrfast.checkpoint.arithmetic_of` the device)."""
     arithmetic = arithmetic_of(device) if arithmetic is None else arithmetic
     saved = token = None
-    if world.rank == 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
-        token = world.mark_folder(saved.path)
     mine = json.loads(json.dumps(key, sort_keys=True, default=str))
-    every = world.agree("join", dict(key=mine, chunk_size=chunk_size, token=token), timeout=join_timeout())
+    every = world.agree("join", dict(key=mine, chunk_size=chunk_size), timeout=join_timeout())
     first = every[0]
     diffs = []
     for r, other in enumerate(every[1:], 1):
@@ -253,7 +250,10 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
     if diffs:
         raise ShardError(f"hcrfast.bound(shard=True): the processes do not make the same call: {'; '.join(diffs)}; "
                          f"make the same call (model, batch, sigma, arguments) on every process")
-    world.check_folder(checkpoint, first["token"], "checkpoint")
+    if world.rank == 0:   # (a refusal here reaches the others at the next step)
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
+        token = world.mark_folder(saved.path)
+    world.check_folder(checkpoint, world.agree("opened", token, timeout=join_timeout())[0], "checkpoint")
     if world.rank != 0:
         saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
     return saved, first["chunk_size"]
@@ -1455,10 +1455,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if reuse is not None and reuse.chunk_size is None:
             reuse.chunk_size = chunk_size
         reused_factors = [0]  # examples whose factor or basis came from the store
-        # iterates="all": earlier steps certified, of how many (this call's chunks), the widest screen margin
-        screened = [0, 0, 0.0]
-        # singular_steps: examples given them (this call's chunks), modes they lifted, seconds
-        singular_done = [0, 0, 0.0]
+        # Per chunk, computed here or read back (so that a resumed or sharded call counts the whole result):
+        # iterates="all": earlier steps certified, of how many, the widest screen margin, examples;
+        # singular_steps: examples given them, modes they lifted, seconds (None: a chunk file from before them)
+        earlier_of, singular_of = {}, {}
         # Screening the earlier iterates needs D monotone in each |z_j| (Gaussian, Laplace; a Monte Carlo
         # D is an estimate) and the rounding of the model's forward passes (TF32: 10 bits).
         screen = (iterates == "all" and certify and isinstance(noise, (Gaussian, Laplace))
@@ -1703,6 +1703,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
              magnitude, singular_shifts) = result
+            screened, singular_done = [0, 0, 0.0], [0, 0, 0.0]   # this chunk's accounts
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
                 passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
@@ -1867,6 +1868,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     singular_inf = list(zip(*np.nonzero(inf_k)))
                     del es, zs
                 risky_of[start] = (int(to_host(risky.sum())) + extra_risky, worst)
+                earlier_of[start] = screened + [m] if earlier_shifts is not None else None
+                singular_of[start] = singular_done if singular_shifts is not None else None
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
                 zero_d, moved, underflow, unresolved, rounded, coarse = to_host(xp.stack([
                     zero_d, moved, zero_d & shifted, unresolved, rounded, coarse]))
@@ -1907,7 +1910,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                                passes=passes[start:stop],
                                reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
-                               rounding=np.array(risky_of[start], dtype=np.float64), **part)
+                               rounding=np.array(risky_of[start], dtype=np.float64),
+                               **{name: np.array(acc, dtype=np.float64) for name, acc in
+                                  (("earlier", earlier_of[start]), ("singular", singular_of[start])) if acc is not None},
+                               **part)
             computed[0] += stop - start
             filled.add((start, stop))
             if progress:
@@ -1935,6 +1941,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
                     n_risky, worst = arrays.get("rounding", (0, 0.0))
                     risky_of[start] = (int(n_risky), float(worst))
+                    for name, of in (("earlier", earlier_of), ("singular", singular_of)):
+                        of[start] = None if name not in arrays else [float(v) for v in arrays[name]]
                     if targets is not None:
                         targeted_of[start] = TargetedBounds.from_arrays(
                             {k[len("targeted."):]: v for k, v in arrays.items() if k.startswith("targeted.")},
@@ -1969,7 +1977,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if world is not None and world.size > 1:
             if progress:
                 print(f"hcrfast{tag}: this process's pieces are done; waiting for the others", file=sys.stderr)
-            world.agree("done")  # every piece is in the folder now (or a process's error is raised here)
+            # every piece is in the folder now (or a process's error is raised here); factors reused, all told
+            reused_factors[0] = sum(world.agree("done", reused_factors[0]))
             missing = checkpoint_gaps(B, read_back())  # the other processes' pieces
             if missing:
                 raise RuntimeError(f"rows {', '.join(f'{a}..{b - 1}' for a, b in missing)} of the batch are in no "
@@ -2029,6 +2038,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # Read on the solver's stream and allocator (a strided slice's get() copies on the device).
         krylov_steps = to_host(itn[:, :krylov_pilots, 0]) if solver == "krylov" else None
 
+    # the accounts of every chunk of the result, computed by this call (any process) or read back
+    earlier_acc = np.array([a for a in earlier_of.values() if a is not None]).reshape(-1, 4)
+    singular_acc = np.array([a for a in singular_of.values() if a is not None]).reshape(-1, 3)
     params = dict(sigma=gaussian_sigma, noise=noise.describe(), noise_asked=noise_asked, size=size,
                   iterations=iterations,
                   restarts=restarts, seed=int(seed),
@@ -2036,10 +2048,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   lsqr=dataclasses.asdict(options), dtype=validation.dtype_name(batch.dtype), tf32=tf32,
                   warm_start=bool(warm_start), solver=solver, iterates=iterates,
                   earlier_iterates=None if iterates != "all" else dict(
-                      steps=screened[1], certified=screened[0], screened=bool(screen),
-                      margin=screened[2] if screen else None,
-                      note="the steps eps(1) .. eps(i-1) of the chunks this call computed, and how many were "
-                           "certified: the others could not raise any mode's bound (their uncertified shifts, "
+                      steps=int(earlier_acc[:, 1].sum()), certified=int(earlier_acc[:, 0].sum()),
+                      examples=int(earlier_acc[:, 3].sum()), screened=bool(screen),
+                      margin=float(earlier_acc[:, 2].max(initial=0.0)) if screen else None,
+                      note="the steps eps(1) .. eps(i-1) of the examples' chunks (computed by this call, in any "
+                           "process, or read back; chunk files from before 2026-11-30 did not record them), and "
+                           "how many were certified: the others could not raise any mode's bound (their uncertified shifts, "
                            "with a margin for rounding, bound them below what the certified steps give); margin: "
                            "the widest bracket, in units of the model dtype's first-order rounding of the shift"),
                   dense=None if solver != "dense" else dict(
@@ -2060,13 +2074,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   zero_step_reasons=zero_steps,
                   rounding=dict(restarts=n_risky, worst=worst),
                   singular_steps=None if not singular_steps else dict(
-                      count=singular_steps, auto=singular_auto, examples=singular_done[0],
-                      modes_lifted=singular_done[1],
-                      seconds=singular_done[2],
+                      count=singular_steps, auto=singular_auto, examples=int(singular_acc[:, 0].sum()),
+                      modes_lifted=int(singular_acc[:, 1].sum()), seconds=float(singular_acc[:, 2].sum()),
                       note="per example, a step along each of J's smallest singular directions (the dense "
                            "factorization's, or the Krylov bases' Ritz vectors), certified like Algorithm 1's: "
-                           "modes_lifted counts the (example, mode) bounds they raised, over the chunks this call "
-                           "computed"),
+                           "modes_lifted counts the (example, mode) bounds they raised, over these examples' "
+                           "chunks (computed by this call, in any process, or read back; chunk files from before "
+                           "2026-11-30 did not record them), and seconds what they took when computed"),
                   targets=None if targets is None else (targets if isinstance(targets, str) else "list"),
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],

@@ -810,15 +810,22 @@ def test_torchrun_two_processes_match_one(files, extra):
                          capture_output=True, text=True, env=_ENV, timeout=300, check=False)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("summary: ") == 1                # rank 0 writes the results
+    # what the run reports of itself is the whole run's, not rank 0's share
+    accounts = ("singular_steps", "modes_lifted"), ("singular_steps", "examples"), ("earlier_iterates", "certified"), (
+        "earlier_iterates", "steps")
     if "--sweep" in extra:
         for name in ("scale_2", "scale_1"):
             a, b = (hcrfast.Bounds.load(tmp_path / d / "sweep" / name / "bounds.npz") for d in ("one", "two"))
             np.testing.assert_array_equal(a.std, b.std)
             assert b.params["shard"]["world_size"] == 2
+            assert [b.params[k][f] for k, f in accounts] == [a.params[k][f] for k, f in accounts]
+        l1, l2 = (json.loads((tmp_path / d / "summary.json").read_text())["sweep"]["levels"] for d in ("one", "two"))
+        assert [v["reused_examples"] for v in l2] == [v["reused_examples"] for v in l1] == [0, 6]
         return
     a, b = (hcrfast.Bounds.load(tmp_path / d / "bounds.npz") for d in ("one", "two"))
     np.testing.assert_array_equal(a.std, b.std)
     assert b.params["shard"]["world_size"] == 2
+    assert [b.params[k][f] for k, f in accounts] == [a.params[k][f] for k, f in accounts]
     if extra:  # every process made the same search: the same sigmas, each call sharded
         c1, c2 = (json.loads((tmp_path / d / "summary.json").read_text())["calibration"] for d in ("one", "two"))
         assert len(c1["history"]) >= 2 and [h["scale"] for h in c1["history"]] == [h["scale"] for h in c2["history"]]

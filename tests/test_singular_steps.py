@@ -287,6 +287,28 @@ def test_a_count_above_js_rank_is_capped_and_zero_directions_cost_no_forward_pas
         np.testing.assert_allclose(wide.std, six.std, rtol=1e-12, err_msg=solver)
 
 
+def test_a_resumed_call_accounts_for_every_chunk_of_its_result(tmp_path):
+    """The singular steps' and the earlier iterates' accounts (modes lifted, steps certified) are kept in each
+    chunk file: a call that reads chunks back, in part or whole, reports the uninterrupted call's counts."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
+    x = torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    kw = dict(restarts=2, iterations=3, chunk_size=2, singular_steps=3)
+    whole = hcrfast.bound(model, x, 0.1, **kw)
+    hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **kw)
+    chunks = sorted((tmp_path / "c").glob("chunk_*.npz"))
+    assert len(chunks) == 2
+    chunks[1].unlink()   # a crash lost the second chunk
+    for _ in range(2):   # half read back, then all of it
+        again = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "c", **kw)
+        for key in ("examples", "modes_lifted"):
+            assert again.params["singular_steps"][key] == whole.params["singular_steps"][key], key
+        for key in ("steps", "certified", "examples", "margin"):
+            assert again.params["earlier_iterates"][key] == whole.params["earlier_iterates"][key], key
+    assert whole.params["singular_steps"]["examples"] == 4 and whole.params["singular_steps"]["modes_lifted"] > 0
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+
+
 class _Frozen(torch.nn.Module):
     """Features that do not move although the Jacobian (I) says they do: every step has D = 0."""
 
