@@ -519,6 +519,28 @@ def test_torchrun_processes_all_stop_when_rank_0_finds_another_run_in_the_folder
     assert "noise: 'Gaussian(sigma=0.5)' -> 'Gaussian(sigma=0.3)'" in proc.stderr  # what differs
 
 
+def test_processes_refused_for_making_different_calls_leave_the_folder_as_it_was(tmp_path):
+    """Rank 1 at another sigma: every process refuses before anything is written, so the corrected call
+    runs in that folder (rank 0 used to write its key first, which then refused the corrected call)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"), solver="dense",
+                                          out=str(tmp_path), sigma=0.3, targets=None)
+                      .replace("0.3, checkpoint=", "0.3 + 0.1 * int(os.environ['RANK']), checkpoint="))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "the processes do not make the same call" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
+    res = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    np.testing.assert_array_equal(res.std, hcrfast.bound(relu_mlp(), batch(), 0.3, **kw("dense")).std)
+
+
 MISUSE_SCRIPT = """
 import json, os, sys, time
 import numpy as np
