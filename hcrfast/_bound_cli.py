@@ -279,13 +279,22 @@ def _load_object(spec: str, what: str, wanted: str):
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
+        # The working directory first, as `python -m hcrfast.cli` (torchrun -m) has it: the console script
+        # finds the same packages
+        cwd = os.getcwd()
+        added = cwd not in sys.path and "" not in sys.path
+        if added:
+            sys.path.insert(0, cwd)
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as exc:
             if exc.name and (where == exc.name or where.startswith(exc.name + ".")):  # not one it imports
-                raise ValueError(f"{what} {spec!r}: no module {exc.name!r} on the path (pass a file as "
-                                 f"path/to/file.py:{name}, or install the package)") from None
+                raise ValueError(f"{what} {spec!r}: no module {exc.name!r} in the working directory or on the path "
+                                 f"(pass a file as path/to/file.py:{name}, or install the package)") from None
             raise
+        finally:
+            if added:
+                sys.path.remove(cwd)
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):

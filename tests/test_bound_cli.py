@@ -592,6 +592,22 @@ def test_an_out_holding_another_kind_of_run_is_refused_and_a_rerun_leaves_nothin
     assert "holds a --sweep (sweep_chunks, sweep)" in capsys.readouterr().err
 
 
+def test_a_package_in_the_working_directory_is_found_as_python_m_finds_it(files, monkeypatch):
+    """MODEL as package.module:NAME: the console script looks in the working directory first, as
+    `python -m hcrfast.cli` (and torchrun -m) does, and leaves sys.path as it was."""
+    tmp_path, x = files
+    (tmp_path / "mypkg_cwd").mkdir()
+    (tmp_path / "mypkg_cwd" / "__init__.py").write_text("")
+    (tmp_path / "mypkg_cwd" / "models.py").write_text(MODEL_FILE)
+    monkeypatch.chdir(tmp_path)
+    path = list(sys.path)
+    assert _bound(["mypkg_cwd.models:Net", "x.pt", *TINY, "--out", "run"]) == 0
+    assert sys.path == path
+    want = hcrfast.bound(_user_model(tmp_path), x, float(json.loads((tmp_path / "run" / "summary.json").read_text())
+                                                          ["noise"]["sigma"]), restarts=2, iterations=2)
+    np.testing.assert_array_equal(hcrfast.Bounds.load(tmp_path / "run" / "bounds.npz").std, want.std)
+
+
 def test_an_out_that_is_a_file_is_refused_before_the_model_runs(files, capsys):
     tmp_path, _ = files
     (tmp_path / "taken").write_text("a user's file")
@@ -734,8 +750,8 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
     ("{d}/mynet.py", "x.pt", [], "pass 'path/to/file.py:NAME'"),
     ("{d}/mynet.py:Nope", "x.pt", [], "has no 'Nope'; it has Net, Pair, instance, make"),
     ("{d}/nofile.py:Net", "x.pt", [], "no Python file at"),
-    ("no_such_module_xyz:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
-    ("no_such_module_xyz.sub:Net", "x.pt", [], "no module 'no_such_module_xyz' on the path"),
+    ("no_such_module_xyz:Net", "x.pt", [], "no module 'no_such_module_xyz' in the working directory or on the path"),
+    ("no_such_module_xyz.sub:Net", "x.pt", [], "no module 'no_such_module_xyz' in the working directory or on the path"),
     ("{d}/mynet.py:not_a_model", "x.pt", [], "not_a_model is a int, not a torch.nn.Module"),
     ("{d}/mynet.py:Net", "x.txt", [], "pass a .pt, .pth, .npy, .npz file"),
     ("{d}/mynet.py:Net", "missing.pt", [], "no such file"),
