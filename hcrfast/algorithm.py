@@ -1848,7 +1848,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     earlier_inf = [(e, r, j) for (e, r), j in sorted(first_inf.items())]
                     del e64, zz64
                 singular_inf = []   # +inf from a singular step: (example, step)
-                extra_risky = 0     # singular steps whose D float64's rounding may move (warned with the rest)
+                extra_risky, extra_worst = 0, 0.0   # singular steps whose D float64's rounding may move
                 if singular_shifts is not None:
                     # J's smallest singular directions, certified: each mode takes the larger bound
                     es, zs, seconds = singular_shifts
@@ -1860,14 +1860,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     singular_done[2] += seconds
                     std[start:stop] = xp.maximum(std[start:stop], top)
                     del pr, top
-                    extra_risky = int(to_host(rk.sum()))
-                    worst = max(worst, w)
+                    extra_risky, extra_worst = int(to_host(rk.sum())), w
                     zd, inf_k = to_host(xp.stack([zd & xp.any(zs != 0, axis=1).reshape(m, K), zd & mv & ~unr]))
                     if zd.any():
                         raise ValueError(divergence_underflow(noise, int(zd.sum())))
                     singular_inf = list(zip(*np.nonzero(inf_k)))
                     del es, zs
-                risky_of[start] = (int(to_host(risky.sum())) + extra_risky, worst)
+                risky_of[start] = (int(to_host(risky.sum())), worst, extra_risky, extra_worst)
                 earlier_of[start] = screened + [m] if earlier_shifts is not None else None
                 singular_of[start] = singular_done if singular_shifts is not None else None
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
@@ -1939,8 +1938,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     passes[start:stop] = arrays.get("passes", -1)  # (a file from before they were counted)
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
-                    n_risky, worst = arrays.get("rounding", (0, 0.0))
-                    risky_of[start] = (int(n_risky), float(worst))
+                    # (restarts, worst, singular steps, their worst); files before 2026-11-30 hold 2, the
+                    # singular steps counted with the restarts
+                    n_risky, worst, n_sing, w_sing = (list(arrays.get("rounding", (0, 0.0))) + [0, 0.0])[:4]
+                    risky_of[start] = (int(n_risky), float(worst), int(n_sing), float(w_sing))
                     for name, of in (("earlier", earlier_of), ("singular", singular_of)):
                         of[start] = None if name not in arrays else [float(v) for v in arrays[name]]
                     if targets is not None:
@@ -1998,9 +1999,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                       int(to_host(xp.isinf(divergence)).sum()), n_blind)
         # restarts whose D float64's rounding may move by more than _ROUNDING_TOLERANCE (bounds kept), the
         # largest such estimate: in params["rounding"] beside the warning
-        n_risky, worst = sum(n for n, _ in risky_of.values()), max((w for _, w in risky_of.values()), default=0.0)
-        _warn_rounding("restarts' steps" + (" and singular steps" if singular_steps else ""), n_coarse, n_risky,
-                       worst)
+        n_risky, worst = sum(r[0] for r in risky_of.values()), max((r[1] for r in risky_of.values()), default=0.0)
+        n_sing, w_sing = sum(r[2] for r in risky_of.values()), max((r[3] for r in risky_of.values()), default=0.0)
+        _warn_rounding("restarts' steps", n_coarse, n_risky, worst)
+        _warn_rounding("singular steps", 0, n_sing, w_sing)
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "
@@ -2072,7 +2074,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,
                                                         examples_computed=computed[0]),
                   zero_step_reasons=zero_steps,
-                  rounding=dict(restarts=n_risky, worst=worst),
+                  rounding=dict(restarts=n_risky, worst=worst, singular_steps=n_sing, worst_singular=w_sing),
                   singular_steps=None if not singular_steps else dict(
                       count=singular_steps, auto=singular_auto, examples=int(singular_acc[:, 0].sum()),
                       modes_lifted=int(singular_acc[:, 1].sum()), seconds=float(singular_acc[:, 2].sum()),

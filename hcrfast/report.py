@@ -376,6 +376,10 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     if rounding.get("restarts"):
         body.append(f'<p class="warn">{rounding["restarts"]:,} restarts are exact only to float64\'s rounding: '
                     f'{e(rounding["reason"])} (~{rounding["worst_relative_error"]:.1g}).</p>')
+    if rounding.get("singular_steps"):
+        body.append(f'<p class="warn">{rounding["singular_steps"]:,} singular steps (counted apart from the restarts) '
+                    f'are likewise exact only to float64\'s rounding '
+                    f'(~{rounding.get("worst_relative_error_singular", 0.0):.1g}).</p>')
     body.append(
         f"<p>Hammersley-Chapman-Robbins lower bounds on the standard deviation of any unbiased "
         f"estimator of the {e(s['bounds_on'])}, given the features released with Gaussian noise of "

@@ -310,7 +310,10 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
               for k in _CHUNK_ARRAYS}
     arrays["seconds"] = np.float64(res.seconds)
     # restarts whose D float64's rounding may move by more than 1e-6 (bounds kept, warned), the worst estimate
-    arrays["rounding"] = np.array([res.params["rounding"]["restarts"], res.params["rounding"]["worst"]], np.float64)
+    # (and the singular steps', counted apart)
+    r = res.params["rounding"]
+    arrays["rounding"] = np.array([r["restarts"], r["worst"], r.get("singular_steps", 0), r.get("worst_singular", 0.0)],
+                                  np.float64)
     # the singular steps' account (examples, (example, mode) bounds they raised, seconds), summed over chunks
     sing = res.params.get("singular_steps")
     if sing:
@@ -939,6 +942,10 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "rounding": {
             "restarts": int(sum(p.get("rounding", (0, 0.0))[0] for p in parts)),
             "worst_relative_error": float(max(p.get("rounding", (0, 0.0))[1] for p in parts)),
+            # chunks written before 2026-11-30 counted their singular steps with the restarts
+            "singular_steps": int(sum(p["rounding"][2] for p in parts if len(p.get("rounding", ())) > 2)),
+            "worst_relative_error_singular": float(max((p["rounding"][3] for p in parts
+                                                        if len(p.get("rounding", ())) > 3), default=0.0)),
             "reason": ("float64's rounding of a(theta+eps) - a(theta) may move these restarts' D, and their bounds "
                        "with it, by up to the worst relative error, above or below (sigma * size small next to the "
                        "features' size: a larger --sigma-scale removes it)"),

@@ -766,6 +766,15 @@ def test_a_sigma_float64_cannot_resolve_is_reported_as_bounding_nothing(weights,
     assert rough["zero_steps"]["restarts"] == 0 and rough["bounds"]["zero"] == 0
     assert rough["rounding"]["restarts"] == 20 and 1e-6 < rough["rounding"]["worst_relative_error"] < 1e-3
     assert "20 restarts are exact only to float64's rounding" in (out / "report.html").read_text()
+    # with singular steps, theirs are counted apart: the restarts' count stays the restarts'
+    out = tmp_path / "rough_steps"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "3e-10",
+                         "--singular-steps", "4", "--out", str(out), "--weights", str(weights), "--no-progress"]) == 0
+    steps = json.loads((out / "summary.json").read_text())["rounding"]
+    assert steps["restarts"] == 20 and 0 < steps["singular_steps"] <= 10 * 4 * 2
+    assert f"{steps['singular_steps']:,} singular steps (counted apart" in (out / "report.html").read_text()
     out = tmp_path / "tiny"
     loaded = hcrfast.Bounds.load(out / "bounds.npz").summary()  # the zero steps' reasons travel with the bounds
     assert "20 restarts bound nothing (0): 20 float64's rounding" in loaded and "no restart moved them" not in loaded
