@@ -1457,7 +1457,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         reused_factors = [0]  # examples whose factor or basis came from the store
         # Per chunk, computed here or read back (so that a resumed or sharded call counts the whole result):
         # iterates="all": earlier steps certified, of how many, the widest screen margin, examples;
-        # singular_steps: examples given them, modes they lifted, seconds (None: a chunk file from before them)
+        # singular_steps: examples given them, modes they lifted, seconds, directions taken in all and fewest
+        # an example had (None: a chunk file from before them; 3 values: from before directions were counted)
         earlier_of, singular_of = {}, {}
         # Screening the earlier iterates needs D monotone in each |z_j| (Gaussian, Laplace; a Monte Carlo
         # D is an estimate) and the rounding of the model's forward passes (TF32: 10 bits).
@@ -1689,7 +1690,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                        steps[at].astype(from_torch(batch[:1]).dtype),
                                                        f0[xp.asarray(owner[at_owner].cpu().numpy() * restarts)])
                             got[0][at], got[1][at] = piece
-                singular_shifts = (got[0], got[1], time.perf_counter() - t0)
+                # directions each example has (value > 0: within its rank, or its bases' kept vectors)
+                taken = (values[:, :singular_steps] > 0).sum(dim=1).cpu().numpy()
+                singular_shifts = (got[0], got[1], time.perf_counter() - t0, taken)
                 del got, steps
             if basis is not None:
                 again = (basis.redone, basis.passes)
@@ -1703,7 +1706,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
              magnitude, singular_shifts) = result
-            screened, singular_done = [0, 0, 0.0], [0, 0, 0.0]   # this chunk's accounts
+            screened, singular_done = [0, 0, 0.0], [0, 0, 0.0, 0, 0]   # this chunk's accounts
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
                 passes[start:stop] = np.asarray(again[1]).reshape(stop - start, -1)
@@ -1851,13 +1854,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 extra_risky, extra_worst = 0, 0.0   # singular steps whose D float64's rounding may move
                 if singular_shifts is not None:
                     # J's smallest singular directions, certified: each mode takes the larger bound
-                    es, zs, seconds = singular_shifts
+                    es, zs, seconds, taken = singular_shifts
                     K = es.shape[0] // m
                     (pr, _, _, zd, mv, unr, _, _, _, rk, w) = assess(es, zs, restarts=K)
                     top = pr.max(axis=1)
                     singular_done[0] += m
                     singular_done[1] += int(to_host((top > std[start:stop]).sum()))
                     singular_done[2] += seconds
+                    singular_done[3:] = [int(taken.sum()), int(taken.min())]
                     std[start:stop] = xp.maximum(std[start:stop], top)
                     del pr, top
                     extra_risky, extra_worst = int(to_host(rk.sum())), w
@@ -2042,7 +2046,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
 
     # the accounts of every chunk of the result, computed by this call (any process) or read back
     earlier_acc = np.array([a for a in earlier_of.values() if a is not None]).reshape(-1, 4)
-    singular_acc = np.array([a for a in singular_of.values() if a is not None]).reshape(-1, 3)
+    singular_acc = np.array([a[:3] for a in singular_of.values() if a is not None]).reshape(-1, 3)
+    taken_acc = np.array([a[3:5] for a in singular_of.values() if a is not None and len(a) >= 5]).reshape(-1, 2)
     params = dict(sigma=gaussian_sigma, noise=noise.describe(), noise_asked=noise_asked, size=size,
                   iterations=iterations,
                   restarts=restarts, seed=int(seed),
@@ -2078,6 +2083,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   singular_steps=None if not singular_steps else dict(
                       count=singular_steps, auto=singular_auto, examples=int(singular_acc[:, 0].sum()),
                       modes_lifted=int(singular_acc[:, 1].sum()), seconds=float(singular_acc[:, 2].sum()),
+                      # directions the examples had (the rest, past an example's rank or its Krylov bases' kept
+                      # vectors, are steps of 0 that bound nothing), over the chunks that counted them
+                      directions=None if not len(taken_acc) else dict(
+                          total=int(taken_acc[:, 0].sum()), fewest=int(taken_acc[:, 1].min())),
                       note="per example, a step along each of J's smallest singular directions (the dense "
                            "factorization's, or the Krylov bases' Ritz vectors), certified like Algorithm 1's: "
                            "modes_lifted counts the (example, mode) bounds they raised, over these examples' "

@@ -354,9 +354,13 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         if lifted:   # the (example, mode) bounds of the examples that took them
             modes = (s["bounds"]["finite"] + s["bounds"]["infinite"]) // max(1, s["examples"])
             total = lifted["examples"] * modes
+        fewest = ((lifted or {}).get("directions") or {}).get("fewest", s["singular_steps"])
         body.append(f"<p>Each example's bounds include {s['singular_steps']:,} certified steps along J's smallest "
                     f"singular directions (--singular-steps; each direction with both signs), each bounding every mode "
                     f"it moves"
+                    + (f" (an example had as few as {fewest:,} such directions: the rest, past its rank or its Krylov "
+                       f"bases' kept vectors, are steps of 0 and bound nothing)" if fewest < s["singular_steps"]
+                       else "")
                     + (f": they raised {lifted['modes_lifted']:,} of the {total:,} (example, mode) bounds above "
                        f"Algorithm 1's ({lifted['modes_lifted'] / max(1, total):.1%}; {lifted['seconds']:.1f} s)"
                        if lifted else "") + ".</p>")
@@ -488,10 +492,15 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                     f"exactly as J⁺z̃ from one float64 factorization of every example's Jacobian: no LSQR ran.</p>")
     elif s.get("solver") == "krylov":
         body.append("<h2>Solver</h2>")
-        body.append(f"<p>{ls['solves']} least-squares steps (examples × restarts × iterations). One "
-                    f"reorthogonalized LSQR per example (on restart 0's start vector) built a Krylov basis of "
-                    f"J; every step was then solved in that space, with no further model product. Basis "
-                    f"steps per example: max {ls['iterations_max']}, {ls['iterations_total']} in all.</p>")
+        pilots = s.get("krylov_pilots") or 1
+        body.append(f"<p>{ls['solves']} least-squares steps (examples × restarts × iterations). "
+                    + ("One reorthogonalized LSQR per example (on restart 0's start vector) built a Krylov basis of "
+                       "J; every step was then solved in that space" if pilots == 1 else
+                       f"{pilots} reorthogonalized LSQRs per example (pilots: restarts 0..{pilots - 1}'s start "
+                       f"vectors) each built a Krylov basis of J; restart r's steps were then solved in pilot "
+                       f"r mod {pilots}'s space")
+                    + f", with no further model product. Basis steps per {'example' if pilots == 1 else 'pilot'}: "
+                    f"max {ls['iterations_max']}, {ls['iterations_total']} in all.</p>")
         body.append(_table([(f"istop {c}", ls["istop_meaning"][c], n) for c, n in ls["istop_counts"].items()],
                            header=("stop code", "meaning", "steps")))
     else:
@@ -599,9 +608,13 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                     f"all modes: median {_fmt(g.get('q50'))}.</p>")
     sing = (s.get("params") or {}).get("singular_steps")
     if sing:
+        fewest = (sing.get("directions") or {}).get("fewest", sing["count"])
         body.append(f"<p>Singular steps ({sing['count']:,} per example along J's smallest singular directions, "
-                    f"each certified with both signs) raised {sing['modes_lifted']:,} of the (example, mode) "
-                    f"bounds.</p>")
+                    f"each certified with both signs"
+                    + (f"; an example had as few as {fewest:,} such directions: the rest, past its rank or its "
+                       f"Krylov bases' kept vectors, are steps of 0 and bound nothing" if fewest < sing["count"]
+                       else "")
+                    + f") raised {sing['modes_lifted']:,} of the (example, mode) bounds.</p>")
     if s.get("infinite_reasons"):
         body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
                     f"there); the first: {e(s['infinite_reasons'][0])}</p>")

@@ -317,7 +317,9 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     # the singular steps' account (examples, (example, mode) bounds they raised, seconds), summed over chunks
     sing = res.params.get("singular_steps")
     if sing:
-        arrays["singular"] = np.array([sing["examples"], sing["modes_lifted"], sing["seconds"]], np.float64)
+        taken = sing.get("directions") or {}   # (directions the examples had in all, the fewest an example had)
+        arrays["singular"] = np.array([sing["examples"], sing["modes_lifted"], sing["seconds"],
+                                       taken.get("total", np.nan), taken.get("fewest", np.nan)], np.float64)
     # the call's run-wide parameters, for bounds.npz's Bounds header
     arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
     # (example, restart, why: _ZERO_STEP_KINDS) of every restart that bounds nothing: its D = 0, if
@@ -455,8 +457,13 @@ def _singular_account(singular_steps, parts) -> dict | None:
     chunks kept it."""
     if not singular_steps or any("singular" not in p for p in parts):
         return None
-    total = np.sum([np.asarray(p["singular"], dtype=np.float64) for p in parts], axis=0)
-    return dict(examples=int(total[0]), modes_lifted=int(total[1]), seconds=float(total[2]))
+    each = [np.asarray(p["singular"], dtype=np.float64) for p in parts]
+    total = np.sum([a[:3] for a in each], axis=0)
+    account = dict(examples=int(total[0]), modes_lifted=int(total[1]), seconds=float(total[2]))
+    taken = [a[3:5] for a in each if len(a) >= 5 and np.all(np.isfinite(a[3:5]))]
+    if taken and len(taken) == len(each):   # (chunks from before 2026-11-30 did not count them)
+        account["directions"] = dict(total=int(sum(t[0] for t in taken)), fewest=int(min(t[1] for t in taken)))
+    return account
 
 
 def _command_line(name, key, weights, out, data_root) -> str:

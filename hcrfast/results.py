@@ -307,11 +307,14 @@ class Bounds:
         if sing and not isinstance(sing, dict):   # a run hcrfast reproduce wrote before it kept their account
             sing = {"count": int(sing)}
         if sing:
+            fewest = (sing.get("directions") or {}).get("fewest", sing["count"])
             lines.append(f"  singular steps{' (auto)' if sing.get('auto') else ''}: {sing['count']} per example along "
                          f"J's smallest singular directions, each certified with both signs"
+                         + (f" (an example had as few as {fewest}: the rest, past its rank or its Krylov bases' kept "
+                            f"vectors, are steps of 0 and bound nothing)" if fewest < sing["count"] else "")
                          + (f"; they raised {sing['modes_lifted']:,} of the "
-                            f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples this call "
-                            f"computed ({sing['seconds']:.2f} s)" if "modes_lifted" in sing else ""))
+                            f"{sing['examples'] * std.shape[1]:,} (example, mode) bounds of the examples they were "
+                            f"counted over ({sing['seconds']:.2f} s)" if "modes_lifted" in sing else ""))
         without = targets_baseline(sing and sing["count"])   # what the targeted steps are weighed against
         if h.targeted is not None:
             t = h.targeted

@@ -960,3 +960,22 @@ def test_a_bad_sweep_is_named(tmp_path, capsys, extra, words):
     assert cli.main(["reproduce", "digits", *TINY, *extra, "--out", str(tmp_path / "s"), "--no-progress"]) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_the_report_of_a_short_krylov_run_with_pilots_says_what_ran(weights, tmp_path):
+    """Two pilots of 1 basis step: the Solver section names two LSQRs per example and counts steps per
+    pilot; their bases keep at most 2 of the 4 singular directions asked for, and the report says how few
+    an example had (the rest are steps of 0)."""
+    out = tmp_path / "kry"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "krylov", "--krylov-pilots", "2",
+                         "--lsqr-iter-lim", "1", "--singular-steps", "4", "--out", str(out), "--weights", str(weights),
+                         "--no-progress"]) == 0
+    html = (out / "report.html").read_text()
+    assert "2 reorthogonalized LSQRs per example (pilots: restarts 0..1's start vectors)" in html
+    assert "Basis steps per pilot: max 1," in html
+    s = json.loads((out / "summary.json").read_text())
+    fewest = s["singular_steps_lifted"]["directions"]["fewest"]
+    assert 1 <= fewest <= 2 and f"an example had as few as {fewest:,} such directions" in html
+    assert f"an example had as few as {fewest}" in hcrfast.Bounds.load(out / "bounds.npz").summary()

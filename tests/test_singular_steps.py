@@ -327,3 +327,19 @@ def test_a_singular_step_with_zero_divergence_gives_infinite_bounds_with_its_rea
     assert len(singular) == 2 * 3 * 2 and all("so D = 0" in r for r in singular)   # both signs of each direction
     assert sum("singular step 2 (+v): " in r for r in singular) == sum("singular step 2 (-v): " in r for r in singular) == 2
     assert "and 12 singular steps left the features exactly unchanged" in res.summary()
+
+
+def test_a_short_krylov_basis_says_how_few_directions_it_had():
+    """A 3-step Krylov basis keeps at most 3 Ritz vectors: of 8 singular steps asked for, the rest are steps of
+    0. params['singular_steps']['directions'] counts what each example had, and the summary says it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).eval()
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    lsqr = hcrfast.LSQROptions(atol=0.0, btol=0.0, iter_lim=3)
+    res = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, solver="krylov", lsqr=lsqr, singular_steps=8)
+    got = res.params["singular_steps"]["directions"]
+    assert 1 <= got["fewest"] <= 3 and got["total"] <= 2 * 3
+    assert f"an example had as few as {got['fewest']}" in res.summary()
+    full = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, solver="dense", singular_steps=8)
+    assert full.params["singular_steps"]["directions"] == dict(total=16, fewest=8)
+    assert "as few as" not in full.summary()
