@@ -119,11 +119,7 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
     """The model's checked features of ``batch``, in its own shape, the model in eval mode."""
     from hcrfast import validation
 
-    if not isinstance(batch, torch.Tensor):
-        raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
-                        f"convert with torch.as_tensor(batch)")
-    if batch.ndim == 0 or batch.shape[0] == 0:
-        raise ValueError(f"batch is empty (shape {tuple(batch.shape)}): pass at least one example, (B, ...) with B >= 1")
+    validation.batch_tensor(batch)
     with torch.no_grad(), validation.eval_mode(model):
         return validation.features_of(model, batch, flat=False)
 

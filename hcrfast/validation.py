@@ -215,10 +215,18 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     return ids.astype(np.int64)  # one dtype: the same ids in int32 make the same checkpoint key
 
 
-def check_batch(batch, basis: str) -> torch.Tensor:
+def batch_tensor(batch) -> None:
+    """Refuses what is not a tensor of at least one example (any dtype: a model may embed integer ids)."""
     if not isinstance(batch, torch.Tensor):
         raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
                         f"convert with torch.as_tensor(batch)")
+    if batch.ndim >= 1 and batch.shape[0] == 0:
+        raise ValueError(f"batch is empty (shape {tuple(batch.shape)}): pass at least one example, (B, ...) with "
+                         f"B >= 1")
+
+
+def check_batch(batch, basis: str) -> torch.Tensor:
+    batch_tensor(batch)
     if batch.device.type not in ("cpu", "cuda"):
         raise ValueError(f"batch is on {batch.device}, but hcrfast runs on the CPU (NumPy) or a CUDA GPU (CuPy) "
                          f"only; move the model and batch to one of them: model.cpu() and batch.cpu(), or "
@@ -238,8 +246,6 @@ def check_batch(batch, basis: str) -> torch.Tensor:
     if batch.ndim < 2:
         raise ValueError(f"batch must have a leading batch axis, got shape {tuple(batch.shape)}; "
                          f"for one example pass batch[None] (shape (1, {', '.join(map(str, batch.shape))}))")
-    if batch.shape[0] == 0:
-        raise ValueError("batch is empty (shape[0] == 0)")
     if basis == "dct" and batch.ndim < 3:
         raise ValueError(f"basis='dct' transforms the last two axes (H, W), but the examples have shape "
                          f"{tuple(batch.shape[1:])}; pass basis='pixel' for vector inputs, or for the 1-D DCT of "
