@@ -1669,7 +1669,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     owner = torch.arange(m, device=batch.device).repeat_interleave(rows)
                     # Rows of value 0 (past an example's rank, or its basis' kept vectors) are steps of 0: their
                     # shift is 0 without a forward pass (ε = 0, z = 0: a bound of 0, as certified).
-                    live = np.flatnonzero((values.reshape(-1) > 0).cpu().numpy())
+                    has = (values > 0).cpu().numpy()   # (m, 2K) on the host: one read for both uses
+                    live = np.flatnonzero(has.reshape(-1))
                     every = len(live) == m * rows
                     got = ((xp.empty if every else xp.zeros)((m * rows, p)),
                            (xp.empty if every else xp.zeros)((m * rows, n)))
@@ -1691,7 +1692,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                        f0[xp.asarray(owner[at_owner].cpu().numpy() * restarts)])
                             got[0][at], got[1][at] = piece
                 # directions each example has (value > 0: within its rank, or its bases' kept vectors)
-                taken = (values[:, :singular_steps] > 0).sum(dim=1).cpu().numpy()
+                taken = has[:, :singular_steps].sum(axis=1)
                 singular_shifts = (got[0], got[1], time.perf_counter() - t0, taken)
                 del got, steps
             if basis is not None:
