@@ -49,7 +49,7 @@ from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors)
-from hcrfast.results import counted, load_npz, mse_from_modes, save_npz, short_repr
+from hcrfast.results import counted, load_npz, mse_from_modes, same_result, save_npz, short_repr
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -167,6 +167,8 @@ class AttackResult:
                "damping")
 
     __repr__ = short_repr
+    __eq__ = same_result
+    __hash__ = None
 
     def to_numpy(self) -> AttackResult:
         """A copy whose arrays are NumPy arrays on the host."""

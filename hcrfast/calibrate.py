@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast.backend import available_memory
+from hcrfast.results import same_result
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
 #: ``"rmse"``, per example the root of the mean of the selected modes' bounds squared (a lower bound on
@@ -123,6 +124,9 @@ class SigmaSearch:
             lines.append(f"  call {i + 1}: scale {h['scale']:.6g}, sigma {h['sigma']:.6g} -> {h['statistic']:.6g} "
                          f"({h['seconds']:.1f} s)")
         return "\n".join(lines)
+
+    __eq__ = same_result
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"<SigmaSearch: {self.summary().splitlines()[0]}>"
@@ -415,6 +419,9 @@ class SigmaSweep:
             lines.append(f"  scale {k:.6g}, sigma {sig if np.ndim(sig) == 0 else _rms(sig):.6g}: median {m:.6g}, "
                          f"0.05-quantile {q:.6g} ({sec:.1f} s{f', {used} examples reused' if used else ''})")
         return "\n".join(lines)
+
+    __eq__ = same_result
+    __hash__ = None
 
     def __repr__(self) -> str:
         return f"<SigmaSweep: {len(self.scales)} sigmas, scales {self.scales.min():.6g} to {self.scales.max():.6g}>"

@@ -55,6 +55,49 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
+WALL_TIME_KEYS = ("seconds", "timings")
+
+
+def _array_like(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.generic, float, int))
+
+
+def same_result(a, b) -> bool:
+    """``a == b`` of hcrfast's result classes: the same type, every array bitwise equal (NaN where the
+    other has NaN, on the host whichever device holds it), every list, string and count equal, with
+    the wall times left out (fields and ``params`` keys named ``seconds`` or ``timings``, at any depth):
+    two runs that computed the same bounds compare equal, and so do a result and its ``save``/``load``
+    copy (JSON gives back lists for tuples; they compare as the same sequence)."""
+    if a is b:
+        return True
+    if dataclasses.is_dataclass(a) or dataclasses.is_dataclass(b):
+        return (type(a) is type(b)
+                and all(same_result(getattr(a, f.name), getattr(b, f.name))
+                        for f in dataclasses.fields(a) if f.name not in WALL_TIME_KEYS))
+    if isinstance(a, dict) or isinstance(b, dict):
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return False
+        keys = {k for k in a if k not in WALL_TIME_KEYS}
+        return (keys == {k for k in b if k not in WALL_TIME_KEYS}
+                and all(same_result(a[k], b[k]) for k in keys))
+    if _array_like(a) or _array_like(b):
+        if a is None or b is None:
+            return False
+        x, y = to_host(a), to_host(b)
+        if x.shape != y.shape or (_array_like(a) and _array_like(b) and x.dtype != y.dtype):
+            return False
+        nan = x.dtype.kind in "fc" and y.dtype.kind in "fc"
+        return bool(np.array_equal(x, y, equal_nan=nan))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_result(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
 def mse_from_modes(std) -> np.ndarray:
     """``(1/p) Σ_k std_k²`` per example (row of ``std``, shape (B, ...)): :attr:`Bounds.mse_from_modes`."""
     std = np.asarray(std, dtype=np.float64)
@@ -182,6 +225,8 @@ class Bounds:
     _ARRAYS = ("std", "mse", "eps", "z", "divergence", "best_restart", "lsqr_iterations", "lsqr_istop")
 
     __repr__ = short_repr
+    __eq__ = same_result
+    __hash__ = None
 
     @property
     def mse_from_modes(self) -> np.ndarray:

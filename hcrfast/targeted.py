@@ -60,7 +60,7 @@ from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.operators import Transposed
-from hcrfast.results import counted, json_default, load_npz, quantile_line, save_npz, short_repr
+from hcrfast.results import counted, json_default, load_npz, quantile_line, same_result, save_npz, short_repr
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -273,6 +273,8 @@ class TargetedBounds:
     _PER_EXAMPLE = tuple(k for k in _ARRAYS if k != "targeted")
 
     __repr__ = short_repr
+    __eq__ = same_result
+    __hash__ = None
 
     def with_every_mode(self) -> TargetedBounds:
         """This, with ``std_every_mode`` computed from ``eps`` (one DCT of every step); this itself where

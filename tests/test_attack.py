@@ -1,4 +1,5 @@
 """hcrfast.attack: the Gauss–Newton attacker against least squares and the exact LS covariance."""
+import dataclasses
 import json
 import re
 
@@ -382,6 +383,7 @@ def test_attack_results_save_and_load(tmp_path):
     for name in AttackResult._ARRAYS:
         np.testing.assert_array_equal(getattr(back, name), getattr(res, name), err_msg=name)
     assert back.params == json.loads(json.dumps(res.params)) and back.seconds == res.seconds
+    assert back == res and back != dataclasses.replace(res, rmse=res.rmse + 1.0)
     assert compare(hcrfast.bound(model, x, 0.3, iterations=1, restarts=1), back)["n_modes"] == res.rmse.size
     hcrfast.bound(model, x, 0.3, iterations=1, restarts=1).save(tmp_path / "b.npz")
     with pytest.raises(ValueError, match=r"not a file written by AttackResult.save .*'hcrfast.AttackResult/1'"):

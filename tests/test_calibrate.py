@@ -501,6 +501,7 @@ def test_a_saved_sweep_loads_back_as_it_was(tmp_path, profile):
     assert (got.seconds, got.reused_examples, got.reuse_bytes) == (sweep.seconds, sweep.reused_examples,
                                                                    sweep.reuse_bytes)
     assert got.summary() == sweep.summary()
+    assert got == sweep and got.bounds[1] == sweep.bounds[1] and got.bounds[1] != sweep.bounds[0]
     for bad in (1.5, -0.1, float("nan"), "median", True):   # as sigma_for names them, not NumPy's words
         with pytest.raises(ValueError, match=rf"quantile={bad!r}: pass a number in \[0, 1\]".replace("(", r"\(")):
             got.statistic(quantile=bad)

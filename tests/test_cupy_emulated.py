@@ -155,6 +155,7 @@ def test_device_results_summarize_save_and_load(emulated, tmp_path):
     back = hcrfast.Bounds.load(tmp_path / "b.npz")
     np.testing.assert_array_equal(back.std, res.std.get())
     np.testing.assert_array_equal(back.targeted.std, res.targeted.std.get())
+    assert back == res and res == res.to_numpy()     # == reads device arrays back to compare
 
 
 def test_checkpoint_resume_on_the_cupy_path(emulated, tmp_path, monkeypatch):

@@ -53,9 +53,33 @@ def test_save_then_load_gives_back_every_field(case, tmp_path):
     assert path.is_file()
     back = hcrfast.Bounds.load(path)
     assert_same(back, res)
+    assert back == res and not back != res      # == compares every field bitwise, wall times aside
     assert back.summary() == res.summary()
+    back.seconds += 1.0
+    assert back == res
+    back.std.flat[-1] = -1.0                     # no bound is negative: a change in every case
+    assert back != res
     with np.load(path) as z:  # readable without hcrfast
         np.testing.assert_array_equal(z["std"], res.std)
+
+
+def test_equality_is_by_value_and_takes_nan_where_the_other_has_nan():
+    """== on results: bitwise arrays (NaN equal to NaN at the same place), lists, params (tuples equal to
+    the lists JSON gives back), not the wall times; never NumPy's 'truth value is ambiguous'."""
+    a = bounds_with_std([[1.0, np.nan, np.inf], [0.5, 0.25, 0.0]])
+    b = bounds_with_std([[1.0, np.nan, np.inf], [0.5, 0.25, 0.0]])
+    a.params, b.params = {"sigma": 0.1, "shape": (3,), "timings": {"x": 1.0}}, {"sigma": 0.1, "shape": [3]}
+    assert a == b and not (a != b) and a in [b] and [a].index(b) == 0
+    b.std[0, 1] = 0.0
+    assert a != b
+    b.std[0, 1] = np.nan
+    b.params["sigma"] = 0.2
+    assert a != b and a != "bounds" and a != None  # noqa: E711
+    b.params["sigma"] = 0.1
+    b.std = b.std.astype(np.float32)
+    assert a != b                                    # a dtype is part of the result
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
 
 
 def test_load_refuses_files_it_did_not_write(tmp_path):

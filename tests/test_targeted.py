@@ -305,6 +305,7 @@ def test_targeted_bounds_save_and_load(tmp_path):
     for name in res._ARRAYS + ("modes",):
         np.testing.assert_array_equal(getattr(back, name), getattr(res, name), err_msg=name)
     assert back.infinite_reasons == res.infinite_reasons and back.method == res.method
+    assert back == res and res != targeted_bound(model, x, 0.3, targets="low:1")
     assert back.summary().splitlines()[0] == res.summary().splitlines()[0]
 
 
