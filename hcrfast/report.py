@@ -333,6 +333,19 @@ def _table(rows, header=None) -> str:
     return "\n".join(parts)
 
 
+def _device_row(s: dict) -> str:
+    """Where the bounds were computed: the arithmetic the chunks record (on the CPU with torch's thread count
+    then), not this run's alone, which may have read every chunk back with other ``--threads``."""
+    now = s["device"]
+    chunks = [a for a in s.get("chunks_arithmetic") or [] if a != "not recorded"]
+    if not chunks or chunks == [now]:
+        return now
+    if len(chunks) == 1:
+        return f"bounds computed on {chunks[0]}; this run: {now}"
+    return (f"bounds computed on {'; '.join(chunks)} (chunks of different arithmetic: they agree to rounding, "
+            f"not bitwise); this run: {now}")
+
+
 def write_html(path, summary: dict, figures: dict) -> Path:
     """Write ``report.html``: the summary's numbers and the figures (relative paths)."""
     e = html.escape
@@ -437,7 +450,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
             else "2 × the inputs (SciPy's cap)")),
         ("chunks × examples per chunk", f"{s['chunks']} × {min(s['chunk_examples'], s['examples'])}"),
         ("processes", s["world_size"]),
-        ("device", s["device"]),
+        ("device", _device_row(s)),
     ]))
 
     acc = s["accuracy"]

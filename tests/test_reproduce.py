@@ -694,12 +694,20 @@ def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise
     out = tmp_path / "threads"
     base = ["reproduce", "digits", *TINY, "--weights", str(weights), "--out", str(out)]
     assert cli.main(base + ["--threads", "1"]) == 0
+    first = json.loads((out / "summary.json").read_text())["device"]
+    assert first.endswith("torch threads 1)") and f"<td class=\"\">{first}</td>" in (out / "report.html").read_text()
+    assert cli.main(base + ["--threads", "2"]) == 0      # reads every chunk back: the bounds are the first run's
+    now = json.loads((out / "summary.json").read_text())["device"]
+    assert now.endswith("torch threads 2)")
+    assert f"<td class=\"\">bounds computed on {first}; this run: {now}</td>" in (out / "report.html").read_text()
     (out / "chunks" / "chunk_00001.npz").unlink()
     with pytest.warns(UserWarning, match=r"chunks were computed with different arithmetic .*torch threads 1\).*"
                                          r"torch threads 2\).*not bitwise"):
         assert cli.main(base + ["--threads", "2"]) == 0
     arithmetic = json.loads((out / "summary.json").read_text())["chunks_arithmetic"]
     assert len(arithmetic) == 2 and all("torch threads" in a for a in arithmetic)
+    assert (f"<td class=\"\">bounds computed on {'; '.join(arithmetic)} (chunks of different arithmetic: they agree to "
+            f"rounding, not bitwise); this run: {now}</td>") in (out / "report.html").read_text()
 
 
 def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(weights, tmp_path, monkeypatch):
