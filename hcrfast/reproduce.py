@@ -50,6 +50,7 @@ import re
 import shlex
 import sys
 import time
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -644,6 +645,19 @@ def run(
                 raise ValueError(f"--singular-steps {singular_steps} takes J's smallest singular directions from "
                                  f"the dense solve or the Krylov basis, but this run solves by LSQR (--solver lsqr, "
                                  f"--linearize-at current or an --lsqr-* option); drop those, or --singular-steps")
+        if krylov_pilots != "auto":  # a bad --krylov-pilots fails before a model is trained or a folder made
+            krylov_pilots = _positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots")
+            if krylov_pilots > restarts:
+                raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most "
+                                 f"{restarts}")
+            shape = _zoo.published_parameters(name)
+            with warnings.catch_warnings():  # the run's own resolve_solver says what it has to say
+                warnings.simplefilter("ignore")
+                early = _algorithm.resolve_solver(solver, linearize_at, torch.device(device), shape["n_features"],
+                                                  int(np.prod(shape["input_shape"])), lsqr_given=bool(lsqr_given))
+            if krylov_pilots != 1 and early != "krylov":
+                raise ValueError(f"--krylov-pilots {krylov_pilots} applies to the Krylov solver, but this run solves "
+                                 f"with {early!r}; add --solver krylov or drop --krylov-pilots")
         _check_weights(name, weights)
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
@@ -655,8 +669,7 @@ def run(
                         data_root=data_root, download=download, weights=weights, chunk_examples=chunk_examples,
                         linearize_at=linearize_at, targets=targets, warm_start=bool(warm_start), solver=solver,
                         iterates=validation.choice("iterates", iterates, ("all", "last")),
-                        lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=(krylov_pilots if krylov_pilots == "auto" else
-                                       _positive_int("krylov_pilots", krylov_pilots, "--krylov-pilots")),
+                        lsqr=lsqr, lsqr_given=lsqr_given, krylov_pilots=krylov_pilots,
                         singular_steps=singular_steps, progress=progress, train_epochs=train_epochs,
                         crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
         except BaseException:

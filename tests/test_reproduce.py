@@ -800,6 +800,8 @@ def test_dense_solve_names_the_lsqr_options_it_does_not_use(weights, tmp_path):
 
 @pytest.mark.parametrize("argv,error", [
     (["digits", "--targets", "low:0"], r"K must lie in 1\.\.8"),  # before the digits model is trained
+    (["digits", "--krylov_pilots", 5, "--restarts", 2, "--solver", "krylov"], r"--krylov-pilots 5 exceeds --restarts 2"),
+    (["digits", "--krylov_pilots", 2, "--restarts", 2], r"--krylov-pilots 2 applies to the Krylov solver, .*'dense'"),
     (["mnist"], r"mnist needs trained weights"),
     (["digits", "--weights", "default"], r"--weights default exists only for resnet18 and swin_t"),
     (["cifar10", "--weights", "no/such/file.pt"], r"No weights file at"),
