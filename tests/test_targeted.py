@@ -554,3 +554,27 @@ def test_with_every_mode_of_bounds_that_dropped_their_steps():
     bare = dataclasses.replace(res.targeted, std_every_mode=None)
     with pytest.raises(ValueError, match="pass keep_targeted_eps=True to hcrfast.bound"):
         bare.with_every_mode()
+
+
+def test_a_float16_model_takes_targeted_lsqr_steps_from_bound():
+    """bound(targets=..., targeted_method="lsqr") on a float16 model: the targeted LSQR has float16 defaults
+    (it used to refuse with "pass lsqr=LSQROptions(...)", which bound's lsqr= does not reach); the bounds,
+    certified in float64, stay below the exact least-squares std of the float16 weights and come within
+    reach of it, as float16's rounding of the steps allows."""
+    rng = np.random.default_rng(3)
+    shape, n, B, sigma = (2, 3, 4), 40, 2, 0.5
+    W = matrix_with_condition(rng, n, 24, 5.0)
+    model = linear_model(W, rng.standard_normal(n), shape).half()
+    W16 = model[1].weight.detach().double().numpy()          # the weights the float64 copy certifies with
+    x = torch.as_tensor(rng.standard_normal((B,) + shape)).half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                      # float16: "fewer digits" warnings
+        res = hcrfast.bound(model, x, sigma, iterations=2, restarts=2, solver="lsqr", targets="low:2",
+                            targeted_method="lsqr", singular_steps=0)
+    assert res.params["targeted"]["method"] == "lsqr"
+    Q = dct_basis(shape)
+    ls_std = np.sqrt(sigma**2 * np.diag(Q @ np.linalg.inv(W16.T @ W16) @ Q.T))
+    modes = res.targeted.modes
+    got = res.targeted.std.reshape(B, -1)[:, modes] / ls_std[modes]
+    assert np.all(res.std.reshape(B, -1) / ls_std <= 1 + 1e-6)
+    assert got.max() <= 1 + 1e-6 and got.min() >= 0.5, got
