@@ -97,6 +97,11 @@ def resolve_jacobian_mode(mode: str, n: int, p: int) -> str:
     return "forward" if p < n else "reverse"
 
 
+#: What to pass instead where torch.func cannot build J: the LSQR paths, for each place a dense J is built.
+LSQR_INSTEAD = ("pass solver='lsqr' for Algorithm 1's steps, and for targets targeted_method='lsqr' "
+                "(hcrfast.bound) or method='lsqr' (hcrfast.targeted_bound)")
+
+
 def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | None = None,
              skip_zero_rows: bool = False, return_products: bool = False, return_mode: bool = False):
     """The full Jacobian of every example, shape (B, n, p), in the dtype of ``x``.
@@ -195,18 +200,23 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         text = str(exc)
         first = text.splitlines()[0] if text else type(exc).__name__
         if any(k in text for k in ("vmap", "captured Tensor", "Batching rule", "functorch", "BatchedTensor")):
-            cause, fix = (("an autograd.Function without vmap support is the cause",
-                           "give it generate_vmap_rule = True or a vmap staticmethod") if "generate_vmap_rule" in text
-                          else ("a forward that changes its own buffers or attributes in place is the usual cause",
-                                "keep the forward free of in-place changes to the model's state"))
+            if "generate_vmap_rule" in text:
+                cause, fix = ("an autograd.Function without vmap support is the cause",
+                              "give it generate_vmap_rule = True or a vmap staticmethod")
+            elif "NYI" in text or "not implemented" in text.lower():
+                cause, fix = ("vmap has no rule for an operation of the forward (named there)",
+                              "write that step with operations vmap supports")
+            else:
+                cause, fix = ("a forward that changes its own buffers or attributes in place is the usual cause",
+                              "keep the forward free of in-place changes to the model's state")
             raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this "
-                             f"model's forward does not support (torch: {first}); {cause}: pass solver='lsqr' (or, "
-                             f"for targeted_bound, method='lsqr'), which needs no vmap, or {fix}") from exc
+                             f"model's forward does not support (torch: {first}); {cause}: {LSQR_INSTEAD}, which "
+                             f"need no vmap, or {fix}") from exc
         raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
                          f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
                          f"(torch: {first}; activation checkpointing is a known case"
-                         f"{forward_hint if mode == 'forward' else ''}): pass solver='lsqr' (or, for "
-                         f"targeted_bound, method='lsqr'), which needs plain autograd only") from exc
+                         f"{forward_hint if mode == 'forward' else ''}): {LSQR_INSTEAD}, which need plain autograd "
+                         f"only") from exc
 
     def count(live, probes, mode):  # the products that built J, and the one VJP that checked it
         if live is not None:

@@ -544,6 +544,40 @@ def test_a_model_torch_func_cannot_run_is_refused_with_the_solver_that_can():
         np.testing.assert_allclose(res.z, (model(x + torch.as_tensor(res.eps)) - model(x)).numpy(), atol=1e-12)
 
 
+class ChannelsLastOut(torch.nn.Module):
+    """A forward that makes its output channels_last: plain autograd takes it, vmap has no rule for it
+    (torch 2.14: "NYI: Tensor.clone(memory_format) ... ChannelsLast")."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x).contiguous(memory_format=torch.channels_last)
+
+
+def test_a_dense_targeted_step_vmap_cannot_take_names_the_targeted_option_that_can():
+    """bound(solver='lsqr', targets=...): the targeted directions' dense J needs vmap; the refusal names the
+    operation as the cause and targeted_method='lsqr' (the user already passed solver='lsqr'), and that runs."""
+    import hcrfast
+
+    model, x = ChannelsLastOut().eval(), torch.randn(2, 2, 5, 5, generator=torch.Generator().manual_seed(1))
+    kw = dict(restarts=2, iterations=2, solver="lsqr", targets="low:2")
+    try:
+        with torch.no_grad():
+            torch.func.vmap(model)(x[None])
+    except RuntimeError:
+        pass
+    else:
+        pytest.skip("this torch's vmap runs a channels_last clone")
+    with pytest.raises(ValueError, match=r"vmap has no rule for an operation of the forward.*"
+                                         r"targeted_method='lsqr' \(hcrfast.bound\)"):
+        hcrfast.bound(model, x, 0.1, **kw)
+    res = hcrfast.bound(model, x, 0.1, targeted_method="lsqr", **kw)
+    assert res.params["targeted"]["method"] == "lsqr" and np.all(np.isfinite(res.std))
+
+
 @pytest.mark.parametrize("fault", [
     RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with TORCH_USE_CUDA_DSA"),
     RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
