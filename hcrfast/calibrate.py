@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast.backend import available_memory
-from hcrfast.results import same_result
+from hcrfast.results import counted, same_result
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
 #: ``"rmse"``, per example the root of the mean of the selected modes' bounds squared (a lower bound on
@@ -117,8 +117,8 @@ class SigmaSearch:
         what = _describe(self.statistic_name, self.quantile)
         sig = (f"{self.sigma:.6g}" if np.ndim(self.sigma) == 0
                else f"{self.scale:.6g} x the given stds (RMS {_rms(self.sigma):.6g})")
-        head = (f"sigma {sig}: {what} {self.statistic:.6g} "
-                f"{'>=' if self.met else '<'} target {self.target:.6g} (certified, {len(self.history)} bound calls)")
+        head = (f"sigma {sig}: {what} {self.statistic:.6g} {'>=' if self.met else '<'} target {self.target:.6g} "
+                f"({_certified(self.bounds)}, {len(self.history)} bound calls)")
         lines = [head, f"  {self.note}"]
         for i, h in enumerate(self.history):
             lines.append(f"  call {i + 1}: scale {h['scale']:.6g}, sigma {h['sigma']:.6g} -> {h['statistic']:.6g} "
@@ -130,6 +130,13 @@ class SigmaSearch:
 
     def __repr__(self) -> str:
         return f"<SigmaSearch: {self.summary().splitlines()[0]}>"
+
+
+def _certified(bounds) -> str:
+    """How the summaries name the bounds: certified unless ``certify=False`` left ``z_ε`` to the model's dtype."""
+    every = bounds if isinstance(bounds, list) else [bounds]
+    certify = all(getattr(b, "params", {}).get("certify", True) for b in every)
+    return "certified" if certify else "NOT certified: certify=False"
 
 
 def _rms(a) -> float:
@@ -413,8 +420,8 @@ class SigmaSweep:
     def summary(self) -> str:
         median, low = self.statistic(), self.statistic(quantile=0.05)
         unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
-        lines = [f"{len(self.scales)} sigmas, certified bounds at each (median and 0.05-quantile of the per-mode "
-                 f"bounds){unit}:"]
+        lines = [f"{counted(len(self.scales), 'sigma')}, {_certified(self.bounds)} bounds at each (median and "
+                 f"0.05-quantile of the per-mode bounds){unit}:"]
         for k, sig, m, q, sec, used in zip(self.scales, self.sigmas, median, low, self.seconds, self.reused_examples):
             lines.append(f"  scale {k:.6g}, sigma {sig if np.ndim(sig) == 0 else _rms(sig):.6g}: median {m:.6g}, "
                          f"0.05-quantile {q:.6g} ({sec:.1f} s{f', {used} examples reused' if used else ''})")

@@ -588,3 +588,17 @@ def test_a_containers_memory_limit_caps_the_available_memory(tmp_path, monkeypat
     # usage over the limit (reclaim pending): nothing left, not a negative count
     backend = _cgroup_tree(tmp_path / "over", monkeypatch, ["0::/"], {"memory.max": f"{G}", "memory.current": f"{2 * G}"})
     assert backend.cgroup_memory_left() == 0
+
+
+def test_summaries_say_when_the_bounds_are_not_certified():
+    """certify=False takes z from the model's float32 passes: the σ search's and the sweep's summaries do not
+    call those bounds certified (Bounds.summary says 'certified in float64: False')."""
+    model, x = _tanh_net(2), _batch(3)
+    kw = dict(restarts=2, iterations=2)
+    with pytest.warns(UserWarning, match="not certified"):
+        search = hcrfast.sigma_for(model, x, 0.05, certify=False, **kw)
+        sweep = hcrfast.sweep_sigma(model, x, [1.0, 2.0], certify=False, **kw)
+    assert "(NOT certified: certify=False, " in search.summary().splitlines()[0]
+    assert sweep.summary().startswith("2 sigmas, NOT certified: certify=False bounds at each")
+    assert "(certified, " in hcrfast.sigma_for(model, x, 0.05, **kw).summary().splitlines()[0]
+    assert hcrfast.sweep_sigma(model, x, [1.0], **kw).summary().startswith("1 sigma, certified bounds at each")
