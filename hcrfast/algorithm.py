@@ -116,13 +116,22 @@ def rms_sigma(features, scale: float = 1.0) -> float:
                             f"{validation.dtype_name(features.dtype)}; {fix}")
         f = features.detach().double()
     else:
-        values = np.asarray(features)
+        try:
+            values = np.asarray(features)
+        except (TypeError, ValueError, RuntimeError) as exc:  # e.g. a tuple of tensors that require grad
+            raise TypeError(f"features must be a tensor, an array or a list of numbers, got "
+                            f"{type(features).__name__} that NumPy cannot read ({exc}); pass the model's output "
+                            f"tensor itself, e.g. model(batch) (under torch.no_grad())") from exc
         if values.dtype.kind not in "iuf":  # as before: NumPy arrays and lists of real numbers
             raise TypeError(f"features must hold real numbers, got an array of dtype {values.dtype}; pass the "
                             f"model's outputs as a float tensor or array"
                             + (", e.g. features.real or abs(features)" if values.dtype.kind == "c" else ""))
         f = torch.as_tensor(values.astype(np.float64))
     rms = float(torch.sqrt(torch.mean(f * f)))
+    if (rms == 0 or math.isinf(rms)) and f.numel():  # f * f under- or overflowed: scale by the largest first
+        big = float(f.abs().max())
+        if 0 < big < math.inf:
+            rms = big * float(torch.sqrt(torch.mean((f / big) ** 2)))
     if not math.isfinite(rms) or rms <= 0:
         raise ValueError(f"the features' RMS is {rms!r}; sigma = scale x RMS needs non-zero finite features")
     return scale * rms

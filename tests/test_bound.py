@@ -1,4 +1,5 @@
 """hcrfast.bound: validity against the exact least-squares covariance, rigor, determinism."""
+import math
 import functools
 import threading
 import re
@@ -1440,6 +1441,24 @@ def test_rms_sigma_still_takes_real_arrays_and_lists():
               np.float32([[3, 4], [0, 0]]),
               np.array([[3, 4], [0, 0]]), [[3, 4], [0, 0]], [[3.0, 4.0], [0.0, 0.0]]):
         assert hcrfast.rms_sigma(f) == pytest.approx(want)
+
+
+def test_rms_sigma_of_features_whose_squares_leave_float64s_range():
+    """Features of 1e200 or 1e-200 have that RMS: their squares over- or underflow, so the mean is taken of
+    the features scaled by the largest (it was inf and 0.0, refused as features that are not finite or 0);
+    features in range keep the plain formula's bits."""
+    for v in (1e200, 1e-200, 1e-160, 3e153):
+        f = torch.tensor([[v, -v], [v / 2, 0.0]], dtype=torch.float64)
+        assert hcrfast.rms_sigma(f) == pytest.approx(v * np.sqrt(2.25 / 4), rel=1e-15)
+    f = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert hcrfast.rms_sigma(f) == float(torch.sqrt(torch.mean(f * f)))
+    for bad, word in ((torch.zeros(3), "0.0"), (torch.tensor([math.inf, 1.0]), "inf"),
+                      (torch.tensor([math.nan, 1.0]), "nan")):
+        with pytest.raises(ValueError, match=f"the features' RMS is {word}; sigma = scale x RMS needs"):
+            hcrfast.rms_sigma(bad)
+    feats = torch.nn.Linear(3, 2)(torch.ones(1, 3))           # requires grad, inside a tuple
+    with pytest.raises(TypeError, match=r"features must be a tensor, an array or a list of numbers, got tuple"):
+        hcrfast.rms_sigma((feats,))
 
 
 def test_dense_solve_says_which_lsqr_options_it_does_not_use():
