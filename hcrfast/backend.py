@@ -45,6 +45,18 @@ def is_cupy_array(a) -> bool:
     return cupy is not None and isinstance(a, cupy.ndarray)
 
 
+def host_argument(name: str, value):
+    """An argument (σ, example ids, a target mask) given as a CuPy array, copied to the host on purpose (an
+    argument, read once, not solver data); a torch tensor on the meta device refused, since it holds no
+    values. Anything else as it is."""
+    if is_cupy_array(value):
+        return value.get()
+    if getattr(value, "is_meta", False) and type(value).__module__.startswith("torch"):
+        raise TypeError(f"{name} is a tensor on the meta device, which holds no values; pass one with data "
+                        f"(on the CPU or the model's device)")
+    return value
+
+
 def get_array_module(*arrays) -> types.ModuleType:
     """The namespace (``numpy`` or ``cupy``) of the given arrays.
 

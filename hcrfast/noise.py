@@ -34,13 +34,14 @@ import numpy as np
 import torch
 
 from hcrfast import validation
-from hcrfast.backend import get_array_module, to_host
+from hcrfast.backend import get_array_module, host_argument, to_host
 
 __all__ = ["Gaussian", "Laplace", "MonteCarlo", "MonteCarloEstimate", "NoiseLaw", "as_noise"]
 
 
 def _check_scale(name: str, value, hint: str = "pass the noise scale of the released features "
                                                 "(e.g. hcrfast.rms_sigma(features, 1.0))") -> float:
+    value = host_argument(name, value)
     count = (value.numel() if isinstance(value, torch.Tensor) else
              np.size(value) if isinstance(value, (np.ndarray, list, tuple)) else 1)
     if count > 1:
@@ -623,6 +624,7 @@ def per_feature_stds(sigma):
     """The stds of a per-feature ``sigma`` (an array, tensor or sequence of more than one real value) as a
     float64 NumPy array of their shape, checked positive and finite; None for anything else (one number,
     a law)."""
+    sigma = host_argument("sigma", sigma)
     if isinstance(sigma, torch.Tensor):
         if sigma.numel() <= 1:
             return None

@@ -53,7 +53,7 @@ from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, 
                                _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
                                _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
                                _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
-from hcrfast.backend import get_array_module, to_host
+from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors)
@@ -116,6 +116,7 @@ def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
     """
     input_shape = tuple(input_shape)
     p = math.prod(input_shape)
+    targets = host_argument("targets", targets)
     if isinstance(targets, str):
         if targets == "all":
             return np.arange(p)

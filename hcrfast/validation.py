@@ -17,6 +17,8 @@ import warnings
 import numpy as np
 import torch
 
+from hcrfast.backend import host_argument
+
 
 def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -54,6 +56,7 @@ def seed(value) -> int:
 
 
 def positive_float(name: str, value, hint: str = "") -> float:
+    value = host_argument(name, value)
     if isinstance(value, (torch.Tensor, np.ndarray)):
         if (value.size if isinstance(value, np.ndarray) else value.numel()) != 1:
             raise TypeError(f"{name} must be one number, got an array of shape {tuple(value.shape)}")
@@ -81,6 +84,7 @@ def sigma_or_law(value, *, laws: bool = True):
 
     if isinstance(value, NoiseLaw):
         return value
+    value = host_argument("sigma", value)
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]  # [0.05]: one number (one std per feature is a longer sequence)
     hint = SIGMA_HINT if laws else GAUSSIAN_HINT
@@ -202,7 +206,7 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     """Global indices of a batch's examples (default 0..B−1), checked: B non-negative integers."""
     if ids is None:
         return np.arange(batch_size)
-    ids = np.asarray(ids)
+    ids = np.asarray(host_argument("example_ids", ids))
     if ids.shape != (batch_size,) or ids.dtype.kind not in "iu" or np.any(ids < 0):
         raise ValueError(f"example_ids must be {batch_size} non-negative integers (one per example), "
                          f"got an array of shape {ids.shape} and dtype {ids.dtype}")

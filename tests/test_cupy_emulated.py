@@ -536,3 +536,34 @@ def test_order_zero_matrices_on_the_cupy_path(emulated):
 
     w, V = symmetric.eigh_batch(torch.zeros((3, 0, 0), dtype=torch.float64), impl="cupy")
     assert tuple(w.shape) == (3, 0) and tuple(V.shape) == (3, 0, 0)
+
+
+def test_arguments_given_as_cupy_arrays_are_read_once_to_the_host(emulated):
+    """A GPU user's σ (one, or one per feature), example ids and target mask as CuPy arrays: read to the host
+    on purpose, as torch tensors are, with the result of the same NumPy arguments (they were refused as
+    'got ndarray' or by CuPy's 'Implicit conversion to a NumPy array is not allowed')."""
+    cp = emulated.module
+    stds = np.linspace(0.03, 0.08, 48)
+    mask = np.zeros((1, 8, 8), dtype=bool)
+    mask[0, :2, :3] = True
+    kw = dict(iterations=1, restarts=2, solver="dense")
+    for host, device in [(dict(sigma=stds), dict(sigma=cp.asarray(stds))),
+                         (dict(sigma=0.05), dict(sigma=cp.asarray(0.05))),
+                         (dict(sigma=hcrfast.Gaussian(0.05)), dict(sigma=hcrfast.Gaussian(cp.asarray(0.05)))),
+                         (dict(sigma=0.05, example_ids=np.array([5, 9])),
+                          dict(sigma=0.05, example_ids=cp.asarray(np.array([5, 9])))),
+                         (dict(sigma=0.05, targets=mask), dict(sigma=0.05, targets=cp.asarray(mask)))]:
+        want = hcrfast.bound(mlp(), batch(2), **host, **kw).to_numpy()
+        got = hcrfast.bound(mlp(), batch(2), **device, **kw).to_numpy()
+        np.testing.assert_array_equal(got.std, want.std)
+        assert got.params["noise"] == want.params["noise"]
+    with pytest.raises(TypeError, match="sigma must be one number, got 48 values; for one std per feature"):
+        hcrfast.Gaussian(cp.asarray(stds))
+
+
+def test_a_sigma_on_the_meta_device_is_named():
+    """A meta tensor holds no values: refused by name, not with torch's 'Tensor.item() cannot be called on
+    meta tensors'."""
+    for sigma in (torch.tensor(0.1, device="meta"), torch.full((48,), 0.1, device="meta")):
+        with pytest.raises(TypeError, match="sigma is a tensor on the meta device, which holds no values"):
+            hcrfast.bound(mlp(), batch(2), sigma, iterations=1, restarts=1)
