@@ -256,6 +256,9 @@ def check_batch(batch, basis: str) -> torch.Tensor:
                          f"a signal the batch as batch[:, None] (examples of shape (1, {batch.shape[1]})) with a "
                          f"model that drops that axis (lambda x: model(x[:, 0]) in an nn.Module): the DCT of a "
                          f"length-1 axis is the identity")
+    if batch[0].numel() == 0:
+        raise ValueError(f"each example of the batch has no values (shape {tuple(batch.shape[1:])}): there is "
+                         f"no input to bound; pass examples with at least one value")
     finite_inputs(batch)
     # A copy: a model that writes into its input (nn.ReLU(inplace=True) first) cannot change the caller's
     # batch, and a tensor made under torch.inference_mode becomes one autograd can differentiate at.

@@ -8,6 +8,7 @@ The CUDA kernels in :mod:`hcrfast.kernels.cuda` compute exactly the same maths.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from hcrfast.backend import get_array_module
 def row_norms(a):
     """Euclidean norm of each row: ``‖a[b]‖₂`` over all axes but the first, shape (B,)."""
     xp = get_array_module(a)
-    flat = a.reshape(a.shape[0], -1)
+    flat = a.reshape(a.shape[0], math.prod(a.shape[1:]))  # not -1: NumPy cannot infer it for 0 rows
     return xp.sqrt(xp.einsum("bi,bi->b", flat, flat))
 
 
@@ -71,6 +72,8 @@ def _dct_matrix_host(n: int) -> np.ndarray:
     ``C[k, j] = s_k cos(π (2j+1) k / (2n))`` with ``s_0 = √(1/n)``, ``s_k = √(2/n)``,
     SciPy's ``dct(type=2, norm="ortho")`` convention.
     """
+    if n == 0:
+        return np.zeros((0, 0))
     k = np.arange(n)[:, None]
     j = np.arange(n)[None, :]
     c = np.cos(np.pi * (2 * j + 1) * k / (2 * n)) * np.sqrt(2.0 / n)

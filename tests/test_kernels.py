@@ -335,3 +335,20 @@ def test_foreign_streams_are_wrapped_once_per_context_and_handle(monkeypatch):
     assert len(contexts[1].extras["hcrfast_external_streams"]) <= cuda_kernels._MAX_EXTERNAL_STREAMS
     current["context"] = SimpleNamespace()           # a Numba without the per-context store: a fresh one
     assert cuda_kernels._external_stream(0xC0) is not cuda_kernels._external_stream(0xC0)
+
+
+def test_twins_take_zero_size_batches_as_the_cuda_kernels_do():
+    """The NumPy/CuPy twins (what impl='auto' runs) on zero-size shapes give empty results of the right shape,
+    as the CUDA kernels do under the simulator (they raised: NumPy cannot infer -1 for 0 rows, and the DCT
+    matrix of size 0 divided by 0)."""
+    from hcrfast.kernels import twins
+
+    assert kernels.row_norms(np.zeros((0, 5))).shape == (0,)
+    np.testing.assert_array_equal(kernels.row_norms(np.zeros((3, 0))), np.zeros(3))
+    scaled, norms = twins.normalize_rows(np.zeros((0, 2, 3)), 2.0)
+    assert scaled.shape == (0, 2, 3) and norms.shape == (0,)
+    z, znorm, zt = twins.restart_update(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0))
+    assert z.shape == zt.shape == (0, 4) and znorm.shape == (0,)
+    for shape in ((2, 0, 3), (2, 3, 0), (0, 4, 4), (1, 0, 0)):
+        x = np.zeros(shape)
+        assert kernels.dct2(x).shape == shape and kernels.idct2(x).shape == shape

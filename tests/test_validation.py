@@ -176,6 +176,22 @@ def test_missing_batch_axis():
         hcrfast.bound(mlp(), torch.rand(16), 1.0, basis="pixel", **QUICK)
 
 
+class SumFeatures(torch.nn.Module):
+    """Features of any input, an empty one included: its sum, three times, plus 0, 1, 2."""
+
+    def forward(self, x):
+        return x.flatten(1).sum(1, keepdim=True).repeat(1, 3) + torch.arange(3.0, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_examples_of_no_values_are_refused_by_name(entry):
+    """Examples of shape (1, 0, 5) have nothing to bound: refused before the solvers (which raised torch's
+    'max(): Expected reduction dim to be specified for input.numel() == 0' or amax's IndexError)."""
+    x = torch.zeros(2, 1, 0, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"each example of the batch has no values \(shape \(1, 0, 5\)\)"):
+        getattr(hcrfast, entry)(SumFeatures().eval(), x, 0.05)
+
+
 def test_model_that_drops_the_batch_axis(x):
     model = torch.nn.Sequential(mlp(), torch.nn.Flatten(0)).eval()
     with pytest.raises(ValueError, match="keep the batch axis first"):
