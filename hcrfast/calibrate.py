@@ -572,7 +572,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     profile, scalar = _profile(model, batch, sigma0, who)
     root = None if checkpoint is None else Path(checkpoint)
     whitened = None
-    if not scalar and reuse_bytes:
+    if not scalar and reuse_bytes and _reuses(batch, profile.size, bound_kwargs):
         whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
 
     def bound_at(k: float):
@@ -584,6 +584,19 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
                                                   **bound_kwargs), sigma, divided_by=profile)
 
     return bound_at, profile, scalar, reuse_bytes
+
+
+def _reuses(batch, n: int, bound_kwargs: dict) -> bool:
+    """Whether the calls' solver keeps σ-free factors to share (the dense solve, the Krylov basis): only then
+    is a per-feature σ run as a scalar one on the whitened model. LSQR has nothing to share, and on the
+    whitened problem converges elsewhere (medians 2e-4 apart): its calls stay plain per-feature ones."""
+    from hcrfast.algorithm import resolve_solver
+
+    with warnings.catch_warnings():  # the calls themselves say what resolve_solver has to say
+        warnings.simplefilter("ignore")
+        solver = resolve_solver(bound_kwargs.get("solver", "auto"), bound_kwargs.get("linearize_at", "input"),
+                                batch.device, n, batch[0].numel(), lsqr_given=bound_kwargs.get("lsqr") is not None)
+    return solver in ("dense", "krylov")
 
 
 @contextlib.contextmanager
