@@ -22,7 +22,7 @@ from hcrfast import dp
 
 _TABLE_COLUMNS = (
     "sigma", "C", "N", "T", "kappa", "sigma_eff", "mu",
-    "worst_case_success", "mse", "psnr", "ncc", "psnr_finite_n", "ncc_finite_n",
+    "worst_case_success", "mse", "psnr", "ncc", "psnr_finite_n", "ncc_finite_n", "data_range",
 )
 _DEFAULT_SIGMAS = tuple(float(s) for s in np.logspace(-2, 1, 13))
 _PHOTO_PATCH = 64
@@ -307,8 +307,9 @@ def _figure_path(out: str) -> Path:
     """Where ``--out`` writes, checked before the attacks run: ``.png`` added to a name without a
     suffix (as matplotlib would, so the printed path is the written one), never a folder, its folder there."""
     path = Path(out)
-    if path.is_dir():
-        raise ValueError(f"--out {out} is a folder; pass a file name, e.g. {path / 'dp_figure.png'}")
+    if path.is_dir() or os.fspath(out).endswith(("/", os.sep)):  # Path() drops the separator that names a folder
+        raise ValueError(f"--out {out} {'is' if path.is_dir() else 'names'} a folder; pass a file name, e.g. "
+                         f"{path / 'dp_figure.png'}")
     if not path.suffix:
         path = path.with_name(path.name + ".png")
     if not path.parent.is_dir():

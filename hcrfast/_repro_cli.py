@@ -71,7 +71,7 @@ def add_subparser(subparsers) -> None:
                    help="run the experiment at each sigma = K x the published sigma (or --sigma-scale's), in the "
                         "order given: OUT/scale_K/ holds each run (resumable by itself), OUT/sweep.json and "
                         "OUT/report.html the bounds and the accuracies at every sigma and the trade between them "
-                        "(default OUT: runs/NAME_sweep)")
+                        "(default OUT: runs/NAME_sweep, runs/NAME_limit_sweep with --limit)")
     g.add_argument("--limit", action="store_true",
                    help="the 'limit' setting: the default size and iterations become the values in "
                         "parentheses below (default --out runs/NAME_limit)")

@@ -662,7 +662,8 @@ def run(
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
-        made = [p for p in (out, out / "chunks") if not p.exists()]  # by this call: taken back if it fails early
+        # by this call, with the parents it makes (runs/ for the default OUT): taken back if it fails early
+        made = [p for p in (*reversed(out.parents), out, out / "chunks") if not p.exists()]
         try:
             return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                         sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,

@@ -172,7 +172,7 @@ def train(
         raise ValueError(f"device {device!r} is not a torch device ({exc}); pass cpu or cuda (--device)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda asked for, but torch sees no CUDA device; use cpu (--device)")
-    out = _writable_file(Path(f"{name}_state_dict.pt" if out is None else out))
+    out = _writable_file(f"{name}_state_dict.pt" if out is None else out)
 
     zm = _zoo.build(name, seed=seed)
     dataset = zm.dataset
@@ -287,10 +287,14 @@ def _resume(path: Path, key: dict, epochs: int, model, optimizer, generator, dev
 # command line: `hcrfast train NAME` (registered by hcrfast.cli through add_subparser)
 
 
-def _writable_file(out: Path) -> Path:
-    """``out``, checked before any training: not a folder, its folder created (or an error naming why not)."""
-    if out.is_dir():
-        raise ValueError(f"{out} is a folder; pass a file path for the state dict, e.g. {out / 'model.pt'} (--out)")
+def _writable_file(out) -> Path:
+    """``out``, checked before any training: not a folder (nor a path ending in a separator, which names one:
+    ``Path`` would drop it and write a file of that name), its folder created (or an error naming why not)."""
+    text = os.fspath(out)
+    out = Path(out)
+    if out.is_dir() or text.endswith(("/", os.sep)):
+        raise ValueError(f"{text} {'is' if out.is_dir() else 'names'} a folder; pass a file path for the state dict, "
+                         f"e.g. {out / 'model.pt'} (--out)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -396,6 +396,10 @@ def test_cli_table_csv(capsys):
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(rows) == 6
     assert {"worst_case_success", "mse", "psnr", "ncc"} <= set(rows[0])
+    assert {row["data_range"] for row in rows} == {"1.0"}   # psnr's R, said in the table it sets
+    assert main(["dp", "table", "--sigma", "1", "--N", "784", "--data-range", "255", "--format", "csv"]) == 0
+    row = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert float(row["data_range"]) == 255.0 and float(row["psnr"]) == pytest.approx(20 * math.log10(255.0))
     for row in rows:
         sigma, T = float(row["sigma"]), int(row["T"])
         assert float(row["mse"]) == pytest.approx(sigma**2 / T, rel=1e-5)
@@ -472,7 +476,8 @@ def test_cli_figure_prints_the_path_it_writes_and_checks_it_first(tmp_path, caps
                  "--repeats", "1", "--dpi", "30"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {tmp_path / 'f11.png'}"
     assert (tmp_path / "f11.png").is_file() and not (tmp_path / "f11").exists()
-    for out, text in ((tmp_path, "is a folder; pass a file name"), (tmp_path / "no" / "x.png", "does not exist")):
+    for out, text in ((tmp_path, "is a folder; pass a file name"), (tmp_path / "no" / "x.png", "does not exist"),
+                      (f"{tmp_path / 'newdir'}/", "newdir/ names a folder; pass a file name")):   # not newdir.png
         assert main(["dp", "figure", "--out", str(out), "--sigmas", "0.3"]) == 2
         assert text in capsys.readouterr().err
     assert main(["dp", "figure", "--out", str(tmp_path / "s.png"), "--sigmas", "0.3", "--seed", "-1"]) == 2

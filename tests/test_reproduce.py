@@ -347,6 +347,14 @@ def test_missing_data_is_named_before_weights_are_downloaded(tmp_path, monkeypat
     assert code == 2 and capsys.readouterr().err.startswith("hcrfast: error: ImageNet not found")
 
 
+def test_a_failed_run_takes_back_the_parent_folders_it_made(mnist_weights, tmp_path, monkeypatch):
+    """The default OUT, runs/mnist: a run refused for missing data left an empty runs/ behind."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="MNIST not found"):
+        reproduce.run("mnist", examples=2, weights=mnist_weights, data_root=tmp_path / "none", progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_failed_run_keeps_what_it_found_and_trained(mnist_weights, tmp_path):
     out = tmp_path / "o"
     (out / "chunks").mkdir(parents=True)
@@ -416,10 +424,12 @@ def test_out_that_cannot_be_a_run_folder_is_a_one_line_error(tmp_path, capsys):
 
 def test_train_checks_its_output_path_and_device_before_training(tmp_path, capsys):
     for argv, text in ((["--out", str(tmp_path)], "is a folder; pass a file path"),
+                       (["--out", f"{tmp_path / 'new'}/"], "new/ names a folder; pass a file path"),  # not a file 'new'
                        (["--device", "foo"], "device 'foo' is not a torch device"),
                        (["--seed", "-1"], "seed must be a non-negative integer")):
         assert cli.main(["train", "digits", "--epochs", "1", *argv]) == 2
         assert text in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_same_weights_trained_twice_have_one_fingerprint(tmp_path):
