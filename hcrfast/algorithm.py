@@ -240,7 +240,8 @@ def forward(model, x: torch.Tensor):
     return _halved(run, join, x)
 
 
-def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device, arithmetic=None):
+def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device, arithmetic=None,
+          required: tuple = ()):
     """The first steps of a sharded :func:`bound`: every process checks that it makes rank 0's call, before
     anything is written; then rank 0 opens the checkpoint (writing or checking its key) and every process
     checks that it sees rank 0's folder. Returns ``(checkpoint, chunk_size)``, the chunk size rank 0's.
@@ -260,11 +261,13 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
         raise ShardError(f"hcrfast.bound(shard=True): the processes do not make the same call: {'; '.join(diffs)}; "
                          f"make the same call (model, batch, sigma, arguments) on every process")
     if world.rank == 0:   # (a refusal here reaches the others at the next step)
-        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic, chunk_size=first["chunk_size"],
+                           required=required)
         token = world.mark_folder(saved.path)
     world.check_folder(checkpoint, world.agree("opened", token, timeout=join_timeout())[0], "checkpoint")
     if world.rank != 0:
-        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic)
+        saved = Checkpoint(checkpoint, key, example_ids, features, arithmetic, chunk_size=first["chunk_size"],
+                           required=required)
     return saved, first["chunk_size"]
 
 
@@ -1535,11 +1538,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             clean = features.detach().cpu().numpy()
             # the dense J's rows are pulled back per example since 2026-11-27 (last bits differ from before)
             arithmetic = arithmetic_of(batch.device) + ("; dense J by nonzero rows" if solver == "dense" else "")
+            required = tuple(results) + ("ranks", "redone", "reasons")  # what every chunk file holds
             if world is None or world.size == 1:
-                saved = Checkpoint(checkpoint, key, example_ids, clean, arithmetic)
+                saved = Checkpoint(checkpoint, key, example_ids, clean, arithmetic, chunk_size=chunk_size,
+                                   required=required)
             else:
                 saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size, batch.device,
-                                          arithmetic)
+                                          arithmetic, required)
 
         def f0_of(start, stop):  # the chunk's clean features, one row per restart
             return from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
@@ -1976,6 +1981,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             world.agree("listed")  # every process has listed the folder before any writes to it
             pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
             todo = pieces[world.rank::world.size]
+        if saved is not None and todo:
+            saved.check_writable()  # before a chunk is computed, not when its file is written
         # examples computed by this call, since when, and how many it has to compute
         computed = [0, time.perf_counter(), sum(hi - lo for lo, hi in todo)]
         try:

@@ -579,12 +579,15 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
                 start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",
                 tol=tol, lsqr=dataclasses.asdict(options), jacobian=jacobian), example_ids,
-                features.detach().cpu().numpy(), arithmetic_of(batch.device))
+                features.detach().cpu().numpy(), arithmetic_of(batch.device), chunk_size=chunk_size,
+                required=tuple(out))
             finished = saved.finished()
             for lo, hi, arrays in finished:
                 for k, a in out.items():
                     a[lo:hi] = xp.asarray(arrays[k])
             todo = gaps(B, finished)
+            if todo:
+                saved.check_writable()
         to_compute, done = sum(hi - lo for lo, hi in todo), [0]
         if progress and to_compute < B:
             print(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}", file=sys.stderr)

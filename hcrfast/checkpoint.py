@@ -134,10 +134,16 @@ class Checkpoint:
     #: largest magnitude (another device or library version rounds differently); more means another model.
     FEATURES_RTOL = 1e-4
 
-    def __init__(self, path, key: dict, example_ids: np.ndarray, features=None, arithmetic: str | None = None):
+    def __init__(self, path, key: dict, example_ids: np.ndarray, features=None, arithmetic: str | None = None,
+                 *, chunk_size: int | None = None, required: tuple = ()):
         #: what this call computes with (:func:`arithmetic_of`), recorded in each chunk it saves; and every
         #: arithmetic of the chunks seen, read back or saved ("not recorded" for files from before)
         self.arithmetic, self.arithmetics = arithmetic, set()
+        #: the examples per chunk this call plans (its chunks' rounding depends on their other examples),
+        #: recorded in each chunk it saves; and every one the chunks seen record (files from before: none)
+        self.chunk_size, self.chunk_sizes = chunk_size, set()
+        #: arrays every chunk file must hold; one without them is set aside and computed again
+        self.required = tuple(required)
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
@@ -147,8 +153,12 @@ class Checkpoint:
             raise OSError(exc.errno, f"checkpoint={str(path)!r}: the folder cannot be created ({exc.strerror}); pass a "
                                      f"folder you can write to") from exc
         self.key = json.loads(_json(key))  # as it reads back from key.json
+        #: each chunk file holds it, and one made by another call is refused on reading, whatever key.json says
+        self.key_sha256 = hashlib.sha256(_json(self.key).encode()).hexdigest()
         self.example_ids = np.asarray(example_ids, dtype=np.int64)
         key_path = self.path / "key.json"
+        #: key.json written by this call: chunk files from before keys were kept per chunk cannot be checked
+        self.key_written_here = not key_path.is_file()
         fix = (f"Make the same call (same model, batch, sigma and arguments) to resume it, or pass another "
                f"checkpoint folder (or delete {self.path}) to start anew.")
         if key_path.is_file():
@@ -208,19 +218,62 @@ class Checkpoint:
                 except OSError:
                     pass  # another process moved it first
                 continue
+            if "key_sha256" in arrays and str(arrays["key_sha256"]) != self.key_sha256:
+                raise CheckpointMismatchError(
+                    f"{file} was written by another call: the key it holds is not this call's (the folder's key.json "
+                    f"was replaced or removed after it was written). Make that call to resume it, or delete "
+                    f"{self.path} (or pass another checkpoint folder) to start anew")
+            if "key_sha256" not in arrays and self.key_written_here:
+                raise CheckpointMismatchError(
+                    f"{file} is a chunk of a call {self.path} no longer names (its key.json was missing) and holds "
+                    f"no key of its own (written before 2026-12-01): it cannot be checked against this call; "
+                    f"delete {self.path} (or pass another checkpoint folder) to start anew")
+            missing = [name for name in self.required if name not in arrays]
             if not (0 <= start < stop <= total and np.array_equal(arrays.get("example_ids"),
                                                                   self.example_ids[start:stop])):
                 raise CheckpointMismatchError(
                     f"{file} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
                     f"(batch of {total}) does not have there; pass another checkpoint folder or delete {self.path}")
+            if missing:
+                self._set_aside(file, f"lacks the arrays {', '.join(missing)}", "incomplete")
+                continue
+            found.append((start, stop, arrays, file))
+        # Chunks of one call, by start (the longest first). Two calls made into the folder at once with other
+        # chunk sizes leave overlapping ones: one cover of them is read, the others set aside.
+        found.sort(key=lambda f: (f[0], -f[1]))
+        kept = []
+        for start, stop, arrays, file in found:
+            if kept and start < kept[-1][1]:
+                self._set_aside(file, f"overlaps rows {start}..{min(stop, kept[-1][1]) - 1} of another chunk",
+                                "overlap")
+                continue
+            kept.append((start, stop, arrays))
             self.arithmetics.add(str(arrays["arithmetic"]) if "arithmetic" in arrays else "not recorded")
-            found.append((start, stop, arrays))
-        found.sort(key=lambda f: f[0])
-        for (_, stop, _), (start, _, _) in zip(found, found[1:]):
-            if start < stop:
-                raise CheckpointMismatchError(f"{self.path} holds overlapping chunks (rows {start} to {stop - 1} "
-                                              f"twice); delete {self.path} and start anew")
-        return found
+            if "chunk_size" in arrays:
+                self.chunk_sizes.add(int(arrays["chunk_size"]))
+        return kept
+
+    def _set_aside(self, file: Path, why: str, suffix: str) -> None:
+        """Move a chunk file that cannot be used out of the way of those that will replace it, and say so."""
+        aside = file.with_name(f".{file.name}.{suffix}")
+        validation.warn(f"{file} {why}; computing its examples again where no other chunk holds them (the file "
+                        f"is kept as {aside.name})")
+        try:
+            file.replace(aside)
+        except OSError:
+            pass  # another process moved it first
+
+    def check_writable(self) -> None:
+        """Refuse a folder this call cannot write its chunks into before it computes one (a read-only
+        folder of finished chunks is still read)."""
+        probe = self.path / f".write_probe.{os.getpid()}.tmp"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise OSError(exc.errno, f"checkpoint={str(self.path)!r}: the folder cannot be written "
+                                     f"({exc.strerror}), and this call has examples left to compute; pass a folder "
+                                     f"you can write to (copy the finished chunks there to keep them)") from exc
 
     def tidy(self) -> None:
         """Remove the partial chunk files (``.chunk_*.PID.tmp``) of processes killed while writing
@@ -239,9 +292,13 @@ class Checkpoint:
             file.unlink(missing_ok=True)
 
     def save(self, start: int, stop: int, **arrays) -> None:
+        arrays["key_sha256"] = np.array(self.key_sha256)
         if self.arithmetic is not None:
             arrays["arithmetic"] = np.array(self.arithmetic)
             self.arithmetics.add(self.arithmetic)
+        if self.chunk_size is not None:
+            arrays["chunk_size"] = np.int64(self.chunk_size)
+            self.chunk_sizes.add(int(self.chunk_size))
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
                      **arrays)
 
@@ -249,6 +306,12 @@ class Checkpoint:
         """Warns where the chunks seen (read back and saved) were computed with different arithmetic: the
         result agrees with an uninterrupted call's to rounding only."""
         mixed_arithmetic(self.path, self.arithmetics, resume_hint)
+        if len(self.chunk_sizes) > 1:
+            sizes = sorted(self.chunk_sizes)
+            validation.warn(f"{self.path}'s chunks were computed in chunks of different sizes ({', '.join(map(str, sizes))} "
+                            f"examples): an example's bounds depend on its chunk's other examples through rounding, so "
+                            f"they agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
+                            f"with the first call's chunk_size to keep them bitwise")
 
 
 def arithmetic_of(device) -> str:

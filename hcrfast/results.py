@@ -55,7 +55,9 @@ def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
     return arrays, meta
 
 
-WALL_TIME_KEYS = ("seconds", "timings")
+#: What ``==`` on results leaves out, at any depth: wall times, and how the run went (examples read back from
+#: a checkpoint, the shard a process computed, factors reused from an earlier call), not what it computed.
+WALL_TIME_KEYS = ("seconds", "timings", "checkpoint", "shard", "reuse", "reuse_bytes", "reused_examples")
 
 
 def _array_like(x) -> bool:
@@ -65,9 +67,10 @@ def _array_like(x) -> bool:
 def same_result(a, b) -> bool:
     """``a == b`` of hcrfast's result classes: the same type, every array bitwise equal (NaN where the
     other has NaN, on the host whichever device holds it), every list, string and count equal, with
-    the wall times left out (fields and ``params`` keys named ``seconds`` or ``timings``, at any depth):
-    two runs that computed the same bounds compare equal, and so do a result and its ``save``/``load``
-    copy (JSON gives back lists for tuples; they compare as the same sequence)."""
+    the wall times and the run's own accounts left out (fields and ``params`` keys of
+    :data:`WALL_TIME_KEYS`, at any depth): two runs that computed the same bounds compare equal (a resumed
+    one and an uninterrupted one included), and so do a result and its ``save``/``load`` copy (JSON gives
+    back lists for tuples; they compare as the same sequence)."""
     if a is b:
         return True
     if dataclasses.is_dataclass(a) or dataclasses.is_dataclass(b):

@@ -776,7 +776,7 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
     saved = None
     if checkpoint is not None:
         saved = Checkpoint(checkpoint, key(), np.arange(B), features.detach().cpu().numpy(),
-                           arithmetic_of(features.device))
+                           arithmetic_of(features.device), chunk_size=per, required=("meta",))
         finished = saved.finished()
         for start, _, arrays in finished:
             parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))
@@ -786,6 +786,8 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
                   f"{checkpoint}", file=sys.stderr)
     pieces = [(a, min(hi, a + per)) for lo, hi in todo for a in range(lo, hi, per)]
     computed, to_compute = 0, sum(stop - start for start, stop in pieces)
+    if saved is not None and pieces:
+        saved.check_writable()
     for start, stop in pieces:
         parts[start] = part = piece(start, stop)
         if saved is not None:
