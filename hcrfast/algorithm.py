@@ -1167,8 +1167,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         the features divided by them with σ = 1, ``params["noise"]`` names them); or a noise
         law: ``hcrfast.Gaussian(sigma)``, ``hcrfast.Laplace(b)``, or
         ``hcrfast.MonteCarlo(...)`` for any i.i.d. density (its D is an upper
-        confidence bound; the confidence of each restart is raised to
-        1 − (1 − c)/R so that the max over the R restarts holds at level c).
+        confidence bound; the confidence of each step is raised to 1 − (1 − c)/R,
+        or 1 − (1 − c)/(R·i) with ``iterates="all"``, so that the max over every step
+        certified holds at level c).
     size : float
         s: the start vector is (s/√n)·Z, so ‖z‖ ≈ s·σ and D ≈ s².
     iterations : int
@@ -1394,8 +1395,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         parse_targets(targets, batch.shape[1:], basis)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
     noise_asked = noise.describe()  # what compare() matches an attack against
-    if isinstance(noise, MonteCarlo):
-        noise = noise.with_confidence(1 - (1 - noise.confidence) / restarts)
+    if isinstance(noise, MonteCarlo):  # one statement per step that may bound a mode: R, or R·i with every iterate
+        statements = restarts * (iterations if iterates == "all" else 1)
+        noise = noise.with_confidence(1 - (1 - noise.confidence) / statements)
     gaussian_sigma = noise.sigma if isinstance(noise, Gaussian) else None
     if targets is not None and gaussian_sigma is None:
         raise NotImplementedError(f"targets= needs Gaussian noise (the targeted directions are scaled to a "

@@ -1296,7 +1296,7 @@ def test_laplace_noise_never_exceeds_the_least_squares_variance():
         hcrfast.bound(model, x, hcrfast.Laplace(b), targets="all", **kw)
 
 
-def test_a_monte_carlo_law_is_raised_to_confidence_1_minus_delta_over_r_per_restart():
+def test_a_monte_carlo_law_is_raised_to_confidence_1_minus_delta_over_its_statements():
     """The max over R restarts holds at level c only if each restart's upper bound on D holds at
     1 − (1 − c)/R (Bonferroni): the D reported is that law's bound on the kept restart's z."""
     from scipy import stats
@@ -1308,6 +1308,12 @@ def test_a_monte_carlo_law_is_raised_to_confidence_1_minus_delta_over_r_per_rest
     strict = law.with_confidence(1 - 0.01 / 4)
     assert res.params["noise"] == strict.describe() and res.params["noise_asked"] == law.describe()
     np.testing.assert_allclose(res.divergence[np.arange(2), res.best_restart], strict.divergence(res.z), rtol=1e-12)
+    # every iterate certified: each example's bound is a max over R·i statements, each at 1 − (1 − c)/(R·i)
+    every = hcrfast.bound(model, x, law, iterations=3, restarts=4, lsqr=FAST, singular_steps=0)
+    assert every.params["iterates"] == "all"
+    assert every.params["noise"] == law.with_confidence(1 - 0.01 / 12).describe()
+    last = hcrfast.bound(model, x, law, iterations=3, restarts=4, lsqr=FAST, iterates="last")
+    assert last.params["noise"] == strict.describe()
 
 
 def test_targeted_bounds_found_chunk_by_chunk_equal_one_chunk_and_number_examples_over_the_batch():
