@@ -39,7 +39,7 @@ from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, releas
 from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise
+from hcrfast.noise import Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.results import Bounds, json_default
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
@@ -351,10 +351,11 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
 
 def divergence_underflow(noise, count: int) -> str:
     """The error for ``D = 0`` with ``z ≠ 0``: reporting +inf there would be false."""
-    return (f"D(z) underflowed to 0 for {count} steps whose features did change ({noise.describe().split(':')[0]} is "
-            f"so large against the feature shifts that |z|^2/sigma^2 is below float64's range): their bounds would "
-            f"read +inf, which only a shift of exactly 0 proves; pass a sigma nearer the features' scale "
-            f"(hcrfast.rms_sigma(features, scale))")
+    return (f"D(z) is below what float64 resolves (2^-960, hcrfast.noise.D_FLOOR) for {count} steps whose features "
+            f"did change: the shifts z are too small against {noise.describe().split(':')[0]} (or too small to "
+            f"square in float64, below ~1e-154) for D to keep its digits, and their bounds would read too high, or "
+            f"+inf, which only a shift of exactly 0 proves; pass a larger size, or a sigma nearer the feature "
+            f"shifts' scale (rescaling the model's output and sigma together gives the same bounds)")
 
 
 _FLOAT64_MAX = float(np.finfo(np.float64).max)
@@ -715,7 +716,7 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     m = P // restarts
     K = eps.shape[0] // m
     n = z.shape[1]
-    d = noise.divergence(z64).reshape(m, restarts)
+    d = divergence_of(noise, z64).reshape(m, restarts)
     rel = _rounding_error(xp.repeat(magnitude, restarts, axis=0), z64).reshape(m, restarts)
     ok = xp.isfinite(d) & (d > 0) & (rel <= _ROUNDING_LIMIT)
     inv_d = xp.where(ok, 1.0 / xp.where(ok, d, 1.0), 0.0)
@@ -723,8 +724,8 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     # first-order bracket's half-width (margin 1), the largest over the example's restarts
     unit_err = unit * xp.repeat(magnitude, restarts, axis=0)
     with np.errstate(over="ignore", invalid="ignore"):
-        d_last = noise.divergence(z_last.astype(xp.float64)).reshape(m, restarts)
-        half = noise.divergence(xp.abs(z64) + unit_err).reshape(m, restarts) - d
+        d_last = divergence_of(noise, z_last.astype(xp.float64)).reshape(m, restarts)
+        half = divergence_of(noise, xp.abs(z64) + unit_err).reshape(m, restarts) - d
         stray = xp.where(ok & xp.isfinite(d_last) & (half > 0), xp.abs(d_last - d) / xp.where(half > 0, half, 1.0), 0.0)
     margin = _SCREEN_MARGIN * xp.maximum(stray.max(axis=1), _SCREEN_FLOOR)   # (m,)
     del unit_err
@@ -732,8 +733,8 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     zz = xp.abs(z32).reshape(m, K, n)
     err = (margin[:, None] * unit * magnitude).reshape(m, 1, n)
     with np.errstate(over="ignore", invalid="ignore"):
-        d_lo = noise.divergence(xp.maximum(zz - err, 0.0).reshape(m * K, n)).reshape(m, K)
-        d_hi = noise.divergence((zz + err).reshape(m * K, n)).reshape(m, K)
+        d_lo = divergence_of(noise, xp.maximum(zz - err, 0.0).reshape(m * K, n)).reshape(m, K)
+        d_hi = divergence_of(noise, (zz + err).reshape(m * K, n)).reshape(m, K)
     del zz
     finite = xp.all(xp.isfinite(eps), axis=1).reshape(m, K)
     sure = finite & xp.isfinite(d_lo) & (d_lo > 0)   # a bracket: else always certified
@@ -1765,7 +1766,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     (i−1)·R rows an example, iterate-major within it."""
                     nonlocal magnitude
                     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0, counted below
-                        d = noise.divergence(z64).reshape(m, restarts)
+                        d = divergence_of(noise, z64).reshape(m, restarts)
                     coords = eps64.reshape((m * restarts,) + input_shape)
                     if basis == "dct":
                         with profiling.annotate("dct"):

@@ -70,6 +70,25 @@ def _rows(z):
     return xp, z.reshape(z.shape[0], -1).astype(xp.float64)
 
 
+#: D below this is not resolved in float64: its terms were squared below float64's normal range (2^-1022),
+#: where they keep few digits, so D may come out below the truth. Every D hcrfast certifies with goes through
+#: :func:`divergence_of`, which takes such a D as 0: a step whose features moved is then refused
+#: (``divergence_underflow``), as one whose D underflowed to 0 is. (Algorithm 1's D ≈ s² ≈ 2.5e-5.)
+D_FLOOR = 2.0 ** -960
+
+#: |z|² and σ² inside [_SQUARES_SAFE, 1/_SQUARES_SAFE] keep every digit; outside it Gaussian D is taken
+#: from (z/σ)² instead, whose terms stay normal wherever z/σ does.
+_SQUARES_SAFE = 2.0 ** -960
+
+
+def divergence_of(noise, z):
+    """``noise.divergence(z)``, with a D below :data:`D_FLOOR` taken as 0 (not resolved: see there). The
+    one way hcrfast evaluates D for a bound, whatever the law (a user's included)."""
+    d = noise.divergence(z)
+    xp = get_array_module(d)
+    return xp.where(d < D_FLOOR, 0.0, d)
+
+
 @runtime_checkable
 class NoiseLaw(Protocol):
     """What :func:`hcrfast.bound` needs from a noise law.
@@ -107,9 +126,18 @@ class Gaussian:
         """``D`` for each row of ``z`` (B, n), in float64."""
         xp = get_array_module(z)
         z = z.reshape(z.shape[0], -1).astype(xp.float64)
-        # σ·σ, not σ**2: for σ > 1e154 it is inf (D = 0 with z ≠ 0, which the callers refuse) where
-        # Python's float power raises OverflowError; for other σ the two are the same bits.
-        return xp.expm1(xp.einsum("bi,bi->b", z, z) / (self.sigma * self.sigma))
+        # σ·σ, not σ**2: Python's float power raises OverflowError past 1e154. Where |z|² or σ² leaves
+        # [2^-960, 2^960] their squares lose digits (subnormal) or overflow: those rows take (z/σ)² instead,
+        # which stays exact wherever z/σ is normal (the same bits elsewhere as before 2026-12-01).
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # those rows are taken from below
+            ss, s2 = xp.einsum("bi,bi->b", z, z), self.sigma * self.sigma
+            d = xp.expm1(ss / s2)
+        if not _SQUARES_SAFE <= s2 <= 1 / _SQUARES_SAFE:
+            in_range = xp.zeros(ss.shape, dtype=bool)
+        else:
+            in_range = (ss >= _SQUARES_SAFE) & (ss <= 1 / _SQUARES_SAFE)
+        u = z / self.sigma
+        return xp.where(in_range, d, xp.expm1(xp.einsum("bi,bi->b", u, u)))
 
     def sample(self, rng, shape):
         """Draws of the noise from a NumPy Generator, float64."""

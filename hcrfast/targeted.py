@@ -58,7 +58,7 @@ from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_tor
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors)
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
+from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.operators import Transposed
 from hcrfast.results import counted, json_default, load_npz, quantile_line, same_result, save_npz, short_repr
 
@@ -443,7 +443,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     def store(rows, e64, z64):
         eps64[rows] = e64
         rel[rows] = _rounding_error(scale[example_of[rows]], z64)
-        d[rows] = noise.divergence(z64)
+        d[rows] = divergence_of(noise, z64)
         moves[rows] = xp.any(z64 != 0, axis=1)
 
     def work(rows, pair):

@@ -408,3 +408,47 @@ def test_a_law_of_many_scales_points_to_per_feature_sigma(law):
     with pytest.raises(TypeError, match=r"must be one number, got 3 values; for one std per feature pass them as "
                                         r"sigma itself"):
         law(np.ones(3))
+
+
+# ------------------------------------------------------------------ float64's range
+def _exact_gaussian_d(z, sigma):
+    """expm1(Σ z²/σ²) in 60-digit arithmetic (mpmath): an oracle whose squares cannot underflow."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        return float(mpmath.expm1(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in z) / mpmath.mpf(sigma) ** 2))
+
+
+@pytest.mark.parametrize("sigma,ratio", [(1.61e-162, 14.4), (1e-200, 0.3), (3e-150, 1.0), (1e160, 2.0), (1.0, 0.7)])
+def test_gaussian_d_keeps_its_digits_where_squares_leave_float64s_range(sigma, ratio):
+    """z·z/(σ·σ) lost digits where σ² or |z|² is subnormal (σ = 1.61e-162, |z|/σ = 14.4: D 2.8e66 for a true
+    7e89, a bound above the Cramér–Rao std) or overflowed (σ = 1e160: D = 0); (z/σ)² keeps them."""
+    z = np.array([[ratio * sigma * 0.6, -ratio * sigma * 0.8]])
+    got = float(Gaussian(sigma).divergence(z)[0])
+    assert got == pytest.approx(_exact_gaussian_d(z[0], sigma), rel=1e-13)
+
+
+def test_a_d_float64_cannot_resolve_is_refused_not_certified():
+    """divergence_of, the one path by which bound evaluates D: below 2^-960 it is taken as 0, so a step whose
+    features moved is refused (it was certified with a subnormal D of few digits: std 1.19 where the
+    Cramér–Rao std is 1); the laws' own divergence is unchanged."""
+    import torch
+
+    import hcrfast
+    from hcrfast.noise import D_FLOOR, divergence_of
+
+    z = np.array([[2e-161], [1e-100], [0.0]])
+    for law in (Gaussian(1.0), Laplace(1.0)):
+        d = divergence_of(law, z)
+        assert d[0] == 0.0 and d[1] > D_FLOOR and d[2] == 0.0 and 0 < law.divergence(z)[0] < D_FLOOR
+    model = torch.nn.Linear(1, 1, bias=False).double().eval()
+    torch.nn.init.ones_(model.weight)
+    x = torch.zeros(1, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"D\(z\) is below what float64 resolves \(2\^-960"):
+        hcrfast.bound(model, x, 1.0, size=2e-161, restarts=2, iterations=1, basis="pixel", singular_steps=0)
+    for sigma in (1.61e-162, 1e-200):     # a model of that scale: a(θ) = σθ, Cramér–Rao std 1
+        with torch.no_grad():
+            model.weight.fill_(sigma)
+        res = hcrfast.bound(model, x, sigma, size=14.0 if sigma > 1e-190 else 1.0, restarts=4, iterations=2,
+                            iterates="last", singular_steps=0, basis="pixel")
+        assert 0.3 < float(res.std.max()) <= 1.0
