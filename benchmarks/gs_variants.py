@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from race import machine_info  # noqa: E402
 
 
 def forms():
@@ -101,7 +106,9 @@ def main(argv=None) -> int:
             del q
         del buf, Q, want
     if args.out:
-        info = dict(device=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", torch=torch.__version__)
+        # race.machine_info: the versions (hcrfast's and its git commit among them), the CPU, and on CUDA the GPU
+        info = machine_info("cuda" if device.type == "cuda" else "cpu")
+        info["device"] = info.get("gpu", "cpu")
         Path(args.out).write_text(json.dumps(dict(machine=info, rows=rows), indent=2))
     return 0
 

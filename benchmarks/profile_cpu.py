@@ -18,7 +18,10 @@ script only, around the phases (monkeypatching; hcrfast itself is unchanged):
   tridiagonal eigendecompositions) and ``krylov-solve`` (the projections).
 
 Times are exclusive (a phase's time excludes the phases nested in it) and listed
-by their nesting path, e.g. ``lsqr/jvp``. Usage::
+by their nesting path, e.g. ``lsqr/jvp``. A warm-up call on 2 examples (R = 2, i = 1,
+LSQR or the Krylov basis stopped at 8 steps) runs first, untimed, as in ``race.py`` and ``gpu_targets.py``: the
+process's one-time costs (torch's forward-AD decompositions at the first JVP, lazily
+loaded kernels, first allocations) would otherwise land in the first phases. Usage::
 
     python benchmarks/profile_cpu.py --examples 32 --restarts 25 --iterations 10 --threads 1
 
@@ -29,10 +32,12 @@ synchronize the device at every boundary, which perturbs what they measure).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -160,6 +165,18 @@ def main(argv=None) -> int:
               jacobian=args.jacobian, lsqr=opts, solver=args.solver)
 
     sync = torch.cuda.synchronize if args.device == "cuda" else None
+    # The warm-up: the same model, solver and options on 2 examples, R = 2, i = 1, untimed; LSQR and the
+    # Krylov basis stopped at 8 steps (the dense solve has none to stop: its options as they are).
+    t_warm = time.perf_counter()
+    warm_kw = {**kw, "restarts": 2, "iterations": 1}
+    if args.solver != "dense":
+        warm_kw["lsqr"] = dataclasses.replace(opts if opts is not None else krylov.DEFAULT_OPTIONS, iter_lim=8)
+    with warnings.catch_warnings():   # the timed call below gives the same warnings, once
+        warnings.simplefilter("ignore")
+        hcrfast.bound(model, x[:2], sigma, **warm_kw)
+    if sync:
+        sync()
+    warmup = time.perf_counter() - t_warm
     timer = PhaseTimer(sync)
     restore = (lambda: None) if args.plain else install(timer)
     try:
@@ -185,6 +202,8 @@ def main(argv=None) -> int:
           f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, solver {res.params['solver']}, "
           f"{'the basis defaults' if opts is None else f'lsqr atol={opts.atol:g} btol={opts.btol:g} iter_lim={opts.iter_lim}'}, "
           f"torch threads {torch.get_num_threads()}, device {args.device}")
+    print(f"  warm-up call first (2 examples, R = 2, i = 1; the process's one-time costs): {warmup:.2f} s, "
+          f"outside every figure below")
     print(f"  wall time {total:.2f} s; {products} row-products (JVP+VJP over all problems); "
           + (f"basis steps per example: median {res.params['krylov']['steps_median']:.0f}, "
            f"max {res.params['krylov']['steps_max']}, run twice {res.params['krylov']['steps_redone_mean']:.1f} "
@@ -215,7 +234,7 @@ def main(argv=None) -> int:
               f"({1 - products / applied:.1%} of the product work went to problems already stopped)")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
-            args=vars(args), total_seconds=total, products=products,
+            args=vars(args), total_seconds=total, warmup_seconds=warmup, products=products,
             phases={p: dict(seconds=s, calls=timer.calls.get(p)) for p, s in rows},
             jvp_vjp_fraction=floor / total, rows_through_products=applied,
             bound_median=float(np.median(std)), bound_p90=float(np.quantile(std, 0.9))), indent=2))

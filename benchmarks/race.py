@@ -117,11 +117,34 @@ def quantiles(std) -> dict:
     return dict(median=float(np.median(s)), p90=float(np.quantile(s, 0.9)), n_inf=int(np.isinf(s).sum()))
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_commit(repo: Path = REPO) -> str | None:
+    """The commit ``repo`` is checked out at, with "-dirty" when ``git status --porcelain`` lists anything
+    (the code measured is then not exactly that commit's); None where it cannot be told: git missing, or no
+    .git of ``repo``'s own (the GPU machine gets a copy of the working tree, perhaps without one; a
+    repository above it would name another tree's commit)."""
+    import subprocess
+
+    def git(*cmd):
+        return subprocess.run(("git", "-C", str(repo)) + cmd, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != repo.resolve():
+            return None
+        commit = git("rev-parse", "HEAD")
+        return commit + ("-dirty" if git("status", "--porcelain") else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def machine_info(device: str) -> dict:
-    """The machine a JSON was measured on. Beside the versions: the CPU's family/model numbers and the
-    instruction set torch dispatches to (``torch.backends.cpu.get_cpu_capability``), since a VM's
-    "AMD EPYC" can be another generation from session to session, with other float32 kernels (and
-    so other rounding) under the same versions."""
+    """The machine a JSON was measured on, and the code: hcrfast's version and the git commit of this
+    checkout (:func:`git_commit`: "-dirty" if the tree differs from it, None without git). Beside the
+    versions: the CPU's family/model numbers and the instruction set torch dispatches to
+    (``torch.backends.cpu.get_cpu_capability``), since a VM's "AMD EPYC" can be another generation from
+    session to session, with other float32 kernels (and so other rounding) under the same versions."""
     cpu, family_model = "unknown", {}
     try:
         with open("/proc/cpuinfo") as fh:
@@ -144,6 +167,7 @@ def machine_info(device: str) -> dict:
         cpu_model=cpu, cpu_family=family_model.get("cpu family"), cpu_model_number=family_model.get("model"),
         torch_cpu_capability=capability, logical_cpus=os.cpu_count(),
         cpus_available=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        hcrfast=hcrfast.__version__, git_commit=git_commit(),
         torch=torch.__version__, numpy=np.__version__, scipy=scipy.__version__,
         python=platform.python_version(), torch_threads=torch.get_num_threads(),
         loadavg_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -301,15 +325,35 @@ def run_sweep(model, x, sigma, args, ref_median: float) -> tuple[list, dict | No
 _SAME_PROBLEM = ("model", "examples", "restarts", "iterations", "size", "sigma_scale", "seed", "model_seed")
 
 
-def load_reference(path, args, sigma) -> dict:
-    """The reference row of an earlier race JSON, after checking it is the same problem."""
+def load_reference(path, args, sigma, info) -> tuple[dict, dict]:
+    """The reference row of an earlier race JSON and the machine it was measured on, after checking it is
+    the same problem and was timed where this run's rows will be: the same device (on CUDA the same GPU)
+    and, on a CPU, the same torch thread count; a wall time from elsewhere is no term of a ratio.
+    ``info``: this run's :func:`machine_info`."""
     saved = json.loads(Path(path).read_text())
     diff = {k: (saved["args"].get(k), getattr(args, k)) for k in _SAME_PROBLEM if saved["args"].get(k) != getattr(args, k)}
     if diff or not math.isclose(saved["sigma"], sigma, rel_tol=1e-9):
         raise ValueError(f"{path} is another problem: (saved, now) = {diff or {'sigma': (saved['sigma'], sigma)}}")
+    # The reference's own machine: a JSON that reused a reference row carries that row's as reference_machine.
+    machine = saved.get("reference_machine") or saved.get("machine") or {}
+    rerun = "rerun the reference here (race.py without --reference-json; --out keeps it for later runs)"
+    device = saved["args"].get("device", "cpu")
+    if device != args.device:
+        raise ValueError(f"{path}: its reference ran on --device {device}, this run on --device {args.device}: "
+                         f"their wall times are not comparable; {rerun}")
+    if args.device == "cuda" and machine.get("gpu") != info.get("gpu"):
+        raise ValueError(f"{path}: its reference ran on the GPU {machine.get('gpu')!r}, this run on "
+                         f"{info.get('gpu')!r}: their wall times are not comparable; {rerun}")
+    if args.device == "cpu":
+        # torch's thread count as it was (machine info; the --threads asked for in a JSON without it)
+        threads = machine.get("torch_threads", saved["args"].get("threads"))
+        if threads != info["torch_threads"]:
+            raise ValueError(f"{path}: its reference ran on {threads} torch thread(s), this run on "
+                             f"{info['torch_threads']}: their wall times are not comparable; {rerun} or pass "
+                             f"--threads {threads}")
     ref = dict(saved["reference"])
     ref["method"] = ref["method"] + f" [from {Path(path).name}]"
-    return ref
+    return ref, machine
 
 
 # ---------------------------------------------------------------------------------------
@@ -358,8 +402,9 @@ def parse_args(argv=None):
     ap.add_argument("--sweep-linearize", default="current", choices=("current", "input"))
     ap.add_argument("--sweep-budget", type=float, default=None, help="seconds; later sweep points are skipped")
     ap.add_argument("--reference-json", default=None,
-                    help="reuse the reference row of an earlier race JSON with the same problem (its wall time was "
-                         "measured then, on that machine: compare only like with like)")
+                    help="reuse the reference row of an earlier race JSON with the same problem, device (GPU) and, "
+                         "on a CPU, torch thread count (its wall time was measured then, on that machine: its "
+                         "machine info is kept as reference_machine)")
     ap.add_argument("--out", default=None, help="directory for race_<model>_<device>_<date>.json")
     args = ap.parse_args(argv)
     args.sweep_iter_lims = [None if s.strip().lower() == "none" else int(s) for s in args.sweep_iter_lims.split(",")]
@@ -391,6 +436,9 @@ def main(argv=None) -> int:
     model, x = build_problem(args.model, args.examples, seed=args.model_seed, device=args.device)
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), args.sigma_scale)
+    ref_machine = info   # the machine of the reference row: this one, or that of --reference-json's run
+    if args.reference_json:   # checked before the warm-ups: a refused reference costs no device time
+        ref, ref_machine = load_reference(args.reference_json, args, sigma, info)
     # The first torch.func.jvp of a process loads torch's forward-AD decompositions
     # (seconds on a CPU). Both methods call it (the reference per product, hcrfast in
     # its independence check), so pay it once here rather than inside whichever runs first.
@@ -422,7 +470,6 @@ def main(argv=None) -> int:
           f"torch threads {torch.get_num_threads()}, load average {info['loadavg_start']}", flush=True)
 
     if args.reference_json:
-        ref = load_reference(args.reference_json, args, sigma)
         print(f"  reference (from {args.reference_json}): {ref['seconds']:.2f} s, median {ref['median']:.5g}", flush=True)
     else:
         ref = run_reference(model, x, sigma, args)
@@ -451,7 +498,7 @@ def main(argv=None) -> int:
         path = out / f"race_{args.model}_{args.device}_{stamp}.json"
         payload = dict(command="python benchmarks/race.py " + " ".join(sys.argv[1:] if argv is None else argv),
                        args={k: v for k, v in vars(args).items()}, sigma=sigma, machine=info,
-                       reference={k: v for k, v in ref.items() if k != "_std"},
+                       reference={k: v for k, v in ref.items() if k != "_std"}, reference_machine=ref_machine,
                        hcrfast_default=dflt, hcrfast_dense=dns, hcrfast_dense_more=more_dense, hcrfast_current=cur,
                        hcrfast_input=inp, sweep=sweep,
                        sweep_time_to_reference_median=best, time_to_reference_median=fastest,

@@ -231,7 +231,10 @@ def test_zoo_product_gpu(benchmark, monkeypatch, name, rows, mode, product):
     _zoo_products(benchmark, monkeypatch, rows, mode, product, "cuda", name)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "swin_t"])
+# On the CPU each of these builds an ImageNet model and times its products (seconds a round): "slow", so
+# that `-m "not slow"` runs without them, as test_bench_bound.py's ResNet-18 and Swin-T.
+@pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.slow),
+                                  pytest.param("swin_t", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", RESNET_MODES)
 @pytest.mark.parametrize("product", ["jvp", "vjp"])
 def test_zoo_product_cpu(benchmark, monkeypatch, name, mode, product):
@@ -248,6 +251,7 @@ def test_attention_product_gpu(benchmark, monkeypatch, mode, product):
     _zoo_products(benchmark, monkeypatch, 8, mode, product, "cuda", "vit_b_16")
 
 
+@pytest.mark.slow  # ViT-B/16 at 224 x 224 on the CPU, every parametrization
 @pytest.mark.parametrize("mode", VIT_MODES)
 @pytest.mark.parametrize("product", ["jvp", "vjp"])
 def test_attention_product_cpu(benchmark, monkeypatch, mode, product):

@@ -34,6 +34,47 @@ def _dct_input(name):
     return np.random.default_rng(1).standard_normal(DCT_SHAPES[name])
 
 
+# The vector kernels' results, checked once before each benchmark times them (a benchmark of a wrong
+# kernel must fail, not report a time): against the formulas written out in NumPy on float64 copies of
+# the inputs, never against the twin (the thing benchmarked on the CPU, and the GPU's fallback). The
+# inputs are float32: tests/test_kernels.py's float32 tolerances (a wrong kernel is off by O(1)).
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _host(a) -> np.ndarray:
+    """A NumPy or CuPy array as a float64 NumPy array."""
+    return np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)
+
+
+def _check_row_norms(got, a):
+    np.testing.assert_allclose(_host(got), np.linalg.norm(_host(a), axis=1), rtol=RTOL, atol=ATOL,
+                               err_msg="row norms")
+
+
+def _check_normalize_rows(got, a, target):
+    scaled, norms = got
+    a = _host(a)
+    n = np.linalg.norm(a, axis=1)
+    np.testing.assert_allclose(_host(norms), n, rtol=RTOL, atol=ATOL, err_msg="norms")
+    np.testing.assert_allclose(_host(scaled), a * (target / n)[:, None], rtol=RTOL, atol=ATOL,
+                               err_msg="rows rescaled to the target norm")
+
+
+def _check_lsqr_update_xw(got, x, w, v, t1, t2):
+    x, w, v, t1, t2 = (_host(c) for c in (x, w, v, t1, t2))
+    np.testing.assert_allclose(_host(got[0]), x + t1[:, None] * w, rtol=RTOL, atol=ATOL, err_msg="x + t1 w")
+    np.testing.assert_allclose(_host(got[1]), v + t2[:, None] * w, rtol=RTOL, atol=ATOL, err_msg="v + t2 w")
+
+
+def _check_restart_update(got, a, w, target):
+    z = _host(a) - _host(w)
+    n = np.linalg.norm(z, axis=1)
+    np.testing.assert_allclose(_host(got[0]), z, rtol=RTOL, atol=ATOL, err_msg="z = a(θ+ε) - a(θ)")
+    np.testing.assert_allclose(_host(got[1]), n, rtol=RTOL, atol=ATOL, err_msg="||z||")
+    np.testing.assert_allclose(_host(got[2]), z * (_host(target) / n)[:, None], rtol=RTOL, atol=ATOL,
+                               err_msg="target z / ||z||")
+
+
 # ---------------------------------------------------------------- CPU
 
 
@@ -50,6 +91,7 @@ def test_dct2_cpu(benchmark, shape, impl):
 def test_row_norms_cpu(benchmark, vecs, impl):
     a = vecs[0]
     fn = (lambda: twins.row_norms(a)) if impl == "twin" else (lambda: np.linalg.norm(a, axis=1))
+    _check_row_norms(fn(), a)
     benchmark(fn)
 
 
@@ -61,17 +103,21 @@ def test_normalize_rows_cpu(benchmark, vecs, impl):
         n = np.linalg.norm(a, axis=1)
         return a / np.where(n > 0, n, 1)[:, None], n
 
-    benchmark((lambda: twins.normalize_rows(a, 1.0)) if impl == "twin" else library)
+    fn = (lambda: twins.normalize_rows(a, 1.0)) if impl == "twin" else library
+    _check_normalize_rows(fn(), a, 1.0)
+    benchmark(fn)
 
 
 @pytest.mark.parametrize("impl", ["twin", "numpy"])
 def test_lsqr_update_xw_cpu(benchmark, vecs, impl):
+    def update(x, w, v, t1, t2):
+        if impl == "twin":
+            return twins.lsqr_update_xw(x, w, v, t1, t2)
+        return x + t1[:, None] * w, v + t2[:, None] * w  # the textbook out-of-place form
+
+    _check_lsqr_update_xw(update(*(c.copy() for c in vecs[1:])), *vecs[1:])  # in place: on copies
     _, x, w, v, t1, t2 = (c.copy() for c in vecs)
-
-    def library():  # the textbook out-of-place form
-        return x + t1[:, None] * w, v + t2[:, None] * w
-
-    benchmark((lambda: twins.lsqr_update_xw(x, w, v, t1, t2)) if impl == "twin" else library)
+    benchmark(lambda: update(x, w, v, t1, t2))
 
 
 @pytest.mark.parametrize("impl", ["twin", "numpy"])
@@ -84,7 +130,9 @@ def test_restart_update_cpu(benchmark, vecs, impl):
         n = np.linalg.norm(z, axis=1)
         return z, n, z * (target / n)[:, None]
 
-    benchmark((lambda: twins.restart_update(a, w, target)) if impl == "twin" else library)
+    fn = (lambda: twins.restart_update(a, w, target)) if impl == "twin" else library
+    _check_restart_update(fn(), a, w, target)
+    benchmark(fn)
 
 
 # ---------------------------------------------------------------- GPU
@@ -132,6 +180,7 @@ def test_row_norms_gpu(benchmark, vecs, impl):
 
     a = cupy.asarray(vecs[0])
     fn = (lambda: cupy.linalg.norm(a, axis=1)) if impl == "cupy" else (lambda: kernels.row_norms(a, impl=impl))
+    _check_row_norms(fn(), vecs[0])
     _gpu_bench(benchmark, fn)
 
 
@@ -143,7 +192,9 @@ def test_row_normalize_gpu(benchmark, vecs, impl):
     from hcrfast import kernels
 
     a = cupy.asarray(vecs[0])
-    _gpu_bench(benchmark, lambda: kernels.row_normalize(a, 1.0, impl=impl))
+    fn = lambda: kernels.row_normalize(a, 1.0, impl=impl)
+    _check_normalize_rows(fn(), vecs[0], 1.0)
+    _gpu_bench(benchmark, fn)
 
 
 @pytest.mark.gpu
@@ -153,12 +204,14 @@ def test_lsqr_update_xw_gpu(benchmark, vecs, impl):
 
     from hcrfast import kernels
 
+    def update(x, w, v, t1, t2):
+        if impl == "cupy":
+            return x + t1[:, None] * w, v + t2[:, None] * w
+        return kernels.lsqr_update_xw(x, w, v, t1, t2, impl=impl)
+
+    _check_lsqr_update_xw(update(*(cupy.asarray(c) for c in vecs[1:])), *vecs[1:])  # in place: on copies
     _, x, w, v, t1, t2 = (cupy.asarray(c) for c in vecs)
-    if impl == "cupy":
-        fn = lambda: (x + t1[:, None] * w, v + t2[:, None] * w)
-    else:
-        fn = lambda: kernels.lsqr_update_xw(x, w, v, t1, t2, impl=impl)
-    _gpu_bench(benchmark, fn)
+    _gpu_bench(benchmark, lambda: update(x, w, v, t1, t2))
 
 
 @pytest.mark.gpu
@@ -170,4 +223,6 @@ def test_restart_update_gpu(benchmark, vecs, impl):
 
     a, w = cupy.asarray(vecs[0]), cupy.asarray(vecs[2])
     target = cupy.full(ROWS, 0.01, dtype=cupy.float32)
-    _gpu_bench(benchmark, lambda: kernels.restart_update(a, w, target, impl=impl))
+    fn = lambda: kernels.restart_update(a, w, target, impl=impl)
+    _check_restart_update(fn(), vecs[0], vecs[2], target)
+    _gpu_bench(benchmark, fn)

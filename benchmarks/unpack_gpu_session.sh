@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # After a lease, on THIS machine: unpack the gpu_session.tgz the device tool brought back into
-# benchmarks/results/gpu_<device>_<date>/ (device from the JSONs' machine info, date of today), with
-# the call's log beside it, and print the summary of what it holds. Commit that folder.
+# benchmarks/results/gpu_<device>_<date>/ (device from the JSONs' machine info; date the session's own,
+# UTC: the earliest stamp in its JSONs' names (gpu_targets_*_<date>T<time>.json, race_*), else the
+# earliest time the tarball records for its files (ledger.tsv, the .out files: the device's clock),
+# today's only where it holds neither), with the call's log beside it, and print the summary of what it
+# holds. Commit that folder.
 #
 #   bash benchmarks/unpack_gpu_session.sh FILES_AT/gpu_session.tgz [FILES_AT/gpu_session.log]
 #
@@ -14,21 +17,39 @@ log=${2:-$(dirname "$tgz")/gpu_session.log}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tar -xzf "$tgz" -C "$tmp"
-device=$(python3 - "$tmp" <<'EOF'
-import json, re, sys
+read -r device day <<<"$(python3 - "$tmp" <<'EOF'
+import datetime, json, re, sys
 from pathlib import Path
+folder = Path(sys.argv[1])
 names = []
-for path in sorted(Path(sys.argv[1]).glob("*.json")):
+for path in sorted(folder.glob("*.json")):
     try:
         machine = json.loads(path.read_text()).get("machine", {})
     except (ValueError, AttributeError):
         continue
     if machine.get("gpu"):
         names.append(machine["gpu"])
-print(re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower() if names else "unknown-gpu")
+device = re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower() if names else "unknown-gpu"
+# The session's day: its JSONs' stamps first (written by the scripts from the device's clock), else the
+# files' modification times as tar kept them (GNU tar restores them on extraction), else none (today's).
+stamps = sorted(m.group(1) for p in folder.rglob("*.json") if (m := re.search(r"_(\d{8})T\d{6}", p.name)))
+files = [p for p in folder.rglob("*") if p.is_file()]
+if stamps:
+    day = stamps[0]
+elif files:
+    first = min(p.stat().st_mtime for p in files)
+    day = datetime.datetime.fromtimestamp(first, datetime.timezone.utc).strftime("%Y%m%d")
+else:
+    day = "-"
+print(device, day)
 EOF
-)
-dest="${RESULTS_DIR:-benchmarks/results}/gpu_${device}_$(date -u +%Y%m%d)"
+)"
+if [ "$day" = "-" ]; then
+    day=$(date -u +%Y%m%d)
+    echo "unpack_gpu_session: $tgz holds no dated file; the folder takes today's date, $day (rename it if" \
+         "the session was another day)" >&2
+fi
+dest="${RESULTS_DIR:-benchmarks/results}/gpu_${device}_${day}"
 mkdir -p "$dest"
 cp -r "$tmp"/. "$dest"/
 [ -f "$log" ] && cp "$log" "$dest/"

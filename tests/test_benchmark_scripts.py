@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import hcrfast
 import hcrfast.krylov
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,6 +209,60 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
     for row in ("hcrfast_default", "hcrfast_input", "hcrfast_current"):
         assert r[row]["model_products_per_example"] >= r[row]["products_per_example"], row
     assert "rows/ex" in proc.stdout
+
+
+def test_race_reference_json_must_come_from_the_same_device_and_threads(tmp_path):
+    """A reference row reused by --reference-json is a term of the time ratio: one timed on another device,
+    GPU or CPU thread count is refused, naming both values; one from here keeps its own machine info."""
+    race = _benchmark_script("race")
+    args = race.parse_args(["--model", "digits", "--examples", "3", "--threads", "1"])
+    here = dict(torch_threads=1, hostname="here")
+    ref = dict(method="reference", seconds=10.0, median=0.5)
+
+    def saved(device="cpu", **machine):
+        path = tmp_path / f"ref_{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps(dict(args={**vars(args), "device": device}, sigma=0.2, reference=ref,
+                                        machine=dict(torch_threads=1, hostname="there", **machine))))
+        return path
+
+    with pytest.raises(ValueError, match=r"--device cuda, this run on --device cpu.*rerun the reference here"):
+        race.load_reference(saved("cuda", gpu="NVIDIA H100"), args, 0.2, here)
+    with pytest.raises(ValueError, match=r"on 1 torch thread\(s\), this run on 2.*rerun the reference here"):
+        race.load_reference(saved(), args, 0.2, dict(here, torch_threads=2))
+    cuda = race.parse_args(["--model", "digits", "--examples", "3", "--threads", "1", "--device", "cuda"])
+    with pytest.raises(ValueError, match=r"'NVIDIA H100', this run on 'NVIDIA H200'"):
+        race.load_reference(saved("cuda", gpu="NVIDIA H100"), cuda, 0.2, dict(here, gpu="NVIDIA H200"))
+    row, machine = race.load_reference(saved(), args, 0.2, here)
+    assert row["seconds"] == 10.0 and "[from ref_" in row["method"] and machine["hostname"] == "there"
+
+
+def test_machine_info_ties_a_json_to_the_code():
+    race = _benchmark_script("race")
+    info = race.machine_info("cpu")
+    assert info["hcrfast"] == hcrfast.__version__
+    commit = info["git_commit"]      # None where this checkout has no .git or no git
+    assert commit is None or len(commit.removesuffix("-dirty")) == 40
+
+
+def test_machine_info_records_no_commit_for_a_tree_without_its_own_git(tmp_path):
+    """The GPU machine gets a copy of the working tree that may have no .git: no commit, and no failure."""
+    assert _benchmark_script("race").git_commit(tmp_path) is None
+
+
+def test_gpu_summary_gives_no_race_verdict_for_a_reference_from_another_machine():
+    summary = _benchmark_script("gpu_summary")
+    best = dict(method="hcrfast defaults", seconds=1.0, median=0.6)
+    race = dict(args=dict(model="mlp", examples=32, restarts=2, iterations=10, device="cuda"),
+                reference=dict(method="reference", seconds=100.0, median=0.5), time_to_reference_median=best,
+                machine=dict(gpu="NVIDIA H200", torch_threads=16),
+                reference_machine=dict(gpu="NVIDIA H200", torch_threads=16))
+    assert "(>= 50x: met)" in summary.race_line(race)
+    race["reference_machine"]["gpu"] = "NVIDIA H100"
+    line = summary.race_line(race)
+    assert "met" not in line and "no verdict: the reference ran on the GPU 'NVIDIA H100', hcrfast on 'NVIDIA H200'" in line
+    del race["reference_machine"]           # a JSON from before reference_machine, its reference reused
+    race["reference"]["method"] += " [from race_mlp_cuda_x_reference.json]"
+    assert "no verdict: the reference row is an earlier run's" in summary.race_line(race)
 
 
 def test_race_killed_in_a_row_keeps_the_rows_done(tmp_path, monkeypatch):
@@ -616,13 +671,14 @@ def test_gpu_summary_reports_each_runs_figures_and_the_issues_verdicts(tmp_path)
     best["seconds"] = race["time_to_reference_median"]["seconds"] = 0.5   # ratios exact in binary
     for seconds, share, ratio, verdicts in ((59.0, 0.85, 50.0, ("met", "met", "met")),
                                             (61.0, 0.84, 49.0, ("MISSED", "MISSED", "MISSED"))):
-        target.update(seconds=seconds, extrapolated_seconds=seconds, jvp_vjp_share=share)
+        # a dense run: issue #5's share counts building J (the model's vmapped products) beside the operator's
+        target.update(seconds=seconds, extrapolated_seconds=seconds, jvp_vjp_share=0.05, model_products_share=share)
         race["reference"]["seconds"] = ratio * best["seconds"]
         target_path.write_text(json.dumps(target))
         race_path.write_text(json.dumps(race))
         text = summary()
         assert f"{seconds:.1f} s (< 60 s: {verdicts[0]})" in text
-        assert f"(>= 85%: {verdicts[1]})" in text
+        assert f"(>= 85%: {verdicts[1]})" in text and f"the model's JVP/VJP {share:.1%}" in text
         assert f"{ratio:.1f}x (>= 50x: {verdicts[2]})" in text
 
     # A reference row whose hcrfast rows never finished is named, not dropped.
@@ -653,6 +709,7 @@ def test_unpack_gpu_session_files_a_lease_under_its_device_and_summarizes_it(tmp
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "RESULTS_DIR": str(tmp_path / "r")})
     assert proc.returncode == 0, proc.stderr
     (dest,) = (tmp_path / "r").glob("gpu_nvidia-h100-80gb-hbm3_*")
+    assert dest.name.endswith("_20261126")        # the session's day, from its JSON's stamp, not the unpacking's
     assert sorted(p.name for p in dest.iterdir()) == ["gpu_session.log", "gpu_targets_mnist_cuda_20261126T120000.json",
                                                      "ledger.tsv"]
     assert "41.5 s (< 60 s: met)" in proc.stdout and "NVIDIA H100 80GB HBM3" in proc.stdout
