@@ -738,6 +738,9 @@ def _keep_best(out: torch.Tensor, best: torch.Tensor, found: torch.Tensor, lin2:
         return
     s, K = lin2.shape
     dev = lin2.device
+    # a NaN candidate never wins, as in the loop (NaN > best is False); left NaN it would make its (example,
+    # mode) max NaN, which no candidate equals, and index found[s]: out of range (a device assert on CUDA)
+    lin2 = torch.nan_to_num(lin2, nan=-math.inf)
     idx = to_device(np.asarray(examples, dtype=np.int64), dev)[:, None].expand(s, K)
     top = best.new_full(best.shape, -math.inf).scatter_reduce(0, idx, lin2, "amax")       # (B, K)
     rank = torch.arange(s, device=dev)[:, None].expand(s, K)

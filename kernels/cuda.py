@@ -115,7 +115,8 @@ def _kernels(dtype: np.dtype) -> SimpleNamespace:
 
     @cuda.jit(device=True)
     def scale_for(targets, target, per_row, b, norm):
-        """``target_b / norm``, or 0 for a zero row; the twin casts the target to the dtype first."""
+        """``target_b / norm`` in the array's dtype, or 0 for a zero row. The twin divides a float64 target in
+        float64 and then rounds (within an ulp of this: the tests allow it); a scalar target it casts first."""
         t = cast(targets[b]) if per_row else cast(target)
         if norm > zero:
             return t / norm
@@ -475,7 +476,7 @@ def _per_row(launch, name, values, n_rows):
 
 def _target_args(launch, target, n_rows, dummy):
     """Kernel arguments (targets, target, per_row) for a scalar or (B,) target."""
-    if np.ndim(target) == 0 and not _is_device_array(target):
+    if np.ndim(target) == 0:  # a 0-d device array too: one deliberate read of one number
         return dummy, float(target), False
     return _per_row(launch, "target", target, n_rows), 0.0, True
 
