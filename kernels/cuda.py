@@ -427,15 +427,20 @@ def _launch(arrays, stream):
         yield _Launch(kind, _numba_stream(stream))
         return
     cupy = import_cupy()
-    current = cupy.cuda.get_current_stream()
-    ptr = current.ptr if stream is None else _stream_ptr(stream)
+    devices = sorted({int(a.device.id) for a in arrays})
+    if len(devices) > 1:
+        raise ValueError(f"the arrays of one call are on GPUs {devices}; move them to one device first")
+    device_id = devices[0]   # the inputs' device, whichever is CuPy's current one
     with contextlib.ExitStack() as scope:
+        scope.enter_context(cupy.cuda.Device(device_id))   # its current stream, allocations and DCT operands
+        current = cupy.cuda.get_current_stream()
+        ptr = current.ptr if stream is None else _stream_ptr(stream)
         if ptr != current.ptr:
             with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
                 warnings.simplefilter("ignore", DeprecationWarning)
-                external = cupy.cuda.ExternalStream(ptr, cupy.cuda.Device().id)
+                external = cupy.cuda.ExternalStream(ptr, device_id)
             scope.enter_context(external)
-        scope.enter_context(cuda.gpus[cupy.cuda.Device().id])
+        scope.enter_context(cuda.gpus[device_id])
         yield _Launch(kind, _external_stream(ptr), cupy)
 
 
