@@ -226,7 +226,7 @@ class Checkpoint:
             if "key_sha256" not in arrays and self.key_written_here:
                 raise CheckpointMismatchError(
                     f"{file} is a chunk of a call {self.path} no longer names (its key.json was missing) and holds "
-                    f"no key of its own (written before 2026-12-01): it cannot be checked against this call; "
+                    f"no key of its own (written by hcrfast before 2026-11-30): it cannot be checked against this call; "
                     f"delete {self.path} (or pass another checkpoint folder) to start anew")
             missing = [name for name in self.required if name not in arrays]
             if not (0 <= start < stop <= total and np.array_equal(arrays.get("example_ids"),

@@ -128,7 +128,7 @@ class Gaussian:
         z = z.reshape(z.shape[0], -1).astype(xp.float64)
         # σ·σ, not σ**2: Python's float power raises OverflowError past 1e154. Where |z|² or σ² leaves
         # [2^-960, 2^960] their squares lose digits (subnormal) or overflow: those rows take (z/σ)² instead,
-        # which stays exact wherever z/σ is normal (the same bits elsewhere as before 2026-12-01).
+        # which stays exact wherever z/σ is normal (the same bits elsewhere as before 2026-11-30).
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):   # those rows are taken from below
             ss, s2 = xp.einsum("bi,bi->b", z, z), self.sigma * self.sigma
             d = xp.expm1(ss / s2)
@@ -295,7 +295,7 @@ class MonteCarlo:
     the mixture ``h_t = (f + f(· − t) + f(· − 2t))/3`` at ``t = z_J``, and i.i.d.
     ``Y_i = w_J (r(X_i; z_J) − 1)² f(X_i)/h_{z_J}(X_i) / q_J`` with
     ``E[Y_i] = S`` exactly, for any ``q`` with ``q_j > 0`` wherever ``z_j ≠ 0``
-    (``χ²_j = 0`` where ``z_j = 0``). Drawn from ``f`` alone (before 2026-12-01),
+    (``χ²_j = 0`` where ``z_j = 0``). Drawn from ``f`` alone (before 2026-11-30),
     no draw lands where ``f(x − t)²/f(x)`` has its mass once ``t`` is a few
     scales (at ``x ≈ 2t`` for the normal law, ``t`` for the Laplace law): every
     ``(r − 1)²`` was ≈ 1, and D came out 1 at 10σ, where it is e^100, with no
