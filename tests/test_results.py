@@ -189,8 +189,9 @@ def test_summary_names_what_gave_each_infinite_and_zero_bound():
     law = hcrfast.MonteCarlo(scipy.stats.norm(scale=0.5).logpdf, lambda rng, shape: 0.5 * rng.standard_normal(shape),
                              name="norm", n_samples=2000, confidence=0.95)
     mc = hcrfast.bound(net, x, law, restarts=2, iterations=2)
-    assert "noise=MonteCarlo(norm), bounds at 0.95 confidence, size=" in mc.summary()  # as asked (each
-    assert "0.975-confidence" in mc.params["noise"]  # restart's D at 1 - 0.05 / 2, so that their max holds at it)
+    assert "noise=MonteCarlo(norm), bounds at 0.95 confidence, size=" in mc.summary()  # as asked
+    # each step's D at 1 - 0.05 / (2 restarts x 2 iterates), so that their max holds at it
+    assert "0.9875-confidence" in mc.params["noise"]
 
 
 @pytest.mark.parametrize("kw, hint", [({}, True), (dict(targets="low:1"), False), (dict(solver="lsqr"), False),
