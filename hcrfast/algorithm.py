@@ -128,10 +128,8 @@ def rms_sigma(features, scale: float = 1.0) -> float:
                             + (", e.g. features.real or abs(features)" if values.dtype.kind == "c" else ""))
         f = torch.as_tensor(values.astype(np.float64))
     rms = float(torch.sqrt(torch.mean(f * f)))
-    if (rms == 0 or math.isinf(rms)) and f.numel():  # f * f under- or overflowed: scale by the largest first
-        big = float(f.abs().max())
-        if 0 < big < math.inf:
-            rms = big * float(torch.sqrt(torch.mean((f / big) ** 2)))
+    if (rms == 0 or math.isinf(rms)) and f.numel():  # f * f under- or overflowed: scaled by the largest first
+        rms = validation.scaled_norm(f) / math.sqrt(f.numel())
     if not math.isfinite(rms) or rms <= 0:
         raise ValueError(f"the features' RMS is {rms!r}; sigma = scale x RMS needs non-zero finite features")
     return scale * rms

@@ -210,13 +210,7 @@ class Checkpoint:
                 with np.load(file, allow_pickle=False) as z:
                     arrays = {k: z[k] for k in z.files}
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                aside = file.with_name(f".{file.name}.unreadable")
-                validation.warn(f"{file} is unreadable ({exc}); computing its examples again (the file is kept as "
-                                f"{aside.name})")
-                try:  # out of the way of the chunks that will replace it, whatever their size
-                    file.replace(aside)
-                except OSError:
-                    pass  # another process moved it first
+                self._set_aside(file, f"is unreadable ({exc})", "unreadable")
                 continue
             if "key_sha256" in arrays and str(arrays["key_sha256"]) != self.key_sha256:
                 raise CheckpointMismatchError(
@@ -254,7 +248,8 @@ class Checkpoint:
         return kept
 
     def _set_aside(self, file: Path, why: str, suffix: str) -> None:
-        """Move a chunk file that cannot be used out of the way of those that will replace it, and say so."""
+        """Move a chunk file that cannot be used out of the way of the chunks that will replace it, whatever
+        their size, and say so."""
         aside = file.with_name(f".{file.name}.{suffix}")
         validation.warn(f"{file} {why}; computing its examples again where no other chunk holds them (the file "
                         f"is kept as {aside.name})")

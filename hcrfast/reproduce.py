@@ -750,11 +750,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     seconds_data = seconds_load + time.perf_counter() - t_features  # loading and clean features
     solver = _algorithm.resolve_solver(solver, linearize_at, dev, feats.reshape(feats.shape[0], -1).shape[1],
                                        int(np.prod(xn.shape[1:])), lsqr_given=bool(lsqr_given))  # --lsqr-*: LSQR
-    if krylov_pilots not in (1, "auto") and solver != "krylov":
+    if krylov_pilots not in (1, "auto") and solver != "krylov":  # run() checked it on the published shapes
         raise ValueError(f"--krylov-pilots {krylov_pilots} applies to the Krylov solver, but this run solves with "
                          f"{solver!r}; add --solver krylov or drop --krylov-pilots")
-    if krylov_pilots != "auto" and krylov_pilots > restarts:
-        raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most {restarts}")
     if solver == "krylov":  # the basis' own defaults, with the --lsqr-* options the user gave on top
         lsqr = dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, **lsqr_given)
     # "auto" is resolved before the key is written (its pilots, and their steps as the basis' iter_lim)

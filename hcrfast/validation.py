@@ -219,7 +219,7 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     return ids.astype(np.int64)  # one dtype: the same ids in int32 make the same checkpoint key
 
 
-def _scaled_norm(t: torch.Tensor) -> float:
+def scaled_norm(t: torch.Tensor) -> float:
     """‖t‖₂ in float64 without its squares leaving float64's range (a J v of 1e-200 has a norm; its squares
     underflow to 0, which made the adjoint check's tolerance 0)."""
     t = t.detach().double()
@@ -567,7 +567,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         left = float((jv.double() * u.double()).sum())
         right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
         # 1e-3 of |J v| |u|, or float16's rounding (3e-2 of it)
-        tol = max(1e-3, 32 * torch.finfo(jv.dtype).eps) * _scaled_norm(jv) * _scaled_norm(u)
+        tol = max(1e-3, 32 * torch.finfo(jv.dtype).eps) * scaled_norm(jv) * scaled_norm(u)
         if abs(left - right) > tol and mode == "forward":
             raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
                              f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
