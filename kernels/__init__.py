@@ -36,9 +36,49 @@ def _numba_kernels(impl, *arrays):
     return cuda
 
 
+def _floating(name, a, min_ndim: int = 1):
+    """``a`` checked: a NumPy or CuPy array of floats with at least ``min_ndim`` axes (the twins would run
+    on integers and truncate their DCT matrix or scale to 0, and broadcast what the CUDA kernels refuse)."""
+    dtype, shape = getattr(a, "dtype", None), getattr(a, "shape", None)
+    if dtype is None or shape is None or type(a).__module__.startswith("torch") or (
+            not hasattr(a, "__array__") and not is_cupy_array(a)):
+        raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__} (torch tensors: "
+                        f"hcrfast.bindings.from_torch)")
+    import numpy as np
+
+    if np.dtype(dtype).kind != "f":
+        raise TypeError(f"{name} must hold floats (float32 or float64), got {dtype}; cast it with "
+                        f".astype(np.float64)")
+    if len(shape) < min_ndim:
+        want = "(..., H, W)" if min_ndim == 2 else "(B, ...)"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(shape)}")
+    return a
+
+
+def _same(name, a, ref_name, ref):
+    if tuple(a.shape) != tuple(ref.shape):
+        raise ValueError(f"Shape mismatch: {ref_name} has shape {tuple(ref.shape)} but {name} has "
+                         f"{tuple(a.shape)}; pass arrays of one shape (B, ...)")
+
+
+def _per_row(name, value, rows: int, scalar_ok: bool):
+    """A per-problem parameter: shape (B,) (or one number where ``scalar_ok``)."""
+    import numpy as np
+
+    shape = tuple(getattr(value, "shape", ()))
+    if scalar_ok and shape == ():
+        return
+    if shape != (rows,):
+        raise ValueError(f"Shape mismatch: {name} must have shape ({rows},)"
+                         + (" or be one number" if scalar_ok else "") + f", got {shape}")
+    if np.dtype(getattr(value, "dtype", np.float64)).kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers, got {value.dtype}")
+
+
 def row_norms(a, *, impl="auto"):
     """Euclidean norm of each row, shape (B,): see :func:`twins.row_norms`."""
     kernels = _numba_kernels(impl, a)
+    _floating("a", a)
     return twins.row_norms(a) if kernels is None else kernels.row_norms(a)
 
 
@@ -48,6 +88,9 @@ def row_normalize(a, target=1.0, *, out=None, impl="auto"):
     ``out`` (shaped like ``a``; ``a`` itself allowed) receives the scaled rows.
     """
     kernels = _numba_kernels(impl, a)
+    _per_row("target", target, _floating("a", a).shape[0], scalar_ok=True)
+    if out is not None:
+        _same("out", _floating("out", out), "a", a)
     if kernels is None:
         return twins.normalize_rows(a, target, out=out)
     return kernels.row_normalize(a, target, out=out)
@@ -56,22 +99,31 @@ def row_normalize(a, target=1.0, *, out=None, impl="auto"):
 def lsqr_update_xw(x, w, v, t1, t2, *, impl="auto"):
     """LSQR's in-place ``x += t1·w; w = v + t2·w``; returns ``(x, w)``: see :func:`twins.lsqr_update_xw`."""
     kernels = _numba_kernels(impl, x)
+    for name, a in (("w", w), ("v", v)):
+        _same(name, _floating(name, a), "x", _floating("x", x))
+    for name, t in (("t1", t1), ("t2", t2)):
+        _per_row(name, t, x.shape[0], scalar_ok=False)
     return (twins if kernels is None else kernels).lsqr_update_xw(x, w, v, t1, t2)
 
 
 def restart_update(features_perturbed, features, target, *, impl="auto"):
     """``(z, ‖z‖, target·z/‖z‖)`` with ``z = fp − f0``: see :func:`twins.restart_update`."""
     kernels = _numba_kernels(impl, features_perturbed)
+    _same("features", _floating("features", features), "features_perturbed",
+          _floating("features_perturbed", features_perturbed))
+    _per_row("target", target, features_perturbed.shape[0], scalar_ok=True)
     return (twins if kernels is None else kernels).restart_update(features_perturbed, features, target)
 
 
 def dct2(x, *, impl="auto"):
     """Orthonormal 2-D DCT-II over the last two axes: see :func:`twins.dct2`."""
     kernels = _numba_kernels(impl, x)
+    _floating("x", x, 2)
     return (twins if kernels is None else kernels).dct2(x)
 
 
 def idct2(y, *, impl="auto"):
     """Inverse of :func:`dct2`: see :func:`twins.idct2`."""
     kernels = _numba_kernels(impl, y)
+    _floating("y", y, 2)
     return (twins if kernels is None else kernels).idct2(y)

@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import scipy.fft
+import torch
 
 from hcrfast import kernels
 from hcrfast.kernels import twins
@@ -352,3 +353,28 @@ def test_twins_take_zero_size_batches_as_the_cuda_kernels_do():
     for shape in ((2, 0, 3), (2, 3, 0), (0, 4, 4), (1, 0, 0)):
         x = np.zeros(shape)
         assert kernels.dct2(x).shape == shape and kernels.idct2(x).shape == shape
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda k: k.dct2(np.arange(6).reshape(2, 3)), TypeError, r"x must hold floats .* got int64"),
+    (lambda k: k.idct2(np.ones((2, 3), dtype=bool)), TypeError, r"y must hold floats .* got bool"),
+    (lambda k: k.dct2(np.ones(5)), ValueError, r"x must have shape \(\.\.\., H, W\), got \(5,\)"),
+    (lambda k: k.dct2(torch.ones(2, 3)), TypeError, r"x must be a NumPy or CuPy array, got Tensor"),
+    (lambda k: k.dct2([[1.0, 2.0]]), TypeError, r"x must be a NumPy or CuPy array, got list"),
+    (lambda k: k.row_normalize(np.array([[3, 4], [1, 0]]), 1.0), TypeError, r"a must hold floats"),
+    (lambda k: k.row_normalize(np.ones((1, 2)), np.ones(3)), ValueError, r"target must have shape \(1,\)"),
+    (lambda k: k.row_normalize(np.ones((2, 2)), np.ones(1)), ValueError, r"target must have shape \(2,\)"),
+    (lambda k: k.restart_update(np.ones((1, 2)), np.ones((1, 2)), np.ones(2)), ValueError,
+     r"target must have shape \(1,\)"),
+    (lambda k: k.restart_update(np.ones((1, 2)), np.ones(2), 1.0), ValueError, r"features has \(2,\)"),
+    (lambda k: k.lsqr_update_xw(*[np.ones((2, 2))] * 3, np.ones(1), np.ones(2)), ValueError,
+     r"t1 must have shape \(2,\)"),
+    (lambda k: k.lsqr_update_xw(np.ones((2, 2)), np.ones((2, 3)), np.ones((2, 2)), np.ones(2), np.ones(2)),
+     ValueError, r"x has shape \(2, 2\) but w has \(2, 3\)"),
+])
+def test_the_dispatch_refuses_what_the_cuda_kernels_refuse(call, error, match):
+    """On NumPy data the twins ran whatever they were given: an integer batch's DCT came out all 0 (its DCT
+    matrix cast to int), an integer row_normalize truncated its rows, a (3,) target on one row gave three, a
+    (1,) t1 was broadcast over two problems. The dispatch now refuses them as the CUDA kernels do."""
+    with pytest.raises(error, match=match):
+        call(kernels)
