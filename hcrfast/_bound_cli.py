@@ -27,6 +27,23 @@ import numpy as np
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
 
+def _strict_json(summary: dict) -> str:
+    """``summary.json``'s text: strict JSON, a statistic over nothing (NaN: an attack with no mode to compare)
+    or an infinite one written as null, which every JSON parser reads (Python's NaN and Infinity are not
+    JSON; reproduce's summaries have always said null there)."""
+    from hcrfast.results import json_default
+
+    def strict(obj):
+        if isinstance(obj, float):
+            return obj if np.isfinite(obj) else None
+        if isinstance(obj, dict):
+            return {k: strict(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [strict(v) for v in obj]
+        return obj
+
+    return json.dumps(strict(json.loads(json.dumps(summary, default=json_default))), indent=1, allow_nan=False)
+
 def auto_or_count(text: str, least: int, fix: str):
     """An argparse value: "auto", or an integer of at least ``least`` (else ``fix`` says what to pass)."""
     if text == "auto":
@@ -809,7 +826,7 @@ def _run(args: argparse.Namespace) -> int:
         if np.ndim(a.sigma) != 0:  # one std per feature: the stds found, beside the results
             np.save(out / "sigma.npy", np.asarray(a.sigma, dtype=np.float64))
             summary["accuracy_search"]["sigma_file"] = str(out / "sigma.npy")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
+    (out / "summary.json").write_text(_strict_json(summary) + "\n")
     report = None
     if not args.no_report:
         from hcrfast.report import write_bound_report
@@ -902,7 +919,7 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
                         "levels": levels}
     summary.update(wall_seconds=time.perf_counter() - t_start,
                    params=json.loads(json.dumps(shared, default=json_default)), versions=versions)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
+    (out / "summary.json").write_text(_strict_json(summary) + "\n")
     report = None
     if not args.no_report:
         from hcrfast.report import write_sweep_report

@@ -363,6 +363,10 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
         validation.choice("start", start, ("truth", "mean"))
         if start == "truth":
             return batch
+        if batch.shape[0] == 1:
+            raise ValueError("start='mean' with a batch of one example starts from that example itself (the mean of "
+                             "one), which is start='truth'; pass start='truth' to say so, or the data's mean as a "
+                             "tensor of one example's shape (an attacker that knows the data's average)")
         return batch.mean(dim=0, keepdim=True).expand_as(batch)
     if not isinstance(start, torch.Tensor):
         raise TypeError(f"start must be 'truth', 'mean' or a torch.Tensor, got {type(start).__name__}")
@@ -430,7 +434,9 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         (a local null space, e.g. ReLUs switched off) or damping shrinks the step,
         θ̂ stays near θ there, a *biased* estimate with small error (see
         :func:`compare`). ``"mean"``: the mean of the batch (an attacker that knows
-        the data's average). A tensor: the batch's shape (one start per example)
+        the data's average; refused for one example, whose mean is itself). It
+        depends on the whole batch: calls split over ``example_ids`` draw the same
+        noise but start elsewhere; pass the mean as a tensor to start alike. A tensor: the batch's shape (one start per example)
         or one example's shape (shared), same dtype and device as ``batch``.
     seed : int
         Example e draws its noise from ``default_rng([seed, e, 1])``
@@ -729,7 +735,7 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         if k in b_params and k in attack.params and b_params[k] != attack.params[k]:
             raise ValueError(f"the bounds were computed with {b_params[k]} {what} per example, the attack with "
                              f"{attack.params[k]}: not the same model; compute both with one model and batch")
-    levels = [float(q) for q in quantiles]
+    levels = [float(q) for q in np.atleast_1d(np.asarray(quantiles, dtype=np.float64))]
     if any(not 0 <= q <= 1 for q in levels):
         raise ValueError(f"quantiles must lie in [0, 1], got {tuple(quantiles)}")
     if np.any(std < 0) or np.any(np.isnan(std)):

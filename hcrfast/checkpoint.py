@@ -304,8 +304,8 @@ class Checkpoint:
         if len(self.chunk_sizes) > 1:
             sizes = sorted(self.chunk_sizes)
             validation.warn(f"{self.path}'s chunks were computed in chunks of different sizes ({', '.join(map(str, sizes))} "
-                            f"examples): an example's bounds depend on its chunk's other examples through rounding, so "
-                            f"they agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
+                            f"examples): an example's results (bounds, or attack estimates) depend on its chunk's other "
+                            f"examples through rounding, so they agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
                             f"with the first call's chunk_size to keep them bitwise")
 
 
@@ -336,7 +336,7 @@ def mixed_arithmetic(where, arithmetics, resume_hint: str) -> None:
     found = sorted(set(arithmetics))
     if len(found) > 1:
         validation.warn(f"{where}'s chunks were computed with different arithmetic ({'; '.join(found)}): the "
-                        f"bounds agree up to rounding, but are not bitwise those of one uninterrupted run; "
+                        f"results (bounds, or attack estimates) agree up to rounding, but are not bitwise those of one uninterrupted run; "
                         f"{resume_hint}")
 
 

@@ -20,10 +20,14 @@ on the CPU and on a GPU alike.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from hcrfast.backend import host_argument
+from hcrfast.results import same_result
 
 __all__ = ["AccuracySearch", "DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy",
            "sigma_for_accuracy"]
@@ -68,6 +72,9 @@ class Utility:
     sigma: float | None
     sigma_rms: float
     metric: str = "accuracy"
+
+    __eq__ = same_result   # by value: per_draw bitwise (a dataclass's own == raised on the array)
+    __hash__ = None
 
     def summary(self) -> str:
         noise = (f"sigma {self.sigma:.6g}" if self.sigma is not None
@@ -137,6 +144,14 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
         raise TypeError(f"head={type(head).__name__}: pass the torch.nn.Module that reads the features (or None: "
                         f"the metric scores the features themselves)")
     score = _Metric.of(metric)
+    if not isinstance(feats, torch.Tensor) or not feats.is_floating_point() or feats.ndim < 1:
+        raise TypeError(f"feats must be a floating-point torch.Tensor of features, (B, ...), got "
+                        f"{type(feats).__name__ if not isinstance(feats, torch.Tensor) else feats.dtype}")
+    bad = ~torch.isfinite(feats.reshape(feats.shape[0], -1)).all(dim=1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise ValueError(f"the features of inputs {rows[:10]}{' ...' if len(rows) > 10 else ''} are not finite (NaN "
+                         f"or inf): their accuracy under noise is undefined; drop those inputs or fix the model")
     B, shape = feats.shape[0], tuple(feats.shape[1:])
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
@@ -222,6 +237,10 @@ class _Metric:
     def check_target(self, value, name: str = "accuracy=") -> None:
         """Refuses a target no noise level can sensibly be searched for: (0, 1] for (top-K) accuracy, (0, 1)
         for the cosine (1 is no noise at all, 0 what pure noise gives), any finite number for a callable."""
+        value = host_argument(name.rstrip("="), value)
+        if isinstance(value, (torch.Tensor, np.ndarray)) and math.prod(value.shape) == 1 and (
+                value.dtype.kind in "iuf" if isinstance(value, np.ndarray) else value.is_floating_point()):
+            value = value.item()   # a 0-d tensor or array of one real number
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
                 np.isfinite(value)):
             ok = False
@@ -260,6 +279,7 @@ class _Metric:
 
     def check(self, outputs: torch.Tensor, targets) -> None:
         """Checks the clean outputs (and the labels against them) before any noise is drawn."""
+        self.finite(outputs, "clean inputs")
         if self.fn is None and self.top is None:  # cosine: against the clean output, which needs a direction
             norms = outputs.reshape(len(outputs), -1).double().norm(dim=1)
             flat = torch.nonzero(~(norms > 0)).flatten().tolist()
@@ -281,8 +301,20 @@ class _Metric:
             raise ValueError(f"labels hold class {int(targets.max())}, but the head scores {classes} classes (0.."
                              f"{classes - 1}): pass the labels the head was trained on")
 
+    def finite(self, outputs: torch.Tensor, what: str) -> None:
+        """Refuses non-finite outputs for the built-in metrics (a callable's scores are checked instead):
+        argmax and top-K over NaN pick the NaN, and the cosine would read it as 0."""
+        if self.fn is not None:
+            return
+        bad = ~torch.isfinite(outputs.reshape(len(outputs), -1)).all(dim=1)
+        if bool(bad.any()):
+            raise ValueError(f"the head gave non-finite outputs (NaN or inf) for {int(bad.sum())} of {len(outputs)} "
+                             f"{what}: the {self.name} of those is undefined; pass a head defined on every real input "
+                             f"(the noisy features can take any value: a sqrt or log of them is not)")
+
     def __call__(self, outputs: torch.Tensor, reference: torch.Tensor, targets) -> torch.Tensor:
         """(N,) scores of N copies' outputs (reference: the clean outputs of their inputs)."""
+        self.finite(outputs, "noisy copies")
         if self.top == 1:
             return outputs.argmax(dim=1) == targets
         if self.top is not None:
@@ -359,6 +391,9 @@ class AccuracySearch:
     history: list = field(repr=False)
     note: str
 
+    __eq__ = same_result
+    __hash__ = None
+
     def summary(self) -> str:
         unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
         sig = self.sigma if np.ndim(self.sigma) == 0 else float(np.sqrt(np.mean(np.square(self.sigma))))
@@ -396,7 +431,8 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     accuracy : float
         The dithered accuracy (the metric's mean) to keep: in (0, 1] for ``"accuracy"`` and
         ``"topK"``, in (0, 1) for ``"cosine"``, any number for a callable; at most its value on the
-        clean features.
+        clean features (below it for a metric that varies continuously with the noise: the cosine, most
+        callables, which stay under their clean value at any σ > 0).
     sigma0 : float or array, optional
         The unit and first σ tried. Default: the RMS of the clean features over the batch.
     rtol : float
@@ -446,6 +482,11 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
                 lo = (k, u)
             else:
                 hi = (k, u)
+            if k < 1.0 / MAX_SCALE and lo is None and accuracy >= clean:   # a target at the clean value
+                raise ValueError(f"accuracy={accuracy:g} is the head's clean {score.name} itself ({clean:.6g}): the "
+                                 f"dithered one stays under it down to sigma = {k:g} x sigma0, as a metric that "
+                                 f"varies continuously with the noise does at any sigma > 0; pass a target below "
+                                 f"{clean:.6g}")
             if k < 1.0 / MAX_SCALE and lo is None:  # (the clean accuracy meets it: sigma -> 0 must)
                 raise RuntimeError(f"the dithered {score.name} stays under {accuracy:g} down to sigma = {k:g} x sigma0 "
                                    f"although the clean one is {clean:.6g}; the head's outputs (or the metric) are "
@@ -477,12 +518,16 @@ def _scaled(k: float, unit: np.ndarray):
 
 
 def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
+    sigma = host_argument(name, sigma)
     if hasattr(sigma, "detach"):
         sigma = sigma.detach().cpu().numpy()
     try:
-        profile = np.asarray(sigma, dtype=np.float64)
+        given = np.asarray(sigma)
+        if given.dtype.kind not in "iuf":   # strings ("0.5"), bools, complex, objects: not a std
+            raise TypeError
+        profile = given.astype(np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}={sigma!r}: pass the noise's std, a float or one per feature") from None
+        raise TypeError(f"{name}={sigma!r}: pass the noise's std, a real number or one per feature") from None
     if profile.size != 1 and profile.size != n:
         raise ValueError(f"{name} has {profile.size} entries, shape {profile.shape}; the model returns {n} features "
                          f"of shape {shape}: pass one std, or one per feature")

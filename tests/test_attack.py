@@ -581,3 +581,19 @@ def test_a_problem_whose_steps_are_all_rejected_stops_at_the_damping_cap(monkeyp
     monkeypatch.undo()
     default = gauss_newton_attack(model, x, 0.1, draws=3, steps=40, basis="pixel", seed=2)
     assert np.all(default.steps[1] == 0) and np.all(default.iterations[1] > 4) and default.converged[1].all()
+
+
+def test_start_mean_of_one_example_is_refused_and_compare_takes_one_quantile():
+    """start="mean" with one example started from the example itself (the mean of one: start="truth"), and the
+    CLI's report read it as an attacker that knew nothing beating the bound. Refused now, naming the fix.
+    compare(quantiles=0.5) raised "'float' object is not iterable"."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh()).double().eval()
+    x = torch.randn(1, 6, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"start='mean' with a batch of one example .* pass start='truth'"):
+        hcrfast.gauss_newton_attack(m, x, 0.05, draws=4, steps=3, start="mean", basis="pixel")
+    x = torch.randn(3, 6, dtype=torch.float64)
+    a = hcrfast.gauss_newton_attack(m, x, 0.05, draws=4, steps=3, start="mean", basis="pixel")
+    b = hcrfast.bound(m, x, 0.05, restarts=2, iterations=2, basis="pixel")
+    one = hcrfast.compare(b, a, quantiles=0.5)
+    assert one["quantiles"] == {0.5: hcrfast.compare(b, a, quantiles=(0.5,))["quantiles"][0.5]}

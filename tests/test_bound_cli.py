@@ -846,3 +846,18 @@ def test_torchrun_two_processes_match_one(files, extra):
         c1, c2 = (json.loads((tmp_path / d / "summary.json").read_text())["calibration"] for d in ("one", "two"))
         assert len(c1["history"]) >= 2 and [h["scale"] for h in c1["history"]] == [h["scale"] for h in c2["history"]]
         assert a.params["sigma"] == b.params["sigma"]
+
+
+def test_summary_json_is_strict_json_with_null_for_a_statistic_over_nothing(files):
+    """--attack 1: the std ratio over one draw and its bias test are NaN, written as bare NaN, which strict
+    JSON parsers (jq, JavaScript) refuse. Now null."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--attack", "1", "--out", out]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    s = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
+    assert s["attack"]["std_ratio_median"] is None and s["attack"]["significant_bias"] is None
+    assert s["attack"]["median"] > 0

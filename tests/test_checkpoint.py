@@ -126,7 +126,7 @@ def test_a_resume_with_another_thread_count_says_its_bounds_are_not_bitwise(tmp_
         assert not [w for w in same if "different arithmetic" in str(w.message)]
         torch.set_num_threads(2)
         with pytest.warns(UserWarning, match=r"ck's chunks were computed with different arithmetic \(CPU .*torch "
-                                             r"threads 1\); CPU .*torch threads 2\)\): the bounds agree up to "
+                                             r"threads 1\); CPU .*torch threads 2\)\): the results \(bounds, or attack estimates\) agree up to "
                                              r"rounding, but are not bitwise .*torch.set_num_threads"):
             hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("lsqr"))
     finally:
@@ -190,7 +190,7 @@ def test_the_attack_and_targeted_bound_say_so_too(entry, tmp_path):
         assert len(chunks) >= 2
         chunks[-1].unlink()
         torch.set_num_threads(2)
-        with pytest.warns(UserWarning, match=r"torch threads 1\); CPU .*torch threads 2\)\): the bounds agree up to "
+        with pytest.warns(UserWarning, match=r"torch threads 1\); CPU .*torch threads 2\)\): the results \(bounds, or attack estimates\) agree up to "
                                              r"rounding"):
             call()
     finally:

@@ -388,3 +388,90 @@ def test_the_sigma_found_for_a_cosine_keeps_it_and_a_little_more_loses_it(proble
         def f(out, t):
             return out[:, 0, 0]
         hcrfast.sigma_for_accuracy(model, None, x, None, float("inf"), metric=f)
+
+
+class _Sqrt(torch.nn.Module):
+    def forward(self, f):
+        return f.sqrt()
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "top2", "cosine"])
+def test_non_finite_head_outputs_are_refused_for_the_built_in_metrics(metric):
+    """A head that is NaN on most noisy copies (sqrt of features that noise makes negative) was scored:
+    argmax picked the NaN (accuracy 0.26 where ~80% of the copies were NaN), the cosine read it as 0. A
+    callable's scores were checked; the built-in metrics' outputs now are too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softplus()).eval()
+    x = torch.randn(50, 4)
+    labels = None if metric == "cosine" else model(x).argmax(1).detach()
+    with pytest.raises(ValueError, match=r"the head gave non-finite outputs \(NaN or inf\) for \d+ of 1000 noisy copies"):
+        hcrfast.dithered_accuracy(model, _Sqrt().eval(), x, labels, 2.0, draws=20, metric=metric)
+    feats = torch.rand(6, 4) + 0.5
+    with pytest.raises(ValueError, match=r"non-finite outputs .* of 6 clean inputs"):
+        accuracy_on_features(_NaNHead().eval(), feats, None if metric == "cosine" else feats.argmax(1) % 3, 0.1, draws=2,
+                             metric=metric)
+
+
+class _NaNHead(torch.nn.Module):
+    def forward(self, f):
+        out = f[:, :3].clone()
+        out[0, 0] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "cosine"])
+def test_accuracy_on_features_refuses_non_finite_features(metric):
+    """accuracy_on_features (public) took NaN features: accuracy 0.667, and the cosine said the NaN row was
+    "all zero". Now refused, naming the inputs."""
+    feats = torch.rand(6, 4) + 0.5
+    feats[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"the features of inputs \[2\] are not finite"):
+        accuracy_on_features(None, feats, None if metric == "cosine" else feats.nan_to_num().argmax(1), 0.1,
+                             draws=2, metric=metric)
+
+
+def test_utility_results_compare_by_value():
+    """Utility and AccuracySearch hold a NumPy per_draw: == raised "truth value ... ambiguous". They compare
+    by value now, as the other results do, and are unhashable like them."""
+    torch.manual_seed(0)
+    model, head = torch.nn.Linear(4, 5).eval(), torch.nn.Linear(5, 3).eval()
+    x, y = torch.randn(6, 4), torch.zeros(6, dtype=torch.long)
+    a = hcrfast.dithered_accuracy(model, head, x, y, 0.5, draws=3)
+    assert a == hcrfast.dithered_accuracy(model, head, x, y, 0.5, draws=3)
+    assert a != hcrfast.dithered_accuracy(model, head, x, y, 0.5, draws=3, seed=1)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    labels = head(model(x)).argmax(1).detach()
+    s = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, draws=3)
+    assert s == hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, draws=3)
+
+
+@pytest.mark.parametrize("sigma", ["0.5", True, ["0.1"] * 5, np.array([1 + 1j] * 5)])
+def test_utility_refuses_what_is_not_a_real_std(sigma):
+    """A string σ ("0.5"), a bool, strings per feature and complex values ran (NumPy parsed them); bound and
+    the attack refuse them."""
+    torch.manual_seed(0)
+    model, head = torch.nn.Linear(4, 5).eval(), torch.nn.Linear(5, 3).eval()
+    x, y = torch.randn(6, 4), torch.zeros(6, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"pass the noise's std, a real number or one per feature"):
+        hcrfast.dithered_accuracy(model, head, x, y, sigma, draws=2)
+    with pytest.raises(TypeError, match=r"sigma0=.*pass the noise's std"):
+        hcrfast.sigma_for_accuracy(model, head, x, y, 0.1, sigma0=sigma, draws=2)
+
+
+def test_accuracy_targets_may_be_one_number_tensors_and_the_clean_value_of_a_continuous_metric_is_named():
+    """accuracy=torch.tensor(0.5) was refused as not a number in (0, 1]; a continuous metric's clean value as the
+    target ran down to sigma 4.5e-13 x sigma0 and blamed the head ("unstable"): now said for what it is."""
+    torch.manual_seed(0)
+    model, head = torch.nn.Linear(4, 5).double().eval(), torch.nn.Linear(5, 2).double().eval()
+    x, t = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    labels = head(model(x)).argmax(1).detach()
+    a = hcrfast.sigma_for_accuracy(model, head, x, labels, torch.tensor(0.5), draws=3)
+    assert a.target == 0.5 and a == hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, draws=3)
+
+    def neg_sq_error(o, tt):
+        return -((o - tt) ** 2).sum(1)
+
+    clean = hcrfast.dithered_accuracy(model, head, x, t, 0.0, metric=neg_sq_error, draws=3).clean
+    with pytest.raises(ValueError, match=r"is the head's clean neg_sq_error\(\) itself .* pass a target below"):
+        hcrfast.sigma_for_accuracy(model, head, x, t, clean, metric=neg_sq_error, draws=3)
