@@ -39,7 +39,8 @@ from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, releas
 from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
-from hcrfast.noise import Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise, divergence_of
+from hcrfast.noise import (D_ROUNDING_UNIT, Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise,
+                           divergence_of)
 from hcrfast.results import Bounds, json_default
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
@@ -360,7 +361,7 @@ _FLOAT64_MAX = float(np.finfo(np.float64).max)
 
 
 def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=None, features_move=None,
-                         derivative_vanishes=None) -> None:
+                         derivative_vanishes=None, first=None) -> None:
     """Refuse a chunk whose perturbations left the range of ``dtype``: ε not finite or its feature
     shift (``z_ε`` or ``D``, one row per ε) NaN (σ·s too large for it), or every ε that was meant to
     be non-zero (rows ``intended``, default all) 0 (σ·s too small: the solver's vectors underflow, or
@@ -369,11 +370,17 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     ``derivative_vanishes()``, asked where they do depend on it, tells piecewise-constant features
     (torch's J is 0 though a finite step moves them) from steps outside the dtype's range."""
     xp = get_array_module(eps64)
-    bad = ~xp.all(xp.isfinite(eps64), axis=1) | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
+    eps_bad = ~xp.all(xp.isfinite(eps64), axis=1)
+    bad = eps_bad | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
     if intended is not None:
         moved = moved | ~intended
-    n_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), moved.sum()])))
+    n_bad, n_eps_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), eps_bad.sum(), moved.sum()])))
+    if n_eps_bad and first is not None:   # a later iterate's NaN may come from the first's NaN features
+        eps1, z1 = first
+        outside = xp.all(xp.isfinite(eps1), axis=1) & xp.any(xp.isnan(z1.reshape(z1.shape[0], -1)), axis=1)
+        if int(to_host(outside.sum())):
+            n_bad, n_eps_bad = int(to_host(outside.sum())), 0
     name = validation.dtype_name(dtype)
     if n_moved == 0 and features_move is not None:
         if not features_move():
@@ -385,6 +392,13 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                              "derivative, so it finds no direction whatever sigma; bound the features before that "
                              "step (a model that returns them unrounded), or give the step a derivative (a "
                              "straight-through estimator) and certify the bound by its forward passes as usual")
+    if n_bad and not n_eps_bad:   # ε finite, its features NaN: the model's domain, or its features overflowed
+        raise ValueError(f"the model's features came out NaN at theta + eps in {n_bad} of {eps64.shape[0]} steps "
+                         f"although their eps is finite ({noise.describe().split(':')[0]}, size={size:g}): the model "
+                         f"is not defined just beside these inputs (a log, sqrt, asin or division outside its domain "
+                         f"at theta + eps: bound inputs inside the model's domain, or a model defined around them), "
+                         f"or its features overflowed there (then pass a sigma nearer the features' scale, "
+                         f"hcrfast.rms_sigma(features, scale), or a smaller size)")
     if n_bad:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
@@ -593,13 +607,45 @@ def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
     examples = np.flatnonzero(lost.any(axis=1))
     if examples.size == 0:
         return []
-    blind = dict(zip(examples.tolist(), (~_features_move(model, rows[torch.as_tensor(examples)])).tolist()))
+    chosen = rows[torch.as_tensor(examples)]
+    still = (~_features_move(model, chosen)).tolist()
+    g = _random_vjp(model, chosen)   # torch's derivative: 0 at x**2 at 0 though a finite step moves the features
+    flat = [True] * len(examples) if g is None else (~g.any(dim=1)).tolist()
+    blind = dict(zip(examples.tolist(), still))
+    why = {e: ("the features do not move with this example's input" if s else
+               "torch's derivative of the features is 0 at this example's input, though a finite step moves them: "
+               "x**2 or x**3 at 0, a quantizer" if f else None) for e, s, f in zip(examples.tolist(), still, flat)}
+    tail = "; hcrfast.targeted_bound(..., null_probes=True) certifies +inf for the modes the features do not see"
     return [f"example {start + e}, restart {r}: " + (
-        f"{_BLIND} (the features do not move with this example's input), so Algorithm 1 has no direction and this "
-        "restart bounds nothing (0); hcrfast.targeted_bound(..., null_probes=True) certifies +inf for the modes the "
-        "features do not see" if blind[e] else
+        f"{_BLIND} ({why[e]}), so Algorithm 1 has no direction and this restart bounds nothing (0)"
+        + (tail if blind[e] else "") if why[e] else
         "eps came out 0 (a step outside the range the solver's dtype resolves), so this restart bounds nothing (0)")
         for e, r in zip(*np.nonzero(lost))]
+
+
+#: A mode's coordinate c = ⟨b, ε⟩ (b a unit vector: a DCT mode, a target's direction) is a float64 sum of
+#: ``terms`` products, within about (terms + 8)·2^-53·‖ε‖ of the exact one (a transform by FFT: less); √D and
+#: the division each round by half an ulp. :func:`coordinates_down` lowers |c| by twice the first and by a
+#: relative :data:`_DIVISION_SLACK`, so that |c|/√D, D rounded up (:func:`hcrfast.noise.divergence_of`),
+#: never exceeds the exact bound; a coordinate within its rounding of 0 bounds nothing.
+_COORD_ROUNDING_TERMS = 16
+_DIVISION_SLACK = 2.0 ** -50
+
+
+def coordinates_down(coords, norms, terms: int):
+    """|c| lowered by its float64 rounding (see :data:`_DIVISION_SLACK`): ``coords`` the magnitudes (any
+    shape), ``norms`` ‖ε‖ of their steps broadcast against them, ``terms`` the products each sums (0: exact,
+    the pixel basis)."""
+    xp = get_array_module(coords)
+    if terms:
+        coords = xp.maximum(coords - (terms + _COORD_ROUNDING_TERMS) * D_ROUNDING_UNIT * norms, 0.0)
+    return coords * (1.0 - _DIVISION_SLACK)
+
+
+def coordinate_terms(basis: str, input_shape) -> int:
+    """The products each mode coordinate of ``basis`` sums: H·W for the DCT over the last two axes, 0 (exact)
+    for the pixel basis."""
+    return math.prod(tuple(input_shape)[-2:]) if basis == "dct" else 0
 
 
 #: Values of one slice of :func:`_cross_bounds`' (examples × targets × modes) coordinates.
@@ -636,8 +682,11 @@ def _cross_bounds(targeted, basis: str, input_shape) -> object:
         coords = targeted.eps[b0:b1].reshape(((b1 - b0) * K,) + tuple(input_shape))
         if basis == "dct":
             coords = kernels.dct2(coords)
+        norms = xp.sqrt(xp.einsum("bkp,bkp->bk", *2 * (targeted.eps[b0:b1].reshape(b1 - b0, K, p).astype(xp.float64),)))
+        lowered = coordinates_down(xp.abs(coords.reshape(b1 - b0, K, p)), norms[..., None],
+                                   coordinate_terms(basis, input_shape))
         with np.errstate(over="ignore"):
-            per_step = xp.abs(coords.reshape(b1 - b0, K, p)) * inv_sqrt_d[b0:b1, :, None]
+            per_step = lowered * inv_sqrt_d[b0:b1, :, None]
         out[b0:b1] = xp.minimum(per_step.max(axis=1), _FLOAT64_MAX)
     return out
 
@@ -1481,6 +1530,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         modes_basis = basis   # compute() names its Krylov basis so
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
+        if certify or batch.dtype == torch.float64:
+            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size))
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
         z_dtype = "float64" if certify else validation.dtype_name(batch.dtype)
         z_exact = z_dtype == "float64"
@@ -1618,7 +1669,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
-                                 derivative_vanishes=lambda: _derivative_vanishes(model, x))
+                                 derivative_vanishes=lambda: _derivative_vanishes(model, x),
+                                 first=earlier[0] if earlier else None)
             earlier_shifts = magnitude = None
             z_last = None
             if earlier:
@@ -1769,7 +1821,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     if basis == "dct":
                         with profiling.annotate("dct"):
                             coords = kernels.dct2(coords, impl=options.kernels)
-                    coords = xp.abs(coords.reshape(m, restarts, p))
+                    norms = xp.sqrt(xp.einsum("ri,ri->r", eps64, eps64)).reshape(m, restarts, 1)
+                    coords = coordinates_down(xp.abs(coords.reshape(m, restarts, p)), norms,
+                                              coordinate_terms(basis, input_shape))
                     zero_d = d == 0
                     safe_d = xp.where(zero_d, 1.0, d)
                     moved = xp.any(eps64 != 0, axis=1).reshape(m, restarts)
@@ -1802,7 +1856,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     # saturated features) is reported as float64's largest value, still a lower bound.
                     with np.errstate(over="ignore"):
                         per_restart = xp.minimum(coords / xp.sqrt(safe_d)[..., None], _FLOAT64_MAX)
-                        sq = xp.einsum("bri,bri->br", eps64.reshape(m, restarts, p), eps64.reshape(m, restarts, p)) / p
+                        sq = (norms[..., 0] ** 2 / p) * (1.0 - (p + _COORD_ROUNDING_TERMS) * D_ROUNDING_UNIT)
                         mse_r = xp.where(zero_d, xp.where(infinite & (sq > 0), xp.inf, 0.0),
                                          xp.minimum(sq / safe_d, _FLOAT64_MAX))
                     per_restart = xp.where(infinite[..., None] & (coords > 0), xp.inf, per_restart)
@@ -2042,8 +2096,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"params['zero_step_reasons']")
         if degenerate[2]:
             validation.warn(f"{degenerate[2]} restarts found J = 0 at their example (its features do not move with "
-                            f"its input): they bound nothing (0); hcrfast.targeted_bound(..., null_probes=True) "
-                            f"certifies +inf for the modes the features do not see; see params['zero_step_reasons']")
+                            f"its input, or torch's derivative of them is 0 there): they bound nothing (0); where the "
+                            f"features do not see an input, hcrfast.targeted_bound(..., null_probes=True) certifies "
+                            f"+inf for its modes; see params['zero_step_reasons']")
         if degenerate[1]:
             validation.warn(f"D(z) overflowed for {degenerate[1]} restarts (the model moved its features far beyond "
                             f"the noise for a step of the asked size), so they bound nothing (0); a smaller size "

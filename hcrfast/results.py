@@ -326,8 +326,9 @@ class Bounds:
             d = p.get("dense")
             lines.append(f"  dense solve: J built with {float(d.get('jacobian_products', float('nan'))):.1f} products per "
                          f"example (a VJP per nonzero row and 3 products to find them, or one per row or column; and one "
-                         f"VJP that checks J), rank of J "
-                         f"median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; every step exact"
+                         f"VJP that checks J), numerical rank of J (singular values above max(n, p)·eps of its dtype "
+                         f"× the largest) median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; "
+                         f"every step exact"
                          if d else "  dense solve: every step exact")  # (reproduce's merged runs: no per-call counts)
         elif p.get("solver") == "krylov" and not p.get("krylov"):
             lines.append("  Krylov basis per example, every step projected on it")
@@ -384,12 +385,14 @@ class Bounds:
               and not sing and str(p.get("noise", "")).startswith("Gaussian")):
             # the directions would come from this solve's own factorization: no model product, a forward pass a step
             k = min(8, *h.std.shape[-2:])
+            n_feat, p_in = p.get("n_features"), p.get("n_inputs")
+            auto = min(64, n_feat, p_in) if isinstance(n_feat, int) and isinstance(p_in, int) else 64
             lines.append(f"  no extra steps: targets='low:{k}' (hcrfast bound --targets low:{k}: a step aimed at each "
-                         f"of the {k}x{k} lowest modes of a channel) or the default singular_steps='auto' (64 "
-                         f"steps along J's smallest singular directions; this call passed 0) would add certified "
-                         f"steps, their "
-                         f"directions from this solve's own factorization, at one forward pass a step; they can only "
-                         f"raise these bounds (README, 'Tighter bounds')")
+                         f"of the {k}x{k} lowest modes of a channel, one forward pass a step) or the default "
+                         f"singular_steps='auto' ({auto} of J's smallest singular directions, at most min(features, "
+                         f"inputs), each certified with both signs: two forward passes a direction; this call passed "
+                         f"0) would add certified steps, their directions from this solve's own factorization; they "
+                         f"can only raise these bounds (README, 'Tighter bounds')")
         n_inf = int(np.isinf(std).sum())
         if n_inf:
             matched = [_RESTART.match(r) for r in self.infinite_reasons]

@@ -52,7 +52,8 @@ from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, _auto_chunk, _certified_shift,
                                _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
                                _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _rounding_magnitude, _warn_rounding, divergence_underflow, infinite_derivative)
+                               _rounding_magnitude, _warn_rounding, coordinates_down, divergence_underflow,
+                               infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
@@ -369,8 +370,8 @@ class TargetedBounds:
                   f"size={self.params.get('size', float('nan')):.4g})"),
                  quantile_line(vals)]
         if h.null_dim is not None:
-            lines.append(f"  local null space of J: dimension median {np.median(h.null_dim):.0f}, "
-                         f"max {np.max(h.null_dim)}")
+            lines.append(f"  local null space of J (singular values at most max(n, p)·eps of its dtype × the "
+                         f"largest): dimension median {np.median(h.null_dim):.0f}, max {np.max(h.null_dim)}")
         n_inf = int(h.infinite.sum())
         if n_inf:
             lines.append(f"  {n_inf} (example, mode) pairs have bound +inf (D = 0); see .infinite_reasons")
@@ -401,6 +402,17 @@ def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str, from_nu
             f"leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
             f"exists locally (bound +inf); an estimator with a prior (biased) may still reconstruct it")
     return reasons
+
+
+#: A null-space probe's shift is of the order of float64's rounding of the features, by design, and skips the
+#: rounding guards: its D is taken at ``|z_j| + _NULL_PROBE_ROUNDING·u·m_j`` per feature (u = 2^-53, m_j the
+#: rounding scale: the clean feature, or :func:`hcrfast.algorithm._rounding_magnitude`), the upper end of
+#: what z's rounding can hide, so that its bound stays below the exact one. (A direction that float32's rank
+#: tolerance took for null, singular value 5e-7 of the largest, gave bounds 1.0000009× the exact
+#: least-squares std from its float64 D, shift 1e-9 against features of order 1.) A probe whose features did
+#: not move at all keeps D = 0 (+inf, where proven).
+_NULL_PROBE_ROUNDING = 64
+_U64 = float(np.finfo(np.float64).eps) / 2
 
 
 def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False,
@@ -443,8 +455,12 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     def store(rows, e64, z64):
         eps64[rows] = e64
         rel[rows] = _rounding_error(scale[example_of[rows]], z64)
+        moved = xp.any(z64 != 0, axis=1)
+        if null_probes:  # shifts of the order of their rounding: D at the bracket's upper end (see there)
+            z64 = xp.where(moved[:, None], xp.abs(z64) + _NULL_PROBE_ROUNDING * _U64 * xp.abs(
+                scale[example_of[rows]].reshape(z64.shape).astype(xp.float64)), z64)
         d[rows] = divergence_of(noise, z64)
-        moves[rows] = xp.any(z64 != 0, axis=1)
+        moves[rows] = moved
 
     def work(rows, pair):
         store(rows, *shift(rows, pair))
@@ -457,7 +473,8 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     underflow = int(to_host(((d == 0) & moves).sum()))
     if underflow:
         raise ValueError(divergence_underflow(noise, underflow))
-    coord = xp.abs(xp.einsum("rp,rp->r", eps64, q))
+    coord = coordinates_down(xp.abs(xp.einsum("rp,rp->r", eps64, q)), xp.sqrt(xp.einsum("rp,rp->r", eps64, eps64)),
+                             q.shape[1])
     zero_d = d == 0
     value = coord / xp.sqrt(xp.where(zero_d, 1.0, d))
     # D = 0 proves +inf only from float64 passes (taken as exact): uncertified float32 ones may only
@@ -720,6 +737,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
+        if certify or batch.dtype == torch.float64:
+            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size))
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
         params = {"sigma": sigma, "noise": noise.describe(), "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,

@@ -423,6 +423,68 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         probe_independent(model, batch, features_of(model, batch), mode=mode, rtol=rtol)
 
 
+#: :func:`check_repeatable`: a gap between two float64 computations of the same features, over the feature
+#: shift the bounds rest on (size × the noise's scale), above which D is not that of a function of the input
+#: (refused), and above which it may have moved D (warned), as float64's rounding (``hcrfast.algorithm``).
+REPEAT_LIMIT = 1e-3
+REPEAT_TOLERANCE = 1e-6
+#: Gaps up to this share of an example's feature norm are float64's rounding (another batch size takes other
+#: kernels), not a model that changes: left to the rounding guards, which see shifts that small.
+REPEAT_ROUNDING = 2.0 ** -40
+
+
+def noise_shift(noise, size: float) -> float:
+    """The feature shift Algorithm 1's steps aim at, ``‖z‖ ≈ size × the law's RMS``: the law's RMS from 4096
+    draws of a fixed generator (any law, a user's included)."""
+    draws = np.asarray(noise.sample(np.random.default_rng(0), (1, 4096)), dtype=np.float64)
+    return float(size * np.sqrt(np.mean(draws ** 2)))
+
+
+def check_repeatable(model64, batch: torch.Tensor, shift: float) -> None:
+    """Refuse a certifying (float64) model whose features are not a function of each input at the scale the
+    bounds need: the batch's features computed again, in reverse order and in two halves, and a few examples
+    alone, against the whole batch's (three float64 forwards of the batch and four of one example), by the
+    per-example gap's norm (less :data:`REPEAT_ROUNDING` of the features' norm: rounding) over ``shift``
+    (:func:`noise_shift`): above :data:`REPEAT_LIMIT` refused, above :data:`REPEAT_TOLERANCE` warned.
+    :func:`probe_independent` checks the model's own dtype at 1e-4 of the features' size, which the noise of
+    a slightly random model (2e-5 on features of order 1, against shifts of 1.5e-3) or a faint mix of the
+    batch's examples passed: their bounds came out up to 1.066× a deterministic model's."""
+    from hcrfast.algorithm import forward
+
+    B = batch.shape[0]
+    rows = sorted({0, 1, 2, B - 1} & set(range(B)))
+    x64 = batch.double()
+    with torch.no_grad():
+        whole = forward(model64, x64).reshape(B, -1)
+        again = forward(model64, x64).reshape(B, -1)
+        flipped = forward(model64, x64.flip(0)).reshape(B, -1).flip(0)
+        h = (B + 1) // 2
+        halves = torch.cat([forward(model64, x64[:h]).reshape(h, -1)]
+                           + ([forward(model64, x64[h:]).reshape(B - h, -1)] if B > h else []))
+        alone = torch.cat([model64(x64[i:i + 1]).reshape(1, -1) for i in rows])
+
+    def gap(other, at=slice(None)):   # beyond float64's rounding: 2^-40 of the features' norm (~1e4 ulps)
+        return ((other - whole[at]).norm(dim=1) - REPEAT_ROUNDING * whole[at].norm(dim=1)).clamp_min(0).max()
+
+    gaps = {"a second call": gap(again), "the batch in reverse order": gap(flipped),
+            "the batch in two halves": gap(halves), "each example alone": gap(alone, rows)}
+    what, gap = max(gaps.items(), key=lambda kv: float(kv[1]))
+    ratio = float(gap) / shift if shift > 0 else math.inf
+    if not ratio > REPEAT_TOLERANCE:   # (NaN features are refused elsewhere)
+        return
+    text = (f"the float64 model's features of one example differ by up to {float(gap):.3g} (norm, past rounding) "
+            f"between the whole "
+            f"batch and {what}, {ratio:.3g} of the feature shifts the bounds rest on (size x the noise's scale = "
+            f"{shift:.3g})")
+    if ratio > REPEAT_LIMIT:
+        raise ValueError(f"{text}: the features are not a fixed function of each input (a forward that draws random "
+                         f"numbers, updates its own state, or mixes the examples of a batch), so D(z) would carry "
+                         f"that change and the bounds would not be rigorous; make the forward deterministic, "
+                         f"stateless and example by example")
+    warn(f"{text}: D may carry that change, and the bounds with it, by about {2 * ratio:.2g} (relative); make the "
+         f"forward deterministic, stateless and example by example")
+
+
 def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products

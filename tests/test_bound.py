@@ -1228,7 +1228,9 @@ def test_cross_bounds_leave_out_steps_whose_own_bound_was_withheld():
                        divergence=d, eps=eps.reshape((1, 4) + shape), infinite=np.isinf(std).reshape((1,) + shape),
                        from_null_space=np.zeros((1, 4), bool), null_dim=None, null_fraction=None,
                        lsqr_iterations=None, lsqr_istop=None, method="dense")
-    np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape), [[0.5, 1.0, 0.0, 0.0]])
+    got, exact = _cross_bounds(t, "pixel", shape), np.array([[0.5, 1.0, 0.0, 0.0]])
+    assert np.all(got <= exact)   # rounded down (hcrfast.algorithm.coordinates_down), by a few ulps only
+    np.testing.assert_allclose(got, exact, rtol=1e-14)
     # a null-space probe's step (D rounding by design, unguarded) bounds its own mode only
     t.from_null_space = np.array([[True, False, False, False]])
     np.testing.assert_array_equal(_cross_bounds(t, "pixel", shape), [[0.0, 0.0, 0.0, 0.0]])
@@ -1546,3 +1548,126 @@ def test_features_cancelled_down_from_large_inputs_are_no_silent_rounding(solver
     assert any("float64's rounding" in str(w.message) for w in caught)
     assert np.all(res.std.reshape(2, -1) ** 2 <= sigma**2 * np.diag(cov) * (1 + 1e-3))
     assert np.all(res.mse_from_modes <= sigma**2 * np.trace(cov) / p * (1 + 1e-3))
+
+
+@pytest.mark.parametrize("basis", ["pixel", "dct"])
+def test_each_bound_is_at_most_the_exact_one_of_its_certified_step(basis):
+    """A bound is |c_k|/√D from float64 arithmetic: D (a sum of n terms, then expm1) and c_k (a DCT of ε) may
+    each round either way, and the bound with them could pass the exact |c_k|/√D of the very step it reports
+    by an ulp or a few. Both are rounded outward (hcrfast.noise.divergence_of, algorithm.coordinates_down):
+    every bound is at most the exact one of its step (ε and z as reported), from 40-digit mpmath, over 16
+    examples; the pixel basis, exact in c_k, and the DCT both."""
+    mpmath = pytest.importorskip("mpmath")
+    shape = (1, 4, 5)
+    p = math.prod(shape)
+    gen = torch.Generator().manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(p, 30, bias=False)).double().eval()
+    with torch.no_grad():
+        model[1].weight.copy_(torch.randn(30, p, generator=gen, dtype=torch.float64))
+    x = torch.randn((16,) + shape, generator=gen, dtype=torch.float64)
+    sigma = 0.37
+    res = hcrfast.bound(model, x, sigma, restarts=1, iterations=2, iterates="last", singular_steps=0, basis=basis)
+    H, W = shape[1:]
+    with mpmath.workdps(40):
+        def dct_matrix(N):
+            return [[mpmath.sqrt(mpmath.mpf(1 if k == 0 else 2) / N) * mpmath.cos(mpmath.pi * (2 * j + 1) * k / (2 * N))
+                     for j in range(N)] for k in range(N)]
+
+        ch, cw = dct_matrix(H), dct_matrix(W)
+        for e in range(x.shape[0]):
+            eps = [[mpmath.mpf(float(v)) for v in row] for row in res.eps[e].reshape(H, W)]
+            d = mpmath.expm1(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in res.z[e].ravel()) / mpmath.mpf(sigma) ** 2)
+            norm = mpmath.sqrt(mpmath.fsum(v ** 2 for row in eps for v in row))
+            for k in range(H):
+                for m in range(W):
+                    c = eps[k][m] if basis == "pixel" else mpmath.fsum(
+                        ch[k][h] * cw[m][w] * eps[h][w] for h in range(H) for w in range(W))
+                    got = mpmath.mpf(float(res.std[e, 0, k, m]))
+                    assert got <= abs(c) / mpmath.sqrt(d)
+                    assert got >= (abs(c) - 1e-13 * norm) / mpmath.sqrt(d)   # lowered by its rounding only
+
+
+class _NoisyOrMixing(torch.nn.Module):
+    """tanh(Wx + b), plus ``noise`` × randn, plus ``mix`` × the batch's mean, plus ``pair`` × row 4 on row 3."""
+
+    def __init__(self, noise=0.0, mix=0.0, pair=0.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(36, 20)
+        self.noise, self.mix, self.pair = noise, mix, pair
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x.flatten(1)))
+        if self.mix:
+            y = y + self.mix * y.mean(0, keepdim=True)
+        if self.pair and len(y) > 4:
+            y = torch.cat([y[:3], y[3:4] + self.pair * y[4:5], y[4:]])
+        return y + self.noise * torch.randn_like(y) if self.noise else y
+
+
+@pytest.mark.parametrize("kind", [dict(noise=2e-5), dict(mix=3e-5), dict(pair=0.5)])
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_features_that_are_not_a_function_of_each_input_at_the_shifts_scale_are_refused(kind, entry):
+    """A model slightly random (2e-5 on features of order 1), mixing the batch faintly (3e-5 × its mean) or
+    mixing two rows the entry probe does not look at passed it (1e-4 of the features' size): bounds came out
+    up to 1.066× the deterministic model's, with no warning (the dense solve blamed torch's batching rules).
+    What counts is the gap against the feature shifts, size·σ = 1.5e-3: refused, with the gap and the shift."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 1, 6, 6)
+    model = _NoisyOrMixing(**kind).eval()
+    call = hcrfast.bound if entry == "bound" else hcrfast.targeted_bound
+    kw = dict(restarts=2, iterations=2) if entry == "bound" else dict(targets="low:2")
+    with pytest.raises(ValueError, match=r"not a fixed function of each input .* shifts the bounds rest on|"
+                                         r"of the feature shifts the bounds rest on .*not a fixed function"):
+        call(model, x, 0.3, **kw)
+
+
+def test_a_model_random_far_below_the_shifts_scale_warns_then_passes_silently():
+    """Randomness of 1e-9 on features of order 1 moves D by ~1e-5 at shifts of 1.5e-3: a warning naming that
+    share; 1e-12, ~1e-8: nothing said, and the bounds are the deterministic model's to 1e-7."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 6, 6)
+    clean = _NoisyOrMixing().eval()
+    exact = hcrfast.bound(clean, x, 0.3, restarts=2, iterations=2)
+    for noise, warned in ((1e-9, True), (1e-12, False)):
+        model = _NoisyOrMixing(noise=noise).eval()
+        model.load_state_dict(clean.state_dict())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = hcrfast.bound(model, x, 0.3, restarts=2, iterations=2)
+        said = [str(w.message) for w in caught if "feature shifts the bounds rest on" in str(w.message)]
+        assert bool(said) == warned, said
+        np.testing.assert_allclose(res.std, exact.std, rtol=1e-4 if warned else 1e-7)
+
+
+class _Asin(torch.nn.Module):
+    def forward(self, x):
+        return torch.asin(x.flatten(1))
+
+
+def test_features_nan_beside_the_inputs_are_named_as_the_models_domain():
+    """asin at 0.99999: θ + ε leaves its domain, the features come out NaN, and the NaN spreads to the later
+    iterates' ε. The error said σ asked for steps float64 cannot hold, advising the σ and the float64 model
+    the call already had; it now names the model's domain (and overflow, the other way to NaN)."""
+    x = torch.full((2, 1, 4, 4), 0.99999, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"features came out NaN at theta \+ eps in 4 of 4 steps although their "
+                                         r"eps is finite .* not defined just beside these inputs"):
+        hcrfast.bound(_Asin().eval(), x, 1.5, restarts=2, iterations=2)
+
+
+class _Square(torch.nn.Module):
+    def forward(self, x):
+        return x.flatten(1) ** 2
+
+
+def test_a_zero_derivative_where_a_finite_step_moves_the_features_is_named_j_0():
+    """x**2 at a black example: torch's J is 0 there though a finite step moves the features. Its restarts
+    were said to have eps 0 from "a step outside the range the solver's dtype resolves"; they are J = 0, and
+    the +inf of targeted_bound's null probes (for inputs the features do not see) is not offered."""
+    x = torch.zeros(2, 1, 4, 4)
+    x[1] = torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.5
+    with pytest.warns(UserWarning, match=r"2 restarts found J = 0 at their example .*torch's derivative of them is 0"):
+        res = hcrfast.bound(_Square().eval(), x, 1.0, restarts=2, iterations=2)
+    reasons = res.params["zero_step_reasons"]
+    assert len(reasons) == 2 and all(r.startswith("example 0") for r in reasons)
+    assert all("J = 0 here (torch's derivative of the features is 0" in r and "null_probes" not in r for r in reasons)
+    assert float(res.std[0].max()) == 0.0 and float(res.std[1].min()) > 0

@@ -460,6 +460,43 @@ def test_a_d_float64_cannot_resolve_is_refused_not_certified():
         assert 0.3 < float(res.std.max()) <= 1.0
 
 
+def _exact_d(law, z, scale):
+    """D of ``law`` for the float64 row ``z`` at 40 digits (mpmath): Gaussian expm1(Σ z²/σ²), Laplace
+    Π_j (1 + χ²_j) − 1 with 1 + χ²_j = (2/3)e^{t} + (1/3)e^{−2t}, t = |z_j|/b."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        s = mpmath.mpf(scale)
+        if law == "gaussian":
+            return mpmath.expm1(mpmath.fsum(mpmath.mpf(float(v)) ** 2 for v in z) / s ** 2)
+        ts = [abs(mpmath.mpf(float(v))) / s for v in z]
+        return mpmath.expm1(mpmath.fsum(mpmath.log(2 * mpmath.e ** t / 3 + mpmath.e ** (-2 * t) / 3) for t in ts))
+
+
+@pytest.mark.parametrize("law,n,size", [("gaussian", 1500, 5e-3), ("gaussian", 50, 0.4), ("gaussian", 200, 2.0),
+                                        ("laplace", 200, 5e-3), ("laplace", 40, 0.5)])
+def test_divergence_of_rounds_d_up_never_below_the_exact_d(law, n, size):
+    """float64's D may fall an ulp or a few below the exact one (a sum of n terms, then expm1), and a bound
+    |c|/√D with it above the exact bound: divergence_of, the one way bound evaluates D, rounds it up past
+    that. Exact: 40-digit mpmath from the same float64 z. The law's own D falls below it on some rows (so the
+    check can fail), divergence_of's on none, and stays within a relative (n + 16)·2^-51·(1 + ln(1 + D))."""
+    import mpmath
+
+    from hcrfast.noise import divergence_of
+
+    noise = Gaussian(0.7) if law == "gaussian" else Laplace(0.7)
+    z = np.random.default_rng(n).standard_normal((40, n)) * size * 0.7 / math.sqrt(n)
+    raw, up = noise.divergence(z), divergence_of(noise, z)
+    below_raw = 0
+    with mpmath.workdps(40):
+        for r, u, row in zip(raw, up, z):
+            exact = _exact_d(law, row, 0.7)
+            below_raw += mpmath.mpf(float(r)) < exact
+            assert mpmath.mpf(float(u)) >= exact
+            assert (mpmath.mpf(float(u)) - exact) / exact <= (n + 16) * 2.0 ** -51 * (1 + float(mpmath.log1p(exact)))
+    assert below_raw > 0
+
+
 # ------------------------------------------------------------------ Monte Carlo at large shifts
 def _chi2_quad(logpdf, t, points):
     """χ²(t) = ∫ f(x − t)²/f(x) dx − 1 by 30-digit quadrature (mpmath), split at ``points``."""

@@ -215,3 +215,13 @@ def test_summary_points_to_targets_only_where_the_solve_gives_them_cheaply(kw, h
             more = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, **(kw | extra))
             assert np.all(more.std >= res.std) and np.any(more.std > res.std)
             assert "no extra steps" not in more.summary()
+
+
+def test_the_no_extra_steps_hint_states_what_auto_would_take_and_cost():
+    """The hint under singular_steps=0 said "64 steps" at "one forward pass a step": auto takes at most
+    min(features, inputs) directions (16 here), each certified with both signs (two forward passes)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    text = hcrfast.bound(model, x, 0.1, restarts=1, iterations=1, singular_steps=0).summary()
+    assert "singular_steps='auto' (16 of J's smallest singular directions" in text
+    assert "two forward passes a direction" in text and "(64" not in text

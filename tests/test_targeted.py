@@ -578,3 +578,26 @@ def test_a_float16_model_takes_targeted_lsqr_steps_from_bound():
     got = res.targeted.std.reshape(B, -1)[:, modes] / ls_std[modes]
     assert np.all(res.std.reshape(B, -1) / ls_std <= 1 + 1e-6)
     assert got.max() <= 1 + 1e-6 and got.min() >= 0.5, got
+
+
+def test_a_null_space_probes_bound_stays_below_the_exact_std_where_rounding_sets_its_d():
+    """A direction float32's rank tolerance takes for null (a column of weight 1e-6: singular value 5e-7 of the
+    largest) is probed by a null-space step whose feature shift (~1e-9 against features of order 1) is of the
+    order of its float64 rounding. Its D came from that shift as computed: the bounds were 1.0000009× the
+    exact least-squares std (SVD oracle) on every mode. D is now taken at the upper end of what the rounding
+    can hide: every bound at most the oracle, still within 1e-5 of it."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((40, 36))
+    A[:, 5] *= 1e-6
+    A = A.astype(np.float32).astype(np.float64)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 40, bias=False)).eval()
+    with torch.no_grad():
+        model[1].weight.copy_(torch.as_tensor(A))
+    x = torch.tensor(rng.standard_normal((1, 1, 6, 6)), dtype=torch.float32)
+    tb = targeted_bound(model, x, 0.1, targets="all", method="dense")
+    Q = dct_basis((1, 6, 6))          # rows: the orthonormal DCT modes
+    U, S, Vt = np.linalg.svd(A, full_matrices=False)
+    oracle = 0.1 * np.linalg.norm((Q @ Vt.T) / S, axis=1)
+    assert tb.from_null_space.all()
+    ratio = tb.std.reshape(-1) / oracle
+    assert ratio.max() <= 1.0 and ratio.min() > 1 - 1e-5
