@@ -210,7 +210,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model, inputs and solver run (default cpu)")
     p.add_argument("--double", action="store_true",
-                   help="run the model and inputs in float64 (default: float32, or the weights' own float dtype)")
+                   help="run the model and inputs in float64 (default: float32, or float64 where the weights are; "
+                        "float16 and bfloat16 weights run in float32, with a warning)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="torch's CPU threads (and the host LAPACK threads of the dense and Krylov solves)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -673,6 +674,10 @@ def _run(args: argparse.Namespace) -> int:
         floats = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
         dtype = torch.float64 if args.double else (floats[0] if floats and floats[0] == torch.float64
                                                    else torch.float32)
+        if floats and floats[0] in (torch.float16, torch.bfloat16) and not args.double:
+            warnings.warn(f"the model's weights are {str(floats[0]).replace('torch.', '')}: hcrfast bound runs a "
+                          f"float32 copy of it, and the bounds are that copy's (hcrfast.bound in Python runs a "
+                          f"float16 model as it is); pass --double for float64", UserWarning, stacklevel=2)
         # Under torchrun each process takes the GPU of its local rank (as `reproduce` does).
         device = torch.device(args.device if args.device == "cpu" or world == 1
                               else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")

@@ -304,6 +304,11 @@ def model_dtype_device(model, batch: torch.Tensor) -> None:
                 raise ValueError(f"the model is on {p.device} but the batch is on {batch.device}; "
                                  f"move both to one device (model.to(device), batch.to(device))")
             break
+    elsewhere = [name for name, p in (model.named_parameters() if params else ()) if p.device != batch.device]
+    if elsewhere:   # a model split over devices: torch's own error named no parameter
+        raise ValueError(f"the model's parameters {elsewhere[:5]}{' ...' if len(elsewhere) > 5 else ''} are not on "
+                         f"{batch.device}, the batch's device (a model split over devices is not supported); move the "
+                         f"whole model there (model.to({str(batch.device)!r}))")
 
 
 def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tensor:

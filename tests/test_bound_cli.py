@@ -861,3 +861,13 @@ def test_summary_json_is_strict_json_with_null_for_a_statistic_over_nothing(file
     s = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
     assert s["attack"]["std_ratio_median"] is None and s["attack"]["significant_bias"] is None
     assert s["attack"]["median"] > 0
+
+
+def test_a_float16_model_is_run_in_float32_with_a_warning(files):
+    """A float16 model named on the command line was cast to float32 without a word (--help said the weights'
+    own dtype was kept): the bounds are the float32 copy's, now said."""
+    tmp_path, _ = files
+    (tmp_path / "half.py").write_text(MODEL_FILE + "\n\ndef half():\n    return Net(seed=1).half()\n")
+    with pytest.warns(UserWarning, match=r"the model's weights are float16: hcrfast bound runs a float32 copy"):
+        assert _bound([f"{tmp_path / 'half.py'}:half", tmp_path / "x.pt", *TINY, "--out", tmp_path / "run"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["params"]["dtype"] == "float32"

@@ -1062,3 +1062,12 @@ def test_reverse_mode_products_that_are_not_adjoint_are_named(x):
         hcrfast.bound(Model(_NonLinearBackward.apply).eval(), x, 0.05, solver="lsqr", **QUICK)
     res = hcrfast.bound(Model(torch.tanh).eval(), x, 0.05, solver="lsqr", **QUICK)  # the same forward, torch's backward
     assert np.all(np.isfinite(res.std))
+
+
+def test_a_model_split_over_devices_is_refused_naming_its_parameters():
+    """Only the first parameter's device was checked: one layer on the meta device gave torch's own "Tensor on
+    device meta is not on the expected device cpu", naming nothing."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    model[3].to("meta")
+    with pytest.raises(ValueError, match=r"parameters \['3.weight', '3.bias'\] are not on cpu"):
+        hcrfast.bound(model.eval(), torch.randn(2, 1, 4, 4), 0.1, restarts=1, iterations=1)
