@@ -490,6 +490,22 @@ def check_repeatable(model64, batch: torch.Tensor, shift: float) -> None:
          f"forward deterministic, stateless and example by example")
 
 
+def _finite_in_float64(model, probe: torch.Tensor, tangent: torch.Tensor, mode: str) -> bool:
+    """Whether example 0's J v, inf in the model's dtype, is finite from a float64 copy (an overflow, not an
+    infinite derivative such as sqrt's at 0). False where no copy can be made or run."""
+    from hcrfast.bindings import TorchJacobian, from_torch, to_torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model64 = copy.deepcopy(model).double()
+        jv = to_torch(TorchJacobian(model64, probe[:1].double(), mode=mode).matvec(
+            from_torch(tangent[:1].double().reshape(1, -1))))
+    except Exception:   # a plain function, a cast inside the forward: say what the dtype's J v says
+        return False
+    return bool(torch.isfinite(jv).all())
+
+
 def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
@@ -601,6 +617,13 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
 
     jv = product(mode)
     bad = ~torch.isfinite(jv[0])
+    if bool(bad.any()) and not bool(torch.isnan(jv[0]).any()) and jv.dtype != torch.float64 and _finite_in_float64(
+            model, probe, tangent, mode):
+        raise ValueError(f"the model's Jacobian product J v at example 0 overflows {dtype_name(jv.dtype)} (inf in "
+                         f"{int(bad.sum())} of its {bad.numel()} features, jacobian={mode!r}) though the features "
+                         f"are finite: a derivative beyond the dtype's range (exp of a large input, say); run the "
+                         f"model and batch in float64 (model.double(), batch.double()), or scale the inputs or "
+                         f"features nearer 1")
     if bool(bad.any()):
         how_jv = "double backward" if mode == "reverse" else "forward AD"
         raise ValueError(f"the model's Jacobian product J v at example 0 is NaN or inf in {int(bad.sum())} of its "

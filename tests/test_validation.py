@@ -1071,3 +1071,25 @@ def test_a_model_split_over_devices_is_refused_naming_its_parameters():
     model[3].to("meta")
     with pytest.raises(ValueError, match=r"parameters \['3.weight', '3.bias'\] are not on cpu"):
         hcrfast.bound(model.eval(), torch.randn(2, 1, 4, 4), 0.1, restarts=1, iterations=1)
+
+
+class _Exp80(torch.nn.Module):
+    def forward(self, x):
+        return torch.exp(80 * x.flatten(1))
+
+
+class _Sqrt(torch.nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x.flatten(1))
+
+
+def test_a_derivative_that_overflows_the_dtype_is_told_from_an_infinite_one():
+    """exp(80x) at x = 1.1 in float32: finite features (1.7e38), a derivative past float32's range. It was
+    refused as "undefined at this input (a square root or a norm at 0)"; it now says overflow and float64,
+    which a float64 copy's finite J v tells apart from sqrt's truly infinite derivative at 0."""
+    with pytest.raises(ValueError, match=r"J v at example 0 overflows float32 .* run the model and batch in float64"):
+        hcrfast.bound(_Exp80().eval(), torch.full((2, 1, 3, 3), 1.1), 0.1, restarts=2, iterations=2)
+    x = torch.rand(2, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 0, 0] = 0
+    with pytest.raises(ValueError, match=r"J v at example 0 is NaN or inf .*a square root or a norm at 0"):
+        hcrfast.bound(_Sqrt().eval(), x, 0.1, restarts=2, iterations=2)
