@@ -388,10 +388,11 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
         if derivative_vanishes is not None and derivative_vanishes():
             raise ValueError("every step's eps came out 0 because torch's derivative of the features is 0 at every "
                              "example, although a finite step of the inputs moves them: the features are piecewise "
-                             "constant (floor, round, sign, argmax, a quantizer), and Algorithm 1 follows the "
-                             "derivative, so it finds no direction whatever sigma; bound the features before that "
-                             "step (a model that returns them unrounded), or give the step a derivative (a "
-                             "straight-through estimator) and certify the bound by its forward passes as usual")
+                             "constant (floor, round, sign, argmax, a quantizer) or flat at these inputs (x**2 or "
+                             "x**3 at 0), and Algorithm 1 follows the derivative, so it finds no direction whatever "
+                             "sigma; bound inputs where the derivative is not 0, or the features before that step (a "
+                             "model that returns them unrounded), or give the step a derivative (a straight-through "
+                             "estimator) and certify the bound by its forward passes as usual")
     if n_bad and not n_eps_bad:   # ε finite, its features NaN: the model's domain, or its features overflowed
         raise ValueError(f"the model's features came out NaN at theta + eps in {n_bad} of {eps64.shape[0]} steps "
                          f"although their eps is finite ({noise.describe().split(':')[0]}, size={size:g}): the model "
@@ -1531,7 +1532,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
-            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size))
+            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=jacobian)
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
         z_dtype = "float64" if certify else validation.dtype_name(batch.dtype)
         z_exact = z_dtype == "float64"

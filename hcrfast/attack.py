@@ -737,7 +737,7 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
                              f"{attack.params[k]}: not the same model; compute both with one model and batch")
     levels = [float(q) for q in np.atleast_1d(np.asarray(quantiles, dtype=np.float64))]
     if any(not 0 <= q <= 1 for q in levels):
-        raise ValueError(f"quantiles must lie in [0, 1], got {tuple(quantiles)}")
+        raise ValueError(f"quantiles must lie in [0, 1], got {tuple(levels)}")
     if np.any(std < 0) or np.any(np.isnan(std)):
         raise ValueError("bounds.std contains negative or NaN values; pass the std of an hcrfast bound")
 

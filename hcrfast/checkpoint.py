@@ -32,8 +32,10 @@ __all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmeti
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
 # /2: float64-rounded D = 0 bounds 0, not +inf; /3: the rounding estimate counts input-sized terms a
 # feature cancels down from (algorithm._rounding_magnitude) (both 2026-11-25); /4: targeted parts carry
-# their bounds on every mode (std_every_mode), and hcrfast.bound's drop the steps unless kept (2026-11-26)
-FORMAT = "hcrfast.bound checkpoint/4"
+# their bounds on every mode (std_every_mode), and hcrfast.bound's drop the steps unless kept (2026-11-26);
+# /5: D rounded up and mode coordinates down past float64's rounding, null-space probes' D at the top of their
+# rounding bracket (2026-11-30): a chunk from before may hold bounds an ulp or a few above its step's exact one
+FORMAT = "hcrfast.bound checkpoint/5"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 

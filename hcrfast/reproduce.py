@@ -77,8 +77,9 @@ DEFAULT_RESTARTS = 25
 DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 8, "swin_t": 8}
 _TRAINED_HERE = {"digits"}
 # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why; 4: a chunk's targeted steps bound every
-# mode they move, not only their own (all 2026-11-25); older are refused
-_FORMAT = 4
+# mode they move, not only their own (all 2026-11-25); 5: bounds rounded outward, as hcrfast.bound checkpoint/5
+# (2026-11-30); older are refused
+_FORMAT = 5
 # A rerun takes σ from run.json; one computed afresh must agree to this relative tolerance
 # (the float32 features may differ in the last bits with the thread count).
 _SIGMA_RTOL = 1e-5

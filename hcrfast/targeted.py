@@ -738,7 +738,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
-            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size))
+            validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=lsqr_mode)
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
         params = {"sigma": sigma, "noise": noise.describe(), "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
@@ -782,7 +782,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/4"  # /2, /3, /4: as hcrfast.bound checkpoint/2, /3, /4
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/5"  # /2 … /5: as hcrfast.bound checkpoint/2 … /5
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:

@@ -433,9 +433,11 @@ def check_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
 #: (refused), and above which it may have moved D (warned), as float64's rounding (``hcrfast.algorithm``).
 REPEAT_LIMIT = 1e-3
 REPEAT_TOLERANCE = 1e-6
-#: Gaps up to this share of an example's feature norm are float64's rounding (another batch size takes other
-#: kernels), not a model that changes: left to the rounding guards, which see shifts that small.
+#: Gaps up to this share of the norm of an example's rounding scale are float64's rounding (another batch
+#: size takes other kernels), not a model that changes: left to the rounding guards, which see shifts that small.
 REPEAT_ROUNDING = 2.0 ** -40
+#: The examples :func:`check_repeatable` probes (their forwards hold a few rows, whatever the batch).
+REPEAT_ROWS = 8
 
 
 def noise_shift(noise, size: float) -> float:
@@ -445,49 +447,50 @@ def noise_shift(noise, size: float) -> float:
     return float(size * np.sqrt(np.mean(draws ** 2)))
 
 
-def check_repeatable(model64, batch: torch.Tensor, shift: float) -> None:
+def check_repeatable(model64, batch: torch.Tensor, shift: float, *, jacobian: str = "reverse") -> None:
     """Refuse a certifying (float64) model whose features are not a function of each input at the scale the
-    bounds need: the batch's features computed again, in reverse order and in two halves, and a few examples
-    alone, against the whole batch's (three float64 forwards of the batch and four of one example), by the
-    per-example gap's norm (less :data:`REPEAT_ROUNDING` of the features' norm: rounding) over ``shift``
-    (:func:`noise_shift`): above :data:`REPEAT_LIMIT` refused, above :data:`REPEAT_TOLERANCE` warned.
+    bounds need. On the first :data:`REPEAT_ROWS` examples (a probe: the memory of a few rows, whatever the
+    batch), their features computed again, in reverse order and one example at a time, against those of the
+    probe batch, by each example's gap, past float64's rounding (:data:`REPEAT_ROUNDING` of the norm of its
+    features' rounding scale, :func:`hcrfast.algorithm._rounding_magnitude`: ``|a_i|``, or the input-sized
+    terms ``|J(θ⊙r)|_i`` a feature may cancel down from, where one row and a batch round differently), over
+    ``shift`` (:func:`noise_shift`): above :data:`REPEAT_LIMIT` refused, above :data:`REPEAT_TOLERANCE` warned.
     :func:`probe_independent` checks the model's own dtype at 1e-4 of the features' size, which the noise of
     a slightly random model (2e-5 on features of order 1, against shifts of 1.5e-3) or a faint mix of the
     batch's examples passed: their bounds came out up to 1.066× a deterministic model's."""
-    from hcrfast.algorithm import forward
+    from hcrfast.algorithm import _rounding_magnitude
+    from hcrfast.bindings import from_torch, to_torch
 
-    B = batch.shape[0]
-    rows = sorted({0, 1, 2, B - 1} & set(range(B)))
-    x64 = batch.double()
+    x64 = batch[:REPEAT_ROWS].double()
+    k = x64.shape[0]
     with torch.no_grad():
-        whole = forward(model64, x64).reshape(B, -1)
-        again = forward(model64, x64).reshape(B, -1)
-        flipped = forward(model64, x64.flip(0)).reshape(B, -1).flip(0)
-        h = (B + 1) // 2
-        halves = torch.cat([forward(model64, x64[:h]).reshape(h, -1)]
-                           + ([forward(model64, x64[h:]).reshape(B - h, -1)] if B > h else []))
-        alone = torch.cat([model64(x64[i:i + 1]).reshape(1, -1) for i in rows])
+        probe = model64(x64).reshape(k, -1)
+        again = model64(x64).reshape(k, -1)
+        flipped = model64(x64.flip(0)).reshape(k, -1).flip(0)
+        alone = torch.cat([model64(x64[i:i + 1]).reshape(1, -1) for i in range(k)])
+    def worst_gap(allowance):
+        gaps = {what: ((other - probe).norm(dim=1) - allowance).clamp_min(0).max() for what, other in (
+            ("a second call", again), ("the batch in reverse order", flipped), ("each example alone", alone))}
+        what, worst = max(gaps.items(), key=lambda kv: float(kv[1]))
+        return what, worst, (float(worst) / shift if shift > 0 else math.inf)
 
-    def gap(other, at=slice(None)):   # beyond float64's rounding: 2^-40 of the features' norm (~1e4 ulps)
-        return ((other - whole[at]).norm(dim=1) - REPEAT_ROUNDING * whole[at].norm(dim=1)).clamp_min(0).max()
-
-    gaps = {"a second call": gap(again), "the batch in reverse order": gap(flipped),
-            "the batch in two halves": gap(halves), "each example alone": gap(alone, rows)}
-    what, gap = max(gaps.items(), key=lambda kv: float(kv[1]))
-    ratio = float(gap) / shift if shift > 0 else math.inf
+    # the features' own norm first (|a_i| <= m_i: a smaller allowance); the rounding scale's JVP only if needed
+    what, worst, ratio = worst_gap(REPEAT_ROUNDING * probe.norm(dim=1))
+    if ratio > REPEAT_TOLERANCE:
+        scale = to_torch(_rounding_magnitude(model64, x64, from_torch(probe), jacobian)).reshape(k, -1)
+        what, worst, ratio = worst_gap(REPEAT_ROUNDING * scale.norm(dim=1))
     if not ratio > REPEAT_TOLERANCE:   # (NaN features are refused elsewhere)
         return
-    text = (f"the float64 model's features of one example differ by up to {float(gap):.3g} (norm, past rounding) "
-            f"between the whole "
-            f"batch and {what}, {ratio:.3g} of the feature shifts the bounds rest on (size x the noise's scale = "
-            f"{shift:.3g})")
+    text = (f"the float64 model's features of one example differ by up to {float(worst):.3g} (norm, past float64's "
+            f"rounding) between a batch of {k} examples and {what}, {ratio:.3g} of the feature shifts the bounds "
+            f"rest on (size x the noise's scale = {shift:.3g})")
     if ratio > REPEAT_LIMIT:
         raise ValueError(f"{text}: the features are not a fixed function of each input (a forward that draws random "
-                         f"numbers, updates its own state, or mixes the examples of a batch), so D(z) would carry "
-                         f"that change and the bounds would not be rigorous; make the forward deterministic, "
-                         f"stateless and example by example")
+                         f"numbers, updates its own state, or mixes the examples of a batch, or a float32 step inside "
+                         f"the float64 copy), so D(z) would carry that change and the bounds would not be rigorous; "
+                         f"make the forward deterministic, stateless, example by example and in its input's dtype")
     warn(f"{text}: D may carry that change, and the bounds with it, by about {2 * ratio:.2g} (relative); make the "
-         f"forward deterministic, stateless and example by example")
+         f"forward deterministic, stateless, example by example and in its input's dtype")
 
 
 def _finite_in_float64(model, probe: torch.Tensor, tangent: torch.Tensor, mode: str) -> bool:

@@ -597,3 +597,5 @@ def test_start_mean_of_one_example_is_refused_and_compare_takes_one_quantile():
     b = hcrfast.bound(m, x, 0.05, restarts=2, iterations=2, basis="pixel")
     one = hcrfast.compare(b, a, quantiles=0.5)
     assert one["quantiles"] == {0.5: hcrfast.compare(b, a, quantiles=(0.5,))["quantiles"][0.5]}
+    with pytest.raises(ValueError, match=r"quantiles must lie in \[0, 1\], got \(1.5,\)"):
+        hcrfast.compare(b, a, quantiles=1.5)

@@ -1671,3 +1671,40 @@ def test_a_zero_derivative_where_a_finite_step_moves_the_features_is_named_j_0()
     assert len(reasons) == 2 and all(r.startswith("example 0") for r in reasons)
     assert all("J = 0 here (torch's derivative of the features is 0" in r and "null_probes" not in r for r in reasons)
     assert float(res.std[0].max()) == 0.0 and float(res.std[1].min()) > 0
+    with pytest.raises(ValueError, match=r"piecewise constant .* or flat at these inputs \(x\*\*2 or x\*\*3 at 0\)"):
+        hcrfast.bound(_Square().eval(), torch.zeros(2, 1, 4, 4), 0.05, restarts=2, iterations=2)
+
+
+class _CancelledOffset(torch.nn.Module):
+    """Wx + b with b = −W·1e6: inputs near 1e6 whose offset the bias takes away (one row and a batch round
+    differently, at ~u·|Wx|)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 16)
+        with torch.no_grad():
+            self.lin.bias.copy_(-self.lin.weight.sum(1) * 1e6)
+
+    def forward(self, x):
+        return self.lin(x.reshape(len(x), -1))
+
+
+def test_the_repeat_check_allows_float64_rounding_where_features_cancel_down_and_probes_a_few_rows():
+    """A deterministic model whose features cancel a large input offset rounds differently alone than in a
+    batch (6.5e-10 against shifts of 5e-7): the check refused it as random. Its allowance now scales with the
+    rounding guard's m_i (|J(θ⊙r)|), and it probes 8 examples, not the batch three times over (2.8 GB more
+    for a conv net at B = 1000)."""
+    torch.manual_seed(0)
+    model = _CancelledOffset().double().eval()
+    x = torch.rand(12, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) + 1e6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hcrfast.bound(model, x, 1e-4, restarts=2, iterations=2, singular_steps=0, solver="dense")
+    assert not [w for w in caught if "bounds rest on" in str(w.message)]
+    sizes = []
+    hook = model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[0]))
+    from hcrfast import validation
+
+    validation.check_repeatable(model, x, 1.0)
+    hook.remove()
+    assert max(sizes) <= validation.REPEAT_ROWS

@@ -1101,3 +1101,15 @@ def test_a_folder_that_cannot_be_written_is_refused_before_a_chunk_is_computed(t
                                               r"has examples left to compute"):
         hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path, **kw)
     assert computed == []
+
+
+def test_chunks_from_before_outward_rounding_are_refused(tmp_path, monkeypatch):
+    """Chunks written before bounds were rounded outward (checkpoint/4) hold bounds an ulp or a few above
+    their step's exact one; a resume merged them silently with fresh ones. The format in the key is now /5,
+    so such a folder is refused by name, as the 2026-11-25 guards' folders were."""
+    model, x = relu_mlp(), batch()
+    monkeypatch.setattr(algorithm, "CHECKPOINT_FORMAT", "hcrfast.bound checkpoint/4")
+    hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    monkeypatch.undo()
+    with pytest.raises(CheckpointMismatchError, match=r"format"):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
