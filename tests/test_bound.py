@@ -815,7 +815,7 @@ class RoundsLikeTF32(torch.nn.Module):
 
     def forward(self, x):
         out = self.inner(x)
-        if torch.backends.cuda.matmul.fp32_precision == "tf32":
+        if torch.backends.cuda.matmul.fp32_precision == "tf32" and out.dtype == torch.float32:  # (never float64)
             out = out * (1 + 1e-3 * (x.shape[0] == 1))
         return out
 
@@ -827,8 +827,8 @@ def test_tf32_rounding_is_not_taken_for_examples_mixed(entry):
     """The probe that refuses models mixing a batch's rows compares a row alone with the batch at
     1e-4; under tf32=True it runs in IEEE float32, where TF32's kernel-dependent rounding is absent."""
     saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 4, 4)))
-    model = RoundsLikeTF32(_small_tanh_net()).eval()
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((3, 1, 4, 4))).float()
+    model = RoundsLikeTF32(_small_tanh_net().float()).eval()   # TF32 rounds float32 only: its float64 copy is IEEE
     call = functools.partial(getattr(hcrfast, entry), model, x, 0.2)
     kwargs = dict(targets=[0, 5]) if entry == "targeted_bound" else dict(iterations=1, restarts=1, lsqr=FAST)
     try:
