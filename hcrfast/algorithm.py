@@ -379,8 +379,9 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     if n_eps_bad and first is not None:   # a later iterate's NaN may come from the first's NaN features
         eps1, z1 = first
         outside = xp.all(xp.isfinite(eps1), axis=1) & xp.any(xp.isnan(z1.reshape(z1.shape[0], -1)), axis=1)
-        if int(to_host(outside.sum())):
-            n_bad, n_eps_bad = int(to_host(outside.sum())), 0
+        n_outside = int(to_host(outside.sum()))
+        if n_outside:
+            n_bad, n_eps_bad = n_outside, 0
     name = validation.dtype_name(dtype)
     if n_moved == 0 and features_move is not None:
         if not features_move():
@@ -683,7 +684,8 @@ def _cross_bounds(targeted, basis: str, input_shape) -> object:
         coords = targeted.eps[b0:b1].reshape(((b1 - b0) * K,) + tuple(input_shape))
         if basis == "dct":
             coords = kernels.dct2(coords)
-        norms = xp.sqrt(xp.einsum("bkp,bkp->bk", *2 * (targeted.eps[b0:b1].reshape(b1 - b0, K, p).astype(xp.float64),)))
+        steps = targeted.eps[b0:b1].reshape(b1 - b0, K, p).astype(xp.float64)
+        norms = xp.sqrt(xp.einsum("bkp,bkp->bk", steps, steps))
         lowered = coordinates_down(xp.abs(coords.reshape(b1 - b0, K, p)), norms[..., None],
                                    coordinate_terms(basis, input_shape))
         with np.errstate(over="ignore"):
