@@ -468,6 +468,7 @@ def check_repeatable(model64, batch: torch.Tensor, shift: float, *, jacobian: st
         again = model64(x64).reshape(k, -1)
         flipped = model64(x64.flip(0)).reshape(k, -1).flip(0)
         alone = torch.cat([model64(x64[i:i + 1]).reshape(1, -1) for i in range(k)])
+
     def worst_gap(allowance):
         gaps = {what: ((other - probe).norm(dim=1) - allowance).clamp_min(0).max() for what, other in (
             ("a second call", again), ("the batch in reverse order", flipped), ("each example alone", alone))}
