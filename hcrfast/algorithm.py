@@ -1404,6 +1404,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     if keep_targeted_eps and targets is None:
         raise ValueError("keep_targeted_eps=True keeps the targeted steps, but targets=None asks for none: pass "
                          "targets= (e.g. 'low:8') or leave keep_targeted_eps out")
+    if targeted_method != "auto" and targets is None:   # (a method for no steps read as if it changed something)
+        raise ValueError(f"targeted_method={targeted_method!r} chooses how the targeted steps are found, but "
+                         f"targets=None asks for none: pass targets= (e.g. 'low:8') or leave targeted_method out")
     singular_auto = isinstance(singular_steps, str)
     if singular_auto:
         if singular_steps != "auto":

@@ -627,7 +627,9 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                     + (f"; an example had as few as {fewest:,} such directions: the rest, past its rank or its "
                        f"Krylov bases' kept vectors, are steps of 0 and bound nothing" if fewest < sing["count"]
                        else "")
-                    + f") raised {sing['modes_lifted']:,} of the (example, mode) bounds.</p>")
+                    + f") raised {sing['modes_lifted']:,} of the "
+                    + (f"{sing['examples'] * int(np.prod(std.shape[1:])):,} " if "examples" in sing else "")
+                    + "(example, mode) bounds.</p>")
     if s.get("infinite_reasons"):
         body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
                     f"there); the first: {e(s['infinite_reasons'][0])}</p>")

@@ -1708,3 +1708,13 @@ def test_the_repeat_check_allows_float64_rounding_where_features_cancel_down_and
     validation.check_repeatable(model, x, 1.0)
     hook.remove()
     assert max(sizes) <= validation.REPEAT_ROWS
+
+
+def test_a_targeted_method_without_targets_is_refused_as_keep_targeted_eps_is():
+    """targeted_method='dense' with no targets ran as if it changed something; keep_targeted_eps=True without
+    targets was already refused. Both now name the fix."""
+    model = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
+    with pytest.raises(ValueError, match=r"targeted_method='dense' chooses how the targeted steps are found, but "
+                                         r"targets=None asks for none"):
+        hcrfast.bound(model, x, 0.2, restarts=1, iterations=1, targeted_method="dense")

@@ -210,6 +210,8 @@ def test_the_report_shows_the_bounds_and_their_figures(files, capsys, basis):
     assert (f"{unmoved} draws took no step" in printed) == (unmoved > 0)
     assert (f"{unmoved:,} draws took no step" in html) == (unmoved > 0)
     assert f"{s['std']['q50']:.4g}" in html and "A real attacker beside the bounds" in html
+    sing = s["params"]["singular_steps"]   # the lifted bounds out of how many (the report left out the total)
+    assert f"raised {sing['modes_lifted']:,} of the {6 * 64:,} (example, mode) bounds" in html
     shown = re.findall(r'<img src="([^"]+)"', html)
     assert shown == (["hist_all.png", "bound_modes.png", "bound_images.png"] if basis == "dct" else ["hist_all.png"])
     assert all((out / name).stat().st_size > 1000 for name in shown)
