@@ -876,8 +876,9 @@ def _numbers(res, targets) -> dict:
 
 def _attack_line(c: dict, args) -> str:
     return (f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): its error over the "
-            f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1; an efficient unbiased "
-            f"attacker: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
+            f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1, where an efficient "
+            f"unbiased attacker at the bound would have {c['fraction_below_1_efficient']:.1%}; each mode's ratio "
+            f"for it: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
             f"{c['mse_ratio_median']:.4g}"
             + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
                if c["n_draws_unmoved"] else ""))

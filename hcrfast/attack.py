@@ -692,7 +692,9 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         bound (``n_compared`` of ``n_modes``); ``n_bound_infinite`` (bound +inf: no
         unbiased estimator exists there, left out), ``n_bound_zero`` (vacuous bound,
         left out); ``std_ratio_median``; ``significant_bias`` (fraction of compared
-        pairs with ``|bias| > 3·bias_se``); ``mc_band``; ``draws``; ``n_draws_unmoved``
+        pairs with ``|bias| > 3·bias_se``); ``mc_band``; ``fraction_below_1_efficient`` (what an
+        exactly efficient unbiased attacker would show against an exact bound: P(χ²_draws < draws), 0.683
+        at one draw); ``draws``; ``n_draws_unmoved``
         (draws with no accepted step: their estimate is their start, warned about);
         ``fraction_converged``; ``mse_ratio_median``: the median over examples of the attack's
         ``mse`` over the bound's ``(1/p) Σ_k std_k²`` (:attr:`Bounds.mse_from_modes`), over the
@@ -769,6 +771,9 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         "min": float("nan") if empty else float(ratio.min()),
         "max": float("nan") if empty else float(ratio.max()),
         "fraction_below_1": float("nan") if empty else float(np.mean(ratio < 1)),
+        # what an exactly efficient unbiased attacker against an exact bound would show: P(χ²_draws < draws),
+        # over one half (0.683 at one draw), so a share below 1 is no sign of beating the bound by itself
+        "fraction_below_1_efficient": float(chi2.cdf(draws, draws)),
         "std_ratio_median": float("nan") if empty or draws < 2 else float(np.median(std_ratio)),
         "significant_bias": float("nan") if empty or draws < 2 else float(np.mean(biased)),
         "mc_band": band,

@@ -306,6 +306,11 @@ def _baseline(targeted: dict) -> str:
     return targeted.get("baseline", targets_baseline(0))
 
 
+def _share(value) -> str:
+    """A fraction as a percentage; "n/a" where summary.json holds null (a statistic over nothing)."""
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def _fmt(v) -> str:
     if v is None:
         return "–"
@@ -652,8 +657,9 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
         body += ["<h2>A real attacker beside the bounds</h2>",
                  f"<p>Gauss–Newton, {a['draws']} noisy draws per input from the {e(str(a['start']))}, "
                  f"{a['steps']} steps: its error over the bound per mode, median {_fmt(a['median'])} "
-                 f"({a['fraction_below_1']:.1%} below 1); an efficient unbiased attacker would show "
-                 f"{_fmt(a['mc_band'][0])} to {_fmt(a['mc_band'][1])}. A biased attacker (one started at the "
+                 f"({_share(a['fraction_below_1'])} below 1, where an efficient unbiased attacker at the bound "
+                 f"would have {_share(a.get('fraction_below_1_efficient'))}; each mode's ratio for it: "
+                 f"{_fmt(a['mc_band'][0])} to {_fmt(a['mc_band'][1])}). A biased attacker (one started at the "
                  f"truth keeps it where the features say nothing) can beat the bound, which binds unbiased "
                  f"ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
                                   f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")

@@ -599,3 +599,5 @@ def test_start_mean_of_one_example_is_refused_and_compare_takes_one_quantile():
     assert one["quantiles"] == {0.5: hcrfast.compare(b, a, quantiles=(0.5,))["quantiles"][0.5]}
     with pytest.raises(ValueError, match=r"quantiles must lie in \[0, 1\], got \(1.5,\)"):
         hcrfast.compare(b, a, quantiles=1.5)
+    # the share below 1 an efficient unbiased attacker would show against an exact bound: over one half
+    assert one["fraction_below_1_efficient"] == pytest.approx(chi2.cdf(4, 4), rel=1e-12) and chi2.cdf(4, 4) > 0.5

@@ -210,6 +210,7 @@ def test_the_report_shows_the_bounds_and_their_figures(files, capsys, basis):
     assert (f"{unmoved} draws took no step" in printed) == (unmoved > 0)
     assert (f"{unmoved:,} draws took no step" in html) == (unmoved > 0)
     assert f"{s['std']['q50']:.4g}" in html and "A real attacker beside the bounds" in html
+    assert f"where an efficient unbiased attacker at the bound would have {s['attack']['fraction_below_1_efficient']:.1%}" in html
     sing = s["params"]["singular_steps"]   # the lifted bounds out of how many (the report left out the total)
     assert f"raised {sing['modes_lifted']:,} of the {6 * 64:,} (example, mode) bounds" in html
     shown = re.findall(r'<img src="([^"]+)"', html)
