@@ -549,6 +549,13 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         try:
             alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
         except (RuntimeError, ValueError, IndexError) as exc:
+            try:   # the whole batch again: a model that now fails on it too fails for its own reasons
+                model(batch)
+            except Exception:
+                if hasattr(exc, "add_note"):
+                    exc.add_note("hcrfast: the model raised this on a later call, and fails on the whole batch now "
+                                 "too, which it ran before: not a matter of the batch size")
+                raise exc from None
             raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); hcrfast runs it on "
                              f"other batch sizes (single examples, chunks, each example's restarts stacked), so its "

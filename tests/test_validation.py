@@ -1093,3 +1093,24 @@ def test_a_derivative_that_overflows_the_dtype_is_told_from_an_infinite_one():
     x[0, 0, 0, 0] = 0
     with pytest.raises(ValueError, match=r"J v at example 0 is NaN or inf .*a square root or a norm at 0"):
         hcrfast.bound(_Sqrt().eval(), x, 0.1, restarts=2, iterations=2)
+
+
+class _FailsFromItsFourthCall(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = torch.nn.Linear(16, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls >= 4:
+            raise RuntimeError("my model's own failure")
+        return self.lin(x.flatten(1))
+
+
+def test_a_model_that_fails_for_its_own_reasons_is_not_said_to_need_any_batch_size():
+    """A model whose own RuntimeError fires from its 4th call on was reported as failing "on one example
+    alone", with advice about batch sizes; it fails on the whole batch again too, so its own error is raised,
+    with a note saying so."""
+    with pytest.raises(RuntimeError, match="my model's own failure") as info:
+        hcrfast.bound(_FailsFromItsFourthCall().eval(), torch.randn(3, 1, 4, 4), 0.1, restarts=1, iterations=1)
+    assert any("not a matter of the batch size" in n for n in getattr(info.value, "__notes__", []))
