@@ -611,7 +611,9 @@ def _zero_step_reasons(lost: np.ndarray, start: int, model, rows) -> list:
         return []
     chosen = rows[torch.as_tensor(examples)]
     still = (~_features_move(model, chosen)).tolist()
-    g = _random_vjp(model, chosen)   # torch's derivative: 0 at x**2 at 0 though a finite step moves the features
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), chosen.dtype) \
+        if isinstance(model, torch.nn.Module) else chosen.dtype   # (the float64 copy, for a float32 batch)
+    g = _random_vjp(model, chosen.to(dtype))   # torch's J: 0 at x**2 at 0, though a finite step moves the features
     flat = [True] * len(examples) if g is None else (~g.any(dim=1)).tolist()
     blind = dict(zip(examples.tolist(), still))
     why = {e: ("the features do not move with this example's input" if s else

@@ -443,8 +443,9 @@ REPEAT_ROWS = 8
 def noise_shift(noise, size: float) -> float:
     """The feature shift Algorithm 1's steps aim at, ``‖z‖ ≈ size × the law's RMS``: the law's RMS from 4096
     draws of a fixed generator (any law, a user's included)."""
-    draws = np.asarray(noise.sample(np.random.default_rng(0), (1, 4096)), dtype=np.float64)
-    return float(size * np.sqrt(np.mean(draws ** 2)))
+    draws = np.abs(np.asarray(noise.sample(np.random.default_rng(0), (1, 4096)), dtype=np.float64))
+    top = float(draws.max())   # (scaled: a law of scale 1e-200 squares to 0)
+    return float(size * top * np.sqrt(np.mean((draws / top) ** 2))) if top > 0 else 0.0
 
 
 def check_repeatable(model64, batch: torch.Tensor, shift: float, *, jacobian: str = "reverse") -> None:
@@ -473,7 +474,7 @@ def check_repeatable(model64, batch: torch.Tensor, shift: float, *, jacobian: st
         gaps = {what: ((other - probe).norm(dim=1) - allowance).clamp_min(0).max() for what, other in (
             ("a second call", again), ("the batch in reverse order", flipped), ("each example alone", alone))}
         what, worst = max(gaps.items(), key=lambda kv: float(kv[1]))
-        return what, worst, (float(worst) / shift if shift > 0 else math.inf)
+        return what, worst, (float(worst) / shift if shift > 0 else (math.inf if float(worst) > 0 else 0.0))
 
     # the features' own norm first (|a_i| <= m_i: a smaller allowance); the rounding scale's JVP only if needed
     what, worst, ratio = worst_gap(REPEAT_ROUNDING * probe.norm(dim=1))

@@ -133,7 +133,9 @@ def test_null_space_modes_get_certified_infinite_or_huge_bounds():
     np.testing.assert_array_equal(np.isinf(own), np.isinf(std))
     inf = np.isinf(std)
     assert np.all(np.all(z[inf] == 0, axis=1))                            # exactly unchanged features
-    np.testing.assert_allclose(std[~inf], own[~inf], rtol=1e-10)          # certified finite ones
+    # certified finite ones: D at the top of what the shift's rounding can hide (a null probe's shift is of
+    # that order), so at most what the forward passes' own D gives
+    assert np.all(std[~inf] <= own[~inf] * (1 + 1e-12))
     assert np.all(std[~inf] > 1e6 * row_space.std.reshape(2, 16)[~inf])  # and huge
     # Which kind a mode gets is decided by rounding (W1 u = 0 only to rounding for a null vector u): an
     # Intel Xeon's OpenBLAS gave both kinds here, an AMD EPYC's only huge finite bounds. The exact-zero
@@ -401,7 +403,10 @@ def test_the_best_null_space_step_is_kept_not_the_first_or_the_worst():
     std = res.std.reshape(-1)
     assert np.all(np.isinf(std[[2, 3]])) and res.from_null_space[0].tolist() == [False, True, True]
     own, z = forward_bound(model, x, res.eps, res.modes, sigma, basis="pixel")
-    np.testing.assert_array_equal(own, std[res.modes][None])
+    np.testing.assert_array_equal(np.isinf(own), np.isinf(std[res.modes][None]))
+    finite = ~np.isinf(own)     # rounded down past float64's rounding (algorithm.coordinates_down), no more
+    assert np.all(std[res.modes][None][finite] <= own[finite])
+    np.testing.assert_allclose(std[res.modes][None][finite], own[finite], rtol=1e-13)
     # the row-space mode: sigma / ||J row|| = sigma, at the linearization's accuracy
     assert std[0] == pytest.approx(sigma, rel=1e-4)
 
