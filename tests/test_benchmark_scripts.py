@@ -562,6 +562,15 @@ def test_checkpoint_cost_script_times_three_calls_with_equal_bounds(tmp_path):
     assert "all read back" in proc.stdout
 
 
+def test_repeat_check_cost_script_times_the_check_beside_the_call(tmp_path):
+    out = tmp_path / "rc.json"
+    proc = run_script("repeat_check_cost.py", "--model", "digits", "--examples", "5", "--restarts", "2",
+                      "--iterations", "2", "--repeats", "1", "--threads", "1", "--json", out)
+    r = json.loads(out.read_text())
+    assert 0 < r["check_seconds"] < r["bound_seconds"] and r["share"] == r["check_seconds"] / r["bound_seconds"]
+    assert "check_repeatable" in proc.stdout
+
+
 def _session(tmp_path, *stages, **env):
     """Run gpu_session.sh with its folder and $OUT under tmp_path; (CompletedProcess, ledger rows, seconds)."""
     import time
