@@ -13,6 +13,8 @@ imported on the first ``impl="numba"`` call with CuPy data.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from hcrfast.backend import is_cupy_array
 
 from . import twins
@@ -44,8 +46,6 @@ def _floating(name, a, min_ndim: int = 1):
             not hasattr(a, "__array__") and not is_cupy_array(a)):
         raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__} (torch tensors: "
                         f"hcrfast.bindings.from_torch)")
-    import numpy as np
-
     if np.dtype(dtype).kind != "f":
         raise TypeError(f"{name} must hold floats (float32 or float64), got {dtype}; cast it with "
                         f".astype(np.float64)")
@@ -63,8 +63,6 @@ def _same(name, a, ref_name, ref):
 
 def _per_row(name, value, rows: int, scalar_ok: bool):
     """A per-problem parameter: shape (B,) (or one number where ``scalar_ok``)."""
-    import numpy as np
-
     shape = tuple(getattr(value, "shape", ()))
     if scalar_ok and shape == ():
         return
