@@ -528,13 +528,18 @@ def _rounding_error(f0, z64):
     """Per row: float64's relative rounding error in ``‖z‖²`` (hence in D, and twice that in a bound),
     to first order: ``u·Σ|a_i||z_i| / Σ z_i²`` with ``a`` the clean features (rows of ``f0``, in the
     units of ``z``): each ``z_i = a_i(θ+ε) − a_i(θ)`` carries up to ``u·|a_i|``, and a feature that
-    does not move adds nothing. 0 where z = 0."""
+    does not move adds nothing. 0 where z = 0. Each row is scaled by its largest |z_i| first, so that a shift
+    whose squares underflow (1e-200) reads as the coarse shift it is, not as 0."""
     xp = get_array_module(z64)
     z = z64.reshape(z64.shape[0], -1)
+    top = xp.max(xp.abs(z), axis=1) if z.shape[1] else xp.zeros(z.shape[0])
+    safe = xp.where(top > 0, top, 1.0)
+    zs = z / safe[:, None]
     num = np.finfo(np.float64).eps / 2 * xp.einsum("ij,ij->i", xp.abs(f0.reshape(f0.shape[0], -1).astype(xp.float64)),
-                                                     xp.abs(z))
-    den = xp.einsum("ij,ij->i", z, z)
-    return num / xp.where(den > 0, den, xp.inf)
+                                                     xp.abs(zs))
+    den = xp.einsum("ij,ij->i", zs, zs) * safe
+    with np.errstate(over="ignore"):
+        return xp.where(top > 0, num / xp.where(den > 0, den, xp.inf), 0.0)
 
 
 def _rounding_magnitude(model64, x, f0, jacobian: str = "reverse"):
@@ -559,6 +564,92 @@ def _rounding_magnitude(model64, x, f0, jacobian: str = "reverse"):
     return xp.maximum(mag, xp.abs(xp.asarray(jv).reshape(mag.shape).astype(xp.float64)))
 
 
+def _rounding_slope(model64, x, jacobian: str = "reverse"):
+    """Per row of ``x`` and feature: ``|(J r)_i|`` at that input (r: the same fixed random signs as
+    :func:`_rounding_magnitude`'s, each of size 1), what an input-sized term adds to a feature per unit of
+    its size. None where a JVP cannot be taken."""
+    xp = array_module_for(x.device)
+    x64 = x.double()
+    flat = x64.reshape(len(x64), -1)
+    signs = torch.randint(0, 2, flat.shape[1:], generator=torch.Generator().manual_seed(0)) * 2 - 1
+    try:
+        jv = TorchJacobian(model64, x64, mode=jacobian).matvec(
+            from_torch(signs.to(flat).expand(flat.shape).contiguous()))
+    except RuntimeError as exc:
+        if _is_oom(exc):
+            raise
+        return None
+    return xp.abs(xp.asarray(jv).reshape(len(x64), -1).astype(xp.float64))
+
+
+def _far_slope(model64, x, owner, eps64, jacobian: str = "reverse"):
+    """For the steps ``eps64`` (rows, float64 as applied) at the inputs ``x[owner]`` (``owner``: a host array of
+    example indices, one per step) that reach past
+    the inputs (max|ε| > max|θ|): :func:`_rounding_slope` at ``θ + ε``, zero rows for the others; None where
+    no step does. ``W(θ + ε)`` rounds at ``u·|W|·|θ + ε|`` however small the shift it leaves, so a huge step
+    nearly in J's null space (a near-singular J) cancels terms of size ``|W|·|ε|`` down to its shift, which
+    the example's magnitude (:func:`_rounding_magnitude`, sized to θ) does not see: a float64 tanh MLP's
+    step of max|ε| = 1e14 at inputs near 50 gave a bound 1.0004× the exact one in 60-digit arithmetic, its
+    rounding estimate 3e12 times too small. J is taken at θ + ε, not θ, since a step that saturates the
+    units (σ = 1e30 against tanh features) leaves its rounding there, not its terms' size."""
+    xp = get_array_module(eps64)
+    owner = np.asarray(owner)
+    x64 = x.double().reshape(len(x), -1)
+    reach = to_host(xp.max(xp.abs(eps64), axis=1)) if eps64.shape[1] else np.zeros(len(eps64))
+    far = reach > x64.abs().amax(dim=1).cpu().numpy()[owner]
+    if not far.any():
+        return None
+    rows = np.flatnonzero(far)
+    at = torch.as_tensor(owner[rows], device=x.device)
+    pert = x64[at] + to_torch(eps64[xp.asarray(rows)]).to(x64)
+    got = _rounding_slope(model64, pert.reshape((len(rows),) + tuple(x.shape[1:])), jacobian)
+    if got is None:
+        return None
+    out = xp.zeros((len(eps64), got.shape[1]))
+    out[xp.asarray(rows)] = got
+    return out
+
+
+def _step_magnitude(magnitude, slope, eps64, z64):
+    """Per step (rows of ``eps64``, ``z64``; ``magnitude`` the rows of their examples, ``slope`` the steps'
+    :func:`_far_slope`, may be None) and feature: the size float64's rounding of its ``z = a(θ+ε) − a(θ)``
+    scales with: the example's (:func:`_rounding_magnitude`), the step's own input-sized terms
+    ``slope·max|ε|``, whichever is larger, plus ``|z|`` (``a(θ+ε)`` itself rounds at ``u·|a(θ) + z|``)."""
+    xp = get_array_module(z64)
+    mag = magnitude.astype(xp.float64)
+    if slope is not None:
+        reach = xp.max(xp.abs(eps64), axis=1, keepdims=True) if eps64.shape[1] else xp.zeros((len(eps64), 1))
+        mag = xp.maximum(mag, slope * reach)
+    return mag + xp.abs(z64)
+
+
+#: Each feature of a certified shift z = a(θ+ε) − a(θ) is taken to lie within ``_ROUNDING_BRACKET·u·m_j`` of
+#: its float64 value (u = 2^-53, m_j :func:`_step_magnitude`), and D is taken at the bracket's far end from 0
+#: (:func:`_widened`): D grows with every |z_j| (Gaussian, Laplace), so that D is not below the exact one.
+#: Without it float64's rounding of the forward passes, ~1e-13 of D at ordinary σ, was never counted: about
+#: one mode in ten passed the exact |c_k|/√D of its step by up to 5.5e-14 (tanh, sigmoid, softplus, GELU MLPs
+#: against 60-digit arithmetic), and by 3e-7 at σ = 1e-6 of the features' RMS. The measured errors reached
+#: ~6× the first-order estimate (:func:`_rounding_error`) there; the bracket is 32×, which costs a bound
+#: ~64 × that estimate (1e-11 at ordinary σ, 6e-5 where the warning starts).
+_ROUNDING_BRACKET = 32
+
+
+def _widened(z64, mag, eps64=None, slope=None, moved=None):
+    """``z64`` with every feature moved away from 0 by ``_ROUNDING_BRACKET·u·mag`` (see there), on the rows
+    ``moved`` (default: those with a nonzero shift; a shift of exactly 0 stays 0, for the +inf rules). A
+    feature whose float64 shift is exactly 0 moves by no more than its linearized reach, ``slope·max|ε|``
+    (:func:`_rounding_slope`) where known: a constant feature of 1e12 beside moving ones (J's row 0) has no
+    shift for rounding to hide, and must not swamp theirs."""
+    xp = get_array_module(z64)
+    if moved is None:
+        moved = xp.any(z64 != 0, axis=1)
+    w = (_ROUNDING_BRACKET * np.finfo(np.float64).eps / 2) * mag
+    if slope is not None and eps64 is not None:
+        reach = xp.max(xp.abs(eps64), axis=1, keepdims=True) if eps64.shape[1] else xp.zeros((len(eps64), 1))
+        w = xp.where(z64 == 0, xp.minimum(w, slope * reach), w)
+    return xp.where(moved[:, None], xp.where(z64 < 0, z64 - w, z64 + w), z64)
+
+
 def _coarse_shifts(rel):
     """``(coarse, risky, worst)`` of the rounding errors ``rel`` (:func:`_rounding_error`): the rows
     where it may move D by more than :data:`_ROUNDING_LIMIT` (they bound nothing, 0), how many
@@ -581,8 +672,9 @@ def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float) -> None
     if n_risky:
         validation.warn(f"{n_risky} {what} moved the features so little next to their size that float64's rounding "
                         f"of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to ~{worst:.1g} "
-                        f"(relative), above or below; the bounds are exact to float64 only for shifts well above its "
-                        f"resolution: pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))")
+                        f"(relative); D is taken {_ROUNDING_BRACKET}x that far up, so their bounds are lower by up to "
+                        f"~{2 * _ROUNDING_BRACKET * worst:.1g} to stay below the exact ones: pass a sigma nearer the "
+                        f"features' scale (hcrfast.rms_sigma(features, scale))")
 
 
 _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
@@ -742,7 +834,7 @@ _SCREEN_FLOOR = 0.5
 
 
 def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: int, input_shape, basis, unit: float,
-                    impl: str = "auto"):
+                    impl: str = "auto", slope=None, theta_max=None):
     """Which earlier iterates ``bound(iterates="all")`` certifies: the steps whose certified bound could
     raise some mode above what the certified steps give it. ``(take, margin)``: a bool (examples, k·R)
     host array and the widest margin used (a float).
@@ -768,9 +860,18 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     m = P // restarts
     K = eps.shape[0] // m
     n = z.shape[1]
-    d = divergence_of(noise, z64).reshape(m, restarts)
-    rel = _rounding_error(xp.repeat(magnitude, restarts, axis=0), z64).reshape(m, restarts)
-    ok = xp.isfinite(d) & (d > 0) & (rel <= _ROUNDING_LIMIT)
+    # ``slope``: the examples' :func:`_rounding_slope` (the cap of _widened), ``theta_max`` their max|θ| (a step
+    # past it has its rounding sized by assess at θ + ε: _far_slope)
+    theta_max = xp.full(m, xp.inf) if theta_max is None else xp.asarray(theta_max)
+    # the last iterates' D and rounding as assess certifies them (float64's bracket: _widened)
+    rows_slope = None if slope is None else xp.repeat(slope, restarts, axis=0)
+    mag64 = _step_magnitude(xp.repeat(magnitude, restarts, axis=0), None, eps64, z64)
+    d = divergence_of(noise, _widened(z64, mag64, eps64, rows_slope)).reshape(m, restarts)
+    rel = _rounding_error(mag64, z64).reshape(m, restarts)
+    del mag64, rows_slope
+    # a step past the inputs' size has its rounding sized at θ + ε by assess (_far_slope): it sets no L here
+    near = (xp.max(xp.abs(eps64), axis=1).reshape(m, restarts) <= theta_max[:, None]) if p else True
+    ok = xp.isfinite(d) & (d > 0) & (rel <= _ROUNDING_LIMIT) & near
     inv_d = xp.where(ok, 1.0 / xp.where(ok, d, 1.0), 0.0)
     # the margin: how far the last iterates' uncertified D strayed from the certified, in units of the
     # first-order bracket's half-width (margin 1), the largest over the example's restarts
@@ -783,16 +884,25 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     del unit_err
     z32 = z.astype(xp.float64)
     zz = xp.abs(z32).reshape(m, K, n)
+    finite_eps = xp.where(xp.isfinite(eps), eps, 0).astype(xp.float64)
     err = (margin[:, None] * unit * magnitude).reshape(m, 1, n)
     with np.errstate(over="ignore", invalid="ignore"):
         d_lo = divergence_of(noise, xp.maximum(zz - err, 0.0).reshape(m * K, n)).reshape(m, K)
-        d_hi = divergence_of(noise, (zz + err).reshape(m * K, n)).reshape(m, K)
+        # the far end also past float64's bracket of the certified passes (_widened), which assess adds
+        hi = (zz + err).reshape(m * K, n)
+        hi += (_ROUNDING_BRACKET * np.finfo(np.float64).eps / 2) * _step_magnitude(
+            xp.repeat(magnitude, K, axis=0), None, finite_eps, hi)
+        d_hi = divergence_of(noise, hi).reshape(m, K)
+        del hi
     del zz
     finite = xp.all(xp.isfinite(eps), axis=1).reshape(m, K)
     sure = finite & xp.isfinite(d_lo) & (d_lo > 0)   # a bracket: else always certified
     up = xp.where(sure, 1.0 / xp.sqrt(xp.where(sure, d_lo, 1.0)), xp.inf)
     # a step float64's rounding might zero (the guard's coarse shifts) sets no lower bound
-    fine = _rounding_error(xp.repeat(magnitude, K, axis=0), z32).reshape(m, K) <= _ROUNDING_LIMIT / 10
+    fine = _rounding_error(_step_magnitude(xp.repeat(magnitude, K, axis=0), None, finite_eps, z32),
+                           z32).reshape(m, K) <= _ROUNDING_LIMIT / 10
+    # (a step past the inputs' size: its rounding is sized at θ + ε once certified, so it sets no lower bound)
+    fine &= (xp.max(xp.abs(finite_eps), axis=1).reshape(m, K) <= theta_max[:, None]) if p else True
     del z32
     has_hi = sure & fine & xp.isfinite(d_hi) & (d_hi > 0)
     low = xp.where(has_hi, 1.0 / xp.sqrt(xp.where(has_hi, d_hi, 1.0)), 0.0)
@@ -1679,7 +1789,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x),
                                  first=earlier[0] if earlier else None)
-            earlier_shifts = magnitude = None
+            earlier_shifts = magnitude = slope = None
             z_last = None
             if earlier:
                 z_last = earlier.pop()[1]   # the last iterates' shifts in the model's dtype
@@ -1696,10 +1806,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     with profiling.annotate("certify-screen"):
                         magnitude = _rounding_magnitude(model64, batch[start:stop], from_torch(features[start:stop]),
                                                         jacobian)
+                        slope = _rounding_slope(model64, batch[start:stop], jacobian)
                         with np.errstate(over="ignore", invalid="ignore"):
                             take, margin = _screen_earlier(stacked, shifts, eps64, z64, z_last, magnitude, noise,
                                                            restarts=restarts, input_shape=input_shape,
-                                                           basis=modes_basis, unit=unit, impl=options.kernels)
+                                                           basis=modes_basis, unit=unit, impl=options.kernels,
+                                                           slope=slope, theta_max=from_torch(
+                                                               batch[start:stop].double().reshape(stop - start, -1)
+                                                               .abs().amax(dim=1)))
                             take = take.reshape(-1)
                 picked = np.arange(k * len(x)) if take is None else np.flatnonzero(take)
                 owner = torch.as_tensor(picked // (k * restarts), device=batch.device)
@@ -1777,11 +1891,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             else:
                 again = None
             return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude,
-                    singular_shifts)
+                    slope, singular_shifts)
 
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
-             magnitude, singular_shifts) = result
+             magnitude, slope, singular_shifts) = result
             screened, singular_done = [0, 0, 0.0], [0, 0, 0.0, 0, 0]   # this chunk's accounts
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
@@ -1822,9 +1936,25 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     """Steps (ε, z), ``restarts`` rows an example (example-major): their bounds and why some are
                     +inf or 0. The last iterates: a row per restart; with iterates="all" also ε(1) … ε(i−1),
                     (i−1)·R rows an example, iterate-major within it."""
-                    nonlocal magnitude
+                    nonlocal magnitude, slope
+                    if z_exact:
+                        if magnitude is None:   # the features' rounding scale: the batch's, then the step's
+                            magnitude = _rounding_magnitude(model64 if certify else model, batch[start:stop],
+                                                            from_torch(features[start:stop]), jacobian)
+                        if slope is None:
+                            slope = _rounding_slope(model64 if certify else model, batch[start:stop], jacobian)
+                        rows_slope = None if slope is None else xp.repeat(slope, restarts, axis=0)
+                        far = _far_slope(model64 if certify else model, batch[start:stop],
+                                         np.arange(m * restarts) // restarts, eps64, jacobian)
+                        mag = _step_magnitude(xp.repeat(magnitude, restarts, axis=0), far, eps64, z64)
+                        rel = _rounding_error(mag, z64)
+                        z_up = _widened(z64, mag, eps64, rows_slope)   # D past float64's rounding of the passes
+                        del mag, rows_slope, far
+                    else:
+                        z_up = z64
                     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0, counted below
-                        d = divergence_of(noise, z64).reshape(m, restarts)
+                        d = divergence_of(noise, z_up).reshape(m, restarts)
+                    del z_up
                     coords = eps64.reshape((m * restarts,) + input_shape)
                     if basis == "dct":
                         with profiling.annotate("dct"):
@@ -1849,10 +1979,6 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             rounded = rounded.ravel()
                             rounded[xp.asarray(rows[lost])] = True
                             rounded = rounded.reshape(zero_d.shape)
-                        if magnitude is None:   # the features' rounding scale: the batch's, not the step's
-                            magnitude = _rounding_magnitude(model64 if certify else model, batch[start:stop],
-                                                            from_torch(features[start:stop]), jacobian)
-                        rel = _rounding_error(xp.repeat(magnitude, restarts, axis=0), z64)
                         coarse, _, worst = _coarse_shifts(rel)
                         risky = ((rel > _ROUNDING_TOLERANCE) & ~coarse).reshape(zero_d.shape)
                         coarse = coarse.reshape(zero_d.shape)

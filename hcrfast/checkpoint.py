@@ -34,8 +34,10 @@ __all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmeti
 # feature cancels down from (algorithm._rounding_magnitude) (both 2026-11-25); /4: targeted parts carry
 # their bounds on every mode (std_every_mode), and hcrfast.bound's drop the steps unless kept (2026-11-26);
 # /5: D rounded up and mode coordinates down past float64's rounding, null-space probes' D at the top of their
-# rounding bracket (2026-11-30): a chunk from before may hold bounds an ulp or a few above its step's exact one
-FORMAT = "hcrfast.bound checkpoint/5"
+# rounding bracket (2026-11-30): a chunk from before may hold bounds an ulp or a few above its step's exact one;
+# /6: D past float64's rounding of the forward passes, sized to each step (algorithm._widened, _rounding_slope;
+# 2026-11-30): a chunk from before may hold bounds ~1e-13 (at σ tiny or steps huge, up to 4e-4) above the exact one
+FORMAT = "hcrfast.bound checkpoint/6"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 
 

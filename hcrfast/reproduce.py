@@ -78,8 +78,9 @@ DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 
 _TRAINED_HERE = {"digits"}
 # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why; 4: a chunk's targeted steps bound every
 # mode they move, not only their own (all 2026-11-25); 5: bounds rounded outward, as hcrfast.bound checkpoint/5
-# (2026-11-30); older are refused
-_FORMAT = 5
+# (2026-11-30); 6: D past float64's rounding of the passes, as hcrfast.bound checkpoint/6 (2026-11-30); older are
+# refused
+_FORMAT = 6
 # A rerun takes σ from run.json; one computed afresh must agree to this relative tolerance
 # (the float32 features may differ in the last bits with the thread count).
 _SIGMA_RTOL = 1e-5
@@ -967,8 +968,9 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "worst_relative_error_singular": float(max((p["rounding"][3] for p in parts
                                                         if len(p.get("rounding", ())) > 3), default=0.0)),
             "reason": ("float64's rounding of a(theta+eps) - a(theta) may move these restarts' D, and their bounds "
-                       "with it, by up to the worst relative error, above or below (sigma * size small next to the "
-                       "features' size: a larger --sigma-scale removes it)"),
+                       "with it, by up to the worst relative error (sigma * size small next to the features' size: a "
+                       "larger --sigma-scale removes it); D is taken 32x that far up, so their bounds are lower by "
+                       "up to 64x it, to stay below the exact ones"),
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"], singular_steps),

@@ -52,7 +52,7 @@ from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, _auto_chunk, _certified_shift,
                                _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
                                _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _rounding_magnitude, _warn_rounding, coordinates_down, divergence_underflow,
+                               _far_slope, _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding, _widened, coordinates_down, divergence_underflow,
                                infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
@@ -416,7 +416,7 @@ _U64 = float(np.finfo(np.float64).eps) / 2
 
 
 def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, chunk, null_probes=False,
-              jacobian="reverse", magnitude=None):
+              jacobian="reverse", magnitude=None, slope=None):
     """Certify the candidates ``eps`` (R, p) of examples ``example_of`` (R,) for the modes ``q`` (R, p).
 
     Returns ``(eps64, d, value, rounding)``: ε as applied, ``D(z_ε)`` and ``|q·ε| / sqrt(D)``
@@ -454,11 +454,17 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
 
     def store(rows, e64, z64):
         eps64[rows] = e64
-        rel[rows] = _rounding_error(scale[example_of[rows]], z64)
+        at = example_of[rows]
+        at_slope = None if slope is None else slope[at]
+        far = _far_slope(model64 if certify else model, batch, to_host(at), e64, jacobian) \
+            if magnitude is not None else None
+        mag = _step_magnitude(xp.abs(scale[at].reshape(z64.shape)), far, e64, z64)
+        rel[rows] = _rounding_error(mag, z64)
         moved = xp.any(z64 != 0, axis=1)
         if null_probes:  # shifts of the order of their rounding: D at the bracket's upper end (see there)
-            z64 = xp.where(moved[:, None], xp.abs(z64) + _NULL_PROBE_ROUNDING * _U64 * xp.abs(
-                scale[example_of[rows]].reshape(z64.shape).astype(xp.float64)), z64)
+            z64 = xp.where(moved[:, None], xp.abs(z64) + _NULL_PROBE_ROUNDING * _U64 * mag, z64)
+        elif magnitude is not None:   # certified: D past float64's rounding of the passes (algorithm._widened)
+            z64 = _widened(z64, mag, e64, at_slope, moved)
         d[rows] = divergence_of(noise, z64)
         moves[rows] = moved
 
@@ -782,7 +788,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/5"  # /2 … /5: as hcrfast.bound checkpoint/2 … /5
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/6"  # /2 … /6: as hcrfast.bound checkpoint/2 … /6
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
@@ -852,12 +858,13 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
         itn, istop = itn.reshape(B, K, 2), istop.reshape(B, K, 2)
 
     t0 = time.perf_counter()
-    magnitude = (_rounding_magnitude(model64 if params["certify"] else model, batch, f0, jac_used)
-                 if params["certify"] or batch.dtype == torch.float64 else None)
+    exact = params["certify"] or batch.dtype == torch.float64
+    magnitude = _rounding_magnitude(model64 if params["certify"] else model, batch, f0, jac_used) if exact else None
+    slope = _rounding_slope(model64 if params["certify"] else model, batch, jac_used) if exact else None
     with np.errstate(over="ignore"):  # D = inf (‖z‖ ≫ σ) gives bound 0
         eps64, d, value, rounding = _evaluate(model, model64, batch, f0, example_of, (size * sigma) * unit, q_rows,
                                               certify=params["certify"], noise=noise, chunk=chunk, jacobian=jac_used,
-                                              magnitude=magnitude)
+                                              magnitude=magnitude, slope=slope)
     # A mode whose direction is 0 (J does not see it) is the null-space probes' to settle.
     _check_perturbations(eps64, d, noise, size, batch.dtype, intended=xp.any(unit != 0, axis=1))
     timings["certify"] = time.perf_counter() - t0
@@ -882,7 +889,8 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             with np.errstate(over="ignore"):  # large null-space steps may overflow D: bound 0, never picked
                 c_eps, c_d, c_val, c_rounding = _evaluate(
                     model, model64, batch, f0, ex, cand, xp.repeat(q_rows[sel], m, axis=0),
-                    certify=params["certify"], noise=noise, chunk=chunk, null_probes=True, jacobian=jac_used)
+                    certify=params["certify"], noise=noise, chunk=chunk, null_probes=True, jacobian=jac_used,
+                    magnitude=magnitude, slope=slope)
             rounding = _sum_rounding([rounding, c_rounding])
             c_val = c_val.reshape(-1, m)
             best = xp.argmax(c_val, axis=1)

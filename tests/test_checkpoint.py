@@ -1103,12 +1103,14 @@ def test_a_folder_that_cannot_be_written_is_refused_before_a_chunk_is_computed(t
     assert computed == []
 
 
-def test_chunks_from_before_outward_rounding_are_refused(tmp_path, monkeypatch):
-    """Chunks written before bounds were rounded outward (checkpoint/4) hold bounds an ulp or a few above
-    their step's exact one; a resume merged them silently with fresh ones. The format in the key is now /5,
-    so such a folder is refused by name, as the 2026-11-25 guards' folders were."""
+@pytest.mark.parametrize("old", ["hcrfast.bound checkpoint/4", "hcrfast.bound checkpoint/5"])
+def test_chunks_from_before_outward_rounding_are_refused(tmp_path, monkeypatch, old):
+    """Chunks written before bounds were rounded outward (checkpoint/4), or before D was taken past float64's
+    rounding of the passes (/5), hold bounds an ulp or a few (at σ tiny or steps huge, far more) above their
+    step's exact one; a resume merged them silently with fresh ones. The format in the key is now /6, so such
+    a folder is refused by name, as the 2026-11-25 guards' folders were."""
     model, x = relu_mlp(), batch()
-    monkeypatch.setattr(algorithm, "CHECKPOINT_FORMAT", "hcrfast.bound checkpoint/4")
+    monkeypatch.setattr(algorithm, "CHECKPOINT_FORMAT", old)
     hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
     monkeypatch.undo()
     with pytest.raises(CheckpointMismatchError, match=r"format"):

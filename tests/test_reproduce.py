@@ -164,16 +164,16 @@ def test_other_arguments_in_the_same_out_are_refused(first, weights, capsys):
 
 
 def test_a_run_of_an_earlier_format_is_refused(first, weights, tmp_path, capsys):
-    """A run folder written by an older hcrfast (run.json's key of format 4: bounds not yet rounded outward,
-    2026-11-30) is refused, naming the format, not mixed into the new run."""
+    """A run folder written by an older hcrfast (run.json's key of format 5: D not yet past float64's rounding
+    of the passes, 2026-11-30) is refused, naming the format, not mixed into the new run."""
     old = tmp_path / "old"
     shutil.copytree(first, old)
     stored = json.loads((old / "run.json").read_text())
-    assert stored["key"]["format"] == 5
-    stored["key"]["format"] = 4
+    assert stored["key"]["format"] == 6
+    stored["key"]["format"] = 5
     (old / "run.json").write_text(json.dumps(stored))
     code = cli.main(["reproduce", "digits", *TINY, "--out", str(old), "--weights", str(weights)])
-    assert code == 2 and "format: 4 -> 5" in capsys.readouterr().err
+    assert code == 2 and "format: 5 -> 6" in capsys.readouterr().err
 
 
 def test_cold_start_is_recorded_and_not_mixed_with_warm_chunks(first, weights, tmp_path, capsys):

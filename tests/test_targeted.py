@@ -204,7 +204,10 @@ def test_certification_takes_a_theta_once_per_example_and_pairs_the_shifts_near_
     else:  # every shift is near float64's resolution: each certified again in pairs
         assert sum(paired) == B * K
         assert _CountingTanh.rows[torch.float64] >= 3 * B * K
-        np.testing.assert_allclose(res.std[:, res.targeted], own, rtol=1e-5)
+        # below the test's own passes by D's bracket for float64's rounding at this σ (algorithm._widened:
+        # ~64 × the rounding estimate, 0.4% here, where the warning says the shifts are near the resolution)
+        np.testing.assert_allclose(res.std[:, res.targeted], own, rtol=1e-2)
+        assert np.all(res.std[:, res.targeted] <= own * (1 + 1e-4))
 
 
 def test_chunking_does_not_change_the_result():
@@ -404,9 +407,9 @@ def test_the_best_null_space_step_is_kept_not_the_first_or_the_worst():
     assert np.all(np.isinf(std[[2, 3]])) and res.from_null_space[0].tolist() == [False, True, True]
     own, z = forward_bound(model, x, res.eps, res.modes, sigma, basis="pixel")
     np.testing.assert_array_equal(np.isinf(own), np.isinf(std[res.modes][None]))
-    finite = ~np.isinf(own)     # rounded down past float64's rounding (algorithm.coordinates_down), no more
+    finite = ~np.isinf(own)     # rounded down past float64's rounding (algorithm.coordinates_down, _widened), no more
     assert np.all(std[res.modes][None][finite] <= own[finite])
-    np.testing.assert_allclose(std[res.modes][None][finite], own[finite], rtol=1e-13)
+    np.testing.assert_allclose(std[res.modes][None][finite], own[finite], rtol=1e-9)
     # the row-space mode: sigma / ||J row|| = sigma, at the linearization's accuracy
     assert std[0] == pytest.approx(sigma, rel=1e-4)
 
@@ -465,7 +468,7 @@ def test_a_null_space_step_that_does_worse_than_the_row_space_step_is_not_taken(
     np.testing.assert_allclose(eps[:, 0], eps[:, 1], rtol=1e-12)  # row-space steps
     assert not res.from_null_space.any()
     own, _ = forward_bound(model, x, res.eps, res.modes, sigma, basis="pixel")
-    np.testing.assert_allclose(own, res.std, rtol=1e-12)
+    np.testing.assert_allclose(own, res.std, rtol=1e-9)   # D past float64's rounding (algorithm._widened)
 
 
 def test_divergence_eps_and_bound_reported_together_after_the_null_probes():

@@ -1,0 +1,92 @@
+"""Bounds on small nonlinear models against their exact values: each model's forward pass re-evaluated in
+60-digit arithmetic (mpmath) with its weights taken as exact reals, so that neither D nor z inherits float64's
+rounding of the passes hcrfast certifies with (``algorithm._widened``, ``_rounding_slope``)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import hcrfast
+
+mpmath = pytest.importorskip("mpmath")
+
+_ACT = {torch.nn.Tanh: mpmath.tanh, torch.nn.Sigmoid: lambda v: 1 / (1 + mpmath.exp(-v)),
+        torch.nn.Softplus: lambda v: mpmath.log1p(mpmath.exp(v))}
+
+
+def mlp(act, dtype, seed, p=16, hidden=12, n=10):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(p, hidden), act(), torch.nn.Linear(hidden, n),
+                               act()).to(dtype).eval()
+
+
+def exact_features(model, rows):
+    """The model's features at each row of ``rows`` (float64 inputs, exact as given), in 60-digit arithmetic."""
+    layers = [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) if isinstance(m, torch.nn.Linear)
+              else _ACT[type(m)] for m in model[1:]]
+    out = []
+    with mpmath.workdps(60):
+        for row in rows:
+            v = [mpmath.mpf(float(t)) for t in row]
+            for layer in layers:
+                if callable(layer):
+                    v = [layer(t) for t in v]
+                else:
+                    W, b = layer
+                    v = [mpmath.fdot([mpmath.mpf(float(w)) for w in Wi], v) + mpmath.mpf(float(bi))
+                         for Wi, bi in zip(W, b)]
+            out.append(v)
+    return out
+
+
+def exact_divergence(model, x, eps, sigma):
+    """expm1(‖a(θ+ε) − a(θ)‖²/σ²) exactly, θ + ε as float64 applies it; one per row of ``eps`` (rows of x)."""
+    x64 = x.double().reshape(len(x), -1)
+    pert = x64 + torch.as_tensor(np.asarray(eps)).reshape(x64.shape)
+    a, b = exact_features(model, pert.numpy()), exact_features(model, x64.numpy())
+    with mpmath.workdps(60):
+        return [mpmath.expm1(mpmath.fsum((u - v) ** 2 for u, v in zip(ra, rb)) / mpmath.mpf(sigma) ** 2)
+                for ra, rb in zip(a, b)], (pert - x64).numpy()
+
+
+@pytest.mark.parametrize("act,dtype", [(torch.nn.Sigmoid, torch.float32), (torch.nn.Tanh, torch.float64),
+                                       (torch.nn.Softplus, torch.float32)])
+def test_no_bound_passes_the_exact_one_of_its_step_through_the_passes_rounding(act, dtype):
+    """float64's own rounding of a(θ+ε) − a(θ), ~1e-13 of D at ordinary σ, was never counted in D: about one
+    mode in ten of these MLPs passed the exact |ε_k|/√D of its step, by up to 5.5e-14 (sigmoid, float32). D
+    is now taken at the far end of the passes' rounding bracket: each bound is at most the exact one, and
+    within 1e-9 of it."""
+    model = mlp(act, dtype, seed=3)
+    x = torch.randn(12, 1, 4, 4, generator=torch.Generator().manual_seed(4)).to(dtype)
+    sigma = hcrfast.rms_sigma(model(x).detach(), 1.0)
+    res = hcrfast.bound(model, x, sigma, restarts=1, iterations=2, iterates="last", singular_steps=0,
+                        basis="pixel", solver="dense")
+    d, eps = exact_divergence(model, x, res.eps, sigma)
+    with mpmath.workdps(60):
+        for e in range(len(x)):
+            assert mpmath.mpf(float(res.divergence[e, 0])) >= d[e]
+            for k in range(eps.shape[1]):
+                exact = abs(mpmath.mpf(float(eps[e, k]))) / mpmath.sqrt(d[e])
+                got = mpmath.mpf(float(res.std.reshape(len(x), -1)[e, k]))
+                assert got <= exact and got >= exact * (1 - 1e-9)
+
+
+def test_a_huge_step_nearly_in_the_null_space_counts_the_rounding_of_its_own_terms():
+    """Inputs ×30 saturate a tanh MLP: J is nearly singular and the targeted steps are huge (max|ε| ~1e9 and
+    more) while their shifts stay of order σ: ``W(θ + ε) + b`` cancels terms of size |W||ε| down to them, and
+    float64 rounds those terms, not the shift. The rounding estimate, sized from θ alone, was 1e12 times too
+    small and a bound passed the exact one by 4e-4 (60-digit oracle), with no warning. Now the estimate
+    counts the step's own terms (``_rounding_slope``): each step's D is at least its exact D."""
+    model = mlp(torch.nn.Tanh, torch.float64, seed=2, hidden=20, n=20)
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 30
+    sigma = hcrfast.rms_sigma(model(x).detach(), 1.0)
+    res = hcrfast.targeted_bound(model, x, sigma, targets="all", size=0.1, null_probes=False)
+    eps = np.asarray(res.eps).reshape(res.eps.shape[1], -1)
+    assert np.abs(eps).max() > 1e8   # the case: steps far beyond the inputs
+    d, _ = exact_divergence(model, x.expand(len(eps), -1, -1, -1), eps, sigma)
+    got = np.asarray(res.divergence).reshape(-1)
+    with mpmath.workdps(60):
+        for k in range(len(eps)):
+            if got[k] > 0:
+                assert mpmath.mpf(float(got[k])) >= d[k], k
