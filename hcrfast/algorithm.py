@@ -2129,6 +2129,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 _progress_line(f"hcrfast{tag}", done, t_start, computed[1], computed[0], computed[2])
 
         def on_halve(chunk):
+            if saved is not None:   # the chunks from here on are of this size: theirs to record
+                saved.chunk_size = chunk
             if progress:
                 print(f"hcrfast{tag}: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 

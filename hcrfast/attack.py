@@ -574,6 +574,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                                done[0], to_compute)
 
         def on_halve(chunk):
+            if saved is not None:   # the chunks from here on are of this size: theirs to record
+                saved.chunk_size = chunk
             if progress:
                 print(f"hcrfast attack: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
 

@@ -186,8 +186,13 @@ class Checkpoint:
             return
         try:
             stored = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CheckpointMismatchError(f"{path} is unreadable ({exc}); {fix}") from exc
+            if not isinstance(stored, np.ndarray):
+                raise ValueError("not one array")
+        except (OSError, ValueError, EOFError) as exc:   # written atomically: damaged from outside, not by a crash
+            raise CheckpointMismatchError(
+                f"{path} is unreadable ({exc}): the clean features this folder's work was checked against are lost. "
+                f"Delete that file (this call writes it again, and checks the chunks against its own key) or pass "
+                f"another checkpoint folder (or delete {self.path}) to start anew") from exc
         if stored.shape != features.shape:
             raise CheckpointMismatchError(f"{self.path} holds work on features of shape {stored.shape}, this call's "
                                           f"model gives {features.shape}. {fix}")
@@ -211,8 +216,7 @@ class Checkpoint:
                 continue
             start, stop = int(m.group(1)), int(m.group(2))
             try:
-                with np.load(file, allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
+                arrays = _read_chunk(file)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
                 self._set_aside(file, f"is unreadable ({exc})", "unreadable")
                 continue
@@ -295,9 +299,11 @@ class Checkpoint:
         if self.arithmetic is not None:
             arrays["arithmetic"] = np.array(self.arithmetic)
             self.arithmetics.add(self.arithmetic)
-        if self.chunk_size is not None:
-            arrays["chunk_size"] = np.int64(self.chunk_size)
-            self.chunk_sizes.add(int(self.chunk_size))
+        if self.chunk_size is not None:   # the size it was computed in: no larger than the call (a chunk of 8
+            #                                 examples of a call of 8 under an automatic size of 49,932 is one of 8)
+            size = min(int(self.chunk_size), len(self.example_ids))
+            arrays["chunk_size"] = np.int64(size)
+            self.chunk_sizes.add(size)
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
                      **arrays)
 
@@ -311,6 +317,17 @@ class Checkpoint:
                             f"examples): an example's results (bounds, or attack estimates) depend on its chunk's other "
                             f"examples through rounding, so they agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
                             f"with the first call's chunk_size to keep them bitwise")
+
+
+def _read_chunk(file: Path) -> dict:
+    """The arrays of a chunk file (an ``.npz``), the file closed whatever happens; a file NumPy reads as
+    something else (an ``.npy`` array, say) is a ValueError, as an unreadable one is."""
+    with open(file, "rb") as fh:
+        got = np.load(fh, allow_pickle=False)
+        if not isinstance(got, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive of arrays")
+        with got as z:
+            return {k: z[k] for k in z.files}
 
 
 def arithmetic_of(device) -> str:

@@ -1115,3 +1115,70 @@ def test_chunks_from_before_outward_rounding_are_refused(tmp_path, monkeypatch, 
     monkeypatch.undo()
     with pytest.raises(CheckpointMismatchError, match=r"format"):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+
+
+def test_chunks_after_an_out_of_memory_halving_record_the_size_they_were_computed_in(tmp_path, monkeypatch):
+    """A chunk that runs out of memory is halved and the call goes on in smaller chunks; the files recorded
+    the size first planned, so a resume in chunks of that size mixed the two with no warning (its results
+    matched neither uninterrupted run, 1e-3 apart). Each file now records the size it was computed in, and
+    such a resume says its results agree to rounding only."""
+    model, x = relu_mlp(), batch(B=8)
+    args = dict(iterations=2, restarts=3, size=0.01, solver="lsqr", lsqr=FAST, chunk_size=4)
+    real_is_oom, real_nonfinite = algorithm._is_oom, algorithm._nonfinite_derivative
+
+    class FakeOOM(RuntimeError):
+        pass
+
+    def nonfinite(m, rows):
+        if len(rows) > 2:
+            raise FakeOOM("CUDA out of memory (simulated)")
+        return real_nonfinite(m, rows)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(algorithm, "_is_oom", lambda exc: isinstance(exc, FakeOOM) or real_is_oom(exc))
+        mp.setattr(algorithm, "_nonfinite_derivative", nonfinite)
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **args)
+    files = sorted(tmp_path.glob("chunk_*.npz"))
+    assert len(files) == 4 and all(int(np.load(f)["chunk_size"]) == 2 for f in files)
+    for f in files[2:]:   # a crash lost the last two
+        f.unlink()
+    with pytest.warns(UserWarning, match=r"chunks of different sizes \(2, 4 examples\)"):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **args)
+
+
+def test_a_chunk_size_above_the_call_is_recorded_as_the_call(tmp_path):
+    """An automatic chunk size (tens of thousands of examples) over a call of 7 computes one chunk of 7: that
+    is its size, and a resume in chunks of 2 names 7, not the size no chunk had."""
+    model, x = relu_mlp(), batch()
+    hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **dict(kw("dense"), chunk_size=50_000))
+    assert [int(np.load(f)["chunk_size"]) for f in tmp_path.glob("chunk_*.npz")] == [7]
+
+
+def test_a_chunk_file_holding_one_npy_array_is_set_aside_not_a_crash(tmp_path):
+    """``np.load`` reads an ``.npy`` payload as a plain array, which has no ``.files``: a chunk file that held
+    one crashed the resume with a TypeError; it is now set aside and its examples computed again, as any other
+    unreadable chunk file, and no file handle is left open."""
+    model, x = relu_mlp(), batch(B=4)
+    first = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    victim = sorted(tmp_path.glob("chunk_*.npz"))[0]
+    with open(victim, "wb") as fh:
+        np.save(fh, np.zeros(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    said = [str(w.message) for w in caught]
+    assert any("is unreadable (not an .npz archive of arrays)" in m for m in said), said
+    assert not any(issubclass(w.category, ResourceWarning) for w in caught)
+    assert_same(again, first)
+
+
+def test_an_unreadable_features_file_names_the_way_out(tmp_path):
+    """A damaged features.npy was refused with "make the same call to resume it", which fails again the same
+    way; the message now says to delete that file (the call writes it again) or the folder."""
+    model, x = relu_mlp(), batch(B=4)
+    hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    (tmp_path / "features.npy").write_bytes(b"")
+    with pytest.raises(CheckpointMismatchError, match=r"features.npy is unreadable .*Delete that file"):
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    (tmp_path / "features.npy").unlink()
+    hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
