@@ -11,7 +11,10 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from scipy import integrate, stats
+
+import hcrfast
 
 from hcrfast.backend import cuda_available
 from hcrfast.noise import (
@@ -561,3 +564,54 @@ def test_a_bound_with_monte_carlo_noise_at_large_steps_stays_below_cramer_rao():
         res = hcrfast.bound(model, x, MonteCarlo.from_scipy(stats.norm(), n_samples=5000), size=size, restarts=4,
                             iterations=2, basis="pixel", singular_steps=0)
         assert float(res.std.max()) <= 1.0
+
+
+def test_a_monte_carlo_law_without_full_support_is_refused_when_built():
+    """A normal truncated to [-3, 3] has D = inf for any shift (its support moves), but its Monte Carlo
+    estimate came out finite (5e-6 at small shifts) or NaN, and bound() then reported NaN bounds summarized as
+    "all +inf". The log-density is now checked over its draws' range and as much again on each side."""
+    def logpdf(x):
+        return np.where(np.abs(x) < 3, -0.5 * x * x, -np.inf)
+
+    def sample(rng, shape):
+        x = rng.standard_normal(shape)
+        while (out := np.abs(x) >= 3).any():
+            x[out] = rng.standard_normal(int(out.sum()))
+        return x
+
+    with pytest.raises(ValueError, match=r"logpdf is not finite at x = .*full support"):
+        hcrfast.MonteCarlo(logpdf, sample, n_samples=2000, name="truncated normal")
+    with pytest.raises(ValueError, match=r"logpdf is not finite"):   # from_scipy checks its own; by hand:
+        hcrfast.MonteCarlo(stats.uniform(loc=-1, scale=2).logpdf,
+                           lambda rng, shape: rng.uniform(-1, 1, shape), n_samples=1000)
+    for law in (stats.gumbel_r(), stats.gumbel_r(scale=1e-3), stats.t(3), stats.cauchy()):   # full support
+        hcrfast.MonteCarlo.from_scipy(law, n_samples=1000)
+
+
+class _OwnLaw:
+    """A user's noise law returning what ``values(z)`` gives as D."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def divergence(self, z):
+        return self.values(z)
+
+    def sample(self, rng, shape):
+        return rng.standard_normal(shape)
+
+    def describe(self):
+        return "OwnLaw"
+
+
+@pytest.mark.parametrize("values,message", [
+    (lambda z: np.full(len(z), np.nan), r"OwnLaw returned D = NaN for"),
+    (lambda z: np.full(len(z), -1.0), r"OwnLaw returned D < 0"),
+    (lambda z: np.zeros((len(z), 2)), r"OwnLaw returned D of shape \(\d+, 2\) for \d+ rows")])
+def test_a_user_law_whose_d_is_not_a_divergence_is_named(values, message):
+    """A law's D of NaN gave NaN bounds summarized as +inf; a negative D was called 'below what float64
+    resolves'; a misshapen one, a bare reshape error. Each is now refused naming the law and the value."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
+    with pytest.raises(ValueError, match=message):
+        hcrfast.bound(model, torch.randn(1, 1, 4, 4, dtype=torch.float64), _OwnLaw(values), iterations=2, restarts=2)
