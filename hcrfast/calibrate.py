@@ -73,7 +73,8 @@ class SigmaSearch:
     ----------
     sigma : float or numpy.ndarray
         The σ to release: ``scale × sigma0`` (one std per feature where ``sigma0`` was a profile). Where
-        ``met`` is False, the largest σ tried.
+        ``met`` is False, not one to release: the σ tried whose statistic came closest to the target (the
+        largest statistic; the smallest σ among equals), with its bounds.
     scale : float
         σ over ``sigma0``.
     sigma0 : float or numpy.ndarray
@@ -191,6 +192,20 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
     return float(np.quantile(values, quantile, method="lower"))
 
 
+def _zeros(bounds, statistic: str, modes) -> str:
+    """How many of the values :func:`statistic_of` takes its quantile of are 0, in words."""
+    from hcrfast.results import mse_from_modes
+    from hcrfast.targeted import parse_targets
+
+    std = np.asarray(bounds.to_numpy().std, dtype=np.float64)
+    flat = std.reshape(std.shape[0], -1)
+    if modes is not None:
+        flat = flat[:, parse_targets(modes, std.shape[1:], bounds.params.get("basis", "dct"))]
+    values = flat.ravel() if statistic == "std" else np.sqrt(mse_from_modes(flat))
+    of = "per-mode bounds" if statistic == "std" else "examples' RMSE bounds"
+    return f"at the last, {int(np.sum(values == 0))} of the {values.size} {of} are 0"
+
+
 def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5, statistic: str = "std",
               modes=None, rtol: float = 0.05, max_calls: int = 8, checkpoint=None, progress: bool = False,
               reuse_bytes: int | None = None, **bound_kwargs) -> SigmaSearch:
@@ -250,7 +265,13 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     percent) and geometric bisection where a step would leave the bracket of scales that missed and met
     the target. For models far from linear over the noise's reach the
     statistic need not grow monotonically with σ: the σ returned meets the target (its bounds show it),
-    but a smaller one might too.
+    but a smaller one might too. Where no σ tried meets it, the search ends once the statistic stops
+    growing with σ (it fell on both sides of its largest value, looked for below the start where that
+    was the first call's; or it stayed 0 over a step of :data:`MAX_STEP`, where no step of the bound
+    moves the modes it falls on), after ``max_calls``, or where a later call raises ``ValueError`` or an
+    ``ArithmeticError`` (σ out of the range the solver resolves): ``met`` is then False, a
+    ``RuntimeWarning`` says why, and ``sigma``, ``bounds`` are those of the call whose statistic came
+    closest.
     """
     from hcrfast import validation
 
@@ -292,17 +313,17 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
 
     goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
     with _reusing(reuse_bytes):
-        meets, misses, note, kept = _search(run, target, goal, rtol, max_calls, what, history)
+        meets, best, note, kept = _search(run, target, goal, rtol, max_calls, what, history,
+                                          zeros=lambda res: _zeros(res, statistic, modes))
 
     if meets is not None:
         k_best, stat_best = meets
         met = True
     else:
-        k_best, stat_best = misses
+        k_best, stat_best = best
         met = False
-        warnings.warn(f"sigma_for: no sigma tried reached the target {target:g}: the largest, "
-                      f"{k_best:.6g} x sigma0, gave {what} {stat_best:.6g} ({note}); raise max_calls, or check that "
-                      f"the bounds can reach the target at all (they stop growing where the features saturate)",
+        warnings.warn(f"sigma_for: no sigma tried reached the target {target:g}; the one that came closest, "
+                      f"{k_best:.6g} x sigma0, gave {what} {stat_best:.6g} (returned with met=False): {note}",
                       RuntimeWarning, stacklevel=2)
     within = met and stat_best <= target * (1.0 + rtol)
     if met and not within and not math.isinf(stat_best):
@@ -518,14 +539,15 @@ def _profile(model, batch, sigma0, who: str):
     checked positive and finite; None is the RMS of the clean features over the batch."""
     from hcrfast import validation
     from hcrfast.algorithm import rms_sigma
-    from hcrfast.noise import Gaussian, NoiseLaw
+    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian
 
-    if isinstance(sigma0, Gaussian):
-        sigma0 = sigma0.sigma
+    if isinstance(sigma0, Gaussian) and not isinstance(sigma0, PerFeatureGaussian):
+        sigma0 = sigma0.sigma   # hcrfast.Gaussian(s): the std s, as bound and dithered_accuracy read it
     if isinstance(sigma0, (NoiseLaw, bool)) or (
             sigma0 is not None and not isinstance(sigma0, (numbers.Real, np.ndarray, list, tuple))
             and not hasattr(sigma0, "detach")):  # (numbers.Real: NumPy's scalars too, as bound takes them)
-        raise TypeError(f"sigma0={sigma0!r}: {who} the std of Gaussian noise; pass a float or one std per feature")
+        raise TypeError(f"sigma0={sigma0!r}: {who} the std of Gaussian noise; pass a float, one std per feature, "
+                        f"or hcrfast.Gaussian(std)")
     if sigma0 is None:
         import torch
 
@@ -613,8 +635,11 @@ def _reusing(reuse_bytes: int):
 
 def _next_scale(k, stat, goal, history, meets, misses) -> float:
     """The next scale: a secant step on log statistic against log scale through the last two calls (1 at
-    first: bounds proportional to σ; clipped to [0.2, 5]), at most :data:`MAX_STEP` from the current
-    scale, and the geometric midpoint of the bracket where the step leaves it.
+    first: bounds proportional to σ; clipped to [0.2, 5], and 1 where the statistic did not grow between
+    them), at most :data:`MAX_STEP` from the current scale, and the geometric midpoint of the bracket where
+    the step leaves it. The step is taken in log space and clipped there: a statistic many orders of
+    magnitude from the goal (a model past its peak, float rounding) moves σ by :data:`MAX_STEP`, never
+    overflows.
 
     The secant is local (the last two calls), not the bracket's: the statistic's log-log slope changes
     with σ (a CIFAR-10 CNN's from ~1.3 near σ0 to ~0.5 at 20 σ0), and a slope taken from a far bracket
@@ -624,9 +649,15 @@ def _next_scale(k, stat, goal, history, meets, misses) -> float:
     if len(pts) >= 2:  # (a bracket's two ends, where both are finite and > 0, are among these points)
         (k1, s1), (k2, s2) = pts[-1], pts[-2]
         if k1 != k2 and s1 != s2:
-            slope = min(max(math.log(s1 / s2) / math.log(k1 / k2), 0.2), 5.0)
+            measured = math.log(s1 / s2) / math.log(k1 / k2)
+            if measured > 0:  # (a statistic that fell as σ grew says nothing of how far to go: bounds ∝ σ)
+                slope = min(max(measured, 0.2), 5.0)
+    widest = math.log(MAX_STEP)
     if stat > 0:
-        k_next = k * (goal / stat) ** (1.0 / slope)
+        log_step = (math.log(goal) - math.log(stat)) / slope
+        # within MAX_STEP the plain power (bitwise the scales searched before the step was taken in logs)
+        k_next = k * (goal / stat) ** (1.0 / slope) if abs(log_step) < widest else k * math.exp(
+            math.copysign(widest, log_step))
     else:
         k_next = k * MAX_STEP  # bounds of 0 say nothing of how far: go up fast
     k_next = min(max(k_next, k / MAX_STEP), k * MAX_STEP)
@@ -635,15 +666,47 @@ def _next_scale(k, stat, goal, history, meets, misses) -> float:
     return float(k_next)
 
 
-def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list):
-    """The calls of :func:`sigma_for`: ``(meets, misses, note, kept)``, the smallest scale that met the target
-    and the largest that missed it, as ``(scale, statistic)`` or None, why the search ended, and the bounds
-    of those two scales (the other calls' are dropped as the search goes: a batch's bounds hold its inputs'
-    size several times over)."""
-    meets, misses = None, None
+def _standing(history: list, target: float):
+    """``(meets, misses, best)`` from the calls so far, each ``(scale, statistic)`` or None: the smallest scale
+    that met the target; the largest that missed it below that one (any that missed, where none met: the
+    bracket's lower end); and of those that missed, the one with the largest statistic (the smallest scale
+    among equals)."""
+    pts = [(h["scale"], h["statistic"]) for h in history]
+    met = [p for p in pts if p[1] >= target]
+    meets = min(met) if met else None
+    missed = [p for p in pts if p[1] < target]
+    below = [p for p in missed if meets is None or p[0] < meets[0]]
+    misses = max(below) if below else None
+    best = max(missed, key=lambda p: (p[1], -p[0])) if missed else None
+    return meets, misses, best
+
+
+def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list,
+            zeros=None):
+    """The calls of :func:`sigma_for`: ``(meets, best, note, kept)``, the smallest scale that met the target
+    and, of the scales that missed it, the one whose statistic came closest (the largest; the smallest scale
+    among equals), as ``(scale, statistic)`` or None, why the search ended, and the bounds of those scales
+    and the bracket's (the other calls' are dropped as the search goes: a batch's bounds hold its inputs'
+    size several times over).
+
+    Where no call met the target the search ends without one once the statistic stops growing with σ: when
+    it fell past its largest value on both sides of it (a peak below the target), or when it stayed 0 over a
+    step of :data:`MAX_STEP` (no step of the bound moved the modes asked about; ``zeros(bounds)`` says how
+    many). Where the largest value was at the smallest σ tried, the search first looks below it. A bound call
+    after the first that raises ``ValueError`` or an ``ArithmeticError`` (σ out of the range the solver
+    resolves) ends the search too, with what the calls before it found."""
+    meets, misses, best = None, None, None
     k, note, kept = 1.0, "", {}
     while True:
-        res, stat = run(k)
+        try:
+            res, stat = run(k)
+        except (ValueError, ArithmeticError) as exc:
+            if not history:  # the first call: what is wrong is the arguments, not the sigma
+                raise
+            first = (str(exc).splitlines() or [""])[0]
+            note = (f"bound call {len(history) + 1}, at sigma scale {k:.6g} x sigma0, raised {type(exc).__name__} "
+                    f"({first[:300]}): the search ended there, with what the {len(history)} calls before it found")
+            break
         kept[k] = res
         if math.isinf(stat):
             meets = (k, stat)
@@ -651,28 +714,58 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
                     f"unbiased estimator can estimate), at this and any smaller sigma alike; lower the quantile "
                     f"or restrict the modes to ask about the finite ones")
             break
-        if stat >= target:
-            if meets is None or k < meets[0]:
-                meets = (k, stat)
-            if stat <= target * (1.0 + rtol):
-                note = f"the statistic lies within rtol={rtol:g} above the target"
+        meets, misses, best = _standing(history, target)
+        if target <= stat <= target * (1.0 + rtol):
+            note = f"the statistic lies within rtol={rtol:g} above the target"
+            break
+        probe = None
+        if meets is None:  # does the statistic still grow with sigma?
+            scales = [h["scale"] for h in history]
+            if best[1] == 0 and max(scales) >= min(scales) * MAX_STEP * (1 - 1e-12):
+                zero = "" if zeros is None else f"; {zeros(res)}"
+                note = (f"the {what} stayed 0 from sigma scale {min(scales):.6g} to {max(scales):.6g} x sigma0 "
+                        f"(a factor {max(scales) / min(scales):.6g}{zero}): no step of the bound moved the modes "
+                        f"that statistic falls on, at any of these sigmas, so more noise does not lift their "
+                        f"bounds. Modes the features do not see (the model's Jacobian is 0 on them: no unbiased "
+                        f"estimator exists, their bound is +inf) show as 0 here: hcrfast.targeted_bound(model, "
+                        f"batch, sigma, null_probes=True) certifies them; or ask about the modes the features "
+                        f"see (modes=..., or a quantile above the share of 0 bounds). Bounds of 0 throughout "
+                        f"can also be steps that round to nothing in the model's dtype (float32)")
                 break
-        elif misses is None or k > misses[0]:
-            misses = (k, stat)
+            lower = [c for c in scales if c < best[0]]
+            upper = [c for c in scales if c > best[0]]
+            if lower and upper:
+                top = min(upper)
+                fell = next(h["statistic"] for h in history if h["scale"] == top)
+                note = (f"the {what} stopped growing with sigma: it peaked at {best[1]:.6g} (sigma scale "
+                        f"{best[0]:.6g} x sigma0) among the sigmas tried, under the target, and fell to "
+                        f"{fell:.6g} at {top:.6g} x sigma0 (the features saturate, or at large sigma the model's "
+                        f"dtype rounds the steps away); lower the target, or see the curve around the peak with "
+                        f"hcrfast.sweep_sigma")
+                break
+            if upper:  # the largest value at the smallest sigma tried: the peak may lie below it
+                probe = max(best[0] * best[0] / min(upper), best[0] / MAX_STEP)
         if len(history) >= max_calls:
             note = f"stopped after max_calls={max_calls} bound calls"
+            if meets is None:
+                note += (" with the statistic still under the target; raise max_calls (each call is one full bound "
+                         "of the batch), or check that the bounds can reach the target at all (they stop growing "
+                         "where the features saturate)")
             break
-        k_next = _next_scale(k, stat, goal, history, meets, misses)
+        k_next = probe if probe is not None else _next_scale(k, stat, goal, history, meets, misses)
         if meets is not None and misses is not None and meets[0] <= misses[0] * (1.0 + rtol / 8):
             # the statistic jumps across the target within a narrow range of sigma: no smaller sigma
             # worth another call
             note = (f"the target lies between sigma scales {misses[0]:.6g} ({misses[1]:.6g}) and {meets[0]:.6g} "
                     f"({meets[1]:.6g}), {rtol / 8:g} apart: the statistic jumps there")
             break
-        wanted = {pair[0] for pair in (meets, misses) if pair is not None}
+        wanted = {pair[0] for pair in (meets, misses, best) if pair is not None}
         kept = {c: r for c, r in kept.items() if c in wanted}
+        if not 0.0 < k_next < math.inf:  # (many steps of MAX_STEP one way)
+            note = f"the next sigma scale ({k_next!r} x sigma0) is out of the floating-point range"
+            break
         if any(h["scale"] == k_next for h in history):  # the step came back to a scale already tried
             note = "the search came back to a sigma it had tried"
             break
         k = k_next
-    return meets, misses, note, kept
+    return meets, best, note, kept

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,9 +107,9 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
     labels : torch.Tensor, numpy.ndarray or None
         ``"accuracy"``, ``"topK"``: (B,) integer classes in [0, C). ``"cosine"``: None. A callable
         metric: None, or anything with B rows, handed to it row by row with each noisy copy.
-    sigma : float or array
+    sigma : float, array or hcrfast.Gaussian
         The std of the Gaussian noise added to every feature, or one std per feature (the features'
-        shape, or flat).
+        shape, or flat); ``hcrfast.Gaussian(s)`` is the std ``s`` (other noise laws are refused).
     draws : int
         Noisy copies per input (default 10).
     seed : int
@@ -361,7 +362,8 @@ class AccuracySearch:
     Attributes
     ----------
     sigma : float or numpy.ndarray
-        ``scale × sigma0``: the largest σ tried whose measured dithered accuracy met the target.
+        ``scale × sigma0``: the largest σ tried whose measured dithered accuracy met the target (where the
+        target is at or below the metric's floor under noise, :attr:`floor`, the σ where that floor begins).
     scale : float
         σ in units of :attr:`sigma0`.
     sigma0 : float or numpy.ndarray
@@ -379,6 +381,10 @@ class AccuracySearch:
         Every σ tried: ``scale``, ``dithered``, ``stderr``.
     note : str
         Why the search ended.
+    floor : float or None
+        Where the metric fell to a value it keeps up to :data:`MAX_SCALE` × sigma0 (what noise alone gives:
+        for accuracy, about chance) and that value meets the target: that value, and :attr:`sigma` is where
+        it begins, with a warning (every larger σ keeps the target; none is the largest). None otherwise.
     """
 
     sigma: object
@@ -390,6 +396,7 @@ class AccuracySearch:
     above: Utility | None
     history: list = field(repr=False)
     note: str
+    floor: float | None = None
 
     __eq__ = same_result
     __hash__ = None
@@ -397,6 +404,11 @@ class AccuracySearch:
     def summary(self) -> str:
         unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
         sig = self.sigma if np.ndim(self.sigma) == 0 else float(np.sqrt(np.mean(np.square(self.sigma))))
+        if self.floor is not None:
+            return (f"no largest sigma: the dithered {self.utility.metric} reaches its floor under noise, "
+                    f"{self.floor:.4f}, at or above the target {self.target:g}, from {self.scale:.6g} x sigma0 = "
+                    f"{sig:.6g}{unit} on (clean {self.utility.clean:.4f}); {len(self.history)} sigmas tried "
+                    f"({self.note})")
         above = ("" if self.above is None else
                  f"; at {self.above_scale:.6g} x sigma0 it is {self.above.dithered:.4f}")
         return (f"the largest sigma found keeping the dithered {self.utility.metric} >= {self.target:g}: "
@@ -421,8 +433,12 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     σ until the accuracy crosses the target, then bisects (in log σ) until the two σ either side are
     within a factor ``1 + rtol``. The accuracy is measured on these inputs and draws, not guaranteed
     elsewhere; with the draws fixed it is a step function of σ, falling as σ grows but not always
-    strictly, so the σ returned is the lower end of a crossing the search found. Bound the inputs at
-    :attr:`AccuracySearch.sigma` (:func:`hcrfast.bound`) for the confidentiality it buys.
+    strictly, so the σ returned is the lower end of a crossing the search found. A target at or below the
+    metric's floor under noise (the value it falls to and keeps, over at least :data:`FLOOR_SPAN`, up to
+    :data:`MAX_SCALE` × sigma0: what noise alone gives, about chance for accuracy) has no crossing: every
+    larger σ keeps it, so a ``RuntimeWarning`` says so and the σ returned is where the floor begins
+    (:attr:`AccuracySearch.floor`). Bound the inputs at :attr:`AccuracySearch.sigma` (:func:`hcrfast.bound`)
+    for the confidentiality it buys.
 
     Parameters
     ----------
@@ -433,7 +449,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
         ``"topK"``, in (0, 1) for ``"cosine"``, any number for a callable; at most its value on the
         clean features (below it for a metric that varies continuously with the noise: the cosine, most
         callables, which stay under their clean value at any σ > 0).
-    sigma0 : float or array, optional
+    sigma0 : float, array or hcrfast.Gaussian, optional
         The unit and first σ tried. Default: the RMS of the clean features over the batch.
     rtol : float
         The relative width of the final bracket (default 0.01).
@@ -442,7 +458,8 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
 
     score = _Metric.of(metric)
     score.check_target(accuracy)
-    if not (isinstance(rtol, (int, float, np.floating)) and np.isfinite(rtol) and rtol > 0):
+    if isinstance(rtol, bool) or not (isinstance(rtol, (int, float, np.integer, np.floating)) and np.isfinite(rtol)
+                                      and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
     feats = _features(model, batch)
     if sigma0 is None:
@@ -452,9 +469,12 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
         raise ValueError("sigma0 must be positive: it is the unit of the search")
     history = []
 
+    utilities = []   # (scale, Utility) of the doubling run: where a floor begins
+
     def at(k: float) -> Utility:
         u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
         history.append({"scale": k, "dithered": u.dithered, "stderr": u.stderr})
+        utilities.append((k, u))
         return u
 
     k, u = 1.0, at(1.0)
@@ -492,6 +512,21 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
                                    f"although the clean one is {clean:.6g}; the head's outputs (or the metric) are "
                                    f"unstable")
     if hi is None:
+        floor = _floor(history, clean)
+        if floor is not None:
+            k_f, value = floor
+            u_f = next(u for k_, u in utilities if k_ == k_f)
+            shown = f"{value:.4f}" if score.counts else f"{value:.6g}"
+            note = (f"the {score.name} falls from {clean:.6g} (clean) to {shown} by {k_f:g} x sigma0 and stays there "
+                    f"up to {MAX_SCALE:g} x sigma0: its floor, what noise alone gives (the features drowned; for "
+                    f"accuracy, about chance), at or above the target {accuracy:g}, so every sigma from there on "
+                    f"keeps the target and none is the largest; the sigma returned is where the floor begins. Pass "
+                    f"a target above {shown} for a sigma the target limits")
+            warnings.warn(f"sigma_for_accuracy: accuracy={accuracy:g} is at or below what noise alone gives: {note}",
+                          RuntimeWarning, stacklevel=2)
+            return AccuracySearch(sigma=_scaled(k_f, unit), scale=k_f, sigma0=_unit(unit), target=float(accuracy),
+                                  utility=u_f, above_scale=None, above=None, history=history, note=note,
+                                  floor=value)
         return AccuracySearch(sigma=_scaled(lo[0], unit), scale=lo[0], sigma0=_unit(unit), target=float(accuracy),
                               utility=lo[1], above_scale=None, above=None, history=history,
                               note=f"the {score.name} met the target up to {MAX_SCALE:g} x sigma0: it barely "
@@ -509,6 +544,29 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
                           note=f"bracketed within rtol={rtol:g}")
 
 
+#: :func:`sigma_for_accuracy` calls the metric's value at the largest σ its floor (what noise alone gives)
+#: where it fell from the clean value and stayed within a millionth of that fall over at least this factor
+#: of σ.
+FLOOR_SPAN = 2.0 ** 10
+
+
+def _floor(history: list, clean: float):
+    """``(scale, value)``: where the metric, measured from sigma0 up to :data:`MAX_SCALE`, reached the value it
+    keeps up to there (within a millionth of its fall from ``clean``) over at least :data:`FLOOR_SPAN`, having
+    fallen; None where it never fell (a head that ignores the features) or had not settled."""
+    doubled = sorted((h["scale"], h["dithered"]) for h in history)
+    final = doubled[-1][1]
+    fall = clean - final
+    if not fall > 0:
+        return None
+    tol = 1e-6 * fall
+    start = len(doubled) - 1
+    while start > 0 and abs(doubled[start - 1][1] - final) <= tol:
+        start -= 1
+    k_f = doubled[start][0]
+    return (k_f, final) if doubled[-1][0] >= k_f * FLOOR_SPAN else None
+
+
 def _unit(unit: np.ndarray):
     return float(unit) if unit.size == 1 else unit
 
@@ -518,7 +576,14 @@ def _scaled(k: float, unit: np.ndarray):
 
 
 def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
+    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian
+
     sigma = host_argument(name, sigma)
+    if isinstance(sigma, Gaussian) and not isinstance(sigma, PerFeatureGaussian):
+        sigma = sigma.sigma   # hcrfast.Gaussian(s): the std s, as hcrfast.bound and sigma_for read it
+    elif isinstance(sigma, NoiseLaw):
+        raise TypeError(f"{name}={sigma!r}: the dithering is Gaussian noise, of one std or one per feature; pass a "
+                        f"float, one std per feature, or hcrfast.Gaussian(std)")
     if hasattr(sigma, "detach"):
         sigma = sigma.detach().cpu().numpy()
     try:

@@ -236,17 +236,114 @@ def test_an_error_inside_a_call_says_where_the_search_was(monkeypatch):
 
     real, calls = algorithm.bound, []
 
-    def refuse_second(*args, **kwargs):
+    def refuse_second(*args, **kwargs):  # (an error of no sigma in particular: a ValueError ends the search)
         calls.append(args[2])
         if len(calls) == 2:
-            raise ValueError(f"sigma={args[2]!r} is out of range")
+            raise RuntimeError(f"sigma={args[2]!r} is out of range")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(algorithm, "bound", refuse_second)
-    with pytest.raises(ValueError, match="out of range") as info:
+    with pytest.raises(RuntimeError, match="out of range") as info:
         hcrfast.sigma_for(_tanh_net(), _batch(2), 5.0, **KW)
     if sys.version_info >= (3, 11):
         assert "raised by bound call 2" in "\n".join(info.value.__notes__)
+
+
+
+def test_a_bound_call_that_fails_at_a_later_sigma_ends_the_search_with_what_it_found(monkeypatch):
+    """bound raises ValueError where sigma is out of the range its solver resolves ("every step's eps came out
+    0"): a later call's failure ends the search, met=False, with the closest call's sigma and bounds; the
+    first call's is the arguments' fault and propagates."""
+    import hcrfast.algorithm as algorithm
+
+    model, x = _tanh_net(), _batch(2)
+    real, calls = algorithm.bound, []
+
+    def refuse(after):
+        def bound(*args, **kwargs):
+            calls.append(args[2])
+            if len(calls) > after:
+                raise ValueError("every step's eps came out 0, so no bound can be computed")
+            return real(*args, **kwargs)
+        return bound
+
+    monkeypatch.setattr(algorithm, "bound", refuse(1))
+    with pytest.warns(RuntimeWarning, match="no sigma tried reached the target 50"):
+        found = hcrfast.sigma_for(model, x, 50.0, **KW)
+    assert not found.met and not found.within_rtol and len(found.history) == 1 and found.scale == 1.0
+    assert "bound call 2" in found.note and "raised ValueError (every step's eps came out 0" in found.note
+    np.testing.assert_array_equal(found.bounds.std, real(model, x, found.sigma, **KW).std)
+    calls.clear()
+    monkeypatch.setattr(algorithm, "bound", refuse(0))
+    with pytest.raises(ValueError, match="eps came out 0"):
+        hcrfast.sigma_for(model, x, 50.0, **KW)
+
+
+class _Cube(torch.nn.Module):
+    def forward(self, t):
+        return t + t ** 3
+
+
+def _cube(dtype):
+    """A model whose median bound rises with sigma, peaks (~378 near sigma 4e3 in float64, ~313 near 1.7e3 in
+    float32) and falls to 0 far above it."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 1, 4, 4)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 32), _Cube()).eval()
+    return model.to(dtype), x.to(dtype)
+
+
+TINY = dict(restarts=2, iterations=2)
+
+
+@pytest.mark.filterwarnings("ignore:D\\(z\\) overflowed")
+def test_a_step_far_from_the_goal_is_taken_in_logs_and_never_overflows():
+    from hcrfast.calibrate import _next_scale
+
+    # a statistic that fell 300 orders of magnitude: (goal / stat) ** (1 / 0.2) overflowed
+    history = [{"scale": 0.5, "statistic": 1.0}, {"scale": 1.0, "statistic": 1e-300}]
+    assert _next_scale(1.0, 1e-300, 1.0, history, None, None) == hcrfast.calibrate.MAX_STEP
+    assert _next_scale(1.0, 1e300, 1.0, history[:1], None, None) == 1.0 / hcrfast.calibrate.MAX_STEP
+    # past its peak at the start (float64, sigma0 = 6.4e4: median 37.4 at 0.5 x, 6.24 at 1 x, 4e-8 at 2 x) the
+    # search looks below the start and finds the target there (it raised OverflowError)
+    model, x = _cube(torch.float64)
+    found = hcrfast.sigma_for(model, x, 20.0, sigma0=6.4e4, **TINY)
+    assert found.met and found.within_rtol and found.scale < 1.0 and 20.0 <= found.statistic <= 21.0
+    np.testing.assert_array_equal(found.bounds.std, hcrfast.bound(model, x, found.sigma, **TINY).std)
+
+
+@pytest.mark.parametrize("dtype, target, peak_scale", [(torch.float64, 400.0, 3992.88),
+                                                        (torch.float32, 1000.0, 1669.23)])
+def test_a_statistic_past_its_peak_ends_the_search_at_the_closest_sigma_not_the_last(dtype, target, peak_scale):
+    # before: float64 went on to sigma 4.9e6 and returned its median, 0; float32 went on until bound raised
+    model, x = _cube(dtype)
+    with pytest.warns(RuntimeWarning, match="no sigma tried reached the target .*came closest"):
+        found = hcrfast.sigma_for(model, x, target, **TINY)
+    stats = [h["statistic"] for h in found.history]
+    assert not found.met and found.statistic == max(stats) > 0 and found.statistic < target
+    assert found.scale == pytest.approx(peak_scale, rel=1e-5) and found.history[-1]["scale"] > found.scale
+    assert "stopped growing with sigma" in found.note and "max_calls" not in found.note
+    assert len(found.history) < 8
+    np.testing.assert_array_equal(found.bounds.std, hcrfast.bound(model, x, found.sigma, **TINY).std)
+
+
+def test_bounds_that_stay_0_end_the_search_and_name_the_modes_no_step_moves():
+    class Half(torch.nn.Module):   # pixels 8..15 never reach the features: no step of bound moves them
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 16)
+
+        def forward(self, t):
+            return torch.tanh(self.lin(t.flatten(1)[:, :8]))
+
+    torch.manual_seed(0)
+    model, x = Half().eval(), torch.randn(2, 1, 4, 4)
+    with pytest.warns(RuntimeWarning, match="no sigma tried reached the target"):
+        found = hcrfast.sigma_for(model, x, 0.5, quantile=0.4, basis="pixel", **TINY)
+    # before: 8 calls up to sigma 1e14 x sigma0, all 0, returning the last with "raise max_calls"
+    assert not found.met and found.statistic == 0 and len(found.history) == 2 and found.scale == 1.0
+    assert "16 of the 32 per-mode bounds are 0" in found.note and "null_probes=True" in found.note
+    assert "raise max_calls" not in found.note
 
 
 def _count(monkeypatch, module, name):

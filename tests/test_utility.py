@@ -228,12 +228,64 @@ def test_a_head_that_ignores_the_features_lets_any_noise_through(problem):
     assert found.above is None and found.scale == hcrfast.utility.MAX_SCALE and "barely looks" in found.note
 
 
+
+def _chance_problem():
+    torch.manual_seed(0)
+    x = torch.randn(40, 1, 4, 4)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh()).eval()
+    head = torch.nn.Linear(24, 3).eval()
+    with torch.no_grad():
+        labels = head(model(x)).argmax(1)
+    labels[:5] = (labels[:5] + 1) % 3
+    return model, head, x, labels
+
+
+def test_a_target_at_or_below_what_noise_alone_gives_is_warned_not_met_by_a_huge_sigma():
+    """3 classes: the dithered accuracy falls from 0.875 to its floor, 0.35 on these draws (chance: 1/3), and
+    keeps it at any larger sigma. A target of 0.34 returned 2^40 x sigma0 as "the largest sigma keeping it"
+    and blamed the head; it is the floor that meets it."""
+    model, head, x, labels = _chance_problem()
+    with pytest.warns(RuntimeWarning, match="accuracy=0.34 is at or below what noise alone gives"):
+        found = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.34)
+    assert found.floor == 0.35 and found.above is None and found.scale < hcrfast.utility.MAX_SCALE
+    assert found.utility.dithered == 0.35 and found.scale == 2048.0   # where the floor begins
+    assert "no largest sigma" in found.summary() and "barely looks" not in found.note
+    with torch.no_grad():
+        feats = model(x)
+    for k in (found.scale, hcrfast.utility.MAX_SCALE / 2):   # the floor holds from there on, to the end
+        assert accuracy_on_features(head, feats, labels, k * found.sigma0).dithered == 0.35
+    assert accuracy_on_features(head, feats, labels, found.scale / 2 * found.sigma0).dithered > 0.35
+    # a target above the floor is limited by it: a crossing, and no warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        above = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.36)
+    assert above.floor is None and above.above is not None and above.above.dithered < 0.36 <= above.utility.dithered
+
+
+def test_a_gaussian_law_is_its_std_here_as_in_sigma_for_and_other_laws_are_refused_alike(problem):
+    model, head, x, labels = problem
+    plain = hcrfast.dithered_accuracy(model, head, x, labels, 0.5, draws=3)
+    # (raised TypeError, while sigma_for took sigma0=hcrfast.Gaussian(0.5) as 0.5)
+    assert hcrfast.dithered_accuracy(model, head, x, labels, hcrfast.Gaussian(0.5), draws=3) == plain
+    found = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.6, sigma0=hcrfast.Gaussian(0.5), draws=3)
+    assert found.sigma0 == 0.5 and found == hcrfast.sigma_for_accuracy(model, head, x, labels, 0.6, sigma0=0.5,
+                                                                         draws=3)
+    fix = "pass a float, one std per feature, or hcrfast.Gaussian(std)"
+    with pytest.raises(TypeError, match=re.escape(fix)):
+        hcrfast.dithered_accuracy(model, head, x, labels, hcrfast.Laplace(0.5), draws=3)
+    with pytest.raises(TypeError, match=re.escape(fix)):
+        hcrfast.sigma_for(model, x, 0.5, sigma0=hcrfast.Laplace(0.5), restarts=2, iterations=2)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(accuracy=0.9), "the head's clean accuracy on these inputs is 0.7500, under the target"),
     (dict(accuracy=0.0), "accuracy=0.0: pass the dithered accuracy to keep, a number in (0, 1]"),
     (dict(accuracy=1.5), "accuracy=1.5"),
     (dict(accuracy=True), "accuracy=True"),
     (dict(accuracy=0.5, rtol=0), "rtol=0: pass a positive number"),
+    (dict(accuracy=0.5, rtol=True), "rtol=True: pass a positive number"),   # (was read as 1; draws=True is refused)
     (dict(accuracy=0.5, sigma0=np.zeros(12)), "sigma0 must be positive"),
     (dict(accuracy=0.5, sigma0=np.ones((4, 3))), "sigma0 has the shape (4, 3), but the model's features have"),
 ])
