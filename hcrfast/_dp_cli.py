@@ -115,12 +115,23 @@ def add_subparser(subparsers) -> None:
 # --------------------------------------------------------------------------
 # table
 # --------------------------------------------------------------------------
-def _format_value(value, exact: bool = False) -> str:
-    """6 significant digits for the aligned table; every digit (the shortest repr that reads back as the
-    same float64) for CSV, where 0.99999977 must not read as 1."""
+# The inputs echoed in each row: printed with every digit they have, so that distinct
+# inputs never print alike (--kappa 0.999999999 read as 1 at 6 digits).
+_INPUT_COLUMNS = frozenset({"sigma", "C", "kappa", "data_range"})
+
+
+def _format_value(value, exact: bool = False, column: str | None = None) -> str:
+    """6 significant digits for the aligned table's results; every digit (the shortest repr that reads
+    back as the same float64) for CSV, where 0.99999977 must not read as 1, and for the inputs of the
+    aligned table, there without a trailing ``.0`` (``1``, ``255``, ``0.999999999``)."""
     if isinstance(value, (int, np.integer)):
         return str(value)
-    return repr(float(value)) if exact else f"{value:.6g}"
+    if exact:
+        return repr(float(value))
+    if column in _INPUT_COLUMNS:
+        text = repr(float(value))
+        return text[:-2] if text.endswith(".0") else text
+    return f"{value:.6g}"
 
 
 def _run_table(args: argparse.Namespace) -> int:
@@ -130,7 +141,8 @@ def _run_table(args: argparse.Namespace) -> int:
         dp.report(sigma=sigma, C=C, N=N, T=T, kappa=kappa, data_range=args.data_range)
         for sigma, C, N, T, kappa in itertools.product(args.sigma, args.C, args.N, args.T, args.kappa)
     ]
-    cells = [[_format_value(row[col], exact=args.format == "csv") for col in _TABLE_COLUMNS] for row in rows]
+    cells = [[_format_value(row[col], exact=args.format == "csv", column=col) for col in _TABLE_COLUMNS]
+             for row in rows]
     if args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(_TABLE_COLUMNS)

@@ -70,6 +70,11 @@ __all__ = [
 # practice (checked against 4e6-draw Monte Carlo and scipy.stats.nct) ~1e-5.
 _NCC_NODES = 4096
 
+# mse_cdf switches from scipy.stats.ncx2 to the Edgeworth expansion where
+# N/2 + lam reaches this: the expansion's error (below 0.1 (N/2 + lam)^-1.5) is then
+# under 1e-13, smaller than scipy's, which grows with lam and turns to NaN.
+_NCX2_EDGEWORTH_FROM = 1e8
+
 # float64's normal range. A bound that falls outside it is refused rather
 # than returned as 0, inf or a subnormal with few correct digits: 0 would be a
 # false upper bound on reconstruction quality, inf a false lower bound on MSE.
@@ -288,11 +293,29 @@ def expected_mse(*, sigma, C, T=1, beta=1.0, mean_square=0.0) -> float:
         Clipping factor ``1 / max(1, ||X|| / C)``; 1 means no clipping.
     mean_square : float >= 0, default 0.0
         ``(1/N) sum_i x_i^2`` (or its expectation over the data).
+
+    Raises
+    ------
+    ValueError
+        Where ``C^2 sigma^2 / T`` leaves float64's normal range, or the sum
+        exceeds float64's largest number (it would be returned as inf).
     """
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     beta = _check_beta(beta)
     mean_square = _check_nonneg("mean_square", mean_square, "mean of squared values")
-    return (1.0 - beta) ** 2 * mean_square + _noise_var(sigma, C, T)
+    s2 = _noise_var(sigma, C, T)
+    with np.errstate(over="ignore"):
+        value = (1.0 - beta) ** 2 * mean_square + s2
+    if not value <= _HUGE:
+        log_clip = 2.0 * math.log10(1.0 - beta) + math.log10(mean_square)
+        log_value = float(np.logaddexp(log_clip * math.log(10.0), math.log(s2))) / math.log(10.0)
+        raise ValueError(
+            f"the expected MSE (1 - beta)^2 mean_square + C^2 sigma^2 / T = {_sci(log_value)} "
+            f"(beta = {beta!r}, mean_square = {mean_square:g}, sigma = {sigma:g}, C = {C:g}, T = {T}) "
+            "is above float64's largest 1.8e+308; rescale the data (a smaller mean_square, and C and "
+            "sigma with it) so that the MSE is below 1.8e+308"
+        )
+    return value
 
 
 def mse_lower_bound(*, sigma, C, T=1) -> float:
@@ -496,6 +519,10 @@ def worst_case_success(*, kappa, sigma, T=1) -> float:
 
     .. math:: \Pr[\text{success}] \le \Phi\bigl(\Phi^{-1}(\kappa) + \mu\bigr).
 
+    The value returned is that upper bound rounded up: it is at most a relative
+    ``2e-14`` above ``Phi(Phi^-1(kappa) + mu)`` and never below it (checked against
+    mpmath down to ``kappa = 1e-300``), and lies in ``[kappa, 1]``.
+
     Parameters
     ----------
     kappa : float in (0, 1)
@@ -505,10 +532,61 @@ def worst_case_success(*, kappa, sigma, T=1) -> float:
     """
     kappa, sigma, T = _check_kappa(kappa), _check_sigma(sigma), _check_T(T)
     mu = math.sqrt(T) / sigma  # inf where it overflows: Phi(inf) = 1 is then the rounded bound
-    success = float(special.ndtr(special.ndtri(kappa) + mu))
-    # Phi(Phi^-1(kappa) + mu) lies in [kappa, 1] for mu >= 0; ndtri and ndtr round, and for
-    # kappa near 1e-300 can land below kappa. The clamp is exact, not an approximation.
-    return min(1.0, max(kappa, success))
+    z = float(special.ndtri(kappa))
+    s = z + mu
+    if s >= 0.0 or math.isinf(mu):
+        success = float(special.ndtr(s))
+    else:
+        # Deep in the lower tail Phi(s) has relative slope |s| (up to 38 here), so the half-ulp
+        # errors of z = ndtri(kappa), of mu = sqrt(T) / sigma and of z + mu would cost ~1e-13.
+        # All three are corrected to first order: z by one Newton step on Phi(z) = kappa, mu and
+        # the sum by their exact rounding errors (Dekker's product, Knuth's TwoSum).
+        z_lo = (kappa - _ndtr_lower(z)) / _npdf(z)
+        mu_lo = 0.0
+        if sigma < 1e290:  # else mu < 1e-282 and its rounding is far below an ulp of the result
+            root_T = math.sqrt(T)
+            sq_hi, sq_lo = _two_prod(root_T, root_T)
+            root_T_lo = ((T - sq_hi) - sq_lo) / (2.0 * root_T)
+            prod_hi, prod_lo = _two_prod(mu, sigma)
+            mu_lo = (((root_T - prod_hi) - prod_lo) + root_T_lo) / sigma
+        s_lo = (z - (s - (s - z))) + (mu - (s - z))  # TwoSum: z + mu = s + s_lo exactly
+        mills = _npdf(s) / _ndtr_lower(s)
+        success = _ndtr_lower(s) * (1.0 + mills * (z_lo + mu_lo + s_lo))
+    # An upper bound: rounded up by 2^-46 (1.4e-14 relative), above the few ulps left (measured
+    # against mpmath: below 3e-15), so that the float is never below Phi(Phi^-1(kappa) + mu).
+    # The exact value lies in [kappa, 1], so the clamp is exact.
+    return min(1.0, max(kappa, success * (1.0 + 2.0**-46)))
+
+
+def _two_prod(a: float, b: float) -> tuple[float, float]:
+    """``a*b = hi + lo`` exactly (Dekker's product; ``|a|, |b| < 1e290``)."""
+    hi = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    return hi, ((a_hi * b_hi - hi) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _split(t: float) -> tuple[float, float]:
+    c = 134217729.0 * t  # 2^27 + 1: t = hi + lo with 26-bit halves
+    hi = c - (c - t)
+    return hi, t - hi
+
+
+def _split_square(t: float) -> tuple[float, float]:
+    """``t*t = hi + lo`` exactly (Dekker's product)."""
+    return _two_prod(t, t)
+
+
+def _npdf(t: float) -> float:
+    """The standard normal density, with ``t^2`` kept exact (its rounding would cost |t|^2 ulps)."""
+    hi, lo = _split_square(t)
+    return math.exp(-0.5 * hi) * (1.0 - 0.5 * lo) / math.sqrt(2.0 * math.pi)
+
+
+def _ndtr_lower(t: float) -> float:
+    """``Phi(t)`` for ``t <= 0`` to a few ulps: ``erfcx(-t / sqrt 2) exp(-t^2 / 2) / 2``."""
+    hi, lo = _split_square(t)
+    return 0.5 * float(special.erfcx(-t / math.sqrt(2.0))) * math.exp(-0.5 * hi) * (1.0 - 0.5 * lo)
 
 
 # --------------------------------------------------------------------------
@@ -547,15 +625,122 @@ def mse_cdf(eta, *, sigma, C, N, T=1, lam=0.0):
     Returns
     -------
     float or ndarray
-        Same shape as ``eta``.
+        Same shape as ``eta``; never NaN.
+
+    Notes
+    -----
+    ``lam = 0`` is the central chi-square (``scipy.stats.chi2``). For
+    ``lam > 0``, ``scipy.stats.ncx2`` is used while ``N/2 + lam < 1e8``; from there
+    on (where scipy's error grows past 1e-13 and it returns NaN, from about
+    ``lam = 5e10`` or ``N = 1e12``) the second-order Edgeworth expansion of
+    :func:`_ncx2_cdf_edgeworth`, whose absolute error is below
+    ``0.1 (N/2 + lam)^{-3/2}``, i.e. 1e-13 at the switch and less beyond it. At
+    the switch the CDF steps by scipy's own error there, a few 1e-12.
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     lam = _check_nonneg("lam", lam, "noncentrality")
     eta, s2 = _real_array("eta", eta), _noise_var(sigma, C, T)
     with np.errstate(over="ignore"):  # q = inf where eta is huge: the CDF's limit 1 is then exact
         q = N * eta / s2
-    out = stats.chi2.cdf(q, N) if lam == 0.0 else stats.ncx2.cdf(q, N, lam)
+    if lam == 0.0:
+        out = stats.chi2.cdf(q, N)
+    elif 0.5 * N + lam >= _NCX2_EDGEWORTH_FROM:
+        out = _ncx2_cdf_edgeworth(q, N, lam)
+    else:
+        out = np.asarray(stats.ncx2.cdf(q, N, lam), dtype=np.float64)
+        failed = np.isnan(out)  # not seen below the switch; never passed on as NaN
+        if failed.any():
+            out = np.where(failed, _ncx2_cdf_edgeworth(q, N, lam), out)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))
+
+
+def _ncx2_cdf_edgeworth(q, k: int, lam: float) -> np.ndarray:
+    r"""CDF of ``chi^2_k(lam)`` at ``q`` by its Edgeworth expansion to second order.
+
+    With the cumulants ``kappa_r = 2^{r-1} (r-1)! (k + r lam)``, ``u = k/2 + lam``,
+    ``z = (q - lam - k) / (2 sqrt(u))`` (mean ``k + lam``, variance ``2(k + 2 lam) = 4u``),
+    skewness ``g1 = 2 (1 + lam / 2u) / sqrt(u)`` and excess kurtosis ``g2 = 6 (1 + lam / u) / u``,
+
+    .. math::
+        F \approx \Phi(z) - \varphi(z)\Bigl[\tfrac{g_1}{6}He_2(z) + \tfrac{g_2}{24}He_3(z)
+                 + \tfrac{g_1^2}{72}He_5(z)\Bigr].
+
+    The error is ``O(u^{-3/2})``; measured against the exact ``k = 1`` form
+    ``Phi(sqrt q - sqrt lam) - Phi(-sqrt q - sqrt lam)`` and against scipy it is below
+    ``0.1 u^{-3/2}`` (1e-13 from ``u = 1e8`` on). Nothing here overflows: ``q - lam``
+    is formed first, and ``z`` is clipped to [-40, 40], where ``Phi`` is already 0 or 1.
+    """
+    u = 0.5 * k + lam
+    g1 = 2.0 * (1.0 + 0.5 * lam / u) / math.sqrt(u)
+    g2 = 6.0 * (1.0 + lam / u) / u
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = ((np.asarray(q, dtype=np.float64) - lam) - k) / (2.0 * math.sqrt(u))
+    z = np.clip(z, -40.0, 40.0)
+    z2 = z * z
+    correction = (g1 / 6.0 * (z2 - 1.0) + g2 / 24.0 * z * (z2 - 3.0)
+                  + g1 * g1 / 72.0 * z * (z2 * (z2 - 10.0) + 15.0))
+    cdf = special.ndtr(z) - np.exp(-0.5 * z2) / math.sqrt(2.0 * math.pi) * correction
+    return np.clip(cdf, 0.0, 1.0)
+
+
+def _sci_up(log10_value: float) -> str:
+    """Like :func:`_sci`, with the mantissa rounded up (a threshold the user may pass as printed)."""
+    exponent = math.floor(log10_value)
+    mantissa = math.ceil(10.0 ** (log10_value - exponent) * 100.0 * (1.0 + 1e-12)) / 100.0
+    if mantissa >= 10.0:
+        mantissa, exponent = mantissa / 10.0, exponent + 1
+    return f"{mantissa:.3g}e{exponent:+03d}"
+
+
+def _log_gammainc_small(a: float, log_x: float) -> float:
+    r"""``ln P(a, x)`` from ``ln x``, for ``x < a + 1`` (where ``P`` underflows float64).
+
+    ``P(a, x) = x^a e^{-x} / Gamma(a + 1) * sum_n x^n / ((a+1)...(a+n))`` (A&S 6.5.29); the
+    series is summed over 10^5 terms and the rest bounded by a geometric tail. Only used to
+    say in a message how small a refused bound is.
+    """
+    x = math.exp(log_x) if log_x > -745.0 else 0.0
+    log_sum = 0.0
+    if x > 0.0:
+        n = np.arange(1, 100_001, dtype=np.float64)
+        terms = np.exp(np.cumsum(log_x - np.log(a + n)))
+        ratio = x / (a + n[-1] + 1.0)
+        log_sum = math.log1p(float(terms.sum()) + float(terms[-1]) * ratio / (1.0 - ratio))
+    return a * log_x - x - math.lgamma(a + 1.0) + log_sum
+
+
+def _gammainc_normal_from(a: float, log_x_below: float) -> float:
+    """``ln x`` of the smallest ``x`` with ``P(a, x) >= 2.2e-308``, by bisection on ``ln x`` from
+    ``ln x_below`` (where ``P`` is below it) to ``ln(a + 1)`` (where ``P`` is far above)."""
+    lo, hi = max(log_x_below, -800.0), math.log(a + 1.0)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if special.gammainc(a, math.exp(mid)) >= _TINY:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _refuse_tiny_rero(gamma, log_x, thresholds, positive, *, a, what, eta_name, fix) -> None:
+    """Refuse a ReRo bound that is positive but below float64's smallest normal number.
+
+    ``gamma`` is the computed ``P(a, x)``, ``log_x`` its ``ln x``; ``positive`` marks where the
+    exact bound is positive (elsewhere 0 is exact). ``fix(ln x*)`` says which thresholds work.
+    """
+    bad = positive & ~(gamma >= _TINY)
+    if not bad.any():
+        return
+    i = np.flatnonzero(bad.ravel())[0]
+    lx = float(np.ravel(log_x)[i])
+    log10_bound = _log_gammainc_small(a, lx) / math.log(10.0)
+    raise ValueError(
+        f"the ReRo bound {what} at {eta_name} = {float(np.ravel(thresholds)[i])!r} is about "
+        f"{_sci(log10_bound)}, below float64's smallest normal number 2.2e-308 (0 would be a "
+        f"false upper bound on the success probability); {fix(_gammainc_normal_from(a, lx))}"
+    )
 
 
 def rero_mse(*, eta, sigma, C, N, T=1):
@@ -568,12 +753,35 @@ def rero_mse(*, eta, sigma, C, N, T=1):
     with ``P`` the regularized lower incomplete gamma function (the central
     chi-square CDF). Holds for every example: a clipped one has a noncentral
     chi-square, which is stochastically larger.
+
+    For ``eta <= 0`` the bound is exactly 0 (the MSE is never negative) and is
+    returned as 0.
+
+    Raises
+    ------
+    ValueError
+        Where ``eta > 0`` but the bound is below float64's smallest normal
+        number (e.g. ``eta = 0.01`` at ``sigma = C = 1``, ``N = 784``: about
+        7.07e-618): 0 or a subnormal would understate an upper bound. The
+        message gives the smallest ``eta`` whose bound is representable.
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
-    eta = np.maximum(_real_array("eta", eta), 0.0)
+    eta_in = _real_array("eta", eta)
+    eta = np.maximum(eta_in, 0.0)
     s2 = _noise_var(sigma, C, T)
-    with np.errstate(over="ignore"):  # inf where eta is huge: gammainc's limit 1 is then exact
-        gamma = special.gammainc(N / 2.0, N * eta / (2.0 * s2))
+    a = N / 2.0
+    with np.errstate(over="ignore", under="ignore"):  # x = inf where eta is huge: the limit 1 is exact
+        gamma = special.gammainc(a, N * eta / (2.0 * s2))
+    with np.errstate(divide="ignore"):
+        log_x = math.log(a) + np.log(eta) - math.log(s2)
+
+    def fix(log_x_star: float) -> str:
+        log10_eta = (log_x_star + math.log(2.0) + math.log(s2) - math.log(N)) / math.log(10.0)
+        return (f"for sigma = {sigma:g}, C = {C:g}, N = {N}, T = {T} pass eta >= {_sci_up(log10_eta)} "
+                "(or eta <= 0, whose bound is exactly 0), or a smaller sigma")
+
+    _refuse_tiny_rero(gamma, log_x, eta_in, eta_in > 0, a=a, what="Pr[MSE <= eta]",
+                      eta_name="eta", fix=fix)
     return _scalar_or_array(np.asarray(gamma, dtype=np.float64))
 
 
@@ -589,14 +797,38 @@ def rero_psnr(*, eta, sigma, C, N, T=1, data_range=1.0):
     i.e. METHOD.md's ``Pr[PSNR <= eta] = 1 - P(...)`` (an equality without
     clipping, ``>=`` with it). ``data_range`` may be any upper bound of
     ``R = max X - min X``: a larger ``R`` only loosens the bound.
+
+    ``eta = inf`` gives exactly 0. ``x = N eta_hat T / (2 C^2 sigma^2)`` is formed
+    from its logarithm, so ``eta_hat`` underflowing does not matter.
+
+    Raises
+    ------
+    ValueError
+        Where the bound is positive but below float64's smallest normal number
+        (e.g. ``eta = 30`` dB at ``sigma = C = 1``, ``N = 784``): 0 or a subnormal
+        would understate an upper bound. The message gives the largest ``eta``
+        (in dB) whose bound is representable.
     """
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     data_range = _check_data_range(data_range)
     eta = _real_array("eta", eta)
     s2 = _noise_var(sigma, C, T)
-    with np.errstate(over="ignore"):  # inf where eta is very negative: gammainc's limit 1 is exact
-        eta_hat = 10.0 ** (2.0 * math.log10(data_range) - eta / 10.0)
-        gamma = special.gammainc(N / 2.0, N * eta_hat / (2.0 * s2))
+    a = N / 2.0
+    # x = N eta_hat / (2 s^2) through its logarithm: eta_hat alone may underflow where x does not.
+    log10_x = math.log10(a) - math.log10(s2) + 2.0 * math.log10(data_range) - eta / 10.0
+    with np.errstate(over="ignore", under="ignore"):  # x = inf for very negative eta: the limit 1 is exact
+        gamma = special.gammainc(a, 10.0 ** log10_x)
+
+    def fix(log_x_star: float) -> str:
+        # PSNR >= eta  iff  x <= x*: the largest eta is 10 (log10(a / s^2) + 2 log10 R - log10 x*).
+        eta_max = 10.0 * (math.log10(a) - math.log10(s2) + 2.0 * math.log10(data_range)
+                          - log_x_star / math.log(10.0))
+        return (f"for sigma = {sigma:g}, C = {C:g}, N = {N}, T = {T}, data_range = {data_range:g} pass "
+                f"eta <= {math.floor(eta_max * 100.0) / 100.0:.2f} dB, or a smaller sigma")
+
+    # PSNR = +inf has probability 0: the bound at eta = inf is exactly 0.
+    _refuse_tiny_rero(gamma, log10_x * math.log(10.0), eta, np.isfinite(eta), a=a,
+                      what="Pr[PSNR >= eta]", eta_name="eta", fix=fix)
     return _scalar_or_array(np.asarray(gamma, dtype=np.float64))
 
 
@@ -681,7 +913,11 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
     beta = _check_beta(beta)
     variance = _check_nonneg("variance", variance, "variance of the example's values")
     x = _real_array("x", x)
-    nc = beta * math.sqrt(N * variance / _noise_var(sigma, C, T))
+    # nc = beta sqrt(N Var(X)) / s from ratios of standard deviations: N Var(X) and Var(X) / s^2
+    # may overflow where nc does not. Where nc itself exceeds float64, it is inf: r = 1 then.
+    noise_sd = math.sqrt(_noise_var(sigma, C, T))
+    with np.errstate(over="ignore"):
+        nc = float(np.float64(beta * math.sqrt(variance)) * math.sqrt(N) / noise_sd)
     inside = np.clip(x, -1.0, 1.0)
     with np.errstate(divide="ignore"):
         slope = inside / np.sqrt(1.0 - inside**2)
@@ -695,7 +931,10 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
         n_samples = _check_count("n_samples", n_samples, "Monte Carlo sample size")
         rng = np.random.default_rng(seed)
         z = nc + rng.standard_normal(n_samples)
-        r = np.sort(z / np.sqrt(z**2 + rng.chisquare(N - 2, n_samples)))
+        root_w = np.sqrt(rng.chisquare(N - 2, n_samples))
+        # z / sqrt(z^2 + w) without squaring z (which overflows for huge nc): 1 where z = inf.
+        with np.errstate(divide="ignore"):
+            r = np.sort(np.sign(z) / np.hypot(1.0, root_w / z))
         cdf = np.searchsorted(r, inside, side="right") / n_samples
     cdf = np.where(x >= 1.0, 1.0, np.where(x <= -1.0, 0.0, cdf))
     return _scalar_or_array(np.asarray(cdf, dtype=np.float64))
@@ -850,11 +1089,35 @@ def simulate_attack(images, *, sigma, C, T=1, seed) -> np.ndarray:
     """
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     flat = _images_2d("images", images)
+    noise_sd = C * (sigma / math.sqrt(T))
+    if not math.isfinite(noise_sd):
+        raise ValueError(
+            f"the noise standard deviation C sigma / sqrt(T) (sigma = {sigma:g}, C = {C:g}, T = {T}) "
+            "is above float64's largest 1.8e+308; pass a smaller sigma or C"
+        )
     rng = np.random.default_rng(seed)
-    norms = np.linalg.norm(flat, axis=1, keepdims=True)
-    beta = 1.0 / np.maximum(1.0, norms / C)
-    noise = rng.standard_normal(flat.shape) * (C * sigma / math.sqrt(T))
-    return (beta * flat + noise).reshape(np.shape(images))
+    # ||X|| of each row scaled by a power of two (exact), so that ||X||^2 cannot overflow
+    # or underflow: unit = 2^e with max|x_i| / unit in [1, 2), ||X|| = unit * ||X / unit||.
+    unit = _row_unit(flat)
+    scaled = flat / unit
+    scaled_norm = np.linalg.norm(scaled, axis=1, keepdims=True)
+    with np.errstate(over="ignore"):
+        ratio = unit * scaled_norm / C  # ||X|| / C; inf where it exceeds float64
+    beta = 1.0 / np.maximum(1.0, ratio)
+    # Where ||X|| / C is huge, beta X = C (X / unit) / ||X / unit||, which stays exact
+    # (beta itself would be 0 or a subnormal and drop the signal).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        signal = np.where(ratio <= 2.0**1000, beta * flat, C * (scaled / scaled_norm))
+    noise = rng.standard_normal(flat.shape) * noise_sd
+    return (signal + noise).reshape(np.shape(images))
+
+
+def _row_unit(rows: np.ndarray) -> np.ndarray:
+    """Per row, the power of two ``2^e`` with ``max|row| / 2^e`` in [1, 2) (1 for a zero row),
+    as a column; dividing by it is exact and brings every row to unit scale."""
+    peak = np.max(np.abs(rows), axis=1, keepdims=True)
+    _, exponent = np.frexp(peak)
+    return np.where(peak > 0, np.ldexp(1.0, exponent - 1), 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -875,7 +1138,19 @@ def attack_metrics(images, recon) -> AttackMetrics:
         \mathrm{NCC} = \frac{\langle x_c, \hat x_c\rangle}{\|x_c\|\,\|\hat x_c\|}
 
     (``x_c`` centred; NCC is the Pearson correlation). A constant image has
-    NaN NCC and PSNR ``-inf``.
+    NaN NCC and PSNR ``-inf``; a reconstruction equal to its image has MSE 0
+    and PSNR ``inf``.
+
+    Each row is scaled by a power of two before squaring (exact, so ordinary
+    inputs give the same numbers as the formulas above): PSNR and NCC are
+    finite for every finite input, whatever its magnitude.
+
+    Raises
+    ------
+    ValueError
+        Where an MSE is nonzero but outside float64's normal range (values
+        beyond about 1e154 or tiny differences): it would read inf or 0.
+        Rescale images and reconstructions together (e.g. to [0, 1]).
     """
     x = _images_2d("images", images)
     y = _images_2d("recon", recon)
@@ -883,11 +1158,34 @@ def attack_metrics(images, recon) -> AttackMetrics:
         raise ValueError(
             f"Shape mismatch: recon has shape {np.shape(recon)}, images {np.shape(images)}"
         )
-    mse = np.mean((x - y) ** 2, axis=1)
-    data_range = x.max(axis=1) - x.min(axis=1)
-    xc = x - x.mean(axis=1, keepdims=True)
-    yc = y - y.mean(axis=1, keepdims=True)
+    # MSE: difference and squares at unit scale; mse = mean(b^2) * 4^e with e the sum of the
+    # two power-of-two exponents, each scaling exact.
+    unit_xy = _row_unit(np.concatenate([x, y], axis=1))
+    diff = x / unit_xy - y / unit_xy
+    unit_d = _row_unit(diff)
+    mean_sq = np.mean((diff / unit_d) ** 2, axis=1)
+    log2_unit = np.log2(unit_xy[:, 0]) + np.log2(unit_d[:, 0])  # integers, exact
+    with np.errstate(over="ignore", under="ignore"):
+        mse = np.ldexp(mean_sq, (2.0 * log2_unit).astype(np.int64))
+    bad = (mean_sq > 0) & ~((mse >= _TINY) & (mse <= _HUGE))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        log_mse = math.log10(mean_sq[i]) + 2.0 * log2_unit[i] * math.log10(2.0)
+        raise ValueError(
+            f"the MSE of image {i} is {_sci(log_mse)}, outside {_NORMAL_RANGE}; rescale images "
+            "and recon together (e.g. divide both by max|images|) so that it is representable"
+        )
+    # PSNR = 10 log10(R^2 / MSE), with R and the MSE at unit scale and the scales in the log.
+    unit_x = _row_unit(x)
+    xs = x / unit_x
+    range_s = xs.max(axis=1) - xs.min(axis=1)  # R / unit_x
     with np.errstate(divide="ignore", invalid="ignore"):
-        psnr = 10.0 * np.log10(data_range**2 / mse)
+        psnr = (10.0 * np.log10(range_s**2 / mean_sq)
+                + 20.0 * math.log10(2.0) * (np.log2(unit_x[:, 0]) - log2_unit))
+    # NCC is scale-free: computed on the unit-scale rows.
+    ys = y / _row_unit(y)
+    xc = xs - xs.mean(axis=1, keepdims=True)
+    yc = ys - ys.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
         ncc = np.sum(xc * yc, axis=1) / (np.linalg.norm(xc, axis=1) * np.linalg.norm(yc, axis=1))
     return AttackMetrics(mse=mse, psnr=psnr, ncc=ncc)

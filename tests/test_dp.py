@@ -747,3 +747,166 @@ def test_ncc_cdf_quadrature_reaches_its_stated_precision(N):
         known = np.isfinite(want)  # scipy.stats.nct gives NaN far in the lower tail, where the CDF is ~0
         assert np.all(got[~known] < 1e-12) and known.mean() > 0.7
         np.testing.assert_allclose(got[known], want[known], rtol=0, atol=3e-5)
+
+
+# ------------------------------------------------- defects of the 2nd review
+def test_mse_cdf_at_huge_noncentrality_is_never_nan(mp):
+    """scipy.stats.ncx2 returns NaN from lam ~ 5e10 (mse_cdf did too); the Edgeworth fallback is checked
+    against the exact N = 1 form Phi(sqrt q - sqrt lam) - Phi(-sqrt q - sqrt lam) and the normal limit."""
+    zs = np.array([-8.0, -3.0, -1.0, -0.2, 0.0, 0.7, 2.0, 5.0])
+    for lam in (2e8, 1e11, 1e12, 1e20, 1e100, 1e300):
+        eta = lam + zs * math.sqrt(2 * (1 + 2 * lam))  # N = 1, s^2 = 1: q = eta
+        got = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=1, lam=lam)
+        for e, g in zip(eta, got):
+            q, lm = mp.mpf(e), mp.mpf(lam)
+            root_diff = (q - lm) / (mp.sqrt(q) + mp.sqrt(lm))  # sqrt q - sqrt lam without cancellation
+            want = mp.ncdf(root_diff) - mp.ncdf(-mp.sqrt(q) - mp.sqrt(lm))
+            assert g == pytest.approx(float(want), abs=1e-13, rel=0), (lam, e)
+    # The reported case, and a clipped MNIST-sized example at sigma = 1e-5 (lam ~ 2.4e12): normal oracle
+    # with the exact mean N + lam and variance 2(N + 2 lam); the skewness term is below 0.25 / sqrt(lam).
+    N, lam = 784, 1e11
+    got = dp.mse_cdf(1e11 / 784 + 1, sigma=1.0, C=1.0, N=N, lam=lam)
+    assert got == pytest.approx(stats.norm.cdf((1e11 + 784 - N - lam) / math.sqrt(2 * (N + 2 * lam))),
+                                abs=0.25 / math.sqrt(lam))
+    x = np.random.default_rng(0).random(784)
+    norm = float(np.linalg.norm(x))
+    beta, sigma = 1.0 / max(1.0, norm), 1e-5
+    lam = dp.mse_noncentrality(sigma=sigma, C=1.0, beta=beta, sq_norm=norm**2)
+    assert lam > 1e12
+    s2 = sigma**2
+    z = np.linspace(-4, 4, 9)
+    eta = (N + lam + z * math.sqrt(2 * (N + 2 * lam))) * s2 / N
+    got = dp.mse_cdf(eta, sigma=sigma, C=1.0, N=N, lam=lam)
+    assert np.all(np.isfinite(got)) and np.all(np.diff(got) > 0)
+    np.testing.assert_allclose(got, stats.norm.cdf(z), rtol=0, atol=0.25 / math.sqrt(lam))
+    # Where scipy works, both sides of the switch (N/2 + lam = 1e8) agree with it and with each other.
+    lam0 = 1e8 - N / 2
+    for lam in (lam0 * (1 - 1e-12), lam0, 1e9):
+        eta = (N + lam + z * math.sqrt(2 * (N + 2 * lam))) / N
+        np.testing.assert_allclose(dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N, lam=lam),
+                                   stats.ncx2.cdf(N * eta, N, lam), rtol=0, atol=5e-12)
+    eta = (N + lam0 + z * math.sqrt(2 * (N + 2 * lam0))) / N
+    below = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N, lam=lam0 * (1 - 1e-15))
+    # The step there is scipy's own error (a few 1e-12; the expansion's is 1e-13).
+    np.testing.assert_allclose(dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N, lam=lam0), below, rtol=0, atol=5e-12)
+    # Never NaN, in [0, 1], with the exact limits at eta <= 0 and eta = inf, also for huge N.
+    for N in (1, 784, 10**12, 2**53):
+        for lam in (1.0, 1e6, 1e11, 1e200, 1.7e308):
+            out = dp.mse_cdf(np.array([-1.0, 0.0, 1e-300, 1.0, 1e300, np.inf]), sigma=1.0, C=1.0, N=N, lam=lam)
+            assert np.all((out >= 0) & (out <= 1)), (N, lam, out)
+            assert out[0] == 0.0 and out[1] == 0.0 and out[-1] == 1.0
+
+
+def test_ncc_cdf_depends_on_variance_over_noise_variance_only():
+    """N Var(X) overflowed float64 (CDF [0, 0] instead of [0, 1]); nc = beta sqrt(N Var) / s."""
+    x = [0.7, 0.71]
+    big = dp.ncc_cdf(x, sigma=1e150, C=1.0, N=10**10, variance=1e300)
+    assert np.array_equal(big, dp.ncc_cdf(x, sigma=1.0, C=1.0, N=10**10, variance=1.0))
+    assert np.array_equal(big, [0.0, 1.0])  # r concentrates at nc / sqrt(nc^2 + N) = 1/sqrt(2) = 0.7071
+    mc = dp.ncc_cdf(x, sigma=1e150, C=1.0, N=10**10, variance=1e300, n_samples=2000, seed=3)
+    assert np.array_equal(mc, dp.ncc_cdf(x, sigma=1.0, C=1.0, N=10**10, variance=1.0, n_samples=2000, seed=3))
+    # N Var = 1e309 overflows, nc = sqrt(1e309) / 1e153 = 31.6 does not: oracle scipy.stats.nct.
+    N, var, sigma = 100, 1e307, 1e153
+    xs = np.linspace(0.9, 0.995, 9)
+    nc = math.sqrt(N) * math.sqrt(var) / sigma
+    want = stats.nct.cdf(xs * math.sqrt(N - 2) / np.sqrt(1 - xs**2), N - 2, nc)
+    np.testing.assert_allclose(dp.ncc_cdf(xs, sigma=sigma, C=1.0, N=N, variance=var), want, rtol=0, atol=3e-5)
+    # nc beyond float64 (here about 6.7e308): r = 1 almost surely, for both paths.
+    for kw in ({}, {"n_samples": 100, "seed": 0}):
+        out = dp.ncc_cdf([0.5, 1 - 1e-12, 1.0], sigma=1.5e-154, C=1.0, N=10**10, variance=1e300, **kw)
+        assert np.array_equal(out, [0.0, 0.0, 1.0])
+
+
+def test_simulate_attack_keeps_the_signal_of_huge_images():
+    """||X||^2 overflowed, so beta = 0 and the reconstruction was noise only: beta X = C X / ||X||."""
+    for value in (1e160, 1.7e308):
+        rec = dp.simulate_attack(np.full((1, 4), value), sigma=1e-10, C=1.0, seed=0)
+        np.testing.assert_allclose(rec, 0.5, rtol=1e-8)  # C / sqrt(N), the closed form
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(3, 2, 5))
+    for scale in (1e-200, 1e200):  # clipping is scale-free: the same direction, norm C
+        rec = dp.simulate_attack(X * scale, sigma=1e-12, C=2.0, seed=0).reshape(3, -1)
+        want = 2.0 * X.reshape(3, -1) / np.linalg.norm(X.reshape(3, -1), axis=1, keepdims=True)
+        np.testing.assert_allclose(rec, want if scale > 1 else X.reshape(3, -1) * scale, rtol=1e-9,
+                                   atol=1e-10 if scale > 1 else 1e-11)
+    with pytest.raises(ValueError, match=r"C sigma / sqrt\(T\) .* above float64's largest"):
+        dp.simulate_attack(np.ones((1, 3)), sigma=1e200, C=1e200, seed=0)
+
+
+def test_attack_metrics_are_finite_or_refused_at_any_scale():
+    """MSE inf and PSNR NaN for values ~1e160: PSNR and NCC are scale-free, the MSE scales by scale^2."""
+    rng = np.random.default_rng(2)
+    x = rng.random((3, 16))
+    y = x + rng.normal(0, 0.1, x.shape)
+    ref = dp.attack_metrics(x, y)
+    for scale in (2.0**500, 2.0**-500, 1e150, 1e-150):
+        m = dp.attack_metrics(x * scale, y * scale)
+        np.testing.assert_allclose(m.psnr, ref.psnr, rtol=1e-12)
+        np.testing.assert_allclose(m.ncc, ref.ncc, rtol=1e-12)
+        np.testing.assert_allclose(m.mse, ref.mse * scale**2, rtol=1e-12)
+    for scale in (1e160, 1e-160):
+        with pytest.raises(ValueError, match=r"the MSE of image 0 is \S+, outside float64's normal range"
+                                             r".*rescale images and recon together"):
+            dp.attack_metrics(x * scale, y * scale)
+    same = dp.attack_metrics(x * 1e160, x * 1e160)  # MSE exactly 0: not refused
+    assert np.all(same.mse == 0) and np.all(same.psnr == np.inf) and np.allclose(same.ncc, 1.0)
+
+
+def _message_number(pattern, text):
+    return float(re.search(pattern, text).group(1))
+
+
+def test_rero_bounds_below_float64_are_refused(mp):
+    """Upper bounds on a success probability returned as 0 (true 7.07e-618) or a subnormal: refused,
+    naming the bound (checked against mpmath) and the thresholds that work."""
+    N, a = 784, mp.mpf(392)
+    for eta in (0.01, 0.06379094773693424):
+        with pytest.raises(ValueError, match=r"ReRo bound Pr\[MSE <= eta\] at eta = .* below float64's "
+                                             r"smallest normal number") as exc:
+            dp.rero_mse(eta=eta, sigma=1.0, C=1.0, N=N)
+        want = mp.gammainc(a, 0, N * mp.mpf(eta) / 2, regularized=True)
+        said = re.search(r"is about (\d\.\d+)e([+-]\d+)", str(exc.value))
+        assert mp.mpf(said.group(1)) * mp.mpf(10) ** int(said.group(2)) == pytest.approx(want, rel=0.01)
+        eta_min = _message_number(r"pass eta >= (\S+) ", str(exc.value))
+        assert TINY <= dp.rero_mse(eta=eta_min, sigma=1.0, C=1.0, N=N) < 1e-300
+        with pytest.raises(ValueError):
+            dp.rero_mse(eta=[0.5, eta], sigma=1.0, C=1.0, N=N)   # arrays too
+    assert dp.rero_mse(eta=[-1.0, 0.0], sigma=1.0, C=1.0, N=N).tolist() == [0.0, 0.0]  # exactly 0
+    with pytest.raises(ValueError, match=r"Pr\[PSNR >= eta\] at eta = 30\.0 is about (\S+), below") as exc:
+        dp.rero_psnr(eta=30.0, sigma=1.0, C=1.0, N=N)
+    eta_max = _message_number(r"pass eta <= (\S+) dB", str(exc.value))
+    got = dp.rero_psnr(eta=eta_max, sigma=1.0, C=1.0, N=N)
+    want = mp.gammainc(a, 0, N * mp.mpf(10) ** (-mp.mpf(eta_max) / 10) / 2, regularized=True)
+    assert TINY <= got and got == pytest.approx(float(want), rel=1e-9)
+    assert dp.rero_psnr(eta=math.inf, sigma=1.0, C=1.0, N=N) == 0.0  # Pr[PSNR = inf] = 0 exactly
+    with pytest.raises(ValueError, match=r"Pr\[PSNR >= eta\] at eta = 10000\.0 is about"):
+        dp.rero_psnr(eta=1e4, sigma=1.0, C=1.0, N=N)  # eta_hat = 1e-1000 underflowed to a bound of 0
+
+
+def test_expected_mse_beyond_float64_is_refused():
+    with pytest.raises(ValueError, match=r"expected MSE .* = 2\.7e\+308 .* above float64's largest"):
+        dp.expected_mse(sigma=1e154, C=1.0, beta=1e-10, mean_square=1.7e308)
+    assert dp.expected_mse(sigma=1e150, C=1.0, beta=0.5, mean_square=4e300) == pytest.approx(2e300, rel=1e-15)
+
+
+def test_worst_case_success_is_never_below_the_exact_bound(mp):
+    """An upper bound: the float must not land below Phi(Phi^-1(kappa) + mu) (it did by 1.8e-13
+    at kappa = 1e-300, mu = 0.01); at most 2e-14 above it."""
+    for kappa in (2.3e-308, 1e-300, 1e-200, 1e-50, 1e-10, 0.1, 0.5, 0.9):
+        for mu in (1e-12, 1e-3, 0.01, 0.3, 1.0, 5.0, 10.0, 20.0, 30.0, 37.0):
+            for T in (1, 7):
+                sigma = math.sqrt(T) / mu
+                with mp.workdps(400):
+                    z = mp.sqrt(2) * mp.erfinv(2 * mp.mpf(kappa) - 1)
+                    want = mp.ncdf(z + mp.sqrt(T) / mp.mpf(sigma))
+                    got = dp.worst_case_success(kappa=kappa, sigma=sigma, T=T)
+                    assert want <= got <= max(want * (1 + mp.mpf(2e-14)), 1), (kappa, mu, T)
+
+
+def test_cli_table_prints_distinct_inputs_distinctly(capsys):
+    assert main(["dp", "table", "--sigma", "0.5", "--N", "784", "--kappa", "0.999999999", "0.9999999999"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    kappas = [dict(zip(header, line.split()))["kappa"] for line in lines[2:]]
+    assert kappas == ["0.999999999", "0.9999999999"]
+    assert dict(zip(header, lines[2].split()))["C"] == "1"
