@@ -629,8 +629,8 @@ def _step_magnitude(magnitude, slope, eps64, z64):
 #: Without it float64's rounding of the forward passes, ~1e-13 of D at ordinary σ, was never counted: about
 #: one mode in ten passed the exact |c_k|/√D of its step by up to 5.5e-14 (tanh, sigmoid, softplus, GELU MLPs
 #: against 60-digit arithmetic), and by 3e-7 at σ = 1e-6 of the features' RMS. The measured errors reached
-#: ~6× the first-order estimate (:func:`_rounding_error`) there; the bracket is 32×, which costs a bound
-#: ~64 × that estimate (1e-11 at ordinary σ, 6e-5 where the warning starts).
+#: ~6× the first-order estimate (:func:`_rounding_error`) there; the bracket is 32×, which costs
+#: ~64 × that estimate on D, 32 × on a bound (~1e-12 at ordinary σ, 3e-5 where the warning starts).
 _ROUNDING_BRACKET = 32
 
 
@@ -673,7 +673,7 @@ def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float) -> None
         validation.warn(f"{n_risky} {what} moved the features so little next to their size that float64's rounding "
                         f"of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to ~{worst:.1g} "
                         f"(relative); D is taken {_ROUNDING_BRACKET}x that far up, so their bounds are lower by up to "
-                        f"~{2 * _ROUNDING_BRACKET * worst:.1g} to stay below the exact ones: pass a sigma nearer the "
+                        f"~{_ROUNDING_BRACKET * worst:.1g} to stay below the exact ones: pass a sigma nearer the "
                         f"features' scale (hcrfast.rms_sigma(features, scale))")
 
 

@@ -970,7 +970,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "reason": ("float64's rounding of a(theta+eps) - a(theta) may move these restarts' D, and their bounds "
                        "with it, by up to the worst relative error (sigma * size small next to the features' size: a "
                        "larger --sigma-scale removes it); D is taken 32x that far up, so their bounds are lower by "
-                       "up to 64x it, to stay below the exact ones"),
+                       "up to 32x it, to stay below the exact ones"),
         },
         "lsqr": _lsqr_stats(merged["lsqr_iterations"], merged["lsqr_istop"]),
         "targeted": _targeted_stats(targets, std, merged["std_algorithm1"], singular_steps),
