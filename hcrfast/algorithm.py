@@ -620,7 +620,8 @@ def _step_magnitude(magnitude, slope, eps64, z64):
     if slope is not None:
         reach = xp.max(xp.abs(eps64), axis=1, keepdims=True) if eps64.shape[1] else xp.zeros((len(eps64), 1))
         mag = xp.maximum(mag, slope * reach)
-    return mag + xp.abs(z64)
+    mag = mag + xp.abs(z64)   # (a fresh array: the callers' are not touched)
+    return mag
 
 
 #: Each feature of a certified shift z = a(θ+ε) − a(θ) is taken to lie within ``_ROUNDING_BRACKET·u·m_j`` of
@@ -647,7 +648,8 @@ def _widened(z64, mag, eps64=None, slope=None, moved=None):
     if slope is not None and eps64 is not None:
         reach = xp.max(xp.abs(eps64), axis=1, keepdims=True) if eps64.shape[1] else xp.zeros((len(eps64), 1))
         w = xp.where(z64 == 0, xp.minimum(w, slope * reach), w)
-    return xp.where(moved[:, None], xp.where(z64 < 0, z64 - w, z64 + w), z64)
+    w = xp.where(moved[:, None], w, 0.0)
+    return z64 + xp.copysign(w, z64)   # away from 0 (a shift of +0 or -0: by w either way, D is even in it)
 
 
 def _coarse_shifts(rel):
