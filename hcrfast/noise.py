@@ -67,7 +67,8 @@ def _rows(z):
     if z.ndim == 0:
         raise ValueError("z must have a leading batch axis, shape (B, n); got a scalar. "
                          "For one shift vector pass z[None]")
-    return xp, z.reshape(z.shape[0], -1).astype(xp.float64)
+    n = math.prod(z.shape[1:])   # (not -1: an empty batch (0, n) has rows of n all the same)
+    return xp, z.reshape(z.shape[0], n).astype(xp.float64)
 
 
 #: D below this is not resolved in float64: its terms were squared below float64's normal range (2^-1022),
@@ -161,8 +162,7 @@ class Gaussian:
 
     def divergence(self, z):
         """``D`` for each row of ``z`` (B, n), in float64."""
-        xp = get_array_module(z)
-        z = z.reshape(z.shape[0], -1).astype(xp.float64)
+        xp, z = _rows(z)
         # σ·σ, not σ**2: Python's float power raises OverflowError past 1e154. Where |z|² or σ² leaves
         # [2^-960, 2^960] their squares lose digits (subnormal) or overflow: those rows take (z/σ)² instead,
         # which stays exact wherever z/σ is normal (the same bits elsewhere as before 2026-11-30).

@@ -615,3 +615,14 @@ def test_a_user_law_whose_d_is_not_a_divergence_is_named(values, message):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
     with pytest.raises(ValueError, match=message):
         hcrfast.bound(model, torch.randn(1, 1, 4, 4, dtype=torch.float64), _OwnLaw(values), iterations=2, restarts=2)
+
+
+@pytest.mark.parametrize("law", [Gaussian(0.5), Laplace(0.5)])
+def test_every_law_takes_a_tensor_and_an_empty_batch(law):
+    """Gaussian's D read ``z.astype`` (a torch tensor has none) and every law reshaped an empty batch (0, n)
+    with -1, which NumPy refuses; both are shifts like any other: D of the tensor's values, and no rows."""
+    import torch
+
+    z = np.array([[0.1, -0.2, 0.3], [0.0, 0.0, 0.4]])
+    np.testing.assert_array_equal(law.divergence(torch.as_tensor(z)), law.divergence(z))
+    assert law.divergence(np.zeros((0, 3))).shape == (0,)
