@@ -907,3 +907,15 @@ def test_targets_gain_checks_every_targeted_bound_with_its_own_passes(tmp_path, 
     monkeypatch.setattr(hcrfast, "bound", inflated)
     with pytest.raises(SystemExit, match="differ"):
         script.main([str(a) for a in args[:-2]])
+
+
+def test_rank_rule_script_compares_both_tolerances_and_restores_the_default(tmp_path):
+    out = tmp_path / "rr.json"
+    proc = run_script("rank_rule.py", "digits", "--examples", "3", "--restarts", "2", "--iterations", "2",
+                      "--threads", "1", "--json", out)
+    r = json.loads(out.read_text())
+    assert set(r["rules"]) == {"max", "sqrt"} and len(r["ratio"]) == 3
+    assert np.allclose(r["ratio"], np.asarray(r["rules"]["sqrt"]["per_example"]) / r["rules"]["max"]["per_example"])
+    assert "examples changed" in proc.stdout
+    from hcrfast import dense
+    assert dense._checked(torch.zeros(1, 4, 9, dtype=torch.float32), None, "auto") == 3 * torch.finfo(torch.float32).eps
