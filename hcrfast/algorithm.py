@@ -1418,7 +1418,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         LSQR with the ``lsqr`` stopping rules. "dense": build every example's J once
         (min(n, p) products), factor it in float64 and solve every step exactly,
         ``ε(j) = J⁺ z̃`` (the minimum-norm solution LSQR from zero converges to; singular
-        values under ``max(n, p)·eps`` of J's dtype relative to the largest count as zero,
+        values under ``sqrt(max(n, p))·eps`` of J's dtype relative to the largest count as zero,
         :func:`hcrfast.dense.min_norm_solver`); needs ``linearize_at="input"``. "krylov": per
         example, one LSQR on restart 0's start vector with its Lanczos vectors kept and
         reorthogonalized (:mod:`hcrfast.krylov`), grown until the Krylov space is exhausted

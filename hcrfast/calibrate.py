@@ -206,6 +206,16 @@ def _zeros(bounds, statistic: str, modes) -> str:
     return f"at the last, {int(np.sum(values == 0))} of the {values.size} {of} are 0"
 
 
+def _rounding_zeros(bounds) -> bool:
+    """Whether some of ``bounds``' zero steps are float rounding (a shift below float64's resolution of the
+    features, or D not established: ``zero_step_kind`` "rounded", "coarse", "uncertified"), which a larger σ
+    lifts: a σ0 of 1e-14 of the features' RMS gives bounds of 0 at 1 and 100 × σ0, and 0.9 at 1e14 ×."""
+    from hcrfast.algorithm import zero_step_kind
+
+    reasons = getattr(bounds, "params", {}).get("zero_step_reasons") or []
+    return any(zero_step_kind(r) in ("rounded", "coarse", "uncertified") for r in reasons)
+
+
 def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5, statistic: str = "std",
               modes=None, rtol: float = 0.05, max_calls: int = 8, checkpoint=None, progress: bool = False,
               reuse_bytes: int | None = None, **bound_kwargs) -> SigmaSearch:
@@ -721,7 +731,7 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
         probe = None
         if meets is None:  # does the statistic still grow with sigma?
             scales = [h["scale"] for h in history]
-            if best[1] == 0 and max(scales) >= min(scales) * MAX_STEP * (1 - 1e-12):
+            if best[1] == 0 and max(scales) >= min(scales) * MAX_STEP * (1 - 1e-12) and not _rounding_zeros(res):
                 zero = "" if zeros is None else f"; {zeros(res)}"
                 note = (f"the {what} stayed 0 from sigma scale {min(scales):.6g} to {max(scales):.6g} x sigma0 "
                         f"(a factor {max(scales) / min(scales):.6g}{zero}): no step of the bound moved the modes "
@@ -743,7 +753,7 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
                         f"dtype rounds the steps away); lower the target, or see the curve around the peak with "
                         f"hcrfast.sweep_sigma")
                 break
-            if upper:  # the largest value at the smallest sigma tried: the peak may lie below it
+            if upper and best[1] > 0:  # the largest value at the smallest sigma tried: the peak may lie below it
                 probe = max(best[0] * best[0] / min(upper), best[0] / MAX_STEP)
         if len(history) >= max_calls:
             note = f"stopped after max_calls={max_calls} bound calls"

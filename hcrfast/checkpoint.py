@@ -294,14 +294,19 @@ class Checkpoint:
                 continue
             file.unlink(missing_ok=True)
 
-    def save(self, start: int, stop: int, **arrays) -> None:
+    def save(self, start: int, stop: int, **arrays) -> None:  # (the chunk's rows: start..stop-1)
         arrays["key_sha256"] = np.array(self.key_sha256)
         if self.arithmetic is not None:
             arrays["arithmetic"] = np.array(self.arithmetic)
             self.arithmetics.add(self.arithmetic)
         if self.chunk_size is not None:   # the size it was computed in: no larger than the call (a chunk of 8
-            #                                 examples of a call of 8 under an automatic size of 49,932 is one of 8)
+            #                                 examples of a call of 8 under an automatic size of 49,932 is one of 8),
+            # nor than the rows it was computed with where it refills a gap (a chunk set aside, of 2 examples,
+            # computed again by a call in chunks of 3, is one of 2: those are the examples its rounding saw)
+            # (a call's last chunk is short by its own size: it keeps the size it was planned in)
             size = min(int(self.chunk_size), len(self.example_ids))
+            if stop < len(self.example_ids):
+                size = min(size, stop - start)
             arrays["chunk_size"] = np.int64(size)
             self.chunk_sizes.add(size)
         atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],

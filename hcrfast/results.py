@@ -326,7 +326,7 @@ class Bounds:
             d = p.get("dense")
             lines.append(f"  dense solve: J built with {float(d.get('jacobian_products', float('nan'))):.1f} products per "
                          f"example (a VJP per nonzero row and 3 products to find them, or one per row or column; and one "
-                         f"VJP that checks J), numerical rank of J (singular values above max(n, p)·eps of its dtype "
+                         f"VJP that checks J), numerical rank of J (singular values above sqrt(max(n, p))·eps of its dtype "
                          f"× the largest) median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; "
                          f"every step exact"
                          if d else "  dense solve: every step exact")  # (reproduce's merged runs: no per-call counts)

@@ -370,7 +370,7 @@ class TargetedBounds:
                   f"size={self.params.get('size', float('nan')):.4g})"),
                  quantile_line(vals)]
         if h.null_dim is not None:
-            lines.append(f"  local null space of J (singular values at most max(n, p)·eps of its dtype × the "
+            lines.append(f"  local null space of J (singular values at most sqrt(max(n, p))·eps of its dtype × the "
                          f"largest): dimension median {np.median(h.null_dim):.0f}, max {np.max(h.null_dim)}")
         n_inf = int(h.infinite.sum())
         if n_inf:

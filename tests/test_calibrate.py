@@ -6,6 +6,7 @@ steps to σ (the same seed draws the same start vectors, scaled)."""
 import contextlib
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -711,3 +712,18 @@ def test_summaries_say_when_the_bounds_are_not_certified():
     assert sweep.summary().startswith("2 sigmas, NOT certified: certify=False bounds at each")
     assert "(certified, " in hcrfast.sigma_for(model, x, 0.05, **kw).summary().splitlines()[0]
     assert hcrfast.sweep_sigma(model, x, [1.0], **kw).summary().startswith("1 sigma, certified bounds at each")
+
+
+def test_bounds_of_0_from_float_rounding_do_not_end_the_search():
+    """A σ0 of 1e-14 of the features' RMS: the shifts are below float64's resolution of the features, so
+    the bounds are 0 at 1 and 100 × σ0 (D not established), and the search stopped there, saying no step moved
+    the modes; rounding lifts with σ, so it goes on up (0.94 at 1e14 × σ0 before the zero rule existed)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.Tanh(),
+                            torch.nn.Linear(32, 20)).double().eval()
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(1)).double()
+    s0 = hcrfast.rms_sigma(m(x).detach(), 1.0) * 1e-14
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = hcrfast.sigma_for(m, x, 1.0, sigma0=s0, restarts=2, iterations=2, max_calls=12)
+    assert len(found.history) > 2 and max(h["statistic"] for h in found.history) > 0

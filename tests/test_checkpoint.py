@@ -1182,3 +1182,21 @@ def test_an_unreadable_features_file_names_the_way_out(tmp_path):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
     (tmp_path / "features.npy").unlink()
     hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+
+
+def test_a_chunk_computed_again_in_a_gap_records_the_rows_it_was_computed_with(tmp_path):
+    """A chunk of 2 examples set aside and computed again by a call in chunks of 3 is computed with those 2
+    rows alone, as the first call did: bitwise the same, so no "chunks of different sizes" warning (it said
+    (2, 3) before); a call's short last chunk keeps the size it was planned in."""
+    model, x = relu_mlp(), batch(B=5)
+    first = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **kw("dense"))
+    victim = tmp_path / "chunk_000000000_000000002.npz"
+    with open(victim, "wb") as fh:
+        np.save(fh, np.arange(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, **dict(kw("dense"), chunk_size=3))
+    said = [str(w.message) for w in caught]
+    assert not any("chunks of different sizes" in m for m in said), said
+    assert_same(again, first)
+    assert int(np.load(tmp_path / "chunk_000000004_000000005.npz")["chunk_size"]) == 2
