@@ -910,3 +910,107 @@ def test_cli_table_prints_distinct_inputs_distinctly(capsys):
     kappas = [dict(zip(header, line.split()))["kappa"] for line in lines[2:]]
     assert kappas == ["0.999999999", "0.9999999999"]
     assert dict(zip(header, lines[2].split()))["C"] == "1"
+
+
+# ------------------------------------------------- defects of the 3rd review
+# scipy's gammainc / chi2.cdf truncates its series for large a = N/2 and falls BELOW the exact
+# P(a, x): -4.3e-6 at N = 2e6, -3% at N = 2e7, -35% at N = 2e8 (5 standard deviations below the
+# mean), so rero_mse / rero_psnr were false upper bounds and mse_cdf jumped 35% between lam = 0
+# and lam = 1e-300. From a = 1e5 on the module uses Temme's uniform expansion. Oracle:
+# P(a, x) = x^a e^-x / Gamma(a + 1) 1F1(1; a + 1; x) in mpmath at 50 digits.
+BIG_N = (200_000, 2_000_000, 20_000_000, 200_000_000)
+BIG_Z = (-35.0, -30.0, -20.0, -10.0, -5.0, -2.0, -0.3, 0.0, 0.4, 2.0, 5.0, 8.0)
+
+
+def _exact_gammainc(mp, a, x):
+    a, x = mp.mpf(a), mp.mpf(x)
+    return mp.exp(a * mp.log(x) - x - mp.loggamma(a + 1)) * mp.hyp1f1(1, a + 1, x, maxterms=10**8)
+
+
+def _chi2_points(N, zs=BIG_Z):
+    """eta (at sigma = C = 1) at z standard deviations of chi^2_N, and x = N eta / 2 as the module forms it."""
+    eta = (N + np.asarray(zs) * math.sqrt(2 * N)) / N
+    return eta, (N * eta) * 0.5
+
+
+def test_reported_rero_mse_at_n_2e8_is_not_35_percent_low():
+    N = 200_000_000
+    eta = (N - 5 * math.sqrt(2 * N)) / N
+    exact = 2.854642139958626e-07   # mpmath, 50 digits
+    got = dp.rero_mse(eta=eta, sigma=1, C=1, N=N)
+    assert exact <= got <= exact * (1 + 2e-13)
+    assert dp.mse_cdf(eta, sigma=1, C=1, N=N, lam=0.0) == pytest.approx(exact, rel=1e-14)
+
+
+@pytest.mark.parametrize("N", BIG_N)
+def test_central_chi2_cdf_for_large_n_against_mpmath(mp, N):
+    """mse_cdf(lam = 0): relative error below 2e-14 where the CDF <= 1/2, absolute 5e-16 above."""
+    eta, x = _chi2_points(N)
+    got = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N)
+    for g, xi, z in zip(got, x, BIG_Z):
+        want = _exact_gammainc(mp, N / 2, xi)
+        if want <= 0.5:
+            assert abs(g - want) <= 2e-14 * want, (N, z, g, want)
+        else:
+            assert abs(g - want) <= 5e-16, (N, z, g, want)
+
+
+@pytest.mark.parametrize("N", BIG_N)
+def test_rero_bounds_for_large_n_are_never_below_the_exact_value(mp, N):
+    """Upper bounds: never below P(N/2, x), and at most 2e-13 (relative) above it."""
+    eta, x = _chi2_points(N)
+    got = dp.rero_mse(eta=eta, sigma=1.0, C=1.0, N=N)
+    for g, xi, z in zip(got, x, BIG_Z):
+        want = _exact_gammainc(mp, N / 2, xi)
+        assert want <= g <= min(1, want * (1 + mp.mpf(2e-13))), (N, z, g, want)
+    # PSNR thresholds giving the same x (the module forms x = 10^(log10(N/2) - eta/10)).
+    psnr = 10.0 * (math.log10(N / 2.0) - np.log10(x))
+    got = dp.rero_psnr(eta=psnr, sigma=1.0, C=1.0, N=N)
+    x_psnr = 10.0 ** (math.log10(N / 2.0) - 0.0 + 2.0 * 0.0 - psnr / 10.0)
+    for g, xi, z in zip(got, x_psnr, BIG_Z):
+        want = _exact_gammainc(mp, N / 2, xi)
+        assert want <= g <= min(1, want * (1 + mp.mpf(2e-13))), (N, z, g, want)
+
+
+def test_mse_cdf_is_continuous_at_lam_0_for_large_n():
+    """lam = 0 (Temme) and lam = 1e-300 (scipy's ncx2, or the Edgeworth expansion from N/2 = 1e8 on)
+    agree: they differed by 35% at N = 2e8."""
+    for N in (2_000_000, 20_000_000, 200_000_000, 10**12):
+        eta, _ = _chi2_points(N, (-5.0, -2.0, 0.0, 3.0))
+        at0 = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N, lam=0.0)
+        near0 = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N, lam=1e-300)
+        np.testing.assert_allclose(at0, near0, rtol=1e-7, atol=1e-13)
+        if N <= 20_000_000:   # both from accurate methods below the Edgeworth switch
+            np.testing.assert_allclose(at0, near0, rtol=2e-13, atol=0)
+
+
+def test_central_chi2_below_and_at_the_switch():
+    """Below N/2 = 1e5 scipy is used bitwise as before; at the switch Temme and scipy (accurate to
+    3e-13 there) agree."""
+    zs = np.array([-30.0, -10.0, -3.0, 0.0, 3.0])
+    for N in (784, 199_998):
+        eta = (N + zs[1:] * math.sqrt(2 * N)) / N if N == 784 else (N + zs * math.sqrt(2 * N)) / N
+        assert np.array_equal(dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N), stats.chi2.cdf(N * eta, N))
+        assert np.array_equal(dp.rero_mse(eta=eta, sigma=1.0, C=1.0, N=N),
+                              special.gammainc(N / 2, N * eta / 2))
+    N = 200_000
+    eta = (N + zs * math.sqrt(2 * N)) / N
+    np.testing.assert_allclose(dp.mse_cdf(eta, sigma=1.0, C=1.0, N=N), stats.chi2.cdf(N * eta, N),
+                               rtol=1e-12, atol=0)
+    # The exact limits and eta <= 0 stay exact.
+    out = dp.mse_cdf(np.array([-1.0, 0.0, 1e-300, 1e300, np.inf]), sigma=1.0, C=1.0, N=N)
+    assert out.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert dp.rero_mse(eta=[-1.0, 0.0, np.inf], sigma=1.0, C=1.0, N=N).tolist() == [0.0, 0.0, 1.0]
+
+
+def test_tiny_rero_bound_for_large_n_is_refused_with_working_threshold(mp):
+    N = 200_000_000
+    eta = (N - 40 * math.sqrt(2 * N)) / N
+    with pytest.raises(ValueError, match=r"below float64's smallest normal number") as exc:
+        dp.rero_mse(eta=eta, sigma=1.0, C=1.0, N=N)
+    want = _exact_gammainc(mp, N / 2, N * eta / 2)
+    said = re.search(r"is about (\d\.\d+)e([+-]\d+)", str(exc.value))
+    assert mp.mpf(said.group(1)) * mp.mpf(10) ** int(said.group(2)) == pytest.approx(want, rel=0.01)
+    eta_min = _message_number(r"pass eta >= (\S+) ", str(exc.value))
+    got = dp.rero_mse(eta=eta_min, sigma=1.0, C=1.0, N=N)   # eta_min is printed to 3 digits, rounded up
+    assert TINY <= got and got >= _exact_gammainc(mp, N / 2, N * eta_min / 2)
