@@ -95,7 +95,9 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         resume = ("; the chunks that finished are kept, and the same command resumes"
-                  if args.command in ("reproduce", "bound") else "")
+                  if args.command in ("reproduce", "bound") else
+                  "; the epochs that finished are kept (OUT.resume), and the same command resumes"
+                  if args.command == "train" else "")
         print(f"hcrfast: interrupted{resume}", file=sys.stderr)
         return 130
     finally:

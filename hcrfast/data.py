@@ -170,7 +170,8 @@ def _mnist(root: Path, split: str, download: bool) -> tuple[torch.Tensor, torch.
     except RuntimeError as exc:
         if download and missing:
             raise _download_failed("MNIST", root, exc) from exc
-        raise ValueError(f"torchvision could not read MNIST from {raw}: {exc}") from exc
+        raise ValueError(f"torchvision could not read MNIST from {raw}: {exc}. The files are damaged or "
+                         f"truncated: delete them and fetch them again (--download)") from exc
     except (AssertionError, TypeError, ValueError) as exc:  # torchvision's idx parser asserts
         raise ValueError(
             f"The MNIST files in {raw} are not valid idx files ({type(exc).__name__}: {exc}). "
@@ -179,7 +180,15 @@ def _mnist(root: Path, split: str, download: bool) -> tuple[torch.Tensor, torch.
     except OSError as exc:  # URLError is an OSError
         raise _download_failed("MNIST", root, exc) from exc
     images = ds.data.to(torch.float32).div_(255.0).unsqueeze(1)
-    return images, ds.targets.to(torch.int64)
+    labels = ds.targets.to(torch.int64)
+    # the idx files of a split come in a pair: a labels file of another count or with classes past 0..9
+    # (damaged, or of another dataset) would crash training far from here, or pair images with wrong labels
+    if labels.shape != (len(images),) or (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) <= 9):
+        raise ValueError(
+            f"The MNIST {split} files in {raw} disagree: {len(images)} images but labels of shape "
+            f"{tuple(labels.shape)}" + (f", classes {int(labels.min())}..{int(labels.max())} (MNIST's are 0..9)"
+                                         if len(labels) else "") + ". Delete them and fetch them again (--download).")
+    return images, labels
 
 
 def _cifar10(root: Path, split: str, download: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -364,6 +364,12 @@ def _check_or_write_run(out: Path, key: dict, sigma: float) -> float:
             stored = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise RunMismatchError(f"{path} is unreadable ({exc}); use a fresh --out") from exc
+        old = stored.get("key", {}).get("format") if isinstance(stored.get("key"), dict) else None
+        if old != key.get("format"):   # no rerun resumes it: its bounds are not this version's
+            raise RunMismatchError(
+                f"{out} holds a run written by another version of hcrfast (format: {old} -> {key.get('format')}), "
+                f"whose chunks this one does not mix with its own (see the README's notes on run folders); pass a "
+                f"fresh --out (or delete {out}) to compute the run again")
         try:
             check_key(out, stored.get("key", {}), key, f"Rerun with the same arguments to resume it, or pass a "
                                                           f"fresh --out (or delete {out}) to start a new run.")
@@ -666,6 +672,7 @@ def run(
             raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
         # by this call, with the parents it makes (runs/ for the default OUT): taken back if it fails early
         made = [p for p in (*reversed(out.parents), out, out / "chunks") if not p.exists()]
+        fresh = not (out / "run.json").exists()
         try:
             return _run(name, examples=examples, restarts=restarts, iterations=iterations, size=size,
                         sigma_scale=sigma_scale, limit=limit, seed=int(seed), device=device, out=out,
@@ -677,6 +684,10 @@ def run(
                         crash_after_chunks=crash_after_chunks, world=world, t_start=t_start)
         except BaseException:
             if world.rank == 0:
+                # a run that failed before its first chunk (a --size that overflows, say) takes back the
+                # run.json it wrote, so that the corrected command may use the same --out
+                if fresh and not any((out / "chunks").glob("*.npz")):
+                    (out / "run.json").unlink(missing_ok=True)
                 _remove_if_empty(made)
             raise
 

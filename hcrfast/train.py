@@ -24,6 +24,7 @@ import numbers
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,10 @@ def train(
 
     zm = _zoo.build(name, seed=seed)
     dataset = zm.dataset
+    if download and dataset not in ("mnist", "cifar10"):   # as hcrfast reproduce: nothing to fetch, not an error
+        warnings.warn(f"download=True ignored: {dataset} is not downloadable (digits ships with scikit-learn; "
+                      f"ImageNet must be local)", stacklevel=2)
+        download = False
     train_x, train_y = _data.load(dataset, split="train", root=data_root, download=download, limit=limit)
     test_x, test_y = _data.load(dataset, split="test", root=data_root, download=download, limit=limit)
     # What an interrupted run must share with this one to be resumed by it (epochs excepted: see above).

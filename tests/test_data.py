@@ -177,3 +177,22 @@ def test_bad_arguments():
         data.load("digits", resize=104)
     with pytest.raises(ValueError, match="download"):
         data.load("imagenet", download=True)
+
+
+def test_mnist_labels_that_disagree_with_the_images_are_refused(tmp_path):
+    """A labels file of 30 for 40 images was loaded as is (training then died with an IndexError far away, and
+    a limit of 20 paired the first 20 silently); classes past 9 crashed the loss. Both are refused at load,
+    naming the way out."""
+    import struct
+
+    import _fakedata
+    from hcrfast import data
+
+    _fakedata.write_mnist(tmp_path, n_train=40, n_test=8)
+    labels = tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte"
+    labels.write_bytes(struct.pack(">II", 0x801, 30) + bytes(30))
+    with pytest.raises(ValueError, match=r"40 images but labels of shape \(30,\).*--download"):
+        data.load("mnist", split="train", root=tmp_path)
+    labels.write_bytes(struct.pack(">II", 0x801, 40) + bytes([200] * 40))
+    with pytest.raises(ValueError, match=r"classes 200\.\.200 \(MNIST's are 0\.\.9\)"):
+        data.load("mnist", split="train", root=tmp_path)

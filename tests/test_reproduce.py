@@ -173,7 +173,22 @@ def test_a_run_of_an_earlier_format_is_refused(first, weights, tmp_path, capsys)
     stored["key"]["format"] = 5
     (old / "run.json").write_text(json.dumps(stored))
     code = cli.main(["reproduce", "digits", *TINY, "--out", str(old), "--weights", str(weights)])
-    assert code == 2 and "format: 5 -> 6" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "format: 5 -> 6" in err
+    # no rerun resumes it (the generic "rerun with the same arguments to resume it" could not work)
+    assert "another version of hcrfast" in err and "fresh --out" in err and "Rerun with the same" not in err
+
+
+def test_a_run_that_fails_before_its_first_chunk_leaves_no_run_json(weights, tmp_path, capsys):
+    """A --size that overflows fails before any chunk is written; its run.json stayed behind, and the corrected
+    command in the same --out was refused for "other arguments (size: 1e+300 -> 0.005)"."""
+    out = tmp_path / "ex"
+    args = ["reproduce", "digits", "--examples", "2", "--restarts", "2", "--iterations", "2", "--weights",
+            str(weights), "--out", str(out)]
+    assert cli.main([*args, "--size", "1e300"]) == 2
+    assert not (out / "run.json").exists()
+    capsys.readouterr()
+    assert cli.main(args) == 0
 
 
 def test_cold_start_is_recorded_and_not_mixed_with_warm_chunks(first, weights, tmp_path, capsys):

@@ -149,3 +149,24 @@ def test_a_damaged_resume_file_is_refused_with_the_fix(tmp_path):
     train.resume_path(out).write_bytes(b"not a torch file")
     with pytest.raises(train.CheckpointMismatchError, match=r"not a resumable run of hcrfast train.*Delete"):
         train.train("digits", out=out, epochs=1, limit=64, progress=False)
+
+
+def test_train_digits_with_download_ignores_it_as_reproduce_does(tmp_path):
+    """``hcrfast reproduce digits --download`` notes the flag is ignored (digits ships with scikit-learn);
+    ``hcrfast train digits --download`` failed (download=True is supported for mnist and cifar10 only)."""
+    with pytest.warns(UserWarning, match=r"download=True ignored: digits is not downloadable"):
+        train.train("digits", epochs=1, out=tmp_path / "d.pt", download=True, progress=False)
+    assert (tmp_path / "d.pt").is_file()
+
+
+def test_an_interrupted_train_names_the_resume(monkeypatch, tmp_path, capsys):
+    """Ctrl-C in ``hcrfast train`` said only "interrupted", though OUT.resume is kept and the same command
+    resumes (reproduce and bound said so)."""
+    from hcrfast import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "train", interrupted)
+    assert cli.main(["train", "digits", "--epochs", "1", "--out", str(tmp_path / "d.pt")]) == 130
+    assert "the same command resumes" in capsys.readouterr().err
