@@ -686,8 +686,11 @@ def run(
             if world.rank == 0:
                 # a run that failed before its first chunk (a --size that overflows, say) takes back the
                 # run.json it wrote, so that the corrected command may use the same --out
-                if fresh and not any((out / "chunks").glob("*.npz")):
-                    (out / "run.json").unlink(missing_ok=True)
+                try:
+                    if fresh and (out / "run.json").is_file() and not any((out / "chunks").glob("*.npz")):
+                        (out / "run.json").unlink()
+                except OSError:   # (an --out that cannot be a folder: the run's own error says so)
+                    pass
                 _remove_if_empty(made)
             raise
 

@@ -51,9 +51,9 @@ import torch
 from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, _auto_chunk, _certified_shift,
                                _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
-                               _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _far_slope, _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding, _widened, coordinates_down, divergence_underflow,
-                               infinite_derivative)
+                               _far_slope, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
+                               _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding, _widened,
+                               coordinates_down, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
