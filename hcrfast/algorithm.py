@@ -2084,14 +2084,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     zero_d, moved, zero_d & shifted, unresolved, rounded, coarse]))
                 if underflow.any():
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
-                c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no "
+                c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in float64, so D = 0; no "
                              f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                              for e, r in zip(*np.nonzero(zero_d & moved & ~unresolved))]
                 c_reasons += [f"example {start + e}, restart {r}: its iterate {j} of {iterations}: a(theta+eps) == "
-                              f"a(theta) exactly, so D = 0; no unbiased estimator exists for the coordinates this "
+                              f"a(theta) in float64, so D = 0; no unbiased estimator exists for the coordinates this "
                               f"eps moves (their bound is +inf)" for e, r, j in earlier_inf]
                 c_reasons += [f"example {start + e}, singular step {k % singular_steps} "
-                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) exactly, so D = 0; "
+                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) in float64, so D = 0; "
                               f"no unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
                               for e, k in singular_inf]
                 reasons_of[start] = c_reasons

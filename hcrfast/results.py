@@ -404,7 +404,8 @@ class Bounds:
                              counted(by_restart, "restart") if by_restart else "",
                              counted(by_singular, "singular step") if by_singular else "",
                              counted(by_target, "targeted (example, mode) step") if by_target else "") if part)
-                         + " left the features exactly unchanged; see .infinite_reasons")
+                         + " left the features unchanged in float64 (exact where they ignore the step, as behind dead ReLUs; not"
+                         " behind a unit float64 saturates, tanh(25) == 1); see .infinite_reasons")
         n_zero = int((std == 0).sum())
         if n_zero:
             # examples all of whose restarts bound nothing: their zeros have the reasons above

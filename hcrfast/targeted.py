@@ -399,8 +399,11 @@ def _infinite_reasons(value: np.ndarray, modes, input_shape, basis: str, from_nu
                 else "the step aimed at this mode")
         reasons.append(
             f"example {b}, {basis} mode {tuple(int(i) for i in mode)}: {step} "
-            f"leaves a(theta+eps) == a(theta) exactly (D = 0), so no unbiased estimator of this mode "
-            f"exists locally (bound +inf); an estimator with a prior (biased) may still reconstruct it")
+            f"leaves a(theta+eps) == a(theta) in float64, also when scaled up until float64 would resolve a "
+            f"shift (D = 0), so no unbiased estimator of this mode exists locally (bound +inf; exact where the "
+            f"features ignore it, as behind dead ReLUs; behind a unit that float64 saturates, tanh(25) == 1, the "
+            f"exact bound is finite but beyond float64); an estimator with a prior (biased) may still "
+            f"reconstruct it")
     return reasons
 
 
