@@ -908,9 +908,9 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     del z32
     has_hi = sure & fine & xp.isfinite(d_hi) & (d_hi > 0)
     low = xp.where(has_hi, 1.0 / xp.sqrt(xp.where(has_hi, d_hi, 1.0)), 0.0)
-    flat = xp.where(finite.reshape(-1, 1), eps, 0).astype(xp.float64)
-    sq = (xp.einsum("ij,ij->i", flat, flat) / p).reshape(m, K)   # ‖ε‖²/p
-    del flat
+    # ‖ε‖²/p (a step with a non-finite entry is always certified: its value here is not used)
+    sq = (xp.einsum("ij,ij->i", finite_eps, finite_eps) / p).reshape(m, K)
+    del finite_eps
     with np.errstate(over="ignore", invalid="ignore"):
         # eq. (6): the last iterates' certified, then the steps' brackets
         lb_mse = ((xp.einsum("ij,ij->i", eps64, eps64).reshape(m, restarts) / p) * inv_d).max(axis=1)
