@@ -503,12 +503,26 @@ class MonteCarlo:
 
     # ------------------------------------------------------------------ draws
     def _draw(self, rng, m: int) -> np.ndarray:
-        x = np.asarray(self._sampler(rng, (m,)), dtype=np.float64)
+        raw = np.asarray(self._sampler(rng, (m,)))
+        if np.iscomplexobj(raw):
+            # float64 would keep the real part only (a ComplexWarning): D of another law, or of none
+            raise TypeError(f"MonteCarlo({self.name}): sample returned complex draws (dtype {raw.dtype}); it must "
+                            f"draw real numbers from the law whose logpdf is given")
+        x = raw.astype(np.float64)
         if x.shape != (m,):
             raise ValueError(f"sample(rng, ({m},)) returned shape {x.shape}; it must return an array of the "
                              f"requested shape")
         if not np.all(np.isfinite(x)):
-            raise ValueError("sample returned NaN or inf draws; it must draw real numbers from the noise law")
+            raise ValueError(f"MonteCarlo({self.name}): sample returned NaN or inf draws; it must draw real "
+                             f"numbers from the law whose logpdf is given")
+        # A law with a density draws no value twice (float32 draws: ~1% ties at m = 10^6); a constant or
+        # few-valued sampler estimates chi^2 at a handful of points and gives a meaningless D.
+        values = np.unique(x)
+        if 2 * values.size < m:
+            seen = ", ".join(f"{v:.6g}" for v in values[:4]) + (", ..." if values.size > 4 else "")
+            raise ValueError(f"MonteCarlo({self.name}): sample returned only {values.size} distinct value"
+                             f"{'s' if values.size > 1 else ''} ({seen}) in {m} draws; it must draw real, "
+                             f"continuous samples from the law whose logpdf is given")
         return x
 
     def _logpdf_at_draws(self, x: np.ndarray) -> np.ndarray:

@@ -248,6 +248,31 @@ def test_monte_carlo_validation():
         mc.divergence(np.array([[0.1, np.nan]]))
 
 
+@pytest.mark.parametrize("sample, refused", [
+    (lambda rng, shape: rng.standard_t(5, shape) + 0j, r"complex draws \(dtype complex128\)"),
+    (lambda rng, shape: rng.standard_t(5, shape) + 1e-3j, r"complex draws"),
+    (lambda rng, shape: np.zeros(shape), r"only 1 distinct value \(0\) in 1000 draws"),
+    (lambda rng, shape: rng.integers(-2, 3, shape).astype(np.float64),
+     r"only 5 distinct values \(-2, -1, 0, 1, \.\.\.\) in 1000 draws"),
+    (lambda rng, shape: np.round(rng.standard_t(5, shape), 1), r"only \d+ distinct values .* in 1000 draws"),
+    (lambda rng, shape: np.where(rng.random(shape) < 0.01, np.inf, rng.standard_t(5, shape)), r"NaN or inf"),
+])
+def test_monte_carlo_refuses_complex_or_degenerate_draws(sample, refused):
+    """Complex draws lost their imaginary part (a ComplexWarning at most) and a constant or few-valued sampler
+    was taken as the law: each gave a finite, meaningless D."""
+    t5 = stats.t(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the refusal comes before any cast to float64
+        with pytest.raises((TypeError, ValueError), match=r"MonteCarlo\(t5\): sample returned " + refused
+                           + r".* from the law whose logpdf is given"):
+            MonteCarlo(t5.logpdf, sample, n_samples=1000, name="t5")
+    # Legitimate laws still pass: float32 draws (1% ties at 10^6 draws), and scipy's full-support laws.
+    law = MonteCarlo(t5.logpdf, lambda rng, shape: rng.standard_t(5, shape).astype(np.float32), n_samples=1000)
+    assert law.divergence(np.array([[0.1, -0.2]]))[0] > 0
+    for dist in (stats.t(5), stats.logistic(), stats.laplace(scale=0.3), stats.norm(scale=2), stats.gumbel_r()):
+        MonteCarlo.from_scipy(dist, n_samples=1000)
+
+
 def test_from_scipy():
     mc = MonteCarlo.from_scipy(stats.t(5, scale=0.3), n_samples=100, seed=4)
     assert mc.name == "scipy.stats.t(5, scale=0.3)" and mc.seed == 4
