@@ -42,7 +42,7 @@ def _float_literal(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
     if exact.is_finite() and exact != 0 and not (sys.float_info.min <= abs(value) < math.inf):
         raise argparse.ArgumentTypeError(
-            f"{text} is outside float64's normal range [2.2e-308, 1.8e+308] (it would be read as "
+            f"{text} is outside float64's normal range [2.2251e-308, 1.7976e+308] (it would be read as "
             f"{value:.6g}); pass a value in that range"
         )
     return value

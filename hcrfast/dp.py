@@ -223,6 +223,21 @@ def _sci(log10_value: float) -> str:
     return f"{mantissa:.3g}e{exponent:+03d}"
 
 
+def _sci_limit(log10_value: float, *, up: bool) -> str:
+    """``10**log10_value`` to 5 significant digits, rounded up (``up``, a lower limit) or down (an upper
+    limit) past the rounding of ``log10_value``: a threshold the user may pass as printed."""
+    exponent = math.floor(log10_value)
+    # log10_value carries an absolute error ~1e-13 (|log10_value| <= ~630): 1e-10 relative covers it
+    scaled = 10.0 ** (log10_value - exponent + 4.0)
+    digits = math.ceil(scaled * (1.0 + 1e-10)) if up else math.floor(scaled * (1.0 - 1e-10))
+    if digits >= 100_000:
+        digits, exponent = digits // 10, exponent + 1
+    elif digits < 10_000:
+        digits, exponent = 99_999, exponent - 1
+    mantissa = f"{digits // 10_000}.{digits % 10_000:04d}".rstrip("0").rstrip(".")
+    return f"{mantissa}e{exponent:+03d}"
+
+
 def _noise_var(sigma: float, C: float, T: int) -> float:
     """Per-coordinate variance s^2 = C^2 sigma^2 / T of the averaged noise.
 
@@ -239,8 +254,8 @@ def _noise_var(sigma: float, C: float, T: int) -> float:
         raise ValueError(
             f"the noise variance C^2 sigma^2 / T = {_sci(log_s2)} (sigma = {sigma:g}, C = {C:g}, "
             f"T = {T}) is outside {_NORMAL_RANGE}; for this C and T pass "
-            f"{_sci(math.log10(_SQRT_TINY) + log_root_T - math.log10(C))} <= sigma <= "
-            f"{_sci(math.log10(_SQRT_HUGE) + log_root_T - math.log10(C))}"
+            f"{_sci_limit(math.log10(_SQRT_TINY) + log_root_T - math.log10(C), up=True)} <= sigma <= "
+            f"{_sci_limit(math.log10(_SQRT_HUGE) + log_root_T - math.log10(C), up=False)}"
         )
     return s2
 
@@ -271,7 +286,7 @@ def effective_sigma(*, sigma, T) -> float:
         raise ValueError(
             f"sigma / sqrt(T) = {_sci(math.log10(sigma) - 0.5 * math.log10(T))} (sigma = {sigma:g}, "
             f"T = {T}) is below float64's smallest normal number 2.2e-308; for this T pass "
-            f"sigma >= {_sci(math.log10(_TINY) + 0.5 * math.log10(T))}"
+            f"sigma >= {_sci_limit(math.log10(_TINY) + 0.5 * math.log10(T), up=True)}"
         )
     return sigma_eff
 
@@ -508,7 +523,7 @@ def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
         raise ValueError(
             f"{what} (sigma = {sigma:g}, N = {N}, T = {T}) is about {_sci(log_bound)}, below "
             f"float64's smallest normal number 2.2e-308; for this N and T pass sigma <= "
-            f"{_sci(log_bound + math.log10(sigma) - math.log10(_TINY))}"
+            f"{_sci_limit(log_bound + math.log10(sigma) - math.log10(_TINY), up=False)}"
         )
     return bound
 
@@ -575,20 +590,15 @@ def _split(t: float) -> tuple[float, float]:
     return hi, t - hi
 
 
-def _split_square(t: float) -> tuple[float, float]:
-    """``t*t = hi + lo`` exactly (Dekker's product)."""
-    return _two_prod(t, t)
-
-
 def _npdf(t: float) -> float:
     """The standard normal density, with ``t^2`` kept exact (its rounding would cost |t|^2 ulps)."""
-    hi, lo = _split_square(t)
+    hi, lo = _two_prod(t, t)
     return math.exp(-0.5 * hi) * (1.0 - 0.5 * lo) / math.sqrt(2.0 * math.pi)
 
 
 def _ndtr_lower(t: float) -> float:
     """``Phi(t)`` for ``t <= 0`` to a few ulps: ``erfcx(-t / sqrt 2) exp(-t^2 / 2) / 2``."""
-    hi, lo = _split_square(t)
+    hi, lo = _two_prod(t, t)
     return 0.5 * float(special.erfcx(-t / math.sqrt(2.0))) * math.exp(-0.5 * hi) * (1.0 - 0.5 * lo)
 
 
@@ -802,15 +812,6 @@ def _ncx2_cdf_edgeworth(q, k: int, lam: float) -> np.ndarray:
     return np.clip(cdf, 0.0, 1.0)
 
 
-def _sci_up(log10_value: float) -> str:
-    """Like :func:`_sci`, with the mantissa rounded up (a threshold the user may pass as printed)."""
-    exponent = math.floor(log10_value)
-    mantissa = math.ceil(10.0 ** (log10_value - exponent) * 100.0 * (1.0 + 1e-12)) / 100.0
-    if mantissa >= 10.0:
-        mantissa, exponent = mantissa / 10.0, exponent + 1
-    return f"{mantissa:.3g}e{exponent:+03d}"
-
-
 def _log_gammainc_small(a: float, log_x: float) -> float:
     r"""``ln P(a, x)`` from ``ln x``, for ``x < a + 1`` (where ``P`` underflows float64).
 
@@ -901,8 +902,8 @@ def rero_mse(*, eta, sigma, C, N, T=1):
 
     def fix(log_x_star: float) -> str:
         log10_eta = (log_x_star + math.log(2.0) + math.log(s2) - math.log(N)) / math.log(10.0)
-        return (f"for sigma = {sigma:g}, C = {C:g}, N = {N}, T = {T} pass eta >= {_sci_up(log10_eta)} "
-                "(or eta <= 0, whose bound is exactly 0), or a smaller sigma")
+        return (f"for sigma = {sigma:g}, C = {C:g}, N = {N}, T = {T} pass "
+                f"eta >= {_sci_limit(log10_eta, up=True)} (or eta <= 0, whose bound is exactly 0), or a smaller sigma")
 
     _refuse_tiny_rero(gamma, log_x, eta_in, eta_in > 0, a=a, what="Pr[MSE <= eta]",
                       eta_name="eta", fix=fix)
@@ -1144,7 +1145,8 @@ def report(*, sigma, C, N, T=1, kappa, data_range=1.0) -> dict:
         raise ValueError(
             f"sigma = {sigma:g} is outside the range the report can represent for C = {C:g}, "
             f"N = {N}, T = {T}: {_report_range_reasons(sigma, C, N, T)}. Every reported quantity "
-            f"is a normal float64 only for {lo:.3g} <= sigma <= {hi:.3g}; pass a sigma in that range"
+            f"is a normal float64 only for {_sci_limit(math.log10(lo), up=True)} <= sigma <= "
+            f"{_sci_limit(math.log10(hi), up=False)}; pass a sigma in that range"
         )
     return {
         "sigma": sigma,

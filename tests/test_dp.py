@@ -600,7 +600,7 @@ def test_ncc_bounds_for_huge_sigma_are_not_zero(mp):
         want = 1 / mp.sqrt(1 + dim * mp.mpf(sigma) ** 2 / T)
         assert dp.ncc_upper_bound(sigma=sigma, N=N, T=T) == pytest.approx(float(want), rel=1e-14, abs=0)
     with pytest.raises(ValueError, match=r"NCC bound .* is about 2\.1e-310, below float64's smallest "
-                                         r"normal number 2\.2e-308; for this N and T pass sigma <= 1\.61e\+306"):
+                                         r"normal number 2\.2e-308; for this N and T pass sigma <= 1\.605e\+306"):
         dp.ncc_upper_bound(sigma=1.7e308, N=784)
     with pytest.raises(ValueError, match="finite-N NCC bound"):
         dp.ncc_upper_bound(sigma=1.7e308, N=784, finite_n=True)
@@ -642,11 +642,48 @@ def test_noise_variance_outside_float64_is_refused():
                  lambda: dp.expected_mse(sigma=1e-170, C=1.0),
                  lambda: dp.rero_mse(eta=0.1, sigma=1e-300, C=1.0, N=10)):
         with pytest.raises(ValueError, match=r"noise variance C\^2 sigma\^2 / T = 1e[+-]\d+ .* outside "
-                                             r"float64's normal range .* pass 1\.49e-154 <= sigma <= 1\.34e\+154"):
+                                             r"float64's normal range .* pass 1\.4917e-154 <= sigma <= 1\.3407e\+154"):
             call()
     assert dp.mse_lower_bound(sigma=1e-140, C=1e-4, T=2**53) == pytest.approx(1e-288 / 2**53, rel=1e-14, abs=0)
-    with pytest.raises(ValueError, match=r"sigma / sqrt\(T\) = 1\.05e-308 .*pass sigma >= 2\.11e-300"):
+    with pytest.raises(ValueError, match=r"sigma / sqrt\(T\) = 1\.05e-308 .*pass sigma >= 2\.1118e-300"):
         dp.effective_sigma(sigma=1e-300, T=2**53)
+
+
+@pytest.mark.parametrize("C, N, T", [(1.0, 784, 1), (3.0, 10, 7), (1e-100, 3, 2**53), (7e100, 10**6, 1)])
+def test_limits_suggested_by_refusals_are_accepted_as_printed(mp, C, N, T):
+    """A sigma typed back from a refusal is accepted, and within 1e-4 of the exact limit (mpmath): 3 digits
+    printed to the nearest gave 1.49e-154 for sigma >= 1.4917e-154, itself refused."""
+    root_T, tiny, huge = mp.sqrt(T), mp.mpf(TINY), mp.mpf(HUGE)
+    cases = (  # (call at a sigma, a sigma it refuses, its message's pattern, the exact limits)
+        (lambda s: dp.mse_lower_bound(sigma=s, C=C, T=T), 1e-300, r"pass (\S+) <= sigma <= (\S+)$",
+         (mp.sqrt(tiny) * root_T / C, mp.sqrt(huge) * root_T / C)),
+        (lambda s: dp.effective_sigma(sigma=s, T=T), 1e-310, r"pass sigma >= (\S+)$", (tiny * root_T,)),
+        (lambda s: dp.ncc_upper_bound(sigma=s, N=N, T=T), 1.7e308, r"pass sigma <= (\S+)$",
+         (root_T / (mp.sqrt(N) * tiny),)),
+        (lambda s: dp.report(sigma=s, C=C, N=N, T=T, kappa=0.1), 1e-310, r"only for (\S+) <= sigma <= (\S+);",
+         tuple(mp.mpf(v) for v in dp.report_sigma_range(C=C, N=N, T=T))),
+    )
+    for call, refused, pattern, exact in cases:
+        try:
+            call(refused)
+        except ValueError as exc:
+            printed = re.search(pattern, str(exc)).groups()
+        else:
+            continue  # this sigma is representable here (an NCC limit past float64's largest)
+        assert len(printed) == len(exact), str(exc)
+        for text, limit in zip(printed, exact):
+            call(float(text))  # accepted as printed
+            assert abs(mp.mpf(text) / limit - 1) < 1e-4, (text, limit)
+
+
+def test_cli_float_range_is_accepted_as_printed(capsys):
+    with pytest.raises(SystemExit):
+        main(["dp", "table", "--N", "64", "--sigma", "1e-400"])
+    low, high = re.search(r"normal range \[(\S+), (\S+)\]", capsys.readouterr().err).groups()
+    assert TINY <= float(low) and float(high) < math.inf
+    for text in (low, high):
+        assert main(["dp", "table", "--N", "64", "--C", text, "--sigma", "1"]) in (0, 2)
+        assert "normal range" not in capsys.readouterr().err
 
 
 def test_counts_beyond_float64_integers_are_refused():
@@ -668,7 +705,7 @@ def test_cli_table_extreme_sigma_is_refused_cleanly(capsys):
         assert captured.out == ""
         head = re.escape(f"hcrfast: error: sigma = {float(sigma):g} is outside the range")
         assert re.search(head + rf".*MSE bound C\^2 sigma\^2 / T would be {quantity} "
-                                r".*1\.49e-154 <= sigma <= 1\.34e\+154", captured.err), captured.err
+                                r".*1\.4917e-154 <= sigma <= 1\.3407e\+154", captured.err), captured.err
     # With C = 1e100 the same sigma = 1e-160 is representable: both NCC bounds are 1.
     assert main(["dp", "table", "--sigma", "1e-160", "--C", "1e100", "--N", "784", "--format", "csv"]) == 0
     row = next(csv.DictReader(io.StringIO(capsys.readouterr().out)))
@@ -1012,5 +1049,5 @@ def test_tiny_rero_bound_for_large_n_is_refused_with_working_threshold(mp):
     said = re.search(r"is about (\d\.\d+)e([+-]\d+)", str(exc.value))
     assert mp.mpf(said.group(1)) * mp.mpf(10) ** int(said.group(2)) == pytest.approx(want, rel=0.01)
     eta_min = _message_number(r"pass eta >= (\S+) ", str(exc.value))
-    got = dp.rero_mse(eta=eta_min, sigma=1.0, C=1.0, N=N)   # eta_min is printed to 3 digits, rounded up
+    got = dp.rero_mse(eta=eta_min, sigma=1.0, C=1.0, N=N)   # eta_min is printed to 5 digits, rounded up
     assert TINY <= got and got >= _exact_gammainc(mp, N / 2, N * eta_min / 2)
