@@ -403,11 +403,14 @@ def _quantiles(values: np.ndarray) -> dict:
                "infinite": int(values.size - finite.size)})
 
 
-def _zero_steps_summary(zero_steps: np.ndarray, restarts: int) -> dict:
+def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.ndarray | None = None) -> dict:
     """summary.json's account of the restarts that bound nothing (``zero_steps``: example, restart,
-    :data:`_ZERO_STEP_KINDS` code): how many of each kind, in how many examples, and why."""
+    :data:`_ZERO_STEP_KINDS` code; ``overflowed``: example, restart of those whose D overflowed to +inf, bound
+    0, which the chunks do not list): how many of each kind, in how many examples, and why."""
+    overflowed = np.zeros((0, 2), np.int64) if overflowed is None else np.asarray(overflowed).reshape(-1, 2)
     kinds = {name: int((zero_steps[:, 2] == code).sum()) for code, name in _ZERO_STEP_KINDS.items()}
-    examples, per_example = np.unique(zero_steps[:, 0], return_counts=True)
+    kinds["d_overflow"] = int(overflowed.shape[0])
+    examples, per_example = np.unique(np.concatenate([zero_steps[:, 0], overflowed[:, 0]]), return_counts=True)
     whole = int((per_example >= restarts).sum())
     why = {"eps_zero": "their eps came out 0 (outside the range the solver's dtype resolves)",
            "at_zero_jacobian": "J = 0 at their example (its features do not move with its input)",
@@ -416,15 +419,18 @@ def _zero_steps_summary(zero_steps: np.ndarray, restarts: int) -> dict:
                       "resolves it)",
            "coarse": "float64 could not establish D: the shift is within float64's rounding of features this size "
                      "(sigma * size too small next to the features' size: a larger --sigma-scale resolves it)",
-           "uncertified": "D = 0 in uncertified lower-precision passes"}
+           "uncertified": "D = 0 in uncertified lower-precision passes",
+           "d_overflow": "their D overflowed to +inf, a bound of 0 (the model moved its features far beyond the "
+                         "noise for a step of this size: a smaller --size gives finite D; also counted in "
+                         "divergence.infinite)"}
     reason = ("; ".join(f"{n} because {why[k]}" for k, n in kinds.items() if n)
               + (f"; every restart of {counted(whole, 'example')} bounds nothing, so Algorithm 1 bounds "
                  f"{'its' if whole == 1 else 'their'} modes by 0, which guarantees nothing" if whole else "")
               + ("; the other affected examples' remaining restarts still bound them" if whole < examples.size
                  else ""))
     # "rounding": both of float64's kinds together (the one count of run formats before 4)
-    return {"restarts": int(zero_steps.shape[0]), **kinds, "rounding": kinds["rounded"] + kinds["coarse"],
-            "examples_affected": int(examples.size),
+    return {"restarts": int(zero_steps.shape[0] + overflowed.shape[0]), **kinds,
+            "rounding": kinds["rounded"] + kinds["coarse"], "examples_affected": int(examples.size),
             "examples_bounding_nothing": whole, "reason": reason}
 
 
@@ -885,6 +891,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     bounding_nothing[zero_steps[:, 0], zero_steps[:, 1]] = True
     # (example, restart) pairs with D = 0 from a step that moved the input: their bounds are +inf
     infinite = np.argwhere((merged["divergence"] == 0) & ~bounding_nothing)
+    # and those whose D overflowed to +inf: their bounds are 0, and hcrfast.bound names them in a warning only
+    overflowed = np.argwhere(np.isposinf(merged["divergence"]) & ~bounding_nothing)
     params = dict(key, sigma=sigma, rms=rms, basis="dct", bounds_on="coefficients of the orthonormal 2-D "
                   "DCT-II (per channel) of the normalized image", normalization=[list(v) for v in zm.normalization])
     singular_lifted = _singular_account(singular_steps, parts)
@@ -973,7 +981,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "
                        "nothing, and hcrfast.bound warns of it)"),
         },
-        "zero_steps": _zero_steps_summary(zero_steps, restarts),
+        "zero_steps": _zero_steps_summary(zero_steps, restarts, overflowed),
         "rounding": {
             "restarts": int(sum(p.get("rounding", (0, 0.0))[0] for p in parts)),
             "worst_relative_error": float(max(p.get("rounding", (0, 0.0))[1] for p in parts)),

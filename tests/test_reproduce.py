@@ -760,7 +760,7 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
         assert s["timings"]["chunks_reused"] == (0, 3)[run]
         assert {k: v for k, v in s["zero_steps"].items() if k != "reason"} == {
             "restarts": 3, "eps_zero": 3, "at_zero_jacobian": 0, "rounded": 0, "coarse": 0, "rounding": 0,
-            "uncertified": 0, "examples_affected": 3, "examples_bounding_nothing": 0}
+            "uncertified": 0, "d_overflow": 0, "examples_affected": 3, "examples_bounding_nothing": 0}
         assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
         assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
         assert ("3 restarts in 3 examples bound nothing (0): 3 because their eps came out 0"
@@ -881,12 +881,39 @@ def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
     s = reproduce._zero_steps_summary(zero_steps, restarts=2)
     assert {k: v for k, v in s.items() if k != "reason"} == {
         "restarts": 4, "eps_zero": 1, "at_zero_jacobian": 1, "rounded": 1, "coarse": 1, "rounding": 2,
-        "uncertified": 0, "examples_affected": 3, "examples_bounding_nothing": 1}
+        "uncertified": 0, "d_overflow": 0, "examples_affected": 3, "examples_bounding_nothing": 1}
     assert "1 because float64 could not resolve" in s["reason"] and "1 because float64 could not establish D" in s["reason"]
     assert "every restart of 1 example bounds nothing" in s["reason"] and "still bound" in s["reason"]
     every = reproduce._zero_steps_summary(np.array([[2, 0, 3], [2, 1, 3]]), restarts=2)
     assert every["examples_affected"] == 1 and every["examples_bounding_nothing"] == 1
     assert every["uncertified"] == 2 and "still bound" not in every["reason"]
+    # restarts whose D overflowed to +inf (bound 0; not in the chunks' zero_steps) count as a kind of their own:
+    # example 3's other restart overflows (it now bounds nothing at all), example 7's one restart of two
+    mixed = reproduce._zero_steps_summary(zero_steps, restarts=2, overflowed=np.array([[3, 0], [7, 1]]))
+    assert {k: mixed[k] for k in ("restarts", "d_overflow", "examples_affected", "examples_bounding_nothing")} == {
+        "restarts": 6, "d_overflow": 2, "examples_affected": 4, "examples_bounding_nothing": 2}
+    assert "2 because their D overflowed to +inf" in mixed["reason"]
+
+
+def test_restarts_whose_d_overflowed_are_counted_among_those_that_bound_nothing(weights, tmp_path):
+    """At --size 30 every restart's D overflows to +inf (bound 0): summary.json's zero_steps, the account of the
+    restarts that bound nothing, left them out (0 restarts) while every bound was 0; they are its kind
+    d_overflow, and divergence.infinite still counts them."""
+    out = tmp_path / "overflow"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hcrfast.bound's "D(z) overflowed", per chunk
+        assert cli.main(["reproduce", "digits", *TINY, "--size", "30", "--out", str(out), "--weights", str(weights),
+                         "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    b = _arrays(out / "bounds.npz")
+    overflowed = np.isposinf(b["divergence"])   # the oracle: the saved D
+    assert overflowed.sum() == b["divergence"].size == 20 and (b["std"] == 0).all()
+    zero = s["zero_steps"]
+    assert zero["d_overflow"] == zero["restarts"] == s["divergence"]["infinite"] == int(overflowed.sum())
+    assert zero["examples_affected"] == zero["examples_bounding_nothing"] == int(overflowed.all(axis=1).sum())
+    assert zero["eps_zero"] == zero["rounding"] == 0 and s["infinite"]["restarts_with_zero_divergence"] == 0
+    assert ("20 restarts in 10 examples bound nothing (0): 20 because their D overflowed to +inf"
+            in (out / "report.html").read_text())
 
 
 def test_summary_numbers_are_those_of_the_saved_arrays(first):
