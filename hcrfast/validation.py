@@ -436,7 +436,8 @@ REPEAT_TOLERANCE = 1e-6
 #: Gaps up to this share of the norm of an example's rounding scale are float64's rounding (another batch
 #: size takes other kernels), not a model that changes: left to the rounding guards, which see shifts that small.
 REPEAT_ROUNDING = 2.0 ** -40
-#: The examples :func:`check_repeatable` probes (their forwards hold a few rows, whatever the batch).
+#: The examples :func:`check_repeatable` probes, spread evenly over the batch from its first to its last (their
+#: forwards hold a few rows, whatever the batch).
 REPEAT_ROWS = 8
 
 
@@ -450,20 +451,24 @@ def noise_shift(noise, size: float) -> float:
 
 def check_repeatable(model64, batch: torch.Tensor, shift: float, *, jacobian: str = "reverse") -> None:
     """Refuse a certifying (float64) model whose features are not a function of each input at the scale the
-    bounds need. On the first :data:`REPEAT_ROWS` examples (a probe: the memory of a few rows, whatever the
-    batch), their features computed again, in reverse order and one example at a time, against those of the
-    probe batch, by each example's gap, past float64's rounding (:data:`REPEAT_ROUNDING` of the norm of its
-    features' rounding scale, :func:`hcrfast.algorithm._rounding_magnitude`: ``|a_i|``, or the input-sized
-    terms ``|J(θ⊙r)|_i`` a feature may cancel down from, where one row and a batch round differently), over
-    ``shift`` (:func:`noise_shift`): above :data:`REPEAT_LIMIT` refused, above :data:`REPEAT_TOLERANCE` warned.
-    :func:`probe_independent` checks the model's own dtype at 1e-4 of the features' size, which the noise of
-    a slightly random model (2e-5 on features of order 1, against shifts of 1.5e-3) or a faint mix of the
-    batch's examples passed: their bounds came out up to 1.066× a deterministic model's."""
+    bounds need. On :data:`REPEAT_ROWS` examples spread evenly over the batch, its first and last included (a
+    probe: the memory of a few rows, whatever the batch), their features computed again, in reverse order and
+    one example at a time, against those of the probe batch, by each example's gap, past float64's rounding
+    (:data:`REPEAT_ROUNDING` of the norm of its features' rounding scale,
+    :func:`hcrfast.algorithm._rounding_magnitude`: ``|a_i|``, or the input-sized terms ``|J(θ⊙r)|_i`` a feature
+    may cancel down from, where one row and a batch round differently), over ``shift`` (:func:`noise_shift`):
+    above :data:`REPEAT_LIMIT` refused, above :data:`REPEAT_TOLERANCE` warned. :func:`probe_independent`
+    checks the model's own dtype at 1e-4 of the features' size, which the noise of a slightly random model
+    (2e-5 on features of order 1, against shifts of 1.5e-3) or a faint mix of the batch's examples passed:
+    their bounds came out up to 1.066× a deterministic model's."""
     from hcrfast.algorithm import _rounding_magnitude
     from hcrfast.bindings import from_torch, to_torch
 
-    x64 = batch[:REPEAT_ROWS].double()
-    k = x64.shape[0]
+    # spread over the batch: a model random or mixing the batch only for some inputs (its later examples, of
+    # another class or scale) passed a probe of the first rows
+    k, last = min(REPEAT_ROWS, batch.shape[0]), batch.shape[0] - 1
+    rows = [i * last // (k - 1) for i in range(k)] if k > 1 else list(range(k))   # distinct: last >= k - 1
+    x64 = batch[rows].double()
     with torch.no_grad():
         probe = model64(x64).reshape(k, -1)
         again = model64(x64).reshape(k, -1)

@@ -1127,3 +1127,43 @@ def test_a_model_that_fails_for_its_own_reasons_is_not_said_to_need_any_batch_si
     with pytest.raises(RuntimeError, match="my model's own failure") as info:
         hcrfast.bound(_FailsFromItsFourthCall().eval(), torch.randn(3, 1, 4, 4), 0.1, restarts=1, iterations=1)
     assert any("not a matter of the batch size" in n for n in getattr(info.value, "__notes__", []))
+
+
+class _LateRowsChange(torch.nn.Module):
+    """Deterministic and example by example, except on inputs marked by a first pixel above 10 (the batch's
+    later rows below): there a random term (``noise``) or the batch's mean (``mix``) is added."""
+
+    def __init__(self, noise=0.0, mix=0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 12).double()
+        self.noise, self.mix = noise, mix
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x.flatten(1)))
+        marked = (x.flatten(1)[:, :1] > 10).to(y.dtype)
+        return y + marked * (self.noise * torch.randn_like(y) + self.mix * y.mean(0, keepdim=True))
+
+
+@pytest.mark.parametrize("kind", [dict(noise=1e-4), dict(mix=1e-3)])
+def test_repeatable_probe_spans_the_batch_and_catches_a_model_changing_only_at_later_rows(kind):
+    """check_repeatable probed the first REPEAT_ROWS rows only: a model random, or mixing the batch, only on the
+    examples past row 8 passed. The probe now takes REPEAT_ROWS rows spread evenly, the first and last included."""
+    from hcrfast import validation
+
+    batch = torch.rand(20, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    batch[12:, 0, 0, 0] += 100.0   # rows 12..19 are the marked ones
+    seen = []
+    clean = _LateRowsChange()
+    hook = clean.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validation.check_repeatable(clean, batch, 1.5e-3)   # deterministic: passes, no warning
+    hook.remove()
+    rows = [0, 2, 5, 8, 10, 13, 16, 19]   # i * 19 // 7
+    assert len(rows) == validation.REPEAT_ROWS
+    torch.testing.assert_close(seen[0], batch[rows], rtol=0, atol=0)
+    assert max(len(s) for s in seen) <= validation.REPEAT_ROWS
+    with pytest.raises(ValueError, match=r"not a fixed function of each input"):
+        validation.check_repeatable(_LateRowsChange(**kind), batch, 1.5e-3)
+    validation.check_repeatable(_LateRowsChange(**kind), batch[:12], 1.5e-3)   # unmarked rows only: passes
