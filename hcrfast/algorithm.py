@@ -1556,6 +1556,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                  else "not started by torchrun, and no process group")
         validation.warn(f"shard=True, but this process is alone ({alone}): it computes every example itself")
     batch = validation.model_and_batch(model, batch, basis)
+    model, batch = validation.float32_for_float16(model, batch)
     from hcrfast.targeted import METHODS, parse_targets
 
     validation.choice("targeted_method", targeted_method, METHODS)  # checked without targets too

@@ -721,6 +721,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         raise ValueError("directions= are computed for the whole batch at once; progress= and checkpoint= "
                          "work in pieces of it: drop directions= or both of them")
     batch = validation.model_and_batch(model, batch, basis)
+    model, batch = validation.float32_for_float16(model, batch)
     input_shape = tuple(batch.shape[1:])
     p = math.prod(input_shape)
     modes = parse_targets(targets, input_shape, basis)

@@ -114,6 +114,28 @@ def model_and_batch(model, batch, basis: str) -> torch.Tensor:
     return batch
 
 
+def float32_for_float16(model, batch: torch.Tensor):
+    """``(model, batch)``, or float32 copies of a float16 Module and batch, with a warning. The solver's arrays
+    would be float16, whose range (65504) the sums of squares of LSQR's and the Krylov basis' norms overflow
+    for features in the hundreds (an inf step, a NaN tridiagonal), and whose arithmetic NumPy emulates
+    slowly. The copy holds the same weights (float16 values are float32 values), the bounds are certified by
+    a float64 copy's passes as ever, and the solver's steps only choose which ε to certify. A callable that
+    is not a Module, or one whose copy fails, stays in float16."""
+    if batch.dtype != torch.float16 or not isinstance(model, torch.nn.Module):
+        return model, batch
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model32 = copy.deepcopy(model).float()
+    except RuntimeError:
+        return model, batch
+    warn("the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's range, 65504, "
+         "overflows the solver's sums of squares for features in the hundreds) and certifies the bounds in float64 "
+         "as always (with certify=False, the feature shifts are the float32 copy's); pass model.float() and "
+         "batch.float() to silence this")
+    return model32, batch.float()
+
+
 def lsqr_options(options):
     """``options`` if it is an ``hcrfast.LSQROptions`` (or None), else a TypeError."""
     from hcrfast.lsqr import LSQROptions

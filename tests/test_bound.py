@@ -1723,3 +1723,29 @@ def test_a_targeted_method_without_targets_is_refused_as_keep_targeted_eps_is():
     with pytest.raises(ValueError, match=r"targeted_method='dense' chooses how the targeted steps are found, but "
                                          r"targets=None asks for none"):
         hcrfast.bound(model, x, 0.2, restarts=1, iterations=1, targeted_method="dense")
+
+
+@pytest.mark.parametrize("solver", ["dense", "lsqr", "krylov"])
+def test_a_float16_model_is_solved_in_float32_with_its_bounds_below_the_exact_std(solver):
+    """A float16 linear model whose features are in the hundreds: the solver's sums of squares overflowed
+    float16 (65504), LSQR's steps came out inf and the Krylov basis' tridiagonal NaN. hcrfast now solves with
+    a float32 copy (the same weights), with a warning: the bounds are those of the float32 model and batch,
+    and stay below the exact least-squares std of the float16 weights (pixel basis: σ·sqrt(diag((WᵀW)⁻¹)))."""
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(16, 24)
+    with torch.no_grad():
+        lin.weight.mul_(600)
+        lin.bias.mul_(600)
+    model = lin.half().eval()
+    x = torch.randn(2, 16).half()
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x))
+    kw = dict(restarts=2, iterations=2, solver=solver, basis="pixel")
+    with pytest.warns(UserWarning, match="float16: hcrfast solves with a float32 copy"):
+        res = hcrfast.bound(model, x, sigma, **kw)
+    same = hcrfast.bound(model.float(), x.float(), sigma, **kw)
+    np.testing.assert_array_equal(res.std, same.std)
+    W = model.weight.detach().double().numpy()
+    exact = sigma * np.sqrt(np.diag(np.linalg.inv(W.T @ W)))
+    assert np.all(np.isfinite(res.std)) and np.all(res.std <= exact * (1 + 1e-9))
+    assert np.median(res.std / exact) > 0.05       # a bound, not a vacuous 0
