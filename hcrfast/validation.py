@@ -367,10 +367,14 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
             raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a {dtype_name(batch.dtype)} "
                             f"batch; the bounds need real floating-point features: make the model return the "
                             f"batch's dtype (drop the cast, rounding or complex step at its end)")
+        # (bfloat16 is refused as a batch dtype, and autocast gives bfloat16 or float16 features whatever the
+        # model's dtype: no use in running both in it)
+        both = ("" if out.dtype in (torch.bfloat16, torch.float16)
+                else f", or run both in {dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype}))")
         raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a "
                         f"{dtype_name(batch.dtype)} batch; the solver works in one dtype: make the "
-                        f"model return the batch's dtype (drop the cast at its end), or run both in "
-                        f"{dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype}))")
+                        f"model return the batch's dtype (drop the cast at its end; under torch.autocast, "
+                        f"return y.to(x.dtype)){both}")
     bad = _nonfinite_rows(out)
     if bad:
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
@@ -695,8 +699,11 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             raise
         left = float((jv.double() * u.double()).sum())
         right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
-        # 1e-3 of |J v| |u|, or float16's rounding (3e-2 of it)
-        tol = max(1e-3, 32 * torch.finfo(jv.dtype).eps) * scaled_norm(jv) * scaled_norm(u)
+        # 1e-3 of |J v| |u| or of |v| |J^T u|, whichever is larger (a tangent nearly in J's null space, such as
+        # an example of a scale-invariant model drawn from the same seed as it, has J v ~ 0: its rounding
+        # then passed 1e-3 of |J v| |u|), or float16's rounding (3e-2 of it)
+        tol = max(1e-3, 32 * torch.finfo(jv.dtype).eps) * max(scaled_norm(jv) * scaled_norm(u),
+                                                               scaled_norm(tangent) * scaled_norm(jtu))
         if abs(left - right) > tol and mode == "forward":
             raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
                              f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
@@ -705,8 +712,10 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         if abs(left - right) > tol:
             raise ValueError(f"the model's J v (by differentiating its backward pass, jacobian='reverse') is not the "
                              f"adjoint of its J^T u (<J v, u> = {left:.4g} but <v, J^T u> = {right:.4g}): an "
-                             f"operation whose double backward is wrong, or an autograd.Function whose backward is "
-                             f"not linear in its incoming gradient: fix that backward, or where it is torch's own "
+                             f"operation whose double backward is wrong, an autograd.Function whose backward is "
+                             f"not linear in its incoming gradient, or arithmetic coarser than the features' dtype "
+                             f"inside the model (torch.autocast to bfloat16 or float16 rounds at ~1e-2, past this "
+                             f"check's 1e-3): fix that backward or drop the autocast, or where it is torch's own "
                              f"operation pass jacobian='forward' (forward-mode AD, checked against J^T u the same "
                              f"way)")
     leak = jv[1:].abs().max()

@@ -1167,3 +1167,53 @@ def test_repeatable_probe_spans_the_batch_and_catches_a_model_changing_only_at_l
     with pytest.raises(ValueError, match=r"not a fixed function of each input"):
         validation.check_repeatable(_LateRowsChange(**kind), batch, 1.5e-3)
     validation.check_repeatable(_LateRowsChange(**kind), batch[:12], 1.5e-3)   # unmarked rows only: passes
+
+
+class _Normalized(torch.nn.Module):
+    """A bias-free encoder, then F.normalize: a scale-invariant embedding, whose J at x has x in its null space."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 24, bias=False, dtype=torch.float32)
+
+    def forward(self, t):
+        return torch.nn.functional.normalize(self.lin(t.flatten(1)), dim=-1)
+
+
+@pytest.mark.parametrize("jacobian", ["reverse", "forward"])
+def test_a_scale_invariant_embedding_of_inputs_drawn_from_the_probes_seed_is_not_refused(jacobian):
+    """The entry probe's tangent is randn from seed 0, bit for bit example 0 of a batch a user drew after
+    torch.manual_seed(0): for a scale-invariant model J v ~ 0 there, and the adjoint check's tolerance, 1e-3
+    of |J v| |u|, fell to float32's rounding of <v, J^T u>: the model was refused as having a wrong double
+    backward (forward mode: a no_grad section). The tolerance is also 1e-3 of |v| |J^T u| now. (Every pixel
+    mode has a component along x, J's null direction (torch.func.jacrev in float64), so the exact bounds are
+    +inf: any bound holds; what is tested is that the model is taken.)"""
+    torch.manual_seed(0)
+    model = _Normalized().eval()
+    torch.manual_seed(0)
+    batch = torch.randn(2, 1, 4, 4)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(batch[0], torch.randn(batch.shape[1:], generator=gen))   # the probe's tangent, exactly
+    res = hcrfast.bound(model, batch, 0.01, restarts=2, iterations=2, basis="pixel", jacobian=jacobian)
+    model64 = copy.deepcopy(model).double()
+    J = torch.func.jacrev(lambda t: model64(t[None])[0])(batch[0].double()).detach().reshape(24, 16)
+    assert float((J @ batch[0].double().reshape(16)).norm()) < 1e-12 * float(J.norm())   # x: J's null direction
+    assert np.all(res.std >= 0) and np.isfinite(res.std).any()
+
+
+def test_autocast_features_name_the_cast_back_not_a_dtype_the_solver_refuses(x):
+    """A float32 model whose forward runs under torch.autocast to bfloat16 returns bfloat16 features. The
+    refusal said to run model and batch in bfloat16, which check_batch then refuses; it names the cast back."""
+
+    class Autocast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = mlp()
+
+        def forward(self, t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.inner(t)
+
+    with pytest.raises(TypeError, match=r"returns bfloat16 features for a float32 batch.*y\.to\(x\.dtype\)") as err:
+        hcrfast.bound(Autocast().eval(), x, 0.05, **QUICK)
+    assert "model.to(torch.bfloat16)" not in str(err.value)
