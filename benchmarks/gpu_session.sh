@@ -6,7 +6,8 @@
 #   LEASE_S=260 bash benchmarks/gpu_session.sh lease2    # the second, at once: budget_left_s - 90
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]
 #
-#   lease     = setup tests race mnist: the GPU tests and the issues' 50x and MNIST targets
+#   lease     = setup mnist race tests: the issues' MNIST and 50x targets, then the GPU tests (the targets
+#             first: the tests stage takes what is left, and 58 tests may not all finish in it)
 #   lease2    = setup resnet18-krylov tf32 mnist-dense modes kernels profile: the ResNet-18 target (25 Krylov
 #             pilots per example, 8 examples a call, extrapolated), what TF32 does to its time and bounds, the
 #             MNIST target with the dense
@@ -14,10 +15,12 @@
 #             what is left the modes, the kernels against the libraries (short rounds), and where the
 #             Krylov basis' MNIST time goes (the first H100 run, 2026-11-27, found it host-bound)
 #   setup     install hcrfast without dependencies (offline: --no-build-isolation), the carried wheels,
-#             print the versions and the device, find libNVVM for numba-cuda, and warm up (first
-#             compilations of CuPy's and the Numba kernels, timed)
-#   tests     pytest -m gpu (GPU vs CPU, zero-copy, no host copy inside LSQR, kernels vs twins); the
-#             CPU suites are CI's
+#             print the versions and the device, find libNVVM for numba-cuda
+#   tests     a warm-up first, once per machine (the first compilations of CuPy's and the Numba kernels,
+#             timed, so that no test spends its timeout on them; the timing scripts warm up themselves;
+#             WARM_UP=0 skips it),
+#             then pytest -m gpu -v on the files that hold GPU tests (GPU vs CPU, zero-copy, no host copy
+#             inside LSQR, kernels vs twins), each test's name as it runs; the CPU suites are CI's
 #   retest    pytest -m gpu -k "$RETEST": the GPU tests an earlier call failed
 #   profile   one MNIST slice (1,250 x 25 x 10) under gpu_targets.py --profile (host time per hcrfast
 #             phase, GPU time per kernel), then benchmarks/gs_variants.py (the Gram-Schmidt pass' forms)
@@ -67,13 +70,17 @@
 # own cap), a command that would get less than its minimum (MIN, default MIN_RUN_S = 20; the race
 # 60, MNIST 90, the kernels 60, ResNet-18 120 (its Krylov run 150), the dense MNIST 60, a mode 50: less could not finish it) is skipped and
 # recorded as such, and the in-run time budgets of gpu_targets.py follow the same clock; RESERVE_S
-# (15) is kept for the summary. Give the device tool a timeout_s ~30 s above LEASE_S. For the second
+# (15) is kept for the summary. Give the device tool a timeout_s ~30 s above LEASE_S (a command killed
+# at its cap gets 10 s of grace). For the second
 # call, LEASE_S = the status' budget_left_s minus ~90 s (the command's start, transfers, the close).
 #
 # MODES="--jacobian forward|--solver dense" picks the modes ('|'-separated).
 #
-# Results go to a local folder and, after every command, into ONE tarball in $OUT (the tool
-# brings back at most 8 files): $OUT/gpu_session.tgz + the log. Each command's output also goes
+# Results go to a local folder and, after every command and every PACK_EVERY_S (20) s during one, into
+# ONE tarball in $OUT (the tool brings back at most 8 files), replaced whole (written aside, then
+# renamed: a call killed mid-write keeps the last complete one): $OUT/gpu_session.tgz + the log. So a
+# call the device tool kills (its limit, or the session's device time) still brings back every slice a
+# script had written. Each command's output also goes
 # to <stage>.out and a line to ledger.tsv (stage, status, seconds, command, call) in that folder, which
 # the summary (benchmarks/gpu_summary.py) reads with the JSONs.
 set -uo pipefail
@@ -91,7 +98,11 @@ DEADLINE=$(( $(date +%s) + LEASE_S ))
 STAGE=setup
 
 say() { echo "=== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
-pack() { if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_session.tgz" -C "$DEST" . 2>/dev/null; fi; }
+pack() {
+    if [ -n "${OUT:-}" ]; then
+        tar -czf "$OUT/.gpu_session.tgz.part" -C "$DEST" . 2>/dev/null && mv -f "$OUT/.gpu_session.tgz.part" "$OUT/gpu_session.tgz"
+    fi
+}
 # ledger STATUS SECONDS COMMAND: one row (stage, status, seconds, command, call); the call (its start and
 # stages) tells the rows of two calls on one warm machine apart, which share the folder
 CALL="$(date -u +%H:%M:%S) $*"
@@ -109,8 +120,13 @@ run() {
         return 125
     fi
     t0=$(date +%s)
+    local packer=
+    if [ -n "${OUT:-}" ]; then  # what the command writes reaches $OUT while it runs, not only after it
+        ( while sleep "${PACK_EVERY_S:-20}"; do pack; done ) & packer=$!
+    fi
     timeout -k 10 "$t" "$@" 2>&1 | grep --line-buffered -v "FutureWarning\|warnings.warn" | tee -a "$LOG" "$DEST/$STAGE.out"
     rc="${PIPESTATUS[0]}"
+    if [ -n "$packer" ]; then kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null; fi
     case "$rc" in
         0) ledger ok $(( $(date +%s) - t0 )) "$*" ;;
         124|137) say "TIMEOUT after $t s: $*"; ledger timeout $(( $(date +%s) - t0 )) "$*" ;;
@@ -168,73 +184,27 @@ ensure_installed() {  # once per call: the check imports torch (seconds), and a 
 # after TEST_TIMEOUT_S (90). The thread method also ends a test stuck inside a CUDA call (the signal method
 # waits for it to return to Python), dumping every thread's stack, and pytest with it: the stack says where.
 per_test_timeout() {
+    # the files that hold GPU tests (collecting all of tests/ costs ~30 s for 58 of 1,650 tests)
+    mapfile -t gpu_test_files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
     per_test=()
     if "$PY" -c "import pytest_timeout" 2>/dev/null; then
         per_test=(--timeout "${TEST_TIMEOUT_S:-90}" --timeout-method thread)
     fi
 }
 
-stages=()
-for stage in "$@"; do
-    case "$stage" in
-    lease) stages+=(setup tests race mnist) ;;
-    lease2) stages+=(setup resnet18-krylov tf32 mnist-dense modes kernels profile) ;;
-    setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
-    *)
-        echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
-        exit 2
-        ;;
-    esac
-done
-mkdir -p "$DEST"   # after the stages are known: a refused call leaves nothing behind
-say "gpu_session: ${stages[*]} (LEASE_S=$LEASE_S: done by $(date -u -d "@$DEADLINE" +%H:%M:%S))"
-
-for stage in "${stages[@]}"; do
-    STAGE=$stage
-    case "$stage" in
-    setup)
-        ensure_installed
-        say "environment"
-        T=30 run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-        T=60 run "$PY" - <<'EOF'
-import importlib.metadata as md, platform, torch
-print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-for d in ("cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda", "cuda-pathfinder", "numpy", "scipy", "torchvision",
-          "nvtx", "scikit-learn", "matplotlib", "pytest-benchmark", "pytest-timeout"):  # --no-deps: a missing one shows here
-    try:
-        print(f"  {d} {md.version(d)}")
-    except md.PackageNotFoundError:
-        print(f"  {d} -")
-from hcrfast.backend import cuda_available
-print("hcrfast sees CuPy + CUDA:", cuda_available())
-EOF
-        # numba-cuda finds libNVVM through cuda-pathfinder: a pip wheel (none on the image) or the dynamic
-        # loader's cache; CUDA_HOME does not help a toolkit laid out as lib/libnvvm.so. Where it is not
-        # found, the folder that holds it goes on LD_LIBRARY_PATH for the rest of the call.
-        nvvm_probe="from numba.cuda.cudadrv import nvvm; print('libNVVM', nvvm.NVVM().get_version(), 'found by numba')"
-        say "libNVVM for the Numba kernels"
-        T=60 run "$PY" -c "$nvvm_probe"
-        rc=$?
-        if [ "$rc" != 0 ] && [ "$rc" != 125 ]; then  # 125: skipped, no time left to look
-            lib=$(ls /usr/local/cuda*/lib*/libnvvm.so* /usr/local/cuda*/nvvm/lib64/libnvvm.so* 2>/dev/null | head -1)
-            if [ -n "$lib" ]; then
-                export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-                say "libNVVM not found by numba; trying $(dirname "$lib") on LD_LIBRARY_PATH"
-                T=60 run "$PY" -c "$nvvm_probe"
-            else
-                say "no libnvvm.so under /usr/local/cuda*: the Numba kernels cannot compile here"
-            fi
-        fi
-        # The first CUDA calls of a machine compile: CuPy's kernels (NVRTC, cached in ~/.cupy for every later
-        # process), the Numba kernels (per process: a smoke test here), cuBLAS's handles. Paid here, timed
-        # item by item, so that the tests stage does not spend its per-test timeouts on CuPy's compilations;
-        # an item that fails says so and the next runs. Once per machine (a second call finds it warm).
-        if [ -e /tmp/hcrfast_warm.done ]; then
-            say "warm-up: done by an earlier call on this machine"
-        else
-        say "warm-up: a small bound() per dtype and solver, the Numba kernels (first compilations, timed)"
-        T=${WARMUP_TIMEOUT_S:-75} run "$PY" - <<'EOF'
+warm_up() {  # at the start of the tests and retest stages (the timing scripts warm up themselves)
+    local STAGE=warm-up   # its own ledger row and .out, not the tests stage's
+    # The first CUDA calls of a machine compile: CuPy's kernels (NVRTC, cached in ~/.cupy for every later
+    # process), the Numba kernels (per process: a smoke test here), cuBLAS's handles. Paid here, timed
+    # item by item, so that the tests stage does not spend its per-test timeouts on CuPy's compilations;
+    # an item that fails says so and the next runs. Once per machine (a second call finds it warm).
+    if [ -e /tmp/hcrfast_warm.done ]; then
+        say "warm-up: done by an earlier call on this machine"
+    elif [ "${WARM_UP:-1}" = 0 ]; then
+        say "warm-up: skipped (WARM_UP=0)"
+    else
+    say "warm-up: a small bound() per dtype and solver, the Numba kernels (first compilations, timed)"
+    T=${WARMUP_TIMEOUT_S:-75} run "$PY" - <<'EOF'
 import time, traceback
 import torch
 import hcrfast
@@ -296,23 +266,79 @@ def device_eigh(impl):
 for impl in ("cusolver", "cupy"):
     timed(f"batched device eigendecompositions, impl={impl}", lambda: device_eigh(impl))
 EOF
-        [ "$?" = 0 ] && touch /tmp/hcrfast_warm.done
+    [ "$?" = 0 ] && touch /tmp/hcrfast_warm.done
+    fi
+}
+
+stages=()
+for stage in "$@"; do
+    case "$stage" in
+    lease) stages+=(setup mnist race tests) ;;
+    lease2) stages+=(setup resnet18-krylov tf32 mnist-dense modes kernels profile) ;;
+    setup|tests|retest|profile|kernels|modes|mnist|mnist-dense|race|resnet18|resnet18-krylov|tf32|summary) stages+=("$stage") ;;
+    *)
+        echo "unknown stage '$stage'; stages: lease lease2 setup tests retest profile kernels modes mnist mnist-dense race resnet18 resnet18-krylov tf32 summary" >&2
+        exit 2
+        ;;
+    esac
+done
+mkdir -p "$DEST"   # after the stages are known: a refused call leaves nothing behind
+say "gpu_session: ${stages[*]} (LEASE_S=$LEASE_S: done by $(date -u -d "@$DEADLINE" +%H:%M:%S))"
+
+for stage in "${stages[@]}"; do
+    STAGE=$stage
+    case "$stage" in
+    setup)
+        ensure_installed
+        say "environment"
+        T=30 run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+        T=60 run "$PY" - <<'EOF'
+import importlib.metadata as md, platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+for d in ("cupy-cuda13x", "cupy-cuda12x", "numba", "numba-cuda", "cuda-pathfinder", "numpy", "scipy", "torchvision",
+          "nvtx", "scikit-learn", "matplotlib", "pytest-benchmark", "pytest-timeout", "setuptools"):  # --no-deps: a missing one shows here
+    try:
+        print(f"  {d} {md.version(d)}")
+    except md.PackageNotFoundError:
+        print(f"  {d} -")
+from hcrfast.backend import cuda_available
+print("hcrfast sees CuPy + CUDA:", cuda_available())
+EOF
+        # numba-cuda finds libNVVM through cuda-pathfinder: a pip wheel (none on the image) or the dynamic
+        # loader's cache; CUDA_HOME does not help a toolkit laid out as lib/libnvvm.so. Where it is not
+        # found, the folder that holds it goes on LD_LIBRARY_PATH for the rest of the call.
+        nvvm_probe="from numba.cuda.cudadrv import nvvm; print('libNVVM', nvvm.NVVM().get_version(), 'found by numba')"
+        say "libNVVM for the Numba kernels"
+        T=60 run "$PY" -c "$nvvm_probe"
+        rc=$?
+        if [ "$rc" != 0 ] && [ "$rc" != 125 ]; then  # 125: skipped, no time left to look
+            lib=$(ls /usr/local/cuda*/lib*/libnvvm.so* /usr/local/cuda*/nvvm/lib64/libnvvm.so* 2>/dev/null | head -1)
+            if [ -n "$lib" ]; then
+                export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                say "libNVVM not found by numba; trying $(dirname "$lib") on LD_LIBRARY_PATH"
+                T=60 run "$PY" -c "$nvvm_probe"
+            else
+                say "no libnvvm.so under /usr/local/cuda*: the Numba kernels cannot compile here"
+            fi
         fi
         ;;
     tests)
         ensure_installed
+        warm_up
         # Only the GPU tests: CI runs the CPU suites (the simulator's among them) on every submission.
         say "pytest -m gpu"
         per_test_timeout
-        T=${TESTS_TIMEOUT_S:-150} run "$PY" -m pytest tests -m gpu -q -rfEs --tb=short --durations=10 \
+        T=${TESTS_TIMEOUT_S:-150} run "$PY" -m pytest "${gpu_test_files[@]}" -m gpu -v -rfEs --tb=short --durations=10 \
             -p no:cacheprovider "${per_test[@]}"
         ;;
     retest)
         ensure_installed
+        warm_up
         # The GPU tests whose names match RETEST (a pytest -k expression): those an earlier call failed.
         say "pytest -m gpu -k '${RETEST:?retest needs RETEST, a pytest -k expression}'"
         per_test_timeout
-        T=${RETEST_TIMEOUT_S:-90} run "$PY" -m pytest tests -m gpu -k "$RETEST" -q -rfEs --tb=short \
+        T=${RETEST_TIMEOUT_S:-90} run "$PY" -m pytest "${gpu_test_files[@]}" -m gpu -k "$RETEST" -v -rfEs --tb=short \
             -p no:cacheprovider "${per_test[@]}"
         ;;
     profile)

@@ -65,8 +65,15 @@ def pytest_closing(path: Path) -> str:
     """pytest's last summary line ('32 passed in 95.1s'), or why there is none."""
     if not path.exists():
         return "(no pytest output)"
-    found = [line.strip(" =") for line in path.read_text(errors="replace").splitlines() if _PYTEST_CLOSING.search(line)]
-    return found[-1] if found else "(pytest printed no closing line: killed or crashed)"
+    text = path.read_text(errors="replace").splitlines()
+    found = [line.strip(" =") for line in text if _PYTEST_CLOSING.search(line)]
+    if found:
+        return found[-1]
+    # -v names each test's outcome as it ends: what a killed run had done
+    done = {word: sum(bool(re.search(rf"::\S+ {word}\b", line)) for line in text)
+            for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+    so_far = ", ".join(f"{n} {word.lower()}" for word, n in done.items() if n)
+    return f"(pytest printed no closing line: killed or crashed{'; before that ' + so_far if so_far else ''})"
 
 
 def _safe(line, r) -> str:
@@ -187,6 +194,8 @@ def tf32_lines(r: dict) -> str:
     if ratio:
         seconds = ratio.get("seconds", [])
         out.append(f"    tf32 / ieee: median x{ratio['mean']:.4f}, time x{sum(seconds) / max(len(seconds), 1):.3f}")
+    if r.get("complete") is False:   # written after each row: a run killed at its cap stops here
+        out.append(f"    incomplete: the run stopped after {len(r['rows'])} row(s)")
     return "\n".join(out)
 
 

@@ -242,6 +242,15 @@ def main(argv=None) -> int:
         print(f"{args.model} on {args.device}, {k} {args.mantissa}-bit operands: relative error against IEEE float32: "
               f"forward {e['forward']:.2e}, J v {e['jvp']:.2e}, Jᵀu {e['vjp']:.2e}", flush=True)
     rows, summary = [], {}
+
+    def write(complete: bool):   # after every row too: a run killed at its cap keeps the rows it finished
+        if args.json:
+            out = dict(command=" ".join(sys.argv), args=vars(args), sigma=sigma, errors=errors, rows=rows,
+                       summary=summary, complete=complete, machine=machine_info(args.device),
+                       when=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            Path(args.json).write_text(json.dumps(out, indent=1))
+
+    write(False)
     if args.mode != "errors":
         hcrfast.bound(model, x[:1], sigma, size=zm.size, restarts=2, iterations=2)  # one-time costs out of the timing
     for seed in range(args.first_seed, args.first_seed + args.seeds) if args.mode != "errors" else ():
@@ -262,6 +271,7 @@ def main(argv=None) -> int:
                        solver=res.params["solver"], median=float(np.median(res.std)),
                        p90=float(np.quantile(res.std, 0.9)), infinite=int(np.isinf(res.std).sum()))
             rows.append(row)
+            write(False)
             print(f"  seed {seed} {mode}{f' ({kind}, {args.scope})' if mode == 'tf32' else ''}: {res.seconds:.1f} s, "
                   f"solver {row['solver']}, median {row['median']:.5g}, p90 {row['p90']:.5g}", flush=True)
     for mode in sorted({r["mode"] for r in rows}):
@@ -276,10 +286,7 @@ def main(argv=None) -> int:
         summary["tf32_over_ieee"] = dict(per_seed=ratios, mean=float(np.mean(ratios)), seconds=seconds)
         print(f"tf32 / ieee, seed by seed: medians {', '.join(f'{r:.4f}' for r in ratios)} (mean {np.mean(ratios):.4f}); "
               f"times {', '.join(f'{r:.3f}' for r in seconds)}", flush=True)
-    if args.json:
-        out = dict(command=" ".join(sys.argv), args=vars(args), sigma=sigma, errors=errors, rows=rows, summary=summary,
-                   machine=machine_info(args.device), when=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write(True)
     return 0
 
 

@@ -8,12 +8,15 @@
 #
 #   bash benchmarks/unpack_gpu_session.sh FILES_AT/gpu_session.tgz [FILES_AT/gpu_session.log]
 #
-# A second call's tarball holds the first call's results too (same folder on a warm machine): unpack
-# the last one, or both into the same folder (files of the same name are the same run).
+# A second call's tarball holds the first call's results too where the machine stayed warm, and not where
+# it went cold between the calls (a fresh machine, a fresh folder): unpack BOTH calls' tarballs, each with
+# its log (absolute paths, or relative to where you run this). Into a folder that exists: ledger.tsv's
+# rows are merged (each row once), a .out or JSON of the same name and other content is kept beside the
+# first as NAME.2.EXT (.3, ...), and the log keeps its own name when it differs (gpu_session.2.log).
 set -euo pipefail
+tgz=$(realpath "${1:?usage: unpack_gpu_session.sh PATH/gpu_session.tgz [PATH/gpu_session.log]}")
+log=$(realpath -m "${2:-$(dirname "$tgz")/gpu_session.log}")
 cd "$(dirname "$0")/.."
-tgz=${1:?usage: unpack_gpu_session.sh PATH/gpu_session.tgz [PATH/gpu_session.log]}
-log=${2:-$(dirname "$tgz")/gpu_session.log}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tar -xzf "$tgz" -C "$tmp"
@@ -51,7 +54,24 @@ if [ "$day" = "-" ]; then
 fi
 dest="${RESULTS_DIR:-benchmarks/results}/gpu_${device}_${day}"
 mkdir -p "$dest"
-cp -r "$tmp"/. "$dest"/
-[ -f "$log" ] && cp "$log" "$dest/"
+# keep NEW at DEST/NAME, or beside it as NAME.2.EXT (.3, ...) where DEST/NAME holds something else
+keep() {
+    local new=$1 to=$2 base ext i=2
+    if [ ! -e "$to" ] || cmp -s "$new" "$to"; then cp "$new" "$to"; return; fi
+    base=${to%.*} ext=${to##*.}
+    [ "$base" = "$to" ] && ext="" || ext=".$ext"
+    while [ -e "$base.$i$ext" ] && ! cmp -s "$new" "$base.$i$ext"; do i=$((i + 1)); done
+    cp "$new" "$base.$i$ext"
+}
+while IFS= read -r -d '' file; do
+    rel=${file#"$tmp"/}
+    mkdir -p "$dest/$(dirname "$rel")"
+    if [ "$rel" = ledger.tsv ] && [ -f "$dest/ledger.tsv" ]; then
+        awk '!seen[$0]++' "$dest/ledger.tsv" "$file" > "$tmp/.ledger" && mv "$tmp/.ledger" "$dest/ledger.tsv"
+    else
+        keep "$file" "$dest/$rel"
+    fi
+done < <(find "$tmp" -type f ! -name .ledger -print0 | sort -z)
+[ -f "$log" ] && keep "$log" "$dest/$(basename "$log")"
 python3 benchmarks/gpu_summary.py "$dest"
 echo "unpacked into $dest ($(du -sh "$dest" | cut -f1)); commit it with the summary's verdicts in the message"

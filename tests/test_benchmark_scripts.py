@@ -591,12 +591,12 @@ def test_gpu_session_with_no_lease_left_starts_nothing_and_says_so(tmp_path):
     proc, ledger, _ = _session(tmp_path, "lease", LEASE_S=0)
     assert proc.returncode == 0, proc.stderr
     # The preset's stages in order, every command recorded as skipped, none started.
-    assert [row[0] for row in ledger] == ["setup"] * 4 + ["tests", "race", "mnist"]
+    assert [row[0] for row in ledger] == ["setup"] * 3 + ["mnist", "race", "warm-up", "tests"]
     assert {row[1] for row in ledger} == {"skipped"}
     assert "FutureWarning" not in proc.stdout and "passed" not in proc.stdout
     # The summary is the call's last output (the device tool returns only the tail), and it is packed.
     tail = proc.stdout[proc.stdout.index("== hcrfast GPU session summary"):]
-    assert tail.count("skipped") == 4 and "(no pytest output)" in tail
+    assert tail.count("skipped") == 5 and "(no pytest output)" in tail
     assert (tmp_path / "out" / "gpu_session.tgz").stat().st_size > 0
     assert (tmp_path / "out" / "gpu_session.log").read_text().endswith(tail)
 
@@ -608,12 +608,13 @@ def test_gpu_session_ledger_tells_two_calls_on_one_machine_apart(tmp_path):
     proc, ledger, _ = _session(tmp_path, "lease2", LEASE_S=0)
     calls = [row[4] for row in ledger]
     assert len(set(calls)) == 2 and all(c.endswith(" lease") for c in calls[:7])   # lease: 7 commands
-    assert all(c.endswith(" lease2") for c in calls[7:]) and [row[0] for row in ledger[7:11]] == ["setup"] * 4
+    assert all(c.endswith(" lease2") for c in calls[7:]) and [row[0] for row in ledger[7:11]] == ["setup"] * 3 + [
+        "resnet18-krylov"]   # no warm-up: no tests stage follows
     tail = proc.stdout[proc.stdout.index("== hcrfast GPU session summary"):]
     heads = [line for line in tail.splitlines() if line.startswith("-- call ")]
     assert [h.split()[-1] for h in heads] == ["lease", "lease2"]
     setups = [line.split() for line in tail.splitlines() if line.startswith("setup ")]
-    assert [row[1] for row in setups] == ["4", "4"]          # each call's 4 setup commands, not 8 in one line
+    assert [row[1] for row in setups] == ["3", "3"]          # each call's 3 setup commands, not 6 in one line
 
 
 def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(tmp_path):
@@ -623,7 +624,8 @@ def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(t
                     "sleep 100\n")
     fake.chmod(0o755)
     lease = 20
-    proc, ledger, wall = _session(tmp_path, "tests", "mnist", PYTHON=fake, LEASE_S=lease, RESERVE_S=2, MIN_RUN_S=5)
+    proc, ledger, wall = _session(tmp_path, "tests", "mnist", PYTHON=fake, LEASE_S=lease, RESERVE_S=2, MIN_RUN_S=5,
+                                  WARM_UP=0)
     assert proc.returncode == 0, proc.stderr
     (tests, mnist) = ledger
     assert tests[:2] == ["tests", "timeout"] and 5 <= int(tests[2]) <= lease   # started, cut at what was left
@@ -722,6 +724,41 @@ def test_unpack_gpu_session_files_a_lease_under_its_device_and_summarizes_it(tmp
     assert sorted(p.name for p in dest.iterdir()) == ["gpu_session.log", "gpu_targets_mnist_cuda_20261126T120000.json",
                                                      "ledger.tsv"]
     assert "41.5 s (< 60 s: met)" in proc.stdout and "NVIDIA H100 80GB HBM3" in proc.stdout
+
+
+def test_unpack_gpu_session_keeps_both_calls_of_a_lease_that_went_cold_between_them(tmp_path):
+    """A cold second call starts a fresh folder: its tarball holds its own setup and stages only. Unpacked
+    after the first into one folder, nothing of the first is lost: the ledgers' rows merged (a row both
+    hold, once), a .out and a log that differ kept beside the first ones, identical files once."""
+    import tarfile
+
+    machine = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}
+    calls = []
+    for i, (rows, setup_out) in enumerate((("setup\tok\t3\tnvidia-smi\tcall1\nmnist\tok\t50\tmnist\tcall1\n", "one\n"),
+                                          ("setup\tok\t3\tnvidia-smi\tcall1\nsetup\tok\t4\tnvidia-smi\tcall2\n", "two\n"))):
+        session, back = tmp_path / f"session{i}", tmp_path / f"back{i}"
+        session.mkdir(), back.mkdir()
+        (session / "ledger.tsv").write_text(rows)
+        (session / "setup.out").write_text(setup_out)
+        (session / f"race_cuda_20261126T12{i}000.json").write_text(json.dumps({"machine": machine}))
+        (session / "same.json").write_text(json.dumps({"machine": machine}))
+        with tarfile.open(back / "gpu_session.tgz", "w:gz") as tar:
+            tar.add(session, arcname=".")
+        (back / "gpu_session.log").write_text(f"=== call {i + 1}\n")
+        calls.append(back)
+    for back in calls:   # relative paths, from another folder: the script changes to the repository first
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "unpack_gpu_session.sh"),
+                               os.path.relpath(back / "gpu_session.tgz", tmp_path)], capture_output=True, text=True,
+                              cwd=tmp_path, env={**os.environ, "RESULTS_DIR": str(tmp_path / "r")})
+        assert proc.returncode == 0, proc.stderr
+    (dest,) = (tmp_path / "r").glob("gpu_nvidia-h200_*")
+    assert (dest / "ledger.tsv").read_text().splitlines() == ["setup\tok\t3\tnvidia-smi\tcall1",
+                                                              "mnist\tok\t50\tmnist\tcall1",
+                                                              "setup\tok\t4\tnvidia-smi\tcall2"]
+    assert (dest / "setup.out").read_text() == "one\n" and (dest / "setup.2.out").read_text() == "two\n"
+    assert (dest / "gpu_session.log").read_text() == "=== call 1\n"
+    assert (dest / "gpu_session.2.log").read_text() == "=== call 2\n"
+    assert not (dest / "same.2.json").exists()
 
 
 def test_accuracy_tradeoff_script_bounds_where_the_accuracy_just_holds(tmp_path):
@@ -871,10 +908,13 @@ def test_tf32_cost_script_runs_both_modes_over_seeds(tmp_path):
     assert all(np.isfinite(row["median"]) and row["median"] > 0 for row in r["rows"])
     assert set(r["errors"]) == {"emulated"}
     assert all(0 < r["errors"]["emulated"][k] < 1e-2 for k in ("forward", "jvp", "vjp"))
-    assert len(r["summary"]["tf32_over_ieee"]["per_seed"]) == 2
+    assert len(r["summary"]["tf32_over_ieee"]["per_seed"]) == 2 and r["complete"] is True
     text = run_script("gpu_summary.py", tmp_path).stdout          # the lease's summary reads it
     assert "tf32_cost.py:" in text and "emulated J v error" in text and "tf32 / ieee: median x" in text
-    assert "unreadable" not in text
+    assert "unreadable" not in text and "incomplete" not in text
+    # the file as a run killed after its first row leaves it (written after every row)
+    partial = dict(r, rows=r["rows"][:1], summary={}, complete=False)
+    assert "incomplete: the run stopped after 1 row(s)" in _benchmark_script("gpu_summary").tf32_lines(partial)
     if not torch.cuda.is_available():
         proc = run_script("tf32_cost.py", "mnist", "--device", "cuda", "--mode", "errors", check=False)
         assert proc.returncode == 2 and "--device cuda" in proc.stderr
