@@ -976,10 +976,12 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             # (example, mode) pairs whose +inf came from their targeted step alone
             "targeted_steps": int((np.isinf(std) & ~np.isinf(merged["std_algorithm1"])).sum()) if targets else 0,
             "examples_affected": int(np.isinf(std).reshape(len(std), -1).any(axis=1).sum()),
-            "reason": ("a(theta+eps) == a(theta) exactly (D = 0): theta and theta+eps give identical "
-                       "observations, so no unbiased estimator exists for the DCT coordinates that eps "
-                       "moves; their bound is +inf (a restart whose eps came out 0 moves none: it bounds "
-                       "nothing, and hcrfast.bound warns of it)"),
+            "reason": ("a(theta+eps) == a(theta) in float64, also with eps scaled up until float64 would "
+                       "resolve a shift (D = 0): theta and theta+eps give identical observations, so no unbiased "
+                       "estimator exists for the DCT coordinates that eps moves; their bound is +inf (exact where "
+                       "the features ignore eps, as behind dead ReLUs; behind a unit float64 saturates, "
+                       "tanh(25) == 1, the exact bound is finite but beyond float64) (a restart whose eps came "
+                       "out 0 moves none: it bounds nothing, and hcrfast.bound warns of it)"),
         },
         "zero_steps": _zero_steps_summary(zero_steps, restarts, overflowed),
         "rounding": {
