@@ -542,6 +542,72 @@ def _finite_in_float64(model, probe: torch.Tensor, tangent: torch.Tensor, mode: 
     return bool(torch.isfinite(jv).all())
 
 
+#: :func:`_missed_by_jv`: the central differences' step h, relative to example 0's RMS over the tangent's. Small
+#: enough that a ReLU kink is rarely crossed (a pre-activation within ~1e-6 of its scale from 0), large enough that
+#: float64's rounding (~1e-16 of the features) stays ~1e-10 of a derivative of the features' own size.
+FD_STEP = 2.0 ** -20
+#: A feature's difference counts only above this share of the largest feature: float64's rounding, deep inside a
+#: model, is ~1e-14 of it (a flat model's differences are rounding, not a dependence), and stays below
+#: :data:`FD_SMOOTH` of any difference above this.
+FD_FLOOR = 2.0 ** -32
+#: J v misses a feature that moves when ``2 h |J v_j|`` is below this share of its difference: far below a float32
+#: J v's rounding (~1e-7 of ‖J v‖) on any feature that carries a real share of the differences.
+FD_MISSED = 1e-2
+#: Where a feature is smooth over the step, its one-sided differences (x to x + h v, x − h v to x) agree, and its
+#: difference over h/2 is half that over h, to ~h of it; a kink or a jump inside the step (ReLU, max-pool, a
+#: straight-through rounding or fake quantization, whose J v is not 0 where the features stand still) breaks one or
+#: the other by far more than this share: such features are not counted as missed. (Tested: with one-sided
+#: agreement alone, at 2^-4 or 2^-6, a 4-layer CNN with straight-through fake quantization of its activations
+#: (steps 1e-2 to 1e-5) was warned about on up to 16 inputs of 60 per step, its crossed steps summing to a
+#: smooth-looking difference on a few features; with both tests, on none of 240 at 2^-6 and none of 160 here.)
+FD_SMOOTH = 2.0 ** -8
+#: The share of ``‖f(x + h v) − f(x − h v)‖²`` (over the features that move, :data:`FD_FLOOR`) that the missed
+#: features must hold to be warned about: not one feature near a kink among many.
+FD_SHARE = 0.1
+
+
+def _missed_by_jv(model, probe: torch.Tensor, tangent: torch.Tensor, jv0: torch.Tensor):
+    """``(count, share)``: how many features of example 0 move along ``tangent[0]`` but not by J v (``jv0``), and
+    their share of ``‖d‖²`` (``(0, 0.0)``: none); None where the check cannot run (a plain function, a model that
+    cannot be copied to float64, or whose copy fails, returns another dtype or non-finite features).
+
+    Central differences in float64 (a copy of the model unless it is float64 already), in one forward of the five
+    rows ``x + t h v``, ``t = −1, −1/2, 0, 1/2, 1``, with ``h =`` :data:`FD_STEP` × RMS(x) / RMS(v):
+    ``d = f(x + h v) − f(x − h v) ≈ 2 h J v``. Feature j is missed where ``|d_j| >`` :data:`FD_FLOOR` × max|f|,
+    ``2 h |J v_j| <`` :data:`FD_MISSED` × ``|d_j|``, and it is smooth over the step (:data:`FD_SMOOTH`). A
+    .detach(), torch.no_grad() section or NumPy round trip on part of the path from input to features is constant
+    to both of autograd's modes, so their adjoint check passes; the differences see it. A straight-through
+    estimator (J v ≠ 0, d = 0) is not missed.
+    """
+    if not isinstance(model, torch.nn.Module):
+        return None
+    x, v = probe[:1].detach().double(), tangent[:1].detach().double()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the copy's and its forward's, said already by the model's own
+            model64 = model if probe.dtype == torch.float64 else copy.deepcopy(model).double()
+            x_rms = scaled_norm(x) / math.sqrt(x.numel())
+            h = FD_STEP * (x_rms if x_rms > 0 else 1.0) / (scaled_norm(v) / math.sqrt(v.numel()))
+            with torch.no_grad():
+                out = model64(torch.cat([x + t * h * v for t in (-1.0, -0.5, 0.0, 0.5, 1.0)]))
+    except Exception:   # (the float64 certification names what fails, where it is asked for)
+        return None
+    if (not isinstance(out, torch.Tensor) or out.dtype != torch.float64 or out.shape[0] != 5
+            or out[0].numel() != jv0.numel() or not bool(torch.isfinite(out).all())):
+        return None
+    low, low_half, mid, high_half, high = out.detach().reshape(5, -1)
+    d = high - low
+    tolerance = FD_SMOOTH * d.abs()
+    smooth = (((high - mid) - (mid - low)).abs() <= tolerance) & ((d - 2 * (high_half - low_half)).abs() <= tolerance)
+    moves = d.abs() > FD_FLOOR * out.abs().max()
+    missed = moves & smooth & (2 * h * jv0.detach().double().reshape(-1).abs() < FD_MISSED * d.abs())
+    if not bool(missed.any()):
+        return 0, 0.0
+    top = float(d.abs().max())   # (scaled: differences of 1e-200 square to 0)
+    share = float(((d[missed] / top) ** 2).sum() / ((d[moves] / top) ** 2).sum())
+    return int(missed.sum()), share
+
+
 def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
@@ -553,7 +619,9 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
     three unchanged; (4) that JVP is finite and adjoint to reverse mode's VJP (forward mode: no
     no_grad section that only one mode sees; reverse mode: the derivative of the backward is
     right). BatchNorm with batch statistics, attention across the batch or a statistic of the batch
-    fail (2) or (3).
+    fail (2) or (3). (5) Warned, not refused: float64 finite differences of example 0 along the same
+    tangent move features that J v says do not (:func:`_missed_by_jv`): a .detach(), torch.no_grad()
+    section or NumPy round trip on part of the path, constant to both modes, which (4) cannot see.
     ``rtol`` is relative to the largest feature, and at least 4 ulps of the features' dtype (a
     float16 model may round one example differently alone than in a batch).
     """
@@ -725,3 +793,13 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "
             f"{float(leak):.2e} vs {float(own):.2e}). HCR bounds are per example: use BatchNorm in eval "
             "mode with running statistics (model.eval()) and no attention or normalization across the batch axis")
+    missed = _missed_by_jv(model, probe, tangent, jv[0])
+    if missed is not None and missed[1] >= FD_SHARE:
+        count, share = missed
+        warn(f"J v (jacobian={mode!r}) misses how {count} of the {jv[0].numel()} features of example 0 move: finite "
+             f"differences in float64 along the probe's direction say they do ({share:.0%} of the change), J v says "
+             f"not (below {FD_MISSED:g} of it). Likely a .detach(), torch.no_grad() section or NumPy round trip on "
+             f"part of the path from input to features, constant to both autograd modes (so J v and J^T u agree). "
+             f"The bounds stay valid (certified by float64 forward passes) but are blind along that dependence: "
+             f"they come out low, often 0. Remove it, or give it a straight-through gradient "
+             f"(x + (f(x) - x).detach() for a step f)")

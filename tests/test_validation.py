@@ -1217,3 +1217,88 @@ def test_autocast_features_name_the_cast_back_not_a_dtype_the_solver_refuses(x):
     with pytest.raises(TypeError, match=r"returns bfloat16 features for a float32 batch.*y\.to\(x\.dtype\)") as err:
         hcrfast.bound(Autocast().eval(), x, 0.05, **QUICK)
     assert "model.to(torch.bfloat16)" not in str(err.value)
+
+
+class HalfDetached(torch.nn.Module):
+    """Its last 8 features are 2 × the last 8 pixels, through a .detach(): constant to both autograd modes."""
+
+    def forward(self, t):
+        f = t.flatten(1)
+        return torch.cat([f[:, :8], 2 * f[:, 8:].detach()], 1)
+
+
+MISSED = r"misses how 8 of the 16 features of example 0 move: finite differences in float64.*\.detach\(\)"
+
+
+@pytest.mark.parametrize("jacobian", ["reverse", "forward"])
+def test_a_partly_detached_path_is_warned_about_and_the_bounds_are_still_returned(jacobian):
+    """Both modes see the detached half as constant, so their adjoint check passed and half the bounds came out 0
+    without a word (the exact std of those pixels is sigma / 2). Float64 central differences see them move."""
+    batch = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=MISSED) as record:
+        res = hcrfast.bound(HalfDetached().eval(), batch, 0.1, basis="pixel", restarts=2, iterations=2,
+                            jacobian=jacobian)
+    text = next(str(w.message) for w in record if "finite differences" in str(w.message))
+    assert "bounds stay valid" in text and "straight-through gradient" in text
+    std = res.std.reshape(2, 16)
+    assert np.all(std[:, :8] > 0) and np.all(std[:, 8:] == 0)   # valid, and blind where J v is
+
+
+class _StraightThroughRound(torch.nn.Module):
+    """Rounds the input to steps of 1/8 with the gradient of the identity: J v ≠ 0 where the features do not move."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, t):
+        return self.net(t + (torch.round(t * 8) / 8 - t).detach())
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, net, factor):
+        super().__init__()
+        self.net, self.factor = net, factor
+
+    def forward(self, t):
+        return self.net(t) * self.factor
+
+
+def _fd_models():
+    torch.manual_seed(0)
+    relu = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 12))
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    with torch.no_grad():   # running statistics of their own, not 0 and 1
+        cnn[1].running_mean.uniform_(-0.5, 0.5)
+        cnn[1].running_var.uniform_(0.5, 2.0)
+    flat = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6))
+    with torch.no_grad():   # pre-activations below -10 for inputs in [0, 1): every ReLU off, J = 0
+        flat[1].weight.uniform_(-0.1, 0.1)
+        flat[1].bias.fill_(-10.0)
+    return dict(relu=relu, tanh=mlp(), cnn=cnn, straight_through=_StraightThroughRound(), flat=flat,
+                times_1e8=_Scaled(mlp(), 1e8), times_1e_8=_Scaled(mlp(), 1e-8))
+
+
+@pytest.mark.parametrize("jacobian", ["reverse", "forward"])
+@pytest.mark.parametrize("name", ["relu", "tanh", "cnn", "straight_through", "flat", "times_1e8", "times_1e_8"])
+def test_models_whose_jv_sees_every_move_are_not_warned_about(x, name, jacobian, monkeypatch):
+    """ReLU kinks, BatchNorm and max-pool, a straight-through rounding (J v ≠ 0, the features still), a model flat
+    at the input and features of any scale: the finite-difference check runs on each and finds nothing to say."""
+    from hcrfast import validation
+
+    found, check = [], validation._missed_by_jv
+
+    def recorded(*args):
+        found.append(check(*args))
+        return found[-1]
+
+    monkeypatch.setattr(validation, "_missed_by_jv", recorded)
+    model = _fd_models()[name].eval()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        hcrfast.bound(model, x, 0.05, basis="pixel", jacobian=jacobian, **QUICK)
+    assert not [str(w.message) for w in record if "finite differences" in str(w.message)]
+    assert len(found) == 1 and found[0] is not None   # it ran, on a float64 copy
+    assert found[0][1] < validation.FD_SHARE
