@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -864,6 +865,20 @@ def test_summary_json_is_strict_json_with_null_for_a_statistic_over_nothing(file
     s = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
     assert s["attack"]["std_ratio_median"] is None and s["attack"]["significant_bias"] is None
     assert s["attack"]["median"] > 0
+
+
+def test_float64_inputs_rounded_to_a_float32_model_are_said(files):
+    """float64 inputs with a float32 model were rounded to float32 without a word (summary.json said float32);
+    --double keeps them, without the warning."""
+    tmp_path, x = files
+    torch.save(x.double() / 3, tmp_path / "x64.pt")
+    args = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x64.pt", *TINY]
+    with pytest.warns(UserWarning, match=r"x64\.pt\) are float64 and the model float32: hcrfast bound rounds"):
+        assert _bound([*args, "--out", tmp_path / "run"]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _bound([*args, "--double", "--out", tmp_path / "run64"]) == 0
+    assert not [w for w in caught if "are float64 and the model" in str(w.message)]
 
 
 def test_a_float16_model_is_run_in_float32_with_a_warning(files):
