@@ -916,8 +916,9 @@ def _screen_earlier(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     del z32
     has_hi = sure & fine & xp.isfinite(d_hi) & (d_hi > 0)
     low = xp.where(has_hi, 1.0 / xp.sqrt(xp.where(has_hi, d_hi, 1.0)), 0.0)
-    # ‖ε‖²/p (a step with a non-finite entry is always certified: its value here is not used)
-    sq = (xp.einsum("ij,ij->i", finite_eps, finite_eps) / p).reshape(m, K)
+    # ‖ε‖²/p, 0 for a step with a non-finite entry (always certified; huge finite entries beside it would give
+    # inf, and inf·0 a NaN that no comparison passes)
+    sq = xp.where(finite, (xp.einsum("ij,ij->i", finite_eps, finite_eps) / p).reshape(m, K), 0.0)
     del finite_eps
     with np.errstate(over="ignore", invalid="ignore"):
         # eq. (6): the last iterates' certified, then the steps' brackets
@@ -1575,6 +1576,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                  else "not started by torchrun, and no process group")
         validation.warn(f"shard=True, but this process is alone ({alone}): it computes every example itself")
     batch = validation.model_and_batch(model, batch, basis)
+    user_model = model   # (a float16 one is solved as a fresh float32 copy: the factor store keys on the user's)
     model, batch = validation.float32_for_float16(model, batch)
     from hcrfast.targeted import METHODS, parse_targets
 
@@ -1641,7 +1643,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if reuse is not None and (solver not in ("dense", "krylov") or type(noise) is not Gaussian):
             reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
         if reuse is not None:
-            reuse.match((id(model), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
+            reuse.match((id(user_model), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
                          sha256_tensors(example_ids), solver, jacobian, json.dumps(dataclasses.asdict(options)),
                          krylov_pilots, int(seed), size, restarts, basis, tf32,
                          None if targets is None else sha256_tensors(np.asarray(

@@ -1768,3 +1768,58 @@ def test_on_cpu_the_automatic_chunk_holds_the_earlier_iterates_to_their_budget(t
     assert capped == hcrfast.bound(model, x, 0.05, chunk_size=2, **kw)
     hcrfast.bound(model, x, 0.05, iterates="last", checkpoint=tmp_path / "last", **kw)
     assert len(list((tmp_path / "last").glob("chunk_*.npz"))) == 1
+
+
+class _Locked(torch.nn.Module):
+    """A float16 model holding a lock: copy.deepcopy raises TypeError (cannot pickle '_thread.lock')."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 8)
+        self.lock = threading.Lock()
+
+    def forward(self, t):
+        return torch.tanh(self.lin(t.flatten(1)))
+
+
+class _CastsToHalf(torch.nn.Module):
+    """A forward that casts its input to float16 itself: its float32 copy fails on a float32 batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 8)
+
+    def forward(self, t):
+        return torch.tanh(self.lin(t.flatten(1).half()))
+
+
+@pytest.mark.parametrize("make", [_Locked, _CastsToHalf])
+def test_a_float16_model_without_a_working_float32_copy_runs_in_float16_as_before(make):
+    """A float16 model that cannot be copied, or whose copy casts back to float16, is solved as it is (it was
+    before the float32 copy; with the copy, bound raised TypeError or a dtype mismatch), with certify=False
+    since neither can be copied to float64 either: the bounds of its own float16 passes."""
+    torch.manual_seed(0)
+    model = make().half().eval()
+    x = torch.randn(2, 1, 4, 4).half()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = hcrfast.bound(model, x, 0.1, certify=False, iterations=2, restarts=2)
+    assert res.std.shape == (2, 1, 4, 4) and np.all(res.std >= 0) and np.any(res.std > 0)
+    assert not [w for w in caught if "solves with a float32 copy" in str(w.message)]
+
+
+def test_a_float16_model_reuses_its_factors_across_sigmas():
+    """The factor store that sigma_for searches with keys on the model: on the float32 copy, a new object each
+    call, a float16 model rebuilt every factor at every sigma. It keys on the user's model."""
+    from hcrfast.algorithm import reusing_factors
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).to(dtype).eval()
+        x = torch.randn(2, 1, 4, 4).to(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with reusing_factors(1 << 26):
+                reused = [hcrfast.bound(model, x, s, iterations=2, restarts=2, solver="dense").params["reuse"]["examples"]
+                          for s in (0.1, 0.2)]
+        assert reused == [0, 2], dtype

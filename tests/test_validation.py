@@ -1302,3 +1302,38 @@ def test_models_whose_jv_sees_every_move_are_not_warned_about(x, name, jacobian,
     assert not [str(w.message) for w in record if "finite differences" in str(w.message)]
     assert len(found) == 1 and found[0] is not None   # it ran, on a float64 copy
     assert found[0][1] < validation.FD_SHARE
+
+
+class _DerivativeOff(torch.autograd.Function):
+    """x Wᵀ whose backward gives J^T u right but whose own derivative (reverse mode's J v) is 1.1x J v."""
+
+    @staticmethod
+    def forward(ctx, t, w):
+        ctx.save_for_backward(w)
+        return t @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g @ w + 0.1 * (g - g.detach()) @ w, None
+
+
+def test_a_wrong_double_backward_is_named_at_image_sizes():
+    """With 3x224x224 inputs and 10 features |v||J^T u| is ~120x |J v||u|: a tolerance of 1e-3 of it let a J v
+    20% off pass the adjoint check (here one 10% off). The check's rounding term is 64 ulps of it, not 1e-3."""
+    from hcrfast import validation
+
+    torch.manual_seed(2)   # (not 0: the weights would be drawn from the probe tangent's own stream)
+    p = 3 * 224 * 224
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(10, p) / p**0.5)
+
+        def forward(self, t):
+            return _DerivativeOff.apply(t.flatten(1), self.w)
+
+    model, batch = Model().eval(), torch.randn(3, p)
+    with pytest.raises(ValueError, match=r"is not the adjoint of its J\^T u"):
+        validation.probe_independent(model, batch, validation.features_of(model, batch))
