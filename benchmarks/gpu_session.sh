@@ -122,9 +122,11 @@ run() {
     t0=$(date +%s)
     local packer=
     if [ -n "${OUT:-}" ]; then  # what the command writes reaches $OUT while it runs, not only after it
-        # TERM ends it at once while it sleeps (wait is interrupted) and only after a tar it is running
-        # (the trap waits for it): never two tars on the same .part file
-        ( trap 'exit 0' TERM; while :; do sleep "${PACK_EVERY_S:-20}" & wait $!; pack; done ) & packer=$!
+        # TERM ends it at once while it sleeps (wait is interrupted; its sleep is ended too) and only after a
+        # tar it is running (the trap waits for it): never two tars on the same .part file. Its output goes
+        # nowhere: a sleep left holding the call's stdout kept the device tool's reply waiting.
+        ( trap 'kill "$s" 2>/dev/null; exit 0' TERM; s=
+          while :; do sleep "${PACK_EVERY_S:-20}" & s=$!; wait "$s"; pack; done ) >/dev/null 2>&1 & packer=$!
     fi
     timeout -k 10 "$t" "$@" 2>&1 | grep --line-buffered -v "FutureWarning\|warnings.warn" | tee -a "$LOG" "$DEST/$STAGE.out"
     rc="${PIPESTATUS[0]}"

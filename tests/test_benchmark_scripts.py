@@ -635,6 +635,44 @@ def test_gpu_session_cuts_a_command_to_the_lease_and_skips_what_no_longer_fits(t
     assert "(pytest printed no closing line: killed or crashed)" in proc.stdout
 
 
+def test_gpu_session_packs_while_a_command_runs_and_leaves_nothing_holding_its_output(tmp_path):
+    """A command's files reach $OUT's tarball while it runs (a call the device tool kills keeps them), and the
+    packer, ended with the command, leaves no sleep holding the script's stdout: a reader waiting for the
+    output to close (as the device tool may) waited up to PACK_EVERY_S more per command."""
+    import tarfile
+    import time
+
+    fake = tmp_path / "python"   # the race's command: writes a JSON, then works on
+    fake.write_text(f'#!/bin/bash\ncase "$1" in -c|benchmarks/gpu_summary.py) exec {sys.executable} "$@";; esac\n'
+                    f'echo "{{}}" > "$GPU_SESSION_DEST/race_partial.json"; sleep 4\n')
+    fake.chmod(0o755)
+    for every in (1, 30):
+        dest, out = tmp_path / f"session{every}", tmp_path / f"out{every}"
+        out.mkdir()
+        env = {**os.environ, "GPU_SESSION_DEST": str(dest), "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"),
+               "PYTHON": str(fake), "LEASE_S": "120", "PACK_EVERY_S": str(every)}
+        t0 = time.monotonic()
+        proc = subprocess.Popen(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "race"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=ROOT, env=env)
+        first = None
+        while proc.poll() is None:   # the tarball as the device tool would find it if it killed the call now
+            time.sleep(0.25)
+            try:
+                with tarfile.open(out / "gpu_session.tgz") as tar:
+                    if first is None and "./race_partial.json" in tar.getnames():
+                        first = time.monotonic() - t0
+            except (OSError, tarfile.TarError):
+                pass
+        exited = time.monotonic() - t0
+        proc.communicate()
+        closed = time.monotonic() - t0
+        assert proc.returncode == 0 and not list(out.glob(".*.part"))
+        if every == 1:
+            assert first is not None and first < exited - 2   # packed seconds before the command (4 s) ended
+        else:
+            assert closed - exited < 5                        # no 30-s sleep left holding the output
+
+
 def test_gpu_summary_lists_the_kernels_and_the_models_products_from_their_own_files(tmp_path):
     """gpu_session.sh kernels writes three pytest-benchmark JSONs (one timeout loses one part); the summary
     prints each one's medians under its name."""
