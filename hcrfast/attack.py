@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import (_auto_chunk, _every, _in_chunks, _nonfinite_derivative, _progress_line,
+from hcrfast.algorithm import (_Eta, _auto_chunk, _every, _in_chunks, _nonfinite_derivative, _progress_line,
                                infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
@@ -570,7 +570,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 saved.save(lo, hi, **{k: to_host(a[lo:hi]) for k, a in out.items()})
             done[0] += hi - lo
             if progress:
-                _progress_line("hcrfast attack", f"examples {B - to_compute + done[0]}/{B}", t_start, t_start,
+                _progress_line("hcrfast attack", f"examples {B - to_compute + done[0]}/{B}", t_start, eta,
                                done[0], to_compute)
 
         def on_halve(chunk):
@@ -596,7 +596,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             todo = gaps(B, finished)
             if todo:
                 saved.check_writable()
-        to_compute, done = sum(hi - lo for lo, hi in todo), [0]
+        to_compute, done, eta = sum(hi - lo for lo, hi in todo), [0], _Eta(time.perf_counter())
         if progress and to_compute < B:
             print(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}", file=sys.stderr)
         for lo, hi in todo:

@@ -847,6 +847,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     # on it: each chunk records it, and a merge of chunks computed with different ones says so.
     arithmetic = arithmetic_of(dev)  # on the CPU with torch's thread count
     t_chunks = time.perf_counter()
+    eta_of = _algorithm._Eta(t_chunks)   # (the first chunk's one-off costs left out once a second is done)
     examples_total = sum(len(ids_of[c]) for c in mine)
     examples_done = sum(len(ids_of[c]) for c in mine if c not in todo)
     for k, c in enumerate(todo, 1):
@@ -857,7 +858,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         examples_done += len(ids)
         elapsed = time.perf_counter() - t_chunks
         left = sum(len(ids_of[d]) for d in todo[k:])
-        eta = elapsed / sum(len(ids_of[d]) for d in todo[:k]) * left
+        eta = eta_of(sum(len(ids_of[d]) for d in todo[:k]), left)
         _say(progress, f"{tag}: chunk {c + 1}/{n_chunks} done: examples {examples_done}/{examples_total}"
                        f"{'' if world.size == 1 else ' of this rank'}, {_duration(elapsed)} elapsed, "
                        f"ETA {_duration(eta)}")

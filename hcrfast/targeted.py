@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, profiling, validation
-from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _applied64, _applied_shift, _auto_chunk, _certified_shift,
+from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _applied64, _applied_shift, _auto_chunk, _certified_shift,
                                _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
                                _far_slope, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
                                _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding, _widened,
@@ -815,6 +815,7 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
                   f"{checkpoint}", file=sys.stderr)
     pieces = [(a, min(hi, a + per)) for lo, hi in todo for a in range(lo, hi, per)]
     computed, to_compute = 0, sum(stop - start for start, stop in pieces)
+    eta = _Eta(time.perf_counter())
     if saved is not None and pieces:
         saved.check_writable()
     for start, stop in pieces:
@@ -824,7 +825,7 @@ def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, 
             saved.save(start, stop, meta=np.array(json.dumps(meta, default=json_default)), **arrays)
         computed += stop - start
         if progress:
-            _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, t_start,
+            _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, eta,
                            computed, to_compute)
     if saved is not None:
         saved.tidy()

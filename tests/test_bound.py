@@ -1823,3 +1823,16 @@ def test_a_float16_model_reuses_its_factors_across_sigmas():
                 reused = [hcrfast.bound(model, x, s, iterations=2, restarts=2, solver="dense").params["reuse"]["examples"]
                           for s in (0.1, 0.2)]
         assert reused == [0, 2], dtype
+
+
+def test_the_eta_leaves_out_the_first_chunks_one_off_costs(monkeypatch):
+    """The first chunk's time holds a call's one-off costs: an ETA from the time per example since the call
+    began said 247 s where 108 were left (800 examples). After a second chunk it is the later chunks' rate."""
+    from hcrfast import algorithm
+
+    clock = iter([0.0, 10.0, 11.0, 12.0])   # first chunk: 10 s for 10 examples (warm-up); then 1 s per 10
+    monkeypatch.setattr(algorithm.time, "perf_counter", lambda: next(clock))
+    eta = algorithm._Eta(algorithm.time.perf_counter())
+    assert eta(10, 90) == pytest.approx(90.0)      # the first chunk's rate: nothing better yet
+    assert eta(20, 80) == pytest.approx(8.0)       # 1 s per 10 since the first chunk, not 11 s per 20
+    assert eta(30, 70) == pytest.approx(7.0)
