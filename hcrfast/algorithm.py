@@ -1364,7 +1364,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         the batch. Run in eval mode (a model in training mode is switched to
         eval for the call, with a warning, and switched back).
     batch : torch.Tensor, shape (B, ...)
-        The inputs θ, on the model's device and in its dtype.
+        The inputs θ, on the model's device and in its dtype (float32 or float64; a float16 Module and batch
+        are solved as a float32 copy, with a warning; bfloat16 is refused). The bounds are certified by a
+        float64 copy's forward passes whatever the dtype (``certify=True``).
     sigma : float, array of one std per feature, or noise law
         Standard deviation of the Gaussian dithering of every feature; one std per
         feature (an array, tensor or list of the features' size: the problem is that of
@@ -1395,8 +1397,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
     jacobian : {"reverse", "forward"}
         How J v is computed (:class:`hcrfast.bindings.TorchJacobian`).
     chunk_size : int, optional
-        Examples per chunk (all their restarts together); automatic when None.
-        A chunk that runs out of memory is halved and retried.
+        Examples per chunk (all their restarts together); automatic when None: from free device memory on
+        CUDA, fixed budgets of values on CPUs (the solver's, and with ``iterates="all"`` one for the earlier
+        steps a chunk keeps). A chunk that runs out of memory is halved and retried.
     example_ids : sequence of int, optional
         Global indices of the examples (default 0..B−1), used only to seed
         their noise streams, so that a run split over calls, processes or

@@ -644,7 +644,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         Input batch (B, ...) → features (B, ...); must not mix examples. Eval mode
         (a model in training mode is switched for the call, with a warning).
     batch : torch.Tensor, shape (B, ...)
-        The inputs θ, on the model's device and in its dtype.
+        The inputs θ, on the model's device and in its dtype (a float16 Module and batch are solved as a
+        float32 copy, with a warning, as :func:`hcrfast.bound` does).
     sigma : float, array of one std per feature, or hcrfast.Gaussian
         Standard deviation of the Gaussian dithering of every feature, or one per
         feature (as :func:`hcrfast.bound`).
