@@ -393,7 +393,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     zero = s.get("zero_steps") or {}
     if zero.get("restarts"):
         body.append(f'<p class="warn">{zero["restarts"]:,} restarts in {zero["examples_affected"]:,} examples bound '
-                    f'nothing (0): {e(zero["reason"])}.</p>')
+                    f'nothing (0) by their last iterate: {e(zero["reason"])}.</p>')
     rounding = s.get("rounding") or {}
     if rounding.get("restarts"):
         body.append(f'<p class="warn">{rounding["restarts"]:,} restarts are exact only to float64\'s rounding: '

@@ -403,15 +403,22 @@ def _quantiles(values: np.ndarray) -> dict:
                "infinite": int(values.size - finite.size)})
 
 
-def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.ndarray | None = None) -> dict:
-    """summary.json's account of the restarts that bound nothing (``zero_steps``: example, restart,
-    :data:`_ZERO_STEP_KINDS` code; ``overflowed``: example, restart of those whose D overflowed to +inf, bound
-    0, which the chunks do not list): how many of each kind, in how many examples, and why."""
+def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.ndarray | None = None,
+                        bounded: np.ndarray | None = None) -> dict:
+    """summary.json's account of the restarts whose last iterate bounds nothing (``zero_steps``: example,
+    restart, :data:`_ZERO_STEP_KINDS` code; ``overflowed``: example, restart of those whose D overflowed to
+    +inf, bound 0, which the chunks do not list): how many of each kind, in how many examples, and why.
+    ``bounded`` (per example): whether any of its bounds is above 0; an example all of whose restarts are
+    listed still bounds something where an earlier iterate (``iterates="all"``) or a singular step did, and
+    is not counted as bounding nothing."""
     overflowed = np.zeros((0, 2), np.int64) if overflowed is None else np.asarray(overflowed).reshape(-1, 2)
     kinds = {name: int((zero_steps[:, 2] == code).sum()) for code, name in _ZERO_STEP_KINDS.items()}
     kinds["d_overflow"] = int(overflowed.shape[0])
     examples, per_example = np.unique(np.concatenate([zero_steps[:, 0], overflowed[:, 0]]), return_counts=True)
-    whole = int((per_example >= restarts).sum())
+    all_listed = per_example >= restarts
+    if bounded is not None:
+        all_listed &= ~np.asarray(bounded, dtype=bool)[examples.astype(np.int64)]
+    whole = int(all_listed.sum())
     why = {"eps_zero": "their eps came out 0 (outside the range the solver's dtype resolves)",
            "at_zero_jacobian": "J = 0 at their example (its features do not move with its input)",
            "rounded": "float64 could not resolve the shift of the features: they came out exactly unchanged, but "
@@ -420,9 +427,9 @@ def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.nd
            "coarse": "float64 could not establish D: the shift is within float64's rounding of features this size "
                      "(sigma * size too small next to the features' size: a larger --sigma-scale resolves it)",
            "uncertified": "D = 0 in uncertified lower-precision passes",
-           "d_overflow": "their D overflowed to +inf, a bound of 0 (the model moved its features far beyond the "
-                         "noise for a step of this size: a smaller --size gives finite D; also counted in "
-                         "divergence.infinite)"}
+           "d_overflow": "their last iterate's D overflowed to +inf, a bound of 0 from that step (the model moved "
+                         "its features far beyond the noise for a step of this size: a smaller --size gives finite "
+                         "D; also counted in divergence.infinite; their earlier iterates may still bound)"}
     reason = ("; ".join(f"{n} because {why[k]}" for k, n in kinds.items() if n)
               + (f"; every restart of {counted(whole, 'example')} bounds nothing, so Algorithm 1 bounds "
                  f"{'its' if whole == 1 else 'their'} modes by 0, which guarantees nothing" if whole else "")
@@ -984,7 +991,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        "tanh(25) == 1, the exact bound is finite but beyond float64) (a restart whose eps came "
                        "out 0 moves none: it bounds nothing, and hcrfast.bound warns of it)"),
         },
-        "zero_steps": _zero_steps_summary(zero_steps, restarts, overflowed),
+        "zero_steps": _zero_steps_summary(zero_steps, restarts, overflowed,
+                                          bounded=(std.reshape(len(std), -1) > 0).any(axis=1)),
         "rounding": {
             "restarts": int(sum(p.get("rounding", (0, 0.0))[0] for p in parts)),
             "worst_relative_error": float(max(p.get("rounding", (0, 0.0))[1] for p in parts)),

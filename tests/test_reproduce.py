@@ -763,7 +763,7 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
             "uncertified": 0, "d_overflow": 0, "examples_affected": 3, "examples_bounding_nothing": 0}
         assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
         assert _arrays(out / "bounds.npz")["infinite"].shape == (0, 2)
-        assert ("3 restarts in 3 examples bound nothing (0): 3 because their eps came out 0"
+        assert ("3 restarts in 3 examples bound nothing (0) by their last iterate: 3 because their eps came out 0"
                 in (out / "report.html").read_text())
 
 
@@ -892,7 +892,14 @@ def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
     mixed = reproduce._zero_steps_summary(zero_steps, restarts=2, overflowed=np.array([[3, 0], [7, 1]]))
     assert {k: mixed[k] for k in ("restarts", "d_overflow", "examples_affected", "examples_bounding_nothing")} == {
         "restarts": 6, "d_overflow": 2, "examples_affected": 4, "examples_bounding_nothing": 2}
-    assert "2 because their D overflowed to +inf" in mixed["reason"]
+    assert "2 because their last iterate's D overflowed to +inf" in mixed["reason"]
+    # an example all of whose restarts are listed, but bounded by an earlier iterate or a singular step, is
+    # not one that bounds nothing
+    bounded = np.zeros(8, dtype=bool)
+    bounded[3] = True   # example 3: both restarts listed (one rounded, one overflowed), bounded otherwise
+    partly = reproduce._zero_steps_summary(zero_steps, restarts=2, overflowed=np.array([[3, 0], [7, 1]]),
+                                           bounded=bounded)
+    assert partly["examples_bounding_nothing"] == 1 and partly["restarts"] == 6
 
 
 def test_restarts_whose_d_overflowed_are_counted_among_those_that_bound_nothing(weights, tmp_path):
@@ -912,8 +919,9 @@ def test_restarts_whose_d_overflowed_are_counted_among_those_that_bound_nothing(
     assert zero["d_overflow"] == zero["restarts"] == s["divergence"]["infinite"] == int(overflowed.sum())
     assert zero["examples_affected"] == zero["examples_bounding_nothing"] == int(overflowed.all(axis=1).sum())
     assert zero["eps_zero"] == zero["rounding"] == 0 and s["infinite"]["restarts_with_zero_divergence"] == 0
-    assert ("20 restarts in 10 examples bound nothing (0): 20 because their D overflowed to +inf"
-            in (out / "report.html").read_text())
+    html = (out / "report.html").read_text().replace("&#x27;", "'")
+    assert ("20 restarts in 10 examples bound nothing (0) by their last iterate: 20 because their last "
+            "iterate's D overflowed to +inf" in html)
 
 
 def test_summary_numbers_are_those_of_the_saved_arrays(first):
