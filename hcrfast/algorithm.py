@@ -86,6 +86,11 @@ KRYLOV_MIN_INPUTS = DENSE_SOLVE_MAX_INPUTS + 1
 #: 1.04× to 3.90× on five models, Swin-T the 3.90×, "eleventh session").
 AUTO_SINGULAR_STEPS = 64
 
+#: What an infinite bound's reason says of its step (after "example E, restart R: " or the like), in
+#: ``infinite_reasons`` of ``bound`` and of ``hcrfast reproduce``'s bounds.npz alike.
+INFINITE_REASON = ("a(theta+eps) == a(theta) in float64, so D = 0; no unbiased estimator exists for the "
+                   "coordinates this eps moves (their bound is +inf)")
+
 #: Values (J in float64, its live-row factor and pseudo-inverse) per chunk of the dense solve on CPUs.
 _DENSE_ELEMENTS = 2**26
 
@@ -2130,16 +2135,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     zero_d, moved, zero_d & shifted, unresolved, rounded, coarse]))
                 if underflow.any():
                     raise ValueError(divergence_underflow(noise, int(underflow.sum())))
-                c_reasons = [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in float64, so D = 0; no "
-                             f"unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
+                c_reasons = [f"example {start + e}, restart {r}: {INFINITE_REASON}"
                              for e, r in zip(*np.nonzero(zero_d & moved & ~unresolved))]
-                c_reasons += [f"example {start + e}, restart {r}: its iterate {j} of {iterations}: a(theta+eps) == "
-                              f"a(theta) in float64, so D = 0; no unbiased estimator exists for the coordinates this "
-                              f"eps moves (their bound is +inf)" for e, r, j in earlier_inf]
+                c_reasons += [f"example {start + e}, restart {r}: its iterate {j} of {iterations}: {INFINITE_REASON}"
+                              for e, r, j in earlier_inf]
                 c_reasons += [f"example {start + e}, singular step {k % singular_steps} "
-                              f"({'+' if k < singular_steps else '-'}v): a(theta+eps) == a(theta) in float64, so D = 0; "
-                              f"no unbiased estimator exists for the coordinates this eps moves (their bound is +inf)"
-                              for e, k in singular_inf]
+                              f"({'+' if k < singular_steps else '-'}v): {INFINITE_REASON}" for e, k in singular_inf]
                 reasons_of[start] = c_reasons
                 c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
                 c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in {z_dtype}, {_UNRESOLVED} "

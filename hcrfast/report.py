@@ -366,7 +366,8 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         body.append(f"<p>Targeted bounds ({html.escape(str(tg['targets']))}): the Cramér–Rao direction of each targeted "
                     f"mode, certified, bounds its own mode and every other it moves: together they lifted "
                     f"{tg['modes_lifted_fraction']:.1%} of all bounds above {html.escape(_baseline(tg))}; gain "
-                    f"(bound / that bound) over all modes: median {g['q50']:.3g}, 95% {g['q95']:.3g}.</p>")
+                    f"(bound / that bound) over all modes: median {_fmt(g['q50'])}, 95% {_fmt(g['q95'])}"
+                    f"{_gain_pairs_left_out(g)}.</p>")
     if s.get("singular_steps"):
         lifted = s.get("singular_steps_lifted")   # absent from runs made before it was kept
         if lifted:   # the (example, mode) bounds of the examples that took them
@@ -475,7 +476,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                      (f"{s['lowfreq']}×{s['lowfreq']} low-frequency block", s["bounds_lowfreq"]),
                      ("MSE bound per example (eq. 6)", s["mse_bound"]),
                      ("MSE bound per example from the per-mode bounds, (1/p) Σ std²", s.get("mse_bound_modes", {})),
-                     ("divergence D per restart", s["divergence"])):
+                     ("divergence D per restart that bounds something", s["divergence"])):
         rows.append((label, *(d.get(k) for k in q), d.get("finite"), d.get("infinite")))
     body.append(_table(rows, header=("", "5%", "25%", "50%", "75%", "95%", "finite", "infinite")))
     body.append('<p class="note">Quantiles over the finite values. Bounds are the maximum over the R '
@@ -556,6 +557,39 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     return path
 
 
+def _gain_pairs_left_out(g: dict) -> str:
+    """What a median gain leaves out (:func:`hcrfast.reproduce._targeted_stats`; absent from runs before
+    2026-12-01): the pairs lifted from a bound of 0 or to +inf, whose gain is infinite, and those +inf
+    both ways."""
+    if "pairs" not in g:
+        return ""
+    infinite = g["from_zero_baseline_lifted"] + g["to_infinite_by_targeted"]
+    parts = [f"{g['finite']:,} of the {g['pairs']:,} (example, mode) pairs, whose baseline is finite and above 0"]
+    if infinite:
+        parts.append(f"{infinite:,} more were lifted from 0 or to +inf (an infinite gain)")
+    if g["infinite_both"]:
+        parts.append(f"{g['infinite_both']:,} were +inf without them")
+    if g["from_zero_baseline_still_zero"]:
+        parts.append(f"{g['from_zero_baseline_still_zero']:,} are 0 either way")
+    return " (over " + "; ".join(parts) + ")"
+
+
+def _finite_median(q: dict) -> str:
+    """A median cell from :func:`hcrfast.reproduce._quantiles`: that of the finite values, with how many
+    are +inf beside it (those are the strongest bounds, not missing ones), and ∞ where every one is."""
+    if q.get("q50") is None:
+        return "∞ (every input)" if q.get("infinite") else "–"
+    return _fmt(q["q50"]) + (f" ({q['infinite']:,} of {q['finite'] + q['infinite']:,} inputs ∞)"
+                             if q.get("infinite") else "")
+
+
+def _infinite_sentence(coordinates: int, reasons: list) -> str:
+    """How many bounds are +inf, and from how many certified steps (a step with D = 0 makes every mode it
+    moves +inf, and each restart, iterate, singular or targeted step with D = 0 has a reason of its own)."""
+    return (f"{coordinates:,} infinite bounds (D = 0: no unbiased estimator exists there), from "
+            f"{len(reasons):,} step{'s' if len(reasons) != 1 else ''} that left the features unchanged")
+
+
 def _fmt_list(values) -> str:
     return "(" + ", ".join(f"{v:.4g}" for v in values) + ")"
 
@@ -600,9 +634,9 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
             _table([("all modes", q.get("q5"), q.get("q25"), q.get("q50"), q.get("q75"), q.get("q95"),
                      q.get("infinite"), q.get("zero"))],
                    header=("", "5%", "25%", "median", "75%", "95%", "infinite", "zero (bound nothing)")),
-            _table([("eq. (6), one ε", s["mse_bound"].get("q50")),
-                    ("from every mode's bound", s["mse_bound_modes"].get("q50"))],
-                   header=("bound on the MSE per coordinate, median over inputs", "value"))]
+            _table([("eq. (6), one ε", _finite_median(s["mse_bound"])),
+                    ("from every mode's bound", _finite_median(s["mse_bound_modes"]))],
+                   header=("bound on the MSE per coordinate, median over the inputs' finite bounds", "value"))]
     cal = s.get("calibration")
     if cal:
         what = ("per-mode bounds" if cal["statistic"] == "std" else "inputs' RMSE bounds") + (
@@ -623,7 +657,7 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
         body.append(f"<p>Targeted steps ({e(str(s['targeted']['targets']))}) lifted "
                     f"{s['targeted']['modes_lifted_fraction']:.1%} of the bounds above {e(_baseline(s['targeted']))}; "
                     f"gain over "
-                    f"all modes: median {_fmt(g.get('q50'))}.</p>")
+                    f"all modes: median {_fmt(g.get('q50'))}{_gain_pairs_left_out(g)}.</p>")
     sing = (s.get("params") or {}).get("singular_steps")
     if sing:
         fewest = (sing.get("directions") or {}).get("fewest", sing["count"])
@@ -636,8 +670,8 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                     + (f"{sing['examples'] * int(np.prod(std.shape[1:])):,} " if "examples" in sing else "")
                     + "(example, mode) bounds.</p>")
     if s.get("infinite_reasons"):
-        body.append(f"<p>{len(s['infinite_reasons']):,} infinite bounds (D = 0: no unbiased estimator exists "
-                    f"there); the first: {e(s['infinite_reasons'][0])}</p>")
+        body.append(f"<p>{_infinite_sentence(q.get('infinite', 0), s['infinite_reasons'])}; the first: "
+                    f"{e(s['infinite_reasons'][0])}</p>")
     if s.get("restarts_bounding_nothing"):
         body.append(f'<p class="note">{s["restarts_bounding_nothing"]:,} restarts bound nothing (0); '
                     f"summary.json's params['zero_step_reasons'] says why.</p>")
@@ -814,8 +848,9 @@ def write_sweep_report(out, summary: dict) -> Path:
             _table(rows, header=header)]
     for lv in levels:
         if lv["infinite_reasons"]:
-            body.append(f"<p>At {_fmt(lv['scale'])} × sigma, {len(lv['infinite_reasons']):,} infinite bounds (D = 0: "
-                        f"no unbiased estimator exists there); the first: {html.escape(lv['infinite_reasons'][0])}</p>")
+            body.append(f"<p>At {_fmt(lv['scale'])} × sigma, "
+                        f"{_infinite_sentence(lv['std']['infinite'], lv['infinite_reasons'])}; the first: "
+                        f"{html.escape(lv['infinite_reasons'][0])}</p>")
     figures = [("bounds_vs_sigma.png", "The bounds' quantiles against sigma (log-log); the dashed line is "
                                        "proportional to sigma through the first median.")]
     if utility:

@@ -419,6 +419,8 @@ def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.nd
     if bounded is not None:
         all_listed &= ~np.asarray(bounded, dtype=bool)[examples.astype(np.int64)]
     whole = int(all_listed.sum())
+    # examples all of whose last iterates are listed but that an earlier iterate, a singular or a targeted step bounds
+    rescued = int((per_example >= restarts).sum()) - whole
     why = {"eps_zero": "their eps came out 0 (outside the range the solver's dtype resolves)",
            "at_zero_jacobian": "J = 0 at their example (its features do not move with its input)",
            "rounded": "float64 could not resolve the shift of the features: they came out exactly unchanged, but "
@@ -433,8 +435,10 @@ def _zero_steps_summary(zero_steps: np.ndarray, restarts: int, overflowed: np.nd
     reason = ("; ".join(f"{n} because {why[k]}" for k, n in kinds.items() if n)
               + (f"; every restart of {counted(whole, 'example')} bounds nothing, so Algorithm 1 bounds "
                  f"{'its' if whole == 1 else 'their'} modes by 0, which guarantees nothing" if whole else "")
-              + ("; the other affected examples' remaining restarts still bound them" if whole < examples.size
-                 else ""))
+              + (f"; every restart's last iterate of {counted(rescued, 'example')} bounds nothing, but an earlier "
+                 f"iterate, a singular or a targeted step bounds {'it' if rescued == 1 else 'them'}" if rescued else "")
+              + ("; the other affected examples' remaining restarts still bound them"
+                 if whole + rescued < examples.size else ""))
     # "rounding": both of float64's kinds together (the one count of run formats before 4)
     return {"restarts": int(zero_steps.shape[0] + overflowed.shape[0]), **kinds,
             "rounding": kinds["rounded"] + kinds["coarse"], "examples_affected": int(examples.size),
@@ -463,10 +467,19 @@ def _targeted_stats(targets, std, std_algorithm1, singular_steps: int = 0):
     lifted = std > std_algorithm1
     ok = np.isfinite(std) & np.isfinite(std_algorithm1) & (std_algorithm1 > 0)
     gain = std[ok] / std_algorithm1[ok]
+    # The pairs a ratio leaves out, counted so that none is lost: a finite baseline of 0 (the targeted step
+    # bounds what nothing else did: an infinite gain if it is above 0), a +inf bound the targeted step alone
+    # gives (also infinite), +inf both ways (no gain: the baseline already had it).
+    from_zero = np.isfinite(std_algorithm1) & (std_algorithm1 == 0)
     return {
         "targets": targets,
         "modes_lifted_fraction": float(lifted.mean()),
-        "gain_over_algorithm1_all_modes": _quantiles(gain),
+        "gain_over_algorithm1_all_modes": dict(
+            _quantiles(gain), pairs=int(std.size),
+            from_zero_baseline_lifted=int((from_zero & (std > 0)).sum()),
+            from_zero_baseline_still_zero=int((from_zero & (std == 0)).sum()),
+            to_infinite_by_targeted=int((np.isinf(std) & np.isfinite(std_algorithm1) & ~from_zero).sum()),
+            infinite_both=int((np.isinf(std) & np.isinf(std_algorithm1)).sum())),
         "gain_over_algorithm1_lifted_modes": _quantiles(std[lifted & ok] / std_algorithm1[lifted & ok]),
         "bounds_algorithm1_only": _quantiles(std_algorithm1.ravel()),
         "baseline": targets_baseline(singular_steps),
@@ -908,8 +921,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         params["singular_steps"] = dict(count=int(singular_steps), **(singular_lifted or {}))
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
-    reasons = [f"example {e}, restart {r}: a(theta+eps) == a(theta) exactly, so D = 0; no unbiased estimator exists "
-               f"for the coordinates this eps moves (their bound is +inf)" for e, r in infinite.tolist()]
+    reasons = [f"example {e}, restart {r}: {_algorithm.INFINITE_REASON}" for e, r in infinite.tolist()]
     if targets is not None:  # and the modes whose +inf their targeted step gave, as hcrfast.bound names them
         from hcrfast.targeted import _infinite_reasons
 
@@ -976,7 +988,10 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         "mse_bound": _quantiles(merged["mse"]),
         # (1/p) Σ_k std_k²: every mode's own bound summed, at least eq. 6's (Bounds.mse_from_modes)
         "mse_bound_modes": _quantiles(mse_from_modes(std)),
-        "divergence": _quantiles(merged["divergence"].ravel()),
+        # over the restarts that bound something: one listed in zero_steps holds a D of 0 (its eps is 0, or
+        # float64 could not resolve its shift) that is not the features' D = 0, which makes bounds +inf
+        "divergence": dict(_quantiles(merged["divergence"][~bounding_nothing]),
+                           restarts_bounding_nothing_left_out=int(bounding_nothing.sum())),
         "infinite": {
             "coordinates": n_inf,
             "fraction": n_inf / std.size,

@@ -147,6 +147,37 @@ def quantile_line(std) -> str:
             + (f" ({'; '.join(notes)})" if notes else ""))
 
 
+def finite_stats(values, *, largest: bool = True) -> str:
+    """"median M, min m, max X" of the finite ``values`` and how many are +inf, the rule of
+    :func:`quantile_line` (and of ``summary.json``'s quantiles): a +inf bound (D = 0) is counted apart, not
+    averaged into a median, so the median printed is that of the finite ones and says so."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return "all +inf" if values.size else "none"
+    text = f"median {np.median(finite):.4g}, min {finite.min():.4g}" + (f", max {finite.max():.4g}" if largest else "")
+    return text + (f" (of the {finite.size} finite; {values.size - finite.size} +inf)" if finite.size < values.size
+                   else "")
+
+
+def _divergence_text(divergence, zero_step_reasons) -> str:
+    """The summary's median D over the restarts that bound something: a restart listed in
+    ``zero_step_reasons`` (eps = 0, J = 0, a shift float64 could not resolve) holds a D of 0 that is no
+    D = 0 of the features (which would make its bounds +inf), so it is left out, and said to be."""
+    divergence = np.asarray(divergence, dtype=np.float64)
+    keep = np.ones(divergence.shape, dtype=bool)
+    for reason in zero_step_reasons:
+        m = _RESTART.match(reason)
+        if m and divergence.ndim == 2 and int(m.group(1)) < divergence.shape[0] \
+                and int(m.group(2)) < divergence.shape[1]:
+            keep[int(m.group(1)), int(m.group(2))] = False
+    left = int((~keep).sum())
+    if not keep.any():
+        return f"none: every restart bounds nothing ({left}, see params['zero_step_reasons'])"
+    return (f"median {np.median(divergence[keep]):.4g}"
+            + (f" over the restarts that bound something ({left} that bound nothing left out)" if left else ""))
+
+
 def noise_label(described) -> str:
     """The short name of a noise law from its ``describe()`` line, with the confidence of bounds that
     hold only with that confidence (Monte Carlo; bound()'s ``params["noise_asked"]``: the law as asked,
@@ -297,10 +328,10 @@ class Bounds:
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')}"
             f"{', every iterate' if p.get('iterates') == 'all' and (p.get('iterations') or 1) > 1 else ''})",
             quantile_line(std),
-            f"  mse bound per example: median {np.median(h.mse):.4g}, min {np.min(h.mse):.4g}, max {np.max(h.mse):.4g} "
-            f"(eq. 6, one eps); from the per-mode bounds (.mse_from_modes): median "
-            f"{np.median(mse_modes):.4g}, min {np.min(mse_modes):.4g}",
-            f"  divergence D: median {np.median(h.divergence):.4g}  (certified in float64: {p.get('certify')})",
+            f"  mse bound per example (eq. 6, one eps): {finite_stats(h.mse)}; from the per-mode bounds "
+            f"(.mse_from_modes): {finite_stats(mse_modes, largest=False)}",
+            f"  divergence D: {_divergence_text(h.divergence, p.get('zero_step_reasons') or [])}  "
+            f"(certified in float64: {p.get('certify')})",
         ]
         earlier = p.get("earlier_iterates")
         if earlier and earlier.get("screened") and earlier.get("steps"):

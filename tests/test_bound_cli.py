@@ -219,6 +219,66 @@ def test_the_report_shows_the_bounds_and_their_figures(files, capsys, basis):
     assert all((out / name).stat().st_size > 1000 for name in shown)
 
 
+MIXED_FILE = textwrap.dedent("""
+    import torch
+
+    class Mixed(torch.nn.Module):
+        # input 0 moves the ReLU features (finite bounds); input 1's rounded half ignores every step (+inf);
+        # input 2 has J = 0: its ReLUs are dead and its rounded half is switched off (bounds 0, D = 0 stored)
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.w = torch.nn.Parameter(torch.rand(6, 64, generator=g) * 0.1)
+            self.b = torch.nn.Parameter(torch.full((6,), -20.0))
+            self.a = torch.nn.Parameter(torch.randn(6, 64, generator=g))
+
+        def forward(self, x):
+            f = x.flatten(1)
+            q = f @ self.a.T
+            q = q + (torch.round(q) - q).detach()
+            return torch.cat([torch.relu(f @ self.w.T + self.b), q * (f.mean(1, keepdim=True) > -5).to(f.dtype)], 1)
+""")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_report_counts_infinite_bounds_and_medians_as_the_summary_does(tmp_path, capsys):
+    """report.html said "14 infinite bounds" where 64 were (it counted the steps with D = 0), gave the median MSE
+    bound of the finite inputs under a label that did not say so while summary() took +inf into its median, and
+    summary()'s median D counted the J = 0 input's restarts, which bound nothing, as D = 0. The bounds' own arrays,
+    read back from bounds.npz, are the oracle of every count."""
+    (tmp_path / "mixed.py").write_text(MIXED_FILE)
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x[0] += 10
+    x[2] -= 10
+    torch.save(x, tmp_path / "x.pt")
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mixed.py'}:Mixed", tmp_path / "x.pt", "--sigma", "0.5", "--iterations", "2",
+            "--restarts", "2", "--solver", "dense", "--threads", "1", "--no-progress", "--out", out]
+    assert _bound(argv) == 0
+    printed = capsys.readouterr().out
+    res = hcrfast.Bounds.load(out / "bounds.npz")
+    std = np.asarray(res.std).reshape(3, -1)
+    n_inf = int(np.isinf(std).sum())
+    assert n_inf == 64 and np.isinf(std[1]).all() and (std[2] == 0).all() and np.isfinite(std[0]).all()
+    from html import unescape
+
+    page = unescape((out / "report.html").read_text())
+    assert f"{n_inf:,} infinite bounds (D = 0: no unbiased estimator exists there), from " \
+           f"{len(res.infinite_reasons):,} steps" in page
+    mse = np.asarray(res.mse)
+    finite = mse[np.isfinite(mse)]
+    assert np.isinf(mse).sum() == 1 and finite.size == 2
+    assert "median over the inputs' finite bounds" in page
+    assert f"{np.median(finite):.4g} (1 of 3 inputs ∞)" in page
+    assert f"(eq. 6, one eps): median {np.median(finite):.4g}, min {finite.min():.4g}, max {finite.max():.4g} " \
+           f"(of the 2 finite; 1 +inf)" in printed
+    # input 2's restarts bound nothing: their stored D = 0 is left out; input 1's D = 0 (+inf bounds) is not
+    d = np.asarray(res.divergence)
+    assert (d[2] == 0).all() and len(res.params["zero_step_reasons"]) == 2
+    assert f"divergence D: median {np.median(d[:2]):.4g} over the restarts that bound something (2 that bound " \
+           f"nothing left out)" in printed
+
+
 @pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
 def test_a_factory_or_an_instance_names_the_model(files, name, seed):
     tmp_path, x = files

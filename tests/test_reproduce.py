@@ -865,8 +865,13 @@ def test_summary_statistics_against_numpy():
     ok = np.isfinite(std) & np.isfinite(alg1) & (alg1 > 0)       # gains of finite, non-zero bounds: [2, 1, 1.5]
     lifted = std > alg1                                           # 0 -> 5 and 3 -> inf lift too, without a gain
     assert t["targets"] == "low:2" and t["modes_lifted_fraction"] == pytest.approx(lifted.mean())
-    assert t["gain_over_algorithm1_all_modes"] == reproduce._quantiles(std[ok] / alg1[ok])
-    assert t["gain_over_algorithm1_all_modes"]["finite"] == 3 and t["gain_over_algorithm1_all_modes"]["infinite"] == 0
+    g = t["gain_over_algorithm1_all_modes"]
+    assert {k: g[k] for k in reproduce._quantiles(std[ok] / alg1[ok])} == reproduce._quantiles(std[ok] / alg1[ok])
+    assert g["finite"] == 3 and g["infinite"] == 0
+    # the pairs a ratio leaves out are counted, each once: 0 -> 5, 3 -> inf, inf -> inf
+    assert (g["pairs"], g["from_zero_baseline_lifted"], g["from_zero_baseline_still_zero"],
+            g["to_infinite_by_targeted"], g["infinite_both"]) == (6, 1, 0, 1, 1)
+    assert g["finite"] + g["from_zero_baseline_lifted"] + g["to_infinite_by_targeted"] + g["infinite_both"] == 6
     assert t["gain_over_algorithm1_lifted_modes"]["q50"] == pytest.approx(np.median([2.0, 1.5]))
     assert t["bounds_algorithm1_only"] == reproduce._quantiles(alg1)
     assert t["baseline"] == "Algorithm 1's bounds"
@@ -900,6 +905,13 @@ def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
     partly = reproduce._zero_steps_summary(zero_steps, restarts=2, overflowed=np.array([[3, 0], [7, 1]]),
                                            bounded=bounded)
     assert partly["examples_bounding_nothing"] == 1 and partly["restarts"] == 6
+    # and the reason says what bounds it: not "the remaining restarts", which it has none of
+    assert ("every restart's last iterate of 1 example bounds nothing, but an earlier iterate, a singular or a "
+            "targeted step bounds it") in partly["reason"]
+    assert "every restart's last iterate" not in mixed["reason"]
+    assert "still bound them" in partly["reason"]   # example 5's and 7's other restarts do
+    alone = reproduce._zero_steps_summary(np.array([[3, 0, 2], [3, 1, 2]]), restarts=2, bounded=bounded)
+    assert alone["examples_bounding_nothing"] == 0 and "still bound them" not in alone["reason"]
 
 
 def test_restarts_whose_d_overflowed_are_counted_among_those_that_bound_nothing(weights, tmp_path):
@@ -969,6 +981,12 @@ def test_a_later_restart_that_bounds_nothing_is_not_counted_infinite(weights, tm
     assert len(lost) == 3 and all(r == 1 for _, r in lost)  # the oracle: D = 0 at restart 1 of 3 examples
     assert s["infinite"]["restarts_with_zero_divergence"] == 0 and s["infinite"]["coordinates"] == 0
     assert b["infinite"].shape == (0, 2)
+    # their stored D = 0 is no D of the features (that would make bounds +inf): the D quantiles leave them out
+    kept = np.ones(b["divergence"].shape, dtype=bool)
+    kept[tuple(np.array(lost).T)] = False
+    assert s["divergence"]["restarts_bounding_nothing_left_out"] == 3 and s["divergence"]["zero"] == 0
+    assert s["divergence"]["q50"] == pytest.approx(np.median(b["divergence"][kept]), rel=1e-12)
+    assert s["divergence"]["finite"] == int(kept.sum())
 
 
 def test_histogram_counts_zeros_left_out_only_on_a_log_axis(tmp_path):

@@ -117,6 +117,38 @@ def test_summary_quantiles_skip_infinite_bounds(std, line):
     assert text.splitlines()[1] == line and "nan" not in text
 
 
+def test_summary_mse_medians_follow_the_quantiles_rule():
+    """The summary's MSE medians are those of the finite bounds with the +inf ones counted apart, as its
+    quantile line and summary.json's quantiles are (numpy's median of the finite values is the oracle): a
+    median over +inf values said neither, and disagreed with the report of the same run."""
+    res = bounds_with_std([[1.0, np.inf, 3.0], [np.inf, 5.0, np.inf]])
+    res.mse = np.array([0.25, np.inf])
+    line = res.summary().splitlines()[2]
+    assert line.startswith("  mse bound per example (eq. 6, one eps): median 0.25, min 0.25, max 0.25 "
+                           "(of the 1 finite; 1 +inf); from the per-mode bounds (.mse_from_modes): ")
+    assert "inf (" not in line.replace("+inf", "") and "nan" not in line
+    res.mse = np.array([np.inf, np.inf])
+    assert "(eq. 6, one eps): all +inf;" in res.summary()
+    res.mse = np.array([0.0, 0.5])
+    assert "median 0.25, min 0, max 0.5;" in res.summary() and "finite" not in res.summary().splitlines()[2]
+
+
+def test_summary_divergence_leaves_out_the_restarts_that_bound_nothing():
+    """A restart listed in params['zero_step_reasons'] (eps = 0, J = 0, a shift float64 cannot resolve) holds
+    D = 0 without the features' D = 0 that makes bounds +inf: the median D is over the others, and says so."""
+    res = bounds_with_std([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    res.divergence = np.array([[0.0, 0.0], [0.0, 4e-5]])   # example 1's D = 0: a real one, its bounds +inf
+    res.params["restarts"] = 2
+    assert "  divergence D: median 0  (certified" in res.summary()
+    res.params["zero_step_reasons"] = ["example 0, restart 0: J = 0 at this example, ...",
+                                      "example 0, restart 1: J = 0 at this example, ..."]
+    line = next(x for x in res.summary().splitlines() if "divergence D" in x)
+    assert line.startswith(f"  divergence D: median {np.median([0.0, 4e-5]):.4g} over the restarts that bound "
+                           f"something (2 that bound nothing left out)")
+    res.params["zero_step_reasons"] += ["example 1, restart 0: eps came out 0", "example 1, restart 1: eps came out 0"]
+    assert "divergence D: none: every restart bounds nothing (4," in res.summary()
+
+
 def test_repr_is_the_summary_head_not_the_arrays():
     """A result printed in a notebook shows what was bounded and the quantiles (numpy's, here the oracle),
     not numpy's dump of eps and z; a Bounds whose fields make no summary still has a repr."""
