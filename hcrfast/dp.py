@@ -85,6 +85,8 @@ _TINY = sys.float_info.min
 _HUGE = sys.float_info.max
 _SQRT_TINY = math.sqrt(_TINY)
 _SQRT_HUGE = math.sqrt(_HUGE)
+_LOG10_TINY = math.log10(_TINY)
+_LOG10_HUGE = math.log10(_HUGE)
 _NORMAL_RANGE = "float64's normal range [2.2e-308, 1.8e+308]"
 # N and T enter the formulas as float64, which holds every integer only up to 2**53.
 _MAX_COUNT = 2**53
@@ -225,7 +227,16 @@ def _sci(log10_value: float) -> str:
 
 def _sci_limit(log10_value: float, *, up: bool) -> str:
     """``10**log10_value`` to 5 significant digits, rounded up (``up``, a lower limit) or down (an upper
-    limit) past the rounding of ``log10_value``: a threshold the user may pass as printed."""
+    limit) past the rounding of ``log10_value``: a threshold the user may pass as printed.
+
+    Clamped to float64's normal range, which the value passed must lie in anyway: an upper limit above the
+    largest float64 is printed as that, rounded down (1.7976e+308), a lower limit below the smallest normal as
+    that, rounded up (2.2251e-308). Unclamped, 1.3407e+454 reads back as inf and 1.4917e-454 as 0, both
+    refused, and a subnormal such as 1.4917e-314 as a neighbour that may fall past the limit. A lower limit
+    above the largest float64, or an upper one below the smallest normal, is left as it is (no float64 meets
+    it): every caller's limits are inside the range on that side (see each)."""
+    # (clamped in log10: the edges print as float64's own, past the rounding 10 ** log10(_HUGE) would add)
+    log10_value = max(log10_value, _LOG10_TINY) if up else min(log10_value, _LOG10_HUGE)
     exponent = math.floor(log10_value)
     # log10_value carries an absolute error ~1e-13 (|log10_value| <= ~630): 1e-10 relative covers it
     scaled = 10.0 ** (log10_value - exponent + 4.0)
@@ -251,6 +262,8 @@ def _noise_var(sigma: float, C: float, T: int) -> float:
     if not _TINY <= s2 <= _HUGE:
         log_s2 = 2.0 * math.log10(C) + 2.0 * math.log10(sigma) - math.log10(T)
         log_root_T = 0.5 * math.log10(T)
+        # Never empty once clamped (_sci_limit): C >= 4.9e-324 (the smallest subnormal) and sqrt(T) <= 9.5e7
+        # keep the lower limit below 3e177 and the upper above 7.4e-155.
         raise ValueError(
             f"the noise variance C^2 sigma^2 / T = {_sci(log_s2)} (sigma = {sigma:g}, C = {C:g}, "
             f"T = {T}) is outside {_NORMAL_RANGE}; for this C and T pass "
@@ -283,6 +296,7 @@ def effective_sigma(*, sigma, T) -> float:
     sigma, T = _check_sigma(sigma), _check_T(T)
     sigma_eff = sigma / math.sqrt(T)
     if sigma_eff < _TINY:
+        # (the limit, _TINY sqrt(T) <= 2.1e-300, is a normal float64)
         raise ValueError(
             f"sigma / sqrt(T) = {_sci(math.log10(sigma) - 0.5 * math.log10(T))} (sigma = {sigma:g}, "
             f"T = {T}) is below float64's smallest normal number 2.2e-308; for this T pass "
@@ -520,6 +534,7 @@ def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
         what = "the NCC bound 1 / sqrt(1 + N sigma^2 / T)"
     if bound < _TINY:
         log_bound = -math.log10(sigma) - 0.5 * math.log10(N) + 0.5 * math.log10(T)
+        # (the limit, sqrt(T / N) / _TINY >= 4.7e299, is above the smallest normal; above the largest, clamped)
         raise ValueError(
             f"{what} (sigma = {sigma:g}, N = {N}, T = {T}) is about {_sci(log_bound)}, below "
             f"float64's smallest normal number 2.2e-308; for this N and T pass sigma <= "
@@ -901,6 +916,8 @@ def rero_mse(*, eta, sigma, C, N, T=1):
         log_x = math.log(a) + np.log(eta) - math.log(s2)
 
     def fix(log_x_star: float) -> str:
+        # P(a, x*) = _TINY < 1/2 puts x* below a, so eta's limit 2 x* s^2 / N = (x* / a) s^2 is below s^2 <=
+        # _HUGE; below the smallest normal it is clamped (_sci_limit)
         log10_eta = (log_x_star + math.log(2.0) + math.log(s2) - math.log(N)) / math.log(10.0)
         return (f"for sigma = {sigma:g}, C = {C:g}, N = {N}, T = {T} pass "
                 f"eta >= {_sci_limit(log10_eta, up=True)} (or eta <= 0, whose bound is exactly 0), or a smaller sigma")

@@ -120,25 +120,43 @@ def float32_for_float16(model, batch: torch.Tensor):
     for features in the hundreds (an inf step, a NaN tridiagonal), and whose arithmetic NumPy emulates
     slowly. The copy holds the same weights (float16 values are float32 values), the bounds are certified by
     a float64 copy's passes as ever, and the solver's steps only choose which ε to certify. A callable that
-    is not a Module, one that cannot be copied, or whose copy does not give float32 features for a float32
-    example (a cast inside its forward), stays in float16."""
+    is not a Module stays in float16; so, with a warning, does a Module that cannot be copied, or whose copy
+    fails on a float32 example or does not give float32 features for it (a cast inside its forward).
+
+    Called before :func:`entry_point`, so it does what the entry point would for the copy's check: outside
+    torch.inference_mode (a call under it made the copies inference tensors, which autograd refuses to save
+    for the Jacobian products), and the copy in eval mode, its flags restored for the entry point to switch
+    and warn about as for any model (in training mode the check's forward updated the copy's BatchNorm
+    running statistics, whose bounds were then of another model, and BatchNorm1d refused its one row, which
+    left a model that runs in eval mode in float16). The user's model is not touched: only its copy runs."""
     if batch.dtype != torch.float16 or not isinstance(model, torch.nn.Module):
         return model, batch
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), torch.inference_mode(False):
+            warnings.simplefilter("ignore")   # (eval_mode's: the entry point says it of the copy, as of any model)
             model32 = copy.deepcopy(model).float()
-            with torch.no_grad():   # a forward that casts to float16 itself (x.half()) stays as it is
-                out = model32(batch[:1].float())
-    except Exception:   # (deepcopy raises TypeError for what cannot be pickled, a lock say)
+            batch32 = batch.float()
+            with eval_mode(model32), torch.no_grad():   # a forward that casts to float16 itself (x.half()) stays
+                out = model32(batch32[:1])
+    except Exception as exc:   # (deepcopy raises TypeError for what cannot be pickled, a lock say)
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        warn(f"the model and batch are float16, and hcrfast could not run a float32 copy of the model "
+             f"({type(exc).__name__}: {text}), so hcrfast solves in float16, whose range (65504) the solver's sums "
+             f"of squares overflow for features in the hundreds (an inf step, a NaN bound); pass model.float() and "
+             f"batch.float(), or make the model copyable (copy.deepcopy) with a forward that keeps its input's dtype")
         return model, batch
     if not (isinstance(out, torch.Tensor) and out.dtype == torch.float32):
+        got = dtype_name(out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
+        warn(f"the model and batch are float16, and a float32 copy of the model returns {got} features for a "
+             f"float32 example (a cast inside its forward), so hcrfast solves in float16, whose range (65504) the "
+             f"solver's sums of squares overflow for features in the hundreds (an inf step, a NaN bound); make "
+             f"the forward keep its input's dtype (drop the cast) for hcrfast to run the float32 copy")
         return model, batch
     warn("the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's range, 65504, "
          "overflows the solver's sums of squares for features in the hundreds) and certifies the bounds in float64 "
          "as always (with certify=False, the feature shifts are the float32 copy's); pass model.float() and "
          "batch.float() to silence this")
-    return model32, batch.float()
+    return model32, batch32
 
 
 def lsqr_options(options):

@@ -676,6 +676,47 @@ def test_limits_suggested_by_refusals_are_accepted_as_printed(mp, C, N, T):
             assert abs(mp.mpf(text) / limit - 1) < 1e-4, (text, limit)
 
 
+# Every call that refuses a noise variance C^2 sigma^2 / T outside float64's normal range (dp._noise_var).
+NOISE_VAR_CALLS = {
+    "expected_mse": lambda s, C: dp.expected_mse(sigma=s, C=C),
+    "mse_lower_bound": lambda s, C: dp.mse_lower_bound(sigma=s, C=C),
+    "ncc_expected": lambda s, C: dp.ncc_expected(sigma=s, C=C, beta=1.0, variance=1.0, N=10),
+    "mse_noncentrality": lambda s, C: dp.mse_noncentrality(sigma=s, C=C, beta=0.5, sq_norm=1.0),
+    "mse_cdf": lambda s, C: dp.mse_cdf(1.0, sigma=s, C=C, N=10),
+    "rero_mse": lambda s, C: dp.rero_mse(eta=1.0, sigma=s, C=C, N=10),
+    "rero_psnr": lambda s, C: dp.rero_psnr(eta=10.0, sigma=s, C=C, N=10),
+    "ncc_cdf": lambda s, C: dp.ncc_cdf(0.5, sigma=s, C=C, N=10, variance=1.0),
+}
+
+
+@pytest.mark.parametrize("call", sorted(NOISE_VAR_CALLS))
+@pytest.mark.parametrize("C, refused, edge", [(1e-300, 1e-10, "1.7976e+308"), (5e-324, 1.0, "1.7976e+308"),
+                                              (1e160, 1e10, "2.2251e-308"), (1e300, 1.0, "2.2251e-308")])
+def test_sigma_limits_past_float64_are_printed_at_its_edges(call, C, refused, edge):
+    """A sigma limit float64 cannot hold was printed as it is, and refused as printed: 1.3407e+454 reads back as
+    inf, 1.4917e-454 as 0, 1.4917e-314 as a subnormal. It is printed at the edge of float64's normal range,
+    rounded inwards, and both limits are accepted as printed."""
+    with pytest.raises(ValueError, match=r"outside float64's normal range") as exc:
+        NOISE_VAR_CALLS[call](refused, C)
+    printed = re.search(r"pass (\S+) <= sigma <= (\S+)$", str(exc.value)).groups()
+    assert edge in printed, str(exc.value)
+    for text in printed:
+        assert TINY <= float(text) <= HUGE, str(exc.value)
+        try:
+            NOISE_VAR_CALLS[call](float(text), C)  # accepted as printed
+        except ValueError as other:  # (rero_mse at sigma C = 1.3e154 refuses its eta = 1.0: a bound of 1e-1540)
+            assert "noise variance" not in str(other), (text, str(other))
+
+
+def test_eta_limit_below_float64_is_printed_at_its_smallest_normal():
+    """rero_mse's smallest working eta below float64's smallest normal was printed as a subnormal (6.1635e-315),
+    which reads back as a neighbour within a few ulps of 5e-324: it is printed as 2.2251e-308 instead."""
+    with pytest.raises(ValueError, match=r"below float64's smallest normal number") as exc:
+        dp.rero_mse(eta=1e-322, sigma=1.5e-154, C=1.0, N=100)
+    assert _message_number(r"pass eta >= (\S+) ", str(exc.value)) == float("2.2251e-308")
+    assert TINY <= dp.rero_mse(eta=float("2.2251e-308"), sigma=1.5e-154, C=1.0, N=100)
+
+
 def test_cli_float_range_is_accepted_as_printed(capsys):
     with pytest.raises(SystemExit):
         main(["dp", "table", "--N", "64", "--sigma", "1e-400"])

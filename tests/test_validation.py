@@ -361,6 +361,100 @@ def test_inside_inference_mode_gives_the_bounds_of_a_plain_call(x, entry):
     np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
 
 
+def _batchnorm_cnn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3, padding=1), torch.nn.BatchNorm2d(3), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(48, 6))
+    with torch.no_grad():   # running statistics far from a batch's own: a forward in training mode moves them
+        model[1].running_mean.fill_(0.3)
+        model[1].running_var.fill_(2.0)
+    return model
+
+
+def _batchnorm1d_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                               torch.nn.Linear(8, 4))
+
+
+@pytest.mark.parametrize("make", [_batchnorm_cnn, _batchnorm1d_mlp])
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_a_float16_model_in_training_mode_gets_the_bounds_of_eval_mode_in_float32(x, entry, make):
+    """The float32 copy of a float16 model was checked by a forward in the model's training mode, before the entry
+    point switched it to eval: BatchNorm2d updated the copy's running statistics (the bounds were another
+    model's), and BatchNorm1d refused the check's one row, which left the call in float16. A float16 model in
+    training mode now gets the bounds of its eval mode, solved in float32, and is given back as it was."""
+    call = getattr(hcrfast, entry)
+    kw = dict(bound=dict(iterations=2, restarts=2, solver="dense", singular_steps=0),
+              targeted_bound=dict(targets=[0, 1], method="dense"))[entry]
+    basis = "dct" if make is _batchnorm_cnn else "pixel"
+    xh = x.half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = call(make().half().eval(), xh, 0.1, basis=basis, **kw)
+    model = make().half().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = call(model, xh, 0.1, basis=basis, **kw)
+    said = [str(w.message) for w in caught]
+    assert any("training mode" in m for m in said) and any("solves with a float32 copy" in m for m in said), said
+    assert want.params["dtype"] == got.params["dtype"] == "float32"
+    np.testing.assert_array_equal(got.std, want.std)
+    assert model.training and all(m.training for m in model.modules())
+    for k, v in model.state_dict().items():   # the user's model: its dtype, and its buffers untouched
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound"])
+def test_a_float16_model_inside_inference_mode_gives_the_bounds_of_a_plain_call(x, entry):
+    """The float32 copies of a float16 model and batch were made before the entry point left inference mode:
+    inference tensors, on which autograd raised 'Inference tensors cannot be saved for backward'."""
+    call = getattr(hcrfast, entry)
+    kw = dict(bound=QUICK, targeted_bound=dict(targets=[0, 5]))[entry]
+    model, xh = mlp().half(), x.half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = call(model, xh, 0.05, **kw)
+        with torch.inference_mode():
+            got = call(model, xh, 0.05, **kw)
+            model32, batch32 = hcrfast.validation.float32_for_float16(model, xh)
+    assert got.params["dtype"] == "float32"
+    np.testing.assert_array_equal(got.std, want.std)
+    assert batch32.dtype == torch.float32 and not batch32.is_inference()
+    assert all(p.dtype == torch.float32 and not p.is_inference() for p in model32.parameters())
+
+
+class _Unpicklable(torch.nn.Module):
+    """copy.deepcopy raises TypeError (cannot pickle '_thread.lock')."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+        self.lock = __import__("threading").Lock()
+
+    def forward(self, t):
+        return self.net(t)
+
+
+class _BackToHalf(Detached):
+    """Its float32 copy returns float16 features: a cast inside the forward."""
+
+    def forward(self, t):
+        return self.net(t).half()
+
+
+@pytest.mark.parametrize("make, said", [(_Unpicklable, r"could not run a float32 copy of the model \(TypeError: "),
+                                        (_BackToHalf, r"a float32 copy of the model returns float16 features")])
+def test_a_float16_model_left_in_float16_is_warned_about(x, make, said):
+    """A float16 model whose float32 copy cannot be made, or gives float16 features, is solved in float16 as it
+    is: said, not done silently."""
+    model, xh = make().half().eval(), x.half()
+    with pytest.warns(UserWarning, match=said + r".* so hcrfast solves in float16, whose range \(65504\)"):
+        got, batch = hcrfast.validation.float32_for_float16(model, xh)
+    assert got is model and batch is xh
+
+
 class NoGradInside(Detached):
     def forward(self, t):
         with torch.no_grad():
