@@ -668,10 +668,19 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
         lam, vec = symmetric.eigh_batch(gram, live_rows if k <= p else None, impl=EIGH_IMPL)
         lmax = torch.nn.functional.pad(lam, (0, 1)).amax(dim=1, keepdim=True)   # ≥ 0; 0 where p = 0
         keep = lam > (rtol**2) * lmax
+        # The kept eigenvalues are each Gram matrix's largest, so its last columns (eigh_batch: ascending,
+        # after the padding's zeros): only the batch's largest rank r of them enter (Gram)⁺, which is then
+        # never formed. A ReLU MLP's J (784 × 784 on MNIST) has rank ~390, and (J⁺)ᵀ from V_r costs 2·m·r·p
+        # flops where V Λ⁺ Vᵀ and its product cost m³ + m²·p (m = min(k, p)): half of them there.
+        r = max(1, int(keep.sum(dim=1).max())) if B else 1
+        lam, vec, keep = lam[:, -r:], vec[:, :, -r:], keep[:, -r:]
         inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
-        core = (vec * inv[:, None, :]) @ vec.transpose(1, 2)               # (Gram)⁺
-        # k ≤ p: J⁺ = Jᵀ (J Jᵀ)⁺, so (J⁺)ᵀ = (J Jᵀ)⁺ J;  k > p: J⁺ = (JᵀJ)⁺ Jᵀ, (J⁺)ᵀ = J (JᵀJ)⁺.
-        matrix = core @ Jr if k <= p else Jr @ core
+        # k ≤ p: J⁺ = Jᵀ (J Jᵀ)⁺, so (J⁺)ᵀ = (J Jᵀ)⁺ J = V_r Λ_r⁻¹ (V_rᵀ J);
+        # k > p: J⁺ = (JᵀJ)⁺ Jᵀ, so (J⁺)ᵀ = J (JᵀJ)⁺ = ((J V_r) Λ_r⁻¹) V_rᵀ.
+        if k <= p:
+            matrix = (vec * inv[:, None, :]) @ (vec.transpose(1, 2) @ Jr)
+        else:
+            matrix = ((Jr @ vec) * inv[:, None, :]) @ vec.transpose(1, 2)
         vals = torch.sqrt(torch.clamp(lam, min=0.0))
     rank = keep.sum(dim=1)
     out = MinNormSolver(rows=rows, matrix=matrix, rank=rank, live_rows=live_rows, driver=driver)
