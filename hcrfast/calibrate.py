@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hcrfast.backend import available_memory
+from hcrfast.backend import available_memory, host_argument, to_host
 from hcrfast.results import counted, same_result
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
@@ -81,9 +81,13 @@ class SigmaSearch:
         The σ the search started from (its unit).
     statistic : float
         The certified statistic of :attr:`bounds`: ``quantile`` of the bounds (or, for ``"rmse"``, of the
-        examples' RMSE bounds), order statistic ``"lower"``.
+        examples' RMSE bounds) of :attr:`modes`, order statistic ``"lower"``:
+        ``statistic_of(bounds, statistic_name, quantile, modes)``.
     target, quantile, statistic_name :
         What was asked.
+    modes : None, str, sequence or array
+        The modes the statistic is over, as given to :func:`sigma_for` (a CuPy array copied to the host);
+        None: every mode.
     met : bool
         ``statistic >= target``.
     within_rtol : bool
@@ -113,9 +117,10 @@ class SigmaSearch:
     history: list = field(default_factory=list)
     note: str = ""
     reuse_bytes: int = 0
+    modes: object = None  # (last, with a default: a SigmaSearch built positionally, as before, is over every mode)
 
     def summary(self) -> str:
-        what = _describe(self.statistic_name, self.quantile)
+        what = _describe(self.statistic_name, self.quantile, self.modes)
         sig = (f"{self.sigma:.6g}" if np.ndim(self.sigma) == 0
                else f"{self.scale:.6g} x the given stds (RMS {_rms(self.sigma):.6g})")
         head = (f"sigma {sig}: {what} {self.statistic:.6g} {'>=' if self.met else '<'} target {self.target:.6g} "
@@ -145,9 +150,35 @@ def _rms(a) -> float:
     return float(np.sqrt(np.mean(a * a)))
 
 
-def _describe(statistic: str, quantile: float) -> str:
-    of = "per-mode bounds" if statistic == "std" else "examples' RMSE bounds"
+def _describe(statistic: str, quantile: float, modes=None) -> str:
+    """The statistic in words, naming the modes it is over where not every one (a statistic of a few modes
+    is not the statistic of all: the two can differ by any factor)."""
+    if modes is None:
+        of = "per-mode bounds" if statistic == "std" else "examples' RMSE bounds"
+    else:
+        of = (f"bounds of {_modes_text(modes)}" if statistic == "std"
+              else f"examples' RMSE bounds over {_modes_text(modes)}")
     return "median of the " + of if quantile == 0.5 else f"{quantile:g}-quantile of the {of}"
+
+
+#: :func:`_modes_text` lists at most this many modes, the first ones, and counts the rest.
+_MODES_SHOWN = 6
+
+
+def _modes_text(modes) -> str:
+    """``modes=`` (a ``targets`` spec of :func:`hcrfast.targeted.parse_targets`, already checked) in words:
+    "modes low:4", "modes [0, 1]", "modes [0, 1, 2, 3, 4, 5, ...] (64 modes)", "the 5 modes of a mask"."""
+    if isinstance(modes, str):
+        return "all modes" if modes == "all" else f"modes {modes}"
+    if hasattr(modes, "detach"):  # a torch tensor, on any device
+        modes = modes.detach().cpu().numpy()
+    arr = to_host(modes)
+    if arr.dtype == bool:
+        return f"the {int(arr.sum())} modes of a mask"
+    shown = [int(m) if arr.ndim == 1 else tuple(int(i) for i in m) for m in arr[:_MODES_SHOWN]]
+    if len(arr) <= _MODES_SHOWN:
+        return f"modes {shown}"
+    return f"modes {str(shown)[:-1]}, ...] ({len(arr)} modes)"
 
 
 def _quantile(quantile) -> float:
@@ -237,7 +268,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         Over every per-mode bound of every example, or over each example's RMSE bound (see
         :data:`STATISTICS`).
     modes : optional
-        Only these modes count (as ``targets`` of :func:`hcrfast.bound`: ``"low:8"``, a list, a mask).
+        Only these modes count (as ``targets`` of :func:`hcrfast.bound`: ``"low:8"``, a list, a mask); kept
+        as :attr:`SigmaSearch.modes`, and named in its summary.
     rtol : float
         Stop once the statistic lies in ``[target, target · (1 + rtol)]``.
     max_calls : int
@@ -297,8 +329,9 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     if modes is not None:  # a bad spec is refused before any bound is computed
         from hcrfast.targeted import parse_targets
 
+        modes = host_argument("modes", modes)  # (kept on the result: a CuPy array on the host)
         parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
-    what = _describe(statistic, quantile)
+    what = _describe(statistic, quantile, modes)
 
     history = []
 
@@ -341,7 +374,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     sigma = float(k_best * profile) if scalar else k_best * profile
     return SigmaSearch(sigma=sigma, scale=k_best, sigma0=float(profile) if scalar else profile, statistic=stat_best,
                        target=target, quantile=quantile, statistic_name=statistic, met=met, within_rtol=within,
-                       bounds=kept[k_best], history=history, note=note, reuse_bytes=reuse_bytes)
+                       bounds=kept[k_best], history=history, note=note, reuse_bytes=reuse_bytes, modes=modes)
 
 
 @dataclass

@@ -706,9 +706,12 @@ def _utility_paragraph(s: dict) -> str:
     metric = u.get("metric", "accuracy")
     who = f"The head {html.escape(h['spec'])}" if h.get("spec") else "The features themselves (no head)"
     noise = "at this sigma" if "sweep" not in s else "at each sigma"
-    draws = (f"{u['draws']} noise draws per input (the stream {html.escape(u['noise_stream'])}), "
-             + (f"{_fmt(u['dithered'])} ± {_fmt(u['stderr'])} (standard error over the draws)." if "sweep" not in s
-                else "as the table says."))
+    # one draw measures no spread: its stderr of 0 is no standard error, and "± 0" would read as one
+    spread = (f" ± {_fmt(u['stderr'])} (standard error over the draws)." if u["draws"] > 1
+              else " (one draw: no standard error).")
+    draws = (f"{u['draws']} noise draw{'s' if u['draws'] != 1 else ''} per input (the stream "
+             f"{html.escape(u['noise_stream'])}), "
+             + (f"{_fmt(u['dithered'])}{spread}" if "sweep" not in s else "as the table says."))
     if metric == "accuracy":
         return (f"<p>{who} classifies {u['clean']:.2%} of the {u['examples']:,} inputs right from their clean "
                 f"features (accuracy {_fmt(u['clean'])}); from the dithered ones {noise}, {draws}</p>")

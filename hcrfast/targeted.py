@@ -246,7 +246,9 @@ class TargetedBounds:
     infinite_reasons : list of str
     params : dict
     timings : dict
-        Seconds per phase and ``"total"``.
+        Seconds per phase, summed over the pieces of examples, and ``"total"``, the call's wall time. Where
+        pieces were read back from a checkpoint (``params["checkpoint"]["examples_read_back"]``) their
+        phases were timed by the call that computed them, and may sum to more than this call's total.
     rounding : dict
         How many targeted steps float64's rounding decided (:data:`ROUNDING_COUNTS`'s keys): the
         counts behind the call's warnings, each such step bounding nothing (0).
@@ -380,8 +382,21 @@ class TargetedBounds:
             lines.append(f"  {counted(r['rounded'] + r['coarse'] + r['unresolved'], 'targeted step')} bound nothing "
                          f"(0): rounding decided their D (sigma * size too small next to the features"
                          + (", or uncertified passes" if r["unresolved"] else "") + "); see .rounding")
-        lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()))
+        lines.append(self._seconds_line(B))
         return "\n".join(lines)
+
+    def _seconds_line(self, B: int) -> str:
+        """The summary's timings; where pieces were read back from a checkpoint, which of them were timed by an
+        earlier call (the phases, summed over every piece) and which by this one (the total): otherwise a
+        total under its own phases reads as a clock gone wrong."""
+        saved = self.params.get("checkpoint")
+        read = saved.get("examples_read_back", 0) if isinstance(saved, dict) else 0
+        if not read or "total" not in self.timings:
+            return "  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items())
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items() if k != "total")
+        return (f"  seconds: phases summed over the pieces, {read} of {counted(B, 'example')} read back from the "
+                f"checkpoint (timed when an earlier call computed them): {phases}; this call: total "
+                f"{self.timings['total']:.2f}")
 
 
 #: The params that make targeted bounds one problem: chunks that :meth:`TargetedBounds.concatenate` joins share

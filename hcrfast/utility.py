@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hcrfast.backend import host_argument
-from hcrfast.results import same_result
+from hcrfast.results import counted, same_result
 
 __all__ = ["AccuracySearch", "DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy",
            "sigma_for_accuracy"]
@@ -54,7 +54,9 @@ class Utility:
     per_draw : numpy.ndarray
         (draws,): the metric of the d-th noisy copy of every input, averaged over the inputs.
     stderr : float
-        The standard error of :attr:`dithered` over the draws (0 for one draw).
+        The standard error of :attr:`dithered` over the draws; 0 for one draw, which gives no estimate of
+        it (a number, so that ``summary.json`` stays strict JSON): the summaries then say "no standard
+        error", never "± 0".
     draws, examples, seed : int
     sigma : float or None
         The noise's std; None where one std per feature (then :attr:`sigma_rms` is their RMS).
@@ -81,7 +83,15 @@ class Utility:
         noise = (f"sigma {self.sigma:.6g}" if self.sigma is not None
                  else f"one std per feature (RMS {self.sigma_rms:.6g})")
         return (f"{_describe(self.metric)} on {self.examples} inputs: clean {self.clean:.4f}, dithered ({noise}, "
-                f"{self.draws} draws each) {self.dithered:.4f} ± {self.stderr:.4f}")
+                f"{counted(self.draws, 'draw')} each) {self._with_stderr()}")
+
+    def _with_stderr(self) -> str:
+        """:attr:`dithered` and its standard error as the summaries print them: ``"0.8125 ± 0.0102"``; with one
+        draw, which measures no spread, ``"0.8125 (1 draw: no standard error)"`` (its ``stderr`` of 0 is no
+        estimate, and "± 0.0000" would read as one)."""
+        if self.draws > 1:
+            return f"{self.dithered:.4f} ± {self.stderr:.4f}"
+        return f"{self.dithered:.4f} (1 draw: no standard error)"
 
     def to_dict(self) -> dict:
         return {"clean": self.clean, "dithered": self.dithered, "stderr": self.stderr,
@@ -371,14 +381,15 @@ class AccuracySearch:
     target : float
         The accuracy asked for.
     utility : Utility
-        The head's accuracy at :attr:`sigma` (clean, dithered ± standard error).
+        The head's accuracy at :attr:`sigma` (clean, dithered ± standard error; no standard error for one
+        draw).
     above_scale : float or None
         The smallest scale tried above :attr:`scale` (its dithered accuracy fell under the target); None
         where no σ up to :data:`MAX_SCALE` × sigma0 did.
     above : Utility or None
         The head's accuracy there.
     history : list of dict
-        Every σ tried: ``scale``, ``dithered``, ``stderr``.
+        Every σ tried: ``scale``, ``dithered``, ``stderr`` (0 for one draw: :attr:`Utility.stderr`).
     note : str
         Why the search ended.
     floor : float or None
@@ -412,9 +423,8 @@ class AccuracySearch:
         above = ("" if self.above is None else
                  f"; at {self.above_scale:.6g} x sigma0 it is {self.above.dithered:.4f}")
         return (f"the largest sigma found keeping the dithered {self.utility.metric} >= {self.target:g}: "
-                f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, {self.utility.metric} {self.utility.dithered:.4f} ± "
-                f"{self.utility.stderr:.4f} (clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas "
-                f"tried ({self.note})")
+                f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, {self.utility.metric} {self.utility._with_stderr()} "
+                f"(clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas tried ({self.note})")
 
 
 #: The largest σ, in units of sigma0, :func:`sigma_for_accuracy` tries.

@@ -80,6 +80,30 @@ def test_rmse_over_low_modes_and_a_quantile():
     assert found.statistic == float(np.quantile(per_example, 0.1, method="lower"))
 
 
+def test_the_search_keeps_the_modes_its_statistic_is_over_and_its_summary_names_them(capsys):
+    # the statistic of modes [0, 1] is not the statistic of every mode: the result must say which it is,
+    # and reproduce its own statistic from its fields
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 30), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 1, 8, 8, dtype=torch.float64)
+    found = hcrfast.sigma_for(model, x, 0.5, modes=[0, 1], progress=True, restarts=2, iterations=2)
+    assert found.modes == [0, 1]
+    assert statistic_of(found.bounds, found.statistic_name, found.quantile, modes=found.modes) == found.statistic
+    assert statistic_of(found.bounds) != found.statistic  # (so the modes matter here)
+    assert "median of the bounds of modes [0, 1] " in found.summary().splitlines()[0]
+    calls = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hcrfast sigma_for: call")]
+    assert calls and all("median of the bounds of modes [0, 1] " in line for line in calls)
+    # without modes=: every mode, worded as before
+    assert hcrfast.sigma_for(model, x, 0.5, restarts=2, iterations=2).modes is None
+    from hcrfast.calibrate import _describe
+
+    assert _describe("std", 0.5) == "median of the per-mode bounds"
+    assert (_describe("rmse", 0.1, list(range(20)))
+            == "0.1-quantile of the examples' RMSE bounds over modes [0, 1, 2, 3, 4, 5, ...] (20 modes)")
+    assert _describe("std", 0.5, "low:4") == "median of the bounds of modes low:4"
+    assert _describe("std", 0.5, np.ones((1, 8, 8), dtype=bool)) == "median of the bounds of the 64 modes of a mask"
+
+
 def test_a_per_feature_profile_keeps_its_shape():
     model, x = _tanh_net(2), _batch()
     profile = np.linspace(0.05, 0.5, 30)

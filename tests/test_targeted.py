@@ -610,3 +610,24 @@ def test_a_null_space_probes_bound_stays_below_the_exact_std_where_rounding_sets
     assert tb.from_null_space.all()
     ratio = tb.std.reshape(-1) / oracle
     assert ratio.max() <= 1.0 and ratio.min() > 1 - 1e-5
+
+
+def test_a_call_read_back_from_its_checkpoint_says_its_phases_were_timed_by_an_earlier_call(tmp_path):
+    """The phases are summed over the pieces, those read back included (timed when computed); the total is
+    this call's: read back, the total is far under the phases, and the summary must say which is which."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 30), torch.nn.Tanh()).double().eval()
+    x = torch.randn(3, 1, 8, 8, dtype=torch.float64)
+    kw = dict(targets="low:2", chunk_size=4, checkpoint=tmp_path / "ck")   # 4 modes: a piece per example
+    first = targeted_bound(model, x, 0.1, **kw)
+    assert first.params["checkpoint"]["examples_read_back"] == 0
+    assert first.summary().splitlines()[-1].startswith("  seconds: jacobian ")   # nothing read back: as before
+    (tmp_path / "ck" / "chunk_000000001_000000002.npz").unlink()   # the second piece is computed again
+    again = targeted_bound(model, x, 0.1, **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 2
+    line = again.summary().splitlines()[-1]
+    phases, total = line.split("; this call: ")
+    assert phases.startswith("  seconds: phases summed over the pieces, 2 of 3 examples read back from the "
+                             "checkpoint (timed when an earlier call computed them): jacobian ")
+    assert "total" not in phases and total == f"total {again.timings['total']:.2f}"
+    np.testing.assert_array_equal(again.std, first.std)

@@ -197,6 +197,28 @@ def test_accuracy_on_features_takes_features_already_computed(problem):
                                   hcrfast.dithered_accuracy(model, head, x, labels, 0.2, draws=3).per_draw)
 
 
+def test_one_draw_is_printed_with_no_standard_error_never_plus_minus_0(problem):
+    """One draw measures no spread: its ``stderr`` stays 0 (a number, so that summary.json stays strict JSON),
+    but no summary may print it as a standard error, "± 0.0000"."""
+    from hcrfast.report import _utility_paragraph
+
+    model, head, x, labels = problem
+    one = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=1)
+    assert one.stderr == 0.0 and one.to_dict()["stderr"] == 0.0
+    assert one.summary().endswith(f"(sigma 0.3, 1 draw each) {one.dithered:.4f} (1 draw: no standard error)")
+    two = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=2)
+    assert two.summary().endswith(f"(sigma 0.3, 2 draws each) {two.dithered:.4f} ± {two.stderr:.4f}")
+    found = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.6, draws=1, rtol=0.1)
+    assert found.history[0]["stderr"] == 0.0
+    text = found.summary()
+    assert "±" not in text and f"{found.utility.dithered:.4f} (1 draw: no standard error)" in text
+    # the report's paragraph on the utility
+    page = _utility_paragraph({"utility": one.to_dict(), "head": {"spec": "head.py:Head"}})
+    assert "±" not in page and "1 noise draw per input" in page and "(one draw: no standard error)" in page
+    page = _utility_paragraph({"utility": two.to_dict(), "head": {"spec": "head.py:Head"}})
+    assert "2 noise draws per input" in page and "± " in page and "(standard error over the draws)" in page
+
+
 # ---- hcrfast.sigma_for_accuracy: the most noise a utility target allows ----
 
 @pytest.mark.parametrize("target, profile", [(0.6, False), (0.7, True)])
