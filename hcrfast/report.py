@@ -735,13 +735,22 @@ def _metric_label(levels_or_utility) -> str:
     return "cosine similarity" if metric == "cosine" else metric
 
 
+def _dithered_cell(u: dict) -> str:
+    """A sweep table's dithered utility: "0.8125 ± 0.0102" (standard error over the draws), or with one
+    draw, which measures no spread, "0.8125 (1 draw: no s.e.)": its stderr of 0 is no estimate."""
+    if u.get("draws", 2) > 1:
+        return f"{u['dithered']:.4f} ± {u['stderr']:.4f}"
+    return f"{u['dithered']:.4f} (1 draw: no s.e.)"
+
+
 def _tradeoff_figure(path: Path, levels: list) -> None:
     """The trade a noise level makes: the median bound (confidentiality) against the head's accuracy on
     the dithered features (utility), one point per sigma, labelled with its scale."""
     plt = _pyplot()
     med = np.array([np.nan if lv["std"]["q50"] is None else lv["std"]["q50"] for lv in levels], dtype=float)
     acc = np.array([lv["utility"]["dithered"] for lv in levels])
-    err = np.array([lv["utility"]["stderr"] for lv in levels])
+    # one draw measures no spread: no error bar (its stderr of 0 would draw a certainty it does not have)
+    err = np.array([lv["utility"]["stderr"] if lv["utility"].get("draws", 2) > 1 else np.nan for lv in levels])
     order = np.argsort([lv["sigma_rms"] for lv in levels])
     fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
     what = _metric_label(levels)
@@ -834,7 +843,7 @@ def write_sweep_report(out, summary: dict) -> Path:
     rows = [(lv["scale"], lv["sigma_rms"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
              lv["std"]["infinite"], lv["mse_bound_modes"].get("q50"), lv["call_seconds"], lv["reused_examples"])
             + ((lv["attack"]["median"],) if attack else ())
-            + ((f"{lv['utility']['dithered']:.4f} ± {lv['utility']['stderr']:.4f}",) if utility else ())
+            + ((_dithered_cell(lv["utility"]),) if utility else ())
             for lv in levels]
     header = ("sigma / the one given", "sigma" + (" (RMS of the stds)" if any(lv["sigma"] is None for lv in levels)
                                                   else ""),
@@ -881,7 +890,7 @@ def write_reproduce_sweep_report(out, summary: dict) -> Path:
                     + "".join(f"<td>{e(_fmt(v))}</td>" for v in (
                         lv["sigma"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
                         lv["bounds_lowfreq"].get("q50"), lv["infinite"], lv["utility"]["clean"],
-                        f"{lv['utility']['dithered']:.4f} ± {lv['utility']['stderr']:.4f}", lv["bound_seconds"]))
+                        _dithered_cell(lv["utility"]), lv["bound_seconds"]))
                     + "</tr>")
     header = ("sigma / the unit (each run's report)", "sigma", "5%", "median", "95%", f"median, {L}×{L} lowest modes",
               "infinite", "accuracy, clean", "accuracy, dithered (± s.e.)", "bound seconds")

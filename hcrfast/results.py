@@ -459,5 +459,9 @@ class Bounds:
                              f"nothing; it does not show they are exposed.{rank_note} "
                              f"hcrfast.targeted_bound(..., null_probes=True) aims a step at each mode and finds "
                              f"those the features do not see (+inf)")
-        lines.append(f"  wall time {self.seconds:.2f} s")
+        saved = p.get("checkpoint")
+        read = saved.get("examples_read_back", 0) if isinstance(saved, dict) else 0
+        lines.append(f"  wall time {self.seconds:.2f} s"
+                     + (f" (this call's: {read} of {counted(std.shape[0], 'example')} read back from the checkpoint, "
+                        f"whose seconds above were timed by the call that computed them)" if read else ""))
         return "\n".join(lines)

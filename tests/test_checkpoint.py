@@ -102,6 +102,10 @@ def test_killed_call_made_again_ends_with_the_uninterrupted_bounds(solver, tmp_p
     third = hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw(solver))
     assert third.params["checkpoint"]["examples_read_back"] == 7
     assert_same(third, whole)
+    # its summary says its wall time is this call's, beside seconds summed over chunks an earlier call timed
+    assert ("(this call's: 7 of 7 examples read back from the checkpoint, whose seconds above were timed by the "
+            "call that computed them)") in third.summary()
+    assert "(this call's: 4 of 7 examples read back" in again.summary() and "read back" not in whole.summary()
 
 
 def test_a_resume_with_another_thread_count_says_its_bounds_are_not_bitwise(tmp_path, monkeypatch):

@@ -549,3 +549,22 @@ def test_accuracy_targets_may_be_one_number_tensors_and_the_clean_value_of_a_con
     clean = hcrfast.dithered_accuracy(model, head, x, t, 0.0, metric=neg_sq_error, draws=3).clean
     with pytest.raises(ValueError, match=r"is the head's clean neg_sq_error\(\) itself .* pass a target below"):
         hcrfast.sigma_for_accuracy(model, head, x, t, clean, metric=neg_sq_error, draws=3)
+
+
+def test_sweep_tables_and_figure_give_one_draw_no_standard_error(tmp_path):
+    """The sweep reports' tables printed "0.5000 ± 0.0000" for one noise draw, and the trade-off figure drew
+    an error bar of 0: one draw measures no spread. Two draws keep their standard error."""
+    import warnings
+
+    from hcrfast import report
+
+    one = {"clean": 0.75, "dithered": 0.5, "stderr": 0.0, "draws": 1}
+    two = {"clean": 0.75, "dithered": 0.5, "stderr": 0.0125, "draws": 2}
+    assert report._dithered_cell(one) == "0.5000 (1 draw: no s.e.)"
+    assert report._dithered_cell(two) == "0.5000 ± 0.0125"
+    levels = [{"std": {"q50": q}, "utility": u, "sigma_rms": q, "scale": q, "metric": "accuracy"}
+              for q, u in ((0.5, one), (1.0, one))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report._tradeoff_figure(tmp_path / "t.png", levels)
+    assert (tmp_path / "t.png").stat().st_size > 1000
