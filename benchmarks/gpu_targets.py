@@ -45,7 +45,8 @@ torch op is recorded); the timings of the target are those without it::
     python benchmarks/gpu_targets.py mnist --examples 1250 --profile --out benchmarks/results/
 
 ``--slices N`` splits the examples into N ``bound`` calls and rewrites the JSON after each (a run
-killed at a time limit keeps what it finished); ``--time-budget S`` stops after the slice that
+killed at a time limit keeps what it finished; its figures combine the slices done, as one call over
+their examples would give them); ``--time-budget S`` stops after the slice that
 passes S seconds and reports the examples done, with the time extrapolated to all of them.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from race import (MNIST_MEAN, MNIST_STD, add_reorth_option, apply_reorth_option, machine_info,  # noqa: E402
-                  products_per_example, quantiles)
+                  positive_int, products_per_example, quantiles)
 
 import hcrfast  # noqa: E402
 from hcrfast import data, krylov, zoo  # noqa: E402
@@ -310,6 +311,37 @@ def build_workload(name: str, examples: int, device: str, *, mnist_root=None, se
     return zm, zm.features.eval().to(device), x.float().contiguous().to(device)
 
 
+#: The keys of ``Bounds.params`` the summary reads, kept for every slice.
+SLICE_PARAMS = ("solver", "lsqr", "warm_start", "iterates", "dense", "krylov", "singular_steps")
+
+
+def combined_params(slices: list) -> dict:
+    """The :data:`SLICE_PARAMS` one ``bound`` call over all the examples of ``slices`` (a list of
+    ``(examples, params)``, one per call) would report: per-example figures as example-weighted means, counts
+    and seconds summed, the fewest directions the least of the slices'. The settings (solver, options, warm
+    start, iterates, pilots) are each call's: the same kwargs, resolved from the same sizes."""
+    (_, first), done = slices[0], sum(n for n, _ in slices)
+
+    def mean(get):
+        return sum(n * get(p) for n, p in slices) / done
+
+    out = {key: first[key] for key in ("solver", "lsqr", "warm_start", "iterates")}
+    out["dense"] = None if first["dense"] is None else dict(
+        jacobian_products=mean(lambda p: p["dense"]["jacobian_products"]))
+    out["krylov"] = None if first["krylov"] is None else dict(
+        pilots=first["krylov"]["pilots"], products_per_example=mean(lambda p: p["krylov"]["products_per_example"]),
+        steps_redone_mean=mean(lambda p: p["krylov"]["steps_redone_mean"]))
+    steps = [p["singular_steps"] for _, p in slices]
+    directions = [s["directions"] for s in steps if s is not None and s["directions"] is not None]
+    out["singular_steps"] = None if steps[0] is None else dict(
+        steps[0], examples=sum(s["examples"] for s in steps), modes_lifted=sum(s["modes_lifted"] for s in steps),
+        seconds=sum(s["seconds"] for s in steps),
+        # as bound() counts them over its chunks: over the slices that counted them
+        directions=None if not directions else dict(total=sum(d["total"] for d in directions),
+                                                    fewest=min(d["fewest"] for d in directions)))
+    return out
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -352,7 +384,11 @@ def run(args, on_slice=None) -> dict:
                                                     int(x[0].numel())))
     n_features = int(feats[0].numel())
     del feats
-    opts = dataclasses.replace(krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
+    # The dense solve runs no LSQR: its options would go unused (bound() warns, once per call, and the JSON
+    # would record tolerances no solve met), so it gets none but what was asked (its kernels serve the DCT),
+    # as race.py passes them.
+    opts = (hcrfast.LSQROptions(**changes) if changes else None) if solver == "dense" else dataclasses.replace(
+        krylov.DEFAULT_OPTIONS if solver == "krylov" else hcrfast.DEFAULT_LSQR, **changes)
     kw = dict(size=zm.size, iterations=iterations, restarts=restarts, jacobian=args.jacobian, lsqr=opts,
               chunk_size=args.chunk_size, tf32=args.tf32, warm_start=not args.cold_start, solver=solver,
               iterates=args.iterates, singular_steps=args.singular_steps)
@@ -381,22 +417,24 @@ def run(args, on_slice=None) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     slices = [ids for ids in np.array_split(np.arange(examples), max(1, min(args.slices, examples))) if ids.size]
-    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons, Krylov steps run twice,
-    #                     Krylov products the model computed)
-    res = None
+    parts = []          # per slice: (std, lsqr_iterations, number of infinite reasons, its bound()'s params)
 
     def summary(wall: float, timeline: float, inside: dict) -> dict:
         done = sum(p[0].shape[0] for p in parts)
         std = np.concatenate([p[0] for p in parts])
         itn = np.concatenate([p[1] for p in parts])
-        redone = sum(p[3] for p in parts)
+        # the slices' accounts combined: what one call over the examples done would report, not the last slice's
+        params = combined_params([(p[0].shape[0], p[3]) for p in parts])
         return dict(
             workload=args.workload, examples=examples, examples_done=done, complete=done == examples,
             slices=len(slices), slices_done=len(parts), restarts=restarts, iterations=iterations,
-            size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian, kernels=opts.kernels,
+            size=zm.size, sigma=sigma, sigma_scale=zm.sigma_scale, jacobian=args.jacobian,
+            kernels=params["lsqr"]["kernels"],
             double_backward=args.double_backward if args.jacobian == "reverse" else None, tf32=args.tf32,
             cupy_allocator=cupy_allocator_choice() if device.type == "cuda" else None,
-            lsqr=res.params["lsqr"],  # as the call resolved them (krylov_pilots="auto" sets each pilot's iter_lim)
+            # as the call resolved them (krylov_pilots="auto" sets each pilot's iter_lim); of the dense solve's,
+            # the one it uses (bound() fills in DEFAULT_LSQR's tolerances, which no dense step meets)
+            lsqr=(params["lsqr"] if params["solver"] != "dense" else dict(kernels=params["lsqr"]["kernels"])),
             inputs="mnist test files" if args.mnist_root else ("digits upsampled, cycled" if args.workload == "mnist"
                                                               else "uniform random images"),
             device=str(device), warmup_seconds=warmup, seconds=wall, timeline_seconds=timeline,
@@ -406,24 +444,24 @@ def run(args, on_slice=None) -> dict:
             model_products_share=(inside["jvp"] + inside["vjp"] + inside["dense_jacobian"]) / timeline,
             jvp_vjp_share=(inside["jvp"] + inside["vjp"]) / timeline,
             rows_through_jvp=timer.rows["jvp"], rows_through_vjp=timer.rows["vjp"],
-            solver=res.params["solver"],
-            products_per_example=(float(res.params["dense"]["jacobian_products"]) if res.params["solver"] == "dense"
-                                  else sum(p[4] for p in parts) / done  # measured: riding along included
-                                  if res.params["solver"] == "krylov"
-                                  else products_per_example(itn, res.params["warm_start"])),
-            krylov_steps_median=(float(np.median(itn[:, 0, 0])) if res.params["solver"] == "krylov" else None),
-            krylov_steps_redone_mean=(redone / done if res.params["solver"] == "krylov" else None),
-            krylov_pilots=(res.params["krylov"]["pilots"] if res.params["solver"] == "krylov" else None),
-            krylov_pilots_asked=(kw.get("krylov_pilots", "bound's default") if res.params["solver"] == "krylov"
+            solver=params["solver"],
+            products_per_example=(params["dense"]["jacobian_products"] if params["solver"] == "dense"
+                                  else params["krylov"]["products_per_example"]  # measured: riding along included
+                                  if params["solver"] == "krylov"
+                                  else products_per_example(itn, params["warm_start"])),
+            krylov_steps_median=(float(np.median(itn[:, 0, 0])) if params["solver"] == "krylov" else None),
+            krylov_steps_redone_mean=(params["krylov"]["steps_redone_mean"] if params["solver"] == "krylov" else None),
+            krylov_pilots=(params["krylov"]["pilots"] if params["solver"] == "krylov" else None),
+            krylov_pilots_asked=(kw.get("krylov_pilots", "bound's default") if params["solver"] == "krylov"
                                  else None),
-            krylov_reorth_passes=(krylov.REORTH_PASSES if res.params["solver"] == "krylov" else None),
-            krylov_eig_impl=(krylov.EIG_IMPL if res.params["solver"] == "krylov" else None),
+            krylov_reorth_passes=(krylov.REORTH_PASSES if params["solver"] == "krylov" else None),
+            krylov_eig_impl=(krylov.EIG_IMPL if params["solver"] == "krylov" else None),
             # what ran (EighRoutes: "auto" resolved, fallbacks seen), beside what was asked
-            dense_eigh_impl=(eigh_routes.resolved() if res.params["solver"] == "dense" else None),
-            dense_eigh_asked=(dense_mod.EIGH_IMPL if res.params["solver"] == "dense" else None),
-            dense_eigh_calls=(dict(eigh_routes.calls) if res.params["solver"] == "dense" else None),
-            warm_start=res.params["warm_start"], iterates=res.params["iterates"],
-            singular_steps=res.params.get("singular_steps"),
+            dense_eigh_impl=(eigh_routes.resolved() if params["solver"] == "dense" else None),
+            dense_eigh_asked=(dense_mod.EIGH_IMPL if params["solver"] == "dense" else None),
+            dense_eigh_calls=(dict(eigh_routes.calls) if params["solver"] == "dense" else None),
+            warm_start=params["warm_start"], iterates=params["iterates"],
+            singular_steps=params["singular_steps"],
             median_lsqr_iterations=float(np.median(itn)),
             bound=quantiles(std), n_infinite_reasons=sum(p[2] for p in parts),
             target_seconds=target, jvp_vjp_target=JVP_VJP_TARGET,
@@ -457,10 +495,8 @@ def run(args, on_slice=None) -> dict:
                 timeline += call
             inside = timer.totals()
             host = res.to_numpy()
-            krylov_info = res.params["krylov"] or {}
             parts.append((host.std.reshape(len(ids), -1), host.lsqr_iterations, len(res.infinite_reasons),
-                          krylov_info.get("steps_redone_mean", 0.0) * len(ids),
-                          krylov_info.get("products_per_example", 0.0) * len(ids)))
+                          {key: res.params[key] for key in SLICE_PARAMS}))
             if on_slice is not None and k + 1 < len(slices):
                 on_slice(summary(wall, timeline, inside))
             if args.time_budget is not None and wall > args.time_budget and k + 1 < len(slices):
@@ -516,7 +552,8 @@ def report(r: dict) -> str:
     return "\n".join([
         f"{r['workload']}: {r['examples']} examples x R={r['restarts']} x i={r['iterations']}, s={r['size']:g}, "
         f"sigma={r['sigma']:.4g} ({r['sigma_scale']:g} x RMS), jacobian={r['jacobian']}, kernels={r['kernels']}, "
-        f"compact_below={r['lsqr']['compact_below']:g}, tf32={r['tf32']}, warm_start={r['warm_start']}, "
+        + (f"compact_below={r['lsqr']['compact_below']:g}, " if "compact_below" in r["lsqr"] else "")
+        + f"tf32={r['tf32']}, warm_start={r['warm_start']}, "
         f"iterates={r.get('iterates', 'last')}, "
         + (f"singular_steps={r['singular_steps']['count']}, " if r.get("singular_steps") else "")
         + f"on {gpu}; inputs: {r['inputs']}",
@@ -548,9 +585,9 @@ def report(r: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="the issue's end-to-end GPU targets, one bound() call each")
     ap.add_argument("workload", choices=sorted(TARGETS))
-    ap.add_argument("--examples", type=int, default=None, help="default: the target's")
-    ap.add_argument("--restarts", type=int, default=None)
-    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--examples", type=positive_int, default=None, help="default: the target's")
+    ap.add_argument("--restarts", type=positive_int, default=None)
+    ap.add_argument("--iterations", type=positive_int, default=None)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"))
     ap.add_argument("--double-backward", default="lean", choices=("lean", "torch"),
@@ -570,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "basis; with --cold-start, LSQR). dense: J "
                          "built per example and factored (its products are not timed as JVP/VJP). krylov: one "
                          "reorthogonalized basis per example (hcrfast.krylov.DEFAULT_OPTIONS), every step projected")
-    ap.add_argument("--krylov-steps", type=int, default=None,
+    ap.add_argument("--krylov-steps", type=positive_int, default=None,
                     help="with --solver krylov: the basis' step limit (iter_lim; default hcrfast.krylov.MAX_STEPS)")
     ap.add_argument("--krylov-pilots", type=pilots_arg, default=None,
                     help="with --solver krylov: bound(krylov_pilots=...), bases per example (restart r is solved "
@@ -592,11 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cupy-allocator", default=None, choices=("torch", "cupy"),
                     help="where the solver's CuPy arrays live: torch's caching allocator (hcrfast's default) or "
                          "CuPy's own pool (sets HCRFAST_CUPY_ALLOCATOR)")
-    ap.add_argument("--chunk-size", type=int, default=None, help="examples per chunk (default: from free memory)")
+    ap.add_argument("--chunk-size", type=positive_int, default=None,
+                    help="examples per chunk (default: from free memory)")
     ap.add_argument("--mnist-root", default=None, help="real MNIST test files (torchvision layout) for 'mnist'")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=positive_int, default=None)
     ap.add_argument("--progress", action="store_true")
-    ap.add_argument("--slices", type=int, default=1,
+    ap.add_argument("--slices", type=positive_int, default=1,
                     help="split the examples into this many bound() calls (each example keeps its start vectors); "
                          "the JSON is rewritten after every slice, so a run killed by a time limit leaves its figures")
     ap.add_argument("--time-budget", type=float, default=None,
@@ -616,8 +654,6 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_targets: --device cuda but torch sees no CUDA device; skipped (use --device cpu for a smoke run).")
         return 0
-    if args.slices < 1:
-        ap.error(f"--slices {args.slices}: pass a positive number of bound() calls")
     if args.time_budget is not None and not args.time_budget >= 0:
         ap.error(f"--time-budget {args.time_budget}: pass seconds >= 0 (0 stops after the first slice)")
     path = None

@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hcrfast.bindings import jacobian as jacobian_mod
-from race import add_reorth_option, apply_reorth_option, build_problem, device_ready
+from race import add_reorth_option, apply_reorth_option, build_problem, device_ready, positive_int
 
 import hcrfast
 from hcrfast import algorithm, dense, kernels, krylov, validation
@@ -60,6 +60,7 @@ class PhaseTimer:
         self.exclusive = defaultdict(float)
         self.calls = defaultdict(int)
         self.rows = defaultdict(int)  # rows that went through each kind of product
+        self.path_rows = defaultdict(int)  # the same by nesting path: "lsqr/jvp" (the solves) apart from the probes
         self._stack = []  # [name, child_seconds]
         self._sync = sync or (lambda: None)
 
@@ -85,11 +86,13 @@ class PhaseTimer:
 
 
 def _count_rows(timer: PhaseTimer, name: str, method):
-    """Count the rows each product is applied to (frozen problems still in the batch included)."""
+    """Count the rows each product is applied to (frozen problems still in the batch included), in all and
+    by the nesting path it ran in (wrapped inside the timer's own frame: the path ends in ``name``)."""
 
     @functools.wraps(method)
     def counted(self, arr):
         timer.rows[name] += arr.shape[0]
+        timer.path_rows["/".join(frame[0] for frame in timer._stack)] += arr.shape[0]
         return method(self, arr)
 
     return counted
@@ -134,17 +137,17 @@ def install(timer: PhaseTimer):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="fraction of hcrfast.bound's wall time in JVP/VJP vs the rest")
     ap.add_argument("--model", default="mlp", choices=("mlp", "digits"))
-    ap.add_argument("--examples", type=int, default=32)
-    ap.add_argument("--restarts", type=int, default=25)
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--examples", type=positive_int, default=32)
+    ap.add_argument("--restarts", type=positive_int, default=25)
+    ap.add_argument("--iterations", type=positive_int, default=10)
     ap.add_argument("--size", type=float, default=1 / 200)
     ap.add_argument("--linearize-at", default="input", choices=("input", "current"))
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"))
     ap.add_argument("--tol", type=float, default=None, help="atol = btol (default: DEFAULT_LSQR's)")
-    ap.add_argument("--iter-lim", type=int, default=None)
+    ap.add_argument("--iter-lim", type=positive_int, default=None)
     ap.add_argument("--solver", default="lsqr", choices=("lsqr", "dense", "krylov"))
     add_reorth_option(ap)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=positive_int, default=None)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--plain", action="store_true", help="no timers (for nsys)")
     ap.add_argument("--json", default=None, help="write the phase table here")
@@ -161,6 +164,15 @@ def main(argv=None) -> int:
                                conlim=d.conlim, iter_lim=args.iter_lim, check_every=d.check_every)
     if args.solver == "krylov" and args.tol is None and args.iter_lim is None:
         opts = None  # the basis' own rules (hcrfast.krylov.DEFAULT_OPTIONS), not LSQR's
+    if args.solver == "dense":
+        # Every step solved exactly: no LSQR, so no options (as race.py passes them); given, bound() would
+        # warn that they go unused, and the header would name tolerances the run never met.
+        given = [f"{name} {value}" for name, value in (("--tol", args.tol), ("--iter-lim", args.iter_lim))
+                 if value is not None]
+        if given:
+            ap.error(f"{' '.join(given)}: LSQR's stopping rules, but --solver dense runs no LSQR; leave them out, "
+                     f"or pass --solver lsqr or krylov")
+        opts = None
     kw = dict(size=args.size, iterations=args.iterations, restarts=args.restarts, linearize_at=args.linearize_at,
               jacobian=args.jacobian, lsqr=opts, solver=args.solver)
 
@@ -190,17 +202,26 @@ def main(argv=None) -> int:
 
     itn = res.to_numpy().lsqr_iterations
     dense_run = res.params["solver"] == "dense"
-    # Row-products: LSQR's 2·itn + 1 per solve; the dense solve's min(n, p) per example to build J;
-    # the Krylov basis' 2k + 1 per example and pilot (its projections cost none).
+    # Row-products: LSQR's 2·itn + 1 per solve, and a warm-started solve's A x0 (every solve of a restart
+    # after its first, as race.products_per_example counts it); the dense solve's min(n, p) per example to
+    # build J; the Krylov basis' 2k + 1 per example and pilot (its projections cost none), riding along
+    # included, and needed_products without them (steps run twice included).
     if dense_run:
-        products = round(res.params["dense"]["jacobian_products"] * args.examples)
+        products = needed_products = round(res.params["dense"]["jacobian_products"] * args.examples)
     elif res.params["solver"] == "krylov":
         products = int(round(res.params["krylov"]["products_per_example"] * args.examples))
+        needed_products = int(round(res.params["krylov"]["products_needed_per_example"] * args.examples))
     else:
-        products = int(np.sum(2 * itn + 1))
+        warm = itn.shape[0] * itn.shape[1] * (itn.shape[2] - 1) if res.params["warm_start"] else 0
+        products = needed_products = int(np.sum(2 * itn + 1)) + warm
+    if dense_run:
+        described = "every step solved exactly (no LSQR options)"
+    elif opts is None:
+        described = "the basis defaults"
+    else:
+        described = f"lsqr atol={opts.atol:g} btol={opts.btol:g} iter_lim={opts.iter_lim}"
     print(f"profile: {args.model}, {args.examples} examples x {args.restarts} restarts x {args.iterations} iterations, "
-          f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, solver {res.params['solver']}, "
-          f"{'the basis defaults' if opts is None else f'lsqr atol={opts.atol:g} btol={opts.btol:g} iter_lim={opts.iter_lim}'}, "
+          f"jacobian={args.jacobian}, linearize_at={args.linearize_at}, solver {res.params['solver']}, {described}, "
           f"torch threads {torch.get_num_threads()}, device {args.device}")
     print(f"  warm-up call first (2 examples, R = 2, i = 1; the process's one-time costs): {warmup:.2f} s, "
           f"outside every figure below")
@@ -229,14 +250,26 @@ def main(argv=None) -> int:
     print(f"  everything else:                              {total - floor - fwd:.2f} s = "
           f"{(total - floor - fwd) / total:.1%}")
     applied = timer.rows["jvp"] + timer.rows["vjp"]
-    if applied and not dense_run:
-        print(f"  rows pushed through JVP/VJP: {applied}; needed by the solves (sum of 2*itn+1): {products} "
-              f"({1 - products / applied:.1%} of the product work went to problems already stopped)")
+    # The share spent on stopped problems is of the solves' rows alone: bound's probes and checks (its JVP/VJP
+    # outside the solves' phase, validation's included) push rows no solve needed, and counted in they read
+    # as riding along.
+    solve_phase = "krylov-build" if res.params["solver"] == "krylov" else "lsqr"
+    in_solves = sum(n for path, n in timer.path_rows.items() if path.split("/")[0] == solve_phase)
+    stopped_share = 1 - needed_products / in_solves if in_solves and not dense_run else None
+    if stopped_share is not None:
+        needed = ("2*steps+1 per basis, steps run twice included" if solve_phase == "krylov-build"
+                  else "sum of 2*itn+1, and A x0 once per warm-started solve")
+        print(f"  rows pushed through JVP/VJP: {applied}, {in_solves} of them in the solves ({solve_phase}; the "
+              f"other {applied - in_solves}: bound's probes and checks, left out here); needed by the solves "
+              f"({needed}): {needed_products} ({stopped_share:.1%} of the solves' product rows went to problems "
+              f"already stopped)")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             args=vars(args), total_seconds=total, warmup_seconds=warmup, products=products,
+            lsqr=None if dense_run else res.params["lsqr"],   # the options the solves ran with
             phases={p: dict(seconds=s, calls=timer.calls.get(p)) for p, s in rows},
             jvp_vjp_fraction=floor / total, rows_through_products=applied,
+            rows_in_solves=in_solves, products_needed=needed_products, stopped_rows_share=stopped_share,
             bound_median=float(np.median(std)), bound_p90=float(np.quantile(std, 0.9))), indent=2))
     return 0
 

@@ -88,6 +88,27 @@ def products_per_example(itn, warm_start: bool = False) -> float:
     return float(np.mean(np.sum(2 * itn + 1, axis=(1, 2)))) + extra
 
 
+def count_arg(least: int):
+    """An argparse type: an integer of at least ``least``, refused where it is parsed, so that argparse names
+    the option and the value (``--iterations 0`` failed deep in the reference's solve, ``zero-size array to
+    reduction operation``, and ``--examples 0`` as a NaN RMS of no features)."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: pass an integer >= {least}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value}: pass an integer >= {least}")
+        return value
+
+    return count
+
+
+#: Counts (examples, restarts, iterations, threads, ...) and seeds (default_rng takes none below 0).
+positive_int, seed_int = count_arg(1), count_arg(0)
+
+
 def add_reorth_option(ap) -> None:
     """``--reorth-passes``: the Krylov basis' Gram–Schmidt passes (:data:`hcrfast.krylov.REORTH_PASSES`)."""
     ap.add_argument("--reorth-passes", default=None, choices=("auto", "1", "2"),
@@ -255,7 +276,6 @@ def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label
         dense.EIGH_IMPL = saved
     seconds = time.perf_counter() - t0
     h = b.to_numpy()
-    opts = options or hcrfast.DEFAULT_LSQR
     used = b.params["solver"]
     products = (float(b.params["dense"]["jacobian_products"]) if used == "dense"
                 else float(b.params["krylov"]["products_per_example"]) if used == "krylov"
@@ -267,7 +287,10 @@ def run_hcrfast(model, x, sigma, args, *, linearize_at: str, options=None, label
         **quantiles(h.std),
         lsqr_itn_median=float(np.median(h.lsqr_iterations)), lsqr_itn_max=int(h.lsqr_iterations.max()),
         istop_counts={int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))},
-        lsqr=dataclasses.asdict(opts), linearize_at=linearize_at, start=args.start, _std=h.std,
+        # the options the solves ran with (the Krylov basis' own rules where none were given); the dense solve
+        # runs no LSQR, of its options it uses the kernels (bound() fills in DEFAULT_LSQR's tolerances)
+        lsqr=b.params["lsqr"] if used != "dense" else dict(kernels=b.params["lsqr"]["kernels"]),
+        linearize_at=linearize_at, start=args.start, _std=h.std,
     )
 
 
@@ -380,15 +403,15 @@ def table(rows, ref) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="mlp", choices=("mlp", "digits"))
-    ap.add_argument("--examples", type=int, default=32)
-    ap.add_argument("--restarts", type=int, default=25)
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--examples", type=positive_int, default=32)
+    ap.add_argument("--restarts", type=positive_int, default=25)
+    ap.add_argument("--iterations", type=positive_int, default=10)
     ap.add_argument("--size", type=float, default=1 / 200)
     ap.add_argument("--sigma-scale", type=float, default=1.0, help="sigma = scale x RMS of the features")
-    ap.add_argument("--seed", type=int, default=0, help="noise streams of the start vectors")
-    ap.add_argument("--model-seed", type=int, default=0, help="random init of the model")
+    ap.add_argument("--seed", type=seed_int, default=0, help="noise streams of the start vectors")
+    ap.add_argument("--model-seed", type=seed_int, default=0, help="random init of the model")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--jacobian", default="reverse", choices=("reverse", "forward"), help="hcrfast's JVP mode")
     ap.add_argument("--start", default="warm", choices=("warm", "cold"),
                     help="hcrfast's LSQR solves j > 1: warm (bound's default) or from zero (the published scripts)")
@@ -407,7 +430,11 @@ def parse_args(argv=None):
                          "machine info is kept as reference_machine)")
     ap.add_argument("--out", default=None, help="directory for race_<model>_<device>_<date>.json")
     args = ap.parse_args(argv)
-    args.sweep_iter_lims = [None if s.strip().lower() == "none" else int(s) for s in args.sweep_iter_lims.split(",")]
+    try:
+        args.sweep_iter_lims = [None if s.strip().lower() == "none" else positive_int(s)
+                                for s in args.sweep_iter_lims.split(",")]
+    except argparse.ArgumentTypeError as err:
+        ap.error(f"--sweep-iter-lims {args.sweep_iter_lims!r}: {err} or None for each")
     args.sweep_tols = [float(s) for s in args.sweep_tols.split(",")]
     from hcrfast.kernels.symmetric import IMPLS
 

@@ -57,6 +57,8 @@ def _run(benchmark, name, sizes, device, solver="lsqr"):
     zm, model, x, sigma = _problem(name, examples, device)
     opts = hcrfast.DEFAULT_LSQR if iter_lim is None else hcrfast.LSQROptions(
         atol=hcrfast.DEFAULT_LSQR.atol, btol=hcrfast.DEFAULT_LSQR.btol, iter_lim=iter_lim)
+    if solver == "dense":   # it runs no LSQR: options given would go unused, and bound() warns of each call
+        opts = None
 
     def call():
         res = hcrfast.bound(model, x, sigma, size=zm.size, iterations=iterations, restarts=restarts, lsqr=opts,

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +178,59 @@ def test_gpu_targets_times_the_bound_calls_not_the_host_work_between_slices(monk
     assert 0 < r["jvp_vjp_share"] <= 1 and r["jvp_seconds"] + r["vjp_seconds"] <= r["seconds"]
 
 
+@pytest.mark.parametrize("solver", ["auto", "krylov"])
+def test_gpu_targets_slices_report_what_one_call_over_their_examples_would(tmp_path, monkeypatch, solver):
+    """--slices 3 over 5 examples (calls of 2, 2 and 1): the JSON's per-example products and singular-step
+    account are the example-weighted combination of the calls' own, as one call over the 5 gives them (it took
+    the last call's: 403 products per example where the calls gave 398, 388.5 and 403, singular steps of
+    1 example of 5). "auto" is the dense solve on the CPU: it is given no LSQR options, so no call warns of
+    unused ones, and the JSON records the one it uses (the kernels), not DEFAULT_LSQR's tolerances."""
+    gpu_targets = _benchmark_script("gpu_targets")
+    import functools
+
+    real, calls = hcrfast.bound, []
+
+    @functools.wraps(real)   # the script reads bound()'s defaults from its signature
+    def recorded(*args, **kwargs):
+        res = real(*args, **kwargs)
+        if kwargs.get("example_ids") is not None:   # the timed calls, not the warm-up
+            calls.append((len(kwargs["example_ids"]), res.params))
+        return res
+
+    monkeypatch.setattr(hcrfast, "bound", recorded)
+    base = ["mnist", "--device", "cpu", "--examples", "5", "--restarts", "2", "--iterations", "2", "--threads", "1",
+            "--solver", solver] + (["--krylov-steps", "20"] if solver == "krylov" else [])
+    runs = {}
+    for name, extra in (("one", []), ("sliced", ["--slices", "3"])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert gpu_targets.main([*base, *extra, "--out", str(tmp_path / name)]) == 0
+        assert not [w for w in caught if "lsqr options go unused" in str(w.message)]
+        (path,) = (tmp_path / name).glob("gpu_targets_mnist_cpu_*.json")
+        runs[name] = json.loads(path.read_text())
+    one, sliced = runs["one"], runs["sliced"]
+    slices = calls[1:]
+    assert [n for n, _ in slices] == [2, 2, 1] and sliced["examples_done"] == 5
+    dense = solver == "auto"
+    assert sliced["solver"] == one["solver"] == ("dense" if dense else "krylov")
+    per_call = [p["dense"]["jacobian_products"] if dense else p["krylov"]["products_per_example"] for _, p in slices]
+    weighted = sum(n * v for (n, _), v in zip(slices, per_call)) / 5
+    assert sliced["products_per_example"] == pytest.approx(weighted, rel=1e-12)
+    assert sliced["products_per_example"] == pytest.approx(one["products_per_example"], rel=1e-12)
+    steps = [p["singular_steps"] for _, p in slices]
+    s = sliced["singular_steps"]
+    assert s["examples"] == sum(q["examples"] for q in steps) == one["singular_steps"]["examples"] == 5
+    assert s["modes_lifted"] == sum(q["modes_lifted"] for q in steps)
+    assert s["seconds"] == pytest.approx(sum(q["seconds"] for q in steps), rel=1e-12)
+    assert s["directions"] == dict(total=sum(q["directions"]["total"] for q in steps),
+                                   fewest=min(q["directions"]["fewest"] for q in steps))
+    assert s["directions"] == one["singular_steps"]["directions"]
+    if dense:
+        assert sliced["lsqr"] == one["lsqr"] == {"kernels": "auto"}
+    else:   # the basis' own rules, capped: the options its solves ran with
+        assert sliced["lsqr"]["atol"] == 0 and sliced["lsqr"]["iter_lim"] == 20
+
+
 def test_gpu_session_script_parses_and_refuses_unknown_stages(tmp_path):
     script = ROOT / "benchmarks" / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
@@ -204,6 +258,8 @@ def test_race_runs_at_toy_size_with_the_dense_default_row(tmp_path):
     assert r["hcrfast_default"]["solver"] == "dense"
     assert r["hcrfast_default"]["products_per_example"] == _race_dense_products(2) < 784
     assert r["hcrfast_input"]["solver"] == "lsqr" and r["hcrfast_current"]["solver"] == "lsqr"
+    # the options each row's solves ran with: the dense solve's kernels alone, no LSQR tolerances
+    assert r["hcrfast_default"]["lsqr"] == {"kernels": "auto"} and r["hcrfast_input"]["lsqr"]["atol"] > 0
     assert r["reference"]["products_per_example"] > 0 and "median ratio" in proc.stdout
     # rows through the Jacobian: at least what each problem needed (riding along and probes on top)
     for row in ("hcrfast_default", "hcrfast_input", "hcrfast_current"):
@@ -375,6 +431,96 @@ def test_race_row_counter_counts_each_product_row_and_restores_the_operator():
         op.rmatvec(np.ones((4, 3)))
     assert counter.rows == 12
     assert TorchJacobian.matvec is matvec and TorchJacobian.rmatvec is rmatvec
+
+
+@pytest.mark.parametrize("script, option", [(script, option) for script in ("race", "gpu_targets") for option in
+                                             ("--examples", "--restarts", "--iterations", "--threads")]
+                         + [("race", "--seed"), ("gpu_targets", "--slices"), ("gpu_targets", "--krylov-steps"),
+                            ("gpu_targets", "--chunk-size")])
+def test_race_and_gpu_targets_refuse_degenerate_counts_naming_them(script, option, capsys):
+    """A count below its least (a seed below 0) is refused by argparse, naming the option and the value: race.py
+    failed on --iterations 0 deep in the reference (zero-size array to reduction operation maximum) and on
+    --examples 0 with a NaN RMS; gpu_targets.py took --examples 0 as its target's 10,000."""
+    module = _benchmark_script(script)
+    parse = module.parse_args if script == "race" else module.build_parser().parse_args
+    value = "-1" if option == "--seed" else "0"
+    with pytest.raises(SystemExit) as exit_:
+        parse(([] if script == "race" else ["mnist"]) + [option, value])
+    assert exit_.value.code == 2
+    assert f"argument {option}: {value}: pass an integer >= {0 if option == '--seed' else 1}" in capsys.readouterr().err
+    if script == "race":
+        with pytest.raises(SystemExit):
+            module.parse_args(["--sweep-iter-lims", "10,0"])
+        assert "--sweep-iter-lims '10,0': 0: pass an integer >= 1" in capsys.readouterr().err
+
+
+def test_profile_cpu_gives_the_dense_solve_no_lsqr_options(tmp_path, capsys):
+    """--solver dense runs no LSQR: no options go to bound() (it warned that atol and btol went unused), the header
+    and the JSON name none (they said atol=1e-05), and --tol with it is refused, named."""
+    profile_cpu = _benchmark_script("profile_cpu")
+    out = tmp_path / "d.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert profile_cpu.main(["--model", "digits", "--solver", "dense", "--examples", "2", "--restarts", "2",
+                                 "--iterations", "2", "--threads", "1", "--json", str(out)]) == 0
+    assert not [w for w in caught if "go unused" in str(w.message)]
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "solver dense, every step solved exactly (no LSQR options)" in head and "atol" not in head
+    assert json.loads(out.read_text())["lsqr"] is None
+    with pytest.raises(SystemExit):
+        profile_cpu.main(["--model", "digits", "--solver", "dense", "--tol", "1e-3"])
+    assert "--tol 0.001: LSQR's stopping rules, but --solver dense runs no LSQR" in capsys.readouterr().err
+
+
+def test_profile_cpu_share_of_rows_on_stopped_problems_is_of_the_solves_rows(tmp_path, monkeypatch, capsys):
+    """The rows spent on problems that had stopped: the rows the LSQR solves pushed through JVP/VJP (counted here,
+    apart from the script's timers) less those the solves needed, from the solver's own iteration counts:
+    2·itn + 1 a solve, and A x0 once a warm-started one (every solve of a restart after its first). It counted
+    the warm starts' rows and bound's probes as riding along: 11.5% on this run for about 10%."""
+    profile_cpu = _benchmark_script("profile_cpu")
+    from hcrfast import algorithm
+    from hcrfast.bindings.jacobian import TorchJacobian
+
+    count, results = {"rows": 0, "all": 0, "depth": 0}, []
+
+    def counted(method):
+        def product(self, arr):
+            count["all"] += arr.shape[0]
+            count["rows"] += arr.shape[0] if count["depth"] else 0
+            return method(self, arr)
+        return product
+
+    def solve(*args, **kwargs):
+        count["depth"] += 1
+        try:
+            return real_lsqr(*args, **kwargs)
+        finally:
+            count["depth"] -= 1
+
+    def bound(*args, **kwargs):
+        count.update(rows=0, all=0)   # the timed call's alone, not the warm-up's
+        results.append(real_bound(*args, **kwargs))
+        return results[-1]
+
+    real_lsqr, real_bound = algorithm.lsqr, hcrfast.bound
+    monkeypatch.setattr(TorchJacobian, "matvec", counted(TorchJacobian.matvec))
+    monkeypatch.setattr(TorchJacobian, "rmatvec", counted(TorchJacobian.rmatvec))
+    monkeypatch.setattr(algorithm, "lsqr", solve)
+    monkeypatch.setattr(hcrfast, "bound", bound)
+    out = tmp_path / "p.json"
+    examples, restarts, iterations = 4, 2, 2
+    assert profile_cpu.main(["--model", "digits", "--examples", str(examples), "--restarts", str(restarts),
+                             "--iterations", str(iterations), "--threads", "1", "--json", str(out)]) == 0
+    assert results[-1].params["warm_start"] and results[-1].params["solver"] == "lsqr"
+    itn = results[-1].to_numpy().lsqr_iterations
+    needed = int(np.sum(2 * itn + 1)) + examples * restarts * (iterations - 1)
+    expected = 1 - needed / count["rows"]
+    r = json.loads(out.read_text())
+    assert (r["products_needed"], r["rows_in_solves"], r["rows_through_products"]) == (needed, count["rows"],
+                                                                                        count["all"])
+    assert count["all"] > count["rows"]     # bound's probes, outside the solves: left out
+    assert r["stopped_rows_share"] == pytest.approx(expected, abs=1e-12)
+    assert f"({expected:.1%} of the solves' product rows went to problems already stopped)" in capsys.readouterr().out
 
 
 def test_warm_start_script_runs_with_its_dense_row(tmp_path):
