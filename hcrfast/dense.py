@@ -647,6 +647,16 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
     """
     rtol = _checked(J, rtol, driver)
     B, n, p = J.shape
+    if n == 0:   # no features: nothing moves, every ε = J⁺ z is 0 (the factorization below needs a row)
+        dev, zeros64 = J.device, torch.zeros((B, 0, p), dtype=torch.float64, device=J.device)
+        out = MinNormSolver(rows=torch.zeros((B, 0), dtype=torch.int64, device=dev), matrix=zeros64,
+                            rank=torch.zeros(B, dtype=torch.int64, device=dev),
+                            live_rows=torch.zeros(B, dtype=torch.int64, device=dev),
+                            driver="svd" if driver == "svd" else "eigh")
+        if smallest:
+            out.smallest = torch.zeros((B, int(smallest), p), dtype=torch.float64, device=dev)
+            out.smallest_values = torch.zeros((B, int(smallest)), dtype=torch.float64, device=dev)
+        return out
     J64 = J.to(torch.float64)
     live = J64.abs().amax(dim=2) > 0 if p else torch.zeros((B, n), dtype=torch.bool, device=J.device)
     live_rows = live.sum(dim=1)

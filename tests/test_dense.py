@@ -431,6 +431,20 @@ def test_min_norm_solver_of_no_inputs_is_rank_zero(eigh_impl, monkeypatch):
         assert solver.solve(torch.ones((3, 2, 4))).shape == (3, 2, 0)
 
 
+@pytest.mark.parametrize("driver", ["auto", "eigh", "svd"])
+def test_min_norm_solver_of_no_features_is_rank_zero(driver):
+    """n = 0 (a J of no rows; decompose gives rank 0): an empty factorization whose steps are all 0 and
+    whose singular directions are zero rows, not a torch shape error from gathering a row that is not there."""
+    J = torch.zeros((2, 0, 4), dtype=torch.float64)
+    assert dense.decompose(J).rank.tolist() == [0, 0]
+    solver = dense.min_norm_solver(J, driver=driver, smallest=3)
+    assert solver.rank.tolist() == [0, 0] and solver.live_rows.tolist() == [0, 0]
+    assert torch.equal(solver.solve(torch.ones((2, 5, 0))), torch.zeros((2, 5, 4), dtype=torch.float64))
+    assert solver.smallest.shape == (2, 3, 4) and not solver.smallest.any() and not solver.smallest_values.any()
+    dirs = solver.directions(torch.eye(4, dtype=torch.float64), J)
+    assert not dirs.eps.any() and torch.equal(dirs.null_fraction, torch.ones((2, 4), dtype=torch.float64))
+
+
 def test_the_rank_tolerance_is_sqrt_max_n_p_eps_and_relative_to_singular_values():
     """Default tolerance: S_max·sqrt(max(n, p))·eps (here 9.9e-16 for a 20 × 12 float64 J): a singular value
     of 8e-16 counts as zero, in both factorizations, and one of 3.5e-15 is kept, which
