@@ -487,23 +487,53 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
     return {"path": str(path), "sha256": reproduce._sha256_file(Path(path))}
 
 
-#: What each kind of `hcrfast bound` run keeps in OUT (its resumable chunks, its results), and what it is.
-_OUT_KINDS = {"bound": (("chunks", "bounds.npz"), "a plain bound run"),
-              "search": (("calibration", "bounds.npz"), "a --target-std search"),
-              "sweep": (("sweep_chunks", "sweep"), "a --sweep")}
+#: What each kind of run keeps in OUT, for the kinds of `hcrfast bound` and of `hcrfast reproduce` (which
+#: share --out's meaning, so that neither takes the other's folder): the files that tell it is there (only it
+#: writes them: bound's checkpoint key chunks/key.json, reproduce's run.json), the files it keeps (its chunks,
+#: its results: named in the refusal), and what it is.
+_OUT_KINDS = {"bound": (("chunks/key.json",), ("chunks", "bounds.npz"), "a plain bound run"),
+              "search": (("calibration",), ("calibration", "bounds.npz"), "a --target-std search"),
+              "sweep": (("sweep_chunks", "sweep"), ("sweep_chunks", "sweep"), "a --sweep"),
+              "reproduce": (("run.json",), ("run.json", "chunks", "bounds.npz"), "a `hcrfast reproduce` run"),
+              "reproduce_sweep": (("sweep.json",), ("sweep.json",), "a `hcrfast reproduce --sweep`")}
 
 
 def _check_out_kind(out: Path, kind: str) -> None:
-    """Refuse an OUT that holds another kind of run (a plain run, a --target-std search, a --sweep): each
-    resumes from its own chunks, so another kind would run beside them and leave its results next to the
-    other's (bounds.npz of one, summary.json and the report of the other)."""
-    own = set(_OUT_KINDS[kind][0])
-    for other, (names, what) in _OUT_KINDS.items():
-        found = [n for n in names if n not in own and (out / n).exists()]
-        if other != kind and found:
-            raise ValueError(f"--out {out}: holds {what} ({', '.join(f'{n}' for n in found)}), and this command is "
-                             f"{_OUT_KINDS[kind][1]}, which would leave its results beside those; pass another --out, "
-                             f"or delete {out} to start anew")
+    """Refuse an OUT that holds another kind of run (a plain run, a --target-std search, a --sweep, a
+    `hcrfast reproduce` run or sweep): each resumes from its own chunks, so another kind would run beside
+    them and leave its results next to the other's (bounds.npz of one, summary.json and the report of the
+    other)."""
+    own = set(_OUT_KINDS[kind][1])
+    for other, (signs, names, what) in _OUT_KINDS.items():
+        if other == kind or not any((out / n).exists() for n in signs):
+            continue
+        found = ([n for n in names if n not in own and (out / n).exists()]
+                 or [n for n in names if (out / n).exists()])   # (its names are all this kind's too)
+        raise ValueError(f"--out {out}: holds {what} ({', '.join(f'{n}' for n in found)}), and this command is "
+                         f"{_OUT_KINDS[kind][2]}, which would leave its results beside those; pass another --out, "
+                         f"or delete {out} to start anew")
+
+
+def shell_fix(exc: Exception, out: Path, parents: tuple = ("",)) -> Exception:
+    """A checkpoint refusal of one sigma of a command-line sweep, worded for the shell: the checkpoint
+    (hcrfast.checkpoint, hcrfast.reproduce) tells a Python caller to pass another checkpoint folder or to
+    delete the one sigma's folder (OUT/sweep_chunks/scale_K), but the command makes every sigma's folder
+    from --out, and a changed command is refused at every sigma, so deleting one folder only moves the
+    refusal to the next: the fix is another --out, or deleting OUT. Same class, same notes."""
+    import re
+
+    text = str(exc)
+    for parent in parents:
+        folder = out / parent if parent else out
+        text = re.sub("delete " + re.escape(str(folder)) + re.escape(os.sep) + r"scale_[^\s,;)]+",
+                      lambda m: f"delete {out}", text)
+    text = (text.replace("Make the same call (same model, batch, sigma and arguments) to resume it",
+                         "Make the same command to resume it")
+            .replace("another checkpoint folder", "another --out"))
+    fixed = type(exc)(text)
+    for note in getattr(exc, "__notes__", None) or ():
+        fixed.add_note(note)
+    return fixed
 
 
 def _positive(name, value):
@@ -578,6 +608,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from hcrfast import _repro_cli, algorithm, reproduce, validation
     from hcrfast.calibrate import scale_folder
+    from hcrfast.checkpoint import CheckpointMismatchError
     from hcrfast.results import json_default
 
     t_start = time.perf_counter()
@@ -739,8 +770,11 @@ def _run(args: argparse.Namespace) -> int:
             if progress and rank == 0:
                 print(f"hcrfast bound: a sweep of {len(scales)} sigmas, {', '.join(f'{k:g}' for k in scales)} x the "
                       f"one above", file=sys.stderr, flush=True)
-            sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
-                                checkpoint=out / "sweep_chunks", **bound_kwargs)
+            try:
+                sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
+                                    checkpoint=out / "sweep_chunks", **bound_kwargs)
+            except CheckpointMismatchError as exc:
+                raise shell_fix(exc, out, ("sweep_chunks",)) from None
         elif args.target_std is None:
             res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
         else:
@@ -767,10 +801,16 @@ def _run(args: argparse.Namespace) -> int:
                 if progress:
                     print(f"hcrfast bound: Gauss-Newton attack{where}, {args.attack} draws per input, "
                           f"{args.attack_steps} steps, from the {args.attack_start}", file=sys.stderr, flush=True)
-                attacks.append(gauss_newton_attack(model, x, level_sigma, draws=args.attack, steps=args.attack_steps,
-                                                   start=args.attack_start, seed=args.seed, basis=args.basis,
-                                                   jacobian=args.jacobian, chunk_size=args.chunk_size,
-                                                   progress=progress, checkpoint=folder))
+                try:
+                    attacks.append(gauss_newton_attack(model, x, level_sigma, draws=args.attack,
+                                                       steps=args.attack_steps, start=args.attack_start,
+                                                       seed=args.seed, basis=args.basis, jacobian=args.jacobian,
+                                                       chunk_size=args.chunk_size, progress=progress,
+                                                       checkpoint=folder))
+                except CheckpointMismatchError as exc:
+                    if sweep is None:
+                        raise
+                    raise shell_fix(exc, out, ("attack_chunks",)) from None
         utilities = []
         if metric is not None and rank == 0:
             for level_sigma in ([sigma] if sweep is None else sweep.sigmas):
@@ -842,6 +882,7 @@ def _run(args: argparse.Namespace) -> int:
         from hcrfast.report import write_bound_report
 
         report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
+    _remove_stale_report(out, report)
     if search is not None:
         print(search.summary())
     if accuracy_search is not None:
@@ -889,8 +930,48 @@ def _attack_line(c: dict, args) -> str:
                if c["n_draws_unmoved"] else ""))
 
 
-# The params that differ between a sweep's calls (each call's own are in its bounds.npz).
-_PER_SIGMA_PARAMS = ("sigma", "noise", "noise_asked", "reuse", "zero_step_reasons", "rounding", "checkpoint")
+# The params that differ between a sweep's calls: each σ's noise, and each call's own account of what it did
+# (earlier_iterates' certified steps and margin, the dense factors' products, the shard's examples), in its
+# level's "params" (and its bounds.npz), not in the params the σs share.
+_PER_SIGMA_PARAMS = ("sigma", "noise", "noise_asked", "reuse", "zero_step_reasons", "rounding", "checkpoint",
+                     "earlier_iterates", "dense", "shard")
+# The params whose settings the σs share but that also count what each call did (singular_steps' modes_lifted
+# and seconds, targeted's seconds and infinite bounds, the Krylov bases' steps and products): the shared params
+# keep these settings, each level's "params" the whole entry.
+_SHARED_SETTINGS = {"singular_steps": ("count", "auto"), "targeted": ("method", "n_targets", "eps_kept"),
+                    "krylov": ("pilots", "pilots_auto")}
+
+#: The files `hcrfast bound`'s reports write in OUT (report.py: write_bound_report, write_sweep_report).
+_REPORT_FILES = ("report.html", "hist_all.png", "bound_modes.png", "bound_images.png", "bounds_vs_sigma.png",
+                 "tradeoff.png")
+
+
+def _remove_stale_report(out: Path, report) -> None:
+    """Remove the report files an earlier command wrote in OUT and this one did not (all of them with
+    --no-report; a figure this report leaves out, such as tradeoff.png without --head, otherwise): a page or a
+    figure left from the last command would show another run's numbers (a sweep's old sigmas) beside these."""
+    import re
+
+    written = set()
+    if report is not None:
+        written = {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text())}
+    for name in _REPORT_FILES:
+        if name not in written:
+            (out / name).unlink(missing_ok=True)
+
+
+def _shared_params(params: dict) -> dict:
+    """The params a sweep's σs share: every call's, less each σ's own (see _PER_SIGMA_PARAMS)."""
+    shared = {k: v for k, v in params.items() if k not in _PER_SIGMA_PARAMS}
+    for k, keep in _SHARED_SETTINGS.items():
+        if isinstance(shared.get(k), dict):
+            shared[k] = {name: shared[k][name] for name in keep if name in shared[k]}
+    return shared
+
+
+def _own_params(params: dict) -> dict:
+    """A sweep level's "params": what its call alone did (the rest are the shared params)."""
+    return {k: v for k, v in params.items() if k in _PER_SIGMA_PARAMS or k in _SHARED_SETTINGS}
 
 
 def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities: list, versions: dict,
@@ -911,7 +992,10 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
                  **_numbers(res, args.targets), "call_seconds": sweep.seconds[i],
                  "reused_examples": sweep.reused_examples[i],
                  "read_back_examples": (res.params.get("checkpoint") or {}).get("examples_read_back", 0),
-                 "rounding": res.params.get("rounding")}
+                 "rounding": res.params.get("rounding"),
+                 "params": json.loads(json.dumps(_own_params(res.params), default=json_default))}
+        if not attacks:   # an earlier command's at this scale (--attack no longer asked for): not this one's
+            (folder / "attack.npz").unlink(missing_ok=True)
         if attacks:
             attacks[i].save(folder / "attack.npz")
             with warnings.catch_warnings(record=True) as caught:  # said again below, with their sigma
@@ -924,7 +1008,7 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
         if utilities:
             level["utility"] = utilities[i].to_dict()
         levels.append(level)
-    shared = {k: v for k, v in sweep.bounds[0].params.items() if k not in _PER_SIGMA_PARAMS}
+    shared = _shared_params(sweep.bounds[0].params)
     summary["sweep"] = {"scales": sweep.scales.tolist(), "reuse_bytes": sweep.reuse_bytes,
                         "each_sigma": "scale x the noise above (x each of its stds, for one per feature)",
                         "levels": levels}
@@ -936,6 +1020,7 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
         from hcrfast.report import write_sweep_report
 
         report = write_sweep_report(out, json.loads((out / "summary.json").read_text()))
+    _remove_stale_report(out, report)
     print(sweep.summary())
     for i, level in enumerate(levels):
         print(f"  scale {level['scale']:g}: bounds {level['bounds']}"

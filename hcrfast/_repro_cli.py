@@ -162,6 +162,14 @@ def _run(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None else (1 if args.name == "digits" else None)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {threads}")
+    # One OUT holds one kind of run (a sweep's page and sweep.json beside a plain run's report, or the
+    # reverse, would describe another run than the files beside them): refused before anything is written
+    from hcrfast._bound_cli import _check_out_kind
+
+    out = Path(args.out if args.out is not None else Path("runs") / (
+        f"{args.name}{'_limit' if args.limit else ''}{'_sweep' if args.sweep is not None else ''}"))
+    if out.is_dir():
+        _check_out_kind(out, "reproduce_sweep" if args.sweep is not None else "reproduce")
     saved_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -212,7 +220,7 @@ def _reproduce(args: argparse.Namespace):
 
 def _sweep(args: argparse.Namespace) -> int:
     """``--sweep``: one full run per sigma, each in its own folder, then the sweep's summary and page."""
-    from hcrfast._bound_cli import sweep_scales
+    from hcrfast._bound_cli import shell_fix, sweep_scales
     from hcrfast.calibrate import scale_folder
     from hcrfast.checkpoint import atomic_write_text
     from hcrfast.report import write_reproduce_sweep_report
@@ -233,7 +241,10 @@ def _sweep(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
         run_args = argparse.Namespace(**{**vars(args), "sigma_scale": k * base, "out": root / scale_folder(k),
                                          "weights": weights})
-        result = _reproduce(run_args)
+        try:
+            result = _reproduce(run_args)
+        except reproduce.CheckpointMismatchError as exc:   # deleting this sigma's run alone: the next is refused
+            raise shell_fix(exc, root) from None
         if weights is None and args.name in reproduce._TRAINED_HERE:  # trained by the first run: the others take it
             weights = str(run_args.out / f"{args.name}_state_dict.pt")
         if result.summary is None:  # not rank 0 of a distributed run

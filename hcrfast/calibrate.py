@@ -482,13 +482,21 @@ class SigmaSweep:
                    reuse_bytes=int(meta["reuse_bytes"]))
 
     def summary(self) -> str:
-        median, low = self.statistic(), self.statistic(quantile=0.05)
+        """Each σ's bounds by the summaries' rule (:func:`hcrfast.results.quantile_line`, summary.json's and
+        the reports' quantiles): quantiles of the finite per-mode bounds, +inf ones (D = 0) counted apart and
+        zeros (which bound nothing) said. Not :meth:`statistic`'s order statistic over every bound, +inf
+        included, which the σ searches aim at: where many bounds are 0 its median is 0 while the finite
+        bounds' is not."""
+        from hcrfast.results import quantile_line
+
         unit = "" if np.ndim(self.sigma0) == 0 else " (RMS of the stds)"
-        lines = [f"{counted(len(self.scales), 'sigma')}, {_certified(self.bounds)} bounds at each (median and "
-                 f"0.05-quantile of the per-mode bounds){unit}:"]
-        for k, sig, m, q, sec, used in zip(self.scales, self.sigmas, median, low, self.seconds, self.reused_examples):
-            lines.append(f"  scale {k:.6g}, sigma {sig if np.ndim(sig) == 0 else _rms(sig):.6g}: median {m:.6g}, "
-                         f"0.05-quantile {q:.6g} ({sec:.1f} s{f', {used} examples reused' if used else ''})")
+        lines = [f"{counted(len(self.scales), 'sigma')}, {_certified(self.bounds)} bounds at each (quantiles of "
+                 f"the finite per-mode bounds; +inf ones, from D = 0, counted apart){unit}:"]
+        for k, sig, res, sec, used in zip(self.scales, self.sigmas, self.bounds, self.seconds,
+                                          self.reused_examples):
+            std = np.asarray(res.to_numpy().std, dtype=np.float64)
+            lines.append(f"  scale {k:.6g}, sigma {sig if np.ndim(sig) == 0 else _rms(sig):.6g} ({sec:.1f} s"
+                         f"{f', {used} examples reused' if used else ''}): {quantile_line(std).strip()}")
         return "\n".join(lines)
 
     __eq__ = same_result

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
             raise   # the user's model or file raised it: its traceback (and hcrfast's note) say where
-        print(f"hcrfast: error: {exc}", file=sys.stderr)
+        print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         from hcrfast.data import DownloadError  # imported here: --help stays fast
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         if not isinstance(exc, (DownloadError, ShardError)):
             raise
         # No network, or another torchrun process's failure: the message says what to do.
-        print(f"hcrfast: error: {exc}", file=sys.stderr)
+        print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         resume = ("; the chunks that finished are kept, and the same command resumes"
@@ -102,6 +102,13 @@ def main(argv=None) -> int:
         return 130
     finally:
         warnings.formatwarning = saved_format
+
+
+def _error_text(exc: BaseException) -> str:
+    """The error's message and its notes, one per line below it: the notes say where it was raised (which
+    --sweep scale, which sigma_for call), which the message alone does not."""
+    notes = [str(n) for n in getattr(exc, "__notes__", None) or ()]
+    return str(exc) + "".join(f"\n  {note}" for note in notes)
 
 
 def _raised_outside_hcrfast(exc: BaseException) -> bool:

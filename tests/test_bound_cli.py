@@ -656,6 +656,82 @@ def test_an_out_holding_another_kind_of_run_is_refused_and_a_rerun_leaves_nothin
     assert "holds a --sweep (sweep_chunks, sweep)" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:.*never left their start")  # 1 Gauss-Newton step: some draws take none
+def test_a_sweep_rerun_without_attack_removes_the_last_attack(files):
+    """README: a rerun removes what the last command wrote and it does not, "an attack no longer asked for"
+    included; in a sweep, each scale's attack.npz (as the plain run's OUT/attack.npz)."""
+    tmp_path, _ = files
+    model, x = f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt"
+    out = tmp_path / "swept"
+    argv = [model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--sweep", "2,1", "--out", out]
+    assert _bound([*argv, "--attack", "2", "--attack-steps", "1"]) == 0
+    assert (out / "sweep" / "scale_1" / "attack.npz").is_file()
+    assert _bound(argv) == 0
+    assert sorted(p.name for p in (out / "sweep" / "scale_1").iterdir()) == ["bounds.npz"]
+    assert sorted(p.name for p in (out / "sweep" / "scale_2").iterdir()) == ["bounds.npz"]
+    assert all("attack" not in lv for lv in json.loads((out / "summary.json").read_text())["sweep"]["levels"])
+
+
+@pytest.mark.parametrize("sweep", [["--sweep", "1,8"], []], ids=["sweep", "plain"])
+def test_a_rerun_with_no_report_removes_the_last_report(files, sweep):
+    """--no-report after a report: the old report.html and figures showed the last command's numbers (a sweep's
+    other sigmas), so they go; a report that leaves a figure out (tradeoff.png without --head) removes it too."""
+    tmp_path, _ = files
+    model, x = f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt"
+    out = tmp_path / "run"
+    base = [model, x, *[a for a in TINY if a != "--no-report"], "--sigma", "0.3", "--examples", "2", "--out", out]
+    assert _bound([*base, *sweep]) == 0
+    figures = ["bounds_vs_sigma.png"] if sweep else ["bound_images.png", "bound_modes.png", "hist_all.png"]
+    assert all((out / f).is_file() for f in ["report.html", *figures])
+    (out / "tradeoff.png").write_bytes(b"an older command's figure")
+    assert _bound([*base, *(["--sweep", "1,2"] if sweep else []), "--no-report"]) == 0
+    assert not [f for f in ["report.html", "tradeoff.png", *figures] if (out / f).exists()]
+    (out / "tradeoff.png").write_bytes(b"an older command's figure")
+    assert _bound([*base, *(["--sweep", "1,2"] if sweep else [])]) == 0
+    assert (out / "report.html").is_file() and not (out / "tradeoff.png").exists()
+
+
+def test_a_sweep_s_shared_params_are_settings_and_each_level_has_its_own_account(files):
+    """summary.json's params are what the sigmas share: singular_steps' count, not the modes the first call's
+    steps lifted; each call's own account (earlier iterates, singular and targeted steps' counts and
+    seconds) is in its level's params, as in its bounds.npz."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--examples", "3", "--targets", "low:2",
+                   "--sweep", "1e-6,1,1e8", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    p = s["params"]
+    assert p["singular_steps"] == {"count": 16, "auto": True}
+    assert set(p["targeted"]) <= {"method", "n_targets", "eps_kept"} and p["targeted"]["n_targets"] == 4
+    assert not {"earlier_iterates", "dense", "sigma", "noise", "reuse", "checkpoint", "rounding"} & set(p)
+    assert p["restarts"] == 2 and p["solver"] == "dense"
+    for lv in s["sweep"]["levels"]:
+        own = hcrfast.Bounds.load(lv["bounds"]).params
+        for key in ("singular_steps", "earlier_iterates", "targeted"):
+            assert lv["params"][key] == json.loads(json.dumps(own[key], default=hcrfast.results.json_default))
+    lifted = [lv["params"]["singular_steps"]["modes_lifted"] for lv in s["sweep"]["levels"]]
+    assert len(set(lifted)) > 1    # what made the first sigma's count wrong for the others
+
+
+def test_a_sweep_s_error_says_which_scale_and_a_changed_sweep_the_fix_for_the_shell(files, capsys):
+    """The note sweep_sigma adds (the scale that failed) is printed below the message; a changed sweep
+    refused by one scale's checkpoint folder says to pass another --out or delete OUT (deleting that one
+    folder would move the refusal to the next scale)."""
+    tmp_path, _ = files
+    model, x = f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt"
+    out = tmp_path / "run"
+    assert _bound([model, x, *TINY, "--examples", "2", "--sweep", "1,1e-20", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hcrfast: error: ") and "Traceback" not in err
+    assert "\n  hcrfast.sweep_sigma: raised by the bound call at scale 1e-20 x sigma0 (1 of 2 sigmas done" in err
+    assert _bound([model, x, *TINY, "--examples", "2", "--sweep", "1,2", "--out", out]) == 0
+    capsys.readouterr()
+    assert _bound([model, x, *TINY, "--examples", "2", "--sweep", "1,2", "--out", out, "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "seed: 0 -> 1" in err and f"pass another --out (or delete {out}) to start anew" in err
+    assert "checkpoint folder" not in err and not re.search(r"delete \S*sweep_chunks", err)
+
+
 def test_a_package_in_the_working_directory_is_found_as_python_m_finds_it(files, monkeypatch):
     """MODEL as package.module:NAME: the console script looks in the working directory first, as
     `python -m hcrfast.cli` (and torchrun -m) does, and leaves sys.path as it was."""

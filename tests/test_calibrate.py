@@ -751,3 +751,36 @@ def test_bounds_of_0_from_float_rounding_do_not_end_the_search():
         warnings.simplefilter("ignore")
         found = hcrfast.sigma_for(m, x, 1.0, sigma0=s0, restarts=2, iterations=2, max_calls=12)
     assert len(found.history) > 2 and max(h["statistic"] for h in found.history) > 0
+
+
+class _TopHalf(torch.nn.Module):
+    """Features of the top half of each 8x8 input only: the bottom half's pixel bounds are 0 (no step moves
+    them), half of all the bounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _tanh_net()[1:]
+        self.net[0] = torch.nn.Linear(32, 40)
+
+    def forward(self, x):
+        return self.net(x[..., :4, :].flatten(1))
+
+
+def test_a_sweeps_summary_prints_the_finite_bounds_quantiles_as_every_summary_does():
+    """Half the bounds 0: the order statistic over every bound (what sigma_for aims at, statistic()) is 0,
+    but the summary prints, as summary.json, the reports and Bounds.summary do, the quantiles of the finite
+    bounds (interpolated) and counts the zeros apart, saying so."""
+    from hcrfast.results import quantile_line
+
+    torch.manual_seed(0)
+    model, x = _TopHalf().eval(), _batch(4)
+    sweep = hcrfast.sweep_sigma(model, x, [0.5, 2.0], basis="pixel", **KW)
+    assert sweep.statistic().tolist() == [statistic_of(b) for b in sweep.bounds] == [0.0, 0.0]  # unchanged
+    text = sweep.summary()
+    assert "quantiles of the finite per-mode bounds; +inf ones, from D = 0, counted apart" in text
+    for b, line in zip(sweep.bounds, text.splitlines()[1:]):
+        std = np.asarray(b.std, dtype=np.float64)
+        median = np.quantile(std[np.isfinite(std)], 0.5)
+        assert median > 0 and f" / {median:.4g} / " in line and quantile_line(std).strip() in line
+        assert f"{int((std == 0).sum())} of {std.size} are 0, which bounds nothing" in line
+        assert "median 0," not in line

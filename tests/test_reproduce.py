@@ -1030,6 +1030,50 @@ def test_a_sweep_is_one_run_per_sigma_each_the_run_alone(weights, tmp_path, caps
     assert json.loads((out / "sweep.json").read_text())["levels"][1]["std"] == lv["std"]
 
 
+def test_one_out_holds_one_kind_of_run_for_reproduce_and_bound(first, weights, tmp_path, capsys):
+    """A reproduce sweep, a plain reproduce run and hcrfast bound's runs each keep their own files in OUT: a
+    command into another kind's OUT is refused before it writes anything (else its report.html would replace
+    the other's page, beside the other's sweep.json, figures or bounds.npz), naming what OUT holds and the fix."""
+    swept = tmp_path / "swept"
+    tiny = [*TINY, "--weights", str(weights), "--no-progress"]
+    assert cli.main(["reproduce", "digits", *tiny, "--sweep", "1", "--out", str(swept)]) == 0
+    page = (swept / "report.html").read_bytes()
+    capsys.readouterr()
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(swept)]) == 2
+    assert (f"--out {swept}: holds a `hcrfast reproduce --sweep` (sweep.json), and this command is a `hcrfast "
+            f"reproduce` run, which would leave its results beside those; pass another --out, or delete {swept}"
+            ) in capsys.readouterr().err
+    assert (swept / "report.html").read_bytes() == page and not (swept / "bounds.npz").exists()
+    assert cli.main(["reproduce", "digits", *tiny, "--sweep", "1,2", "--out", str(first)]) == 2
+    assert "holds a `hcrfast reproduce` run (run.json" in capsys.readouterr().err
+    assert not (first / "sweep.json").exists()
+    torch.save(torch.randn(2, 1, 4, 4), tmp_path / "x.pt")
+    bound = ["bound", "torch.nn:Flatten", str(tmp_path / "x.pt"), "--restarts", "2", "--iterations", "2",
+             "--no-progress", "--no-report"]
+    assert cli.main([*bound, "--sweep", "1,2", "--out", str(swept)]) == 2
+    assert "holds a `hcrfast reproduce --sweep` (sweep.json), and this command is a --sweep" in capsys.readouterr().err
+    assert cli.main([*bound, "--out", str(first)]) == 2
+    assert "holds a `hcrfast reproduce` run (run.json)" in capsys.readouterr().err
+    assert cli.main([*bound, "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(tmp_path / "b")]) == 2
+    assert "holds a plain bound run (chunks, bounds.npz), and this command is a `hcrfast reproduce` run" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "b" / "run.json").exists()
+
+
+def test_a_changed_sweep_says_to_pass_another_out_not_to_delete_one_sigma_s_run(weights, tmp_path, capsys):
+    """Each sigma's run folder refuses a changed command; deleting that one folder would move the refusal to
+    the next sigma's, so the sweep's message names the fix for the whole sweep: another --out, or delete OUT."""
+    out = tmp_path / "rk"
+    tiny = [*TINY, "--weights", str(weights), "--no-progress", "--out", str(out)]
+    assert cli.main(["reproduce", "digits", *tiny, "--sweep", "0.5"]) == 0
+    capsys.readouterr()
+    assert cli.main(["reproduce", "digits", *tiny, "--sweep", "0.5", "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'scale_0.5'}" in err and f"(or delete {out})" in err and f"delete {out / 'scale_0.5'}" not in err
+
+
 def test_a_digits_sweep_trains_its_model_once(tmp_path):
     out = tmp_path / "sweep"
     assert cli.main(["reproduce", "digits", "--examples", "4", "--restarts", "2", "--iterations", "2",
