@@ -952,6 +952,9 @@ def _remove_stale_report(out: Path, report) -> None:
     figure left from the last command would show another run's numbers (a sweep's old sigmas) beside these."""
     import re
 
+    old = out / "report.html"
+    if report is None and old.exists() and "<title>hcrfast bound</title>" not in old.read_text(errors="replace"):
+        return   # not a page hcrfast bound wrote (an --out the user also keeps other files in): nothing is ours
     written = set()
     if report is not None:
         written = {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text())}

@@ -689,6 +689,14 @@ def test_a_rerun_with_no_report_removes_the_last_report(files, sweep):
     (out / "tradeoff.png").write_bytes(b"an older command's figure")
     assert _bound([*base, *(["--sweep", "1,2"] if sweep else [])]) == 0
     assert (out / "report.html").is_file() and not (out / "tradeoff.png").exists()
+    # an --out that also holds a page hcrfast did not write: --no-report removes none of its files
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("<html><title>my notes</title></html>")
+    (mine / "hist_all.png").write_bytes(b"my figure")
+    assert _bound([*base[:-1], mine, *(["--sweep", "1,2"] if sweep else []), "--no-report"]) == 0
+    assert (mine / "report.html").read_text() == "<html><title>my notes</title></html>"
+    assert (mine / "hist_all.png").read_bytes() == b"my figure"
 
 
 def test_a_sweep_s_shared_params_are_settings_and_each_level_has_its_own_account(files):
