@@ -667,10 +667,11 @@ def test_limits_suggested_by_refusals_are_accepted_as_printed(mp, C, N, T):
         try:
             call(refused)
         except ValueError as exc:
-            printed = re.search(pattern, str(exc)).groups()
+            message = str(exc)   # (exc is unbound after the except block)
+            printed = re.search(pattern, message).groups()
         else:
             continue  # this sigma is representable here (an NCC limit past float64's largest)
-        assert len(printed) == len(exact), str(exc)
+        assert len(printed) == len(exact), message
         for text, limit in zip(printed, exact):
             call(float(text))  # accepted as printed
             assert abs(mp.mpf(text) / limit - 1) < 1e-4, (text, limit)
