@@ -291,7 +291,7 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
     LSQR iteration counts and stop codes (P, i), and with ``keep_iterates`` the iterates
     ε(1) … ε(i) with their feature shifts ``z = a(θ+ε) − a(θ)`` in the model's dtype, as the
     restart step computed them (a list of ((P, p), (P, n)) copies, the last entry's ε the final
-    one itself; else empty): each earlier ε is a perturbation like the last, whose certified
+    one itself; else the last entry alone): each earlier ε is a perturbation like the last, whose certified
     bound ``bound(iterates="all")`` takes too; its z tells :func:`_screen_earlier` whether
     certifying it can raise any mode's bound, and the last z how far the model dtype's shifts
     stray from the certified ones.
@@ -358,6 +358,8 @@ def _chunk_perturbations(model, x, f0, z0, *, iterations, linearize_at, options,
             stuck = stuck | (znorm == 0)
         if keep_iterates:   # copies: no solver path may then reuse their storage
             earlier.append((xp.copy(eps) if j < iterations - 1 else eps, xp.copy(z)))
+        elif j == iterations - 1:   # the last shift alone: how far the model dtype's strayed (_dtype_drift)
+            earlier.append((eps, z))
     return eps, xp.stack(itns, axis=1), xp.stack(istops, axis=1), earlier
 
 
@@ -690,6 +692,33 @@ def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float) -> None
                         f"(relative); D is taken {_ROUNDING_BRACKET}x that far up, so their bounds are lower by up to "
                         f"~{_ROUNDING_BRACKET * worst:.1g} to stay below the exact ones: pass a sigma nearer the "
                         f"features' scale (hcrfast.rms_sigma(features, scale))")
+
+
+#: How far (relative) a restart's last shift in the model's dtype may stray from the certified
+#: float64 one before :func:`_dtype_drift` counts it: past it, the dtype's rounding of
+#: a(θ+ε) − a(θ) is a sizeable part of the z that set each next step's target.
+_DRIFT_LIMIT = 0.1
+
+
+def _dtype_drift(z, z64) -> tuple[int, float]:
+    """``(count, worst)`` of the rows whose shift ``z`` in the model's dtype strays from the
+    certified float64 shift ``z64`` by more than ``_DRIFT_LIMIT`` of ``‖z64‖``.
+
+    Algorithm 1 sets each next step's target from ``z`` (the restart step, in the model's dtype).
+    Where ``σ·size`` is small next to the features, that difference is mostly the dtype's rounding
+    of the features: the steps then follow rounding. Their certified bounds stay rigorous, but
+    they follow the rounding too: a linear float32 model's no longer scale with σ (some modes'
+    rose 11× over σ's scaling at 1e-4 of the features' RMS, others did not). The last shift
+    stands for the earlier ones: every step has the same size. One host read.
+    """
+    xp = get_array_module(z64)
+    z64 = z64.astype(xp.float64)
+    size = xp.sqrt(xp.sum(z64 * z64, axis=1))
+    dz = z.astype(xp.float64) - z64
+    stray = xp.where(size > 0, xp.sqrt(xp.sum(dz * dz, axis=1)) / xp.where(size > 0, size, 1.0), 0.0)
+    stray = xp.where(xp.isfinite(stray), stray, 0.0)
+    count, worst = to_host(xp.stack([xp.sum(stray > _DRIFT_LIMIT).astype(xp.float64), xp.max(stray)]))
+    return int(count), float(worst)
 
 
 _BLIND = "J = 0 here"  # how a zero-step reason names a blind example (counted by the warnings)
@@ -1841,11 +1870,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x),
-                                 first=earlier[0] if earlier else None)
+                                 first=earlier[0] if iterates == "all" and earlier else None)
             earlier_shifts = magnitude = slope = None
-            z_last = None
-            if earlier:
-                z_last = earlier.pop()[1]   # the last iterates' shifts in the model's dtype
+            z_last = earlier.pop()[1]   # the last iterates' shifts in the model's dtype
+            drift = (_dtype_drift(z_last, z64) if certify and iterations > 1 and batch.dtype != torch.float64
+                     else (0, 0.0))
             if earlier:  # iterates="all": ε(1) … ε(i−1) of every row, certified in one call
                 k, m = len(earlier), stop - start
                 # rows example-major, then iterate, then restart: (m, k, R) flattened, one copy each
@@ -1944,11 +1973,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             else:
                 again = None
             return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude,
-                    slope, singular_shifts)
+                    slope, singular_shifts, drift)
 
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
-             magnitude, slope, singular_shifts) = result
+             magnitude, slope, singular_shifts, drift) = result
             screened, singular_done = [0, 0, 0.0], [0, 0, 0.0, 0, 0]   # this chunk's accounts
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
@@ -2127,7 +2156,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         raise ValueError(divergence_underflow(noise, int(zd.sum())))
                     singular_inf = list(zip(*np.nonzero(inf_k)))
                     del es, zs
-                risky_of[start] = (int(to_host(risky.sum())), worst, extra_risky, extra_worst)
+                risky_of[start] = (int(to_host(risky.sum())), worst, extra_risky, extra_worst, *drift)
                 earlier_of[start] = screened + [m] if earlier_shifts is not None else None
                 singular_of[start] = singular_done if singular_shifts is not None else None
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
@@ -2197,10 +2226,13 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     passes[start:stop] = arrays.get("passes", -1)  # (a file from before they were counted)
                     reasons_of[start] = [str(r) for r in arrays["reasons"]]
                     zero_of[start] = [str(r) for r in arrays.get("zero_reasons", [])]
-                    # (restarts, worst, singular steps, their worst); files before 2026-11-30 hold 2, the
-                    # singular steps counted with the restarts
-                    n_risky, worst, n_sing, w_sing = (list(arrays.get("rounding", (0, 0.0))) + [0, 0.0])[:4]
-                    risky_of[start] = (int(n_risky), float(worst), int(n_sing), float(w_sing))
+                    # (restarts, worst, singular steps, their worst, restarts whose model-dtype shifts
+                    # strayed, the worst stray: _dtype_drift); files before 2026-11-30 hold 2, the singular
+                    # steps counted with the restarts, and before 2026-12-01 4, the strays not counted
+                    n_risky, worst, n_sing, w_sing, n_drift, w_drift = (
+                        list(arrays.get("rounding", (0, 0.0))) + [0, 0.0, 0, 0.0])[:6]
+                    risky_of[start] = (int(n_risky), float(worst), int(n_sing), float(w_sing), int(n_drift),
+                                       float(w_drift))
                     for name, of in (("earlier", earlier_of), ("singular", singular_of)):
                         of[start] = None if name not in arrays else [float(v) for v in arrays[name]]
                     if targets is not None:
@@ -2264,6 +2296,16 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         n_sing, w_sing = sum(r[2] for r in risky_of.values()), max((r[3] for r in risky_of.values()), default=0.0)
         _warn_rounding("restarts' steps", n_coarse, n_risky, worst)
         _warn_rounding("singular steps", 0, n_sing, w_sing)
+        n_drift = sum(r[4] for r in risky_of.values() if len(r) > 4)
+        if n_drift:
+            w_drift = max(r[5] for r in risky_of.values() if len(r) > 4)
+            validation.warn(f"{n_drift} restarts' last feature shifts a(theta+eps) - a(theta) in "
+                            f"{validation.dtype_name(batch.dtype)} strayed from the float64 ones by more than "
+                            f"{_DRIFT_LIMIT:g} of their size (up to {w_drift:.2g}): the model's rounding, more "
+                            f"than its shift, set Algorithm 1's next steps, so their bounds (certified in float64, "
+                            f"rigorous still) follow that rounding: they no longer scale with sigma and differ from "
+                            f"a float64 model's; a sigma * size nearer the features' scale, or a float64 model and "
+                            f"batch (model.double(), batch.double()), avoids it")
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "

@@ -90,3 +90,42 @@ def test_a_huge_step_nearly_in_the_null_space_counts_the_rounding_of_its_own_ter
         for k in range(len(eps)):
             if got[k] > 0:
                 assert mpmath.mpf(float(got[k])) >= d[k], k
+
+
+def _linear32(dtype=torch.float32):
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 80)).to(dtype).eval()
+
+
+def _drift_warnings(model, x, scale, **extra):
+    import warnings
+    with torch.no_grad():
+        sigma = scale * float(hcrfast.rms_sigma(model(x), 1.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = hcrfast.bound(model, x, sigma, **{**dict(restarts=3, iterations=2, solver="dense", singular_steps=0),
+                                                **extra})
+    return res, sigma, [str(w.message) for w in caught if "strayed from the float64 ones" in str(w.message)]
+
+
+def test_float32_steps_that_rounding_set_are_warned_of_and_stay_below_the_exact_bounds(tmp_path):
+    """At 1e-4 of the features' RMS, a float32 linear model's a(θ+ε) − a(θ) is mostly float32's rounding,
+    which then sets Algorithm 1's next steps (a mode's bound rose 11× over σ's scaling): said, and the
+    certified bounds stay at or below the exact least-squares std; at the RMS, in float64, or with one
+    iteration (no step follows a shift) nothing is said. A resume says it as the first call did."""
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    model = _linear32()
+    res, sigma, said = _drift_warnings(model, x, 1e-4)
+    assert len(said) == 1 and said[0].startswith("9 restarts' last feature shifts") and "float32" in said[0], said
+    A = model[1].weight.detach().double().numpy()
+    import scipy.fft
+    C = np.stack([scipy.fft.dctn(np.eye(64)[j].reshape(8, 8), norm="ortho").ravel() for j in range(64)], 1)
+    exact = sigma * np.sqrt(np.diag(C @ np.linalg.inv(A.T @ A) @ C.T)).reshape(1, 1, 8, 8)
+    assert (res.std <= exact * (1 + 1e-9)).all()
+    assert _drift_warnings(model, x, 1.0)[2] == []
+    assert _drift_warnings(_linear32(torch.float64), x.double(), 1e-4)[2] == []
+    assert _drift_warnings(model, x, 1e-4, iterations=1)[2] == []
+    first = _drift_warnings(model, x, 1e-4, checkpoint=tmp_path, chunk_size=1)[2]
+    again, _, said_again = _drift_warnings(model, x, 1e-4, checkpoint=tmp_path, chunk_size=1)
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+    assert said_again == first and first[0].split(" strayed")[0] == said[0].split(" strayed")[0]
