@@ -211,8 +211,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model, inputs and solver run (default cpu)")
     p.add_argument("--double", action="store_true",
-                   help="run the model and inputs in float64 (default: float32, or float64 where the weights are; "
-                        "float16 and bfloat16 weights run in float32, with a warning)")
+                   help="run the model and inputs in float64 (default: float32, or float64 where the weights are, "
+                        "the module's own or a float64 --weights file's; float16 and bfloat16 weights run in "
+                        "float32, with a warning)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="torch's CPU threads (and the host LAPACK threads of the dense and Krylov solves)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -463,6 +464,8 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
     """Load the state dict at ``path`` into ``model``, strictly; its path and SHA-256 (None without one)."""
     if path is None:
         return None
+    import torch
+
     from hcrfast import reproduce, zoo
 
     if not Path(path).exists():
@@ -478,6 +481,12 @@ def _load_weights(model, path, flag: str, spec: str) -> dict | None:
             [f"unexpected keys ({len(unexpected)}): {zoo._few(unexpected)}"] if unexpected else [])
         raise ValueError(f"{flag} {path}: does not fit {spec}: {'; '.join(parts)}; pass a state dict of that model "
                          f"(torch.save(model.state_dict(), PATH))")
+    stored = {t.dtype for t in state.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    own = {t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()}
+    if stored == {torch.float64} and own and own != {torch.float64}:
+        # "float64 where the weights are" (--double's help): the file's weights, which load_state_dict would
+        # round into the module's float32 tensors without a word
+        model.double()
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # size mismatches; torch lists them one per line after a title

@@ -1033,3 +1033,19 @@ def test_a_float16_model_is_run_in_float32_with_a_warning(files):
     with pytest.warns(UserWarning, match=r"the model's weights are float16: hcrfast bound runs a float32 copy"):
         assert _bound([f"{tmp_path / 'half.py'}:half", tmp_path / "x.pt", *TINY, "--out", tmp_path / "run"]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["params"]["dtype"] == "float32"
+
+
+def test_a_float64_weights_file_runs_in_float64(files):
+    """--double's help says runs are float64 where the weights are, but a float64 --weights file was loaded into
+    the module's float32 tensors, rounded, without a word (summary.json said float32). It runs in float64 now,
+    as the module made float64 does; a float32 file keeps float32."""
+    tmp_path, _ = files
+    net = _user_model(tmp_path)
+    torch.save({k: v.double() if v.is_floating_point() else v for k, v in net.state_dict().items()},
+               tmp_path / "w64.pt")
+    torch.save(net.state_dict(), tmp_path / "w32.pt")
+    for name, dtype in (("w64.pt", "float64"), ("w32.pt", "float32")):
+        out = tmp_path / f"run_{name}"
+        assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--weights", tmp_path / name,
+                       "--out", out]) == 0
+        assert json.loads((out / "summary.json").read_text())["params"]["dtype"] == dtype
