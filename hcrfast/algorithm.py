@@ -1462,7 +1462,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         rank, takes min(n, p), with a warning. ``mse``, ``eps``, ``z`` and ``best_restart`` stay Algorithm 1's;
         with ``targets``, ``std_algorithm1`` (what the targeted steps are weighed against) includes them.
         Default "auto": :data:`AUTO_SINGULAR_STEPS` (64, at most min(n, p)) where the solve is dense or
-        Krylov and the noise Gaussian, else 0; ``params["singular_steps"]`` says how many were taken.
+        Krylov and the noise Gaussian, else 0; ``params["singular_steps"]`` says how many were taken
+        (a dict: ``count``, the modes they lifted, their directions), None where none were.
         0: none, Algorithm 1 alone (with ``iterates="last"``, the paper's).
     keep_targeted_eps : bool
         Keep every targeted step ε_k in ``result.targeted.eps`` (B·K·p float64 values: 12 GB
