@@ -679,19 +679,26 @@ def _coarse_shifts(rel):
     return coarse, int(n_risky), worst
 
 
-def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float) -> None:
-    """The warnings for :func:`_coarse_shifts`' rows, ``what`` naming them ("restarts")."""
+def _damp_hint(damp: float) -> str:
+    """What the small-shift warnings add where LSQR's damping, not σ, made the steps small."""
+    return (f"; or a smaller LSQROptions(damp={damp:g}): the damping shrinks every eps toward 0, "
+            f"and with it the shifts" if damp > 0 else "")
+
+
+def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float, damp: float = 0.0) -> None:
+    """The warnings for :func:`_coarse_shifts`' rows, ``what`` naming them ("restarts"); ``damp``
+    LSQR's damping where Algorithm 1's steps were LSQR's."""
     if n_coarse:
         validation.warn(f"{n_coarse} {what} moved the features so little next to their size that float64's "
                         f"rounding of a(theta+eps) - a(theta) may move D by more than {_ROUNDING_LIMIT:g} (relative): "
                         f"D is not established and they bound nothing (0); pass a sigma nearer the features' scale "
-                        f"(hcrfast.rms_sigma(features, scale))")
+                        f"(hcrfast.rms_sigma(features, scale)){_damp_hint(damp)}")
     if n_risky:
         validation.warn(f"{n_risky} {what} moved the features so little next to their size that float64's rounding "
                         f"of a(theta+eps) - a(theta) may move D, and the bounds with it, by up to ~{worst:.1g} "
                         f"(relative); D is taken {_ROUNDING_BRACKET}x that far up, so their bounds are lower by up to "
                         f"~{_ROUNDING_BRACKET * worst:.1g} to stay below the exact ones: pass a sigma nearer the "
-                        f"features' scale (hcrfast.rms_sigma(features, scale))")
+                        f"features' scale (hcrfast.rms_sigma(features, scale)){_damp_hint(damp)}")
 
 
 #: How far (relative) a restart's last shift in the model's dtype may stray from the certified
@@ -2295,7 +2302,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # largest such estimate: in params["rounding"] beside the warning
         n_risky, worst = sum(r[0] for r in risky_of.values()), max((r[1] for r in risky_of.values()), default=0.0)
         n_sing, w_sing = sum(r[2] for r in risky_of.values()), max((r[3] for r in risky_of.values()), default=0.0)
-        _warn_rounding("restarts' steps", n_coarse, n_risky, worst)
+        damp = options.damp if solver == "lsqr" else 0.0
+        _warn_rounding("restarts' steps", n_coarse, n_risky, worst, damp)
         _warn_rounding("singular steps", 0, n_sing, w_sing)
         n_drift = sum(r[4] for r in risky_of.values() if len(r) > 4)
         if n_drift:
@@ -2312,7 +2320,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "
                             f"size (sigma * size too small next to the features), so D = 0 is rounding and they "
                             f"bound nothing (0); pass a sigma nearer the features' scale "
-                            f"(hcrfast.rms_sigma(features, scale)); see params['zero_step_reasons']")
+                            f"(hcrfast.rms_sigma(features, scale)){_damp_hint(damp)}; see params['zero_step_reasons']")
         if n_unresolved:
             validation.warn(f"{n_unresolved} restarts left the features exactly unchanged in uncertified "
                             f"{validation.dtype_name(batch.dtype)} forward passes (certify=False), which may have "

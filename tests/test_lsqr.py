@@ -321,3 +321,31 @@ def test_warm_start_stops_where_the_documented_tests_fire_on_scipys_estimates(at
     for k in range(B):
         want = _documented_warm_stop(A[k], b[k], x0[k], atol, btol, 400)
         assert res.istop[k] in (1, 2) and abs(int(res.itn[k]) - want) <= max(3, want // 10), (k, res.itn[k], want)
+
+
+def test_a_damping_that_shrinks_the_steps_to_rounding_is_named_in_the_warning():
+    """LSQROptions(damp=1e6) shrinks every eps toward 0: the restarts bound nothing, and the warning said to
+    pass a sigma nearer the features' scale, which sigma already was. It names the damping too now."""
+    import warnings
+
+    import torch
+
+    import hcrfast
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 1, 4, 4)
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x))
+
+    def said(damp):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = hcrfast.bound(model, x, sigma, lsqr=hcrfast.LSQROptions(damp=damp), solver="lsqr", restarts=2,
+                                iterations=2)
+        return res, [str(w.message) for w in caught if "so little next to their size" in str(w.message)]
+
+    res, messages = said(1e6)
+    assert (res.std == 0).all() and messages and all("LSQROptions(damp=1e+06)" in m for m in messages), messages
+    assert said(0.0)[1] == []
