@@ -324,6 +324,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     max_calls = validation.positive_int("max_calls", max_calls)
     if "sigma" in bound_kwargs:
         raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
+    _bound_keywords(sigma_for, bound_kwargs)
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sigma_for searches")
     if modes is not None:  # a bad spec is refused before any bound is computed
@@ -552,6 +553,7 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
                          f"units of sigma0, e.g. [0.5, 1, 2, 4])")
     if "sigma" in bound_kwargs:
         raise TypeError("sweep_sigma() got sigma=...: pass the noise levels as scales (and their unit as sigma0)")
+    _bound_keywords(sweep_sigma, bound_kwargs)
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sweep_sigma takes")
     sigmas, results, seconds, reused = [], [], [], []
@@ -576,6 +578,26 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
                       seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)
 
 
+def _bound_keywords(fn, bound_kwargs: dict) -> None:
+    """Refuses, before any bound is computed, a keyword that neither ``fn`` (:func:`sigma_for`,
+    :func:`sweep_sigma`) nor :func:`hcrfast.bound` takes, naming ``fn`` and both's keywords: bound's own
+    message, at the first call, named bound alone (``quantiles=`` came back without ``quantile`` in its list)."""
+    import inspect
+
+    from hcrfast.algorithm import bound
+
+    params = inspect.signature(bound).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):   # (bound wrapped, by a test say: it takes any)
+        return
+    taken = [name for name in params if name not in ("model", "batch", "sigma")]
+    unknown = [name for name in bound_kwargs if name not in taken]
+    if unknown:
+        own = [p.name for p in inspect.signature(fn).parameters.values() if p.kind != p.VAR_KEYWORD]
+        raise TypeError(f"hcrfast.{fn.__name__}(): got an unexpected keyword argument {unknown[0]!r}; its arguments "
+                        f"are {', '.join(own)}, and those it passes to hcrfast.bound: "
+                        f"{', '.join(name for name in taken if name not in own)}")
+
+
 def _reuse_budget(reuse_bytes, batch) -> int:
     """``reuse_bytes`` checked, or :func:`default_reuse_bytes` for ``batch``'s device where None."""
     if reuse_bytes is not None and (isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer))
@@ -585,12 +607,14 @@ def _reuse_budget(reuse_bytes, batch) -> int:
     return int(default_reuse_bytes(getattr(batch, "device", "cpu")) if reuse_bytes is None else reuse_bytes)
 
 
-def _profile(model, batch, sigma0, who: str):
+def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
     """``(profile, scalar)``: ``sigma0`` as float64 (a 0-d array where one std serves every feature),
-    checked positive and finite; None is the RMS of the clean features over the batch."""
+    checked positive and finite; None is the RMS of the clean features over the batch. Where it runs the model
+    (sigma0 None, or one std per feature), the model and batch are checked first as :func:`hcrfast.bound`
+    checks them (``basis``: its argument), so that its messages, not the forward's, name their faults."""
     from hcrfast import validation
     from hcrfast.algorithm import rms_sigma
-    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian
+    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian, detached
 
     if isinstance(sigma0, Gaussian) and not isinstance(sigma0, PerFeatureGaussian):
         sigma0 = sigma0.sigma   # hcrfast.Gaussian(s): the std s, as bound and dithered_accuracy read it
@@ -602,11 +626,12 @@ def _profile(model, batch, sigma0, who: str):
     if sigma0 is None:
         import torch
 
+        validation.model_and_batch(model, batch, basis)
         with torch.no_grad(), validation.eval_mode(model):   # the features bound() sees (no dropout, running stats)
             sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
     if hasattr(sigma0, "detach"):
         sigma0 = sigma0.detach().cpu().numpy()
-    profile = np.asarray(sigma0, dtype=np.float64)
+    profile = np.asarray(detached(sigma0), dtype=np.float64)   # (a list of tensors that require grad: their values)
     if not (np.all(np.isfinite(profile)) and np.all(profile > 0)) or profile.size == 0:
         raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
                          f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "
@@ -615,6 +640,7 @@ def _profile(model, batch, sigma0, who: str):
     if not scalar:  # checked here, where the message can name sigma0 (bound's would name its sigma)
         import torch
 
+        validation.model_and_batch(model, batch, basis)
         with torch.no_grad(), validation.eval_mode(model):
             shape = tuple(validation.features_of(model, batch, flat=False).shape[1:])
         n = int(np.prod(shape))
@@ -642,7 +668,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     checkpoint = validation.checkpoint_folder(checkpoint)
     validation.flag("progress", progress)
     reuse_bytes = _reuse_budget(reuse_bytes, batch)
-    profile, scalar = _profile(model, batch, sigma0, who)
+    profile, scalar = _profile(model, batch, sigma0, who, bound_kwargs.get("basis", "dct"))
     root = None if checkpoint is None else Path(checkpoint)
     whitened = None
     if not scalar and reuse_bytes and _reuses(batch, profile.size, bound_kwargs):

@@ -134,10 +134,16 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
 
 
 def _features(model, batch: torch.Tensor) -> torch.Tensor:
-    """The model's checked features of ``batch``, in its own shape, the model in eval mode."""
+    """The model's checked features of ``batch``, in its own shape, the model in eval mode: the model and batch
+    checked as :func:`hcrfast.bound` checks them first (basis "pixel": no DCT here, vector inputs are fine), but
+    for a bfloat16 batch, which bound refuses for its solver's arrays only (no solver runs here)."""
     from hcrfast import validation
 
-    validation.batch_tensor(batch)
+    if isinstance(batch, torch.Tensor) and batch.dtype == torch.bfloat16 and callable(model):
+        validation.check_batch(batch.float(), "pixel")   # (its shape, device and values, on a float32 copy)
+        validation.model_dtype_device(model, batch)
+    else:
+        validation.model_and_batch(model, batch, "pixel")
     with torch.no_grad(), validation.eval_mode(model):
         return validation.features_of(model, batch, flat=False)
 
@@ -188,6 +194,8 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                           for e in range(lo, hi)])                      # (examples, draws, n)
             noise = torch.as_tensor(z.reshape((-1,) + shape), dtype=feats.dtype, device=feats.device)
             noisy = feats[lo:hi].repeat_interleave(draws, dim=0) + noise
+            if not bool(torch.isfinite(noisy).all()):   # (the features are finite: the noise took them past the dtype)
+                raise _NoiseOverflow(profile, z, feats)
             copies = score(_outputs(head, noisy), reference[lo:hi].repeat_interleave(draws, dim=0),
                            None if targets is None else targets[lo:hi].repeat_interleave(draws, dim=0))
             total += copies.reshape(hi - lo, draws).sum(dim=0).cpu().numpy()
@@ -200,6 +208,27 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                    stderr=float(per_draw.std(ddof=1) / np.sqrt(draws)) if draws > 1 else 0.0,
                    draws=int(draws), examples=B, seed=int(seed), sigma=float(profile) if scalar else None,
                    sigma_rms=float(np.sqrt(np.mean(profile ** 2))), metric=score.name)
+
+
+class _NoiseOverflow(ValueError):
+    """The noisy features ``feats + σ·draw`` left the features' dtype (inf): no head's or metric's fault, so
+    not told as one (a head "not defined on every real input"). ``what``: the cause, without the fix."""
+
+    def __init__(self, profile: np.ndarray, z: np.ndarray, feats: torch.Tensor):
+        from hcrfast.validation import dtype_name
+
+        name = dtype_name(feats.dtype)
+        sigma = (f"sigma = {float(profile):.6g}" if profile.size == 1
+                 else f"one std per feature (the largest {float(profile.max()):.6g})")
+        self.float64 = feats.dtype == torch.float64
+        self.what = (f"the noisy features overflow {name}: with {sigma}, the noise draws reach "
+                     f"{float(np.abs(z).max()):.6g} and the features {float(feats.abs().max()):.6g}, and their sum "
+                     f"passes {name}'s largest value, {torch.finfo(feats.dtype).max:.6g} (inf, which no head or "
+                     f"metric can score)")
+        fix = ("pass a smaller sigma" if self.float64 else
+               "pass a smaller sigma, or run the model and batch in float64 (model.double(), batch.double()), whose "
+               "features hold noise up to 1.8e308")
+        super().__init__(f"{self.what}; {fix}")
 
 
 def _outputs(head, feats: torch.Tensor) -> torch.Tensor:
@@ -482,7 +511,21 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     utilities = []   # (scale, Utility) of the doubling run: where a floor begins
 
     def at(k: float) -> Utility:
-        u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
+        try:
+            u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
+        except _NoiseOverflow as exc:
+            # (only sigma0 itself or a doubling overflows: the halving and the bisection stay under a sigma tried)
+            if not history:
+                where, fix = "at sigma0, the first sigma it tries", "pass a smaller sigma0"
+            else:
+                where = (f"at {k:.6g} x sigma0, doubling sigma while the {score.name} kept the target {accuracy:g} "
+                         f"(it did up to {k / 2:.6g} x sigma0)")
+                fix = (f"pass a target above what noise alone gives (for accuracy, about chance): the {score.name} kept "
+                       f"this one at this much noise")
+            if not exc.float64:
+                fix += (", or run the model and batch in float64 (model.double(), batch.double()), whose features hold "
+                        "noise up to 1.8e308")
+            raise ValueError(f"sigma_for_accuracy: {where}, {exc.what}; {fix}") from None
         history.append({"scale": k, "dithered": u.dithered, "stderr": u.stderr})
         utilities.append((k, u))
         return u
@@ -586,7 +629,7 @@ def _scaled(k: float, unit: np.ndarray):
 
 
 def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
-    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian
+    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian, detached
 
     sigma = host_argument(name, sigma)
     if isinstance(sigma, Gaussian) and not isinstance(sigma, PerFeatureGaussian):
@@ -597,7 +640,7 @@ def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
     if hasattr(sigma, "detach"):
         sigma = sigma.detach().cpu().numpy()
     try:
-        given = np.asarray(sigma)
+        given = np.asarray(detached(sigma))   # (a list of tensors that require grad: their values, as one such tensor)
         if given.dtype.kind not in "iuf":   # strings ("0.5"), bools, complex, objects: not a std
             raise TypeError
         profile = given.astype(np.float64)

@@ -784,3 +784,59 @@ def test_a_sweeps_summary_prints_the_finite_bounds_quantiles_as_every_summary_do
         assert median > 0 and f" / {median:.4g} / " in line and quantile_line(std).strip() in line
         assert f"{int((std == 0).sum())} of {std.size} are 0, which bounds nothing" in line
         assert "median 0," not in line
+
+
+_TINY = dict(restarts=2, iterations=2)
+
+
+def _tiny_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).eval()
+
+
+@pytest.mark.parametrize("search", ["sigma_for", "sweep_sigma"])
+@pytest.mark.parametrize("model, batch, error, words", [
+    ("net", np.zeros((2, 1, 4, 4), dtype=np.float32), TypeError, "batch must be a torch.Tensor"),
+    ("net", torch.zeros(0, 1, 4, 4), ValueError, "batch is empty"),
+    ("net", torch.zeros(2, 1, 4, 4, dtype=torch.float64), TypeError, "the model's parameters are torch.float32 but "
+                                                                      "the batch is torch.float64"),
+    ("net", torch.zeros(2, 1, 4, 4, dtype=torch.int32), TypeError, "batch must be a real floating-point tensor"),
+    ("net", torch.zeros(16), ValueError, "batch must have a leading batch axis"),
+    (None, torch.zeros(2, 1, 4, 4), TypeError, "model must be a torch.nn.Module"),
+])
+def test_the_default_sigma0_checks_the_model_and_batch_as_bound_does_before_running_the_model(search, model, batch,
+                                                                                            error, words):
+    """With sigma0=None the searches ran the model on the batch for the features' RMS before any check: a NumPy
+    batch raised AttributeError (no .numel), an empty one IndexError, a float64 batch torch's dtype RuntimeError.
+    bound's own messages, as with sigma0 given."""
+    model = _tiny_net() if model == "net" else model
+    call = ((lambda **kw: hcrfast.sigma_for(model, batch, 0.1, max_calls=1, **kw)) if search == "sigma_for" else
+            (lambda **kw: hcrfast.sweep_sigma(model, batch, [1.0], **kw)))
+    with pytest.raises(error, match=words):
+        call(**_TINY)
+    with pytest.raises(error, match=words):   # a per-feature sigma0 runs the model for the features' shape too
+        call(sigma0=[0.1, 0.2, 0.3, 0.4], **_TINY)
+
+
+@pytest.mark.parametrize("search, typo, own", [("sigma_for", "quantiles", "quantile"),
+                                               ("sweep_sigma", "sigma00", "sigma0")])
+def test_a_mistyped_keyword_names_the_search_and_its_own_keywords(search, typo, own):
+    """sigma_for(quantiles=0.2) reached bound, whose message named hcrfast.bound() and listed bound's arguments
+    only, not sigma_for's quantile."""
+    model, x = _tiny_net(), torch.randn(2, 1, 4, 4)
+    args = (0.1,) if search == "sigma_for" else ([1.0],)
+    with pytest.raises(TypeError, match=rf"^hcrfast\.{search}\(\): got an unexpected keyword argument '{typo}'; "
+                                        rf"its arguments are model, batch, .*\b{own}\b.*hcrfast\.bound: size, "):
+        getattr(hcrfast, search)(model, x, *args, **{typo: 0.2}, **_TINY)
+
+
+def test_a_per_feature_sigma0_of_tensors_that_require_grad_is_taken_as_their_values():
+    """A list of 0-d tensors that require grad raised torch's "Can't call numpy() on Tensor that requires grad";
+    one tensor that requires grad is taken as its values (as bound takes it): so are they."""
+    model, x = _tiny_net(), torch.randn(2, 1, 4, 4)
+    stds = [0.125, 0.25, 0.375, 0.5]   # (float32 holds them: the tensors' values are these)
+    grads = [torch.tensor(s, requires_grad=True) for s in stds]
+    got = hcrfast.sweep_sigma(model, x, [1.0], sigma0=grads, reuse_bytes=0, **_TINY)
+    plain = hcrfast.sweep_sigma(model, x, [1.0], sigma0=stds, reuse_bytes=0, **_TINY)
+    np.testing.assert_array_equal(got.sigma0, np.array(stds))
+    np.testing.assert_array_equal(got.bounds[0].std, plain.bounds[0].std)

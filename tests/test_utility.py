@@ -568,3 +568,92 @@ def test_sweep_tables_and_figure_give_one_draw_no_standard_error(tmp_path):
         warnings.simplefilter("error")
         report._tradeoff_figure(tmp_path / "t.png", levels)
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def _small():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 4)).eval()
+    return model, torch.nn.Linear(4, 3).eval(), torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("model, batch, error, words", [
+    ("net", np.zeros((2, 1, 4, 4), dtype=np.float32), TypeError, "batch must be a torch.Tensor"),
+    ("net", torch.zeros(0, 1, 4, 4), ValueError, "batch is empty"),
+    ("net", torch.zeros(2, 1, 4, 4, dtype=torch.float64), TypeError,
+     "the model's parameters are torch.float32 but the batch is torch.float64"),
+    ("net", torch.zeros(2, 1, 4, 4, dtype=torch.bfloat16), TypeError,
+     "the model's parameters are torch.float32 but the batch is torch.bfloat16"),
+    ("net", torch.zeros(2, 1, 4, 4, dtype=torch.int32), TypeError, "batch must be a real floating-point tensor"),
+    ("net", torch.zeros(16), ValueError, "batch must have a leading batch axis"),
+    ("net", torch.full((2, 1, 4, 4), float("nan")), ValueError, r"batch contains NaN or inf in examples \[0, 1\]"),
+    (None, torch.zeros(2, 1, 4, 4), TypeError, "model must be a torch.nn.Module"),
+])
+def test_the_model_and_batch_are_checked_as_bound_checks_them(model, batch, error, words):
+    """dithered_accuracy and sigma_for_accuracy checked only that the batch was a non-empty tensor: a float64 or
+    bfloat16 batch for a float32 model, an int or 1-D batch and model=None reached the model (torch's raw
+    RuntimeError, IndexError, "'NoneType' object is not callable"). bound's messages now."""
+    net, head, _ = _small()
+    model = net if model == "net" else model
+    labels = torch.tensor([0, 2])
+    with pytest.raises(error, match=words):
+        hcrfast.dithered_accuracy(model, head, batch, labels, 0.1, draws=2)
+    with pytest.raises(error, match=words):
+        hcrfast.sigma_for_accuracy(model, head, batch, labels, 0.3, draws=2)
+
+
+def test_a_bfloat16_model_and_batch_still_run():
+    """bound refuses bfloat16 for its solver's arrays; the dithering runs no solver, and took a bfloat16 model
+    and batch before the checks: it still does, the features and noise in bfloat16."""
+    net, head, x = _small()
+    net, head, x = net.bfloat16(), head.bfloat16(), x.bfloat16()
+    labels = head(net(x)).argmax(1).detach()
+    got = hcrfast.dithered_accuracy(net, head, x, labels, 1e-3, draws=2)
+    assert got.clean == 1.0 and got.examples == 2
+
+
+@pytest.mark.parametrize("head", [None, "linear"])
+def test_noise_past_the_features_dtype_is_named_not_blamed_on_the_head(head):
+    """sigma = 1e39 on float32 features: the noise cast to float32 is inf, and the message said "the head gave
+    non-finite outputs ... pass a head defined on every real input" (with no head at all, head=None): a fix
+    that cannot work. It names sigma and the dtype now, and the float64 model that holds it."""
+    net, lin, x = _small()
+    with pytest.raises(ValueError, match=r"the noisy features overflow float32: with sigma = 1e\+39, .*largest value, "
+                                         r"3\.40282e\+38.*pass a smaller sigma, or run the model and batch in float64"):
+        hcrfast.dithered_accuracy(net, None if head is None else lin, x, None, 1e39, metric="cosine", draws=2)
+    # float64 features hold it: the cosine of noise 1e39 with the clean output, finite
+    net64 = net.double()
+    got = hcrfast.dithered_accuracy(net64, None if head is None else lin.double(), x.double(), None, 1e39,
+                                    metric="cosine", draws=2)
+    assert abs(got.dithered) < 1
+
+
+def test_a_search_that_doubles_sigma_past_the_features_dtype_says_where_and_why():
+    """sigma_for_accuracy from sigma0 = 1e37 doubled sigma while the accuracy kept a target below chance, until
+    the noise overflowed float32: the head was blamed ("non-finite outputs"). Now the search's own message: the
+    scale it reached, the overflow, and fixes that apply (a target above chance, float64); and at sigma0 itself,
+    a smaller sigma0."""
+    net, head, x = _small()
+    labels = head(net(x)).argmax(1).detach()
+    with pytest.raises(ValueError, match=r"^sigma_for_accuracy: at 16 x sigma0, doubling sigma while the accuracy "
+                                         r"kept the target 0\.1 \(it did up to 8 x sigma0\), the noisy features "
+                                         r"overflow float32: with sigma = 1\.6e\+38.*pass a target above what noise "
+                                         r"alone gives"):
+        hcrfast.sigma_for_accuracy(net, head, x, labels, 0.1, sigma0=1e37, draws=2)
+    with pytest.raises(ValueError, match=r"^sigma_for_accuracy: at sigma0, the first sigma it tries, the noisy "
+                                         r"features overflow float32: with sigma = 1e\+39.*pass a smaller sigma0"):
+        hcrfast.sigma_for_accuracy(net, head, x, labels, 0.1, sigma0=1e39, draws=2)
+
+
+def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_values():
+    """A list of 0-d tensors that require grad raised torch's "Can't call numpy() on Tensor that requires grad";
+    one such tensor is taken as its values (as bound takes it), and so is the list."""
+    net, head, x = _small()
+    stds = [0.125, 0.25, 0.375, 0.5]
+    grads = [torch.tensor(s, requires_grad=True) for s in stds]
+    labels = torch.tensor([0, 2])
+    assert (hcrfast.dithered_accuracy(net, head, x, labels, grads, draws=3)
+            == hcrfast.dithered_accuracy(net, head, x, labels, stds, draws=3))
+    found = hcrfast.sigma_for_accuracy(net, None, x, None, 0.9, sigma0=grads, draws=3, metric="cosine")
+    np.testing.assert_array_equal(found.sigma0, np.array(stds).reshape(found.sigma0.shape))
+
