@@ -41,7 +41,7 @@ __all__ = ["Gaussian", "Laplace", "MonteCarlo", "MonteCarloEstimate", "NoiseLaw"
 
 def _check_scale(name: str, value, hint: str = "pass the noise scale of the released features "
                                                 "(e.g. hcrfast.rms_sigma(features, 1.0))") -> float:
-    value = host_argument(name, value)
+    value = detached(host_argument(name, value))
     count = (value.numel() if isinstance(value, torch.Tensor) else
              np.size(value) if isinstance(value, (np.ndarray, list, tuple)) else 1)
     if count > 1:
@@ -53,20 +53,37 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
     # NumPy's bool has it too: neither is a scale.
     if (isinstance(value, (bool, np.bool_, complex, np.complexfloating))
             or not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}; {hint}")
     value = float(value)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}; {hint}")
     return value
 
 
+def detached(value):
+    """``value`` with the torch tensors in it (itself, or a sequence's items, nested) detached: NumPy reads no
+    tensor that requires grad (``np.asarray`` raises RuntimeError), and a std's or a shift's gradient is
+    nothing the noise uses (one tensor that requires grad is taken as its values: ``hcrfast.bound`` does)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)):
+        items = [detached(v) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    return value
+
+
 def _rows(z):
     """(xp, z as (B, n) float64) — the one reshaping convention of every law."""
     xp = get_array_module(z)
-    z = xp.asarray(z)
-    if z.ndim == 0:
-        raise ValueError("z must have a leading batch axis, shape (B, n); got a scalar. "
-                         "For one shift vector pass z[None]")
+    z = xp.asarray(detached(z))
+    if z.ndim < 2:
+        # a vector (n,) read as n rows of one coordinate gave n values of D, none of them the vector's
+        got = "a scalar" if z.ndim == 0 else f"one vector of shape {z.shape}"
+        raise ValueError(f"z must have a leading batch axis, shape (B, n); got {got}. For one shift vector "
+                         f"pass z[None]")
+    if z.dtype.kind == "c":   # (astype(float64) would drop the imaginary part with a mere ComplexWarning)
+        raise TypeError(f"z must hold real feature shifts, got dtype {z.dtype}; the features and their noise are "
+                        f"real: pass z.real where the imaginary part is 0")
     n = math.prod(z.shape[1:])   # (not -1: an empty batch (0, n) has rows of n all the same)
     return xp, z.reshape(z.shape[0], n).astype(xp.float64)
 
@@ -97,7 +114,9 @@ def divergence_of(noise, z):
     user's included), whose values are checked: a D that is NaN, negative or of the wrong shape would read
     as +inf, or pass as a bound, where it is the law's fault (the built-in Gaussian and Laplace laws give
     none from finite shifts, and are not read back for it)."""
-    d = noise.divergence(z)
+    # the built-in laws' D without their refusal of NaN shifts (a public call's mistake): the certified paths
+    # read a NaN D as a step that bounds nothing, as before
+    d = noise._divergence(z) if type(noise).divergence in _REFUSING_NAN else noise.divergence(z)
     if not isinstance(noise, (Gaussian, Laplace)):
         _check_divergence(noise, z, d)
     xp = get_array_module(d)
@@ -125,6 +144,19 @@ def _check_divergence(noise, z, d) -> None:
         raise ValueError(f"the noise law {name} returned D < 0 ({host.min():.3g}) for {int((host < 0).sum())} of "
                          f"{rows} rows; D = exp(chi-square divergence) - 1 is never negative: fix the law's "
                          f"divergence")
+
+
+def _refuse_nan(noise, d):
+    """``d``, the D of a built-in law, unless a row is NaN, which only a NaN shift gives there (an inf shift
+    gives D = inf; the sums are of squares or of non-negative terms): refused, as :class:`MonteCarlo` does."""
+    xp = get_array_module(d)
+    bad = xp.isnan(d)
+    if bool(bad.any()):
+        rows = np.flatnonzero(to_host(bad))
+        raise ValueError(f"z contains NaN in rows {rows[:10].tolist()}{' ...' if rows.size > 10 else ''}, where "
+                         f"{noise.describe().split(':')[0]} has no D; the shifts must be numbers (an inf shift "
+                         f"gives D = inf)")
+    return d
 
 
 @runtime_checkable
@@ -161,7 +193,10 @@ class Gaussian:
         object.__setattr__(self, "sigma", _check_scale("sigma", self.sigma))
 
     def divergence(self, z):
-        """``D`` for each row of ``z`` (B, n), in float64."""
+        """``D`` for each row of ``z`` (B, n), in float64; a NaN shift is refused."""
+        return _refuse_nan(self, self._divergence(z))
+
+    def _divergence(self, z):
         xp, z = _rows(z)
         # σ·σ, not σ**2: Python's float power raises OverflowError past 1e154. Where |z|² or σ² leaves
         # [2^-960, 2^960] their squares lose digits (subnormal) or overflow: those rows take (z/σ)² instead,
@@ -242,7 +277,10 @@ class Laplace:
         return xp.where(a < 1.0, xp.log1p(chi2_small), log_large)
 
     def divergence(self, z):
-        """``D`` for each row of ``z`` (B, n), in float64."""
+        """``D`` for each row of ``z`` (B, n), in float64; a NaN shift is refused."""
+        return _refuse_nan(self, self._divergence(z))
+
+    def _divergence(self, z):
         xp, z = _rows(z)
         return xp.expm1(self.log1p_chi2(z).sum(axis=1))
 
@@ -685,6 +723,10 @@ def _check_count(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+#: The laws' own ``divergence`` methods that refuse NaN shifts, which :func:`divergence_of` bypasses.
+_REFUSING_NAN = (Gaussian.divergence, Laplace.divergence)
+
+
 def as_noise(noise) -> NoiseLaw:
     """A noise law from ``noise``: a positive real ``sigma`` gives :class:`Gaussian`; a law is passed through.
 
@@ -728,14 +770,23 @@ class PerFeatureStd(torch.nn.Module):
     def forward(self, x):
         out = self.model(x)
         if self.shape is not None and tuple(out.shape[1:]) != self.shape:
-            raise ValueError(f"sigma has the shape {self.shape}, one std per feature, but the model's features have "
-                             f"the shape {tuple(out.shape[1:])}; pass stds of the features' shape, or flat")
+            raise _sigma_error(f"sigma has the shape {self.shape}, one std per feature, but the model's features "
+                               f"have the shape {tuple(out.shape[1:])}; pass stds of the features' shape, or flat")
         flat = out.reshape(out.shape[0], -1)
         if flat.shape[1] != self.stds.shape[0]:
-            raise ValueError(f"sigma holds {self.stds.shape[0]} stds, one per feature, but the model gives "
-                             f"{flat.shape[1]} features per example (shape {tuple(out.shape[1:])}); pass one std per "
-                             f"feature, or one number")
+            raise _sigma_error(f"sigma holds {self.stds.shape[0]} stds, one per feature, but the model gives "
+                               f"{flat.shape[1]} features per example (shape {tuple(out.shape[1:])}); pass one std "
+                               f"per feature, or one number")
         return flat / self.stds.to(flat.dtype)
+
+
+def _sigma_error(message: str) -> ValueError:
+    """The refusal of per-feature stds that do not fit the features, raised inside the forward pass: marked
+    (``hcrfast_argument``) so that :func:`hcrfast.validation.features_of` does not add its note that the
+    model raised it (the model is fine; sigma is not)."""
+    exc = ValueError(message)
+    exc.hcrfast_argument = True
+    return exc
 
 
 @dataclass(frozen=True)
@@ -763,7 +814,7 @@ def per_feature_stds(sigma):
         values = sigma.detach().to("cpu", torch.float64).numpy()
     elif isinstance(sigma, (np.ndarray, list, tuple)):
         try:
-            values = np.asarray(sigma)
+            values = np.asarray(detached(sigma))   # (a list of tensors that require grad, as one such tensor)
         except (TypeError, ValueError):
             return None
         if values.size <= 1:

@@ -366,7 +366,9 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
     try:
         out = forward(model, batch)
     except Exception as exc:
-        if hasattr(exc, "add_note"):  # Python >= 3.11: the error itself, with what it was given
+        # (Python >= 3.11: the error itself, with what it was given; not where hcrfast's own wrapper of the model
+        # refused an argument of the call, a per-feature sigma that does not fit the features, say)
+        if hasattr(exc, "add_note") and not getattr(exc, "hcrfast_argument", False):
             exc.add_note(f"hcrfast: the model raised this on its first forward pass over the batch, of shape "
                          f"{tuple(batch.shape)}, {dtype_name(batch.dtype)}, on {batch.device}: check that the model "
                          f"takes a batch of this shape, dtype and device")

@@ -651,3 +651,56 @@ def test_every_law_takes_a_tensor_and_an_empty_batch(law):
     z = np.array([[0.1, -0.2, 0.3], [0.0, 0.0, 0.4]])
     np.testing.assert_array_equal(law.divergence(torch.as_tensor(z)), law.divergence(z))
     assert law.divergence(np.zeros((0, 3))).shape == (0,)
+
+
+@pytest.mark.parametrize("law", [Gaussian(1.0), Laplace(1.0), MonteCarlo.from_scipy(stats.logistic(), n_samples=200)])
+def test_one_shift_vector_without_its_batch_axis_is_refused(law):
+    """A 1-D z of n values was read as n rows of one coordinate: Gaussian(1).divergence(ones(3)) gave
+    [1.718, 1.718, 1.718] where the vector's D is e^3 - 1 = 19.09. A scalar was refused already."""
+    with pytest.raises(ValueError, match=r"leading batch axis.*one vector of shape \(3,\).*pass z\[None\]"):
+        law.divergence(np.ones(3))
+    with pytest.raises(ValueError, match=r"leading batch axis.*a scalar"):
+        law.divergence(np.float64(1.0))
+    if not isinstance(law, MonteCarlo):
+        assert law.divergence(np.ones((1, 3)))[0] == pytest.approx(
+            math.expm1(3.0) if isinstance(law, Gaussian) else math.expm1(3 * math.log(2 / 3 * math.e + math.exp(-2) / 3)),
+            rel=1e-14)
+
+
+@pytest.mark.parametrize("law", [Gaussian(1.0), Laplace(1.0)])
+def test_nan_or_complex_shifts_are_refused_by_name(law):
+    """NaN z gave D = [nan] (MonteCarlo refuses it), complex z NumPy's ComplexWarning and then the real part's D."""
+    with pytest.raises(ValueError, match=r"z contains NaN in rows \[1\]"):
+        law.divergence(np.array([[0.1, 0.2], [np.nan, 0.1]]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # refused before any cast that warns
+        with pytest.raises(TypeError, match=r"z must hold real feature shifts, got dtype complex128"):
+            law.divergence(np.array([[1.0 + 1.0j, 1.0]]))
+    assert np.isposinf(law.divergence(np.array([[np.inf, 0.0]])))[0]   # an inf shift has D = inf, as before
+
+
+def test_a_scale_that_is_not_a_number_says_what_to_pass():
+    """Gaussian([1.0]) said "sigma must be a real number, got list" and no more (a list of tensors that require
+    grad raised torch's RuntimeError): the message says what to pass now."""
+    for value in ([0.5], "0.5", [torch.tensor(0.5, requires_grad=True)]):
+        with pytest.raises(TypeError, match=r"sigma must be a real number, got (list|str); pass the noise scale of "
+                                            r"the released features"):
+            Gaussian(value)
+    with pytest.raises(TypeError, match=r"sigma must be one number, got 2 values; for one std per feature pass"):
+        Gaussian([torch.tensor(0.5, requires_grad=True)] * 2)
+
+
+def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_values():
+    """bound, targeted_bound and the attack read a per-feature sigma through noise.per_feature_stds, which raised
+    torch's "Can't call numpy() on Tensor that requires grad" for a list of such tensors; one tensor that requires
+    grad was taken as its values, and now the list is too: the same bounds as the plain numbers'."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    stds = [0.125, 0.25, 0.375, 0.5]
+    grads = [torch.tensor(s, requires_grad=True) for s in stds]
+    kw = dict(restarts=2, iterations=2)
+    np.testing.assert_array_equal(hcrfast.bound(model, x, grads, **kw).std, hcrfast.bound(model, x, stds, **kw).std)
+    np.testing.assert_array_equal(hcrfast.gauss_newton_attack(model, x, grads, draws=2, steps=2).estimates,
+                                  hcrfast.gauss_newton_attack(model, x, stds, draws=2, steps=2).estimates)
