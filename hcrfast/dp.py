@@ -212,12 +212,37 @@ def _real_array(name: str, value) -> np.ndarray:
     return arr
 
 
+def _check_seed(seed):
+    """A seed of the Monte Carlo draws: a non-negative integer (NumPy's too) or a numpy.random.Generator.
+
+    ``None`` (fresh entropy from the OS, a different draw every call) is refused: the draws would not be
+    repeatable. A negative or fractional seed is refused here by name, not deep in NumPy."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be a non-negative integer or a numpy.random.Generator, got "
+                        f"{type(seed).__name__} {seed!r}; pass e.g. seed=0 (the draws are then repeatable)")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer or a numpy.random.Generator, got {seed}; "
+                         f"pass e.g. seed=0")
+    return int(seed)
+
+
 def _scalar_or_array(out: np.ndarray):
     return float(out) if out.ndim == 0 else out
 
 
 def _sci(log10_value: float) -> str:
-    """``10**log10_value`` written out (1e-320, 1.3e+154), also where float64 cannot hold it."""
+    """``10**log10_value`` written out (1e-320, 1.3e+154), also where float64 cannot hold it.
+
+    An exponent of more than nine digits is written as a power, ``10^(-8e+299)``: its digits in full would
+    run to hundreds, and past ~1e15 the digits of the mantissa are not those of the value. A log10 that
+    itself overflowed (inf) says only that the value is beyond ``10^(+-1.8e+308)``.
+    """
+    if not math.isfinite(log10_value):
+        return "10^(-1.8e+308) or less" if log10_value < 0 else "10^(1.8e+308) or more"
+    if abs(log10_value) >= 1e9:
+        return f"10^({log10_value:.3g})"
     exponent = math.floor(log10_value)
     mantissa = round(10.0 ** (log10_value - exponent), 2)
     if mantissa >= 10.0:
@@ -1043,8 +1068,9 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
         Empirical variance of the example's values.
     n_samples : int, optional
         Monte Carlo sample size; omitted, deterministic quadrature.
-    seed : int or numpy.random.Generator, optional
-        Seed of the Monte Carlo draws.
+    seed : int >= 0 or numpy.random.Generator
+        Seed of the Monte Carlo draws: required with ``n_samples``. Without ``n_samples`` nothing is
+        drawn and a seed (still checked) changes nothing: the quadrature is deterministic.
 
     Returns
     -------
@@ -1056,6 +1082,14 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
     beta = _check_beta(beta)
     variance = _check_nonneg("variance", variance, "variance of the example's values")
     x = _real_array("x", x)
+    if n_samples is not None:
+        n_samples = _check_count("n_samples", n_samples, "Monte Carlo sample size")
+        if seed is None:
+            raise TypeError("ncc_cdf with n_samples draws at random and needs seed= (a non-negative integer or a "
+                            "numpy.random.Generator) to be repeatable; pass e.g. seed=0, or drop n_samples for "
+                            "the deterministic quadrature")
+    if seed is not None:
+        seed = _check_seed(seed)
     # nc = beta sqrt(N Var(X)) / s from ratios of standard deviations: N Var(X) and Var(X) / s^2
     # may overflow where nc does not. Where nc itself exceeds float64, it is inf: r = 1 then.
     noise_sd = math.sqrt(_noise_var(sigma, C, T))
@@ -1071,7 +1105,6 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
             arg = slope.reshape(-1, 1) * root_w - nc
         cdf = special.ndtr(arg).mean(axis=1).reshape(x.shape)
     else:
-        n_samples = _check_count("n_samples", n_samples, "Monte Carlo sample size")
         rng = np.random.default_rng(seed)
         z = nc + rng.standard_normal(n_samples)
         root_w = np.sqrt(rng.chisquare(N - 2, n_samples))
@@ -1224,8 +1257,8 @@ def simulate_attack(images, *, sigma, C, T=1, seed) -> np.ndarray:
         One example per leading index.
     sigma, C : float
     T : int, default 1
-    seed : int or numpy.random.Generator
-        Seed of the noise.
+    seed : int >= 0 or numpy.random.Generator
+        Seed of the noise (required: the same seed gives the same reconstructions).
 
     Returns
     -------
@@ -1233,6 +1266,7 @@ def simulate_attack(images, *, sigma, C, T=1, seed) -> np.ndarray:
     """
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     flat = _images_2d("images", images)
+    seed = _check_seed(seed)
     noise_sd = C * (sigma / math.sqrt(T))
     if not math.isfinite(noise_sd):
         raise ValueError(

@@ -1093,3 +1093,45 @@ def test_tiny_rero_bound_for_large_n_is_refused_with_working_threshold(mp):
     eta_min = _message_number(r"pass eta >= (\S+) ", str(exc.value))
     got = dp.rero_mse(eta=eta_min, sigma=1.0, C=1.0, N=N)   # eta_min is printed to 5 digits, rounded up
     assert TINY <= got and got >= _exact_gammainc(mp, N / 2, N * eta_min / 2)
+
+
+@pytest.mark.parametrize("seed, error, said", [
+    (None, TypeError, r"seed must be a non-negative integer or a numpy\.random\.Generator, got NoneType None"),
+    (-1, ValueError, r"seed must be a non-negative integer or a numpy\.random\.Generator, got -1"),
+    (1.5, TypeError, r"seed must be .*got float 1\.5"),
+    (True, TypeError, r"seed must be .*got bool True"),
+])
+def test_a_seed_that_does_not_repeat_the_draws_is_refused_by_name(seed, error, said):
+    """simulate_attack's seed (required) and ncc_cdf's Monte Carlo seed: None drew fresh OS entropy (a new
+    answer each call), -1 and 1.5 failed deep in NumPy with messages that did not name seed."""
+    with pytest.raises(error, match=said):
+        dp.simulate_attack(np.ones((1, 4)), sigma=1.0, C=1.0, seed=seed)
+    if seed is not None:
+        with pytest.raises(error, match=said):
+            dp.ncc_cdf(0.5, sigma=1.0, C=1.0, N=16, variance=1.0, n_samples=100, seed=seed)
+        with pytest.raises(error, match=said):   # checked also where the quadrature draws nothing
+            dp.ncc_cdf(0.5, sigma=1.0, C=1.0, N=16, variance=1.0, seed=seed)
+    # NumPy's integers and Generators are seeds
+    a = dp.simulate_attack(np.ones((1, 4)), sigma=1.0, C=1.0, seed=np.int64(3))
+    assert np.array_equal(a, dp.simulate_attack(np.ones((1, 4)), sigma=1.0, C=1.0, seed=np.random.default_rng(3)))
+
+
+def test_ncc_cdf_monte_carlo_needs_a_seed_and_the_quadrature_ignores_one():
+    with pytest.raises(TypeError, match=r"ncc_cdf with n_samples draws at random and needs seed="):
+        dp.ncc_cdf(0.5, sigma=1.0, C=1.0, N=16, variance=1.0, n_samples=100)
+    kw = dict(sigma=1.0, C=1.0, N=16, variance=1.0)
+    assert dp.ncc_cdf(0.5, **kw, seed=3) == dp.ncc_cdf(0.5, **kw, seed=4) == dp.ncc_cdf(0.5, **kw)
+
+
+def test_a_tiny_rero_bound_with_a_huge_exponent_is_printed_as_a_power():
+    """At eta = 1e300 dB, x = 10^(-eta/10) (times O(1)) and P(N/2, x) ~ x^(N/2): log10 of the bound is
+    -8e299 for N = 16. _sci wrote all 300 digits of that exponent (a 563-character message); where the
+    exponent's log overflowed too (eta = 1e308) it raised OverflowError."""
+    with pytest.raises(ValueError, match=r"is about 10\^\(-8e\+299\), below float64's smallest") as exc:
+        dp.rero_psnr(eta=1e300, sigma=1.0, C=1.0, N=16)
+    assert len(str(exc.value)) < 300
+    with pytest.raises(ValueError, match=r"is about 10\^\(-1\.8e\+308\) or less, below float64's smallest"):
+        dp.rero_psnr(eta=1e308, sigma=1.0, C=1.0, N=16)
+    # exponents of up to nine digits are still written out in full: log10 P(N/2, N eta / 2) ~ (N/2) log10(eta)
+    with pytest.raises(ValueError, match=r"is about \d\.\d+e-2398, "):
+        dp.rero_mse(eta=1e-300, sigma=1.0, C=1.0, N=16)
