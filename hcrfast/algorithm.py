@@ -175,7 +175,17 @@ def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float,
         raise ValueError(f"pass sigma or noise, not both (got sigma={sigma!r} and noise={noise!r}); "
                          f"sigma=s is noise=hcrfast.Gaussian(s)")
     law = as_noise(validation.sigma_or_law(sigma) if noise is None else noise)
-    ids = np.asarray(example_ids if isinstance(example_ids, (np.ndarray, torch.Tensor)) else list(example_ids))
+    if not isinstance(example_ids, (np.ndarray, torch.Tensor)):
+        try:
+            example_ids = list(example_ids)
+        except TypeError:   # (a count such as 5 is not an id list: each id seeds its own example's stream)
+            count = (int(example_ids) if isinstance(example_ids, numbers.Integral)
+                     and not isinstance(example_ids, bool) and example_ids >= 0 else None)
+            raise TypeError(f"example_ids must be a sequence of non-negative integers, one id per example (each "
+                            f"seeds its example's stream), got {type(example_ids).__name__} {example_ids!r}; "
+                            + (f"for {count} examples pass range({count})" if count is not None
+                               else "pass e.g. range(B) for B examples")) from None
+    ids = np.asarray(example_ids)
     if ids.ndim != 1 or ids.size and ids.dtype.kind not in "iu":
         raise TypeError(f"example_ids must be a sequence of non-negative integers (each seeds its example's "
                         f"stream), got an array of shape {ids.shape} and dtype {ids.dtype}")

@@ -185,7 +185,8 @@ class AttackResult:
     @classmethod
     def load(cls, path) -> AttackResult:
         """The :class:`AttackResult` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
-        arrays, meta = load_npz(path, cls._FORMAT, "AttackResult.save")
+        arrays, meta = load_npz(path, cls._FORMAT, "AttackResult.save", arrays_needed=cls._ARRAYS,
+                                meta_needed=("params", "seconds"))
         return cls(**{k: arrays[k] for k in cls._ARRAYS}, params=meta["params"], seconds=meta["seconds"])
 
     def summary(self) -> str:
@@ -654,6 +655,42 @@ def _noise_law(text):
     return text
 
 
+def _real_host_array(values) -> np.ndarray | None:
+    """``values`` as a NumPy array of real numbers (host copy), or None where they are not that (strings,
+    booleans, ragged or nested lists of other things)."""
+    try:
+        arr = to_host(values)
+    except (TypeError, ValueError):   # a ragged list
+        return None
+    return arr if arr.dtype.kind in "iuf" else None
+
+
+def _short_value(value) -> str:
+    """``value`` for a message: an array by its dtype and shape, anything else by its repr, cut short."""
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return f"of dtype {value.dtype} and shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _quantile_levels(quantiles) -> list[float]:
+    """compare's quantile levels: one real number or a flat sequence of them (range checked by the caller)."""
+    single = isinstance(quantiles, numbers.Real) or (isinstance(quantiles, (np.ndarray, torch.Tensor))
+                                                     and quantiles.ndim == 0)
+    items = [quantiles] if single else quantiles
+    try:
+        items = None if isinstance(items, (str, bytes)) else list(items)
+    except TypeError:   # not iterable (None, an object)
+        items = None
+    if items is not None:
+        items = [q.item() if isinstance(q, (np.ndarray, torch.Tensor)) and q.ndim == 0 else q for q in items]
+    if items is None or any(isinstance(q, (bool, np.bool_)) or not isinstance(q, numbers.Real) for q in items):
+        raise TypeError(f"quantiles must be quantile levels in [0, 1]: a number or a flat sequence of numbers, "
+                        f"got {type(quantiles).__name__} {_short_value(quantiles)}; pass e.g. "
+                        f"quantiles=(0.05, 0.5, 0.95)")
+    return [float(q) for q in items]
+
+
 def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0.95)) -> dict:
     """Over all (example, mode) pairs: the distribution of ``attack.rmse / bound``.
 
@@ -707,7 +744,12 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     std = bounds.std if hasattr(bounds, "std") and not callable(bounds.std) else bounds  # arrays have .std()
     if isinstance(std, torch.Tensor):
         std = std.detach().cpu().numpy()
-    std = np.asarray(to_host(std), dtype=np.float64)
+    std = None if isinstance(std, (str, bytes)) or std is None else _real_host_array(std)
+    if std is None:   # (np.asarray would read a string as one value, or fail naming no argument)
+        raise TypeError(f"bounds must be an hcrfast.Bounds, hcrfast.TargetedBounds or an array of per-mode std "
+                        f"bounds, got {type(bounds).__name__} {_short_value(bounds)}; pass the result of "
+                        f"hcrfast.bound or hcrfast.targeted_bound on the attacked batch")
+    std = std.astype(np.float64)
     att = attack.to_numpy()
     if std.shape != att.rmse.shape:
         raise ValueError(f"Shape mismatch: bounds.std has shape {std.shape} but attack.rmse has {att.rmse.shape}; "
@@ -739,7 +781,7 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
         if k in b_params and k in attack.params and b_params[k] != attack.params[k]:
             raise ValueError(f"the bounds were computed with {b_params[k]} {what} per example, the attack with "
                              f"{attack.params[k]}: not the same model; compute both with one model and batch")
-    levels = [float(q) for q in np.atleast_1d(np.asarray(quantiles, dtype=np.float64))]
+    levels = _quantile_levels(quantiles)
     if any(not 0 <= q <= 1 for q in levels):
         raise ValueError(f"quantiles must lie in [0, 1], got {tuple(levels)}")
     if np.any(std < 0) or np.any(np.isnan(std)):

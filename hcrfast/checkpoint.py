@@ -52,15 +52,26 @@ def atomic_write_bytes(path: Path, write) -> None:
     one, or a stray temporary file; never a truncated ``path``.
     """
     path = Path(path)
-    if not path.parent.is_dir():  # else the error would name the temporary file
+    # (these are checked first: the errors of the writes below would name the temporary file)
+    if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist; create it first")
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; pass the path of a file (a name inside "
+                                f"{path}, say)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        try:
+            fh = open(tmp, "wb")
+        except OSError as exc:   # a folder that cannot be written, say
+            raise type(exc)(exc.errno, f"cannot write {path} ({exc.strerror})") from exc
+        with fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:   # what became of path while it was written (a folder made there, say)
+            raise type(exc)(exc.errno, f"cannot write {path} ({exc.strerror})") from exc
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -120,6 +131,25 @@ def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
     raise CheckpointMismatchError(f"{path} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
 
 
+def _kind(fmt) -> str | None:
+    """The call a checkpoint format names ("hcrfast.bound" of "hcrfast.bound checkpoint/6"), else None."""
+    if isinstance(fmt, str) and " checkpoint/" in fmt:
+        return fmt.rsplit(" checkpoint/", 1)[0]
+    return None
+
+
+def _check_kind(path: Path, stored, key: dict) -> None:
+    """Refuse plainly a folder that holds another kind of call's checkpoint (a hcrfast.bound folder given to
+    hcrfast.gauss_newton_attack, say): no call of this kind can resume it, and the entries where the two keys
+    differ (every argument the two calls do not share) would only bury that."""
+    ours = _kind(key.get("format"))
+    theirs = _kind(stored.get("format")) if isinstance(stored, dict) else None
+    if ours is None or theirs is None or theirs == ours:
+        return
+    raise CheckpointMismatchError(f"{path} holds an {theirs} checkpoint, which no {ours} call can resume; pass "
+                                  f"another checkpoint folder for this {ours} call (or delete {path} to start anew)")
+
+
 def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=1, default=str)
 
@@ -171,6 +201,7 @@ class Checkpoint:
             except (OSError, ValueError) as exc:
                 raise CheckpointMismatchError(f"{key_path} is unreadable ({exc}); delete {self.path} or pass "
                                               f"another checkpoint folder") from exc
+            _check_kind(self.path, stored, self.key)
             check_key(self.path, stored, self.key, fix)
         else:
             atomic_write_text(key_path, _json(self.key) + "\n")

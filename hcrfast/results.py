@@ -34,25 +34,57 @@ def save_npz(path, fmt: str, arrays: dict, meta: dict) -> None:
     atomic_savez(Path(path), meta=np.array(json.dumps(dict(meta, format=fmt), default=json_default)), **arrays)
 
 
-def load_npz(path, fmt: str, writer: str) -> tuple[dict, dict]:
-    """``(arrays, meta)`` of a file :func:`save_npz` wrote with ``fmt`` (by ``writer``, named in errors)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise ValueError(f"{path} is not a file written by {writer} ({exc})") from exc
+def load_npz(path, fmt: str, writer: str, *, arrays_needed=(), meta_needed=()) -> tuple[dict, dict]:
+    """``(arrays, meta)`` of a file :func:`save_npz` wrote with ``fmt`` (by ``writer``, named in errors), which
+    must hold the arrays ``arrays_needed`` and the ``meta`` entries ``meta_needed``."""
+    not_ours = f"{path} is not a file written by {writer}"
+    with open(path, "rb") as fh:
+        # np.load reads anything but an .npz or .npy archive as a pickle, and refuses it advising
+        # allow_pickle: not what a results file needs
+        magic = fh.read(6)
+        if magic.startswith(b"\x93NUMPY"):
+            raise ValueError(f"{not_ours}: it holds one NumPy array (.npy), not an hcrfast results file (an .npz "
+                             f"archive); read it with numpy.load")
+        if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+            raise ValueError(f"{not_ours}: it is not an hcrfast results file (those are NumPy .npz archives, this "
+                             f"is no archive); pass the path {writer} wrote to")
+        fh.seek(0)
+        try:
+            with np.load(fh, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise ValueError(f"{not_ours}: it is a damaged or foreign .npz archive ({exc})") from exc
     try:
         meta = json.loads(str(arrays.pop("meta")))
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{path} is not a file written by {writer} (no {fmt!r} header: {exc}); read it with "
                          f"numpy.load instead") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{not_ours}: its meta header is a JSON {type(meta).__name__}, not the object of an "
+                         f"hcrfast results file; read it with numpy.load")
     found = meta.get("format")
     if found != fmt:
         readers = {"hcrfast.Bounds/1": "hcrfast.Bounds.load", "hcrfast.TargetedBounds/1": "hcrfast.TargetedBounds.load",
                    "hcrfast.AttackResult/1": "hcrfast.AttackResult.load"}
         raise ValueError(f"{path} is not a file written by {writer} (its format is {found!r}, not {fmt!r}); "
                          + (f"read it with {readers[found]}" if found in readers else "read it with numpy.load"))
+    require(path, fmt, writer, arrays, arrays_needed, "arrays")
+    require(path, fmt, writer, meta, meta_needed, "meta header")
     return arrays, meta
+
+
+def malformed(path, fmt: str, writer: str, why: str) -> ValueError:
+    """The error for a file that says it is ``fmt`` but does not hold what ``writer`` writes."""
+    return ValueError(f"{path} is a malformed {fmt} file ({why}): {writer} did not write it so, or it was changed "
+                      f"since; write it again with {writer}")
+
+
+def require(path, fmt: str, writer: str, held, names, what: str) -> None:
+    """Refuse (:func:`malformed`) a file whose ``held`` (its arrays, or a meta dict) lacks any of ``names``."""
+    missing = [name for name in names if name not in held]
+    if missing:
+        raise malformed(path, fmt, writer, f"its {what} lack{'s' if what.endswith('header') else ''} "
+                                           f"{', '.join(map(repr, missing))}")
 
 
 #: What ``==`` on results leaves out, at any depth: wall times, and how the run went (examples read back from
@@ -304,14 +336,16 @@ class Bounds:
     @classmethod
     def load(cls, path) -> "Bounds":
         """The :class:`Bounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
-        arrays, meta = load_npz(path, _FORMAT, "Bounds.save")
+        arrays, meta = load_npz(path, _FORMAT, "Bounds.save", arrays_needed=cls._ARRAYS,
+                                meta_needed=("infinite_reasons", "params", "seconds", "targeted"))
         targeted = None
         if meta["targeted"] is not None:
             from hcrfast.targeted import TargetedBounds  # here: hcrfast.targeted imports this module's users
 
             prefix = "targeted."
-            targeted = TargetedBounds.from_arrays({k[len(prefix):]: v for k, v in arrays.items()
-                                                   if k.startswith(prefix)}, meta["targeted"])
+            t_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            TargetedBounds.check_fields(path, _FORMAT, "Bounds.save", t_arrays, meta["targeted"], "targeted ")
+            targeted = TargetedBounds.from_arrays(t_arrays, meta["targeted"])
         return cls(**{k: arrays[k] for k in cls._ARRAYS}, std_algorithm1=arrays.get("std_algorithm1"),
                    infinite_reasons=meta["infinite_reasons"], params=meta["params"], seconds=meta["seconds"],
                    targeted=targeted)

@@ -61,7 +61,8 @@ from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.operators import Transposed
-from hcrfast.results import counted, json_default, load_npz, quantile_line, same_result, save_npz, short_repr
+from hcrfast.results import (counted, json_default, load_npz, malformed, quantile_line, require, same_result, save_npz,
+                              short_repr)
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -326,7 +327,25 @@ class TargetedBounds:
         """The :class:`TargetedBounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
         arrays, meta = load_npz(path, cls._FORMAT, "TargetedBounds.save")
         meta.pop("format")
+        cls.check_fields(path, cls._FORMAT, "TargetedBounds.save", arrays, meta)
         return cls.from_arrays(arrays, meta)
+
+    #: The arrays every saved TargetedBounds holds (the others are None for one method or the other, or dropped).
+    _SAVED_ALWAYS = ("std", "targeted", "modes", "divergence", "infinite", "from_null_space")
+
+    @classmethod
+    def check_fields(cls, path, fmt: str, writer: str, arrays: dict, meta, what: str = "") -> None:
+        """Refuse (:func:`hcrfast.results.malformed`) the saved fields of targeted bounds that
+        :meth:`from_arrays` cannot make into one: arrays or ``method`` missing, other entries than fields."""
+        if not isinstance(meta, dict):
+            raise malformed(path, fmt, writer, f"its {what}meta entry is a JSON {type(meta).__name__}, not an object")
+        require(path, fmt, writer, arrays, cls._SAVED_ALWAYS, f"{what}arrays")
+        require(path, fmt, writer, meta, ("method",), f"{what}meta header")
+        fields = {f.name for f in dataclasses.fields(cls)} - set(cls._ARRAYS) - {"modes"}
+        unknown = sorted(set(meta) - fields)
+        if unknown:
+            raise malformed(path, fmt, writer, f"its {what}meta header holds entries that are not fields of "
+                                               f"TargetedBounds: {', '.join(map(repr, unknown))}")
 
     @classmethod
     def concatenate(cls, parts, xp=np) -> TargetedBounds:
@@ -736,6 +755,11 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     if shared and (progress or checkpoint is not None):
         raise ValueError("directions= are computed for the whole batch at once; progress= and checkpoint= "
                          "work in pieces of it: drop directions= or both of them")
+    if directions is not None and not isinstance(directions, DenseDirections):
+        raise TypeError(f"directions must be None (targeted_bound finds them) or an hcrfast.targeted.DenseDirections "
+                        f"(what hcrfast.bound passes from its dense solve), got {type(directions).__name__} "
+                        f"{directions!r}; to choose how the directions are found pass method= "
+                        f"({', '.join(map(repr, METHODS))})")
     batch = validation.model_and_batch(model, batch, basis)
     model, batch = validation.float32_for_float16(model, batch)
     input_shape = tuple(batch.shape[1:])

@@ -601,3 +601,26 @@ def test_start_mean_of_one_example_is_refused_and_compare_takes_one_quantile():
         hcrfast.compare(b, a, quantiles=1.5)
     # the share below 1 an efficient unbiased attacker would show against an exact bound: over one half
     assert one["fraction_below_1_efficient"] == pytest.approx(chi2.cdf(4, 4), rel=1e-12) and chi2.cdf(4, 4) > 0.5
+
+
+def test_compare_refuses_quantiles_and_bounds_that_are_not_numbers_by_name():
+    """quantiles=None read as NaN ("must lie in [0, 1], got (nan,)"), [[0.5]] raised a raw TypeError, '0.5'
+    was parsed as a number and (True,) became 1.0; compare("x", attack) raised "could not convert string to
+    float". Each is now refused naming the argument and what it takes."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 6, dtype=torch.float64)
+    a = hcrfast.gauss_newton_attack(m, x, 0.05, draws=2, steps=2, basis="pixel")
+    std = np.full(a.rmse.shape, 0.05)
+    for bad in (None, [[0.5]], "0.5", (True,), np.array([[0.5]]), (0.5, "0.9")):
+        with pytest.raises(TypeError, match=r"quantiles must be quantile levels in \[0, 1\]: a number or a flat "
+                                            r"sequence of numbers, got .*; pass e\.g\. quantiles="):
+            compare(std, a, quantiles=bad)
+    for bad in ("x", None, [["a", "b"]], np.ones(a.rmse.shape, dtype=bool)):
+        with pytest.raises(TypeError, match=r"bounds must be an hcrfast\.Bounds, hcrfast\.TargetedBounds or an "
+                                            r"array of per-mode std bounds, got "):
+            compare(bad, a)
+    # numbers of every kind still do: NumPy scalars and 0-d arrays, lists, tensors
+    levels = compare(std.tolist(), a, quantiles=[np.float32(0.5), np.array(0.25), 1])["quantiles"]
+    assert list(levels) == [0.5, 0.25, 1.0]
+    assert list(compare(torch.as_tensor(std), a, quantiles=torch.tensor([0.5]))["quantiles"]) == [0.5]

@@ -1836,3 +1836,11 @@ def test_the_eta_leaves_out_the_first_chunks_one_off_costs(monkeypatch):
     assert eta(10, 90) == pytest.approx(90.0)      # the first chunk's rate: nothing better yet
     assert eta(20, 80) == pytest.approx(8.0)       # 1 s per 10 since the first chunk, not 11 s per 20
     assert eta(30, 70) == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("ids, hint", [(5, r"for 5 examples pass range\(5\)"), (None, r"pass e\.g\. range\(B\)")])
+def test_start_vectors_refuses_a_count_for_the_example_ids_by_name(ids, hint):
+    """start_vectors(5, ...) failed with list(5)'s "'int' object is not iterable", naming no argument."""
+    with pytest.raises(TypeError, match=r"example_ids must be a sequence of non-negative integers.*" + hint):
+        hcrfast.start_vectors(ids, 2, 3, seed=0, size=0.01, sigma=1.0)
+    assert hcrfast.start_vectors(range(5), 2, 3, seed=0, size=0.01, sigma=1.0).shape == (10, 3)

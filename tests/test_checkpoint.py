@@ -1204,3 +1204,29 @@ def test_a_chunk_computed_again_in_a_gap_records_the_rows_it_was_computed_with(t
     assert not any("chunks of different sizes" in m for m in said), said
     assert_same(again, first)
     assert int(np.load(tmp_path / "chunk_000000004_000000005.npz")["chunk_size"]) == 2
+
+
+def test_a_folder_of_another_kind_of_call_is_refused_as_that(tmp_path):
+    """A hcrfast.bound checkpoint folder given to gauss_newton_attack was refused with ~20 differences of the
+    two calls' keys (iterates: 'all' -> 'last', ...) and "Make the same call ... to resume it", though no
+    attack call can resume it. Every pair of the three kinds of checkpointed call now says which kind the
+    folder holds and to pass another folder."""
+    model, x = relu_mlp(), batch(B=2)
+    calls = {
+        "bound": lambda ck: hcrfast.bound(model, x, 0.3, checkpoint=ck, iterations=1, restarts=1),
+        "targeted_bound": lambda ck: hcrfast.targeted_bound(model, x, 0.3, targets=[0, 1], checkpoint=ck),
+        "gauss_newton_attack": lambda ck: hcrfast.gauss_newton_attack(model, x, 0.3, draws=2, steps=1,
+                                                                      checkpoint=ck),
+    }
+    for first, make in calls.items():
+        make(tmp_path / first)
+        for second, other in calls.items():
+            if second == first:
+                continue
+            with pytest.raises(CheckpointMismatchError) as exc:
+                other(tmp_path / first)
+            said = str(exc.value)
+            assert said == (f"{tmp_path / first} holds an hcrfast.{first} checkpoint, which no hcrfast.{second} "
+                            f"call can resume; pass another checkpoint folder for this hcrfast.{second} call (or "
+                            f"delete {tmp_path / first} to start anew)"), said
+        make(tmp_path / first)   # the refusals left the folder to its own call, which still resumes it

@@ -1,5 +1,7 @@
 """Bounds.save / Bounds.load: every field survives the round trip, and foreign files are refused."""
 import dataclasses
+import json
+import re
 
 import numpy as np
 import pytest
@@ -257,3 +259,56 @@ def test_the_no_extra_steps_hint_states_what_auto_would_take_and_cost():
     text = hcrfast.bound(model, x, 0.1, restarts=1, iterations=1, singular_steps=0).summary()
     assert "singular_steps='auto' (16 of J's smallest singular directions" in text
     assert "two forward passes a direction" in text and "(64" not in text
+
+
+def test_result_file_errors_name_the_users_path_and_what_is_wrong(tmp_path):
+    """Bounds.save onto a folder raised IsADirectoryError naming the internal '.NAME.PID.tmp'; loading a text
+    file advised allow_pickle; an npz whose meta lacked fields raised KeyError: 'targeted', and one whose
+    meta was a JSON list AttributeError: 'list' object has no attribute 'get'."""
+    res = hcrfast.bound(mlp(), torch.randn(2, 1, 4, 4, dtype=torch.float64), 0.1, restarts=2, iterations=2,
+                        targets=[0, 1])
+    folder = tmp_path / "results"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"cannot write {re.escape(str(folder))}: it is a folder") as exc:
+        res.save(folder)
+    assert ".tmp" not in str(exc.value) and sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+    text = tmp_path / "text.npz"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match=r"is not a file written by Bounds\.save: it is not an hcrfast results "
+                                         r"file") as exc:
+        hcrfast.Bounds.load(text)
+    assert "pickle" not in str(exc.value)
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    with pytest.raises(ValueError, match=r"it holds one NumPy array \(\.npy\), not an hcrfast results file"):
+        hcrfast.Bounds.load(tmp_path / "one.npy")
+
+    res.save(tmp_path / "good.npz")
+    with np.load(tmp_path / "good.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != "meta"}
+    for meta, said in (({"format": "hcrfast.Bounds/1"}, r"is a malformed hcrfast\.Bounds/1 file \(its meta header "
+                                                         r"lacks 'infinite_reasons', 'params', 'seconds', 'targeted'\)"),
+                       (["hcrfast.Bounds/1"], r"is not a file written by Bounds\.save: its meta header is a JSON "
+                                              r"list, not the object of an hcrfast results file")):
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, meta=np.array(json.dumps(meta)), **arrays)
+        with pytest.raises(ValueError, match=re.escape(str(bad)) + " " + said):
+            hcrfast.Bounds.load(bad)
+    # the arrays too, and the targeted bounds' own fields
+    full = json.loads(str(np.load(tmp_path / "good.npz")["meta"]))
+    np.savez(bad, meta=np.array(json.dumps(full)), **{k: v for k, v in arrays.items() if k != "mse"})
+    with pytest.raises(ValueError, match=r"malformed hcrfast\.Bounds/1 file \(its arrays lack 'mse'\)"):
+        hcrfast.Bounds.load(bad)
+    np.savez(bad, meta=np.array(json.dumps(full)), **{k: v for k, v in arrays.items() if k != "targeted.std"})
+    with pytest.raises(ValueError, match=r"malformed hcrfast\.Bounds/1 file \(its targeted arrays lack 'std'\)"):
+        hcrfast.Bounds.load(bad)
+    res.targeted.save(tmp_path / "targeted.npz")
+    with np.load(tmp_path / "targeted.npz") as z:
+        t_arrays = {k: z[k] for k in z.files if k != "meta"}
+    np.savez(bad, meta=np.array(json.dumps({"format": "hcrfast.TargetedBounds/1", "method": "dense", "size": 1})),
+             **t_arrays)
+    with pytest.raises(ValueError, match=r"malformed hcrfast\.TargetedBounds/1 file \(its meta header holds entries "
+                                         r"that are not fields of TargetedBounds: 'size'\)"):
+        hcrfast.TargetedBounds.load(bad)
+    assert hcrfast.Bounds.load(tmp_path / "good.npz") == res    # what save wrote still reads back
+    assert hcrfast.TargetedBounds.load(tmp_path / "targeted.npz") == res.targeted

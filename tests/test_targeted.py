@@ -631,3 +631,13 @@ def test_a_call_read_back_from_its_checkpoint_says_its_phases_were_timed_by_an_e
                              "checkpoint (timed when an earlier call computed them): jacobian ")
     assert "total" not in phases and total == f"total {again.timings['total']:.2f}"
     np.testing.assert_array_equal(again.std, first.std)
+
+
+@pytest.mark.parametrize("directions", ["x", "dense", np.zeros((2, 1, 16))])
+def test_directions_that_are_not_dense_directions_are_refused_by_name(directions):
+    """directions='x' (a method's name, say) failed with "'str' object has no attribute 'method'"."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 4)).eval()
+    with pytest.raises(TypeError, match=r"(?s)directions must be None .* or an hcrfast\.targeted\.DenseDirections.*"
+                                        r"pass method= \('auto', 'dense', 'lsqr'\)"):
+        targeted_bound(model, torch.randn(2, 1, 4, 4), 0.1, directions=directions)
