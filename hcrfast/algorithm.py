@@ -717,24 +717,33 @@ def _warn_rounding(what: str, n_coarse: int, n_risky: int, worst: float, damp: f
 _DRIFT_LIMIT = 0.1
 
 
-def _dtype_drift(z, z64) -> tuple[int, float]:
-    """``(count, worst)`` of the rows whose shift ``z`` in the model's dtype strays from the
-    certified float64 shift ``z64`` by more than ``_DRIFT_LIMIT`` of ``‖z64‖``.
+def _dtype_drift(z, z64):
+    """Per row, how far the shift ``z`` in the model's dtype strays from the certified float64 shift
+    ``z64``, relative to ``‖z64‖`` (0 where ``z64`` is 0 or the stray not finite): a device array.
 
     Algorithm 1 sets each next step's target from ``z`` (the restart step, in the model's dtype).
     Where ``σ·size`` is small next to the features, that difference is mostly the dtype's rounding
     of the features: the steps then follow rounding. Their certified bounds stay rigorous, but
     they follow the rounding too: a linear float32 model's no longer scale with σ (some modes'
     rose 11× over σ's scaling at 1e-4 of the features' RMS, others did not). The last shift
-    stands for the earlier ones: every step has the same size. One host read.
+    stands for the earlier ones: every step has the same size. :func:`_drift_count` counts the
+    rows past ``_DRIFT_LIMIT`` whose bounds the result takes.
     """
     xp = get_array_module(z64)
     z64 = z64.astype(xp.float64)
     size = xp.sqrt(xp.sum(z64 * z64, axis=1))
     dz = z.astype(xp.float64) - z64
     stray = xp.where(size > 0, xp.sqrt(xp.sum(dz * dz, axis=1)) / xp.where(size > 0, size, 1.0), 0.0)
-    stray = xp.where(xp.isfinite(stray), stray, 0.0)
-    count, worst = to_host(xp.stack([xp.sum(stray > _DRIFT_LIMIT).astype(xp.float64), xp.max(stray)]))
+    return xp.where(xp.isfinite(stray), stray, 0.0)
+
+
+def _drift_count(stray, taken) -> tuple[int, float]:
+    """``(count, worst)`` of the rows of ``stray`` (:func:`_dtype_drift`, (m, R)) past ``_DRIFT_LIMIT``
+    among those ``taken`` (a bool (m, 1) or (m, R): the examples where Algorithm 1's bound is some
+    mode's largest, not the singular steps'): one host read."""
+    xp = get_array_module(stray)
+    past = (stray > _DRIFT_LIMIT) & taken
+    count, worst = to_host(xp.stack([xp.sum(past).astype(xp.float64), xp.max(xp.where(past, stray, 0.0))]))
     return int(count), float(worst)
 
 
@@ -1892,7 +1901,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             earlier_shifts = magnitude = slope = None
             z_last = earlier.pop()[1]   # the last iterates' shifts in the model's dtype
             drift = (_dtype_drift(z_last, z64) if certify and iterations > 1 and batch.dtype != torch.float64
-                     else (0, 0.0))
+                     else None)
             if earlier:  # iterates="all": ε(1) … ε(i−1) of every row, certified in one call
                 k, m = len(earlier), stop - start
                 # rows example-major, then iterate, then restart: (m, k, R) flattened, one copy each
@@ -2156,6 +2165,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     del e64, zz64
                 singular_inf = []   # +inf from a singular step: (example, step)
                 extra_risky, extra_worst = 0, 0.0   # singular steps whose D float64's rounding may move
+                # the examples whose result takes Algorithm 1's bound on some mode (all, without singular steps)
+                algorithm1_taken = xp.ones((m, 1), dtype=bool)
                 if singular_shifts is not None:
                     # J's smallest singular directions, certified: each mode takes the larger bound
                     es, zs, seconds, taken = singular_shifts
@@ -2166,6 +2177,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     singular_done[1] += int(to_host((top > std[start:stop]).sum()))
                     singular_done[2] += seconds
                     singular_done[3:] = [int(taken.sum()), int(taken.min())]
+                    algorithm1_taken = (std[start:stop] > top).reshape(m, -1).any(axis=1)[:, None]
                     std[start:stop] = xp.maximum(std[start:stop], top)
                     del pr, top
                     extra_risky, extra_worst = int(to_host(rk.sum())), w
@@ -2174,7 +2186,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         raise ValueError(divergence_underflow(noise, int(zd.sum())))
                     singular_inf = list(zip(*np.nonzero(inf_k)))
                     del es, zs
-                risky_of[start] = (int(to_host(risky.sum())), worst, extra_risky, extra_worst, *drift)
+                risky_of[start] = (int(to_host(risky.sum())), worst, extra_risky, extra_worst,
+                                   *((0, 0.0) if drift is None else
+                                     _drift_count(drift.reshape(m, restarts), algorithm1_taken)))
                 earlier_of[start] = screened + [m] if earlier_shifts is not None else None
                 singular_of[start] = singular_done if singular_shifts is not None else None
                 shifted = xp.any(z64 != 0, axis=1).reshape(m, restarts)
@@ -2320,11 +2334,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             w_drift = max(r[5] for r in risky_of.values() if len(r) > 4)
             validation.warn(f"{n_drift} restarts' last feature shifts a(theta+eps) - a(theta) in "
                             f"{validation.dtype_name(batch.dtype)} strayed from the float64 ones by more than "
-                            f"{_DRIFT_LIMIT:g} of their size (up to {w_drift:.2g}): the model's rounding, more "
-                            f"than its shift, set Algorithm 1's next steps, so their bounds (certified in float64, "
-                            f"rigorous still) follow that rounding: they no longer scale with sigma and differ from "
-                            f"a float64 model's; a sigma * size nearer the features' scale, or a float64 model and "
-                            f"batch (model.double(), batch.double()), avoids it")
+                            f"{_DRIFT_LIMIT:g} of their size (up to {w_drift:.2g}), at examples whose bounds take "
+                            f"theirs on some mode: the model's rounding, more than its shift, set Algorithm 1's "
+                            f"next steps, so those bounds (certified in float64, rigorous still) follow that "
+                            f"rounding: they no longer scale with sigma and differ from a float64 model's; a "
+                            f"sigma * size nearer the features' scale, or a float64 model and batch "
+                            f"(model.double(), batch.double()), avoids it")
         if n_rounded:
             validation.warn(f"{n_rounded} restarts left the float64 features exactly unchanged, but J eps is not "
                             f"0 (or the features move once eps is scaled up): their shifts are {_ROUNDED} against features of this "

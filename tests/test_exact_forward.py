@@ -112,7 +112,8 @@ def test_float32_steps_that_rounding_set_are_warned_of_and_stay_below_the_exact_
     """At 1e-4 of the features' RMS, a float32 linear model's a(θ+ε) − a(θ) is mostly float32's rounding,
     which then sets Algorithm 1's next steps (a mode's bound rose 11× over σ's scaling): said, and the
     certified bounds stay at or below the exact least-squares std; at the RMS, in float64, or with one
-    iteration (no step follows a shift) nothing is said. A resume says it as the first call did."""
+    iteration (no step follows a shift) nothing is said, nor where the singular steps give every bound. A
+    resume says it as the first call did."""
     x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     model = _linear32()
     res, sigma, said = _drift_warnings(model, x, 1e-4)
@@ -123,6 +124,11 @@ def test_float32_steps_that_rounding_set_are_warned_of_and_stay_below_the_exact_
     exact = sigma * np.sqrt(np.diag(C @ np.linalg.inv(A.T @ A) @ C.T)).reshape(1, 1, 8, 8)
     assert (res.std <= exact * (1 + 1e-9)).all()
     assert _drift_warnings(model, x, 1.0)[2] == []
+    # the defaults' singular steps (not iterated) give every mode's largest bound here, which scales with sigma:
+    # nothing to say
+    at_rms, _, none = _drift_warnings(model, x, 1.0, singular_steps="auto")
+    small, _, said_small = _drift_warnings(model, x, 1e-4, singular_steps="auto")
+    assert none == said_small == [] and np.allclose(small.std, 1e-4 * at_rms.std, rtol=1e-6)
     assert _drift_warnings(_linear32(torch.float64), x.double(), 1e-4)[2] == []
     assert _drift_warnings(model, x, 1e-4, iterations=1)[2] == []
     first = _drift_warnings(model, x, 1e-4, checkpoint=tmp_path, chunk_size=1)[2]
