@@ -1186,14 +1186,21 @@ def _krylov_params(steps, ranks, pilots: int, redone=None, passes=None, auto: bo
 
 
 def _basis_progress(start: int, stop: int, total: int, t_start: float):
-    """``progress=True``: a line every 256 basis steps (and the first and last)."""
-    last = [-256]
+    """``progress=True``: once a chunk's basis has run :data:`_PROGRESS_EVERY` seconds, a line every 256
+    steps or that many seconds, whichever comes first, and its last step where a line came before. A basis
+    built sooner prints nothing (the chunk's own line follows): the first and last steps of every basis
+    were printed, 3 lines a chunk, 150 for 400 examples in chunks of 8."""
+    began = time.perf_counter()
+    last = [0, began, False]   # steps and time of the last line, whether there was one
 
     def report(steps, active):
-        if steps - last[0] >= 256 or active == 0:
-            last[0] = steps
+        now = time.perf_counter()
+        due = (last[2] if active == 0 else
+               now - began >= _PROGRESS_EVERY and (steps - last[0] >= 256 or now - last[1] >= _PROGRESS_EVERY))
+        if due:
+            last[:] = [steps, now, True]
             print(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} still running "
-                  f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+                  f"({now - t_start:.1f} s)", file=sys.stderr)
     return report
 
 
@@ -1250,12 +1257,14 @@ class _Eta:
     def __init__(self, t_first: float):
         self.t_first = t_first
         self.mark = None   # (time, examples) at the end of the first chunk
+        self.first = True  # whether the last estimate was the first chunk's (one-off costs in: likely high)
 
     def __call__(self, computed: int, left: int) -> float:
         now = time.perf_counter()
         if self.mark is None:
             self.mark = (now, computed)
-        if computed > self.mark[1]:
+        self.first = computed <= self.mark[1]
+        if not self.first:
             return (now - self.mark[0]) / (computed - self.mark[1]) * left
         return (now - self.t_first) / computed * left
 
@@ -1265,7 +1274,8 @@ def _progress_line(who: str, done: str, t_start: float, eta: _Eta, computed: int
     the time per example of the ``computed`` examples to the ``to_compute − computed`` left."""
     left = to_compute - computed
     seconds = eta(computed, left)
-    eta_text = f", ETA {seconds:.0f} s" if left else ""
+    eta_text = (f", ETA {seconds:.0f} s" + (" (from the first chunk, which holds the call's one-off costs)"
+                                            if eta.first else "") if left else "")
     print(f"{who}: {done} done ({time.perf_counter() - t_start:.1f} s{eta_text})", file=sys.stderr)
 
 

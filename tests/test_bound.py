@@ -1844,3 +1844,45 @@ def test_start_vectors_refuses_a_count_for_the_example_ids_by_name(ids, hint):
     with pytest.raises(TypeError, match=r"example_ids must be a sequence of non-negative integers.*" + hint):
         hcrfast.start_vectors(ids, 2, 3, seed=0, size=0.01, sigma=1.0)
     assert hcrfast.start_vectors(range(5), 2, 3, seed=0, size=0.01, sigma=1.0).shape == (10, 3)
+
+
+def test_quick_krylov_bases_print_no_lines_of_their_own(capsys):
+    """progress=True printed each basis' first and last steps, 3 lines a chunk (150 for 400 examples in chunks
+    of 8): a chunk's line alone now, where its basis is built within _PROGRESS_EVERY seconds."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).eval()
+    hcrfast.bound(model, torch.randn(6, 1, 4, 4), 0.1, restarts=2, iterations=1, solver="krylov", chunk_size=2,
+                  progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert not [line for line in lines if "Krylov basis" in line], lines
+    assert sum("done" in line for line in lines) == 3, lines
+
+
+def test_a_slow_krylov_basis_says_how_far_it_got_and_where_it_ended(monkeypatch, capsys):
+    """Past _PROGRESS_EVERY seconds a basis prints every 256 steps or that many seconds, and its last step."""
+    from hcrfast import algorithm
+
+    clock = iter([0.0, 1.0, 11.0, 12.0, 13.0, 30.0, 31.0])
+    monkeypatch.setattr(algorithm.time, "perf_counter", lambda: next(clock))
+    report = algorithm._basis_progress(0, 4, 8, 0.0)   # began at 0
+    report(10, 4)     # 1 s: nothing yet
+    report(20, 4)     # 11 s: the first line
+    report(100, 4)    # 12 s: neither 256 steps nor 10 s since
+    report(276, 2)    # 13 s: 256 steps since
+    report(300, 1)    # 30 s: 10 s since
+    report(310, 0)    # 31 s: the last step, after lines before
+    steps = [line.split("Krylov basis ")[1].split(" steps")[0] for line in capsys.readouterr().err.splitlines()]
+    assert steps == ["20", "276", "300", "310"]
+
+
+def test_the_first_eta_says_it_holds_the_one_off_costs(monkeypatch, capsys):
+    from hcrfast import algorithm
+
+    clock = iter([0.0, 10.0, 10.0, 11.0, 11.0])
+    monkeypatch.setattr(algorithm.time, "perf_counter", lambda: next(clock))
+    eta = algorithm._Eta(algorithm.time.perf_counter())
+    algorithm._progress_line("hcrfast", "examples 10/100", 0.0, eta, 10, 100)
+    algorithm._progress_line("hcrfast", "examples 20/100", 0.0, eta, 20, 100)
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.endswith("ETA 90 s (from the first chunk, which holds the call's one-off costs))"), first
+    assert second.endswith("ETA 8 s)"), second
