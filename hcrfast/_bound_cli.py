@@ -283,7 +283,7 @@ def _load_object(spec: str, what: str, wanted: str):
     if not sep or not where or not name:
         raise ValueError(f"{what} {spec!r}: pass 'path/to/file.py:NAME' or 'package.module:NAME' (NAME: {wanted})")
     if where.endswith(".py") or os.sep in where or "/" in where:
-        path = Path(where)
+        path = Path(where).expanduser()   # (--head=~/h.py:Head: the shell leaves ~ after =)
         if not path.is_file():
             raise FileNotFoundError(f"{what} {spec!r}: no Python file at {path.resolve()}")
         module_name = "_hcrfast_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
@@ -523,6 +523,76 @@ def _check_out_kind(out: Path, kind: str) -> None:
                          f"or delete {out} to start anew")
 
 
+#: The list, in OUT, of the files the last hcrfast command (bound, reproduce) wrote there: a rerun removes or
+#: replaces those alone, never a file of the user's that has one of their names (an --out of `.`).
+OUTPUTS_LIST = ".hcrfast-outputs.json"
+
+
+def _listed_outputs(out: Path) -> set | None:
+    """The files OUTPUTS_LIST names, None where OUT has none (a fresh OUT, or one of an hcrfast from before
+    the list, or a list damaged from outside: its own signs say then)."""
+    try:
+        listed = json.loads((out / OUTPUTS_LIST).read_text())["files"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return {str(n) for n in listed} if isinstance(listed, list) else None
+
+
+def outputs_of_earlier(out: Path, known: tuple, signs: tuple, title: str | None = None) -> set:
+    """The files in OUT that an earlier hcrfast command wrote: those OUTPUTS_LIST names; in an OUT of an hcrfast
+    from before the list, ``known`` (names, or glob patterns) where one of ``signs`` (names or patterns) is
+    there (a checkpoint only hcrfast writes: chunks/key.json, run.json), and the report files where
+    report.html's title is ``title`` (a page only hcrfast writes)."""
+    listed = _listed_outputs(out)
+    if listed is not None:
+        return listed
+    if not out.is_dir():
+        return set()
+    found = {str(p.relative_to(out)) for n in known for p in out.glob(n) if p.is_file()}
+    if any(next(out.glob(s), None) is not None for s in signs):
+        return found
+    page = out / "report.html"
+    if title is not None and page.is_file() and f"<title>{title}" in page.read_text(errors="replace"):
+        return {n for n in found if n == "report.html" or n.endswith(".png")}
+    return set()
+
+
+def check_outputs(out: Path, planned, known: tuple, signs: tuple, title: str | None = None,
+                  rank: int = 0) -> set:
+    """Refuse, before anything is computed, an OUT that holds a file at one of the names this command writes
+    (``planned``) that no earlier hcrfast command wrote there: it is the user's, and would be written over.
+    Returns what earlier commands wrote (removed or replaced by this one's results). Rank 0 writes the list in
+    an OUT that had none, so that a run failing after its first checkpoint file leaves the user's files the
+    user's (an OUT of an hcrfast from before keeps the files its signs make hcrfast's)."""
+    earlier = outputs_of_earlier(out, known, signs, title)
+    theirs = sorted(n for n in planned if (out / n).exists() and n not in earlier)
+    if theirs:
+        raise ValueError(f"--out {out}: holds {', '.join(theirs)}, which this command writes and which no hcrfast "
+                         f"command wrote there; pass another --out, or move {'them' if len(theirs) > 1 else 'it'}")
+    if rank == 0 and out.is_dir() and _listed_outputs(out) is None:
+        write_outputs(out, earlier)
+    return earlier
+
+
+def write_outputs(out: Path, files) -> None:
+    """OUTPUTS_LIST: ``files`` (paths relative to OUT), written atomically. Before the results are written it
+    names the earlier command's and this one's (a crash between leaves no file of ours unlisted), after them
+    this command's alone."""
+    from hcrfast.checkpoint import atomic_write_text
+
+    atomic_write_text(out / OUTPUTS_LIST, json.dumps({"writer": "hcrfast", "files": sorted(set(files))}, indent=1)
+                      + "\n")
+
+
+def replace_outputs(out: Path, earlier, written) -> None:
+    """After this command's results: remove what the earlier command wrote and this one did not (an attack no
+    longer asked for, the report with --no-report), and list this command's files alone."""
+    for name in sorted(set(earlier) - set(written)):
+        if (out / name).is_file():
+            (out / name).unlink()
+    write_outputs(out, written)
+
+
 def shell_fix(exc: Exception, out: Path, parents: tuple = ("",)) -> Exception:
     """A checkpoint refusal of one sigma of a command-line sweep, worded for the shell: the checkpoint
     (hcrfast.checkpoint, hcrfast.reproduce) tells a Python caller to pass another checkpoint folder or to
@@ -543,6 +613,15 @@ def shell_fix(exc: Exception, out: Path, parents: tuple = ("",)) -> Exception:
     for note in getattr(exc, "__notes__", None) or ():
         fixed.add_note(note)
     return fixed
+
+
+def expand_user(args, *dests) -> None:
+    """``~`` in these path options of ``args``: the shell expands it at a word's start only, so that
+    ``--out=~/runs`` would otherwise make a folder named ``~`` in the working directory."""
+    for dest in dests:
+        value = getattr(args, dest, None)
+        if value is not None:
+            setattr(args, dest, os.path.expanduser(os.fspath(value)))
 
 
 def _positive(name, value):
@@ -617,10 +696,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from hcrfast import _repro_cli, algorithm, reproduce, validation
     from hcrfast.calibrate import scale_folder
-    from hcrfast.checkpoint import CheckpointMismatchError
+    from hcrfast.checkpoint import CheckpointMismatchError, atomic_write_text
     from hcrfast.results import json_default
 
     t_start = time.perf_counter()
+    expand_user(args, "out", "inputs", "weights", "sigma_file", "labels", "head_weights")
     for flag, value in (("--examples", args.examples), ("--iterations", args.iterations),
                         ("--restarts", args.restarts), ("--chunk-size", args.chunk_size), ("--threads", args.threads),
                         ("--attack", args.attack), ("--attack-steps", args.attack_steps),
@@ -691,6 +771,8 @@ def _run(args: argparse.Namespace) -> int:
             if args.examples > len(x):
                 raise ValueError(f"--examples {args.examples}: {args.inputs} holds {len(x)} inputs")
             x = x[:args.examples]
+        earlier = check_outputs(out, _planned_outputs(args, scales, metric, x.dim()), _BOUND_KNOWN,
+                                _BOUND_SIGNS, "hcrfast bound", rank)
         for flag, value in (("--targets", args.targets), ("--target-modes", args.target_modes)):
             if value is not None:  # against the inputs' shape now, named as the flag (bound would say targets=)
                 from hcrfast.targeted import parse_targets
@@ -785,17 +867,23 @@ def _run(args: argparse.Namespace) -> int:
             except CheckpointMismatchError as exc:
                 raise shell_fix(exc, out, ("sweep_chunks",)) from None
         elif args.target_std is None:
-            res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
+            try:
+                res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
+            except CheckpointMismatchError as exc:   # worded for the shell: another --out, or delete OUT/chunks
+                raise shell_fix(exc, out, ("chunks",)) from None
         else:
             from hcrfast.calibrate import sigma_for
 
-            search = sigma_for(model, x, args.target_std, sigma0=sigma,
-                               quantile=0.5 if args.quantile is None else args.quantile,
-                               statistic=args.statistic or "std", modes=args.target_modes,
-                               rtol=0.05 if args.rtol is None else args.rtol,
-                               max_calls=8 if args.max_calls is None else args.max_calls,
-                               reuse_bytes=reuse_bytes,
-                               checkpoint=out / "calibration", **bound_kwargs)
+            try:
+                search = sigma_for(model, x, args.target_std, sigma0=sigma,
+                                   quantile=0.5 if args.quantile is None else args.quantile,
+                                   statistic=args.statistic or "std", modes=args.target_modes,
+                                   rtol=0.05 if args.rtol is None else args.rtol,
+                                   max_calls=8 if args.max_calls is None else args.max_calls,
+                                   reuse_bytes=reuse_bytes,
+                                   checkpoint=out / "calibration", **bound_kwargs)
+            except CheckpointMismatchError as exc:   # (each call's folder is OUT/calibration/scale_K)
+                raise shell_fix(exc, out, ("calibration",)) from None
             res, sigma = search.bounds, search.sigma
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
                          sigma=search.sigma if np.ndim(search.sigma) == 0 else None, scale=search.scale)
@@ -817,8 +905,6 @@ def _run(args: argparse.Namespace) -> int:
                                                        chunk_size=args.chunk_size, progress=progress,
                                                        checkpoint=folder))
                 except CheckpointMismatchError as exc:
-                    if sweep is None:
-                        raise
                     raise shell_fix(exc, out, ("attack_chunks",)) from None
         utilities = []
         if metric is not None and rank == 0:
@@ -847,15 +933,14 @@ def _run(args: argparse.Namespace) -> int:
                            "labels_sha256": None if args.labels is None else reproduce._sha256_file(Path(args.labels)),
                            "metric": args.metric or "accuracy"}
     versions = {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__}
+    # listed before they are written: a crash between leaves none of this command's files unlisted
+    write_outputs(out, earlier | _planned_outputs(args, scales, metric, x.dim()))
     if sweep is not None:
-        return _write_sweep(out, args, summary, sweep, attacks, utilities, versions, t_start)
+        return _write_sweep(out, args, summary, sweep, attacks, utilities, versions, t_start, earlier)
 
     h = res.to_numpy()
-    for name, made in (("attack.npz", bool(attacks)), ("sigma.npy", np.ndim(sigma) != 0 and (
-            search is not None or accuracy_search is not None))):
-        if not made:   # an earlier command's in this OUT (another --attack, search or accuracy): not this one's
-            (out / name).unlink(missing_ok=True)
     res.save(out / "bounds.npz")
+    written = {"bounds.npz", "summary.json"}
     summary.update(_numbers(res, args.targets))
     summary.update(wall_seconds=time.perf_counter() - t_start,
                    params=json.loads(json.dumps(res.params, default=json_default)), versions=versions)
@@ -866,13 +951,15 @@ def _run(args: argparse.Namespace) -> int:
             "value": search.statistic, "scale": search.scale, "note": search.note, "history": search.history,
             "reuse_bytes": search.reuse_bytes, "sigma_file": None}
         if np.ndim(search.sigma) != 0:  # one std per feature: the stds found, beside the results
-            np.save(out / "sigma.npy", np.asarray(search.sigma, dtype=np.float64))
+            _save_npy(out / "sigma.npy", search.sigma)
+            written.add("sigma.npy")
             summary["calibration"]["sigma_file"] = str(out / "sigma.npy")
     attack = attacks[0] if attacks else None
     if attack is not None:
         from hcrfast.attack import compare
 
         attack.save(out / "attack.npz")
+        written.add("attack.npz")
         summary["attack"] = dict(compare(res, attack), steps=args.attack_steps, start=args.attack_start)
     if utilities:
         summary["utility"] = utilities[0].to_dict()
@@ -883,15 +970,16 @@ def _run(args: argparse.Namespace) -> int:
                                       "above_accuracy": None if a.above is None else a.above.dithered,
                                       "note": a.note, "history": a.history, "sigma_file": None}
         if np.ndim(a.sigma) != 0:  # one std per feature: the stds found, beside the results
-            np.save(out / "sigma.npy", np.asarray(a.sigma, dtype=np.float64))
+            _save_npy(out / "sigma.npy", a.sigma)
+            written.add("sigma.npy")
             summary["accuracy_search"]["sigma_file"] = str(out / "sigma.npy")
-    (out / "summary.json").write_text(_strict_json(summary) + "\n")
+    atomic_write_text(out / "summary.json", _strict_json(summary) + "\n")
     report = None
     if not args.no_report:
         from hcrfast.report import write_bound_report
 
         report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
-    _remove_stale_report(out, report)
+    replace_outputs(out, earlier, written | _report_files(report))
     if search is not None:
         print(search.summary())
     if accuracy_search is not None:
@@ -955,21 +1043,47 @@ _REPORT_FILES = ("report.html", "hist_all.png", "bound_modes.png", "bound_images
                  "tradeoff.png")
 
 
-def _remove_stale_report(out: Path, report) -> None:
-    """Remove the report files an earlier command wrote in OUT and this one did not (all of them with
-    --no-report; a figure this report leaves out, such as tradeoff.png without --head, otherwise): a page or a
-    figure left from the last command would show another run's numbers (a sweep's old sigmas) beside these."""
+#: What `hcrfast bound` writes in OUT (its report's files: _REPORT_FILES); in an OUT of an hcrfast from before
+#: OUTPUTS_LIST, these are hcrfast's where one of _BOUND_SIGNS (checkpoints only hcrfast writes) is there.
+_BOUND_KNOWN = ("bounds.npz", "summary.json", "attack.npz", "sigma.npy", *_REPORT_FILES, "sweep/sweep.json",
+                "sweep/sigma0.npy", "sweep/scale_*/bounds.npz", "sweep/scale_*/attack.npz")
+_BOUND_SIGNS = ("chunks/key.json", "calibration", "sweep_chunks")
+
+
+def _planned_outputs(args, scales, metric, input_dims: int) -> set:
+    """The files this `hcrfast bound` command writes in OUT (paths relative to it), as its arguments and the
+    inputs' number of axes (with the batch's) tell before anything is computed."""
+    from hcrfast.calibrate import scale_folder
+
+    searched = args.target_std is not None or args.min_accuracy is not None
+    if scales is None:
+        files = {"bounds.npz", "summary.json"} | ({"attack.npz"} if args.attack is not None else set()) | (
+            {"sigma.npy"} if args.sigma_file is not None and searched else set())
+        figures = {"hist_all.png"} | ({"bound_modes.png", "bound_images.png"}
+                                      if args.basis == "dct" and input_dims >= 3 else set())
+    else:
+        files = {"summary.json", "sweep/sweep.json"} | ({"sweep/sigma0.npy"} if args.sigma_file is not None else set())
+        for k in scales:
+            files |= {f"sweep/{scale_folder(k)}/bounds.npz"} | (
+                {f"sweep/{scale_folder(k)}/attack.npz"} if args.attack is not None else set())
+        figures = {"bounds_vs_sigma.png"} | ({"tradeoff.png"} if metric is not None else set())
+    return files if args.no_report else files | {"report.html"} | figures
+
+
+def _report_files(report) -> set:
+    """The files the report at ``report`` (None: no report) wrote: the page and the figures it shows."""
     import re
 
-    old = out / "report.html"
-    if report is None and old.exists() and "<title>hcrfast bound</title>" not in old.read_text(errors="replace"):
-        return   # not a page hcrfast bound wrote (an --out the user also keeps other files in): nothing is ours
-    written = set()
-    if report is not None:
-        written = {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text())}
-    for name in _REPORT_FILES:
-        if name not in written:
-            (out / name).unlink(missing_ok=True)
+    if report is None:
+        return set()
+    return {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text())}
+
+
+def _save_npy(path: Path, stds) -> None:
+    """One std per feature, float64, written atomically (np.load reads it)."""
+    from hcrfast.checkpoint import atomic_write_bytes
+
+    atomic_write_bytes(path, lambda fh: np.save(fh, np.asarray(stds, dtype=np.float64)))
 
 
 def _shared_params(params: dict) -> dict:
@@ -987,15 +1101,16 @@ def _own_params(params: dict) -> dict:
 
 
 def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities: list, versions: dict,
-                 t_start: float) -> int:
+                 t_start: float, earlier: set) -> int:
     """``hcrfast bound --sweep``'s results: OUT/sweep/scale_K/bounds.npz (and attack.npz) per sigma,
     summary.json with one entry per sigma, the report with the curve of the bounds against sigma."""
     from hcrfast.attack import compare
+    from hcrfast.calibrate import scale_folder
+    from hcrfast.checkpoint import atomic_write_text
     from hcrfast.results import json_default
 
-    from hcrfast.calibrate import scale_folder
-
     sweep.save(out / "sweep")  # hcrfast.SigmaSweep.load(OUT/sweep) reads it all back
+    written = {"sweep/sweep.json"} | ({"sweep/sigma0.npy"} if np.ndim(sweep.sigma0) != 0 else set())
     levels = []
     for i, (k, sig, res) in enumerate(zip(sweep.scales.tolist(), sweep.sigmas, sweep.bounds)):
         folder = out / "sweep" / scale_folder(k)
@@ -1006,10 +1121,10 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
                  "read_back_examples": (res.params.get("checkpoint") or {}).get("examples_read_back", 0),
                  "rounding": res.params.get("rounding"),
                  "params": json.loads(json.dumps(_own_params(res.params), default=json_default))}
-        if not attacks:   # an earlier command's at this scale (--attack no longer asked for): not this one's
-            (folder / "attack.npz").unlink(missing_ok=True)
+        written.add(f"sweep/{scale_folder(k)}/bounds.npz")
         if attacks:
             attacks[i].save(folder / "attack.npz")
+            written.add(f"sweep/{scale_folder(k)}/attack.npz")
             with warnings.catch_warnings(record=True) as caught:  # said again below, with their sigma
                 warnings.simplefilter("always")
                 compared = compare(res, attacks[i])
@@ -1026,13 +1141,14 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
                         "levels": levels}
     summary.update(wall_seconds=time.perf_counter() - t_start,
                    params=json.loads(json.dumps(shared, default=json_default)), versions=versions)
-    (out / "summary.json").write_text(_strict_json(summary) + "\n")
+    atomic_write_text(out / "summary.json", _strict_json(summary) + "\n")
+    written.add("summary.json")
     report = None
     if not args.no_report:
         from hcrfast.report import write_sweep_report
 
         report = write_sweep_report(out, json.loads((out / "summary.json").read_text()))
-    _remove_stale_report(out, report)
+    replace_outputs(out, earlier, written | _report_files(report))
     print(sweep.summary())
     for i, level in enumerate(levels):
         print(f"  scale {level['scale']:g}: bounds {level['bounds']}"

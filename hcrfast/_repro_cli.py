@@ -152,6 +152,9 @@ def check_targets_flag(targets, flag: str = "--targets") -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hcrfast._bound_cli import expand_user
+
+    expand_user(args, "out", "weights", "data")
     check_targets_flag(args.targets)
     # run() warns about a randomly initialized ImageNet model and also prints a banner; the
     # command line shows the banner only.
@@ -170,6 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{args.name}{'_limit' if args.limit else ''}{'_sweep' if args.sweep is not None else ''}"))
     if out.is_dir():
         _check_out_kind(out, "reproduce_sweep" if args.sweep is not None else "reproduce")
+    _check_outputs(args, out)
     saved_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -184,6 +188,30 @@ def _run(args: argparse.Namespace) -> int:
         print(f"bounds: {result.bounds_path}")
         print(f"summary: {result.summary_path}")
     return 0
+
+
+#: What `hcrfast reproduce --sweep` writes in its OUT beside each sigma's run folder (scale_K, a run each)
+_SWEEP_OUTPUTS = ("sweep.json", "report.html", "bounds_vs_sigma.png", "tradeoff.png")
+
+
+def _check_outputs(args: argparse.Namespace, out: Path) -> None:
+    """Refuse, before anything runs, an OUT (and with --sweep each sigma's run folder in it) that holds a file
+    of the user's where the run writes one (hcrfast._bound_cli.check_outputs)."""
+    import os
+
+    from hcrfast._bound_cli import check_outputs
+    from hcrfast.calibrate import scale_folder
+
+    rank = int(os.environ.get("RANK", "0"))
+    runs = [out]
+    if args.sweep is not None:
+        from hcrfast._bound_cli import sweep_scales
+
+        check_outputs(out, _SWEEP_OUTPUTS, _SWEEP_OUTPUTS, ("scale_*/run.json",), "hcrfast reproduce ", rank)
+        runs = [out / scale_folder(k) for k in sweep_scales(args.sweep)]
+    for folder in runs:
+        check_outputs(folder, reproduce.REPRODUCE_OUTPUTS, reproduce.REPRODUCE_OUTPUTS, ("run.json",),
+                      "hcrfast reproduce ", rank)
 
 
 def _reproduce(args: argparse.Namespace):
@@ -267,8 +295,13 @@ def _sweep(args: argparse.Namespace) -> int:
                "published_sigma_scale": published, "rms": levels[0]["sigma"] / levels[0]["sigma_scale"],
                "lowfreq": zoo.published_parameters(args.name)["lowfreq"], "levels": levels}
     root.mkdir(parents=True, exist_ok=True)
+    from hcrfast._bound_cli import _listed_outputs, write_outputs
+
+    # listed as hcrfast's before they are written (the OUT was checked for the user's files at their names)
+    write_outputs(root, (_listed_outputs(root) or set()) | set(_SWEEP_OUTPUTS))
     atomic_write_text(root / "sweep.json", json.dumps(summary, indent=1) + "\n")
     page = write_reproduce_sweep_report(root, summary)
+    write_outputs(root, _SWEEP_OUTPUTS)
     print(f"{args.name}: {len(levels)} sigmas (x {base:g} x RMS {summary['rms']:.6g}):")
     for lv in levels:
         print(f"  scale {lv['scale']:g} (sigma {lv['sigma']:.6g}): median bound {lv['std']['q50']:.6g}, "

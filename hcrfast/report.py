@@ -553,7 +553,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     page = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>hcrfast reproduce {e(s['experiment'])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
             + "\n".join(body) + "\n</body>\n</html>\n")
-    path.write_text(page, encoding="utf-8")
+    from hcrfast.checkpoint import atomic_write_text
+
+    atomic_write_text(Path(path), page)
     return path
 
 
@@ -788,9 +790,11 @@ def _write_bound_page(out: Path, body: list, figures: list, title: str = "hcrfas
     body = body + ["<h2>Figures</h2>"]
     for name, caption in figures:
         body.append(f'<figure><img src="{e(name)}" alt="{e(name)}"><figcaption>{e(caption)}</figcaption></figure>')
+    from hcrfast.checkpoint import atomic_write_text
+
     path = out / "report.html"
-    path.write_text(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>"
-                    f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    atomic_write_text(path, f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>"
+                            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
     return path
 
 

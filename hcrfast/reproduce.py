@@ -187,6 +187,13 @@ def _positive_float(name: str, value, flag: str) -> float:
     return v
 
 
+#: What a run writes in its OUT once its chunks are done (``hcrfast reproduce`` refuses an OUT holding a file
+#: of the user's at one of these names); in an OUT of an hcrfast from before OUTPUTS_LIST, these are hcrfast's
+#: where run.json is there.
+REPRODUCE_OUTPUTS = ("bounds.npz", "summary.json", "report.html", "hist_all.png", "hist_lowfreq.png",
+                     "reconstructions.png", "bound_images.png", "bound_modes.png")
+
+
 # ----------------------------------------------------------------------------------------
 # weights
 
@@ -920,6 +927,11 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     if singular_steps:  # as hcrfast.bound's params give it (Bounds.summary reads it)
         params["singular_steps"] = dict(count=int(singular_steps), **(singular_lifted or {}))
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
+    # listed as hcrfast's before they are written (`hcrfast reproduce` refused an OUT holding a file of the
+    # user's at one of these names): a crash between leaves none of them unlisted
+    from hcrfast._bound_cli import _listed_outputs, write_outputs
+
+    write_outputs(out, (_listed_outputs(out) or set()) | set(REPRODUCE_OUTPUTS))
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
     reasons = [f"example {e}, restart {r}: {_algorithm.INFINITE_REASON}" for e, r in infinite.tolist()]
     if targets is not None:  # and the modes whose +inf their targeted step gave, as hcrfast.bound names them
@@ -1051,6 +1063,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     summary["outputs"] = {"bounds": bounds_path.name, "report": report_path.name, "figures": figures}
     atomic_write_text(summary_path, _json_str(summary) + "\n")
     _report.write_html(report_path, summary, figures)
+    write_outputs(out, {bounds_path.name, summary_path.name, report_path.name, *(f["file"] for f in figures.values())})
     _say(progress, f"{tag}: done in {_duration(time.perf_counter() - t_start)}; "
                    f"median bound {_fmt_or_inf(summary['bounds']['q50'])}"
                    + (f" ({summary['bounds']['zero']:,} of {std.size:,} bounds are 0, which bounds nothing: see "

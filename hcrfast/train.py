@@ -333,6 +333,9 @@ def add_subparser(subparsers) -> None:
 
 
 def _run_cli(args) -> int:
+    from hcrfast._bound_cli import expand_user
+
+    expand_user(args, "out", "data_root")
     result = train(
         args.name,
         data_root=args.data_root,

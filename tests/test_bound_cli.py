@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -683,12 +684,11 @@ def test_a_rerun_with_no_report_removes_the_last_report(files, sweep):
     assert _bound([*base, *sweep]) == 0
     figures = ["bounds_vs_sigma.png"] if sweep else ["bound_images.png", "bound_modes.png", "hist_all.png"]
     assert all((out / f).is_file() for f in ["report.html", *figures])
-    (out / "tradeoff.png").write_bytes(b"an older command's figure")
+    (out / "tradeoff.png").write_bytes(b"the user's own figure")   # no hcrfast command wrote it: kept
     assert _bound([*base, *(["--sweep", "1,2"] if sweep else []), "--no-report"]) == 0
-    assert not [f for f in ["report.html", "tradeoff.png", *figures] if (out / f).exists()]
-    (out / "tradeoff.png").write_bytes(b"an older command's figure")
+    assert not [f for f in ["report.html", *figures] if (out / f).exists()]
     assert _bound([*base, *(["--sweep", "1,2"] if sweep else [])]) == 0
-    assert (out / "report.html").is_file() and not (out / "tradeoff.png").exists()
+    assert (out / "report.html").is_file() and (out / "tradeoff.png").read_bytes() == b"the user's own figure"
     # an --out that also holds a page hcrfast did not write: --no-report removes none of its files
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -1049,3 +1049,112 @@ def test_a_float64_weights_file_runs_in_float64(files):
         assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--weights", tmp_path / name,
                        "--out", out]) == 0
         assert json.loads((out / "summary.json").read_text())["params"]["dtype"] == dtype
+
+
+def test_files_of_the_user_s_at_the_output_names_are_refused_before_computing_and_never_removed(files, capsys):
+    """--out . among the user's own files: a file at a name the command writes is refused (named, with the
+    fix) before anything is computed; the rest of the user's files are neither removed nor replaced, with or
+    without --no-report, --attack, a search or a sweep."""
+    tmp_path, _ = files
+    model, x = f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt"
+    out = tmp_path / "mine"
+    out.mkdir()
+    np.save(tmp_path / "stds.npy", np.full(16, 0.3))
+    mine = {"attack.npz": b"mine", "sigma.npy": b"mine", "hist_all.png": b"mine", "summary.json": b'{"mine": 1}',
+            "tradeoff.png": b"mine", "report.html": b"<title>my notes</title>"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    base = [model, x, *TINY, "--sigma", "0.3", "--examples", "2", "--out", out]
+    report = [a for a in base if a != "--no-report"]
+    for argv, names in ((base, "summary.json"),
+                        ([*base, "--attack", "2"], "attack.npz, summary.json"),
+                        ([*base, "--sweep", "1,2"], "summary.json"),
+                        ([*report, "--sweep", "1,2", "--metric", "cosine"], "report.html, summary.json, tradeoff.png")):
+        assert _bound(argv) == 2, argv
+        assert (f"--out {out}: holds {names}, which this command writes and which no hcrfast command wrote there; "
+                f"pass another --out, or move") in capsys.readouterr().err
+    argv = [model, x, *TINY, "--sigma-file", tmp_path / "stds.npy", "--target-std", "1", "--examples", "2",
+            "--out", out]
+    assert _bound(argv) == 2 and "holds sigma.npy, summary.json," in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(mine)  # nothing computed
+    (out / "summary.json").unlink()
+    del mine["summary.json"]
+    assert _bound(base) == 0
+    assert _bound(base) == 0   # a rerun replaces its own summary.json
+    assert all((out / name).read_bytes() == data for name, data in mine.items())
+    assert _bound([*base, "--sweep", "1,2"]) == 2   # (another kind of run: refused as before)
+    capsys.readouterr()
+    assert _bound(report) == 2 and "holds hist_all.png, report.html," in capsys.readouterr().err
+    assert all((out / name).read_bytes() == data for name, data in mine.items())
+
+
+def test_an_out_of_an_hcrfast_from_before_the_list_of_outputs_is_still_its_own(files):
+    """An OUT written before hcrfast listed its outputs (no .hcrfast-outputs.json): its checkpoint
+    (chunks/key.json) makes its known files hcrfast's, which a rerun replaces or removes as before."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    base = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--examples", "2",
+            "--out", out]
+    assert _bound([*base, "--attack", "2", "--attack-steps", "1"]) == 0
+    listed = out / ".hcrfast-outputs.json"
+    assert json.loads(listed.read_text())["files"] == ["attack.npz", "bounds.npz", "summary.json"]
+    listed.unlink()
+    assert _bound(base) == 0
+    assert not (out / "attack.npz").exists() and (out / "summary.json").is_file()
+    assert json.loads(listed.read_text())["files"] == ["bounds.npz", "summary.json"]
+
+
+def test_summary_and_report_are_replaced_atomically(files):
+    """summary.json and report.html are written to a temporary file and renamed over the old one (as
+    reproduce's summary): a crash while writing leaves the old file or the new, never a truncated one. The
+    sign: a rerun's file is a new inode, and a hard link to the old one keeps the old text."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *[a for a in TINY if a != "--no-report"], "--sigma",
+            "0.3", "--examples", "2", "--out", out]
+    assert _bound(argv) == 0
+    for name in ("summary.json", "report.html"):
+        os.link(out / name, tmp_path / f"kept_{name}")
+    old = {name: (out / name).read_text() for name in ("summary.json", "report.html")}
+    assert _bound(argv) == 0
+    for name in ("summary.json", "report.html"):
+        assert (tmp_path / f"kept_{name}").read_text() == old[name]
+        assert (out / name).stat().st_ino != (tmp_path / f"kept_{name}").stat().st_ino
+    assert json.loads((out / "summary.json").read_text())["model"].endswith("mynet.py:Net")
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(files, monkeypatch):
+    """--out=~/x: the shell leaves ~ after '=', so hcrfast expands it (and in the inputs', weights', sigma
+    file's, labels' paths), never making a folder named ~ in the working directory."""
+    tmp_path, x = files
+    home = tmp_path / "home"
+    home.mkdir()
+    torch.save(x, home / "in.pt")
+    torch.save(_user_model(tmp_path, "make").state_dict(), home / "w.pt")
+    np.save(home / "stds.npy", np.full(16, 0.3))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", "~/in.pt", *TINY, "--examples", "2", "--weights=~/w.pt",
+                   "--sigma-file=~/stds.npy", "--out=~/runs/a"]) == 0
+    assert (home / "runs" / "a" / "bounds.npz").is_file() and not (tmp_path / "~").exists()
+    s = json.loads((home / "runs" / "a" / "summary.json").read_text())
+    assert s["inputs"]["path"] == str(home / "in.pt") and s["weights"]["path"] == str(home / "w.pt")
+
+
+def test_a_changed_plain_run_is_refused_with_a_fix_for_the_shell(files, capsys):
+    """The plain run's checkpoint refusal names --out (the command line's folder), not a 'checkpoint folder'
+    the command has no option for; deleting OUT/chunks, the fix it names, lets the corrected command run."""
+    tmp_path, _ = files
+    out = tmp_path / "run"
+    base = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--examples", "2",
+            "--out", out]
+    assert _bound([*base, "--size", "0.01"]) == 0
+    capsys.readouterr()
+    assert _bound([*base, "--size", "0.02"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'chunks'} holds work made with other arguments (size: 0.01 -> 0.02)" in err
+    assert "Make the same command to resume it, or pass another --out" in err
+    assert f"(or delete {out / 'chunks'})" in err and "checkpoint folder" not in err
+    shutil.rmtree(out / "chunks")
+    assert _bound([*base, "--size", "0.02"]) == 0
+    assert json.loads((out / "summary.json").read_text())["params"]["size"] == 0.02

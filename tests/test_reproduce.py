@@ -1111,3 +1111,45 @@ def test_the_report_of_a_short_krylov_run_with_pilots_says_what_ran(weights, tmp
     fewest = s["singular_steps_lifted"]["directions"]["fewest"]
     assert 1 <= fewest <= 2 and f"an example had as few as {fewest:,} such directions" in html
     assert f"an example had as few as {fewest}" in hcrfast.Bounds.load(out / "bounds.npz").summary()
+
+
+def test_files_of_the_user_s_at_the_output_names_are_refused_before_anything_runs(weights, tmp_path, capsys):
+    """An --out that holds the user's own file at a name the run writes (summary.json, a figure; with --sweep
+    the sweep's page beside its runs) is refused, naming them, before a run folder or chunk is made; a rerun of
+    a run replaces what it wrote itself."""
+    tiny = [*TINY, "--weights", str(weights), "--no-progress"]
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.json").write_text('{"mine": 1}')
+    (out / "reconstructions.png").write_bytes(b"my figure")
+    (out / "notes.txt").write_text("mine")
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(out)]) == 2
+    assert (f"--out {out}: holds reconstructions.png, summary.json, which this command writes and which no hcrfast "
+            f"command wrote there; pass another --out, or move them") in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "notes.txt", "reconstructions.png", "summary.json"]
+    assert (out / "summary.json").read_text() == '{"mine": 1}'
+    (out / "summary.json").unlink()
+    (out / "reconstructions.png").unlink()
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(out)]) == 0
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(out)]) == 0   # its own files: replaced
+    assert (out / "notes.txt").read_text() == "mine" and json.loads((out / "summary.json").read_text())["examples"] == 10
+    swept = tmp_path / "swept"
+    swept.mkdir()
+    (swept / "tradeoff.png").write_bytes(b"my figure")
+    assert cli.main(["reproduce", "digits", *tiny, "--sweep", "1,2", "--out", str(swept)]) == 2
+    assert f"--out {swept}: holds tradeoff.png, which this command writes" in capsys.readouterr().err
+    assert sorted(p.name for p in swept.iterdir() if not p.name.startswith(".")) == ["tradeoff.png"]
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(weights, tmp_path, monkeypatch):
+    """--out=~/r --weights=~/w.pt: the shell leaves ~ after '=', so hcrfast expands it, never making a folder
+    named ~ in the working directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(weights, home / "w.pt")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["reproduce", "digits", *TINY, "--weights=~/w.pt", "--out=~/r", "--no-progress"]) == 0
+    assert (home / "r" / "bounds.npz").is_file() and not (tmp_path / "~").exists()
+    assert json.loads((home / "r" / "summary.json").read_text())["command"].count(str(home / "w.pt")) == 1

@@ -170,3 +170,16 @@ def test_an_interrupted_train_names_the_resume(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(train, "train", interrupted)
     assert cli.main(["train", "digits", "--epochs", "1", "--out", str(tmp_path / "d.pt")]) == 130
     assert "the same command resumes" in capsys.readouterr().err
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch):
+    """hcrfast train --out=~/d.pt: the shell leaves ~ after '=', so hcrfast expands it, never making a folder
+    named ~ in the working directory."""
+    from hcrfast import cli
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "digits", "--epochs", "1", "--out=~/d.pt", "--quiet"]) == 0
+    assert (home / "d.pt").is_file() and not (tmp_path / "~").exists()
