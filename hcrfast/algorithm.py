@@ -33,7 +33,7 @@ from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint,
-                                gaps as checkpoint_gaps, model_fingerprint, sha256_tensors)
+                                gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast.bindings.double_backward import native_rnn_for
@@ -1689,7 +1689,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         raise NotImplementedError(f"singular_steps={singular_steps} needs Gaussian noise (the steps are scaled to a "
                                   f"Gaussian feature shift); got {noise.describe()}: pass singular_steps=0")
 
-    with validation.entry_point(model, batch.device, tf32=tf32):
+    # A call that fails before its first chunk takes back the key it wrote (the corrected call may use the
+    # folder); not where processes share the folder, whose others may be writing chunks into it.
+    unshared = world is None or world.size == 1
+    with validation.entry_point(model, batch.device, tf32=tf32), (
+            taken_back_on_failure() if unshared else contextlib.nullcontext()):
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features, mode=jacobian, tf32=tf32)
         xp = array_module_for(batch.device)

@@ -48,7 +48,7 @@ from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
-                                sha256_tensors)
+                                sha256_tensors, taken_back_on_failure)
 from hcrfast.results import counted, load_npz, mse_from_modes, same_result, save_npz, short_repr
 from hcrfast.operators import RowScaled
 
@@ -510,7 +510,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     if tol is None:
         tol = DEFAULT_TOL[batch.dtype]
 
-    with validation.entry_point(model, batch.device):
+    # (a call that fails before its first chunk takes back the key it wrote: the corrected call may use the folder)
+    with validation.entry_point(model, batch.device), taken_back_on_failure():
         features = validation.features_of(model, batch)
         validation.check_independent(model, batch, features, mode=jacobian)
         xp = array_module_for(batch.device)

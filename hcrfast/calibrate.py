@@ -416,9 +416,9 @@ class SigmaSweep:
         (:meth:`hcrfast.Bounds.save`). :meth:`load` reads it back; returns ``sweep.json``'s path."""
         import json
 
-        from hcrfast.checkpoint import atomic_write_text
+        from hcrfast.checkpoint import atomic_write_bytes, atomic_write_text
 
-        folder = Path(folder)
+        folder = Path(folder).expanduser()
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"SigmaSweep.save({str(folder)!r}): a file is there; pass a folder (made if missing)")
         folder.mkdir(parents=True, exist_ok=True)
@@ -439,7 +439,8 @@ class SigmaSweep:
             levels.append({"scale": k, "bounds": f"{name}/bounds.npz"})
         scalar = np.ndim(self.sigma0) == 0
         if not scalar:
-            np.save(folder / "sigma0.npy", np.asarray(self.sigma0, dtype=np.float64))
+            sigma0 = np.asarray(self.sigma0, dtype=np.float64)
+            atomic_write_bytes(folder / "sigma0.npy", lambda fh: np.save(fh, sigma0))
         atomic_write_text(folder / "sweep.json", json.dumps({
             "format": _SWEEP_FORMAT, "writer": "hcrfast.SigmaSweep.save",
             "sigma0": float(self.sigma0) if scalar else "sigma0.npy", "levels": levels,
@@ -464,7 +465,7 @@ class SigmaSweep:
 
         from hcrfast.results import Bounds
 
-        folder = Path(folder)
+        folder = Path(folder).expanduser()
         path = folder / "sweep.json"
         if not path.is_file():
             raise FileNotFoundError(f"SigmaSweep.load({str(folder)!r}): no sweep.json there (SigmaSweep.save writes "
@@ -670,19 +671,50 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     reuse_bytes = _reuse_budget(reuse_bytes, batch)
     profile, scalar = _profile(model, batch, sigma0, who, bound_kwargs.get("basis", "dct"))
     root = None if checkpoint is None else Path(checkpoint)
-    whitened = None
-    if not scalar and reuse_bytes and _reuses(batch, profile.size, bound_kwargs):
-        whitened = _whiten(model, batch, profile, bound_kwargs.get("certify", True))
+    whiten = not scalar and reuse_bytes and _reuses(batch, profile.size, bound_kwargs)
+    whitened = []   # the model with its features divided by the profile, made once where a call needs it
 
     def bound_at(k: float):
         sigma = float(k * profile) if scalar else k * profile
         folder = None if root is None else root / f"scale_{float(k).hex()}"
-        if whitened is None:
+        on_whitened = whiten
+        made = None if scalar or folder is None else _folder_whitened(folder)
+        if made is not None and made != on_whitened:   # (resumed as made; its key is checked in full all the same)
+            how = (f"reuse on (reuse_bytes > 0: the scalar sigma {float(k)!r} on the model with its features divided "
+                   f"by sigma0; bounds equal to a plain call's up to rounding)" if made else
+                   "reuse off (reuse_bytes=0: a plain call with one std per feature)")
+            validation.warn(f"{folder} was made with {how}, and this call has reuse {'on' if whiten else 'off'}: it "
+                            f"resumes the folder as it was made; pass the first call's reuse_bytes (hcrfast bound: "
+                            f"--reuse-gib) to run every sigma as that call did")
+            on_whitened = made
+        if not on_whitened:
             return sigma, bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
-        return sigma, as_per_feature_result(bound(whitened, batch, float(k), progress=progress, checkpoint=folder,
+        if not whitened:
+            whitened.append(_whiten(model, batch, profile, bound_kwargs.get("certify", True)))
+        return sigma, as_per_feature_result(bound(whitened[0], batch, float(k), progress=progress, checkpoint=folder,
                                                   **bound_kwargs), sigma, divided_by=profile)
 
+    if whiten:   # (made here, before the first call, where its refusals belong)
+        whitened.append(_whiten(model, batch, profile, bound_kwargs.get("certify", True)))
     return bound_at, profile, scalar, reuse_bytes
+
+
+def _folder_whitened(folder: Path) -> bool | None:
+    """Whether the :func:`hcrfast.bound` checkpoint in ``folder`` (a σ of a search or sweep with one std per
+    feature) was made on the whitened model (reuse on: a scalar σ's noise) or as a plain per-feature call (reuse
+    off: :class:`~hcrfast.noise.PerFeatureGaussian` noise); None where it holds no readable bound key (the call
+    writes or refuses it)."""
+    import json
+
+    from hcrfast.checkpoint import FORMAT
+
+    try:
+        stored = json.loads((folder / "key.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("format") != FORMAT or not isinstance(stored.get("noise"), str):
+        return None
+    return not stored["noise"].startswith("PerFeatureGaussian(")
 
 
 def _reuses(batch, n: int, bound_kwargs: dict) -> bool:

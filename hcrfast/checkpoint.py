@@ -14,10 +14,15 @@ runs (and shares its chunks among ``torchrun`` processes itself).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import hashlib
+import itertools
 import json
 import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 
@@ -27,7 +32,7 @@ import torch
 from hcrfast import validation
 
 __all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmetic_of", "atomic_savez", "atomic_write_bytes", "atomic_write_text",
-           "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors"]
+           "batch_fingerprint", "check_key", "gaps", "model_fingerprint", "sha256_tensors", "taken_back_on_failure"]
 
 #: What a chunk file holds; in the key, so that files of another layout are refused, not misread.
 # /2: float64-rounded D = 0 bounds 0, not +inf; /3: the rounding estimate counts input-sized terms a
@@ -39,50 +44,94 @@ __all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmeti
 # 2026-11-30): a chunk from before may hold bounds ~1e-13 (at σ tiny or steps huge, up to 4e-4) above the exact one
 FORMAT = "hcrfast.bound checkpoint/6"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
+#: The temporary files a Checkpoint writes through (``.NAME.PID.tmp``), what :meth:`Checkpoint.tidy` removes
+#: where their process is gone; group 2 is the PID.
+_TEMPORARY_NAME = re.compile(r"^\.(chunk_\d+_\d+\.npz|key\.json|features\.npy|write_probe)\.(\d+)\.tmp$")
+#: The Checkpoints opened inside :func:`taken_back_on_failure` (None outside one).
+_OPENED = contextvars.ContextVar("hcrfast_checkpoints_opened", default=None)
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint (or run folder) holds work made with other arguments, model or data."""
 
 
-def atomic_write_bytes(path: Path, write) -> None:
+def _cannot_write(path: Path, exc: OSError) -> OSError:
+    """``exc`` (an OSError of the temporary file or the rename) raised again naming ``path``, the file the
+    user asked for: the same type and errno (ENOSPC stays ENOSPC), never the temporary name."""
+    return type(exc)(exc.errno, f"cannot write {path} ({exc.strerror or exc})")
+
+
+def _temporary_file(path: Path, tmp: Path):
+    """``tmp`` created for writing, exclusively and without following a link there: a file or link planted at
+    the predictable name is never written through. A regular file there is a temporary of a killed process
+    that had this PID (or of this process): it is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    for attempt in (0, 1):
+        try:
+            return os.fdopen(os.open(tmp, flags, 0o666), "wb")   # (0o666 less the umask, as open() makes it)
+        except FileExistsError:
+            if attempt or not stat.S_ISREG(os.lstat(tmp).st_mode):
+                raise FileExistsError(errno.EEXIST, f"cannot write {path}: its temporary name {tmp} is taken by "
+                                                    f"something that is not a file hcrfast left (a link or a "
+                                                    f"folder); remove it") from None
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: Path, write, *, internal: bool = False) -> None:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, then rename it.
 
     A process killed at any point leaves either the old file, the complete new
-    one, or a stray temporary file; never a truncated ``path``.
+    one, or a stray temporary file (``.NAME.PID.tmp``); never a truncated ``path``. ``internal``: ``path`` is
+    a name hcrfast chose inside a folder the user gave (a checkpoint's ``key.json``), so errors name that
+    folder, not a path the user never passed.
     """
     path = Path(path)
     # (these are checked first: the errors of the writes below would name the temporary file)
     if not path.parent.is_dir():
+        blocked = next((p for p in path.parents if os.path.lexists(p)), None)
+        if blocked is not None and not blocked.is_dir():
+            raise NotADirectoryError(f"cannot write {path}: {blocked} is a file, not a folder; pass a path "
+                                     f"inside a folder")
         raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist; create it first")
     if path.is_dir():
+        if internal:
+            raise IsADirectoryError(f"cannot write {path}: a folder is there, where hcrfast keeps a file of "
+                                    f"{path.parent}; remove that folder, or pass another folder than {path.parent}")
         raise IsADirectoryError(f"cannot write {path}: it is a folder; pass the path of a file (a name inside "
                                 f"{path}, say)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    created = False
     try:
         try:
-            fh = open(tmp, "wb")
+            fh = _temporary_file(path, tmp)
+        except FileExistsError:   # (its message says it)
+            raise
         except OSError as exc:   # a folder that cannot be written, say
-            raise type(exc)(exc.errno, f"cannot write {path} ({exc.strerror})") from exc
-        with fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            raise _cannot_write(path, exc) from exc
+        created = True
+        try:
+            with fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:   # the disk full (ENOSPC), a quota, an I/O error
+            raise _cannot_write(path, exc) from exc
         try:
             os.replace(tmp, path)
         except OSError as exc:   # what became of path while it was written (a folder made there, say)
-            raise type(exc)(exc.errno, f"cannot write {path} ({exc.strerror})") from exc
+            raise _cannot_write(path, exc) from exc
+        created = False
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        if created:   # (only the file this call made: whatever else is at that name is not ours)
+            tmp.unlink(missing_ok=True)
 
 
-def atomic_savez(path: Path, **arrays) -> None:
-    atomic_write_bytes(path, lambda fh: np.savez(fh, **arrays))
+def atomic_savez(path: Path, *, internal: bool = False, **arrays) -> None:
+    atomic_write_bytes(path, lambda fh: np.savez(fh, **arrays), internal=internal)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8")))
+def atomic_write_text(path: Path, text: str, *, internal: bool = False) -> None:
+    atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8")), internal=internal)
 
 
 def sha256_tensors(*tensors) -> str:
@@ -154,6 +203,23 @@ def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=1, default=str)
 
 
+@contextlib.contextmanager
+def taken_back_on_failure():
+    """A call made inside that fails takes back what each :class:`Checkpoint` it opened wrote
+    (:meth:`Checkpoint.take_back`): a folder that held no key before and holds no chunk is left as it was,
+    so the corrected call may use it instead of being refused for the failed call's arguments."""
+    opened = []
+    token = _OPENED.set(opened)
+    try:
+        yield
+    except BaseException:
+        for saved in reversed(opened):
+            saved.take_back()
+        raise
+    finally:
+        _OPENED.reset(token)
+
+
 class Checkpoint:
     """The finished chunks of one :func:`hcrfast.bound` (or :func:`hcrfast.targeted_bound`) call in
     folder ``path``.
@@ -178,14 +244,21 @@ class Checkpoint:
         self.chunk_size, self.chunk_sizes = chunk_size, set()
         #: arrays every chunk file must hold; one without them is set aside and computed again
         self.required = tuple(required)
-        self.path = Path(path)
+        self.path = Path(path).expanduser()
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
+        #: the folders (deepest first) and files this call made, what :meth:`take_back` removes; whether it saved
+        #: a chunk
+        self._made = list(itertools.takewhile(lambda p: not os.path.lexists(p), (self.path, *self.path.parents)))
+        self._wrote, self._saved = [], False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OSError(exc.errno, f"checkpoint={str(path)!r}: the folder cannot be created ({exc.strerror}); pass a "
                                      f"folder you can write to") from exc
+        opened = _OPENED.get()
+        if opened is not None:
+            opened.append(self)
         self.key = json.loads(_json(key))  # as it reads back from key.json
         #: each chunk file holds it, and one made by another call is refused on reading, whatever key.json says
         self.key_sha256 = hashlib.sha256(_json(self.key).encode()).hexdigest()
@@ -198,13 +271,16 @@ class Checkpoint:
         if key_path.is_file():
             try:
                 stored = json.loads(key_path.read_text())
+                if not isinstance(stored, dict):   # (valid JSON, edited by hand: null, a list)
+                    raise ValueError(f"it holds the JSON {json.dumps(stored)[:60]}, not an object of entries")
             except (OSError, ValueError) as exc:
                 raise CheckpointMismatchError(f"{key_path} is unreadable ({exc}); delete {self.path} or pass "
                                               f"another checkpoint folder") from exc
             _check_kind(self.path, stored, self.key)
             check_key(self.path, stored, self.key, fix)
         else:
-            atomic_write_text(key_path, _json(self.key) + "\n")
+            atomic_write_text(key_path, _json(self.key) + "\n", internal=True)
+            self._wrote.append(key_path)
         if features is not None:
             self._check_features(np.asarray(features, dtype=np.float64), fix)
 
@@ -213,7 +289,8 @@ class Checkpoint:
         batch also catch a function's closure or a module attribute outside its state_dict changing."""
         path = self.path / "features.npy"
         if not path.is_file():
-            atomic_write_bytes(path, lambda fh: np.save(fh, features))
+            atomic_write_bytes(path, lambda fh: np.save(fh, features), internal=True)
+            self._wrote.append(path)
             return
         try:
             stored = np.load(path, allow_pickle=False)
@@ -302,20 +379,26 @@ class Checkpoint:
         folder of finished chunks is still read)."""
         probe = self.path / f".write_probe.{os.getpid()}.tmp"
         try:
-            probe.write_bytes(b"")
+            _temporary_file(self.path, probe).close()   # (never through a link planted at that name)
             probe.unlink()
+        except FileExistsError:   # (its message says what is in the way)
+            raise
         except OSError as exc:
             raise OSError(exc.errno, f"checkpoint={str(self.path)!r}: the folder cannot be written "
                                      f"({exc.strerror}), and this call has examples left to compute; pass a folder "
                                      f"you can write to (copy the finished chunks there to keep them)") from exc
 
     def tidy(self) -> None:
-        """Remove the partial chunk files (``.chunk_*.PID.tmp``) of processes killed while writing
-        one: called when every chunk of the call is in the folder. A file whose PID is alive on
-        this machine (another call's write, perhaps) is left alone."""
-        for file in self.path.glob(".chunk_*.tmp"):
+        """Remove the temporary files (``.chunk_*.npz.PID.tmp``, ``.key.json.PID.tmp``,
+        ``.features.npy.PID.tmp``, ``.write_probe.PID.tmp``) of processes killed while writing one: called
+        when every chunk of the call is in the folder. A file whose PID is alive on this machine (another
+        call's write, perhaps) is left alone."""
+        for file in self.path.iterdir():
+            m = _TEMPORARY_NAME.match(file.name)
+            if m is None:
+                continue
             try:
-                pid = int(file.name.rsplit(".", 2)[-2])
+                pid = int(m.group(2))
                 if pid != os.getpid():
                     os.kill(pid, 0)  # raises if no such process
                     continue
@@ -325,7 +408,25 @@ class Checkpoint:
                 continue
             file.unlink(missing_ok=True)
 
+    def take_back(self) -> None:
+        """Remove what this call wrote (``key.json``, ``features.npy``, the folders it made) where the
+        call failed before any chunk: its key would refuse the corrected call, for work the folder does not
+        hold. Nothing is removed where the folder held a key before, or holds a chunk (of this call or not)."""
+        key_path = self.path / "key.json"
+        if self._saved or key_path not in self._wrote:
+            return
+        try:
+            if any(_CHUNK_NAME.match(f.name) or f.name.startswith(".chunk_") for f in self.path.iterdir()):
+                return
+            for file in self._wrote:
+                file.unlink(missing_ok=True)
+            for folder in self._made:   # (deepest first; one that holds anything else stays)
+                folder.rmdir()
+        except OSError:
+            pass   # the failure being raised is what the user needs to see
+
     def save(self, start: int, stop: int, **arrays) -> None:  # (the chunk's rows: start..stop-1)
+        self._saved = True
         arrays["key_sha256"] = np.array(self.key_sha256)
         if self.arithmetic is not None:
             arrays["arithmetic"] = np.array(self.arithmetic)
@@ -340,8 +441,8 @@ class Checkpoint:
                 size = min(size, stop - start)
             arrays["chunk_size"] = np.int64(size)
             self.chunk_sizes.add(size)
-        atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", example_ids=self.example_ids[start:stop],
-                     **arrays)
+        atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", internal=True,
+                     example_ids=self.example_ids[start:stop], **arrays)
 
     def warn_mixed(self, resume_hint: str) -> None:
         """Warns where the chunks seen (read back and saved) were computed with different arithmetic: the

@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import json
 import math
+import os
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -28,15 +29,18 @@ def json_default(obj):
 
 def save_npz(path, fmt: str, arrays: dict, meta: dict) -> None:
     """A result file: NumPy ``arrays`` and a JSON ``meta`` (with ``format`` = ``fmt``), written atomically
-    to exactly ``path``; ``numpy.load(path)`` reads it without hcrfast."""
+    to exactly ``path`` (``~`` expanded); ``numpy.load(path)`` reads it without hcrfast."""
     from hcrfast.checkpoint import atomic_savez
 
-    atomic_savez(Path(path), meta=np.array(json.dumps(dict(meta, format=fmt), default=json_default)), **arrays)
+    header = np.array(json.dumps(dict(meta, format=fmt), default=json_default))
+    atomic_savez(Path(path).expanduser(), meta=header, **arrays)
 
 
 def load_npz(path, fmt: str, writer: str, *, arrays_needed=(), meta_needed=()) -> tuple[dict, dict]:
     """``(arrays, meta)`` of a file :func:`save_npz` wrote with ``fmt`` (by ``writer``, named in errors), which
-    must hold the arrays ``arrays_needed`` and the ``meta`` entries ``meta_needed``."""
+    must hold the arrays ``arrays_needed`` and the ``meta`` entries ``meta_needed``. ``~`` in ``path`` is the
+    user's home, as :func:`save_npz` writes it."""
+    path = os.path.expanduser(path)
     not_ours = f"{path} is not a file written by {writer}"
     with open(path, "rb") as fh:
         # np.load reads anything but an .npz or .npy archive as a pickle, and refuses it advising

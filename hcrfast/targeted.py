@@ -57,7 +57,7 @@ from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _applied64, _applied_s
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
-                                sha256_tensors)
+                                sha256_tensors, taken_back_on_failure)
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.operators import Transposed
@@ -838,7 +838,12 @@ CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/6"  # /2 … /6: as hcrfa
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
     """``piece(start, stop)`` over the batch in pieces of ``per`` examples, each written to the
     checkpoint folder (if any; ``key()`` its key) as it finishes; the pieces an earlier call finished
-    are read back."""
+    are read back. A call that fails before its first piece is saved takes back the key it wrote."""
+    with taken_back_on_failure():
+        return _pieces(piece, B, per, xp, progress=progress, checkpoint=checkpoint, key=key, features=features)
+
+
+def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
     t_start = time.perf_counter()
     parts = {}
     todo = [(0, B)]

@@ -231,13 +231,14 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
 
 
 def checkpoint_folder(value):
-    """None or a folder path (str or os.PathLike): the ``checkpoint`` argument."""
+    """None or a folder path (str or os.PathLike): the ``checkpoint`` argument, ``~`` expanded to the user's home
+    (as a shell would; not a folder named ``~``)."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"checkpoint must be a folder path (str or os.PathLike) or None, got {value!r}")
     if value is not None and not os.fspath(value).strip():
         raise ValueError(f"checkpoint={os.fspath(value)!r} names no folder (it would write into the current "
                          f"directory); pass a folder, e.g. checkpoint='runs/bounds', or None for no checkpoint")
-    return value
+    return value if value is None else os.path.expanduser(value)
 
 
 def flag(name: str, value) -> bool:

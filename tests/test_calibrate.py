@@ -840,3 +840,34 @@ def test_a_per_feature_sigma0_of_tensors_that_require_grad_is_taken_as_their_val
     plain = hcrfast.sweep_sigma(model, x, [1.0], sigma0=stds, reuse_bytes=0, **_TINY)
     np.testing.assert_array_equal(got.sigma0, np.array(stds))
     np.testing.assert_array_equal(got.bounds[0].std, plain.bounds[0].std)
+
+
+@pytest.mark.parametrize("first,then", [(None, 0), (0, None)])
+def test_a_per_feature_sweep_resumes_whatever_reuse_bytes_the_second_call_passes(first, then, tmp_path):
+    """A per-feature sweep runs each sigma on the whitened model where reuse is on, as a plain call where it is
+    off, under the same scale_<hex> folder: changing only reuse_bytes was refused as another model and noise
+    (model: 'PerFeatureStd:sha256:...' -> ...). The folder is now resumed as it was made, with a warning that
+    says so and how to keep every sigma one way."""
+    model, x = _tanh_net(), _batch(3)
+    kw = dict(sigma0=np.linspace(0.02, 0.2, 30), checkpoint=tmp_path, restarts=2, iterations=2)
+    made = hcrfast.sweep_sigma(model, x, [0.5, 1.0], reuse_bytes=first, **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = hcrfast.sweep_sigma(model, x, [0.5, 1.0], reuse_bytes=then, **kw)
+    said = [str(w.message) for w in caught if "resumes the folder as it was made" in str(w.message)]
+    assert len(said) == 2 and all(f"was made with reuse {'off' if first == 0 else 'on'}" in s and
+                                  "pass the first call's reuse_bytes (hcrfast bound: --reuse-gib)" in s for s in said)
+    for a, b in zip(made.bounds, again.bounds):
+        assert b.params["checkpoint"]["examples_read_back"] == len(x)
+        np.testing.assert_array_equal(a.std, b.std)
+
+
+def test_a_sweep_whose_first_sigma_fails_leaves_no_key_to_refuse_the_corrected_one(tmp_path):
+    """The failed call's key.json stayed in checkpoint/scale_<hex> and refused the corrected sweep (size:
+    1e+30 -> ...) though the folder held no work."""
+    model, x = _tanh_net(), _batch(3)
+    with pytest.raises(ValueError, match="float32 cannot hold"):
+        hcrfast.sweep_sigma(model, x, [1.0, 2.0], checkpoint=tmp_path, size=1e30, restarts=2, iterations=2)
+    assert list(tmp_path.iterdir()) == []
+    got = hcrfast.sweep_sigma(model, x, [1.0, 2.0], checkpoint=tmp_path, restarts=2, iterations=2)
+    assert [b.params["checkpoint"]["examples_read_back"] for b in got.bounds] == [0, 0]

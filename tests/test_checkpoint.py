@@ -1089,14 +1089,14 @@ def test_a_folder_that_cannot_be_written_is_refused_before_a_chunk_is_computed(t
     x = batch(4)
     kw = dict(restarts=2, iterations=2, chunk_size=2)
     whole = hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path, **kw)
-    real = pathlib.Path.write_bytes
+    real = os.open
 
-    def read_only(self, data):
-        if self.parent == tmp_path:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, data)
+    def read_only(path, flags, *args, **kwargs):   # (the folder made read-only: root ignores chmod)
+        if pathlib.Path(path).parent == tmp_path and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(pathlib.Path, "write_bytes", read_only)
+    monkeypatch.setattr(os, "open", read_only)
     assert hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path, **kw) == whole     # nothing left to write
     (tmp_path / "chunk_000000002_000000004.npz").unlink()
     computed = []
@@ -1230,3 +1230,154 @@ def test_a_folder_of_another_kind_of_call_is_refused_as_that(tmp_path):
                             f"call can resume; pass another checkpoint folder for this hcrfast.{second} call (or "
                             f"delete {tmp_path / first} to start anew)"), said
         make(tmp_path / first)   # the refusals left the folder to its own call, which still resumes it
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    """The temporary name .NAME.PID.tmp is predictable: a link planted there was followed (the file it named
+    overwritten, and NAME left a link to it). It is now created exclusively, never through a link; a regular
+    file there (left by a killed process that had this PID) is replaced."""
+    from hcrfast.checkpoint import atomic_write_bytes
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    tmp = folder / f".b.npz.{os.getpid()}.tmp"
+    os.symlink(victim, tmp)
+    with pytest.raises(FileExistsError, match=f"cannot write {re.escape(str(folder / 'b.npz'))}: its temporary "
+                                              f"name .* is taken .*; remove it"):
+        atomic_write_bytes(folder / "b.npz", lambda fh: fh.write(b"new"))
+    assert victim.read_text() == "precious" and not os.path.lexists(folder / "b.npz") and tmp.is_symlink()
+    tmp.unlink()
+    tmp.write_bytes(b"left by a killed writer")
+    atomic_write_bytes(folder / "b.npz", lambda fh: fh.write(b"new"))
+    assert (folder / "b.npz").read_bytes() == b"new" and sorted(p.name for p in folder.iterdir()) == ["b.npz"]
+
+
+def test_a_call_that_fails_before_its_first_chunk_takes_back_the_key_it_wrote(tmp_path, monkeypatch):
+    """bound(size=1e30) in float32 overflows after writing key.json and features.npy: the corrected call was
+    refused ("holds work made with other arguments (size: 1e+30 -> 0.005)") for work the folder never held.
+    Now a call that wrote the key takes it back when it fails before any chunk; a key that was there before,
+    or one with chunks beside it, stays."""
+    model, x = relu_mlp().float(), batch(B=3).float()
+    small = dict(iterations=2, restarts=2)
+    with pytest.raises(ValueError, match="float32 cannot hold"):
+        hcrfast.bound(model, x, 0.1, size=1e30, checkpoint=tmp_path / "made", **small)
+    assert not (tmp_path / "made").exists()   # made by the failed call: taken back whole
+    (tmp_path / "given").mkdir()
+    with pytest.raises(ValueError, match="float32 cannot hold"):
+        hcrfast.bound(model, x, 0.1, size=1e30, checkpoint=tmp_path / "given", **small)
+    assert list((tmp_path / "given").iterdir()) == []   # given by the user: emptied, kept
+    good = hcrfast.bound(model, x, 0.1, size=0.005, checkpoint=tmp_path / "given", **small)
+    assert good.params["checkpoint"]["examples_read_back"] == 0
+
+    # a failure after a chunk keeps everything; so does one on a folder whose key was there before
+    ck, ck_kw = tmp_path / "chunked", kw("dense")
+    crash_after(monkeypatch, 1)
+    with pytest.raises(Crash):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=ck, **ck_kw)
+    assert sorted(p.name for p in ck.iterdir()) == ["chunk_000000000_000000002.npz", "features.npy", "key.json"]
+    (ck / "chunk_000000000_000000002.npz").unlink()
+    crash_after(monkeypatch, 0)
+    with pytest.raises(Crash):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=ck, **ck_kw)
+    assert sorted(p.name for p in ck.iterdir()) == ["features.npy", "key.json"]
+
+
+@pytest.mark.parametrize("entry", ["targeted_bound", "gauss_newton_attack"])
+def test_the_other_checkpointed_calls_take_back_their_key_too(entry, tmp_path, monkeypatch):
+    from hcrfast import attack, targeted
+
+    model, x = relu_mlp(), batch(B=2)
+    calls = {"targeted_bound": lambda ck, s: hcrfast.targeted_bound(model, x, s, targets=[0, 1], checkpoint=ck),
+             "gauss_newton_attack": lambda ck, s: hcrfast.gauss_newton_attack(model, x, s, draws=2, steps=1,
+                                                                              checkpoint=ck)}
+    where = {"targeted_bound": (targeted, "_targeted_piece"), "gauss_newton_attack": (attack, "_gauss_newton")}[entry]
+
+    def crash(*args, **kwargs):
+        raise Crash
+
+    with monkeypatch.context() as m:
+        m.setattr(*where, crash)
+        with pytest.raises(Crash):
+            calls[entry](tmp_path / "ck", 0.3)
+    assert not (tmp_path / "ck").exists()
+    calls[entry](tmp_path / "ck", 0.31)   # another sigma: not refused for the failed call's
+    assert (tmp_path / "ck" / "key.json").is_file()
+
+
+@pytest.mark.parametrize("text", ["null", '"abc"', "[1, 2]", "3"])
+def test_a_key_json_that_is_not_an_object_is_refused_as_unreadable(text, tmp_path):
+    """Valid JSON that is not an object raised TypeError ('NoneType' object is not iterable, '<' not supported)
+    or AttributeError from inside the key check."""
+    hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint=tmp_path, iterations=1, restarts=1)
+    (tmp_path / "key.json").write_text(text)
+    with pytest.raises(CheckpointMismatchError, match=f"{re.escape(str(tmp_path / 'key.json'))} is unreadable "
+                                                      f"\\(it holds the JSON .*, not an object of entries\\); "
+                                                      f"delete {re.escape(str(tmp_path))}"):
+        hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint=tmp_path, iterations=1, restarts=1)
+
+
+def test_a_checkpoint_under_the_home_folder_is_written_there(tmp_path, monkeypatch):
+    """checkpoint='~/ck' made a folder named '~' in the current directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    res = hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint="~/ck", iterations=1, restarts=1)
+    assert (home / "ck" / "key.json").is_file() and list(work.iterdir()) == []
+    assert res.params["checkpoint"]["path"] == str(home / "ck")
+    again = hcrfast.targeted_bound(relu_mlp(), batch(B=2), 0.3, targets=[0], checkpoint="~/t")
+    assert (home / "t" / "key.json").is_file() and list(work.iterdir()) == []
+    assert again.params["checkpoint"]["path"] == str(home / "t")
+
+
+def test_an_internal_file_become_a_folder_names_the_checkpoint_folder_and_a_full_disk_the_chunk(tmp_path,
+                                                                                                 monkeypatch):
+    """A folder at key.json or features.npy said "pass the path of a file (a name inside ...)", a path the
+    user never passed; a full disk while a chunk was written said only "[Errno 28] No space left on device"."""
+    import errno
+
+    (tmp_path / "features.npy").mkdir()
+    with pytest.raises(IsADirectoryError) as exc:
+        hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint=tmp_path, iterations=1, restarts=1)
+    assert str(exc.value) == (f"cannot write {tmp_path / 'features.npy'}: a folder is there, where hcrfast keeps a "
+                              f"file of {tmp_path}; remove that folder, or pass another folder than {tmp_path}")
+    (tmp_path / "features.npy").rmdir()
+
+    real = os.fsync
+
+    def full_for_chunks(fd):
+        if ".chunk_" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to tell a chunk's write from the key's")
+    monkeypatch.setattr(os, "fsync", full_for_chunks)
+    with pytest.raises(OSError) as exc:
+        hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint=tmp_path / "full", iterations=1, restarts=1)
+    assert exc.value.errno == errno.ENOSPC
+    assert str(exc.value) == (f"[Errno 28] cannot write {tmp_path / 'full' / 'chunk_000000000_000000002.npz'} "
+                              f"({os.strerror(errno.ENOSPC)})")
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "full").iterdir())
+
+
+def test_a_finished_call_removes_every_temporary_file_killed_writers_left(tmp_path):
+    """tidy() removed only .chunk_*.tmp: a process killed while writing key.json or probing the folder left
+    .key.json.PID.tmp or .write_probe.PID.tmp for good."""
+    import subprocess
+    import sys
+
+    hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a PID no process holds now
+    names = (".key.json", ".features.npy", ".write_probe", ".chunk_000000002_000000004.npz")
+    stale = [tmp_path / f"{name}.{dead.pid}.tmp" for name in names]
+    live = [tmp_path / f"{name}.{os.getppid()}.tmp" for name in names]   # a live writer's: kept
+    other = tmp_path / f".notes.{dead.pid}.tmp"   # not a name hcrfast writes: kept
+    for f in stale + live + [other]:
+        f.write_bytes(b"half written")
+    hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
+    assert not any(f.exists() for f in stale) and all(f.exists() for f in live) and other.exists()

@@ -312,3 +312,47 @@ def test_result_file_errors_name_the_users_path_and_what_is_wrong(tmp_path):
         hcrfast.TargetedBounds.load(bad)
     assert hcrfast.Bounds.load(tmp_path / "good.npz") == res    # what save wrote still reads back
     assert hcrfast.TargetedBounds.load(tmp_path / "targeted.npz") == res.targeted
+
+
+def test_results_under_the_home_folder_are_written_and_read_there(tmp_path, monkeypatch):
+    """Bounds.save('~/b.npz') wrote into a folder named '~' in the current directory (and load looked there)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    res = hcrfast.bound(mlp(), torch.randn(2, 1, 4, 4, dtype=torch.float64), 0.1, restarts=2, iterations=2)
+    res.save("~/b.npz")
+    assert (home / "b.npz").is_file() and list(work.iterdir()) == []
+    assert hcrfast.Bounds.load("~/b.npz") == res
+    sweep = hcrfast.sweep_sigma(mlp(), torch.randn(2, 1, 4, 4, dtype=torch.float64), [1.0],
+                                sigma0=np.linspace(0.1, 1, 20), restarts=2, iterations=2)
+    sweep.save("~/sweep")
+    assert (home / "sweep" / "sweep.json").is_file() and (home / "sweep" / "sigma0.npy").is_file()
+    assert list(work.iterdir()) == []
+    np.testing.assert_array_equal(hcrfast.SigmaSweep.load("~/sweep").sigma0, sweep.sigma0)
+
+
+def test_a_failed_result_write_names_the_users_path_and_what_is_wrong(tmp_path, monkeypatch):
+    """A full disk while Bounds.save wrote gave only "[Errno 28] No space left on device"; a path under a file
+    said "the folder ... does not exist; create it first"."""
+    import errno
+    import os
+
+    res = hcrfast.bound(mlp(), torch.randn(2, 1, 4, 4, dtype=torch.float64), 0.1, restarts=2, iterations=2)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(NotADirectoryError) as exc:
+        res.save(tmp_path / "afile" / "b.npz")
+    assert str(exc.value) == (f"cannot write {tmp_path / 'afile' / 'b.npz'}: {tmp_path / 'afile'} is a file, not a "
+                              f"folder; pass a path inside a folder")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as exc:
+        res.save(tmp_path / "b.npz")
+    assert exc.value.errno == errno.ENOSPC
+    assert str(exc.value) == f"[Errno 28] cannot write {tmp_path / 'b.npz'} ({os.strerror(errno.ENOSPC)})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
