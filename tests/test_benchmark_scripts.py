@@ -1143,3 +1143,20 @@ def test_rank_rule_script_compares_both_tolerances_and_restores_the_default(tmp_
     assert "examples changed" in proc.stdout
     from hcrfast import dense
     assert dense._checked(torch.zeros(1, 4, 9, dtype=torch.float32), None, "auto") == 3 * torch.finfo(torch.float32).eps
+
+
+def test_float32_drift_script_warns_where_float32_scaling_breaks(tmp_path):
+    out = tmp_path / "drift.json"
+    run_script("float32_drift.py", "--scales", "1,1e-4", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    warned = {(r["dtype"], r["solver"], r["scale"]): r["warned"] for r in rows}
+    assert warned[("float32", "dense", 1e-4)] and not warned[("float32", "dense", 1.0)]
+    assert not any(w for (dtype, solver, _), w in warned.items() if dtype == "float64" or solver == "defaults")
+
+
+def test_result_file_size_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "size.json"
+    run_script("result_file_size.py", "--examples", "8", "--json", out)
+    small, tiny = json.loads(out.read_text())["rows"]
+    assert small["reasons"] == 0 and tiny["reasons"] == 200
+    assert tiny["bounds_npz"] < tiny["as_np_savez"]
