@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import sys
@@ -549,12 +550,31 @@ def outputs_of_earlier(out: Path, known: tuple, signs: tuple, title: str | None 
     if not out.is_dir():
         return set()
     found = {str(p.relative_to(out)) for n in known for p in out.glob(n) if p.is_file()}
-    if any(next(out.glob(s), None) is not None for s in signs):
+    if any(_hcrfast_wrote(p) for s in signs for p in out.glob(s)):
         return found
     page = out / "report.html"
     if title is not None and page.is_file() and f"<title>{title}" in page.read_text(errors="replace"):
         return {n for n in found if n == "report.html" or n.endswith(".png")}
     return set()
+
+
+def _hcrfast_wrote(path: Path) -> bool:
+    """Whether ``path``, a sign of an earlier run (a checkpoint's key.json, reproduce's run.json, or a folder
+    of checkpoints), is hcrfast's own: its JSON names an hcrfast format. The name alone is not enough: a
+    user's run.json, or a folder of theirs named calibration, would have made their files in OUT hcrfast's."""
+    if path.is_dir():   # (calibration/, sweep_chunks/: a checkpoint per sigma inside)
+        return any(_hcrfast_wrote(key) for key in itertools.islice(path.glob("*/key.json"), 64))
+    try:
+        held = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(held, dict):
+        return False
+    if path.name == "run.json":   # hcrfast reproduce's: {"key": {"format": N, "experiment": ...}, ...}
+        key = held.get("key")
+        return isinstance(key, dict) and isinstance(key.get("format"), int) and "experiment" in key
+    fmt = held.get("format")
+    return isinstance(fmt, str) and fmt.startswith("hcrfast.") and " checkpoint/" in fmt
 
 
 def check_outputs(out: Path, planned, known: tuple, signs: tuple, title: str | None = None,

@@ -2344,8 +2344,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         _warn_rounding("restarts' steps", n_coarse, n_risky, worst, damp)
         _warn_rounding("singular steps", 0, n_sing, w_sing)
         n_drift = sum(r[4] for r in risky_of.values() if len(r) > 4)
+        w_drift = max((r[5] for r in risky_of.values() if len(r) > 4), default=0.0)
         if n_drift:
-            w_drift = max(r[5] for r in risky_of.values() if len(r) > 4)
             validation.warn(f"{n_drift} restarts' last feature shifts a(theta+eps) - a(theta) in "
                             f"{validation.dtype_name(batch.dtype)} strayed from the float64 ones by more than "
                             f"{_DRIFT_LIMIT:g} of their size (up to {w_drift:.2g}), at examples whose bounds take "
@@ -2427,7 +2427,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   shard=None if world is None else dict(rank=world.rank, world_size=world.size,
                                                         examples_computed=computed[0]),
                   zero_step_reasons=zero_steps,
-                  rounding=dict(restarts=n_risky, worst=worst, singular_steps=n_sing, worst_singular=w_sing),
+                  rounding=dict(restarts=n_risky, worst=worst, singular_steps=n_sing, worst_singular=w_sing,
+                                dtype_drift=n_drift, worst_drift=w_drift),
                   singular_steps=None if not singular_steps else dict(
                       count=singular_steps, auto=singular_auto, examples=int(singular_acc[:, 0].sum()),
                       modes_lifted=int(singular_acc[:, 1].sum()), seconds=float(singular_acc[:, 2].sum()),

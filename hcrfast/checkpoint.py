@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -344,7 +345,8 @@ class Checkpoint:
             start, stop = int(m.group(1)), int(m.group(2))
             try:
                 arrays = _read_chunk(file)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:   # (zlib: a damaged
+                # deflated text member)
                 self._set_aside(file, f"is unreadable ({exc})", "unreadable")
                 continue
             if "key_sha256" in arrays and str(arrays["key_sha256"]) != self.key_sha256:

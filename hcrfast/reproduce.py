@@ -52,6 +52,7 @@ import sys
 import time
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -290,7 +291,7 @@ def _read_chunk(path: Path, key_json: str, ids: np.ndarray):
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:   # (zlib: a damaged text member)
         validation.warn(f"{path} is unreadable ({exc}); computing that chunk again")
         return None
     if str(arrays.get("key")) != key_json:

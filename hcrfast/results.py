@@ -8,6 +8,7 @@ import math
 import os
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def load_npz(path, fmt: str, writer: str, *, arrays_needed=(), meta_needed=()) -
         try:
             with np.load(fh, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-        except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+        except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:   # (zlib: a damaged text member)
             raise ValueError(f"{not_ours}: it is a damaged or foreign .npz archive ({exc})") from exc
     try:
         meta = json.loads(str(arrays.pop("meta")))

@@ -1158,3 +1158,24 @@ def test_a_changed_plain_run_is_refused_with_a_fix_for_the_shell(files, capsys):
     shutil.rmtree(out / "chunks")
     assert _bound([*base, "--size", "0.02"]) == 0
     assert json.loads((out / "summary.json").read_text())["params"]["size"] == 0.02
+
+
+def test_a_folder_of_the_user_s_named_as_an_hcrfast_checkpoint_makes_none_of_their_files_hcrfast_s(files, capsys):
+    """An OUT without the list of outputs was taken for an older hcrfast's where a `calibration` folder (or
+    `sweep_chunks`, `chunks/key.json`) was there, whatever it held: a user's own folder of that name made their
+    summary.json and figures hcrfast's, replaced and removed. Only such a folder holding hcrfast's key counts."""
+    tmp_path, _ = files
+    base = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--examples", "2"]
+    for sign, extra in (("calibration", ["--target-std", "0.5", "--max-calls", "2"]), ("chunks/key.json", [])):
+        out = tmp_path / sign.split("/")[0] / "mine"
+        (out / sign).parent.mkdir(parents=True, exist_ok=True)
+        if sign.endswith(".json"):
+            (out / sign).write_text('{"format": "my own"}')
+        else:
+            (out / sign).mkdir()
+        (out / "summary.json").write_text('{"mine": 1}')
+        (out / "hist_all.png").write_bytes(b"mine")
+        assert _bound([*base, *extra, "--out", out]) == 2
+        assert "holds summary.json, which this command writes and which no hcrfast command wrote there" in \
+            capsys.readouterr().err
+        assert (out / "summary.json").read_text() == '{"mine": 1}' and (out / "hist_all.png").read_bytes() == b"mine"

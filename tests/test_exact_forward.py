@@ -118,6 +118,7 @@ def test_float32_steps_that_rounding_set_are_warned_of_and_stay_below_the_exact_
     model = _linear32()
     res, sigma, said = _drift_warnings(model, x, 1e-4)
     assert len(said) == 1 and said[0].startswith("9 restarts' last feature shifts") and "float32" in said[0], said
+    assert res.params["rounding"]["dtype_drift"] == 9 and res.params["rounding"]["worst_drift"] > 0.1
     A = model[1].weight.detach().double().numpy()
     import scipy.fft
     C = np.stack([scipy.fft.dctn(np.eye(64)[j].reshape(8, 8), norm="ortho").ravel() for j in range(64)], 1)

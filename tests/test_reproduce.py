@@ -1153,3 +1153,20 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(weights, tmp_path, monk
     assert cli.main(["reproduce", "digits", *TINY, "--weights=~/w.pt", "--out=~/r", "--no-progress"]) == 0
     assert (home / "r" / "bounds.npz").is_file() and not (tmp_path / "~").exists()
     assert json.loads((home / "r" / "summary.json").read_text())["command"].count(str(home / "w.pt")) == 1
+
+
+def test_a_run_json_of_the_user_s_makes_none_of_their_files_hcrfast_s(weights, tmp_path, capsys):
+    """A user's own run.json in --out made the OUT an older hcrfast's: the refused run still listed the user's
+    summary.json and report.html as hcrfast's, and once run.json was moved away the next run replaced them."""
+    tiny = [*TINY, "--weights", str(weights), "--no-progress"]
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "run.json").write_text('{"my": "run"}')
+    (out / "summary.json").write_text('{"mine": 1}')
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(out)]) == 2
+    capsys.readouterr()
+    (out / "run.json").unlink()
+    assert cli.main(["reproduce", "digits", *tiny, "--out", str(out)]) == 2
+    assert "holds summary.json, which this command writes and which no hcrfast command wrote there" in \
+        capsys.readouterr().err
+    assert (out / "summary.json").read_text() == '{"mine": 1}'

@@ -386,3 +386,35 @@ def test_the_reasons_of_restarts_that_bound_nothing_are_stored_compactly(tmp_pat
         assert z.getinfo("zero_reasons.npy").compress_type == zipfile.ZIP_DEFLATED
     again = hcrfast.bound(model, x, 1e-14, restarts=25, iterations=1, checkpoint=tmp_path / "ck")
     assert again.params["checkpoint"]["examples_read_back"] == 40 and again == res
+
+
+def test_a_damaged_deflated_member_is_refused_as_damaged_and_a_chunk_computed_again(tmp_path):
+    """The deflated text members raised zlib.error where damaged (a stored member gave BadZipFile, which the
+    readers take): Bounds.load now says the archive is damaged, and a damaged chunk is set aside and computed
+    again."""
+    import struct
+    import warnings
+    import zipfile
+
+    def damage(path, member):
+        info = zipfile.ZipFile(path).getinfo(member)
+        data = bytearray(path.read_bytes())
+        n, e = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+        start = info.header_offset + 30 + n + e
+        for k in range(start + 2, start + min(40, info.compress_size - 1)):
+            data[k] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    model, x = mlp(), torch.randn(4, 1, 4, 4, dtype=torch.float64)
+    res = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, chunk_size=2, checkpoint=tmp_path / "ck")
+    res.save(tmp_path / "b.npz")
+    damage(tmp_path / "b.npz", "meta.npy")
+    with pytest.raises(ValueError, match="damaged or foreign .npz archive"):
+        hcrfast.Bounds.load(tmp_path / "b.npz")
+    chunk = sorted((tmp_path / "ck").glob("chunk_*.npz"))[0]
+    damage(chunk, "key_sha256.npy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, chunk_size=2, checkpoint=tmp_path / "ck")
+    assert any("unreadable" in str(w.message) for w in caught)
+    assert again.params["checkpoint"]["examples_read_back"] == 2 and again == res
