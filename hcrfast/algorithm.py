@@ -21,7 +21,6 @@ import functools
 import json
 import math
 import numbers
-import os
 import sys
 import time
 import warnings
@@ -200,7 +199,10 @@ def start_vectors(example_ids, restarts: int, n: int, *, seed: int, size: float,
         out[i * restarts:(i + 1) * restarts] = scale * law.sample(np.random.default_rng([seed, ids[i]]), (restarts, n))
 
     if workers is None:
-        workers = min(os.cpu_count() or 1, 16) if out.size > 2**20 else 1
+        # the cores this process may use, no more than torch's thread count: the user's say on it
+        from hcrfast.kernels._lapack import cores
+
+        workers = min(cores(), 16) if out.size > 2**20 else 1
     if workers > 1 and len(ids) > 1 and isinstance(law, (Gaussian, Laplace)):
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(fill, range(len(ids))))
@@ -585,8 +587,18 @@ def _rounding_magnitude(model64, x, f0, jacobian: str = "reverse"):
     except RuntimeError as exc:
         if _is_oom(exc):
             raise
+        _warn_no_rounding_jvp(exc, "|a(theta)| alone, blind to input-sized terms the features cancel")
         return mag
     return xp.maximum(mag, xp.abs(xp.asarray(jv).reshape(mag.shape).astype(xp.float64)))
+
+
+def _warn_no_rounding_jvp(exc: RuntimeError, fallback: str) -> None:
+    """Say that the float64 JVP of a rounding estimate raised, and what the estimate took instead: the error
+    may be the model's own (it was swallowed silently, and the bounds moved), and the estimate is weaker."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    validation.warn(f"the float64 JVP that sizes the forward passes' rounding raised RuntimeError ({first[:200]}); "
+                    f"the rounding estimate takes {fallback}: if the model raised it, fix the model; if its float64 "
+                    f"copy has no forward-mode derivative, pass jacobian='forward' or 'reverse' (the other one)")
 
 
 def _rounding_slope(model64, x, jacobian: str = "reverse"):
@@ -603,6 +615,8 @@ def _rounding_slope(model64, x, jacobian: str = "reverse"):
     except RuntimeError as exc:
         if _is_oom(exc):
             raise
+        _warn_no_rounding_jvp(exc, "no slope term (the rounding of steps far from the input is sized from "
+                                   "the input's)")
         return None
     return xp.abs(xp.asarray(jv).reshape(len(x64), -1).astype(xp.float64))
 

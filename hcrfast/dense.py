@@ -211,6 +211,11 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
             elif "NYI" in text or "not implemented" in text.lower():
                 cause, fix = ("vmap has no rule for an operation of the forward (named there)",
                               "write that step with operations vmap supports")
+            elif _backward_hooked(model):
+                cause, fix = (f"the backward hooks on the submodules {', '.join(map(repr, _backward_hooked(model)[:3]))} "
+                              f"(register_full_backward_hook: an autograd.Function vmap cannot batch) are the likely "
+                              f"cause",
+                              "remove the hooks while hcrfast runs (they fire on its products too)")
             else:
                 cause, fix = ("a forward that changes its own buffers or attributes in place is the usual cause",
                               "keep the forward free of in-place changes to the model's state")
@@ -720,3 +725,13 @@ def min_norm_solver(J: torch.Tensor, *, rtol: float | None = None, driver: str =
                                                (0, 0, 0, pad))
         out.smallest_values = torch.nn.functional.pad(values, (0, pad))
     return out
+
+
+def _backward_hooked(model) -> list[str]:
+    """The submodules of ``model`` with backward hooks (``register_full_backward_hook`` and its pre-hook):
+    torch wraps their outputs in an autograd.Function that torch.func.vmap cannot batch."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [name or type(model).__name__ for name, m in model.named_modules()
+            if getattr(m, "_backward_hooks", None) or getattr(m, "_backward_pre_hooks", None)]
+

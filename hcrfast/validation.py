@@ -420,6 +420,17 @@ def entry_point(model, device, *, tf32: bool = False):
     and convolutions unless ``tf32``."""
     from hcrfast.bindings import ieee_float32, solver_stream
 
+    kind = getattr(device, "type", None) or torch.device(device).type
+    try:
+        ambient = torch.is_autocast_enabled(kind)
+    except RuntimeError:   # a device type autocast does not know (meta)
+        ambient = False
+    if ambient:   # the caller's own: hcrfast leaves it on, as the model may rely on it
+        warn(f"hcrfast was called under torch.autocast ({kind}, {str(torch.get_autocast_dtype(kind))[6:]}): the "
+             f"model's float32 passes run in that dtype inside it, which steers the solver's steps (a mode's bound "
+             f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
+             f"certified by the float64 passes, which autocast does not cast. Call hcrfast outside the autocast "
+             f"region (or inside torch.autocast({kind!r}, enabled=False))")
     with (_ONE_CALL, torch.inference_mode(False), eval_mode(model), solver_stream(device),
           ieee_float32(not tf32)):
         yield

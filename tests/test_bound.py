@@ -1886,3 +1886,29 @@ def test_the_first_eta_says_it_holds_the_one_off_costs(monkeypatch, capsys):
     first, second = capsys.readouterr().err.splitlines()
     assert first.endswith("ETA 90 s (from the first chunk, which holds the call's one-off costs))"), first
     assert second.endswith("ETA 8 s)"), second
+
+
+def test_start_vectors_draw_on_no_more_threads_than_torch_is_given(monkeypatch):
+    """start_vectors drew large batches on min(cpu_count, 16) threads whatever torch.set_num_threads said (the
+    user's limit, which the LAPACK loops honour): one thread now where torch has one."""
+    import concurrent.futures
+
+    from hcrfast import algorithm
+
+    seen = []
+    real = concurrent.futures.ThreadPoolExecutor
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("max_workers"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algorithm.concurrent.futures, "ThreadPoolExecutor", spy)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = hcrfast.start_vectors(range(4), 4, 70000, seed=0, size=0.005, sigma=0.1)
+        torch.set_num_threads(2)
+        two = hcrfast.start_vectors(range(4), 4, 70000, seed=0, size=0.005, sigma=0.1)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen in ([], [2]) and np.array_equal(one, two)   # (one core here: no pool at all)

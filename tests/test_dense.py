@@ -723,3 +723,16 @@ def test_the_dense_rank_rule_keeps_real_directions_of_an_ill_conditioned_float32
         ratio[solver] = np.asarray(res.std).reshape(2, -1) / exact
         assert ratio[solver].max() <= 1.0
     assert np.median(ratio["dense"]) > 0.75 and np.median(ratio["krylov"]) > 0.75
+
+
+def test_a_backward_hook_that_breaks_the_dense_solve_is_named():
+    """A Grad-CAM style full backward hook wraps the submodule's output in an autograd.Function that vmap cannot
+    batch: the refusal blamed in-place changes of the model's state. It names the hooked submodule now."""
+    import hcrfast
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Flatten(),
+                              torch.nn.Linear(256, 10)).eval()
+    net[0].register_full_backward_hook(lambda m, gi, go: None)
+    with pytest.raises(ValueError, match=r"the backward hooks on the submodules '0' \(register_full_backward_hook"):
+        hcrfast.bound(net, torch.rand(2, 1, 8, 8), 0.1, iterations=2, restarts=2, solver="dense")

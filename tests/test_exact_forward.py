@@ -1,7 +1,6 @@
 """Bounds on small nonlinear models against their exact values: each model's forward pass re-evaluated in
 60-digit arithmetic (mpmath) with its weights taken as exact reals, so that neither D nor z inherits float64's
 rounding of the passes hcrfast certifies with (``algorithm._widened``, ``_rounding_slope``)."""
-import math
 
 import numpy as np
 import pytest
@@ -136,3 +135,26 @@ def test_float32_steps_that_rounding_set_are_warned_of_and_stay_below_the_exact_
     again, _, said_again = _drift_warnings(model, x, 1e-4, checkpoint=tmp_path, chunk_size=1)
     assert again.params["checkpoint"]["examples_read_back"] == 3
     assert said_again == first and first[0].split(" strayed")[0] == said[0].split(" strayed")[0]
+
+
+def test_a_rounding_estimate_whose_jvp_raises_says_so():
+    """The float64 JVPs that size the passes' rounding fell back in silence on any RuntimeError, the model's own
+    included (a model raising on its 12th forward gave other bounds, unwarned). They warn now, naming it."""
+    import warnings
+
+    from hcrfast import algorithm
+
+    class Raises(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("transient failure")
+
+    x = torch.rand(2, 1, 4, 4, dtype=torch.float64)
+    f0 = np.ones((2, 3))
+    for got in (lambda: algorithm._rounding_magnitude(Raises(), x, f0), lambda: algorithm._rounding_slope(Raises(), x)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = got()
+        said = [str(w.message) for w in caught]
+        assert any("raised RuntimeError (transient failure)" in m and "if the model raised it, fix the model" in m
+                   for m in said), said
+        assert value is None or np.array_equal(value, f0)
