@@ -1809,14 +1809,21 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
         targeted_of = {}  # chunk start -> its TargetedBounds
 
-        std = xp.zeros((B, p))
-        mse = xp.zeros(B)
-        best_eps = xp.zeros((B, p))
-        best_z = xp.zeros((B, n))
-        divergence = xp.zeros((B, restarts))
-        best_restart = xp.zeros(B, dtype=xp.int64)
-        itn = xp.zeros((B, restarts, iterations), dtype=xp.int64)
-        istop = xp.zeros((B, restarts, iterations), dtype=xp.int64)
+        try:
+            std = xp.zeros((B, p))
+            mse = xp.zeros(B)
+            best_eps = xp.zeros((B, p))
+            best_z = xp.zeros((B, n))
+            divergence = xp.zeros((B, restarts))
+            best_restart = xp.zeros(B, dtype=xp.int64)
+            itn = xp.zeros((B, restarts, iterations), dtype=xp.int64)
+            istop = xp.zeros((B, restarts, iterations), dtype=xp.int64)
+        except MemoryError as exc:   # (NumPy's names a size only: say which arguments make it)
+            raise MemoryError(f"the results of {B} examples x restarts={restarts} x iterations={iterations} "
+                              f"(D per restart, iteration counts and stop codes per step: "
+                              f"{B * restarts * (1 + 2 * iterations) * 8 / 2**30:.3g} GiB, beside {B} x {2 * p + n} "
+                              f"values of the bounds and steps) do not fit in memory: pass fewer restarts or "
+                              f"iterations, or bound the batch in parts") from exc
         results = dict(std=std, mse=mse, eps=best_eps, z=best_z, divergence=divergence, best_restart=best_restart,
                        lsqr_iterations=itn, lsqr_istop=istop)  # the rows a checkpoint keeps per chunk
         reasons_of = {}  # chunk start -> its lines of infinite_reasons

@@ -1912,3 +1912,20 @@ def test_start_vectors_draw_on_no_more_threads_than_torch_is_given(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert seen in ([], [2]) and np.array_equal(one, two)   # (one core here: no pool at all)
+
+
+def test_restarts_too_many_for_memory_are_named(monkeypatch):
+    """restarts=10**12 ended in NumPy's "Unable to allocate 14.6 TiB", naming no argument. (NumPy's refusal is
+    stood in for: a machine that overcommits memory might grant those zeros and go on to draw the steps.)"""
+    real = np.zeros
+
+    def zeros(shape, *args, **kwargs):
+        if isinstance(shape, tuple) and 10**12 in shape:
+            raise MemoryError("Unable to allocate 14.6 TiB for an array")
+        return real(shape, *args, **kwargs)
+
+    monkeypatch.setattr(np, "zeros", zeros)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).eval()
+    with pytest.raises(MemoryError, match=r"2 examples x restarts=1000000000000 x iterations=2 .* pass fewer "
+                                          r"restarts or iterations"):
+        hcrfast.bound(model, torch.randn(2, 1, 4, 4), 0.1, restarts=10**12, iterations=2)
