@@ -274,7 +274,8 @@ def scaled_norm(t: torch.Tensor) -> float:
 
 
 def batch_tensor(batch) -> None:
-    """Refuses what is not a tensor of at least one example (any dtype: a model may embed integer ids)."""
+    """Refuses what is not a tensor of at least one example (any dtype: :func:`check_batch`, its one caller,
+    then refuses what no derivative reaches, integer ids included)."""
     if not isinstance(batch, torch.Tensor):
         raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
                         f"convert with torch.as_tensor(batch)")
