@@ -213,18 +213,30 @@ def _real_array(name: str, value) -> np.ndarray:
 
 
 def _check_seed(seed):
-    """A seed of the Monte Carlo draws: a non-negative integer (NumPy's too) or a numpy.random.Generator.
+    """A seed of the Monte Carlo draws: what ``numpy.random.default_rng`` takes, ``None`` excepted.
 
+    That is a non-negative integer (NumPy's too), a non-empty sequence of them, a
+    ``numpy.random.SeedSequence``, a ``numpy.random.BitGenerator`` or a ``numpy.random.Generator``.
     ``None`` (fresh entropy from the OS, a different draw every call) is refused: the draws would not be
     repeatable. A negative or fractional seed is refused here by name, not deep in NumPy."""
-    if isinstance(seed, np.random.Generator):
+    if isinstance(seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)):
         return seed
+    what = ("seed must be a non-negative integer, a sequence of them, a numpy.random.SeedSequence, "
+            "BitGenerator or Generator")
+    if isinstance(seed, (list, tuple, np.ndarray)) and not isinstance(seed, str):
+        entries = list(np.asarray(seed, dtype=object).ravel()) if isinstance(seed, np.ndarray) else list(seed)
+        if not entries:
+            raise ValueError(f"{what}, got an empty {type(seed).__name__}; pass e.g. seed=0 or seed=[0, 1]")
+        for entry in entries:
+            if isinstance(entry, (bool, np.bool_)) or not isinstance(entry, numbers.Integral) or entry < 0:
+                raise TypeError(f"{what}, got {type(seed).__name__} {seed!r} with entry {entry!r}; every entry "
+                                f"must be an integer >= 0, e.g. seed=[0, 1]")
+        return [int(entry) for entry in entries]
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be a non-negative integer or a numpy.random.Generator, got "
-                        f"{type(seed).__name__} {seed!r}; pass e.g. seed=0 (the draws are then repeatable)")
+        raise TypeError(f"{what}, got {type(seed).__name__} {seed!r}; pass e.g. seed=0 (the draws are then "
+                        f"repeatable)")
     if seed < 0:
-        raise ValueError(f"seed must be a non-negative integer or a numpy.random.Generator, got {seed}; "
-                         f"pass e.g. seed=0")
+        raise ValueError(f"{what}, got {seed}; pass e.g. seed=0")
     return int(seed)
 
 
@@ -1068,7 +1080,7 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
         Empirical variance of the example's values.
     n_samples : int, optional
         Monte Carlo sample size; omitted, deterministic quadrature.
-    seed : int >= 0 or numpy.random.Generator
+    seed : int >= 0, sequence of them, or numpy.random.SeedSequence/BitGenerator/Generator
         Seed of the Monte Carlo draws: required with ``n_samples``. Without ``n_samples`` nothing is
         drawn and a seed (still checked) changes nothing: the quadrature is deterministic.
 
@@ -1085,7 +1097,7 @@ def ncc_cdf(x, *, sigma, C, N, T=1, beta=1.0, variance, n_samples=None, seed=Non
     if n_samples is not None:
         n_samples = _check_count("n_samples", n_samples, "Monte Carlo sample size")
         if seed is None:
-            raise TypeError("ncc_cdf with n_samples draws at random and needs seed= (a non-negative integer or a "
+            raise TypeError("ncc_cdf with n_samples draws at random and needs seed= (e.g. a non-negative integer or a "
                             "numpy.random.Generator) to be repeatable; pass e.g. seed=0, or drop n_samples for "
                             "the deterministic quadrature")
     if seed is not None:
@@ -1257,7 +1269,7 @@ def simulate_attack(images, *, sigma, C, T=1, seed) -> np.ndarray:
         One example per leading index.
     sigma, C : float
     T : int, default 1
-    seed : int >= 0 or numpy.random.Generator
+    seed : int >= 0, sequence of them, or numpy.random.SeedSequence/BitGenerator/Generator
         Seed of the noise (required: the same seed gives the same reconstructions).
 
     Returns

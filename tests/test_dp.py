@@ -1096,8 +1096,12 @@ def test_tiny_rero_bound_for_large_n_is_refused_with_working_threshold(mp):
 
 
 @pytest.mark.parametrize("seed, error, said", [
-    (None, TypeError, r"seed must be a non-negative integer or a numpy\.random\.Generator, got NoneType None"),
-    (-1, ValueError, r"seed must be a non-negative integer or a numpy\.random\.Generator, got -1"),
+    (None, TypeError, r"seed must be a non-negative integer, a sequence of them, a numpy\.random\.SeedSequence, "
+                      r"BitGenerator or Generator, got NoneType None"),
+    (-1, ValueError, r"seed must be a non-negative integer, .* or Generator, got -1"),
+    ([], ValueError, r"seed must be .*got an empty list; pass e\.g\. seed=0 or seed=\[0, 1\]"),
+    ([1, -2], TypeError, r"seed must be .*got list \[1, -2\] with entry -2; every entry must be an integer >= 0"),
+    ((1, 0.5), TypeError, r"seed must be .*got tuple \(1, 0\.5\) with entry 0\.5"),
     (1.5, TypeError, r"seed must be .*got float 1\.5"),
     (True, TypeError, r"seed must be .*got bool True"),
 ])
@@ -1114,6 +1118,23 @@ def test_a_seed_that_does_not_repeat_the_draws_is_refused_by_name(seed, error, s
     # NumPy's integers and Generators are seeds
     a = dp.simulate_attack(np.ones((1, 4)), sigma=1.0, C=1.0, seed=np.int64(3))
     assert np.array_equal(a, dp.simulate_attack(np.ones((1, 4)), sigma=1.0, C=1.0, seed=np.random.default_rng(3)))
+
+
+def test_every_seed_numpy_default_rng_repeats_is_taken():
+    """A SeedSequence (what `hcrfast dp figure` spawns its noise seeds from), a BitGenerator and a list of
+    integers are repeatable seeds NumPy takes; they were refused as 'not an integer'. Each gives the draws
+    numpy.random.default_rng gives for it."""
+    images = np.linspace(0.0, 1.0, 8).reshape(2, 4)
+    kw = dict(sigma=0.3, C=1.0)
+    for make in (lambda: np.random.SeedSequence(5), lambda: np.random.PCG64(5), lambda: [5, 6],
+                 lambda: (5, 6), lambda: np.array([5, 6]), lambda: [np.int64(5)]):
+        got = dp.simulate_attack(images, **kw, seed=make())
+        assert np.array_equal(got, dp.simulate_attack(images, **kw, seed=np.random.default_rng(make())))
+        assert not np.array_equal(got, dp.simulate_attack(images, **kw, seed=0))
+        x = np.array([0.1, 0.5])
+        cdf = dp.ncc_cdf(x, sigma=1.0, C=1.0, N=16, variance=1.0, n_samples=500, seed=make())
+        assert np.array_equal(cdf, dp.ncc_cdf(x, sigma=1.0, C=1.0, N=16, variance=1.0, n_samples=500,
+                                              seed=np.random.default_rng(make())))
 
 
 def test_ncc_cdf_monte_carlo_needs_a_seed_and_the_quadrature_ignores_one():
