@@ -399,6 +399,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
     if rounding.get("restarts"):
         body.append(f'<p class="warn">{rounding["restarts"]:,} restarts are exact only to float64\'s rounding: '
                     f'{e(rounding["reason"])} (~{rounding["worst_relative_error"]:.1g}).</p>')
+    if rounding.get("dtype_drift"):
+        body.append(f'<p class="warn">{rounding["dtype_drift"]:,} restarts\' steps followed the model\'s rounding: '
+                    f'{e(rounding["dtype_drift_reason"])} (up to {rounding["worst_dtype_drift"]:.2g}).</p>')
     if rounding.get("singular_steps"):
         body.append(f'<p class="warn">{rounding["singular_steps"]:,} singular steps (counted apart from the restarts) '
                     f'are likewise exact only to float64\'s rounding '

@@ -323,8 +323,10 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
     # restarts whose D float64's rounding may move by more than 1e-6 (bounds kept, warned), the worst estimate
     # (and the singular steps', counted apart)
     r = res.params["rounding"]
-    arrays["rounding"] = np.array([r["restarts"], r["worst"], r.get("singular_steps", 0), r.get("worst_singular", 0.0)],
-                                  np.float64)
+    # (and the restarts whose model-dtype shifts strayed from float64's, at examples whose bounds take theirs:
+    # hcrfast.algorithm._dtype_drift, with the worst stray)
+    arrays["rounding"] = np.array([r["restarts"], r["worst"], r.get("singular_steps", 0), r.get("worst_singular", 0.0),
+                                   r.get("dtype_drift", 0), r.get("worst_drift", 0.0)], np.float64)
     # the singular steps' account (examples, (example, mode) bounds they raised, seconds), summed over chunks
     sing = res.params.get("singular_steps")
     if sing:
@@ -1028,6 +1030,15 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "singular_steps": int(sum(p["rounding"][2] for p in parts if len(p.get("rounding", ())) > 2)),
             "worst_relative_error_singular": float(max((p["rounding"][3] for p in parts
                                                         if len(p.get("rounding", ())) > 3), default=0.0)),
+            # chunks written before 2026-12-01 did not count the strays (read as none)
+            "dtype_drift": int(sum(p["rounding"][4] for p in parts if len(p.get("rounding", ())) > 4)),
+            "worst_dtype_drift": float(max((p["rounding"][5] for p in parts if len(p.get("rounding", ())) > 5),
+                                           default=0.0)),
+            "dtype_drift_reason": ("these restarts' last feature shifts a(theta+eps) - a(theta) in the model's dtype "
+                                   "strayed from the float64 ones by more than 0.1 of their size, at examples whose "
+                                   "bounds take theirs: the model's rounding set Algorithm 1's next steps, so those "
+                                   "bounds (certified in float64, rigorous still) follow that rounding and do not "
+                                   "scale with sigma; a larger --sigma-scale avoids it"),
             "reason": ("float64's rounding of a(theta+eps) - a(theta) may move these restarts' D, and their bounds "
                        "with it, by up to the worst relative error (sigma * size small next to the features' size: a "
                        "larger --sigma-scale removes it); D is taken 32x that far up, so their bounds are lower by "
@@ -1069,6 +1080,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                    f"median bound {_fmt_or_inf(summary['bounds']['q50'])}"
                    + (f" ({summary['bounds']['zero']:,} of {std.size:,} bounds are 0, which bounds nothing: see "
                       f"summary.json's zero_steps)" if summary["bounds"].get("zero") else "")
+                   + (f" ({summary['rounding']['dtype_drift']:,} restarts' steps followed the model's rounding: see "
+                      f"summary.json's rounding.dtype_drift)" if summary["rounding"]["dtype_drift"] else "")
                    + f", clean accuracy {clean_acc:.4f}, "
                    f"dithered {dithered_acc:.4f}")
     return RunResult(out, bounds_path, summary_path, report_path, summary, len(todo), reused)

@@ -880,6 +880,32 @@ def test_summary_statistics_against_numpy():
     assert reproduce._targeted_stats(None, std, alg1) is None
 
 
+def test_steps_that_followed_float32_rounding_are_counted_in_the_summary_also_on_resume(weights, tmp_path, capsys):
+    """At --sigma-scale 1e-4 the digits model's float32 shifts are mostly its rounding, which then sets Algorithm 1's
+    next steps: hcrfast.bound warns of it per chunk, but the run's summary, report and closing line did not say it,
+    and a resume (every chunk reused, bound not called) said nothing at all. The count is the warnings' own total."""
+    out = tmp_path / "drift"
+    args = ["reproduce", "digits", *TINY, "--solver", "dense", "--sigma-scale", "1e-4", "--singular-steps", "0",
+            "--out", str(out), "--weights", str(weights)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(args) == 0
+    said = [str(w.message) for w in caught if "strayed from the float64 ones" in str(w.message)]
+    warned = sum(int(m.split(" restarts'")[0]) for m in said)
+    assert warned > 0
+    first = json.loads((out / "summary.json").read_text())["rounding"]
+    assert first["dtype_drift"] == warned and first["worst_dtype_drift"] > 0.1
+    line = f"({warned:,} restarts' steps followed the model's rounding: see summary.json's rounding.dtype_drift)"
+    assert line in capsys.readouterr().err
+    assert f"{warned:,} restarts' steps followed the model's rounding: these restarts&#x27;" in (out / "report.html").read_text()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(args) == 0   # a resume: every chunk reused
+    assert not [w for w in caught if "strayed" in str(w.message)]
+    assert json.loads((out / "summary.json").read_text())["rounding"] == first
+    assert line in capsys.readouterr().err
+
+
 def test_zero_steps_summary_counts_kinds_examples_and_whole_examples():
     # (example, restart, kind): example 0 loses both of its 2 restarts, examples 3 and 5 one each
     zero_steps = np.array([[0, 0, 0], [0, 1, 2], [3, 1, 1], [5, 0, 4]])
