@@ -706,6 +706,11 @@ def run(
         out = Path(out if out is not None else Path("runs") / (f"{name}_limit" if limit else name))
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file; pass a folder for the run (it is created if missing)")
+        if out.is_dir():   # (as `hcrfast reproduce` checks it: a Python caller's OUT holds the user's files too)
+            from hcrfast._bound_cli import _check_out_kind, check_outputs
+
+            _check_out_kind(out, "reproduce")
+            check_outputs(out, REPRODUCE_OUTPUTS, REPRODUCE_OUTPUTS, ("run.json",), "hcrfast reproduce ", world.rank)
         # by this call, with the parents it makes (runs/ for the default OUT): taken back if it fails early
         made = [p for p in (*reversed(out.parents), out, out / "chunks") if not p.exists()]
         fresh = not (out / "run.json").exists()

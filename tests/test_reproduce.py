@@ -1168,6 +1168,29 @@ def test_files_of_the_user_s_at_the_output_names_are_refused_before_anything_run
     assert sorted(p.name for p in swept.iterdir() if not p.name.startswith(".")) == ["tradeoff.png"]
 
 
+def test_reproduce_run_from_python_refuses_the_user_s_files_too(weights, tmp_path):
+    """hcrfast.reproduce.run (the Python entry point) wrote over the user's summary.json and figures in its out:
+    only the command line checked them. It refuses them as the command does, and an OUT of `hcrfast bound`."""
+    from hcrfast import reproduce
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.json").write_text('{"mine": 1}')
+    kw = dict(examples=10, restarts=2, iterations=2, weights=weights, chunk_examples=4, progress=False)
+    with pytest.raises(ValueError, match=r"holds summary\.json, which this command writes and which no hcrfast command "
+                                         r"wrote there; pass another --out, or move it"):
+        reproduce.run("digits", out=out, **kw)
+    assert (out / "summary.json").read_text() == '{"mine": 1}'
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["summary.json"]
+    other = tmp_path / "sweep_out"
+    (other / "sweep_chunks").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"holds a --sweep \(sweep_chunks\), and this command is a `hcrfast reproduce` "
+                                         r"run, which would leave its results beside those; pass another --out"):
+        reproduce.run("digits", out=other, **kw)
+    (out / "summary.json").unlink()
+    assert reproduce.run("digits", out=out, **kw).summary["examples"] == 10
+
+
 def test_a_tilde_after_an_equals_sign_is_the_home_folder(weights, tmp_path, monkeypatch):
     """--out=~/r --weights=~/w.pt: the shell leaves ~ after '=', so hcrfast expands it, never making a folder
     named ~ in the working directory."""
