@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -92,17 +93,9 @@ def count_arg(least: int):
     """An argparse type: an integer of at least ``least``, refused where it is parsed, so that argparse names
     the option and the value (``--iterations 0`` failed deep in the reference's solve, ``zero-size array to
     reduction operation``, and ``--examples 0`` as a NaN RMS of no features)."""
+    from hcrfast._bound_cli import count_at_least
 
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: pass an integer >= {least}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"{value}: pass an integer >= {least}")
-        return value
-
-    return count
+    return functools.partial(count_at_least, least=least, fix=f"pass an integer >= {least}")
 
 
 #: Counts (examples, restarts, iterations, threads, ...) and seeds (default_rng takes none below 0).

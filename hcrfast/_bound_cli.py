@@ -45,10 +45,8 @@ def _strict_json(summary: dict) -> str:
 
     return json.dumps(strict(json.loads(json.dumps(summary, default=json_default))), indent=1, allow_nan=False)
 
-def auto_or_count(text: str, least: int, fix: str):
-    """An argparse value: "auto", or an integer of at least ``least`` (else ``fix`` says what to pass)."""
-    if text == "auto":
-        return text
+def count_at_least(text: str, least: int, fix: str) -> int:
+    """An argparse value: an integer of at least ``least`` (else ``fix`` says what to pass)."""
     try:
         value = int(text)
     except ValueError:
@@ -56,6 +54,11 @@ def auto_or_count(text: str, least: int, fix: str):
     if value < least:
         raise argparse.ArgumentTypeError(f"{text!r}: {fix}")
     return value
+
+
+def auto_or_count(text: str, least: int, fix: str):
+    """An argparse value: "auto", or an integer of at least ``least`` (else ``fix`` says what to pass)."""
+    return text if text == "auto" else count_at_least(text, least, fix)
 
 
 def steps_arg(text: str):

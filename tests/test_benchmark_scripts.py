@@ -447,11 +447,11 @@ def test_race_and_gpu_targets_refuse_degenerate_counts_naming_them(script, optio
     with pytest.raises(SystemExit) as exit_:
         parse(([] if script == "race" else ["mnist"]) + [option, value])
     assert exit_.value.code == 2
-    assert f"argument {option}: {value}: pass an integer >= {0 if option == '--seed' else 1}" in capsys.readouterr().err
+    assert f"argument {option}: '{value}': pass an integer >= {0 if option == '--seed' else 1}" in capsys.readouterr().err
     if script == "race":
         with pytest.raises(SystemExit):
             module.parse_args(["--sweep-iter-lims", "10,0"])
-        assert "--sweep-iter-lims '10,0': 0: pass an integer >= 1" in capsys.readouterr().err
+        assert "--sweep-iter-lims '10,0': '0': pass an integer >= 1" in capsys.readouterr().err
 
 
 def test_profile_cpu_gives_the_dense_solve_no_lsqr_options(tmp_path, capsys):
