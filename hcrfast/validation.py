@@ -441,6 +441,10 @@ def entry_point(model, device, *, tf32: bool = False):
 def eval_mode(model, name: str = "model"):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored
     (``name``: what the warning calls it)."""
+    if not isinstance(model, torch.nn.Module) and callable(model):
+        with _modules_met_in_eval_mode(name):
+            yield model
+        return
     training = _in_training_mode(model)
     if training:
         which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
@@ -458,6 +462,35 @@ def eval_mode(model, name: str = "model"):
                 m.training = flag
     else:
         yield model
+
+
+@contextlib.contextmanager
+def _modules_met_in_eval_mode(name: str):
+    """:func:`eval_mode` for a callable that is not a Module (a closure, a lambda, a bound method): its modules
+    cannot be listed, so each module in training mode that this thread calls while the context is open is
+    switched to eval mode as its forward starts (a global forward pre-hook) and restored on exit, with a warning
+    naming them. A closure over a BatchNorm in training mode had its running statistics updated by hcrfast's
+    first forward, before the batch probe refused the model."""
+    thread, met = threading.get_ident(), {}
+
+    def pre_hook(module, args):
+        if module.training and threading.get_ident() == thread:
+            met.setdefault(id(module), (module, True))
+            module.training = False
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        for module, flag in met.values():
+            module.training = flag
+        if met:
+            kinds = sorted({type(module).__name__ for module, _ in met.values()})
+            warn(f"the {name} (a callable, not a Module) calls {len(met)} module(s) in training mode "
+                 f"({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}); hcrfast switched each to eval mode "
+                 f"as it was called (BatchNorm with running statistics, no dropout) and restored them afterwards. "
+                 f"Call .eval() on the modules it uses first to silence this.")
 
 
 def _in_training_mode(model) -> list[str]:

@@ -2,6 +2,7 @@
 import copy
 import math
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -291,6 +292,39 @@ def test_each_submodules_own_mode_is_restored(x, sigma):
     with pytest.warns(UserWarning, match=r"the model's submodule 1 was in training mode"):
         hcrfast.bound(mixed, x, sigma, **QUICK)
     assert not mixed.training and mixed[1].training
+
+
+def test_a_closure_over_modules_in_training_mode_runs_them_in_eval_mode_and_restores_them():
+    """A plain function over a network in training mode (a lambda, certify=False or float64): hcrfast cannot list
+    its modules, so its first forward updated a BatchNorm's running statistics before the probe refused the model
+    (BatchNorm1d in training mode fails on one example). Each module the function calls in training mode is now run
+    in eval mode, warned about and restored: the bounds are those of the network in eval mode, passed as a Module."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                              torch.nn.Dropout(0.5), torch.nn.Linear(8, 5)).double()
+    net[4].eval()   # left in eval mode on purpose: stays so
+    with torch.no_grad():
+        net[1].running_mean.uniform_(-1, 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    batch = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kw = dict(restarts=2, iterations=3, basis="pixel")
+    with pytest.warns(UserWarning, match=r"the model \(a callable, not a Module\) calls 5 module\(s\) in training mode "
+                                         r"\(BatchNorm1d, Dropout, Linear, Sequential, Tanh\)"):
+        got = hcrfast.bound(lambda t: net(t), batch, 0.1, **kw)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+    assert [m.training for m in net] == [True, True, True, True, False] and net.training
+    expected = hcrfast.bound(copy.deepcopy(net).eval(), batch, 0.1, **kw)
+    np.testing.assert_array_equal(got.std, expected.std)
+    # another thread's module is not switched while hcrfast runs
+    other = torch.nn.Dropout(0.5).train()
+    seen = []
+    def watch(t):
+        thread = threading.Thread(target=lambda: seen.append(other(torch.ones(1000)).eq(0).any().item()))
+        thread.start(); thread.join()  # noqa: E702
+        return net(t)
+    with pytest.warns(UserWarning, match="in training mode"):
+        hcrfast.bound(watch, batch, 0.1, **kw)
+    assert seen and all(seen) and other.training
 
 
 class BatchCentering(torch.nn.Module):
