@@ -1262,6 +1262,60 @@ def _is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in text
 
 
+class _StillTheSameFunction:
+    """The features of a few examples (:data:`validation.REPEAT_ROWS`, spread over the batch as
+    :func:`validation.check_repeatable` takes them), computed again after the solve by :meth:`check`, which
+    refuses a model whose features moved past rounding: those of the model that certifies (taken just before
+    the solve) against its shifts' scale, and the model's own against its first forward's features (the entry
+    checks' ``features``), at :func:`validation.probe_independent`'s tolerance. The checks at the start see a
+    forward that changes at each call, or mixes the batch, but not one that changes once (a call counter, a
+    cache filled, a schedule): a model that doubled its features after its fifth call passed them, and its
+    bounds were of the function after the switch, half those of the one it computed when called. The chunks a
+    call computed after such a change are of another function: the refusal says so. Three forwards of a few
+    rows."""
+
+    def __init__(self, model64, batch: torch.Tensor, shift: float, dtype: torch.dtype, model, features: torch.Tensor,
+                 rtol: float):
+        k, last = min(validation.REPEAT_ROWS, batch.shape[0]), batch.shape[0] - 1
+        self.rows = [i * last // (k - 1) for i in range(k)] if k > 1 else list(range(k))
+        self.model64, self.batch, self.shift, self.dtype = model64, batch, shift, dtype
+        self.model, self.rtol = model, rtol
+        self.first = features.detach().reshape(batch.shape[0], -1)[self.rows].clone()
+        self.before = self._features(model64, dtype)
+
+    def _features(self, model, dtype) -> torch.Tensor:
+        with torch.no_grad():
+            out = model(self.batch[self.rows].to(dtype))
+        return out.detach().reshape(len(self.rows), -1).clone()
+
+    def check(self, checkpoint=None) -> None:
+        after = self._features(self.model64, self.dtype)
+        # float64's rounding as check_repeatable allows it; another dtype (certify=False) a few of its ulps
+        share = validation.REPEAT_ROUNDING if self.dtype == torch.float64 else 4 * torch.finfo(self.dtype).eps
+        gap = float(((after - self.before).norm(dim=1) - share * self.before.norm(dim=1)).clamp_min(0).max())
+        text = None
+        if gap > 0 and (self.shift <= 0 or gap / self.shift > validation.REPEAT_LIMIT):
+            text = (f"the features of the model that certifies the bounds changed during this call: after the solve, "
+                    f"{len(self.rows)} examples' features differ from those it gave before by up to {gap:.3g} (norm), "
+                    + (f"{gap / self.shift:.3g} of" if self.shift > 0 else "against")
+                    + f" the feature shifts the bounds rest on (size x the noise's scale = {self.shift:.3g})")
+        else:
+            own = self._features(self.model, self.first.dtype)
+            scale = float(self.first.abs().max())
+            moved = float((own - self.first).abs().max())
+            if moved > self.rtol * scale:
+                text = (f"the model's features changed during this call: after the solve, {len(self.rows)} examples' "
+                        f"features differ from those of its first forward by up to {moved:.3g} ({moved / scale:.2e} of "
+                        f"the largest feature; the checks on entry allow {self.rtol:.0e})")
+        if text is None:
+            return
+        where = (f"; the chunks this call saved in {checkpoint} are of more than one function: delete that folder"
+                 if checkpoint is not None else "")
+        raise ValueError(f"{text}. The model changes itself as it runs (a call counter, a cache, a schedule or a "
+                         f"switch in its forward), so its bounds would be of more than one function; make the forward "
+                         f"a fixed function of its input{where}")
+
+
 class _Eta:
     """The seconds a call has left: the time per example of the chunks after its first, once there are any; the
     first chunk's until then. The first chunk's time holds the call's one-off costs (first compilations, the
@@ -1787,6 +1841,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
             validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=jacobian)
+        unchanged = _StillTheSameFunction(
+            model64, batch, validation.noise_shift(noise, size),
+            torch.float64 if model64 is not model or batch.dtype == torch.float64 else batch.dtype, model, features,
+            # probe_independent's tolerance (rows alone against the batch round apart); TF32's ~5e-4, 20x over
+            1e-2 if tf32 and batch.dtype == torch.float32 else max(1e-4, 4 * torch.finfo(batch.dtype).eps))
         # the precision of the forward passes that give z_ε (float64 passes are taken as exact)
         z_dtype = "float64" if certify else validation.dtype_name(batch.dtype)
         z_exact = z_dtype == "float64"
@@ -2333,6 +2392,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 exc.add_note(_one_example_note(solver, n, p, restarts, krylov_pilots, options, batch.element_size(),
                                                pilots_auto))
             raise
+        if todo:
+            unchanged.check(checkpoint if saved is not None else None)
         if reuse is not None and todo:
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:

@@ -49,11 +49,11 @@ import numpy as np
 import torch
 
 from hcrfast import dense, kernels, profiling, validation
-from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _applied64, _applied_shift, _auto_chunk, _certified_shift,
-                               _check_perturbations, _coarse_shifts, _cross_bounds, _features, _in_chunks,
-                               _far_slope, _nonfinite_derivative, _progress_line, _rounded_away, _rounding_error,
-                               _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding, _widened,
-                               coordinates_down, divergence_underflow, infinite_derivative)
+from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _StillTheSameFunction, _applied64, _applied_shift,
+                               _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts, _cross_bounds,
+                               _features, _in_chunks, _far_slope, _nonfinite_derivative, _progress_line, _rounded_away,
+                               _rounding_error, _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding,
+                               _widened, coordinates_down, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
@@ -789,6 +789,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
             validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=lsqr_mode)
+        unchanged = _StillTheSameFunction(
+            model64, batch, validation.noise_shift(noise, size),
+            torch.float64 if model64 is not model or batch.dtype == torch.float64 else batch.dtype, model, features,
+            1e-2 if tf32 and batch.dtype == torch.float32 else max(1e-4, 4 * torch.finfo(batch.dtype).eps))
         qmat = dense.basis_vectors(input_shape, basis, modes, batch.device)      # (K, p) float64
         params = {"sigma": sigma, "noise": noise.describe(), "size": size, "method": method, "basis": basis, "certify": certify,
                   "jacobian": None, "lsqr": dataclasses.asdict(options) if method == "lsqr" else None,
@@ -810,6 +814,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
         if directions is not None:  # computed for the whole batch at once (bound's shared factorization)
             result = piece(0, B)
+            unchanged.check()
         else:  # always in the same pieces, so that progress= and checkpoint= leave the numbers as they are
             result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint,
                                 key=lambda: dict(  # hashed only for a checkpoint
@@ -818,7 +823,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                     noise=repr(noise), size=size, modes=sha256_tensors(modes), basis=basis,
                                     method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
-                                features=features)
+                                features=features, unchanged=unchanged)
     result.timings["total"] = time.perf_counter() - t_start
     _warn_targeted(result.rounding, batch.dtype)  # once for the call, pieces read back included
     if not (method == "dense" and null_probes):
@@ -835,15 +840,18 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/6"  # /2 … /6: as hcrfast.bound checkpoint/2 … /6
 
 
-def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
+def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features,
+               unchanged=None) -> TargetedBounds:
     """``piece(start, stop)`` over the batch in pieces of ``per`` examples, each written to the
     checkpoint folder (if any; ``key()`` its key) as it finishes; the pieces an earlier call finished
     are read back. A call that fails before its first piece is saved takes back the key it wrote."""
     with taken_back_on_failure():
-        return _pieces(piece, B, per, xp, progress=progress, checkpoint=checkpoint, key=key, features=features)
+        return _pieces(piece, B, per, xp, progress=progress, checkpoint=checkpoint, key=key, features=features,
+                       unchanged=unchanged)
 
 
-def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features) -> TargetedBounds:
+def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features,
+            unchanged=None) -> TargetedBounds:
     t_start = time.perf_counter()
     parts = {}
     todo = [(0, B)]
@@ -872,6 +880,8 @@ def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, fea
         if progress:
             _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, eta,
                            computed, to_compute)
+    if pieces and unchanged is not None:   # (_StillTheSameFunction: the model did not change itself meanwhile)
+        unchanged.check(checkpoint if saved is not None else None)
     if saved is not None:
         saved.tidy()
         saved.warn_mixed(RESUME_BITWISE)

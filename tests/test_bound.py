@@ -1929,3 +1929,52 @@ def test_restarts_too_many_for_memory_are_named(monkeypatch):
     with pytest.raises(MemoryError, match=r"2 examples x restarts=1000000000000 x iterations=2 .* pass fewer "
                                           r"restarts or iterations"):
         hcrfast.bound(model, torch.randn(2, 1, 4, 4), 0.1, restarts=10**12, iterations=2)
+
+
+class _SwitchesAfter(torch.nn.Module):
+    """A fixed tanh MLP whose features double once it has run ``calls`` forwards (a counter, as a cache filled or
+    a warm-up schedule would): a model that changes itself once, during the call."""
+
+    def __init__(self, calls: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh(),
+                                       torch.nn.Linear(12, 10))
+        self.calls, self.switch = 0, calls
+
+    def forward(self, x):
+        self.calls += 1
+        return self.net(x) * (2.0 if self.calls > self.switch else 1.0)
+
+
+@pytest.mark.parametrize("entry", ["dense", "lsqr", "targeted"])
+def test_a_model_that_changes_itself_during_the_call_is_refused_wherever_it_switches(entry):
+    """The entry checks refuse a forward that changes at each call, but one that doubled its features after its
+    fifth call passed them: its bounds were those of the doubled function, half those of the function it computed
+    when called. At whatever forward the model switches during a call, the call is now refused; where it never
+    switches (or from its first forward on: a fixed function) the bounds are those of that fixed function."""
+    x = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+
+    def call(model, sigma=0.3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if entry == "targeted":
+                return hcrfast.targeted_bound(model, x, sigma, targets=[0, 1]).std
+            return hcrfast.bound(model, x, sigma, restarts=2, iterations=2, solver=entry).std
+
+    fixed = call(_SwitchesAfter(10**9).eval())
+    # doubled from its first forward on: a fixed function, whose bounds at 2 sigma are those of the net at sigma
+    np.testing.assert_allclose(call(_SwitchesAfter(0).eval(), 0.6), fixed, rtol=1e-9)
+    refused = []
+    for calls in range(1, 13):
+        model = _SwitchesAfter(calls).eval()
+        try:
+            got = call(model)
+        except ValueError as exc:
+            assert re.search(r"changed during this call|not a fixed function|other features for the same batch|mixes "
+                             r"the examples", str(exc)), str(exc)
+            refused.append(calls)
+            continue
+        assert model.calls <= calls, f"switched after forward {calls} of {model.calls}, and not refused"
+        np.testing.assert_array_equal(got, fixed)
+    assert 5 in refused   # the switch that passed every check before
