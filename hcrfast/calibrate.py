@@ -628,7 +628,8 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
         import torch
 
         validation.model_and_batch(model, batch, basis)
-        with torch.no_grad(), validation.eval_mode(model):   # the features bound() sees (no dropout, running stats)
+        # the features bound() sees (no dropout, running stats), under the one-call lock as bound's own
+        with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
             sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
     if hasattr(sigma0, "detach"):
         sigma0 = sigma0.detach().cpu().numpy()
@@ -642,7 +643,7 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
         import torch
 
         validation.model_and_batch(model, batch, basis)
-        with torch.no_grad(), validation.eval_mode(model):
+        with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
             shape = tuple(validation.features_of(model, batch, flat=False).shape[1:])
         n = int(np.prod(shape))
         if profile.size != n:

@@ -144,7 +144,9 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
         validation.model_dtype_device(model, batch)
     else:
         validation.model_and_batch(model, batch, "pixel")
-    with torch.no_grad(), validation.eval_mode(model):
+    # under the one-call lock, as every entry point: another thread's call restoring the model's mode meanwhile
+    # turned its dropout on inside this one
+    with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
         return validation.features_of(model, batch, flat=False)
 
 
@@ -173,7 +175,8 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
     targets = score.targets(labels, B, feats.device)
-    with torch.no_grad(), (validation.eval_mode(head, "head") if head is not None else contextlib.nullcontext()):
+    with validation._ONE_CALL, torch.no_grad(), (validation.eval_mode(head, "head") if head is not None
+                                                 else contextlib.nullcontext()):
         try:
             reference = _outputs(head, feats)
         except (RuntimeError, TypeError) as exc:

@@ -7,6 +7,8 @@ added to the features in float64; the head's argmax against the label.
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -657,3 +659,61 @@ def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_valu
     found = hcrfast.sigma_for_accuracy(net, None, x, None, 0.9, sigma0=grads, draws=3, metric="cosine")
     np.testing.assert_array_equal(found.sigma0, np.array(stds).reshape(found.sigma0.shape))
 
+
+
+#: set by a forward in thread "B" (outside the module: its float64 deepcopy cannot copy an Event)
+_B_RAN = threading.Event()
+
+
+class _Gated(torch.nn.Module):
+    """A dropout MLP (left in training mode) whose forwards in thread "A" wait until thread "B" has run one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh(),
+                                       torch.nn.Dropout(0.5), torch.nn.Linear(12, 10))
+
+    def forward(self, x):
+        name = threading.current_thread().name
+        if name == "A":
+            _B_RAN.wait(timeout=2.0)   # B cannot run while A holds the one-call lock: A goes on after 2 s
+        elif name == "B":
+            _B_RAN.set()
+        return self.net(x)
+
+
+def test_dithered_accuracy_and_bound_on_one_model_in_two_threads_do_not_switch_its_mode_under_each_other():
+    """dithered_accuracy switched the model to eval mode outside hcrfast's one-call lock: a bound() in another
+    thread that started meanwhile found it in eval mode, and once dithered_accuracy restored training mode the
+    bound's later forwards ran dropout (refused as random, or other bounds). Each waits for the other now."""
+    x = torch.rand(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([0, 1, 2, 3])
+    kw = dict(restarts=2, iterations=2)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (training mode, said)
+        alone_bound = hcrfast.bound(_Gated().train(), x, 0.3, **kw).std
+        alone_acc = hcrfast.dithered_accuracy(_Gated().train(), None, x, labels, 0.3, draws=3).per_draw
+        model = _Gated().train()
+        got = {}
+        _B_RAN.clear()
+
+        def run(name, call):
+            try:
+                got[name] = call()
+            except Exception as exc:   # (the thread's error, for the assertion below)
+                got[name] = exc
+
+        a = threading.Thread(name="A", target=run, args=("A", lambda: hcrfast.dithered_accuracy(
+            model, None, x, labels, 0.3, draws=3).per_draw))
+        b = threading.Thread(name="B", target=run, args=("B", lambda: hcrfast.bound(model, x, 0.3, **kw).std))
+        a.start()
+        time.sleep(0.2)   # A is inside its forward, in eval mode
+        b.start()
+        a.join()
+        b.join()
+    assert not isinstance(got["B"], Exception), got["B"]
+    assert np.array_equal(got["B"], alone_bound) and np.array_equal(got["A"], alone_acc)
+    assert model.training and model.net[3].training
