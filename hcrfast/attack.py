@@ -49,7 +49,8 @@ from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors, taken_back_on_failure)
-from hcrfast.results import counted, load_npz, mse_from_modes, same_result, save_npz, short_repr
+from hcrfast.results import (counted, load_npz, mse_from_modes, revision_line, revision_loaded, revision_saved,
+                             same_result, save_npz, short_repr)
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -180,14 +181,16 @@ class AttackResult:
         """Write every field to the ``.npz`` file ``path`` (atomically; ``numpy.load`` reads it too)."""
         h = self.to_numpy()
         save_npz(path, self._FORMAT, {k: getattr(h, k) for k in self._ARRAYS},
-                 dict(params=h.params, seconds=float(h.seconds)))
+                 dict(params=revision_saved(h.params, CHECKPOINT_FORMAT), seconds=float(h.seconds)))
 
     @classmethod
     def load(cls, path) -> AttackResult:
-        """The :class:`AttackResult` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        """The :class:`AttackResult` that :meth:`save` wrote to ``path`` (NumPy arrays); one another revision of
+        the attack computed keeps it in ``params["revision"]`` (:meth:`hcrfast.Bounds.load`)."""
         arrays, meta = load_npz(path, cls._FORMAT, "AttackResult.save", arrays_needed=cls._ARRAYS,
                                 meta_needed=("params", "seconds"))
-        return cls(**{k: arrays[k] for k in cls._ARRAYS}, params=meta["params"], seconds=meta["seconds"])
+        return cls(**{k: arrays[k] for k in cls._ARRAYS}, params=revision_loaded(meta["params"], CHECKPOINT_FORMAT),
+                   seconds=meta["seconds"])
 
     def summary(self) -> str:
         """A few lines: parameters, error quantiles, convergence, residuals."""
@@ -197,7 +200,8 @@ class AttackResult:
         q = np.quantile(rmse, [0.1, 0.5, 0.9])
         p = self.params
         worse = int((h.residual_norm > h.residual_truth).sum())
-        lines = [
+        lines = [revision_line(p)] if revision_line(p) else []
+        lines += [
             (f"Gauss-Newton attack on {counted(B, 'example')} x {counted(p.get('draws'), 'draw')} x "
              f"{counted(rmse.shape[1], str(p.get('basis')) + ' mode')} "
              f"(noise={str(p.get('noise')).split(':')[0]}, start={p.get('start')}, damping={p.get('damping')}, "

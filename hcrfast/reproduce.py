@@ -61,6 +61,7 @@ import torch
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
+from hcrfast import checkpoint as _checkpoint
 from hcrfast import validation
 from hcrfast.distributed import ShardError as _ShardError, World as _World, differences, join_timeout
 from hcrfast.checkpoint import (CheckpointMismatchError, arithmetic_of, atomic_savez, atomic_write_text, check_key,
@@ -964,7 +965,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                   infinite=infinite.astype(np.int64), params=np.array(_json_str(params))),
              dict(infinite_reasons=reasons, seconds=bound_seconds, targeted=None,
                   params=dict(json.loads(str(parts[0]["bound_params"])) if "bound_params" in parts[0] else {},
-                              **json.loads(_json_str(params)), zero_step_reasons=zero_reasons)))
+                              **json.loads(_json_str(params)), zero_step_reasons=zero_reasons,
+                              revision=_checkpoint.FORMAT)))   # (the bound checkpoint's: what computed the chunks)
     for stray in (out / "chunks").glob(".chunk_*.tmp"):
         stray.unlink(missing_ok=True)  # left by killed processes; every chunk is final now
 

@@ -71,11 +71,91 @@ def load_npz(path, fmt: str, writer: str, *, arrays_needed=(), meta_needed=()) -
     if found != fmt:
         readers = {"hcrfast.Bounds/1": "hcrfast.Bounds.load", "hcrfast.TargetedBounds/1": "hcrfast.TargetedBounds.load",
                    "hcrfast.AttackResult/1": "hcrfast.AttackResult.load"}
+        theirs = _format_version(found)
+        # the format of its kind this version reads, where it is of a later one
+        known = next((r for r in readers if theirs and _format_version(r)[0] == theirs[0]), None)
+        newer = readers[known] if known and theirs[1] > _format_version(known)[1] else None
+        if theirs and theirs[0] == _format_version(fmt)[0] and theirs[1] > _format_version(fmt)[1]:
+            raise ValueError(f"{path} was written by {writer} of a newer hcrfast (format {found!r}); this version "
+                             f"reads {fmt!r}: upgrade hcrfast to one that reads it to load it; numpy.load reads its "
+                             f"arrays meanwhile")
         raise ValueError(f"{path} is not a file written by {writer} (its format is {found!r}, not {fmt!r}); "
-                         + (f"read it with {readers[found]}" if found in readers else "read it with numpy.load"))
+                         + (f"read it with {readers[found]}" if found in readers
+                            else f"read it with {newer} of a newer hcrfast (upgrade hcrfast), or numpy.load "
+                                 f"meanwhile" if newer
+                            else "read it with numpy.load"))
     require(path, fmt, writer, arrays, arrays_needed, "arrays")
     require(path, fmt, writer, meta, meta_needed, "meta header")
+    check_kinds(path, fmt, writer, meta)
     return arrays, meta
+
+
+def _format_version(fmt) -> tuple[str, int] | None:
+    """``("hcrfast.Bounds", 1)`` of the format ``"hcrfast.Bounds/1"``; None for what is no such name."""
+    match = re.fullmatch(r"(hcrfast\.\w+)/(\d+)", fmt) if isinstance(fmt, str) else None
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_reasons(value) -> bool:
+    return isinstance(value, list) and all(isinstance(r, str) for r in value)
+
+
+#: The meta entries of the results files whose JSON type the loaders and summaries rely on: the check, and
+#: what it should be (in errors).
+_META_KINDS = {
+    "params": (lambda v: isinstance(v, dict), "a JSON object"),
+    "seconds": (_is_number, "a number"),
+    "infinite_reasons": (_is_reasons, "a list of strings"),
+    "targeted": (lambda v: v is None or isinstance(v, dict), "a JSON object or null"),
+    "method": (lambda v: isinstance(v, str), "a string"),
+    "timings": (lambda v: isinstance(v, dict), "a JSON object"),
+    "rounding": (lambda v: isinstance(v, dict), "a JSON object"),
+}
+
+
+def check_kinds(path, fmt: str, writer: str, meta: dict, what: str = "") -> None:
+    """Refuse (:func:`malformed`) a meta header (``what``: which one, as "targeted ") holding an entry of
+    :data:`_META_KINDS` of another JSON type: loaded, it would fail later, in ``summary()`` or a repr."""
+    for name, (ok, kind) in _META_KINDS.items():
+        if name in meta and not ok(meta[name]):
+            value = repr(meta[name])
+            raise malformed(path, fmt, writer, f"its {what}meta entry {name!r} is "
+                                               f"{value if len(value) <= 60 else value[:57] + '...'}, not {kind}")
+
+
+#: The day results files began recording the revision of the algorithm that computed them (``revision``).
+REVISION_SINCE = "2026-12-01"
+
+
+def revision_saved(params: dict, current: str) -> dict:
+    """``params`` as a results file holds them: with ``"revision"``, the algorithm revision that computed
+    them (the checkpoint format of the call, ``current`` for a result made by this hcrfast; a result
+    :func:`revision_loaded` read keeps the revision it was computed with, None where its file recorded none)."""
+    return dict(params, revision=params["revision"] if "revision" in params else current)
+
+
+def revision_loaded(params: dict, current: str) -> dict:
+    """``params`` read from a results file, as the result holds them: ``"revision"`` left out where it is
+    ``current`` (computed by this hcrfast's algorithm, as a result just made), kept where it is another, and
+    None where the file recorded none (written before :data:`REVISION_SINCE`); :func:`revision_line` says so."""
+    params = dict(params)
+    revision = params.pop("revision", None)
+    return params if revision == current else dict(params, revision=revision)
+
+
+def revision_line(params) -> str | None:
+    """The summary's first line for a result another revision of hcrfast computed (``params["revision"]``,
+    :func:`revision_loaded`): the summary describes this version's method, which may not be the one that
+    computed it. None for a result of this version."""
+    if not isinstance(params, dict) or "revision" not in params:
+        return None
+    by = (f"another revision of hcrfast ({params['revision']})" if params["revision"] is not None else
+          f"an hcrfast from before {REVISION_SINCE} (it recorded no revision)")
+    return f"NOTE: computed by {by}: the method described below is this version's, maybe not the one that computed it"
 
 
 def malformed(path, fmt: str, writer: str, why: str) -> ValueError:
@@ -155,7 +235,9 @@ def short_repr(result) -> str:
     """A result's repr: the first two lines of its ``summary()`` (what was bounded, with which noise and
     settings, and the bounds' quantiles), not its arrays, which would fill a notebook cell."""
     try:
-        head = [line.strip() for line in result.summary().splitlines()[:2]]
+        note = revision_line(getattr(result, "params", None))
+        lines = result.summary().splitlines()
+        head = ([note] if note else []) + [line.strip() for line in lines[int(bool(lines) and lines[0] == note):][:2]]
     except Exception as exc:  # a repr must not raise: a result being built, or fields set by hand
         return f"<{type(result).__name__} (no summary: {type(exc).__name__}: {exc})>"
     return f"<{type(result).__name__}: {'; '.join(head)}; .summary() for the rest>"
@@ -269,7 +351,10 @@ class Bounds:
     infinite_reasons : list of str
         One line per (example, restart) whose ``D`` is exactly 0.
     params : dict
-        The parameters used (sigma, size, iterations, restarts, seed, ...).
+        The parameters used (sigma, size, iterations, restarts, seed, ...). ``"revision"`` only in a
+        result :meth:`load` read that another revision of hcrfast's algorithm computed: the format of its
+        call's checkpoints (:data:`hcrfast.checkpoint.FORMAT` then), or None for a file written before
+        2026-12-01, which recorded none; :meth:`save` writes this version's for one it computed.
     seconds : float
         Wall time of the call.
     targeted : TargetedBounds or None
@@ -336,11 +421,18 @@ class Bounds:
         if h.targeted is not None:
             t_arrays, meta["targeted"] = h.targeted.to_arrays()
             arrays.update({f"targeted.{k}": v for k, v in t_arrays.items()})
+        from hcrfast import checkpoint
+
+        meta["params"] = revision_saved(h.params, checkpoint.FORMAT)  # (a nested targeted's is the same call's)
         save_npz(path, _FORMAT, arrays, meta)
 
     @classmethod
     def load(cls, path) -> "Bounds":
-        """The :class:`Bounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        """The :class:`Bounds` that :meth:`save` wrote to ``path`` (NumPy arrays). One computed by another
+        revision of hcrfast's algorithm (``params["revision"]``, None for a file written before
+        2026-12-01) loads as it was computed, and its :meth:`summary` says so first."""
+        from hcrfast import checkpoint
+
         arrays, meta = load_npz(path, _FORMAT, "Bounds.save", arrays_needed=cls._ARRAYS,
                                 meta_needed=("infinite_reasons", "params", "seconds", "targeted"))
         targeted = None
@@ -350,10 +442,11 @@ class Bounds:
             prefix = "targeted."
             t_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
             TargetedBounds.check_fields(path, _FORMAT, "Bounds.save", t_arrays, meta["targeted"], "targeted ")
+            check_kinds(path, _FORMAT, "Bounds.save", meta["targeted"], "targeted ")
             targeted = TargetedBounds.from_arrays(t_arrays, meta["targeted"])
         return cls(**{k: arrays[k] for k in cls._ARRAYS}, std_algorithm1=arrays.get("std_algorithm1"),
-                   infinite_reasons=meta["infinite_reasons"], params=meta["params"], seconds=meta["seconds"],
-                   targeted=targeted)
+                   infinite_reasons=meta["infinite_reasons"], params=revision_loaded(meta["params"], checkpoint.FORMAT),
+                   seconds=meta["seconds"], targeted=targeted)
 
     def summary(self) -> str:
         """A few lines: parameters, bound quantiles, LSQR work, infinities."""
@@ -361,7 +454,8 @@ class Bounds:
         std = h.std.reshape(h.std.shape[0], -1)
         mse_modes = mse_from_modes(std)
         p = self.params
-        lines = [
+        note = revision_line(p)
+        lines = ([note] if note else []) + [
             f"HCR bounds for {counted(std.shape[0], 'example')} x {counted(std.shape[1], str(p.get('basis', '?')) + ' mode')} "
             f"(noise={noise_label(p.get('noise_asked') or p.get('noise'))}, size={p.get('size', float('nan')):.4g}, "
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')}"

@@ -61,8 +61,8 @@ from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.operators import Transposed
-from hcrfast.results import (counted, json_default, load_npz, malformed, quantile_line, require, same_result, save_npz,
-                              short_repr)
+from hcrfast.results import (counted, json_default, load_npz, malformed, quantile_line, require, revision_line,
+                              revision_loaded, revision_saved, same_result, save_npz, short_repr)
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -320,14 +320,17 @@ class TargetedBounds:
     def save(self, path) -> None:
         """Write every field to the ``.npz`` file ``path`` (atomically; ``numpy.load`` reads it too)."""
         arrays, meta = self.to_arrays()
+        meta["params"] = revision_saved(meta["params"], CHECKPOINT_FORMAT)
         save_npz(path, self._FORMAT, arrays, meta)
 
     @classmethod
     def load(cls, path) -> TargetedBounds:
-        """The :class:`TargetedBounds` that :meth:`save` wrote to ``path`` (NumPy arrays)."""
+        """The :class:`TargetedBounds` that :meth:`save` wrote to ``path`` (NumPy arrays); one another revision of
+        hcrfast computed keeps it in ``params["revision"]`` (:meth:`hcrfast.Bounds.load`)."""
         arrays, meta = load_npz(path, cls._FORMAT, "TargetedBounds.save")
         meta.pop("format")
         cls.check_fields(path, cls._FORMAT, "TargetedBounds.save", arrays, meta)
+        meta["params"] = revision_loaded(meta.get("params", {}), CHECKPOINT_FORMAT)
         return cls.from_arrays(arrays, meta)
 
     #: The arrays every saved TargetedBounds holds (the others are None for one method or the other, or dropped).
@@ -386,7 +389,8 @@ class TargetedBounds:
         B = h.std.shape[0]
         vals = h.std.reshape(B, -1)[:, h.modes]
         noise = self.params.get("noise") or f"Gaussian(sigma={self.params.get('sigma')})"  # older files: sigma only
-        lines = [(f"targeted HCR bounds ({self.method}) for {counted(B, 'example')} x "
+        note = revision_line(self.params)   # (a result another revision of hcrfast computed: said first)
+        lines = ([note] if note else []) + [(f"targeted HCR bounds ({self.method}) for {counted(B, 'example')} x "
                   f"{counted(len(self.modes), str(self.params.get('basis', '?')) + ' mode')} (noise={noise.split(': D(z)')[0]}, "
                   f"size={self.params.get('size', float('nan')):.4g})"),
                  quantile_line(vals)]

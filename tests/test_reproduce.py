@@ -64,6 +64,15 @@ def weights(first):
     return first / "digits_state_dict.pt"
 
 
+def test_bounds_npz_records_the_revision_that_computed_it(first):
+    """reproduce writes bounds.npz itself: it recorded no revision, so its own fresh bounds loaded with the note of
+    a file from before 2026-12-01."""
+    with np.load(first / "bounds.npz") as z:
+        assert json.loads(str(z["meta"]))["params"]["revision"] == hcrfast.checkpoint.FORMAT
+    loaded = hcrfast.Bounds.load(first / "bounds.npz")
+    assert "revision" not in loaded.params and not loaded.summary().startswith("NOTE")
+
+
 def test_every_output_is_written(first, weights, capsys):
     assert weights.is_file()
     for name in ("bounds.npz", "summary.json", "report.html", "run.json", *FIGURES):

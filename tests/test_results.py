@@ -418,3 +418,115 @@ def test_a_damaged_deflated_member_is_refused_as_damaged_and_a_chunk_computed_ag
         again = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, chunk_size=2, checkpoint=tmp_path / "ck")
     assert any("unreadable" in str(w.message) for w in caught)
     assert again.params["checkpoint"]["examples_read_back"] == 2 and again == res
+
+
+def _rewrite_meta(src, dst, change):
+    """The result file ``src`` written again to ``dst`` with its meta header changed by ``change(meta)``."""
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    change(meta)
+    np.savez(dst, meta=np.array(json.dumps(meta)), **arrays)
+    return dst
+
+
+def _three_results(tmp_path):
+    """A Bounds (with targeted bounds), a TargetedBounds and an AttackResult, each saved: their paths by class."""
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 1, 4, 4)))
+    res = hcrfast.bound(mlp(), x, 0.2, restarts=2, iterations=2, targets="low:2", singular_steps=0)
+    attack = hcrfast.gauss_newton_attack(mlp(), x, 0.2, draws=2, steps=2)
+    made = {hcrfast.Bounds: res, hcrfast.TargetedBounds: res.targeted, hcrfast.AttackResult: attack}
+    for cls, result in made.items():
+        result.save(tmp_path / f"{cls.__name__}.npz")
+    return made
+
+
+def test_a_result_file_of_a_newer_format_says_to_upgrade_hcrfast(tmp_path):
+    """A file of "hcrfast.Bounds/2" was called 'not a file written by Bounds.save ... read it with numpy.load'."""
+    _three_results(tmp_path)
+    for cls in (hcrfast.Bounds, hcrfast.TargetedBounds, hcrfast.AttackResult):
+        name = cls.__name__
+        newer = _rewrite_meta(tmp_path / f"{name}.npz", tmp_path / f"{name}_2.npz",
+                              lambda meta: meta.update(format=f"hcrfast.{name}/2"))
+        with pytest.raises(ValueError, match=re.escape(f"{newer} was written by {name}.save of a newer hcrfast "
+                                                       f"(format 'hcrfast.{name}/2'); this version reads "
+                                                       f"'hcrfast.{name}/1': upgrade hcrfast")
+                           + ".*numpy.load reads its arrays meanwhile"):
+            cls.load(newer)
+        with np.load(newer) as z:   # which numpy.load does
+            assert "std" in z.files
+    # a newer file of another kind: its own reader, of a newer hcrfast
+    with pytest.raises(ValueError, match=r"its format is 'hcrfast\.TargetedBounds/2', not 'hcrfast\.Bounds/1'\); read "
+                                         r"it with hcrfast\.TargetedBounds\.load of a newer hcrfast"):
+        hcrfast.Bounds.load(tmp_path / "TargetedBounds_2.npz")
+    # an older or foreign one is still not ours
+    foreign = _rewrite_meta(tmp_path / "Bounds.npz", tmp_path / "foreign.npz", lambda meta: meta.update(format="x/2"))
+    with pytest.raises(ValueError, match=r"not a file written by Bounds\.save .*read it with numpy\.load$"):
+        hcrfast.Bounds.load(foreign)
+
+
+@pytest.fixture(scope="module")
+def saved_results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("saved")
+    return folder, _three_results(folder)
+
+
+@pytest.mark.parametrize("cls, entry, value, kind", [
+    (hcrfast.Bounds, "params", "oops", "a JSON object"),
+    (hcrfast.Bounds, "seconds", "1.5", "a number"),
+    (hcrfast.Bounds, "infinite_reasons", "example 0", "a list of strings"),
+    (hcrfast.Bounds, "infinite_reasons", [1, 2], "a list of strings"),
+    (hcrfast.Bounds, "targeted.params", [], "a JSON object"),
+    (hcrfast.TargetedBounds, "params", "oops", "a JSON object"),
+    (hcrfast.TargetedBounds, "timings", 3.0, "a JSON object"),
+    (hcrfast.TargetedBounds, "method", 1, "a string"),
+    (hcrfast.AttackResult, "params", None, "a JSON object"),
+    (hcrfast.AttackResult, "seconds", None, "a number"),
+])
+def test_a_meta_entry_of_another_type_is_refused_at_load(cls, entry, value, kind, tmp_path, saved_results):
+    """A file whose meta params was the string "oops" loaded, and its summary() raised AttributeError ('str'
+    object has no attribute 'get'; its repr "(no summary: AttributeError ...)"): refused at load, as a file
+    lacking params is, naming the entry and the path."""
+    folder, made = saved_results
+    name = cls.__name__
+    outer, _, inner = entry.rpartition(".")
+    bad = _rewrite_meta(folder / f"{name}.npz", tmp_path / "bad.npz",
+                        lambda meta: (meta[outer] if outer else meta).update({inner: value}))
+    where = f"{outer} " if outer else ""
+    with pytest.raises(ValueError, match=re.escape(f"{bad} is a malformed hcrfast.{name}/1 file (its {where}meta entry "
+                                                   f"{inner!r} is {value!r}, not {kind})")):
+        cls.load(bad)
+    assert cls.load(folder / f"{name}.npz") == made[cls]   # what save wrote still loads
+
+
+def test_a_result_records_the_revision_that_computed_it_and_an_older_ones_summary_says_so(tmp_path):
+    """Result files recorded nothing of the algorithm that computed them ("hcrfast.Bounds/1" did not change while
+    the numbers did): an old file loaded and its summary described today's method as the one that computed it."""
+    made = _three_results(tmp_path)
+    revisions = {hcrfast.Bounds: hcrfast.checkpoint.FORMAT,
+                 hcrfast.TargetedBounds: hcrfast.targeted.CHECKPOINT_FORMAT,
+                 hcrfast.AttackResult: hcrfast.attack.CHECKPOINT_FORMAT}
+    for cls, result in made.items():
+        name, path = cls.__name__, tmp_path / f"{cls.__name__}.npz"
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+        assert meta["params"]["revision"] == revisions[cls]          # recorded, in params: old readers ignore it
+        assert meta["format"] == f"hcrfast.{name}/1"
+        back = cls.load(path)
+        assert back == result and "NOTE" not in repr(back) and "revision" not in back.params
+        assert back.summary() == result.summary()
+        # a file from before 2026-12-01 (no revision), and one of another revision: they load, and say so first
+        for recorded, said in ((None, "NOTE: computed by an hcrfast from before 2026-12-01 (it recorded no revision)"),
+                               ("hcrfast.x checkpoint/1", "NOTE: computed by another revision of hcrfast "
+                                                          "(hcrfast.x checkpoint/1)")):
+            other = _rewrite_meta(path, tmp_path / "other.npz", lambda meta: (
+                meta["params"].pop("revision") if recorded is None else meta["params"].update(revision=recorded)))
+            old = cls.load(other)
+            assert old.params["revision"] == recorded
+            np.testing.assert_array_equal(old.std, result.to_numpy().std)
+            assert repr(old).startswith(f"<{name}: {said}: the method described below is this version's, maybe not "
+                                        f"the one that computed it; ")
+            assert repr(old).split("; ")[1:3] == repr(result)[len(name) + 3:].split("; ")[:2]   # and the usual head
+            assert old.summary().split("\n", 1) == [repr(old)[len(name) + 3:].split("; ")[0], result.summary()]
+            old.save(tmp_path / "again.npz")      # saved again, it keeps the revision that computed it
+            assert cls.load(tmp_path / "again.npz").params["revision"] == recorded
