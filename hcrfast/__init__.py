@@ -20,3 +20,13 @@ __version__ = "0.1.0"
 __all__ = ["AttackResult", "Bounds", "CheckpointMismatchError", "compare", "gauss_newton_attack", "DEFAULT_LSQR", "Gaussian", "Laplace", "MonteCarlo", "NoiseLaw", "as_noise", "LSQROptions", "LSQRResult", "bound",
            "ShardError", "SigmaSearch", "SigmaSweep", "TargetedBounds", "rms_sigma", "sigma_for", "start_vectors", "sweep_sigma", "targeted_bound",
            "AccuracySearch", "Utility", "dithered_accuracy", "sigma_for_accuracy"]
+
+
+def __getattr__(name: str):
+    """``hcrfast.dp`` (the DP-SGD bounds, as the README names them) after a plain ``import hcrfast``: imported on
+    first use, as ``import hcrfast.dp`` would (it loads SciPy's statistics, which the bounds do not need)."""
+    if name == "dp":
+        import importlib
+
+        return importlib.import_module("hcrfast.dp")
+    raise AttributeError(f"module 'hcrfast' has no attribute {name!r}")

@@ -1156,3 +1156,14 @@ def test_a_tiny_rero_bound_with_a_huge_exponent_is_printed_as_a_power():
     # exponents of up to nine digits are still written out in full: log10 P(N/2, N eta / 2) ~ (N/2) log10(eta)
     with pytest.raises(ValueError, match=r"is about \d\.\d+e-2398, "):
         dp.rero_mse(eta=1e-300, sigma=1.0, C=1.0, N=16)
+
+
+def test_hcrfast_dp_is_there_after_a_plain_import_hcrfast(tmp_path):
+    """The README says `hcrfast.dp` in Python; after `import hcrfast` alone it raised AttributeError."""
+    import subprocess
+    import sys
+
+    code = "import hcrfast; print(hcrfast.dp.ncc_cdf.__name__); hcrfast.nothing"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.stdout.strip() == "ncc_cdf"
+    assert "AttributeError: module 'hcrfast' has no attribute 'nothing'" in done.stderr
