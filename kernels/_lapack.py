@@ -22,6 +22,17 @@ import numpy as np
 LOCK = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    """A forked child starts with its own LOCK: one held by another of the parent's threads at the fork (a
+    multiprocessing 'fork' pool made while a call ran) would stay held in the child forever."""
+    global LOCK
+    LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 @functools.cache
 def routine(name: str, n_args: int):
     """The LAPACK routine ``name`` of SciPy's LAPACK, as a ctypes function of ``n_args`` pointers

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 import warnings
 
@@ -178,6 +179,16 @@ _STATUS = {1: "NOT_INITIALIZED", 2: "ALLOC_FAILED", 3: "INVALID_VALUE", 4: "ARCH
            31: "INVALID_WORKSPACE"}
 _INVALID_VALUE = 3
 _CUSOLVER_LOCK = threading.Lock()   # a cuSOLVER handle is not to be used by two threads at once
+
+
+def _new_lock_in_child() -> None:
+    """A forked child starts with its own lock (_lapack's reason: one held by another thread would stay held)."""
+    global _CUSOLVER_LOCK
+    _CUSOLVER_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 #: The soname of cuSOLVER in torch's CUDA wheels, by CUDA major version.
 _SONAMES = {"12": "libcusolver.so.11", "13": "libcusolver.so.12"}
 

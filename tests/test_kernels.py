@@ -6,6 +6,7 @@ Also the dispatch layer in :mod:`hcrfast.kernels` on NumPy inputs.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -378,3 +379,34 @@ def test_the_dispatch_refuses_what_the_cuda_kernels_refuse(call, error, match):
     (1,) t1 was broadcast over two problems. The dispatch now refuses them as the CUDA kernels do."""
     with pytest.raises(error, match=match):
         call(kernels)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
+@pytest.mark.parametrize("module, name", [("hcrfast.kernels._lapack", "LOCK"), ("hcrfast.kernels.symmetric",
+                                                                                  "_CUSOLVER_LOCK")])
+def test_a_child_forked_while_another_thread_holds_a_lock_gets_its_own(module, name):
+    """A multiprocessing 'fork' pool made while another thread was inside a call: the child inherited the lock
+    held, by a thread the child does not have, and its first call hung forever."""
+    import importlib
+    import threading
+
+    mod = importlib.import_module(module)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with getattr(mod, name):
+            held.set()
+            release.wait(timeout=30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(timeout=30)
+    try:
+        pid = os.fork()
+        if pid == 0:   # the child: exit 0 if it can take the lock, 1 if not within 5 s
+            os._exit(0 if getattr(mod, name).acquire(timeout=5) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0
