@@ -72,12 +72,29 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
     return f"hcrfast: warning: {message}\n"
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (what a scheduler sends before SIGKILL), raised where the command runs as Ctrl-C is: the same
+    clean-up, and a line that says what stopped it."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    import signal
+    import threading
+
     saved_format = warnings.formatwarning
     warnings.formatwarning = _format_warning
+    # SIGTERM as Ctrl-C, for this command's time (main may run in-process: the caller's handler comes back)
+    saved_term = (signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread()
+                  else None)
+    command = None
     try:
+        # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
+        args = build_parser().parse_args(argv)
+        command = args.command
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
@@ -93,15 +110,18 @@ def main(argv=None) -> int:
         # No network, or another torchrun process's failure: the message says what to do.
         print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         resume = ("; the chunks that finished are kept, and the same command resumes"
-                  if args.command in ("reproduce", "bound") else
+                  if command in ("reproduce", "bound") else
                   "; the epochs that finished are kept (OUT.resume), and the same command resumes"
-                  if args.command == "train" else "")
-        print(f"hcrfast: interrupted{resume}", file=sys.stderr)
-        return 130
+                  if command == "train" else "")
+        terminated = isinstance(exc, _Terminated)
+        print(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}{resume}", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else 130
     finally:
         warnings.formatwarning = saved_format
+        if saved_term is not None:
+            signal.signal(signal.SIGTERM, saved_term)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -128,3 +128,33 @@ def test_a_download_that_fails_offline_is_one_line_not_a_traceback(tmp_path, mon
                      "--out", str(tmp_path / "m.pt")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hcrfast: error: Downloading MNIST into") and "Traceback" not in err
+
+
+def test_sigterm_is_said_as_ctrl_c_is_and_the_callers_handler_comes_back(monkeypatch, capsys):
+    """A scheduler's SIGTERM (before its SIGKILL) ended `hcrfast bound` with exit -15 and nothing said; and a
+    Ctrl-C while the subcommands' modules loaded (build_parser) printed a traceback wall. Both now end with
+    one line, 143 and 130, and main() gives back the SIGTERM handler it found."""
+    import os
+    import signal
+
+    from hcrfast import _bound_cli
+
+    def terminated(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):   # (the handler runs between bytecodes)
+            pass
+        raise AssertionError("SIGTERM did not stop the command")
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(_bound_cli, "_run", terminated)
+    assert cli.main(["bound", "m.py:M", "x.pt", "--out", "o"]) == 143
+    assert capsys.readouterr().err == ("hcrfast: terminated (SIGTERM); the chunks that finished are kept, and the same "
+                                       "command resumes\n")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["bound", "m.py:M", "x.pt"]) == 130
+    assert capsys.readouterr().err == "hcrfast: interrupted\n"
