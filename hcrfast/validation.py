@@ -10,6 +10,7 @@ import copy
 import math
 import numbers
 import os
+import re
 import sys
 import threading
 import warnings
@@ -206,10 +207,14 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
         try:
             model64 = copy.deepcopy(model).double()
         except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
+            pruned = _pruned(model)
+            fix = (f"the model is pruned with torch.nn.utils.prune, whose masked weights (weight_orig * weight_mask) "
+                   f"are computed, not leaves: make the pruning permanent first, "
+                   f"{'; '.join(pruned[:4])}{' ...' if len(pruned) > 4 else ''}" if pruned else
+                   "with torch.nn.utils.weight_norm or spectral_norm use torch.nn.utils.parametrizations.weight_norm / "
+                   "spectral_norm, which copy")
             raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, "
-                            f"but the model cannot be copied (torch: {exc}); with torch.nn.utils.weight_norm or "
-                            f"spectral_norm use torch.nn.utils.parametrizations.weight_norm / spectral_norm, which "
-                            f"copy, {fixes}") from None
+                            f"but the model cannot be copied (torch: {exc}); {fix}, {fixes}") from None
     # Checked on one example now, not after the whole solve: a forward that casts its input
     # (x.float(), x.to(self.dtype)), keeps tensors outside its parameters and buffers, or has
     # frozen TorchScript constants is not converted by .double().
@@ -217,17 +222,40 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
         with torch.no_grad():
             out = model64(batch[:1].double())
     except RuntimeError as exc:
+        exported = ("; an exported program (torch.export) keeps the dtypes it was exported for: export a float64 "
+                    "model (torch.export.export(model.double(), (batch.double(),), ...)) and pass it with a float64 "
+                    "batch" if _exported(model) else "")
         raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model "
                         f"(copy.deepcopy(model).double()), but that copy fails on a float64 example (torch: "
                         f"{str(exc).splitlines()[0]}): some tensor or cast in its forward stays "
                         f"{dtype_name(batch.dtype)} (a cast such as x.float(), tensors kept outside its parameters "
-                        f"and buffers, frozen TorchScript constants); make the forward follow its input's dtype, "
-                        f"{fixes}") from None
+                        f"and buffers, frozen TorchScript constants){exported}; make the forward follow its input's "
+                        f"dtype, {fixes}") from None
     if isinstance(out, torch.Tensor) and out.dtype != torch.float64:
         raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, "
                         f"but that copy returns {dtype_name(out.dtype)} features (a cast at the end of its forward, "
                         f"e.g. .float()), so the certification would not be in float64; drop that cast, {fixes}")
     return model64
+
+
+def _pruned(model) -> list[str]:
+    """``torch.nn.utils.prune.remove(model[1], 'weight')`` (its module's path) for each tensor of ``model`` pruned with
+    torch.nn.utils.prune (a forward pre-hook of type BasePruningMethod on its module), root first."""
+    from torch.nn.utils import prune
+
+    if getattr(model, "wraps_user_model", False):  # noise.PerFeatureStd: named as the user's model
+        return _pruned(model.model)
+    try:
+        modules = list(model.named_modules())
+    except (AttributeError, RuntimeError):
+        return []
+
+    def path(name):   # model[1].conv, not model.1.conv
+        return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in name.split(".") if part)
+
+    return [f"torch.nn.utils.prune.remove({path(name)}, {hook._tensor_name!r})"
+            for name, module in modules for hook in module._forward_pre_hooks.values()
+            if isinstance(hook, prune.BasePruningMethod)]
 
 
 def checkpoint_folder(value):
@@ -337,6 +365,12 @@ def _nonfinite_rows(t: torch.Tensor) -> list[int]:
 
 
 def model_dtype_device(model, batch: torch.Tensor) -> None:
+    lazy = _uninitialized_lazy(model)
+    if lazy:   # (torch's own error named a method of its tensors, not the module)
+        raise ValueError(f"the model's {', '.join(lazy[:4])}{' ...' if len(lazy) > 4 else ''} "
+                         f"{'is a lazy module' if len(lazy) == 1 else 'are lazy modules'} whose parameters are not "
+                         f"initialized yet (a lazy module infers its shapes on its first forward); run the model once "
+                         f"on an example first to initialize them (model(batch[:1])), then call hcrfast")
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
     if any(p.is_inference() for p in params):
         raise ValueError("the model's parameters were made under torch.inference_mode, and autograd cannot "
@@ -358,6 +392,44 @@ def model_dtype_device(model, batch: torch.Tensor) -> None:
                          f"whole model there (model.to({str(batch.device)!r}))")
 
 
+def _uninitialized_lazy(model) -> list[str]:
+    """The modules of ``model`` (torch.nn.LazyLinear and friends) whose parameters are still uninitialized, named
+    as "submodule NAME (TYPE)" ("model (TYPE)" for the root)."""
+    if getattr(model, "wraps_user_model", False):  # noise.PerFeatureStd: named as the user's model
+        return _uninitialized_lazy(model.model)
+    if not isinstance(model, torch.nn.Module):
+        return []
+    try:
+        modules = list(model.named_modules())
+    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+        return []
+    return [f"submodule {name} ({type(m).__name__})" if name else f"root ({type(m).__name__})"
+            for name, m in modules
+            if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()]
+
+
+def _dtype_mismatch_note(model, batch: torch.Tensor, exc: Exception) -> str:
+    """For a callable that is not a Module whose first forward failed on dtypes (torch's "mat1 and mat2 must have
+    the same dtype, but got Double and Float"): what to do, naming the batch's dtype; "" otherwise. hcrfast casts
+    a Module (its float64 copy), not the tensors a closure holds."""
+    if getattr(model, "wraps_user_model", False):  # noise.PerFeatureStd: the user's model inside
+        model = model.model
+    if isinstance(model, torch.nn.Module) or not isinstance(exc, RuntimeError):
+        return ""
+    aliases = {"double": "float64", "float": "float32", "half": "float16"}
+    named = {aliases.get(word.lower(), word.lower())
+             for word in re.findall(r"bfloat16|float64|float32|float16|double|half|float", str(exc), flags=re.I)}
+    if len(named) < 2:   # (one dtype named: another kind of error, a device mismatch say)
+        return ""
+    name = dtype_name(batch.dtype)
+    note = (f"hcrfast: the batch is {name}, and the model (a {type(model).__name__}, not a torch.nn.Module, whose "
+            f"tensors hcrfast cannot cast) computes with tensors of another dtype: give it {name} parameters (for "
+            f"torch.func.functional_call, {{k: v.to(torch.{name}) for k, v in params.items()}})")
+    if batch.dtype == torch.float64:
+        note += ", or pass a float32 batch with certify=False (z_eps then comes from float32 forward passes)"
+    return note
+
+
 def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tensor:
     """Run the model once (split where it runs out of memory) and check what it returns: (B, n)
     features, all finite (``flat=False``: in the model's own shape, (B, ...))."""
@@ -371,7 +443,8 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
         # (Python >= 3.11: the error itself, with what it was given; not where hcrfast's own wrapper of the model
         # refused an argument of the call, a per-feature sigma that does not fit the features, say)
         if hasattr(exc, "add_note") and not getattr(exc, "hcrfast_argument", False):
-            exc.add_note(f"hcrfast: the model raised this on its first forward pass over the batch, of shape "
+            exc.add_note(_dtype_mismatch_note(model, batch, exc) or
+                         f"hcrfast: the model raised this on its first forward pass over the batch, of shape "
                          f"{tuple(batch.shape)}, {dtype_name(batch.dtype)}, on {batch.device}: check that the model "
                          f"takes a batch of this shape, dtype and device")
         raise
@@ -432,36 +505,183 @@ def entry_point(model, device, *, tf32: bool = False):
              f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
              f"certified by the float64 passes, which autocast does not cast. Call hcrfast outside the autocast "
              f"region (or inside torch.autocast({kind!r}, enabled=False))")
-    with (_ONE_CALL, torch.inference_mode(False), eval_mode(model), solver_stream(device),
-          ieee_float32(not tf32)):
+    with (_ONE_CALL, torch.inference_mode(False), _callers_state_kept(model, device), _guards_named(model),
+          eval_mode(model), solver_stream(device), ieee_float32(not tf32)):
         yield
+
+
+#: :func:`_callers_state_kept`: the copies of the model's buffers that stay on their own device, in bytes, in all
+#: (beyond it, the largest buffers are copied to host memory: a GPU run keeps its memory for the solve).
+BUFFER_COPIES_ON_DEVICE = 64 * 2 ** 20
+
+
+@contextlib.contextmanager
+def _callers_state_kept(model, device):
+    """The caller's state as it was on entry, on exit (also on error): torch's random number generators (CPU, and
+    the call's CUDA device, where the model and batch are: checked before) forked, and the buffers of a Module put
+    back as they were. A forward that draws torch.rand moved the caller's global RNG (even when the probes refused
+    it), and one that counts its calls in a buffer ended a bound call with 12 in it. hcrfast's own draws come from
+    its own seeded generators, untouched by this.
+
+    Buffers: a copy of each on entry (under no_grad); on exit, each buffer changed in place (its version counter
+    moved, or its values differ: BatchNorm's kernel moves no counter) gets its values back, and each one replaced
+    (``self.calls = self.calls + 1``) gets its original tensor back; unchanged buffers are not written (their
+    version counters stay as they were; one holding NaN compares unequal and is written). Cost: one copy of the
+    model's buffers for the call (parameters are not copied), and the time of a copy and a comparison of each.
+    Measured with torchvision's models: ResNet-18 0.04 MB of buffers (against 47 MB of parameters), ResNet-50 0.21 MB,
+    DenseNet-121 0.34 MB, ViT-B/16 none; 50 BatchNorm2d(512) (150 buffers) 7.5 ms a call on the CPU.
+    Up to :data:`BUFFER_COPIES_ON_DEVICE` in all they stay on their device; the largest buffers beyond it are
+    copied to host memory (a transfer each way only for those), so huge buffers cost host memory, not the GPU's."""
+    kind = getattr(device, "type", None) or torch.device(device).type
+    devices = []
+    if kind == "cuda":
+        index = torch.device(device).index
+        devices = [torch.cuda.current_device() if index is None else index]
+    saved = _buffer_copies(model) if isinstance(model, torch.nn.Module) else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        _restore_buffers(saved)
+
+
+def _buffer_copies(model) -> list:
+    """``(module, name, tensor, version, copy)`` for each buffer of ``model`` (:func:`_callers_state_kept`)."""
+    try:
+        owned = [(module, name, tensor) for module in model.modules()
+                 for name, tensor in list(module._buffers.items())
+                 if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.parameter.UninitializedBuffer)]
+    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+        owned = [(model, name, tensor) for name, tensor in model.named_buffers(recurse=False)]
+    on_device, saved = 0, []
+    with torch.no_grad():
+        for module, name, tensor in sorted(owned, key=lambda o: o[2].numel() * o[2].element_size()):
+            size = tensor.numel() * tensor.element_size()
+            keep_here = tensor.device.type == "cpu" or on_device + size <= BUFFER_COPIES_ON_DEVICE
+            on_device += size if keep_here and tensor.device.type != "cpu" else 0
+            saved.append((module, name, tensor, tensor._version,
+                          tensor.clone() if keep_here else tensor.to("cpu", copy=True)))
+    return saved
+
+
+def _restore_buffers(saved: list) -> None:
+    for module, name, tensor, version, values in saved:
+        # (torch's batch_norm updates its running statistics without moving their version counters: compared)
+        if tensor._version != version or not torch.equal(tensor, values.to(tensor.device)):   # written in place
+            with torch.no_grad(), torch.inference_mode(tensor.is_inference()):
+                tensor.copy_(values)
+        current = getattr(module, name, None)
+        if not (current is tensor or (isinstance(current, torch.Tensor) and current.shape == tensor.shape
+                                      and current.dtype == tensor.dtype and current.device == tensor.device
+                                      and current.data_ptr() == tensor.data_ptr())):
+            setattr(module, name, tensor)   # replaced: the tensor it held on entry (TorchScript's wrappers differ)
+
+
+@contextlib.contextmanager
+def _guards_named(model):
+    """A note on torch.export's guard failures (an AssertionError "Guard failed: input.size()[0] == 3"): hcrfast runs
+    the model on other batch sizes than the batch's, which an exported program's shape guards refuse unless its
+    batch axis was exported as dynamic, and without bounds that the chunks pass."""
+    try:
+        yield
+    except AssertionError as exc:
+        if "Guard failed" in str(exc) and _exported(model) and hasattr(exc, "add_note"):
+            exc.add_note("hcrfast: the model is an exported program (torch.export) whose shape guards refuse this "
+                         "input: hcrfast runs it on other batch sizes than the batch's (single examples, chunks, each "
+                         "example's restarts stacked); export it with a dynamic batch axis and no upper bound, "
+                         "dynamic_shapes=({0: torch.export.Dim('batch')},), or pass the original nn.Module")
+        raise
+
+
+def _exported(model) -> bool:
+    """Whether ``model`` is, or holds, a module that refuses to switch modes (torch.export's)."""
+    try:
+        return isinstance(model, torch.nn.Module) and any(_refuses_mode_switch(m) for m in model.modules())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _frozen_mode_hint(model) -> str:
+    """What to add to a refusal of a model whose mode its ``.eval()`` cannot change: TorchScript, which runs the
+    mode it was traced in, or torch.export's program, frozen in the mode it was exported in; "" otherwise."""
+    if not isinstance(model, torch.nn.Module):
+        return ""
+    try:
+        modules = list(model.modules())
+    except (AttributeError, RuntimeError):
+        modules = [model]
+    if any(isinstance(m, torch.jit.ScriptModule) for m in modules):
+        return (". The model is TorchScript: a traced model (torch.jit.trace, or loaded with torch.jit.load) keeps "
+                "the mode it was traced in, and its .eval() does not reach a BatchNorm or dropout traced in training "
+                "mode; trace it again after .eval() (torch.jit.trace(model.eval(), example)), or pass the original "
+                "nn.Module")
+    if _exported(model):
+        return (". The model is an exported program (torch.export), frozen in the mode it was exported in: export it "
+                "again after .eval() (torch.export.export(model.eval(), ...)), or pass the original nn.Module")
+    return ""
 
 
 @contextlib.contextmanager
 def eval_mode(model, name: str = "model"):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored
-    (``name``: what the warning calls it)."""
-    if not isinstance(model, torch.nn.Module) and callable(model):
+    (``name``: what the warning calls it). A module whose ``eval()`` refuses (torch.export's
+    ``ExportedProgram.module()``: its graph is frozen in the mode it was exported in, whatever its flag, which
+    reads True) keeps its flags, and so do its submodules; the modules around it are switched by hand. Its
+    graph runs as exported: dropout or BatchNorm with batch statistics baked into it is refused by the probes
+    (:func:`probe_independent`), naming the fix."""
+    inner = model.model if getattr(model, "wraps_user_model", False) else model   # (noise.PerFeatureStd's)
+    if not isinstance(inner, torch.nn.Module) and callable(inner):
         with _modules_met_in_eval_mode(name):
             yield model
         return
     training = _in_training_mode(model)
-    if training:
+    if not training:
+        yield model
+        return
+    flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
+    try:
+        model.eval()
+    except NotImplementedError:   # "Calling eval() is not supported yet." (or train(), from a submodule's)
+        for m, flag in flags:
+            m.training = flag
+        training = _eval_around_frozen(model)
+    if training:   # said once the switch is done: a switch that failed warned of one it never made
         which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
                  if len(training) == 1 else f"{len(training)} of the {name}'s submodules "
                  f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
         warn(f"{which} in training mode; hcrfast switched the {name} to eval mode for this call "
              f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
              f"Call {name}.eval() first to silence this.")
-        flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
-        model.eval()
-        try:
-            yield model
-        finally:
-            for m, flag in flags:
-                m.training = flag
-    else:
+    try:
         yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def _refuses_mode_switch(module) -> bool:
+    """A module whose ``train``/``eval`` is replaced on the instance (torch.export's ``ExportedProgram.module()``,
+    whose two raise NotImplementedError): frozen in the mode it was made in."""
+    return "train" in vars(module) or "eval" in vars(module)
+
+
+def _eval_around_frozen(model) -> list[str]:
+    """Where ``model.eval()`` refused: the training flag of each module cleared by hand, but for the modules that
+    refuse the switch (:func:`_refuses_mode_switch`) and theirs, left as they are; the names of those cleared
+    that were in training mode. The caller restores every flag."""
+    switched = []
+
+    def visit(prefix, module):
+        if _refuses_mode_switch(module):
+            return
+        if module.training:
+            switched.append(prefix)
+            module.training = False
+        for child_name, child in module.named_children():
+            visit(f"{prefix}.{child_name}" if prefix else child_name, child)
+
+    visit("", model)
+    return switched
 
 
 @contextlib.contextmanager
@@ -713,13 +933,13 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                 f"training=True, torch.randn/rand or a random augmentation in its forward) or updates its own "
                 f"state as it runs. HCR bounds are for a "
                 f"fixed feature map plus the released noise: make the forward deterministic and stateless (its "
-                f"only randomness is the noise hcrfast models)")
+                f"only randomness is the noise hcrfast models){_frozen_mode_hint(model)}")
         # Each probe row alone against the same row in the whole batch: a statistic of the batch (its
         # max, its mean) that one row dominates leaves that row's features alone as in the batch.
         rows = sorted({0, 1, 2, B - 1} & set(range(B)))
         try:
             alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
-        except (RuntimeError, ValueError, IndexError) as exc:
+        except (RuntimeError, ValueError, IndexError, AssertionError) as exc:   # (the last: torch.export's guards)
             try:   # the whole batch again: a model that now fails on it too fails for its own reasons
                 model(batch)
             except Exception:
@@ -731,7 +951,10 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); hcrfast runs it on "
                              f"other batch sizes (single examples, chunks, each example's restarts stacked), so its "
                              f"forward must take any batch size: reshape with x.flatten(1) or x.view(x.shape[0], -1), "
-                             f"not a fixed batch size") from exc
+                             f"not a fixed batch size"
+                             + (" (an exported program: export it with a dynamic batch axis and no upper bound, "
+                                "dynamic_shapes=({0: torch.export.Dim('batch')},), or pass the original nn.Module)"
+                                if _exported(model) else "")) from exc
         value_gap = (alone - features[rows]).abs().max() / scale
         gen = torch.Generator(device="cpu").manual_seed(0)
         tangent = torch.zeros_like(probe)
@@ -865,7 +1088,8 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             "the model mixes the examples of a batch (features of one example depend on the others: "
             f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "
             f"{float(leak):.2e} vs {float(own):.2e}). HCR bounds are per example: use BatchNorm in eval "
-            "mode with running statistics (model.eval()) and no attention or normalization across the batch axis")
+            "mode with running statistics (model.eval()) and no attention or normalization across the batch axis"
+            + _frozen_mode_hint(model))
     missed = _missed_by_jv(model, probe, tangent, jv[0])
     if missed is not None and missed[1] >= FD_SHARE:
         count, share = missed

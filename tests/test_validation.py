@@ -1489,3 +1489,230 @@ def test_a_call_under_the_callers_autocast_is_warned_of(x):
         warnings.simplefilter("always")
         hcrfast.bound(mlp(), x, 0.05, solver="lsqr", **QUICK)
     assert not any("autocast" in str(w.message) for w in caught)
+
+
+def _exported(module, batch, **dims):
+    """torch.export's module of ``module`` (a dynamic batch axis unless ``dims`` says otherwise)."""
+    shapes = dims.get("dynamic_shapes", ({0: torch.export.Dim("batch")},))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.export(module, (batch,), dynamic_shapes=shapes).module()
+
+
+@pytest.mark.filterwarnings("ignore:certify=False. every feature shift")  # uncertified on purpose
+def test_an_exported_program_runs_as_exported_from_every_entry_point(x):
+    """torch.export's module reads training=True and its eval() raises NotImplementedError: every entry point
+    warned that it switched the model to eval mode and then crashed in model.eval(). Its graph is frozen in the mode
+    it was exported in: it runs as it is, unwarned, and its bounds are the original module's, bit for bit."""
+    base = mlp()
+    program = _exported(base, x)
+    assert program.training   # (what torch says of a program exported in eval mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)   # no "switched to eval mode"
+        got = hcrfast.bound(program, x, 0.05, **QUICK)
+    np.testing.assert_array_equal(got.std, hcrfast.bound(base, x, 0.05, **QUICK).std)
+    np.testing.assert_array_equal(hcrfast.bound(program, x, 0.05, certify=False, **QUICK).std,
+                                  hcrfast.bound(base, x, 0.05, certify=False, **QUICK).std)
+    np.testing.assert_array_equal(hcrfast.targeted_bound(program, x, 0.05, targets=[0, 5]).std,
+                                  hcrfast.targeted_bound(base, x, 0.05, targets=[0, 5]).std)
+    np.testing.assert_array_equal(hcrfast.gauss_newton_attack(program, x, 0.05, draws=2, steps=2).rmse,
+                                  hcrfast.gauss_newton_attack(base, x, 0.05, draws=2, steps=2).rmse)
+    assert hcrfast.dithered_accuracy(program, None, x, None, 0.05, metric="cosine") == hcrfast.dithered_accuracy(
+        base, None, x, None, 0.05, metric="cosine")
+    assert program.training
+    # inside a Module in training mode: the modules around it are switched and named, the program is left as it is
+    wrapped = torch.nn.Sequential(program, torch.nn.Dropout(0.5))   # (made in training mode: .train() raises)
+    with pytest.warns(UserWarning, match=r"the model was in training mode"):
+        np.testing.assert_array_equal(hcrfast.bound(wrapped, x, 0.05, **QUICK).std, got.std)
+    assert wrapped.training and wrapped[1].training and program.training
+
+
+def test_an_exported_program_that_cannot_run_as_hcrfast_needs_is_refused_with_the_fix(x):
+    """Exported in training mode (BatchNorm on batch statistics baked in), for a fixed batch size, or with a bound on
+    the batch axis that hcrfast's stacked rows pass: each refusal says how to export it instead."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3, padding=1), torch.nn.BatchNorm2d(3), torch.nn.Flatten()).train()
+    program = _exported(net, x)
+    state = {k: v.clone() for k, v in program.state_dict().items()}
+    with pytest.raises(ValueError, match=r"mixes the examples.*exported program \(torch.export\), frozen in the mode "
+                                         r"it was exported in: export it again after \.eval\(\)"):
+        hcrfast.bound(program, x, 0.05, **QUICK)
+    assert all(torch.equal(v, program.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(ValueError, match=r"fails on one example alone.*export it with a dynamic batch axis"):
+        hcrfast.bound(_exported(mlp(), x, dynamic_shapes=None), x, 0.05, **QUICK)
+    bounded = _exported(mlp(), x, dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    with pytest.raises(AssertionError, match="Guard failed") as caught:
+        hcrfast.targeted_bound(bounded, x, 0.05, targets="low:2")
+    assert any("dynamic_shapes=({0: torch.export.Dim('batch')},)" in note for note in caught.value.__notes__)
+    casting = _exported(torch.nn.Sequential(torch.nn.Flatten(), _CastsToFloat32(), torch.nn.Linear(16, 5)).eval(), x)
+    with pytest.raises(TypeError, match=r"fails on a float64 example.*exported program \(torch.export\) keeps the "
+                                        r"dtypes it was exported for: export a float64 model"):
+        hcrfast.bound(casting, x, 0.05, **QUICK)
+
+
+class _CastsToFloat32(torch.nn.Module):
+    def forward(self, t):
+        return t.float()
+
+
+def test_a_model_traced_in_training_mode_is_refused_naming_the_retrace_and_left_untouched(x):
+    """torch.jit.trace bakes BatchNorm's training=True into the graph: the user's .eval() does not reach it. The
+    refusal told them to call model.eval() (done already), and the refused call had moved the running statistics."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3, padding=1), torch.nn.BatchNorm2d(3), torch.nn.Flatten())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(net.train(), x, check_trace=False).eval()
+    state = {k: v.clone() for k, v in traced.state_dict().items()}
+    with pytest.raises(ValueError, match=r"TorchScript: a traced model .* keeps the mode it was traced in.*trace it "
+                                         r"again after \.eval\(\) \(torch\.jit\.trace\(model\.eval\(\), example\)\)"):
+        hcrfast.bound(traced, x, 0.05, **QUICK)
+    assert all(torch.equal(v, traced.state_dict()[k]) for k, v in state.items())
+
+
+def test_a_pruned_model_is_refused_naming_prune_remove(x):
+    """torch.nn.utils.prune's masked weights are not leaves, so the float64 copy fails; the refusal named only
+    weight_norm and spectral_norm."""
+    from torch.nn.utils import prune
+
+    model = torch.nn.Sequential(mlp(), torch.nn.Linear(12, 5)).eval()
+    prune.l1_unstructured(model[0][1], "weight", amount=0.3)
+    prune.random_unstructured(model[1], "bias", amount=0.5)
+    with pytest.raises(TypeError, match=r"pruned with torch\.nn\.utils\.prune.*"
+                                        r"torch\.nn\.utils\.prune\.remove\(model\[0\]\[1\], 'weight'\); "
+                                        r"torch\.nn\.utils\.prune\.remove\(model\[1\], 'bias'\), or pass a float64"):
+        hcrfast.bound(model, x, 0.05, **QUICK)
+    prune.remove(model[0][1], "weight")
+    prune.remove(model[1], "bias")
+    assert np.all(np.isfinite(hcrfast.bound(model, x, 0.05, **QUICK).std))
+
+
+class _DrawsInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.m = mlp()
+
+    def forward(self, t):
+        return self.m(t) + 0.1 * torch.rand(t.shape[0], 12)
+
+
+class _CountsCalls(torch.nn.Module):
+    """A fixed feature map that counts its calls in a buffer, in place or by replacing it."""
+
+    def __init__(self, replace=False):
+        super().__init__()
+        self.m, self.replace = mlp(), replace
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, t):
+        if self.replace:
+            self.calls = self.calls + 1
+        else:
+            self.calls += 1
+        return self.m(t)
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_the_callers_rng_and_the_models_buffers_are_as_they_were(x, entry):
+    """A model drawing torch.rand in its forward is refused, and the caller's global RNG had moved; a model counting
+    its calls in a buffer ended a call with 12 there (also a refused call). Both are as on entry now, and hcrfast's
+    own seeded draws are untouched: the counting model's results are those of the same map without a counter."""
+    kwargs = dict(bound=dict(solver="lsqr", **QUICK), targeted_bound=dict(targets=[0, 5], method="lsqr"),
+                  gauss_newton_attack=dict(draws=2, steps=2))[entry]
+    call, drawing = getattr(hcrfast, entry), _DrawsInForward().eval()
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError, match="other features for the same batch"):
+        call(drawing, x, 0.05, **kwargs)
+    assert torch.equal(torch.get_rng_state(), state)
+    for replace in (False, True):
+        model = _CountsCalls(replace).eval()
+        calls = model.calls
+        got = call(model, x, 0.05, **kwargs)
+        assert model.calls is calls and float(calls) == 0
+        want = call(mlp(), x, 0.05, **kwargs)
+        np.testing.assert_array_equal(got.rmse if entry == "gauss_newton_attack" else got.std,
+                                      want.rmse if entry == "gauss_newton_attack" else want.std)
+    refused = _CountsCalls()
+    with pytest.raises(ValueError, match="mixes the examples"):
+        call(torch.nn.Sequential(refused, BatchCentering()).eval(), x, 0.05, **kwargs)
+    assert float(refused.calls) == 0
+
+
+def test_buffers_untouched_by_the_call_are_not_written(x):
+    """Only the buffers the call changed are written back: the others keep their version counters (a graph of the
+    caller's that saved them still runs its backward)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten()).eval()
+    versions = [b._version for b in model.buffers()]
+    hcrfast.bound(model, x, 0.05, **QUICK)
+    assert [b._version for b in model.buffers()] == versions
+
+
+def test_an_uninitialized_lazy_module_is_refused_naming_it(x):
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(12), torch.nn.Tanh()).eval()
+    with pytest.raises(ValueError, match=r"the model's submodule 1 \(LazyLinear\) is a lazy module whose parameters "
+                                         r"are not initialized yet.*model\(batch\[:1\]\)"):
+        hcrfast.bound(model, x, 0.05, **QUICK)
+    model(x[:1])
+    assert np.all(np.isfinite(hcrfast.bound(model, x, 0.05, **QUICK).std))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes (add_note) are Python 3.11's")
+@pytest.mark.parametrize("per_feature", [False, True])
+def test_a_closure_given_a_batch_of_another_dtype_is_told_the_fix(x, per_feature):
+    """A closure over float32 parameters (torch.func.functional_call) given a float64 batch (as a plain function needs
+    for certify=True) failed with torch's bare "mat1 and mat2 must have the same dtype"."""
+    base = mlp()
+    params = dict(base.named_parameters())
+    sigma = np.linspace(0.04, 0.06, 12) if per_feature else 0.05
+    with pytest.raises(RuntimeError, match="same dtype") as caught:
+        hcrfast.bound(lambda t: torch.func.functional_call(base, params, (t,)), x.double(), sigma, **QUICK)
+    note = " ".join(caught.value.__notes__)
+    assert "the batch is float64" in note and "float64 parameters" in note and "certify=False" in note
+    with pytest.raises(RuntimeError, match="same dtype") as caught:   # float32 batch, float64 parameters
+        hcrfast.bound(lambda t: torch.func.functional_call(base, {k: v.double() for k, v in params.items()}, (t,)),
+                      x, sigma, certify=False, **QUICK)
+    note = " ".join(caught.value.__notes__)
+    assert "the batch is float32" in note and "float32 parameters" in note and "certify=False" not in note
+
+
+def test_a_closure_with_one_std_per_feature_runs_its_modules_in_eval_mode():
+    """With sigma one std per feature the model is wrapped (noise.PerFeatureStd), a Module: a closure inside it over a
+    BatchNorm in training mode was run in training mode (its running statistics moved, one example alone failed)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh()).double().train()
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    batch = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    stds, kw = np.linspace(0.05, 0.1, 8), dict(restarts=2, iterations=2, basis="pixel")
+    with pytest.warns(UserWarning, match=r"a callable, not a Module\) calls .* in training mode"):
+        got = hcrfast.bound(lambda t: net(t), batch, stds, **kw)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items()) and net.training
+    np.testing.assert_array_equal(got.std, hcrfast.bound(copy.deepcopy(net).eval(), batch, stds, **kw).std)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_callers_cuda_rng_and_buffers_copied_to_host_are_as_they_were(x, monkeypatch):
+    """The CUDA generator of the call's device is forked too, and buffers past BUFFER_COPIES_ON_DEVICE (0 here: all)
+    are copied to host memory and put back from there."""
+    from hcrfast import validation
+
+    monkeypatch.setattr(validation, "BUFFER_COPIES_ON_DEVICE", 0)
+    model, batch = _CountsCalls().eval().cuda(), x.cuda()
+    calls = model.calls
+    hcrfast.bound(model, batch, 0.05, solver="lsqr", **QUICK)
+    assert model.calls is calls and float(calls) == 0
+
+    class DrawsOnTheGpu(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = mlp()
+
+        def forward(self, t):
+            return self.m(t) + 0.1 * torch.rand(t.shape[0], 12, device=t.device)
+
+    drawing = DrawsOnTheGpu().eval().cuda()
+    torch.cuda.manual_seed(123)
+    state = torch.cuda.get_rng_state()
+    with pytest.raises(ValueError, match="other features for the same batch"):
+        hcrfast.bound(drawing, batch, 0.05, **QUICK)
+    assert torch.equal(torch.cuda.get_rng_state(), state)
