@@ -43,6 +43,16 @@ _next_call = collections.defaultdict(int)
 _next_call_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    """A forked child starts with its own lock (hcrfast.validation's reason: one held at the fork stays held)."""
+    global _next_call_lock
+    _next_call_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 class ShardError(RuntimeError):
     """Another process failed, disagreed or did not come. ``from_others``: every process raises it
     (another's failure, or a disagreement all of them see), so it is not posted again."""

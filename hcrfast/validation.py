@@ -487,6 +487,18 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
 _ONE_CALL = threading.RLock()
 
 
+def _new_lock_in_child() -> None:
+    """A forked child starts with its own _ONE_CALL: one held by another of the parent's threads at the fork (a
+    multiprocessing 'fork' pool made while a call ran) is owned by a thread the child does not have, and every
+    call in the child waited for it forever."""
+    global _ONE_CALL
+    _ONE_CALL = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 @contextlib.contextmanager
 def entry_point(model, device, *, tf32: bool = False):
     """What every public entry point runs in: one call at a time in the process (:data:`_ONE_CALL`),

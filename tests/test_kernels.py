@@ -383,7 +383,8 @@ def test_the_dispatch_refuses_what_the_cuda_kernels_refuse(call, error, match):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
 @pytest.mark.parametrize("module, name", [("hcrfast.kernels._lapack", "LOCK"), ("hcrfast.kernels.symmetric",
-                                                                                  "_CUSOLVER_LOCK")])
+                                                                                  "_CUSOLVER_LOCK"),
+                                          ("hcrfast.validation", "_ONE_CALL"), ("hcrfast.distributed", "_next_call_lock")])
 def test_a_child_forked_while_another_thread_holds_a_lock_gets_its_own(module, name):
     """A multiprocessing 'fork' pool made while another thread was inside a call: the child inherited the lock
     held, by a thread the child does not have, and its first call hung forever."""
