@@ -8,7 +8,8 @@ batch, which also catch a change the fingerprints do not see) and, as each chunk
 written atomically (a temporary file, then ``os.replace``), so a process killed at any
 point leaves finished chunks whole. The same call made again reads the finished chunks
 and computes only the examples that are missing; a call with other arguments, another
-model or another batch is refused, naming what differs. One process per folder: the
+model or another batch is refused, naming what differs; a folder written by another version of hcrfast (another
+:data:`FORMAT`) is refused as that, whatever its arguments. One process per folder: the
 files carry no lock. :mod:`hcrfast.reproduce` uses the same writes and key check for its
 runs (and shares its chunks among ``torchrun`` processes itself).
 """
@@ -42,8 +43,13 @@ __all__ = ["RESUME_BITWISE", "Checkpoint", "CheckpointMismatchError", "arithmeti
 # /5: D rounded up and mode coordinates down past float64's rounding, null-space probes' D at the top of their
 # rounding bracket (2026-11-30): a chunk from before may hold bounds an ulp or a few above its step's exact one;
 # /6: D past float64's rounding of the forward passes, sized to each step (algorithm._widened, _rounding_slope;
-# 2026-11-30): a chunk from before may hold bounds ~1e-13 (at σ tiny or steps huge, up to 4e-4) above the exact one
-FORMAT = "hcrfast.bound checkpoint/6"
+# 2026-11-30): a chunk from before may hold bounds ~1e-13 (at σ tiny or steps huge, up to 4e-4) above the exact one;
+# /7: the dense solve's rank tolerance sqrt(max(n, p))·eps, not max(n, p)·eps (dense._checked; changed 2026-11-30
+# without bumping /6, found and bumped 2026-12-01): a chunk from before lacks the directions between the two cuts
+# (their modes bound 0, or up to 30x apart, on ill-conditioned models), and a resume mixed its rows with new ones.
+# Every change of the numbers a chunk holds must bump it (and targeted.CHECKPOINT_FORMAT, reproduce._FORMAT):
+# tests/test_checkpoint.py::test_the_numbers_a_chunk_holds_are_those_of_their_format pins them
+FORMAT = "hcrfast.bound checkpoint/7"
 _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 #: The temporary files a Checkpoint writes through (``.NAME.PID.tmp``), what :meth:`Checkpoint.tidy` removes
 #: where their process is gone; group 2 is the PID.
@@ -219,6 +225,18 @@ def _check_kind(path: Path, stored, key: dict) -> None:
                                   f"another checkpoint folder for this {ours} call (or delete {path} to start anew)")
 
 
+def _check_format(path: Path, stored: dict, key: dict) -> None:
+    """Refuse plainly a folder of this kind of call written by another version of hcrfast (another format in its
+    key, older or newer): no call of this version resumes it, whatever its arguments, and the entries where the two
+    keys differ (a default that version did not record, say) would read as arguments the user changed."""
+    if "format" not in key or stored.get("format") == key["format"]:
+        return
+    old = stored["format"] if "format" in stored else "(absent)"
+    raise CheckpointMismatchError(f"{path} holds work written by another version of hcrfast (format: {old} -> "
+                                  f"{key['format']}), whose chunks this version does not mix with its own; pass "
+                                  f"another checkpoint folder (or delete {path}) to start anew")
+
+
 def _json(obj) -> str:
     return json.dumps(obj, sort_keys=True, indent=1, default=str)
 
@@ -297,6 +315,7 @@ class Checkpoint:
                 raise CheckpointMismatchError(f"{key_path} is unreadable ({exc}); delete {self.path} or pass "
                                               f"another checkpoint folder") from exc
             _check_kind(self.path, stored, self.key)
+            _check_format(self.path, stored, self.key)
             check_key(self.path, stored, self.key, fix)
         else:
             atomic_write_text(key_path, _json(self.key) + "\n", internal=True)

@@ -80,9 +80,10 @@ DEFAULT_CHUNK_EXAMPLES = {"digits": 64, "mnist": 64, "cifar10": 32, "resnet18": 
 _TRAINED_HERE = {"digits"}
 # 2: float64-rounded D = 0 bounds 0, not +inf; 3: zero steps say why; 4: a chunk's targeted steps bound every
 # mode they move, not only their own (all 2026-11-25); 5: bounds rounded outward, as hcrfast.bound checkpoint/5
-# (2026-11-30); 6: D past float64's rounding of the passes, as hcrfast.bound checkpoint/6 (2026-11-30); older are
-# refused
-_FORMAT = 6
+# (2026-11-30); 6: D past float64's rounding of the passes, as hcrfast.bound checkpoint/6 (2026-11-30); 7: the dense
+# solve's rank rule, as hcrfast.bound checkpoint/7 (changed 2026-11-30 without a bump of 6, bumped 2026-12-01; every
+# change of the numbers a chunk holds must bump it); older are refused
+_FORMAT = 7
 # A rerun takes σ from run.json; one computed afresh must agree to this relative tolerance
 # (the float32 features may differ in the last bits with the thread count).
 _SIGMA_RTOL = 1e-5

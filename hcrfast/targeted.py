@@ -840,8 +840,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     return result
 
 
-#: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/6"  # /2 … /6: as hcrfast.bound checkpoint/2 … /6
+#: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`); bumped with
+#: hcrfast.bound's at every change of the numbers a piece holds (/7: the dense solve's rank rule).
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/7"  # /2 … /7: as hcrfast.bound checkpoint/2 … /7
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features,

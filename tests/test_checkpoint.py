@@ -1107,18 +1107,34 @@ def test_a_folder_that_cannot_be_written_is_refused_before_a_chunk_is_computed(t
     assert computed == []
 
 
-@pytest.mark.parametrize("old", ["hcrfast.bound checkpoint/4", "hcrfast.bound checkpoint/5"])
+@pytest.mark.parametrize("old", ["hcrfast.bound checkpoint/4", "hcrfast.bound checkpoint/5",
+                                 "hcrfast.bound checkpoint/6"])
 def test_chunks_from_before_outward_rounding_are_refused(tmp_path, monkeypatch, old):
     """Chunks written before bounds were rounded outward (checkpoint/4), or before D was taken past float64's
     rounding of the passes (/5), hold bounds an ulp or a few (at σ tiny or steps huge, far more) above their
-    step's exact one; a resume merged them silently with fresh ones. The format in the key is now /6, so such
-    a folder is refused by name, as the 2026-11-25 guards' folders were."""
+    step's exact one; a resume merged them silently with fresh ones. Chunks of /6 may be from before the dense
+    rank rule changed (2026-11-30, no bump then), their rows up to 30x off the new ones. The format in the key is
+    now /7, so such a folder is refused by name, as the 2026-11-25 guards' folders were."""
     model, x = relu_mlp(), batch()
     monkeypatch.setattr(algorithm, "CHECKPOINT_FORMAT", old)
     hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
     monkeypatch.undo()
-    with pytest.raises(CheckpointMismatchError, match=r"format"):
+    with pytest.raises(CheckpointMismatchError, match=rf"another version of hcrfast \(format: {old} -> "):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+
+
+def test_targeted_pieces_from_before_the_dense_rank_rule_are_refused(tmp_path, monkeypatch):
+    """targeted_bound's checkpoint/6 pieces may be from before the dense rank rule changed (2026-11-30, no bump
+    then): a resume mixed their rows with new ones. Its format is now /7, and such a folder is refused."""
+    from hcrfast import targeted
+
+    model, x = tanh_mlp(), batch(B=2)
+    old = "hcrfast.targeted_bound checkpoint/6"
+    monkeypatch.setattr(targeted, "CHECKPOINT_FORMAT", old)
+    hcrfast.targeted_bound(model, x, 0.3, targets=[0, 1], method="dense", checkpoint=tmp_path)
+    monkeypatch.undo()
+    with pytest.raises(CheckpointMismatchError, match=rf"another version of hcrfast \(format: {old} -> "):
+        hcrfast.targeted_bound(model, x, 0.3, targets=[0, 1], method="dense", checkpoint=tmp_path)
 
 
 def test_chunks_after_an_out_of_memory_halving_record_the_size_they_were_computed_in(tmp_path, monkeypatch):
@@ -1381,3 +1397,198 @@ def test_a_finished_call_removes_every_temporary_file_killed_writers_left(tmp_pa
         f.write_bytes(b"half written")
     hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path, **kw("dense"))
     assert not any(f.exists() for f in stale) and all(f.exists() for f in live) and other.exists()
+
+
+# ----------------------------------------------------------------------------------------
+# The numbers a chunk holds, pinned to the format that names them
+
+#: The singular values of the diagonal linear map pinned below (exactly those of its J: a diagonal J's SVD is exact).
+#: 1e-15 lies between the dense solve's rank cut sqrt(8)·eps64 = 6.3e-16 and the max(8, 8)·eps64 = 1.8e-15 of before
+#: 2026-11-30, which dropped it (rank 6, its mode's bound 0); 1e-17 lies below both.
+PINNED_SINGULAR_VALUES = (1.0, 0.25, 1e-2, 1e-4, 1e-8, 1e-12, 1e-15, 1e-17)
+
+
+def pinned_diagonal():
+    model = torch.nn.Linear(8, 8, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.diag(torch.tensor(PINNED_SINGULAR_VALUES, dtype=torch.float64)))
+    return model.eval()
+
+
+def pinned_tanh():
+    rng = np.random.default_rng(3)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh(),
+                                torch.nn.Linear(20, 12)).double()
+    with torch.no_grad():
+        for layer in (model[1], model[3]):
+            layer.weight.copy_(torch.as_tensor(rng.standard_normal(tuple(layer.weight.shape))
+                                               / np.sqrt(layer.weight.shape[1])))
+            layer.bias.copy_(torch.as_tensor(0.1 * rng.standard_normal(tuple(layer.bias.shape))))
+    return model.eval()
+
+
+def pinned_calls():
+    """The std of the pinned calls (dense solve, float64), by name."""
+    x8 = torch.as_tensor(np.random.default_rng(0).standard_normal((2, 8)))
+    x44 = torch.as_tensor(np.random.default_rng(1).standard_normal((2, 1, 4, 4)))
+    args = dict(restarts=2, iterations=2, size=0.01, seed=0, solver="dense")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the 1e-12 and 1e-15 modes' steps are near float64's rounding: said)
+        diagonal = hcrfast.bound(pinned_diagonal(), x8, 1e-3, basis="pixel", **args)
+        return {"bound, diagonal": np.asarray(diagonal.std),
+                "bound, tanh": np.asarray(hcrfast.bound(pinned_tanh(), x44, 0.05, basis="dct", **args).std),
+                "targeted_bound, diagonal": np.asarray(hcrfast.targeted_bound(
+                    pinned_diagonal(), x8, 1e-3, targets=list(range(8)), basis="pixel", method="dense").std),
+                "rank": diagonal.params["dense"]["rank_min"]}
+
+
+#: The formats whose code computed PINNED: pinned_calls()'s std at 12 digits (2026-12-01; the same on 1 and 2
+#: threads).
+PINNED_FORMATS = ("hcrfast.bound checkpoint/7", "hcrfast.targeted_bound checkpoint/7", 7)
+PINNED = {
+    "bound, diagonal": [
+        [0.000999975000059, 0.00399990000037, 0.0999975000102, 9.99975000104,
+         99997.5000104, 999968294.055, 263319438767, 0],
+        [0.000999974999854, 0.00399989999997, 0.0999975000102, 9.99975000104,
+         99997.5000104, 999968294.055, 263319438767, 0],
+    ],
+    "bound, tanh": [
+        [0.083085429197, 0.243588376792, 0.0986629617942, 0.0871569039803,
+         0.136627120428, 0.160532188962, 0.184622584915, 0.232924905531,
+         0.210863598262, 0.107340116571, 0.306396012944, 0.184939378283,
+         0.0838504596605, 0.208041862062, 0.178330432457, 0.166855870883],
+        [0.236182539038, 0.217242368049, 0.11772287805, 0.254305066054,
+         0.250203376262, 0.0975399274039, 0.182669998252, 0.261807870599,
+         0.157559878384, 0.258530997198, 0.666331745211, 0.262504937832,
+         0.174742764475, 0.174778420913, 0.281519403364, 0.163092060411],
+    ],
+    "targeted_bound, diagonal": [
+        [0.000999993749917, 0.00399997499993, 0.0999993750002, 9.99993750006,
+         99999.3750006, 999987044.083, 263390614057, 71210178296.5],
+        [0.000999993749506, 0.00399997499913, 0.0999993750002, 9.99993750006,
+         99999.3750006, 999987044.083, 263390614057, 20422068921.7],
+    ],
+}
+
+
+def test_the_numbers_a_chunk_holds_are_those_of_their_format():
+    """A guard: the numbers of three small fixed float64 problems (dense solve, fixed seed), computed by the code
+    that wrote PINNED_FORMATS, which a resume mixes with its own. The dense rank rule changed on 2026-11-30
+    (max(n, p)·eps -> sqrt(max(n, p))·eps) without a bump of "hcrfast.bound checkpoint/6", and a /6 folder written
+    before resumed silently, its rows from the old rule beside new ones (bounds up to 30x apart).
+
+    If this fails, the numbers changed: bump hcrfast.checkpoint.FORMAT (and hcrfast.targeted.CHECKPOINT_FORMAT,
+    hcrfast.reproduce._FORMAT), saying why beside it, and store the new numbers here with the new formats. It sees
+    changes above 1e-9 (relative: other machines' BLAS and libm round otherwise); one below (an ulp-level rounding
+    change, as /5's and /6's were) bumps them all the same, by hand."""
+    from hcrfast import reproduce, targeted
+    from hcrfast.checkpoint import FORMAT
+
+    assert (FORMAT, targeted.CHECKPOINT_FORMAT, reproduce._FORMAT) == PINNED_FORMATS
+    got = pinned_calls()
+    # the oracle of the rank: the exact singular values above sqrt(8)·eps64 of the largest
+    assert got.pop("rank") == sum(s > np.sqrt(8) * np.finfo(np.float64).eps for s in PINNED_SINGULAR_VALUES) == 7
+    for name, want in PINNED.items():
+        np.testing.assert_allclose(got[name], np.reshape(want, got[name].shape), rtol=1e-9, atol=0, err_msg=name)
+    # honest numbers of a linear model: no bound above its exact least-squares std σ/s (Cramér–Rao)
+    for name in ("bound, diagonal", "targeted_bound, diagonal"):
+        assert np.all(got[name] <= 1e-3 / np.array(PINNED_SINGULAR_VALUES)), name
+
+
+# ----------------------------------------------------------------------------------------
+# A folder written by another version of hcrfast
+
+_ABSENT = object()
+
+
+def _as_another_version(folder, fmt, *, drop=()):
+    """``folder``'s key.json as another version of hcrfast wrote it: its ``format`` ``fmt`` (none where _ABSENT),
+    and without the entries of ``drop`` (an older one did not record them)."""
+    path = folder / "key.json"
+    stored = json.loads(path.read_text())
+    for name in drop:
+        stored.pop(name, None)
+    stored.pop("format")
+    if fmt is not _ABSENT:
+        stored["format"] = fmt
+    path.write_text(json.dumps(stored))
+    return path.read_text()
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+@pytest.mark.parametrize("fmt, said", [("older", None), ("newer", None), (None, "None"), (7, "7"),
+                                       (_ABSENT, "(absent)")], ids=["older", "newer", "null", "7", "absent"])
+def test_a_folder_of_another_version_is_refused_as_that_not_as_other_arguments(tmp_path, entry, fmt, said):
+    """A folder written by an older hcrfast (checkpoint/4 of 2026-11-26, say) was refused as "work made with other
+    arguments (format: ...; iterates: 'last' -> 'all'; singular_steps: 0 -> ...). Make the same call (same model,
+    batch, sigma and arguments) to resume it": the defaults that version did not record read as arguments the
+    user changed, and no call of this version can resume it. It now says which versions, and the fix."""
+    from hcrfast import attack, checkpoint, targeted
+
+    model, x = relu_mlp(), batch(B=2)
+    current = {"bound": checkpoint.FORMAT, "targeted_bound": targeted.CHECKPOINT_FORMAT,
+               "gauss_newton_attack": attack.CHECKPOINT_FORMAT}[entry]
+    call = {
+        "bound": lambda ck: hcrfast.bound(model, x, 0.3, checkpoint=ck, iterations=1, restarts=1),
+        "targeted_bound": lambda ck: hcrfast.targeted_bound(model, x, 0.3, targets=[0, 1], checkpoint=ck),
+        "gauss_newton_attack": lambda ck: hcrfast.gauss_newton_attack(model, x, 0.3, draws=2, steps=1, checkpoint=ck),
+    }[entry]
+    folder = tmp_path / "ck"
+    call(folder)
+    kind, number = current.rsplit("/", 1)
+    if fmt in ("older", "newer"):
+        fmt = f"{kind}/{int(number) - 1 if fmt == 'older' else int(number) + 1}"
+        said = fmt
+    written = _as_another_version(folder, fmt, drop=checkpoint.ABSENT_MEANS)
+    with pytest.raises(CheckpointMismatchError) as exc:
+        call(folder)
+    assert str(exc.value) == (f"{folder} holds work written by another version of hcrfast (format: {said} -> "
+                              f"{current}), whose chunks this version does not mix with its own; pass another "
+                              f"checkpoint folder (or delete {folder}) to start anew"), str(exc.value)
+    assert (folder / "key.json").read_text() == written   # left as it was
+    call(tmp_path / "new")   # the fix it names
+
+
+CLI_MODEL = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(12, 16, generator=g) / 4)
+
+    def forward(self, x):
+        return torch.tanh(x.flatten(1) @ self.a.T)
+"""
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["plain", "sweep"])
+def test_the_command_line_says_so_for_the_shell(tmp_path, capsys, sweep):
+    """`hcrfast bound --out OLD` (and --sweep) on a folder of another version: the refusal names the versions and
+    the fix for the shell (another --out, or delete the folder that holds the old work: OUT/chunks, or OUT for a
+    sweep, whose every sigma's folder is old), not "Make the same command to resume it"."""
+    from hcrfast import checkpoint, cli
+
+    (tmp_path / "net.py").write_text(CLI_MODEL)
+    torch.save(torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1)), tmp_path / "x.pt")
+    out = tmp_path / "run"
+
+    def argv(out):
+        return ["bound", f"{tmp_path / 'net.py'}:Net", str(tmp_path / "x.pt"), "--restarts", "1", "--iterations", "1",
+                "--threads", str(torch.get_num_threads()), "--no-progress", "--no-report", "--out", str(out),
+                *(["--sweep", "1,2"] if sweep else [])]
+
+    assert cli.main(argv(out)) == 0
+    folders = sorted((out / "sweep_chunks").iterdir()) if sweep else [out / "chunks"]
+    old = checkpoint.FORMAT.rsplit("/", 1)[0] + "/6"
+    for folder in folders:
+        _as_another_version(folder, old, drop=checkpoint.ABSENT_MEANS)
+    capsys.readouterr()
+    assert cli.main(argv(out)) == 2
+    err = capsys.readouterr().err
+    assert (f"{folders[0]} holds work written by another version of hcrfast (format: {old} -> {checkpoint.FORMAT}), "
+            f"whose chunks this version does not mix with its own; pass another --out (or delete "
+            f"{out if sweep else out / 'chunks'}) to start anew") in err, err
+    assert "to resume it" not in err and "checkpoint folder" not in err and "iterates" not in err
+    assert cli.main(argv(tmp_path / "new")) == 0   # the fix it names

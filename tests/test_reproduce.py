@@ -178,12 +178,12 @@ def test_a_run_of_an_earlier_format_is_refused(first, weights, tmp_path, capsys)
     old = tmp_path / "old"
     shutil.copytree(first, old)
     stored = json.loads((old / "run.json").read_text())
-    assert stored["key"]["format"] == 6
+    assert stored["key"]["format"] == 7
     stored["key"]["format"] = 5
     (old / "run.json").write_text(json.dumps(stored))
     code = cli.main(["reproduce", "digits", *TINY, "--out", str(old), "--weights", str(weights)])
     err = capsys.readouterr().err
-    assert code == 2 and "format: 5 -> 6" in err
+    assert code == 2 and "format: 5 -> 7" in err
     # no rerun resumes it (the generic "rerun with the same arguments to resume it" could not work)
     assert "another version of hcrfast" in err and "fresh --out" in err and "Rerun with the same" not in err
 
@@ -1228,3 +1228,21 @@ def test_a_run_json_of_the_user_s_makes_none_of_their_files_hcrfast_s(weights, t
     assert "holds summary.json, which this command writes and which no hcrfast command wrote there" in \
         capsys.readouterr().err
     assert (out / "summary.json").read_text() == '{"mine": 1}'
+
+
+def test_a_run_of_format_6_from_before_the_dense_rank_rule_is_refused(first, weights, tmp_path, capsys):
+    """Run format 6 (as hcrfast.bound checkpoint/6) was not bumped when the dense solve's rank rule changed
+    (2026-11-30): a run folder written before resumed silently, its chunks of the old rule beside new ones. The
+    format is now 7, and a folder of 6 is refused as another version's, with the fix."""
+    from hcrfast import reproduce
+
+    assert reproduce._FORMAT == 7
+    old = tmp_path / "old"
+    shutil.copytree(first, old)
+    stored = json.loads((old / "run.json").read_text())
+    stored["key"]["format"] = 6
+    (old / "run.json").write_text(json.dumps(stored))
+    assert cli.main(["reproduce", "digits", *TINY, "--out", str(old), "--weights", str(weights)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{old} holds a run written by another version of hcrfast (format: 6 -> 7), whose chunks this one does "
+            f"not mix with its own") in err and f"pass a fresh --out (or delete {old})" in err, err
