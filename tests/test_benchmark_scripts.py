@@ -1160,3 +1160,11 @@ def test_result_file_size_script_runs_at_toy_size(tmp_path):
     small, tiny = json.loads(out.read_text())["rows"]
     assert small["reasons"] == 0 and tiny["reasons"] == 200
     assert tiny["bounds_npz"] < tiny["as_np_savez"]
+
+
+def test_entry_overhead_script_runs_at_toy_size(tmp_path):
+    out = tmp_path / "overhead.json"
+    run_script("entry_overhead.py", "--models", "mobilenet_v3_small", "--sizes", "32", "--batch", "2", "--json", out)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["rows"] == 2 and row["input"] == [2, 3, 32, 32]
+    assert row["forward_seconds"] > 0 and row["end_check_seconds"] > 0 and 0 < row["buffer_megabytes"] < 1
