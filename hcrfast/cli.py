@@ -88,8 +88,9 @@ def main(argv=None) -> int:
     saved_format = warnings.formatwarning
     warnings.formatwarning = _format_warning
     # SIGTERM as Ctrl-C, for this command's time (main may run in-process: the caller's handler comes back)
-    saved_term = (signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread()
-                  else None)
+    # (signal.signal gives None for a handler installed from C: `installed` tells it from "not installed here")
+    installed = threading.current_thread() is threading.main_thread()
+    saved_term = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
     command = None
     try:
         # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
@@ -120,8 +121,8 @@ def main(argv=None) -> int:
         return 128 + signal.SIGTERM if terminated else 130
     finally:
         warnings.formatwarning = saved_format
-        if saved_term is not None:
-            signal.signal(signal.SIGTERM, saved_term)
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if saved_term is None else saved_term)
 
 
 def _error_text(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ J. Dong, A. Roth, W. Su, "Gaussian differential privacy", JRSS-B (2022).
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -215,15 +216,17 @@ def _real_array(name: str, value) -> np.ndarray:
 def _check_seed(seed):
     """A seed of the Monte Carlo draws: what ``numpy.random.default_rng`` takes, ``None`` excepted.
 
-    That is a non-negative integer (NumPy's too), a non-empty sequence of them, a
-    ``numpy.random.SeedSequence``, a ``numpy.random.BitGenerator`` or a ``numpy.random.Generator``.
+    That is a non-negative integer (NumPy's too), a non-empty sequence of them (a list, tuple, range or array),
+    a ``numpy.random.SeedSequence``, a ``numpy.random.BitGenerator`` or a ``numpy.random.Generator``.
     ``None`` (fresh entropy from the OS, a different draw every call) is refused: the draws would not be
-    repeatable. A negative or fractional seed is refused here by name, not deep in NumPy."""
+    repeatable. The three objects carry their own state, taken as it is: one made without a seed
+    (``SeedSequence()``, ``PCG64()``) holds fresh entropy too, repeatable only from its recorded
+    ``entropy``. A negative or fractional seed is refused here by name, not deep in NumPy."""
     if isinstance(seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)):
         return seed
     what = ("seed must be a non-negative integer, a sequence of them, a numpy.random.SeedSequence, "
             "BitGenerator or Generator")
-    if isinstance(seed, (list, tuple, np.ndarray)) and not isinstance(seed, str):
+    if isinstance(seed, (collections.abc.Sequence, np.ndarray)) and not isinstance(seed, (str, bytes)):
         entries = list(np.asarray(seed, dtype=object).ravel()) if isinstance(seed, np.ndarray) else list(seed)
         if not entries:
             raise ValueError(f"{what}, got an empty {type(seed).__name__}; pass e.g. seed=0 or seed=[0, 1]")

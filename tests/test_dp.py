@@ -1127,7 +1127,7 @@ def test_every_seed_numpy_default_rng_repeats_is_taken():
     images = np.linspace(0.0, 1.0, 8).reshape(2, 4)
     kw = dict(sigma=0.3, C=1.0)
     for make in (lambda: np.random.SeedSequence(5), lambda: np.random.PCG64(5), lambda: [5, 6],
-                 lambda: (5, 6), lambda: np.array([5, 6]), lambda: [np.int64(5)]):
+                 lambda: (5, 6), lambda: np.array([5, 6]), lambda: [np.int64(5)], lambda: range(5, 7)):
         got = dp.simulate_attack(images, **kw, seed=make())
         assert np.array_equal(got, dp.simulate_attack(images, **kw, seed=np.random.default_rng(make())))
         assert not np.array_equal(got, dp.simulate_attack(images, **kw, seed=0))
