@@ -444,9 +444,12 @@ class Bounds:
             TargetedBounds.check_fields(path, _FORMAT, "Bounds.save", t_arrays, meta["targeted"], "targeted ")
             check_kinds(path, _FORMAT, "Bounds.save", meta["targeted"], "targeted ")
             targeted = TargetedBounds.from_arrays(t_arrays, meta["targeted"])
+        params = revision_loaded(meta["params"], checkpoint.FORMAT)
+        if targeted is not None and "revision" in params:   # computed in the same call: by the same revision (its
+            targeted.params = dict(targeted.params, revision=params["revision"])   # summary and own save say so)
         return cls(**{k: arrays[k] for k in cls._ARRAYS}, std_algorithm1=arrays.get("std_algorithm1"),
-                   infinite_reasons=meta["infinite_reasons"], params=revision_loaded(meta["params"], checkpoint.FORMAT),
-                   seconds=meta["seconds"], targeted=targeted)
+                   infinite_reasons=meta["infinite_reasons"], params=params, seconds=meta["seconds"],
+                   targeted=targeted)
 
     def summary(self) -> str:
         """A few lines: parameters, bound quantiles, LSQR work, infinities."""

@@ -530,3 +530,19 @@ def test_a_result_records_the_revision_that_computed_it_and_an_older_ones_summar
             assert old.summary().split("\n", 1) == [repr(old)[len(name) + 3:].split("; ")[0], result.summary()]
             old.save(tmp_path / "again.npz")      # saved again, it keeps the revision that computed it
             assert cls.load(tmp_path / "again.npz").params["revision"] == recorded
+
+
+def test_the_targeted_bounds_of_an_older_bounds_file_say_its_revision_too(tmp_path):
+    """Bounds.load kept an older file's revision on the Bounds, but its targeted bounds (computed in the same call)
+    had none: their summary had no note, and saved alone they recorded today's revision."""
+    _three_results(tmp_path)
+    old = _rewrite_meta(tmp_path / "Bounds.npz", tmp_path / "old.npz",
+                        lambda meta: meta["params"].update(revision="hcrfast.bound checkpoint/5"))
+    loaded = hcrfast.Bounds.load(old)
+    assert loaded.targeted.params["revision"] == "hcrfast.bound checkpoint/5"
+    assert loaded.targeted.summary().startswith("NOTE: computed by another revision of hcrfast "
+                                                "(hcrfast.bound checkpoint/5)")
+    loaded.targeted.save(tmp_path / "alone.npz")
+    assert hcrfast.TargetedBounds.load(tmp_path / "alone.npz").params["revision"] == "hcrfast.bound checkpoint/5"
+    current = hcrfast.Bounds.load(tmp_path / "Bounds.npz")   # this revision's: no note on either
+    assert "revision" not in current.targeted.params and not current.targeted.summary().startswith("NOTE")
