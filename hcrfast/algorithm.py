@@ -435,9 +435,13 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"float64 model and batch")
     if n_moved == 0:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
-                         f"bound can be computed: the steps are outside the range the {name} solver resolves (its "
+                         f"bound can be computed: the steps vanish once added to the inputs (theta + eps == theta in "
+                         f"{name}: steps below the resolution of inputs this large, e.g. unnormalized values near "
+                         f"1e9 with a small sigma), or they are outside the range the {name} solver resolves (its "
                          f"vectors' squares underflow or overflow); pass a sigma nearer the features' scale "
-                         f"(hcrfast.rms_sigma(features, scale)), another size, or a float64 model and batch")
+                         f"(hcrfast.rms_sigma(features, scale)), another size, inputs centred and scaled near 1 (the "
+                         f"normalization inside the model)"
+                         + (", or a float64 model and batch" if dtype != torch.float64 else ""))
 
 
 def _random_vjp(model, x):
@@ -1784,11 +1788,12 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                             f"iter_lim={options.iter_lim}) for a basis each ({restarts} × {options.iter_lim} steps of "
                             f"memory per example; without iter_lim each pilot runs up to "
                             f"hcrfast.krylov.MAX_STEPS = {krylov.MAX_STEPS})")
-        singular_steps = resolve_singular_steps(singular_steps, solver, n, p, gaussian=gaussian_sigma is not None)
-        if singular_steps and solver not in ("dense", "krylov"):
+        # refused before resolve_singular_steps caps the count (and warns of the cap): the count the caller passed
+        if singular_steps not in (0, "auto") and solver not in ("dense", "krylov"):
             raise ValueError(f"singular_steps={singular_steps} takes J's smallest singular directions from the dense "
                              f"solve's factorization or the Krylov basis, but this call solves with {solver!r}; pass "
                              f"solver='dense' or solver='krylov' (linearize_at='input'), or singular_steps=0")
+        singular_steps = resolve_singular_steps(singular_steps, solver, n, p, gaussian=gaussian_sigma is not None)
         if krylov_pilots != 1 and solver != "krylov":
             raise ValueError(_pilots_need_krylov(krylov_pilots, solver))
         if solver == "dense" and given_options is not None:

@@ -158,3 +158,19 @@ def test_a_rounding_estimate_whose_jvp_raises_says_so():
         assert any("raised RuntimeError (transient failure)" in m and "if the model raised it, fix the model" in m
                    for m in said), said
         assert value is None or np.array_equal(value, f0)
+
+
+def test_steps_below_the_inputs_resolution_are_named_so_not_as_underflow():
+    """Inputs near 1e9 and sigma 1e-5: each step (~5e-8) is below float64's spacing of the inputs (1.2e-7), so
+    theta + eps == theta; the refusal blamed the solver's underflow and offered a float64 model and batch, which
+    these already are."""
+    rng = np.random.default_rng(10)
+    lin = torch.nn.Linear(6, 9, bias=False).double()
+    with torch.no_grad():
+        lin.weight.copy_(torch.as_tensor(rng.standard_normal((9, 6))))
+    model = torch.nn.Sequential(torch.nn.Flatten(), lin).eval()
+    x = torch.as_tensor(1e9 * (1 + 1e-3 * rng.standard_normal((2, 1, 2, 3))))
+    with pytest.raises(ValueError, match=r"every step's eps came out 0.*the steps vanish once added to the inputs "
+                                         r"\(theta \+ eps == theta in float64") as caught:
+        hcrfast.bound(model, x, 1e-5, restarts=2, singular_steps=0, iterations=1)
+    assert "float64 model and batch" not in str(caught.value)

@@ -343,3 +343,16 @@ def test_a_short_krylov_basis_says_how_few_directions_it_had():
     full = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, solver="dense", singular_steps=8)
     assert full.params["singular_steps"]["directions"] == dict(total=16, fewest=8)
     assert "as few as" not in full.summary()
+
+
+def test_singular_steps_with_lsqr_are_refused_naming_the_count_passed():
+    """singular_steps=4 on a J of rank 3 with solver='lsqr': it warned 'taking those 3', then refused naming
+    singular_steps=3, a count the caller never passed."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(5, 3)).double()
+    x = torch.randn(2, 5, 1, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"^singular_steps=4 takes J's smallest singular directions .* this call "
+                                             r"solves with 'lsqr'"):
+            hcrfast.bound(model, x, 0.3, solver="lsqr", singular_steps=4, basis="pixel")
+    assert not [w for w in caught if "taking those" in str(w.message)]
