@@ -613,6 +613,11 @@ def replace_outputs(out: Path, earlier, written) -> None:
     for name in sorted(set(earlier) - set(written)):
         if (out / name).is_file():
             (out / name).unlink()
+            if (out / name).parent != out:   # (a sweep's scale_K/ that held nothing else: gone with its files)
+                try:
+                    (out / name).parent.rmdir()
+                except OSError:
+                    pass
     write_outputs(out, written)
 
 

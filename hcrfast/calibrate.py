@@ -448,8 +448,9 @@ class SigmaSweep:
             "reuse_bytes": int(self.reuse_bytes)}, indent=1) + "\n")
         for name in sorted(stale):   # after the new sweep.json: a crash between leaves files, never a dangling list
             if name.startswith("scale_") and (folder / name).is_dir():
-                for f in ("bounds.npz", "attack.npz"):
-                    (folder / name / f).unlink(missing_ok=True)
+                # bounds.npz alone: what save wrote there (a file of anyone else's stays, and so its folder; an
+                # `hcrfast bound --sweep` removes the attack.npz it wrote itself, by its list of outputs)
+                (folder / name / "bounds.npz").unlink(missing_ok=True)
                 try:
                     (folder / name).rmdir()
                 except OSError:   # it holds something else too: leave it

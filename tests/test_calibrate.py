@@ -871,3 +871,17 @@ def test_a_sweep_whose_first_sigma_fails_leaves_no_key_to_refuse_the_corrected_o
     assert list(tmp_path.iterdir()) == []
     got = hcrfast.sweep_sigma(model, x, [1.0, 2.0], checkpoint=tmp_path, restarts=2, iterations=2)
     assert [b.params["checkpoint"]["examples_read_back"] for b in got.bounds] == [0, 0]
+
+
+def test_saving_a_sweep_over_another_removes_only_the_bounds_it_wrote(tmp_path):
+    """SigmaSweep.save over an earlier sweep removed each old level's attack.npz, which save never writes (a user's
+    attack saved beside the bounds went), and the folder with it."""
+    model, x = _tanh_net(), _batch(2)
+    first = hcrfast.sweep_sigma(model, x, [0.5, 1.0], sigma0=0.25, **KW)
+    first.save(tmp_path / "sweep")
+    (tmp_path / "sweep" / "scale_1" / "attack.npz").write_bytes(b"the user's own attack")
+    hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(tmp_path / "sweep")
+    assert (tmp_path / "sweep" / "scale_1" / "attack.npz").read_bytes() == b"the user's own attack"
+    assert not (tmp_path / "sweep" / "scale_1" / "bounds.npz").exists()
+    assert not (tmp_path / "sweep" / "scale_0.5").exists()    # held nothing else: gone with its bounds
+    assert hcrfast.SigmaSweep.load(tmp_path / "sweep").scales.tolist() == [2.0]
