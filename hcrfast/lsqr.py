@@ -130,6 +130,15 @@ class LSQRResult:
         """The stop reason of each problem, in words."""
         return [ISTOP_MESSAGES[int(k)] for k in to_host(self.istop)]
 
+    def __eq__(self, other) -> bool:
+        """Every array bitwise equal, as the other result classes compare (:func:`hcrfast.results.same_result`);
+        the dataclass's own ``==`` asked NumPy for the truth value of an array comparison, and raised."""
+        from hcrfast.results import same_result
+
+        return same_result(self, other)
+
+    __hash__ = None
+
 
 @dataclass
 class LSQRState:

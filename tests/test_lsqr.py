@@ -349,3 +349,20 @@ def test_a_damping_that_shrinks_the_steps_to_rounding_is_named_in_the_warning():
     res, messages = said(1e6)
     assert (res.std == 0).all() and messages and all("LSQROptions(damp=1e+06)" in m for m in messages), messages
     assert said(0.0)[1] == []
+
+
+def test_results_compare_by_value():
+    """hcrfast.LSQRResult (in hcrfast.__all__) kept the dataclass's ==, which raised on its arrays ('The truth
+    value of an array ... is ambiguous'), also for `r in [r2]`."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(0)
+    A, b = rng.standard_normal((3, 6, 4)), rng.standard_normal((3, 6))
+    r = lsqr(DenseBatchOperator(A), b)
+    assert copy.deepcopy(r) == r and pickle.loads(pickle.dumps(r)) == r and r in [copy.deepcopy(r)]
+    other = copy.deepcopy(r)
+    other.x[0, 0] += 1.0
+    assert other != r and r != "r"
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(r)
