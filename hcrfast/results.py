@@ -43,6 +43,11 @@ def load_npz(path, fmt: str, writer: str, *, arrays_needed=(), meta_needed=()) -
     user's home, as :func:`save_npz` writes it."""
     path = os.path.expanduser(path)
     not_ours = f"{path} is not a file written by {writer}"
+    if os.path.isdir(path):
+        inside = ("it holds a sigma sweep (sweep.json): read it with hcrfast.SigmaSweep.load"
+                  if os.path.isfile(os.path.join(path, "sweep.json")) else
+                  f"pass the .npz file {writer} wrote (an `hcrfast bound` OUT holds bounds.npz)")
+        raise ValueError(f"{path} is a folder, not a results file; {inside}")
     with open(path, "rb") as fh:
         # np.load reads anything but an .npz or .npy archive as a pickle, and refuses it advising
         # allow_pickle: not what a results file needs
@@ -255,10 +260,14 @@ def quantile_line(std) -> str:
     they are, and counted apart so that a quantile of 0 is not read as a measured bound."""
     std = np.asarray(std)
     finite = std[np.isfinite(std)]
+    n_nan = int(np.isnan(std).sum())   # (no bound hcrfast computes; a result edited or made by hand: said as NaN)
     if not finite.size:
-        return "  std bounds: all +inf"
+        return ("  std bounds: all +inf" if not n_nan else
+                f"  std bounds: none finite ({n_nan} NaN, {std.size - n_nan} +inf)")
     q = np.quantile(finite, [0.1, 0.5, 0.9])
     notes = [f"{finite.size} finite of {std.size}"] if finite.size < std.size else []
+    if n_nan:
+        notes.append(f"{n_nan} NaN, which is no bound")
     n_zero = int((finite == 0).sum())
     if n_zero:
         notes.append(f"{n_zero} of {std.size} are 0, which bounds nothing")
@@ -272,11 +281,13 @@ def finite_stats(values, *, largest: bool = True) -> str:
     averaged into a median, so the median printed is that of the finite ones and says so."""
     values = np.asarray(values, dtype=np.float64).ravel()
     finite = values[np.isfinite(values)]
+    n_nan = int(np.isnan(values).sum())
+    others = (f"{values.size - finite.size - n_nan} +inf" if values.size - finite.size > n_nan else "") + (
+        f"{', ' if values.size - finite.size > n_nan else ''}{n_nan} NaN" if n_nan else "")
     if not finite.size:
-        return "all +inf" if values.size else "none"
+        return ("all +inf" if not n_nan else f"none finite ({others})") if values.size else "none"
     text = f"median {np.median(finite):.4g}, min {finite.min():.4g}" + (f", max {finite.max():.4g}" if largest else "")
-    return text + (f" (of the {finite.size} finite; {values.size - finite.size} +inf)" if finite.size < values.size
-                   else "")
+    return text + (f" (of the {finite.size} finite; {others})" if finite.size < values.size else "")
 
 
 def _divergence_text(divergence, zero_step_reasons) -> str:

@@ -546,3 +546,22 @@ def test_the_targeted_bounds_of_an_older_bounds_file_say_its_revision_too(tmp_pa
     assert hcrfast.TargetedBounds.load(tmp_path / "alone.npz").params["revision"] == "hcrfast.bound checkpoint/5"
     current = hcrfast.Bounds.load(tmp_path / "Bounds.npz")   # this revision's: no note on either
     assert "revision" not in current.targeted.params and not current.targeted.summary().startswith("NOTE")
+
+
+def test_nan_is_said_as_nan_never_as_inf_and_a_folder_is_named(tmp_path):
+    """A Bounds holding a NaN (made or edited by hand: no bound hcrfast computes) was summarized as '47 finite of 48'
+    and its MSE as '(of the 2 finite; 1 +inf)'; Bounds.load of a folder (OUT/sweep) raised a bare IsADirectoryError."""
+    from hcrfast.results import finite_stats, quantile_line
+
+    assert finite_stats([1.0, 2.0, np.inf, np.nan]) == "median 1.5, min 1, max 2 (of the 2 finite; 1 +inf, 1 NaN)"
+    assert finite_stats([1.0, np.nan]) == "median 1, min 1, max 1 (of the 1 finite; 1 NaN)"
+    assert finite_stats([np.nan, np.inf]) == "none finite (1 +inf, 1 NaN)" and finite_stats([np.inf]) == "all +inf"
+    assert quantile_line(np.array([1.0, 2.0, np.inf, np.nan])).endswith("(2 finite of 4; 1 NaN, which is no bound)")
+    assert quantile_line(np.array([np.nan, np.inf])) == "  std bounds: none finite (1 NaN, 1 +inf)"
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"sweep is a folder, not a results file; it holds a sigma sweep \(sweep\.json\)"
+                                         r": read it with hcrfast\.SigmaSweep\.load"):
+        hcrfast.Bounds.load(tmp_path / "sweep")
+    with pytest.raises(ValueError, match=r"is a folder, not a results file; pass the \.npz file TargetedBounds\.save"):
+        hcrfast.TargetedBounds.load(tmp_path)
