@@ -372,6 +372,14 @@ class TargetedBounds:
                 raise ValueError(f"TargetedBounds.concatenate: part {i} has {k}={part.params.get(k)!r}, part 0 "
                                  f"{first.params.get(k)!r}" + (f" (and {', '.join(differ[1:])} differ)" if differ[1:]
                                                               else "") + "; pass the chunks of one call")
+            # an array some parts hold and others dropped (eps without keep_targeted_eps): NumPy's own error, or
+            # (the part without it first) the others' silently dropped
+            held = [k for k in cls._PER_EXAMPLE if (getattr(part, k) is None) != (getattr(first, k) is None)]
+            if held:
+                k = held[0]
+                raise ValueError(f"TargetedBounds.concatenate: part {i} {'lacks' if getattr(part, k) is None else 'has'}"
+                                 f" .{k}, part 0 {'has' if getattr(part, k) is None else 'lacks'} it (kept by one call, "
+                                 f"dropped by the other: keep_targeted_eps for eps); pass the chunks of one call")
         rows = {k: None if getattr(first, k) is None else xp.concatenate([xp.asarray(getattr(p, k)) for p in parts])
                 for k in cls._PER_EXAMPLE}
         std = rows["std"]

@@ -642,3 +642,22 @@ def test_directions_that_are_not_dense_directions_are_refused_by_name(directions
     with pytest.raises(TypeError, match=r"(?s)directions must be None .* or an hcrfast\.targeted\.DenseDirections.*"
                                         r"pass method= \('auto', 'dense', 'lsqr'\)"):
         targeted_bound(model, torch.randn(2, 1, 4, 4), 0.1, directions=directions)
+
+
+def test_concatenate_refuses_parts_of_which_only_some_kept_their_steps():
+    """bound(keep_targeted_eps=True)'s targeted bounds with another call's that dropped eps: NumPy's 'all the input
+    arrays must have same number of dimensions', or (that one first) the kept steps silently dropped."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh(),
+                            torch.nn.Linear(12, 10)).double().eval()
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    kw = dict(restarts=2, iterations=2, targets="low:2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        keep = hcrfast.bound(m, x[:2], 0.1, keep_targeted_eps=True, **kw).targeted
+        drop = hcrfast.bound(m, x[2:], 0.1, **kw).targeted
+    with pytest.raises(ValueError, match=r"part 1 lacks \.eps, part 0 has it .*keep_targeted_eps"):
+        hcrfast.TargetedBounds.concatenate([keep, drop])
+    with pytest.raises(ValueError, match=r"part 1 has \.eps, part 0 lacks it"):
+        hcrfast.TargetedBounds.concatenate([drop, keep])
+    assert hcrfast.TargetedBounds.concatenate([keep, keep]).eps.shape[0] == 4
