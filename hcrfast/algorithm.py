@@ -1292,7 +1292,11 @@ class _StillTheSameFunction:
             out = model(self.batch[self.rows].to(dtype))
         return out.detach().reshape(len(self.rows), -1).clone()
 
-    def check(self, checkpoint=None) -> None:
+    def check(self, saved=None, *, shared: bool = False) -> None:
+        """Raise ValueError where the model changed during the call. ``saved``: the call's
+        :class:`hcrfast.checkpoint.Checkpoint` (or None), whose chunks saved by this call are removed first
+        (:meth:`~hcrfast.checkpoint.Checkpoint.discard`; ``shared``: processes share the folder, whose key
+        stays), so that the same call made again computes them afresh rather than read them back as bounds."""
         after = self._features(self.model64, self.dtype)
         # float64's rounding as check_repeatable allows it; another dtype (certify=False) a few of its ulps
         share = validation.REPEAT_ROUNDING if self.dtype == torch.float64 else 4 * torch.finfo(self.dtype).eps
@@ -1313,11 +1317,39 @@ class _StillTheSameFunction:
                         f"the largest feature; the checks on entry allow {self.rtol:.0e})")
         if text is None:
             return
-        where = (f"; the chunks this call saved in {checkpoint} are of more than one function: delete that folder"
-                 if checkpoint is not None else "")
+        where = "" if saved is None else self._discarded(saved, shared)
         raise ValueError(f"{text}. The model changes itself as it runs (a call counter, a cache, a schedule or a "
                          f"switch in its forward), so its bounds would be of more than one function; make the forward "
                          f"a fixed function of its input{where}")
+
+    @staticmethod
+    def _discarded(saved, shared: bool) -> str:
+        """Remove the chunks this call (this process) saved, and say so: what the refusal adds about ``saved``.
+
+        The chunks this call read back from earlier calls are kept. Each was saved by a call whose own end check
+        ran after it: one that passed (its model did not change during it) or, since this check removes what it
+        refuses, none that was refused. The exception is a call killed, or failed otherwise, between a switch of
+        its model and its end check: its chunks were never checked, and nothing in them tells them apart (a check
+        before each chunk's save would). Dropping every chunk not checked at its call's end would make every
+        crash lose its work, what checkpoint= is for; they are kept, and the message says how to be rid of them.
+        Under shard=True the other processes' chunks are theirs: each checks its own model and removes its own
+        (their calls stop at their next step on this process's error, :meth:`World.agree`)."""
+        removed, left, others = saved.discard(key_too=not shared)
+        plural = removed != 1
+        text = (f"; the {removed} chunk file{'s' if plural else ''} this call saved in {saved.path}, of more than one "
+                f"function, {'were' if plural else 'was'} removed: the same call made again computes "
+                f"{'them' if plural else 'it'} afresh")
+        if left:
+            text += (f"; {len(left)} could not be removed ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): "
+                     f"delete {saved.path} before calling again")
+        if others:
+            text += (f"; the {others} chunk file{'s' if others != 1 else ''} of "
+                     f"{'earlier calls or other processes' if shared else 'earlier calls'} there "
+                     f"{'are' if others != 1 else 'is'} kept (each call checks its own at its end; a call killed "
+                     f"before its end was not checked: delete {saved.path} if one was)")
+        elif not left and not shared and not (saved.path / "key.json").exists():
+            text += " (with the key this call wrote: the folder is as it was before the call)"
+        return text
 
 
 class _Eta:
@@ -2398,7 +2430,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                pilots_auto))
             raise
         if todo:
-            unchanged.check(checkpoint if saved is not None else None)
+            unchanged.check(saved, shared=not unshared)   # (its chunks removed where refused)
         if reuse is not None and todo:
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:

@@ -9,7 +9,9 @@ written atomically (a temporary file, then ``os.replace``), so a process killed 
 point leaves finished chunks whole. The same call made again reads the finished chunks
 and computes only the examples that are missing; a call with other arguments, another
 model or another batch is refused, naming what differs; a folder written by another version of hcrfast (another
-:data:`FORMAT`) is refused as that, whatever its arguments. One process per folder: the
+:data:`FORMAT`) is refused as that, whatever its arguments. A call refused at its end because its model changed
+during it removes the chunks it saved (:meth:`Checkpoint.discard`): the same call made again computes them afresh
+instead of reading back bounds of two functions. One process per folder: the
 files carry no lock. :mod:`hcrfast.reproduce` uses the same writes and key check for its
 runs (and shares its chunks among ``torchrun`` processes itself).
 """
@@ -286,9 +288,9 @@ class Checkpoint:
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
         #: the folders (deepest first) and files this call made, what :meth:`take_back` removes; whether it saved
-        #: a chunk
+        #: a chunk (still in the folder), and the chunk files it saved, what :meth:`discard` removes
         self._made = list(itertools.takewhile(lambda p: not os.path.lexists(p), (self.path, *self.path.parents)))
-        self._wrote, self._saved = [], False
+        self._wrote, self._saved, self._chunks = [], False, []
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -465,6 +467,36 @@ class Checkpoint:
         except OSError:
             pass   # the failure being raised is what the user needs to see
 
+    def discard(self, *, key_too: bool = True) -> tuple[int, list[str], int]:
+        """Remove the chunk files this call saved: the call is refused after saving them (its model changed
+        itself during the call, :class:`hcrfast.algorithm._StillTheSameFunction`), so they are of more than one
+        function, and the same call made again would read them back as its bounds. Then, with ``key_too``, what
+        :meth:`take_back` removes where the folder holds no chunk any more (the key this call wrote, the folders
+        it made): the folder is as it was before the call. Processes that share the folder (``shard=True``) pass
+        ``key_too=False``: the others may be writing their chunks under that key now, and remove their own.
+
+        Returns ``(removed, left, others)``: how many of this call's chunk files were removed, those that could
+        not be (``"NAME (why)"``), and how many chunk files of earlier calls or other processes the folder
+        holds (kept: they are not this call's)."""
+        removed, left = 0, []
+        for file in self._chunks:
+            try:
+                file.unlink()
+                removed += 1
+            except FileNotFoundError:   # (another call set it aside, or the user removed it: not in the folder)
+                pass
+            except OSError as exc:
+                left.append(f"{file.name} ({exc.strerror or exc})")
+        self._chunks = [f for f in self._chunks if f.exists()]
+        self._saved = bool(self._chunks)
+        try:
+            others = sum(1 for f in self.path.iterdir() if _CHUNK_NAME.match(f.name)) - len(self._chunks)
+        except OSError:
+            others = 0
+        if key_too and not left:
+            self.take_back()   # (nothing where chunks of others are left, or the key is an earlier call's)
+        return removed, left, others
+
     def save(self, start: int, stop: int, **arrays) -> None:  # (the chunk's rows: start..stop-1)
         self._saved = True
         arrays["key_sha256"] = np.array(self.key_sha256)
@@ -481,8 +513,9 @@ class Checkpoint:
                 size = min(size, stop - start)
             arrays["chunk_size"] = np.int64(size)
             self.chunk_sizes.add(size)
-        atomic_savez(self.path / f"chunk_{start:09d}_{stop:09d}.npz", internal=True,
-                     example_ids=self.example_ids[start:stop], **arrays)
+        file = self.path / f"chunk_{start:09d}_{stop:09d}.npz"
+        atomic_savez(file, internal=True, example_ids=self.example_ids[start:stop], **arrays)
+        self._chunks.append(file)
 
     def warn_mixed(self, resume_hint: str) -> None:
         """Warns where the chunks seen (read back and saved) were computed with different arithmetic: the

@@ -1978,3 +1978,34 @@ def test_a_model_that_changes_itself_during_the_call_is_refused_wherever_it_swit
         assert model.calls <= calls, f"switched after forward {calls} of {model.calls}, and not refused"
         np.testing.assert_array_equal(got, fixed)
     assert 5 in refused   # the switch that passed every check before
+
+
+@pytest.mark.parametrize("entry", ["dense", "lsqr", "targeted"])
+def test_the_same_call_made_again_after_a_refusal_for_a_model_that_changed_does_not_return_its_chunks(entry,
+                                                                                                       tmp_path):
+    """A model that changed itself during a checkpointed call was refused at the end of the call, but the chunks
+    the call had saved stayed: the same call made again (a fresh instance of the model) read every one back, had
+    nothing left to compute, so its end check never ran, and returned bounds of two functions, ~0.5x those of the
+    model at the first call's start. The refused call now removes its chunks: the same call made again computes
+    afresh and is refused again, and the model that stays fixed gets its own bounds from that folder."""
+    x = torch.randn(3, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    folder = tmp_path / "ck"
+
+    def call(model, checkpoint=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if entry == "targeted":
+                return hcrfast.targeted_bound(model, x, 0.3, targets=[0, 1], checkpoint=checkpoint).std
+            return hcrfast.bound(model, x, 0.3, restarts=2, iterations=2, solver=entry, checkpoint=checkpoint).std
+
+    fixed = call(_SwitchesAfter(10**9).eval())
+    refusals = []
+    for attempt in ("the call", "the same call made again"):   # (the second returned the first's mixture)
+        with pytest.raises(ValueError, match="changed during this call") as refused:
+            call(_SwitchesAfter(5).eval(), folder)
+        refusals.append(str(refused.value))
+    assert not folder.exists()   # the call made it: nothing of it is left
+    np.testing.assert_array_equal(call(_SwitchesAfter(10**9).eval(), folder), fixed)
+    for text in refusals:
+        assert re.search(r" this call saved in .*, of more than one function, (were|was) removed: the same call made "
+                         r"again computes (them|it) afresh \(with the key this call wrote", text), text

@@ -1592,3 +1592,140 @@ def test_the_command_line_says_so_for_the_shell(tmp_path, capsys, sweep):
             f"{out if sweep else out / 'chunks'}) to start anew") in err, err
     assert "to resume it" not in err and "checkpoint folder" not in err and "iterates" not in err
     assert cli.main(argv(tmp_path / "new")) == 0   # the fix it names
+
+
+class Doubles(torch.nn.Module):
+    """relu_mlp, whose features double once ``doubled`` is set (a cache filled, a schedule, during a call): its
+    fingerprint (class and state_dict) is the same whatever ``doubled``, so its calls share a checkpoint folder."""
+
+    def __init__(self):
+        super().__init__()
+        self.net, self.doubled = relu_mlp(), False
+        self.eval()
+
+    def forward(self, x):
+        return self.net(x) * (2.0 if self.doubled else 1.0)
+
+
+def doubles_after_saving(monkeypatch, model, chunks=1):
+    """Set ``model.doubled`` once this process has saved ``chunks`` chunks: the chunks after are of the doubled
+    function, those before of the net."""
+    from hcrfast import checkpoint
+
+    real, saved = checkpoint.Checkpoint.save, []
+
+    def save(self, start, stop, **arrays):
+        real(self, start, stop, **arrays)
+        saved.append((start, stop))
+        model.doubled = len(saved) >= chunks
+
+    monkeypatch.setattr(checkpoint.Checkpoint, "save", save)
+
+
+def test_a_call_refused_for_a_model_that_changed_removes_its_chunks_and_keeps_the_earlier_calls(tmp_path,
+                                                                                               monkeypatch):
+    """A call whose model changed itself after saving some chunks is refused at its end (algorithm.
+    _StillTheSameFunction). Its chunks used to stay in the folder, and the same call made again read them all back
+    (nothing left to compute, so nothing checked) and returned bounds of two functions. The refused call now removes
+    the chunks it saved, and the key it wrote where no chunk is left; an earlier call's chunks stay, and the fixed
+    model's resume gives the uninterrupted bounds bitwise."""
+    x, folder = batch(), tmp_path / "ck"
+    whole = hcrfast.bound(Doubles(), x, 0.3, **kw("dense"))   # chunks of 2: (0, 2) (2, 4) (4, 6) (6, 7)
+
+    # into a new folder: every chunk it saved goes, and the key it wrote with them: the folder is as before
+    model = Doubles()
+    doubles_after_saving(monkeypatch, model)
+    with pytest.raises(ValueError, match="changed during this call") as refused:
+        hcrfast.bound(model, x, 0.3, checkpoint=folder, **kw("dense"))
+    assert not folder.exists()
+    assert (f"the 4 chunk files this call saved in {folder}, of more than one function, were removed: the same call "
+            f"made again computes them afresh (with the key this call wrote: the folder is as it was before the "
+            f"call)") in str(refused.value)
+
+    # after an earlier call killed at its third chunk: that call's two chunks (of the net) stay, this call's go
+    monkeypatch.undo()
+    crash_after(monkeypatch, 2)
+    with pytest.raises(Crash):
+        hcrfast.bound(Doubles(), x, 0.3, checkpoint=folder, **kw("dense"))
+    monkeypatch.undo()
+    earlier = sorted(p.name for p in folder.iterdir())
+    assert earlier == ["chunk_000000000_000000002.npz", "chunk_000000002_000000004.npz", "features.npy", "key.json"]
+    model = Doubles()
+    doubles_after_saving(monkeypatch, model)   # (4, 6) of the net, then (6, 7) of the doubled net
+    with pytest.raises(ValueError, match="changed during this call") as refused:
+        hcrfast.bound(model, x, 0.3, checkpoint=folder, **kw("dense"))
+    assert sorted(p.name for p in folder.iterdir()) == earlier
+    assert re.search(r"the 2 chunk files this call saved in .*, of more than one function, were removed: .*; the "
+                     r"2 chunk files of earlier calls there are kept \(each call checks its own at its end; a call "
+                     r"killed before its end was not checked", str(refused.value)), str(refused.value)
+    monkeypatch.undo()
+
+    # the same call made again, its model fixed now: it reads the earlier call's chunks back, computes the rest
+    again = hcrfast.bound(Doubles(), x, 0.3, checkpoint=folder, **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert_same(again, whole)
+
+
+SWITCH_SCRIPT = """
+import os, sys
+import torch
+sys.path.insert(0, {tests!r})
+import hcrfast
+from hcrfast import checkpoint
+from test_checkpoint import Doubles, batch, kw
+
+torch.set_num_threads(1)
+model = Doubles()
+if os.environ["RANK"] == "1":   # rank 1's model doubles its features once it has saved its first piece
+    real = checkpoint.Checkpoint.save
+
+    def save(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        model.doubled = True
+    checkpoint.Checkpoint.save = save
+try:
+    hcrfast.bound(model, batch(), 0.3, checkpoint={ck!r}, shard=True, **kw("dense"))
+except Exception as exc:
+    print("%s: %s" % (type(exc).__name__, exc))
+"""
+
+
+def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and_it_removes_its_own_chunks(tmp_path):
+    """shard=True: rank 1's model changes after its first piece, so rank 1 is refused at its end and removes the
+    pieces it saved (rank 0's stay, and so does the key, under which rank 0 may be writing); rank 0 stops on
+    rank 1's error, not waiting for it. The resumed call reads rank 0's pieces back and computes rank 1's afresh:
+    the uninterrupted bounds, where rank 1's doubled piece used to be read back among them."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "switch.py"
+    script.write_text(SWITCH_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        outs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-3000:] for _, err in outs]
+    # pieces of 2: (0, 2) and (4, 6) for rank 0, (2, 4) and (6, 7) for rank 1
+    assert sorted(p.name for p in (tmp_path / "ck").glob("chunk_*")) == ["chunk_000000000_000000002.npz",
+                                                                        "chunk_000000004_000000006.npz"]
+    refused = "ValueError: the features of the model that certifies the bounds changed during this call"
+    assert re.search(rf"^{refused}.* the 2 chunk files this call saved in .*, of more than one function, were "
+                     rf"removed", outs[1][0]), outs[1]
+    assert (f"ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another process failed: rank 1: "
+            f"{refused}") in outs[0][0], outs[0]
+    whole = hcrfast.bound(Doubles(), batch(), 0.3, **kw("dense"))
+    again = hcrfast.bound(Doubles(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    assert_same(again, whole)
