@@ -894,7 +894,7 @@ def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, fea
             _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, eta,
                            computed, to_compute)
     if pieces and unchanged is not None:   # (_StillTheSameFunction: the model did not change itself meanwhile)
-        unchanged.check(checkpoint if saved is not None else None)
+        unchanged.check(saved)   # (the pieces it saved removed where refused: a rerun computes them afresh)
     if saved is not None:
         saved.tidy()
         saved.warn_mixed(RESUME_BITWISE)
