@@ -629,8 +629,9 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
         import torch
 
         validation.model_and_batch(model, batch, basis)
-        # the features bound() sees (no dropout, running stats), under the one-call lock as bound's own
-        with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
+        # the features bound() sees (no dropout, running stats), run as bound runs the model (the one-call lock,
+        # its buffers given back)
+        with validation.model_kept(model), torch.no_grad():
             sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
     if hasattr(sigma0, "detach"):
         sigma0 = sigma0.detach().cpu().numpy()
@@ -644,7 +645,7 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
         import torch
 
         validation.model_and_batch(model, batch, basis)
-        with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
+        with validation.model_kept(model), torch.no_grad():
             shape = tuple(validation.features_of(model, batch, flat=False).shape[1:])
         n = int(np.prod(shape))
         if profile.size != n:

@@ -801,7 +801,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
             validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=lsqr_mode)
-        unchanged = _StillTheSameFunction(
+        # (inside hcrfast.bound's call, a chunk of it: bound checks the model over its whole call already)
+        unchanged = None if validation.nested() else _StillTheSameFunction(
             model64, batch, validation.noise_shift(noise, size),
             torch.float64 if model64 is not model or batch.dtype == torch.float64 else batch.dtype, model, features,
             1e-2 if tf32 and batch.dtype == torch.float32 else max(1e-4, 4 * torch.finfo(batch.dtype).eps))
@@ -826,7 +827,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
         if directions is not None:  # computed for the whole batch at once (bound's shared factorization)
             result = piece(0, B)
-            unchanged.check()
+            if unchanged is not None:
+                unchanged.check()
         else:  # always in the same pieces, so that progress= and checkpoint= leave the numbers as they are
             result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint,
                                 key=lambda: dict(  # hashed only for a checkpoint

@@ -144,9 +144,9 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
         validation.model_dtype_device(model, batch)
     else:
         validation.model_and_batch(model, batch, "pixel")
-    # under the one-call lock, as every entry point: another thread's call restoring the model's mode meanwhile
-    # turned its dropout on inside this one
-    with validation._ONE_CALL, torch.no_grad(), validation.eval_mode(model):
+    # as every entry point runs it (under the one-call lock: another thread's call restoring the model's mode
+    # meanwhile turned its dropout on inside this one), its buffers given back as they were
+    with validation.model_kept(model), torch.no_grad():
         return validation.features_of(model, batch, flat=False)
 
 
@@ -175,7 +175,7 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
     targets = score.targets(labels, B, feats.device)
-    with validation._ONE_CALL, torch.no_grad(), (validation.eval_mode(head, "head") if head is not None
+    with validation._ONE_CALL, torch.no_grad(), (validation.model_kept(head, "head") if head is not None
                                                  else contextlib.nullcontext()):
         try:
             reference = _outputs(head, feats)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import numbers
 import os
@@ -493,6 +494,7 @@ def _new_lock_in_child() -> None:
     call in the child waited for it forever."""
     global _ONE_CALL
     _ONE_CALL = threading.RLock()
+    _CALLS.depth = 0   # (the forking thread's count, were it inside a call: the child's next call is an outer one)
 
 
 if hasattr(os, "register_at_fork"):
@@ -501,8 +503,8 @@ if hasattr(os, "register_at_fork"):
 
 @contextlib.contextmanager
 def entry_point(model, device, *, tf32: bool = False):
-    """What every public entry point runs in: one call at a time in the process (:data:`_ONE_CALL`),
-    the model in eval mode (:func:`eval_mode`), the solver on its stream, and IEEE float32 matmuls
+    """What every public entry point runs in: :func:`model_kept` (one call at a time in the process, the model in
+    eval mode, its buffers given back as they were on entry), the solver on its stream, and IEEE float32 matmuls
     and convolutions unless ``tf32``."""
     from hcrfast.bindings import ieee_float32, solver_stream
 
@@ -517,23 +519,62 @@ def entry_point(model, device, *, tf32: bool = False):
              f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
              f"certified by the float64 passes, which autocast does not cast. Call hcrfast outside the autocast "
              f"region (or inside torch.autocast({kind!r}, enabled=False))")
-    with (_ONE_CALL, torch.inference_mode(False), _callers_state_kept(model, device), _guards_named(model),
-          eval_mode(model), solver_stream(device), ieee_float32(not tf32)):
+    with (_ONE_CALL, torch.inference_mode(False), model_kept(model), _guards_named(model), solver_stream(device),
+          ieee_float32(not tf32)):
         yield
 
 
-#: :func:`_callers_state_kept`: the copies of the model's buffers that stay on their own device, in bytes, in all
+#: How many of hcrfast's calls this thread is inside (:func:`model_kept`, :func:`nested`).
+_CALLS = threading.local()
+
+
+def nested() -> bool:
+    """Whether this thread's innermost open :func:`model_kept` (an entry point's) was opened inside another one:
+    ``hcrfast.bound(targets=...)`` calls the public ``targeted_bound`` once per chunk, inside its own call, which
+    keeps the model's buffers and checks that the model stayed the same function for the whole call already."""
+    return getattr(_CALLS, "depth", 0) > 1
+
+
+@contextlib.contextmanager
+def model_kept(model, name: str = "model"):
+    """What hcrfast runs a user's model in, entry points and the helpers that run it outside them
+    (``dithered_accuracy``, ``sigma_for``'s own sigma0): one call at a time in the process (:data:`_ONE_CALL`),
+    the model in eval mode (:func:`eval_mode`; ``name``: what its warning calls it), and its buffers as they were on
+    entry on exit, also on error (:func:`_buffers_kept`). Opened inside another (:func:`nested`), it leaves the
+    buffers to the outer one, which gives them back at the end of the whole call: one copy of them per call, not
+    one per chunk. The caller's torch random number generators are not touched: a model that draws from them
+    moves them as any call of it would (forking them rewound the process-wide generator on exit, under another
+    thread that drew from it meanwhile: its draws came again)."""
+    with _ONE_CALL:
+        outer = getattr(_CALLS, "depth", 0)
+        _CALLS.depth = outer + 1
+        try:
+            with _buffers_kept(model, keep=outer == 0), eval_mode(model, name, keep_buffers=outer == 0):
+                yield
+        finally:
+            _CALLS.depth = outer
+
+
+#: :func:`_buffers_kept`: the copies of the model's buffers that stay on their own device, in bytes, in all
 #: (beyond it, the largest buffers are copied to host memory: a GPU run keeps its memory for the solve).
 BUFFER_COPIES_ON_DEVICE = 64 * 2 ** 20
 
 
+def module_of(model):
+    """The Module whose training flags and buffers hcrfast keeps for ``model``: the model, or the Module of a bound
+    method (``hcrfast.bound(m.forward, ...)``, ``m.encode``: called directly, never through ``Module.__call__``,
+    where :func:`_modules_met_in_eval_mode`'s hook would see it); None for another callable."""
+    if inspect.ismethod(model) and isinstance(model.__self__, torch.nn.Module):
+        return model.__self__
+    return model if isinstance(model, torch.nn.Module) else None
+
+
 @contextlib.contextmanager
-def _callers_state_kept(model, device):
-    """The caller's state as it was on entry, on exit (also on error): torch's random number generators (CPU, and
-    the call's CUDA device, where the model and batch are: checked before) forked, and the buffers of a Module put
-    back as they were. A forward that draws torch.rand moved the caller's global RNG (even when the probes refused
-    it), and one that counts its calls in a buffer ended a bound call with 12 in it. hcrfast's own draws come from
-    its own seeded generators, untouched by this.
+def _buffers_kept(model, keep: bool = True):
+    """The buffers of the model's Module (:func:`module_of`; for ``noise.PerFeatureStd``, its own and those of the
+    user's model inside it) as they were on entry, on exit (also on error; ``keep=False``: nothing done). A forward
+    that counts its calls in a buffer ended a bound call with 12 in it (also a refused call). Those of a callable
+    that is not a Module are kept as its modules are met (:func:`_modules_met_in_eval_mode`).
 
     Buffers: a copy of each on entry (under no_grad); on exit, each buffer changed in place (its version counter
     moved, or its values differ: BatchNorm's kernel moves no counter) gets its values back, and each one replaced
@@ -544,49 +585,121 @@ def _callers_state_kept(model, device):
     DenseNet-121 0.34 MB, ViT-B/16 none; 50 BatchNorm2d(512) (150 buffers) 7.5 ms a call on the CPU.
     Up to :data:`BUFFER_COPIES_ON_DEVICE` in all they stay on their device; the largest buffers beyond it are
     copied to host memory (a transfer each way only for those), so huge buffers cost host memory, not the GPU's."""
-    kind = getattr(device, "type", None) or torch.device(device).type
-    devices = []
-    if kind == "cuda":
-        index = torch.device(device).index
-        devices = [torch.cuda.current_device() if index is None else index]
-    saved = _buffer_copies(model) if isinstance(model, torch.nn.Module) else []
+    saved = _buffer_copies(model) if keep else []
     try:
-        with torch.random.fork_rng(devices=devices):
-            yield
+        yield
     finally:
         _restore_buffers(saved)
 
 
-def _buffer_copies(model) -> list:
-    """``(module, name, tensor, version, copy)`` for each buffer of ``model`` (:func:`_callers_state_kept`)."""
+def _owned_buffers(model) -> list:
+    """``(module, label, name, tensor)`` for each buffer of the Module of ``model`` (:func:`module_of`; for a wrapper
+    of the user's model, ``noise.PerFeatureStd``, its own and those of the model inside it), ``label`` its path."""
+    roots = [module_of(model)]
+    if getattr(model, "wraps_user_model", False):
+        roots.append(module_of(model.model))
+    owned, seen = [], set()
+    for root in roots:
+        if root is None:
+            continue
+        try:
+            modules = list(root.named_modules())
+        except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+            modules = [("", root)]
+        for prefix, module in modules:
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            owned += [(module, f"{prefix}.{name}" if prefix else name, name, tensor)
+                      for name, tensor in _own_buffers(module)]
+    return owned
+
+
+def _own_buffers(module) -> list:
+    """``(name, tensor)`` for each buffer ``module`` holds itself (not its submodules')."""
     try:
-        owned = [(module, name, tensor) for module in model.modules()
-                 for name, tensor in list(module._buffers.items())
-                 if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.parameter.UninitializedBuffer)]
-    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
-        owned = [(model, name, tensor) for name, tensor in model.named_buffers(recurse=False)]
+        items = list(module._buffers.items())
+    except AttributeError:   # (TorchScript's modules keep theirs elsewhere)
+        items = list(module.named_buffers(recurse=False))
+    return [(name, tensor) for name, tensor in items
+            if isinstance(tensor, torch.Tensor) and not isinstance(tensor, torch.nn.parameter.UninitializedBuffer)]
+
+
+def _buffer_copies(model) -> list:
+    """``(module, label, name, tensor, version, copy)`` for each buffer of ``model`` (:func:`_buffers_kept`)."""
+    return _copies(_owned_buffers(model))
+
+
+def _copies(owned) -> list:
+    """``(module, label, name, tensor, version, copy)`` for each ``(module, label, name, tensor)`` of ``owned``, the
+    smallest first, kept on their device up to :data:`BUFFER_COPIES_ON_DEVICE` in all. ``version`` is None for an
+    inference tensor (made under torch.inference_mode: it has no version counter, and reading it raises), whose
+    values alone tell whether it changed."""
     on_device, saved = 0, []
     with torch.no_grad():
-        for module, name, tensor in sorted(owned, key=lambda o: o[2].numel() * o[2].element_size()):
-            size = tensor.numel() * tensor.element_size()
+        for module, label, name, tensor in sorted(owned, key=lambda o: _nbytes(o[3])):
+            size = _nbytes(tensor)
             keep_here = tensor.device.type == "cpu" or on_device + size <= BUFFER_COPIES_ON_DEVICE
             on_device += size if keep_here and tensor.device.type != "cpu" else 0
-            saved.append((module, name, tensor, tensor._version,
+            saved.append((module, label, name, tensor, None if tensor.is_inference() else tensor._version,
                           tensor.clone() if keep_here else tensor.to("cpu", copy=True)))
     return saved
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    """The bytes ``tensor`` holds: a sparse tensor's indices and values (its numel() is its dense size)."""
+    if tensor.layout == torch.strided:
+        return tensor.numel() * tensor.element_size()
+    parts = _sparse_parts(tensor)
+    return sum(t.numel() * t.element_size() for t in parts) if parts else tensor.numel() * tensor.element_size()
+
+
+def _sparse_parts(tensor: torch.Tensor):
+    """The index and value tensors of a sparse tensor, as stored (coalescing would make new ones); None for another
+    layout."""
+    if tensor.layout == torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if tensor.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if tensor.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return None
+
+
+def _same_values(tensor: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds ``values`` (a copy of it, maybe on another device), for any layout: torch.equal
+    takes strided tensors only (a sparse buffer, a GCN's normalized adjacency, raised NotImplementedError), so the
+    sparse layouts compare their index and value tensors; another layout is reported changed (written back)."""
+    values = values.to(tensor.device)
+    if tensor.layout != values.layout or tensor.shape != values.shape or tensor.dtype != values.dtype:
+        return False
+    if tensor.layout == torch.strided:
+        return torch.equal(tensor, values)
+    mine, theirs = _sparse_parts(tensor), _sparse_parts(values)
+    return mine is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
 def _restore_buffers(saved: list) -> None:
-    for module, name, tensor, version, values in saved:
-        # (torch's batch_norm updates its running statistics without moving their version counters: compared)
-        if tensor._version != version or not torch.equal(tensor, values.to(tensor.device)):   # written in place
-            with torch.no_grad(), torch.inference_mode(tensor.is_inference()):
-                tensor.copy_(values)
-        current = getattr(module, name, None)
-        if not (current is tensor or (isinstance(current, torch.Tensor) and current.shape == tensor.shape
-                                      and current.dtype == tensor.dtype and current.device == tensor.device
-                                      and current.data_ptr() == tensor.data_ptr())):
-            setattr(module, name, tensor)   # replaced: the tensor it held on entry (TorchScript's wrappers differ)
+    """Each buffer of ``saved`` (:func:`_copies`) as it was: its values written back where they changed, the tensor
+    put back where it was replaced. A buffer that cannot be restored is warned about, naming it: this runs at the
+    end of a call (also a failed one), whose result, or error, it must not replace."""
+    for module, label, name, tensor, version, values in saved:
+        try:
+            # (torch's batch_norm updates its running statistics without moving their version counters: compared)
+            if (version is not None and tensor._version != version) or not _same_values(tensor, values):
+                with torch.no_grad(), torch.inference_mode(tensor.is_inference()):
+                    tensor.copy_(values)
+            current = getattr(module, name, None)
+            if not (current is tensor or (isinstance(current, torch.Tensor) and current.layout == tensor.layout
+                                          and current.layout == torch.strided and current.shape == tensor.shape
+                                          and current.dtype == tensor.dtype and current.device == tensor.device
+                                          and current.data_ptr() == tensor.data_ptr())):
+                setattr(module, name, tensor)   # replaced: the tensor it held on entry (TorchScript's wrappers differ)
+        except Exception as exc:
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            warn(f"hcrfast could not give the model's buffer {label!r} ({tuple(tensor.shape)}, {tensor.layout}) back "
+                 f"as it was on entry ({type(exc).__name__}: {text[:200]}): if the model's forward changes it, it may "
+                 f"hold what the call's forwards left there; reset it yourself if it matters")
 
 
 @contextlib.contextmanager
@@ -614,36 +727,78 @@ def _exported(model) -> bool:
 
 
 def _frozen_mode_hint(model) -> str:
-    """What to add to a refusal of a model whose mode its ``.eval()`` cannot change: TorchScript, which runs the
-    mode it was traced in, or torch.export's program, frozen in the mode it was exported in; "" otherwise."""
+    """What to add to a refusal of a model whose mode its ``.eval()`` cannot change: TorchScript whose graph runs
+    BatchNorm or dropout in training mode (a traced model keeps the mode it was traced in), or torch.export's
+    program, frozen in the mode it was exported in; "" otherwise. A scripted model (torch.jit.script) reads its
+    modules' flags as it runs, and a model traced after .eval() has eval mode in its graph: nothing to add to their
+    refusals, which have reasons of their own (a torch.rand in the forward, a statistic of the batch)."""
     if not isinstance(model, torch.nn.Module):
         return ""
     try:
         modules = list(model.modules())
     except (AttributeError, RuntimeError):
         modules = [model]
-    if any(isinstance(m, torch.jit.ScriptModule) for m in modules):
-        return (". The model is TorchScript: a traced model (torch.jit.trace, or loaded with torch.jit.load) keeps "
-                "the mode it was traced in, and its .eval() does not reach a BatchNorm or dropout traced in training "
-                "mode; trace it again after .eval() (torch.jit.trace(model.eval(), example)), or pass the original "
-                "nn.Module")
+    scripts = [m for m in modules if isinstance(m, torch.jit.ScriptModule)]
+    frozen = _traced_in_training_mode(scripts) if scripts else False
+    if frozen or frozen is None:
+        return (f". The model is TorchScript{'' if frozen else ', and if it was traced in training mode'}: a traced "
+                f"model (torch.jit.trace, or loaded with torch.jit.load) keeps the mode it was traced in (its graph "
+                f"{'runs' if frozen else 'then runs'} BatchNorm or dropout with training=True), and its .eval() does "
+                f"not reach it; trace it again after .eval() (torch.jit.trace(model.eval(), example)), or pass the "
+                f"original nn.Module")
     if _exported(model):
         return (". The model is an exported program (torch.export), frozen in the mode it was exported in: export it "
                 "again after .eval() (torch.export.export(model.eval(), ...)), or pass the original nn.Module")
     return ""
 
 
+#: :func:`_traced_in_training_mode`: the TorchScript operators whose training flag a trace fixes in its graph, and
+#: the position of that flag among their inputs.
+_TRAINING_FLAG = {"aten::batch_norm": 5, "aten::native_batch_norm": 5, "aten::_native_batch_norm_legit": 5,
+                  "aten::dropout": 2, "aten::dropout_": 2, "aten::feature_dropout": 2, "aten::feature_dropout_": 2,
+                  "aten::alpha_dropout": 2, "aten::alpha_dropout_": 2, "aten::feature_alpha_dropout": 2,
+                  "aten::feature_alpha_dropout_": 2, "aten::rrelu": 3}
+
+
+def _traced_in_training_mode(scripts) -> bool | None:
+    """Whether the graph of one of the TorchScript modules ``scripts`` runs BatchNorm or dropout with training=True
+    fixed in it (a constant: a model traced, or traced and then saved and loaded, in training mode; a scripted
+    module reads its flag as it runs); None where a graph cannot be read."""
+    unread = False
+    for module in scripts:
+        try:
+            graph = module.inlined_graph
+        except Exception:   # (a ScriptModule without a forward, say: its own submodules are in the list too)
+            unread = True
+            continue
+        for node in graph.nodes():
+            at = _TRAINING_FLAG.get(node.kind())
+            if at is None:
+                continue
+            flag = list(node.inputs())[at] if at < len(list(node.inputs())) else None
+            if flag is not None and flag.node().kind() == "prim::Constant" and flag.toIValue() is True:
+                return True
+    return None if unread else False
+
+
 @contextlib.contextmanager
-def eval_mode(model, name: str = "model"):
+def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
     """Run in eval mode; a model found in training mode is switched, warned about, and restored
     (``name``: what the warning calls it). A module whose ``eval()`` refuses (torch.export's
     ``ExportedProgram.module()``: its graph is frozen in the mode it was exported in, whatever its flag, which
     reads True) keeps its flags, and so do its submodules; the modules around it are switched by hand. Its
     graph runs as exported: dropout or BatchNorm with batch statistics baked into it is refused by the probes
-    (:func:`probe_independent`), naming the fix."""
+    (:func:`probe_independent`), naming the fix. A bound method of a Module (``m.forward``) runs with that Module in
+    eval mode (:func:`module_of`); another callable's modules are switched as they are called
+    (:func:`_modules_met_in_eval_mode`, which with ``keep_buffers`` gives their buffers back too)."""
     inner = model.model if getattr(model, "wraps_user_model", False) else model   # (noise.PerFeatureStd's)
-    if not isinstance(inner, torch.nn.Module) and callable(inner):
-        with _modules_met_in_eval_mode(name):
+    owner = module_of(inner)
+    if owner is not None and owner is not inner:   # a bound method: its Module
+        with eval_mode(owner, name):
+            yield model
+        return
+    if owner is None and callable(inner):
+        with _modules_met_in_eval_mode(name, keep_buffers=keep_buffers, kept=module_of(model)):
             yield model
         return
     training = _in_training_mode(model)
@@ -697,16 +852,38 @@ def _eval_around_frozen(model) -> list[str]:
 
 
 @contextlib.contextmanager
-def _modules_met_in_eval_mode(name: str):
-    """:func:`eval_mode` for a callable that is not a Module (a closure, a lambda, a bound method): its modules
+def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=None):
+    """:func:`eval_mode` for a callable that is not a Module (a closure, a lambda): its modules
     cannot be listed, so each module in training mode that this thread calls while the context is open is
     switched to eval mode as its forward starts (a global forward pre-hook) and restored on exit, with a warning
     naming them. A closure over a BatchNorm in training mode had its running statistics updated by hcrfast's
-    first forward, before the batch probe refused the model."""
-    thread, met = threading.get_ident(), {}
+    first forward, before the batch probe refused the model. With ``keep_buffers``, the buffers of each module met
+    (and of its submodules) are copied as it is first called, before its forward runs, and given back on exit as
+    :func:`_buffers_kept` gives a Module's (a closure over a module that counts its calls in a buffer ended a call
+    with 18 there); those of ``kept`` (a Module whose buffers are kept already, ``noise.PerFeatureStd``) excepted."""
+    thread, met, seen, saved = threading.get_ident(), {}, set(), []
+    if kept is not None:
+        seen.add(id(kept))
+
+    def keep(module):
+        try:
+            modules = list(module.named_modules())
+        except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+            modules = [("", module)]
+        owned = []
+        for prefix, sub in modules:
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                label = type(module).__name__ + (f".{prefix}" if prefix else "")
+                owned += [(sub, f"{label}.{buffer}", buffer, tensor) for buffer, tensor in _own_buffers(sub)]
+        saved.extend(_copies(owned))
 
     def pre_hook(module, args):
-        if module.training and threading.get_ident() == thread:
+        if threading.get_ident() != thread:
+            return
+        if keep_buffers and id(module) not in seen:
+            keep(module)
+        if module.training:
             met.setdefault(id(module), (module, True))
             module.training = False
 
@@ -717,6 +894,7 @@ def _modules_met_in_eval_mode(name: str):
         handle.remove()
         for module, flag in met.values():
             module.training = flag
+        _restore_buffers(saved)
         if met:
             kinds = sorted({type(module).__name__ for module, _ in met.values()})
             warn(f"the {name} (a callable, not a Module) calls {len(met)} module(s) in training mode "

@@ -717,3 +717,38 @@ def test_dithered_accuracy_and_bound_on_one_model_in_two_threads_do_not_switch_i
     assert not isinstance(got["B"], Exception), got["B"]
     assert np.array_equal(got["B"], alone_bound) and np.array_equal(got["A"], alone_acc)
     assert model.training and model.net[3].training
+
+
+class _CountsCalls(torch.nn.Module):
+    """Features(), counting its calls in a buffer (in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = Features()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.features(x)
+
+
+def test_the_models_buffers_are_as_they_were_after_the_helpers_that_run_it():
+    """dithered_accuracy, and sigma_for / sweep_sigma's own sigma0 (one number or one std per feature), run the model
+    outside bound's entry point: they took its one-call lock and eval mode but did not give its buffers back, as
+    bound does (a model counting its calls ended dithered_accuracy with 1 there, a sweep with 1: bound's own call
+    gives back what it found on entry). A head's buffers too."""
+    x = torch.rand(4, 20, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 3])
+    model, head = _CountsCalls().eval(), Head().eval()
+    head.register_buffer("calls", torch.zeros((), dtype=torch.long))
+    head.register_forward_pre_hook(lambda module, args: None if module.calls.add_(1) is None else None)
+    got = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=3)
+    want = hcrfast.dithered_accuracy(Features().eval(), Head().eval(), x, labels, 0.3, draws=3)
+    np.testing.assert_array_equal(got.per_draw, want.per_draw)
+    assert int(model.calls) == 0 and int(head.calls) == 0
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="lsqr")   # (vmap refuses the counter)
+    for sigma0 in (None, np.full(12, 0.2)):
+        sweep = hcrfast.sweep_sigma(model, x, [1.0], sigma0=sigma0, **kw)
+        assert int(model.calls) == 0
+        want = hcrfast.sweep_sigma(Features().eval(), x, [1.0], sigma0=sigma0, **kw)
+        np.testing.assert_array_equal(sweep.bounds[0].std, want.bounds[0].std)
