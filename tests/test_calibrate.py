@@ -77,7 +77,8 @@ def test_rmse_over_low_modes_and_a_quantile():
     std = np.asarray(found.bounds.std, dtype=np.float64)[:, :, :4, :4].reshape(6, -1)
     per_example = np.sqrt(np.mean(std ** 2, axis=1))
     assert np.mean(per_example >= 0.3) >= 0.9
-    assert found.statistic == float(np.quantile(per_example, 0.1, method="lower"))
+    # (to rounding: hcrfast sums the squares in another order, mse_from_modes, and the last bit depends on the bounds)
+    assert found.statistic == pytest.approx(float(np.quantile(per_example, 0.1, method="lower")), rel=1e-14)
 
 
 def test_the_search_keeps_the_modes_its_statistic_is_over_and_its_summary_names_them(capsys):
