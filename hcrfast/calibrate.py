@@ -506,6 +506,8 @@ class SigmaSweep:
     __hash__ = None
 
     def __repr__(self) -> str:
+        if not len(self.scales):   # (a sweep.json edited to hold no level loads: its repr must not raise)
+            return "<SigmaSweep: no sigmas>"
         return f"<SigmaSweep: {len(self.scales)} sigmas, scales {self.scales.min():.6g} to {self.scales.max():.6g}>"
 
 
@@ -635,7 +637,9 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
             sigma0 = rms_sigma(validation.features_of(model, batch), 1.0)
     if hasattr(sigma0, "detach"):
         sigma0 = sigma0.detach().cpu().numpy()
-    profile = np.asarray(detached(sigma0), dtype=np.float64)   # (a list of tensors that require grad: their values)
+    # (a list of tensors that require grad: their values) a copy: the caller's array, changed later, changed the
+    # sigma0 the results record (their sigmas saved and loaded with it), not the sigma their bounds were made at
+    profile = np.array(detached(sigma0), dtype=np.float64)
     if not (np.all(np.isfinite(profile)) and np.all(profile > 0)) or profile.size == 0:
         raise ValueError(f"sigma0 must be positive and finite, got {sigma0!r}" if profile.size < 8 else
                          f"sigma0 must be positive and finite; it holds {int(np.sum(~(profile > 0)))} values <= 0 "

@@ -886,3 +886,22 @@ def test_saving_a_sweep_over_another_removes_only_the_bounds_it_wrote(tmp_path):
     assert not (tmp_path / "sweep" / "scale_1" / "bounds.npz").exists()
     assert not (tmp_path / "sweep" / "scale_0.5").exists()    # held nothing else: gone with its bounds
     assert hcrfast.SigmaSweep.load(tmp_path / "sweep").scales.tolist() == [2.0]
+
+
+def test_the_results_hold_their_own_sigma0_not_the_callers_array(tmp_path):
+    """sweep_sigma and sigma_for kept the caller's sigma0 array: changed afterwards, it changed the results' sigma0
+    (ss.scale * ss.sigma0 != ss.sigma) and the sigmas a saved sweep loads with, not those its bounds were made at."""
+    model, x = _tanh_net(), _batch(2)
+    with torch.no_grad():
+        n = model(x).reshape(2, -1).shape[1]
+    s0 = np.linspace(0.05, 0.2, n)
+    sweep = hcrfast.sweep_sigma(model, x, [1.0, 2.0], sigma0=s0, **KW)
+    found = hcrfast.sigma_for(model, x, 0.5, sigma0=s0, **KW)
+    s0 *= 10
+    np.testing.assert_array_equal(found.sigma, found.scale * found.sigma0)
+    np.testing.assert_array_equal(sweep.sigma0, np.linspace(0.05, 0.2, n))
+    sweep.save(tmp_path / "sweep")
+    assert hcrfast.SigmaSweep.load(tmp_path / "sweep") == sweep
+    empty = hcrfast.SigmaSweep.load(tmp_path / "sweep")
+    empty.scales, empty.sigmas, empty.bounds = empty.scales[:0], [], []
+    assert repr(empty) == "<SigmaSweep: no sigmas>"
