@@ -1089,6 +1089,25 @@ def _missed_by_jv(model, probe: torch.Tensor, tangent: torch.Tensor, jv0: torch.
     return int(missed.sum()), share
 
 
+def _ignores_its_input(model, probe: torch.Tensor) -> bool:
+    """Whether ``model``'s features of ``probe`` stay exactly as they are under a few random steps of the inputs,
+    of 1e-3 to 1e-1 of their RMS (or absolute, for inputs of 0): a model that never reads its input (a forward on
+    torch.zeros_like(x)), told apart from one whose path to the features autograd cannot follow (.detach())."""
+    try:
+        with torch.no_grad():
+            x = probe[:1]
+            base = model(x)
+            gen = torch.Generator(device="cpu").manual_seed(0)
+            rms = float(x.double().pow(2).mean().sqrt()) or 1.0
+            for size in (1e-3, 1e-2, 1e-1):
+                step = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device, x.dtype) * (size * rms)
+                if not torch.equal(model(x + step), base):
+                    return False
+        return True
+    except Exception:   # (the model's own failure on the steps: not this question's to answer)
+        return False
+
+
 def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
@@ -1193,6 +1212,12 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                              f"setup_context and a jvp staticmethod") from exc
         if ("does not require grad" in text or "not have been used in the graph" in text
                 or "doesn't have storage" in text):  # the last: forward mode's dual tensor in NumPy
+            if _ignores_its_input(model, probe):
+                raise ValueError(f"the model's features do not depend on its input: torch finds no path from input to "
+                                 f"features (torch: {text.splitlines()[0]}), and steps of the inputs of up to 10% of "
+                                 f"their size leave the features exactly as they are. No unbiased estimator of the "
+                                 f"input exists from such features (every mode's bound would be +inf); check that the "
+                                 f"model reads its input (not torch.zeros_like(x) or a constant)") from exc
             raise ValueError(f"the model's features are not differentiable with respect to its input (torch: "
                              f"{text}); hcrfast needs their Jacobian: remove .detach(), NumPy round trips, "
                              f"torch.no_grad() and non-differentiable steps (torch.round, argmax, quantized "

@@ -1946,3 +1946,25 @@ def test_torchscript_refused_on_its_own_merits_is_not_told_to_retrace(x):
     with pytest.raises(ValueError, match=r"The model is TorchScript: a traced model .* keeps the mode it was traced "
                                          r"in .*dropout with training=True.*trace it again after \.eval\(\)"):
         hcrfast.bound(loaded, x, 0.05, **QUICK)
+
+
+def test_a_model_that_never_reads_its_input_is_told_so_not_to_remove_detach():
+    """A forward on torch.zeros_like(x): autograd finds no path from input to features, and the refusal said the
+    features were not differentiable, to remove .detach() or NumPy round trips, none of which the model has."""
+    class Blind(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(16, 5).double()
+
+        def forward(self, t):
+            return self.l(torch.zeros_like(t.flatten(1)))
+
+    class Detached(Blind):
+        def forward(self, t):
+            return self.l(t.flatten(1).detach())
+
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"features do not depend on its input.*every mode's bound would be \+inf"):
+        hcrfast.bound(Blind().eval(), x, 0.1, restarts=2, iterations=2)
+    with pytest.raises(ValueError, match=r"not differentiable with respect to its input.*remove \.detach\(\)"):
+        hcrfast.bound(Detached().eval(), x, 0.1, restarts=2, iterations=2)
