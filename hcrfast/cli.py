@@ -7,7 +7,9 @@ arguments and returning an exit code).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import warnings
 
 
@@ -78,12 +80,44 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    raise _Terminated()
+    raise _Terminated("terminated by SIGTERM")   # (what the other processes of a torchrun job name it by)
+
+
+#: Seconds a SIGTERM or Ctrl-C is given to reach the command's Python code (its handler runs between bytecodes):
+#: past them the process is in a long C call (a wait for other processes to join, a big LAPACK call) that would
+#: hold it until the scheduler's SIGKILL, and the watchdog ends it as the signal's default would, saying so.
+_SIGNAL_GRACE = 10.0
+
+
+def _watchdog(receive, done: threading.Event, said: list) -> None:
+    """Read the signal numbers Python's C handler writes to its wakeup fd (at once, whatever the main thread is
+    doing); for SIGTERM or SIGINT, give the main thread :data:`_SIGNAL_GRACE` seconds to end ``main``, then end
+    the process with the line ``said`` holds and the signal's exit status."""
+    import signal
+
+    while True:
+        try:
+            data = receive.recv(64)
+        except OSError:
+            return
+        if not data:   # closed: main() returned
+            return
+        hit = [n for n in data if n in (signal.SIGTERM, signal.SIGINT)]
+        if hit and not done.wait(_SIGNAL_GRACE):
+            terminated = hit[0] == signal.SIGTERM
+            try:
+                sys.stdout.flush()
+                sys.stderr.write(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}{said[0]} "
+                                 f"(ended after {_SIGNAL_GRACE:g} s inside a call that does not return to Python)\n")
+                sys.stderr.flush()
+            finally:
+                os._exit(128 + signal.SIGTERM if terminated else 130)
+        if done.is_set():
+            return
 
 
 def main(argv=None) -> int:
     import signal
-    import threading
 
     saved_format = warnings.formatwarning
     warnings.formatwarning = _format_warning
@@ -91,11 +125,13 @@ def main(argv=None) -> int:
     # (signal.signal gives None for a handler installed from C: `installed` tells it from "not installed here")
     installed = threading.current_thread() is threading.main_thread()
     saved_term = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
-    command = None
+    command, said, done = None, [""], threading.Event()
+    watch = _start_watchdog(done, said) if installed else None
     try:
         # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
         args = build_parser().parse_args(argv)
         command = args.command
+        said[0] = _resume_text(command)
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
@@ -112,17 +148,47 @@ def main(argv=None) -> int:
         print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        resume = ("; the chunks that finished are kept, and the same command resumes"
-                  if command in ("reproduce", "bound") else
-                  "; the epochs that finished are kept (OUT.resume), and the same command resumes"
-                  if command == "train" else "")
         terminated = isinstance(exc, _Terminated)
-        print(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}{resume}", file=sys.stderr)
+        print(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}{_resume_text(command)}",
+              file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     finally:
+        done.set()
+        if watch is not None:
+            watch()
         warnings.formatwarning = saved_format
         if installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if saved_term is None else saved_term)
+
+
+def _resume_text(command) -> str:
+    return ("; the chunks that finished are kept, and the same command resumes" if command in ("reproduce", "bound")
+            else "; the epochs that finished are kept (OUT.resume), and the same command resumes"
+            if command == "train" else "")
+
+
+def _start_watchdog(done: threading.Event, said: list):
+    """Start :func:`_watchdog` on Python's signal wakeup fd; returns what stops it and gives back the fd main() found
+    (None where the fd cannot be set: the watchdog is a help, not a need)."""
+    import signal
+    import socket
+
+    try:
+        receive, send = socket.socketpair()
+        send.setblocking(False)
+        before = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        return None
+    thread = threading.Thread(target=_watchdog, args=(receive, done, said), name="hcrfast-signals", daemon=True)
+    thread.start()
+
+    def stop():
+        signal.set_wakeup_fd(before)
+        send.close()   # the watchdog's recv returns b"": it ends
+        thread.join(timeout=1.0)
+        receive.close()
+
+    return stop
 
 
 def _error_text(exc: BaseException) -> str:

@@ -95,10 +95,22 @@ class World:
             if device_type == "cuda" and set_device:
                 torch.cuda.set_device(self.local_rank)
             if not initialized:
-                # The store's waits below have their own limits; the group's only matters to a
-                # caller's collectives, and the ImageNet models' chunks take hours on a CPU.
-                dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
-                                        timeout=datetime.timedelta(hours=72))
+                # The group's timeout bounds its creation, which waits for every process to join: a process that
+                # never calls was waited for 72 hours, HCRFAST_SHARD_TIMEOUT ignored. hcrfast's own steps poll the
+                # store with their own limits and run no collective, whatever the chunks' hours on a CPU.
+                wait = join_timeout()
+                try:
+                    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
+                                            timeout=datetime.timedelta(seconds=wait))
+                except Exception as exc:   # (torch's DistStoreError, or a RuntimeError naming the timeout)
+                    if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+                        raise
+                    raise ShardError(f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: the other "
+                                     f"processes did not all join within {wait:g} s (torch: "
+                                     f"{str(exc).splitlines()[0][:200]}); every process of the job must make the "
+                                     f"same call (a process that failed or skipped it before joining never comes; "
+                                     f"set {_TIMEOUT_ENV}=SECONDS to wait longer for a slow start)",
+                                     from_others=False) from exc
                 atexit.register(_destroy, dist)
             self.dist = dist
             self.rank, self.size = dist.get_rank(), dist.get_world_size()

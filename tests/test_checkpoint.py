@@ -1729,3 +1729,36 @@ def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and
     again = hcrfast.bound(Doubles(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
     assert again.params["checkpoint"]["examples_read_back"] == 4
     assert_same(again, whole)
+
+
+def test_a_process_that_never_joins_is_named_after_the_shard_timeout_not_waited_for(tmp_path):
+    """The first sharded call creates the process group, whose creation waits for every process to join: one that
+    never called (failed before, or skipped the call) was waited for 72 hours, HCRFAST_SHARD_TIMEOUT ignored."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    script = tmp_path / "alone.py"
+    script.write_text(
+        "import sys, torch, hcrfast\n"
+        "m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8)).eval()\n"
+        "x = torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(1))\n"
+        "try:\n"
+        "    hcrfast.bound(m, x, 0.5, checkpoint=sys.argv[1], shard=True, restarts=2, iterations=2)\n"
+        "except hcrfast.ShardError as exc:\n"
+        "    print('ShardError:', exc)\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "0",
+           "LOCAL_RANK": "0", "HCRFAST_SHARD_TIMEOUT": "3"}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert ("ShardError: rank 0 of 2: the other processes did not all join within 3 s" in done.stdout
+            and "set HCRFAST_SHARD_TIMEOUT=SECONDS to wait longer" in done.stdout), done.stdout + done.stderr[-2000:]
+    assert time.monotonic() - t0 < 60

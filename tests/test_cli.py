@@ -158,3 +158,37 @@ def test_sigterm_is_said_as_ctrl_c_is_and_the_callers_handler_comes_back(monkeyp
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["bound", "m.py:M", "x.pt"]) == 130
     assert capsys.readouterr().err == "hcrfast: interrupted\n"
+
+
+def test_a_signal_that_lands_in_a_long_c_call_still_ends_the_command(tmp_path):
+    """SIGTERM's Python handler runs between bytecodes: a command blocked in a C++ wait (torchrun's processes
+    joining, here a TCPStore get) ignored the scheduler's SIGTERM until its SIGKILL. A watchdog on the signal wakeup
+    fd ends it after a grace period, with the line and exit status of a SIGTERM."""
+    import signal
+    import time
+
+    script = tmp_path / "block.py"
+    script.write_text(
+        "import datetime, sys\n"
+        "from hcrfast import cli, _bound_cli\n"
+        "cli._SIGNAL_GRACE = 1.0\n"
+        "def blocked(args):\n"
+        "    import torch.distributed as dist\n"
+        "    store = dist.TCPStore('127.0.0.1', 0, 1, True, timeout=datetime.timedelta(seconds=120))\n"
+        "    print('blocking', flush=True)\n"
+        "    store.get('never')\n"
+        "_bound_cli._run = blocked\n"
+        "sys.exit(cli.main(['bound', 'm.py:M', 'x.pt', '--out', 'o']))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "blocking"
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and time.monotonic() - t0 < 30
+    assert err.endswith("hcrfast: terminated (SIGTERM); the chunks that finished are kept, and the same command "
+                        "resumes (ended after 1 s inside a call that does not return to Python)\n")
