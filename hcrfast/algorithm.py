@@ -1420,14 +1420,16 @@ def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=N
         try:
             result = compute(lo, hi)
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-            if not (_is_oom(exc) and chunk > 1):
+            if not (_is_oom(exc) and hi - lo > 1):
                 raise
             out_of_memory = True
         else:
             out_of_memory = False
         if out_of_memory:
             release_device_memory(device)
-            chunk = max(1, chunk // 2)
+            # half of what the chunk held: a chunk size above what is left (the automatic one past the batch)
+            # halved to one still above it computed the same failing chunk again
+            chunk = max(1, (hi - lo) // 2)
             if on_halve is not None:
                 on_halve(chunk)
             continue

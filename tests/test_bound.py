@@ -2009,3 +2009,30 @@ def test_the_same_call_made_again_after_a_refusal_for_a_model_that_changed_does_
     for text in refusals:
         assert re.search(r" this call saved in .*, of more than one function, (were|was) removed: the same call made "
                          r"again computes (them|it) afresh \(with the key this call wrote", text), text
+
+
+def test_a_chunk_size_above_the_batch_halves_from_the_examples_the_chunk_held():
+    """6 examples at chunk_size=32: out of memory, the chunk halved to 16, then 8, each still all 6 examples, the
+    same failing chunk computed again twice before 4 took effect."""
+    inner = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((6, 1, 4, 4)))
+    kw = dict(iterations=2, restarts=2, lsqr=FAST, seed=3, solver="lsqr")
+    tight = OutOfMemoryAbove(inner, grad_rows=8).eval()   # 6 or 3 examples x 2 restarts: refused; 2 x 2 fits
+    halved = []
+    import hcrfast.algorithm as algorithm_module
+    real = algorithm_module._in_chunks
+
+    def watched(*args, on_halve=None, **kwargs):
+        def told(size):
+            halved.append(size)
+            if on_halve is not None:
+                on_halve(size)
+        return real(*args, on_halve=told, **kwargs)
+
+    algorithm_module._in_chunks = watched
+    try:
+        got = hcrfast.bound(tight, x, 0.2, chunk_size=32, **kw)
+    finally:
+        algorithm_module._in_chunks = real
+    assert halved == [3]   # half of the 6 it held (it went 16, 8, 4, each chunk of 16 and 8 all 6 examples again)
+    np.testing.assert_allclose(got.std, hcrfast.bound(inner, x, 0.2, chunk_size=1, **kw).std, rtol=1e-6)
