@@ -2420,6 +2420,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             todo = pieces[world.rank::world.size]
         if saved is not None and todo:
             saved.check_writable()  # before a chunk is computed, not when its file is written
+        if todo and solver in ("dense", "krylov"):
+            dense.warm_up(batch.device)   # its first chunk's imports and LAPACK, before a chunk holds its memory
         # examples computed by this call, since when, and how many it has to compute
         computed = [0, _Eta(time.perf_counter()), sum(hi - lo for lo, hi in todo)]
         try:

@@ -107,6 +107,35 @@ LSQR_INSTEAD = ("pass solver='lsqr' for Algorithm 1's steps, and for targets tar
                 "(hcrfast.bound) or method='lsqr' (hcrfast.targeted_bound)")
 
 
+#: The device types :func:`warm_up` has run on in this process.
+_WARMED: set = set()
+
+
+def warm_up(device) -> None:
+    """Load, before a chunk holds its memory, what the dense solve's and the Krylov basis' first chunk load there:
+    torch.func's transforms (their first use imports torch._dynamo, some 900 modules in all) and, on the CPU,
+    SciPy's LAPACK (dsyevd, dstevd: OpenBLAS mapped and its buffers taken by one small call). Under a memory limit,
+    loading them inside the first chunk failed as an ImportError ("failed to map segment"), a SystemError in the
+    import machinery, OpenBLAS's own abort or a hang, where a chunk's own allocations are halved (an ad-hoc pass of
+    2026-12-01, ulimit -v). Once per device type and process; a failure here is left to the chunk to meet."""
+    kind = torch.device(device).type
+    if kind in _WARMED:
+        return
+    _WARMED.add(kind)
+    try:
+        tiny = torch.nn.Linear(2, 2).to(dtype=torch.float64, device=device)
+        x = torch.ones(1, 2, dtype=torch.float64, device=device)
+        jacobian(tiny, x, mode="reverse", skip_zero_rows=True)
+        jacobian(tiny, x, mode="forward")
+        if kind == "cpu":
+            from hcrfast.kernels import _lapack
+
+            _lapack.routine("dstevd", 11)
+            symmetric._lapack_host(np.eye(2)[None].copy(), np.array([2]))
+    except Exception:   # noqa: BLE001 - (what fails here fails, or halves, in the chunk, where it is reported)
+        pass
+
+
 def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | None = None,
              skip_zero_rows: bool = False, return_products: bool = False, return_mode: bool = False):
     """The full Jacobian of every example, shape (B, n, p), in the dtype of ``x``.

@@ -736,3 +736,30 @@ def test_a_backward_hook_that_breaks_the_dense_solve_is_named():
     net[0].register_full_backward_hook(lambda m, gi, go: None)
     with pytest.raises(ValueError, match=r"the backward hooks on the submodules '0' \(register_full_backward_hook"):
         hcrfast.bound(net, torch.rand(2, 1, 8, 8), 0.1, iterations=2, restarts=2, solver="dense")
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_no_module_is_first_imported_inside_a_chunk(solver, tmp_path):
+    """The dense solve's first chunk imported some 900 modules (torch.func's first use loads torch._dynamo) and
+    mapped SciPy's OpenBLAS: under a memory limit that failed as an ImportError, a SystemError or a hang where the
+    chunk's own allocations halve it. dense.warm_up loads them before the chunks, in a fresh interpreter here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings, torch, hcrfast\n"
+        "import hcrfast.algorithm as A\n"
+        "warnings.simplefilter('ignore')\n"
+        "real, new = A._in_chunks, []\n"
+        "def watched(*a, **k):\n"
+        "    before = set(sys.modules)\n"
+        "    out = real(*a, **k)\n"
+        "    new.extend(sorted(set(sys.modules) - before))\n"
+        "    return out\n"
+        "A._in_chunks = watched\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 30), torch.nn.Tanh()).eval()\n"
+        f"hcrfast.bound(m, torch.rand(2, 1, 8, 8), 0.1, restarts=2, iterations=2, solver={solver!r})\n"
+        "print(len(new), new[:10])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.stdout.strip() == "0 []", done.stdout + done.stderr[-2000:]
