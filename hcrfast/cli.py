@@ -138,10 +138,16 @@ def main(argv=None) -> int:
             raise   # the user's model or file raised it: its traceback (and hcrfast's note) say where
         print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
-        from hcrfast.data import DownloadError  # imported here: --help stays fast
+    except (MemoryError, RuntimeError) as exc:
+        from hcrfast.algorithm import _is_oom   # imported here: --help stays fast
+        from hcrfast.data import DownloadError
         from hcrfast.distributed import ShardError
 
+        if _is_oom(exc):   # one example alone did not fit (chunks are halved down to 1): what and the options
+            print(f"hcrfast: error: out of memory: {_error_text(exc)}\n  On the command line: --restarts and "
+                  f"--solver (hcrfast reproduce: also --krylov-pilots and --lsqr-iter-lim, for krylov_pilots= and "
+                  f"lsqr=)", file=sys.stderr)
+            return 1
         if not isinstance(exc, (DownloadError, ShardError)):
             raise
         # No network, or another torchrun process's failure: the message says what to do.

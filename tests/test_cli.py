@@ -192,3 +192,19 @@ def test_a_signal_that_lands_in_a_long_c_call_still_ends_the_command(tmp_path):
     assert proc.returncode == 143 and time.monotonic() - t0 < 30
     assert err.endswith("hcrfast: terminated (SIGTERM); the chunks that finished are kept, and the same command "
                         "resumes (ended after 1 s inside a call that does not return to Python)\n")
+
+
+def test_out_of_memory_is_one_error_naming_the_options(monkeypatch, capsys):
+    """One example alone out of memory ended `hcrfast bound` in a raw traceback whose note named Python arguments."""
+    from hcrfast import _bound_cli
+
+    def no_room(args):
+        exc = MemoryError("Unable to allocate 3.2 GiB")
+        exc.add_note("hcrfast.bound: one example alone ran out of memory ... fewer restarts, or solver='lsqr'")
+        raise exc
+
+    monkeypatch.setattr(_bound_cli, "_run", no_room)
+    assert cli.main(["bound", "m.py:M", "x.pt", "--out", "o"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hcrfast: error: out of memory: Unable to allocate 3.2 GiB\n  hcrfast.bound: one example alone")
+    assert "On the command line: --restarts and --solver" in err and "Traceback" not in err
