@@ -123,7 +123,12 @@ def warm_up(device) -> None:
         return
     _WARMED.add(kind)
     try:
-        tiny = torch.nn.Linear(2, 2).to(dtype=torch.float64, device=device)
+        # no draw from torch's global RNG (a Linear's init drew: the caller's seeded draws moved on a process's first
+        # call), and in eval mode (a closure's pre-hook, open around this, took it for one of the model's modules)
+        tiny = torch.nn.utils.skip_init(torch.nn.Linear, 2, 2, dtype=torch.float64, device=device).eval()
+        with torch.no_grad():
+            tiny.weight.fill_(1.0)
+            tiny.bias.fill_(0.0)
         x = torch.ones(1, 2, dtype=torch.float64, device=device)
         jacobian(tiny, x, mode="reverse", skip_zero_rows=True)
         jacobian(tiny, x, mode="forward")

@@ -802,7 +802,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         if certify or batch.dtype == torch.float64:
             validation.check_repeatable(model64, batch, validation.noise_shift(noise, size), jacobian=lsqr_mode)
         # (inside hcrfast.bound's call, a chunk of it: bound checks the model over its whole call already)
-        unchanged = None if validation.nested() else _StillTheSameFunction(
+        unchanged = None if validation.nested(model) else _StillTheSameFunction(
             model64, batch, validation.noise_shift(noise, size),
             torch.float64 if model64 is not model or batch.dtype == torch.float64 else batch.dtype, model, features,
             1e-2 if tf32 and batch.dtype == torch.float32 else max(1e-4, 4 * torch.finfo(batch.dtype).eps))

@@ -494,7 +494,7 @@ def _new_lock_in_child() -> None:
     call in the child waited for it forever."""
     global _ONE_CALL
     _ONE_CALL = threading.RLock()
-    _CALLS.depth = 0   # (the forking thread's count, were it inside a call: the child's next call is an outer one)
+    _CALLS.kept = []   # (the forking thread's calls, were it inside one: the child's next call is an outer one)
 
 
 if hasattr(os, "register_at_fork"):
@@ -524,15 +524,24 @@ def entry_point(model, device, *, tf32: bool = False):
         yield
 
 
-#: How many of hcrfast's calls this thread is inside (:func:`model_kept`, :func:`nested`).
+#: The models (their :func:`_kept_key`) of the hcrfast calls this thread is inside, outermost first
+#: (:func:`model_kept`, :func:`nested`).
 _CALLS = threading.local()
 
 
-def nested() -> bool:
-    """Whether this thread's innermost open :func:`model_kept` (an entry point's) was opened inside another one:
-    ``hcrfast.bound(targets=...)`` calls the public ``targeted_bound`` once per chunk, inside its own call, which
-    keeps the model's buffers and checks that the model stayed the same function for the whole call already."""
-    return getattr(_CALLS, "depth", 0) > 1
+def _kept_key(model) -> int:
+    """What tells two calls on the same model apart from calls on others: the Module kept (:func:`module_of`),
+    or the callable itself."""
+    owner = module_of(model.model if getattr(model, "wraps_user_model", False) else model)
+    return id(owner if owner is not None else model)
+
+
+def nested(model) -> bool:
+    """Whether this thread is inside another hcrfast call on the same ``model`` (this call's :func:`model_kept`
+    opened inside it): ``hcrfast.bound(targets=...)`` calls the public ``targeted_bound`` once per chunk, inside its
+    own call, which keeps the model's buffers and checks that the model stayed the same function for the whole call
+    already. A call on another model made from inside one (a user's metric that calls hcrfast) is not nested."""
+    return _kept_key(model) in getattr(_CALLS, "kept", [])[:-1]
 
 
 @contextlib.contextmanager
@@ -546,13 +555,16 @@ def model_kept(model, name: str = "model"):
     moves them as any call of it would (forking them rewound the process-wide generator on exit, under another
     thread that drew from it meanwhile: its draws came again)."""
     with _ONE_CALL:
-        outer = getattr(_CALLS, "depth", 0)
-        _CALLS.depth = outer + 1
+        if not hasattr(_CALLS, "kept"):
+            _CALLS.kept = []
+        key = _kept_key(model)
+        outer = key not in _CALLS.kept   # (an inner call on another model keeps that one's buffers itself)
+        _CALLS.kept.append(key)
         try:
-            with _buffers_kept(model, keep=outer == 0), eval_mode(model, name, keep_buffers=outer == 0):
+            with _buffers_kept(model, keep=outer), eval_mode(model, name, keep_buffers=outer):
                 yield
         finally:
-            _CALLS.depth = outer
+            _CALLS.kept.pop()
 
 
 #: :func:`_buffers_kept`: the copies of the model's buffers that stay on their own device, in bytes, in all
@@ -674,9 +686,20 @@ def _same_values(tensor: torch.Tensor, values: torch.Tensor) -> bool:
     if tensor.layout != values.layout or tensor.shape != values.shape or tensor.dtype != values.dtype:
         return False
     if tensor.layout == torch.strided:
-        return torch.equal(tensor, values)
+        return _equal_or_both_nan(tensor, values)
     mine, theirs = _sparse_parts(tensor), _sparse_parts(values)
-    return mine is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(mine, theirs))
+    return mine is not None and all(a.shape == b.shape and _equal_or_both_nan(a, b) for a, b in zip(mine, theirs))
+
+
+def _equal_or_both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal, with NaN equal to NaN: a buffer holding NaN that nothing wrote was taken for changed at every
+    call, and written back (an expanded one, of stride 0, could not be: warned of at every call)."""
+    if torch.equal(a, b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()):
+        return False
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    return bool(torch.equal(nan_a, nan_b) and torch.equal(a[~nan_a], b[~nan_b]))
 
 
 def _restore_buffers(saved: list) -> None:
@@ -793,8 +816,8 @@ def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
     (:func:`_modules_met_in_eval_mode`, which with ``keep_buffers`` gives their buffers back too)."""
     inner = model.model if getattr(model, "wraps_user_model", False) else model   # (noise.PerFeatureStd's)
     owner = module_of(inner)
-    if owner is not None and owner is not inner:   # a bound method: its Module
-        with eval_mode(owner, name):
+    if owner is not None and owner is not inner:   # a bound method: its Module, and the modules it calls outside it
+        with eval_mode(owner, name), _modules_met_in_eval_mode(name, keep_buffers=keep_buffers, kept=owner):
             yield model
         return
     if owner is None and callable(inner):
@@ -862,8 +885,11 @@ def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=Non
     :func:`_buffers_kept` gives a Module's (a closure over a module that counts its calls in a buffer ended a call
     with 18 there); those of ``kept`` (a Module whose buffers are kept already, ``noise.PerFeatureStd``) excepted."""
     thread, met, seen, saved = threading.get_ident(), {}, set(), []
-    if kept is not None:
-        seen.add(id(kept))
+    if kept is not None:   # (its modules' buffers are kept, and their modes switched, already)
+        try:
+            seen.update(id(m) for m in kept.modules())
+        except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+            seen.add(id(kept))
 
     def keep(module):
         try:

@@ -763,3 +763,23 @@ def test_no_module_is_first_imported_inside_a_chunk(solver, tmp_path):
         "print(len(new), new[:10])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.stdout.strip() == "0 []", done.stdout + done.stderr[-2000:]
+
+
+def test_the_warm_up_draws_nothing_from_torch_s_global_rng(tmp_path):
+    """dense.warm_up built a torch.nn.Linear, whose init drew from the global RNG: a seeded script's next draws
+    differed on a process's first dense call (and a closure's pre-hook warned of that Linear as the user's)."""
+    import subprocess
+    import sys
+
+    code = ("import warnings, torch, hcrfast\n"
+            "lin = torch.nn.Linear(6, 3).double().eval()\n"
+            "x = torch.randn(2, 6, dtype=torch.float64)\n"
+            "torch.manual_seed(123)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    hcrfast.bound(lambda t: lin(t), x, 0.1, restarts=1, iterations=1, solver='dense', basis='pixel')\n"
+            "after = torch.rand(1).item()\n"
+            "torch.manual_seed(123)\n"
+            "print(after == torch.rand(1).item(), [str(m.message)[:60] for m in w if 'training mode' in str(m.message)])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.stdout.strip() == "True []", done.stdout + done.stderr[-2000:]

@@ -1881,7 +1881,8 @@ def test_a_closures_modules_get_their_buffers_back(x):
 def test_bound_with_targets_keeps_the_buffers_and_checks_the_model_once_per_call(monkeypatch):
     """bound(targets=...) calls the public targeted_bound once per chunk: each opened its own entry point, which
     copied and compared the model's buffers, and ran its own _StillTheSameFunction (three probe forwards), per
-    chunk, besides bound's own. A call nested in another (validation.nested()) leaves both to the outer call."""
+    chunk, besides bound's own. A call nested in another on the same model (validation.nested) leaves both to the
+    outer call."""
     from hcrfast import algorithm, validation
 
     counts = {"copies": 0, "still": 0}
@@ -1905,7 +1906,7 @@ def test_bound_with_targets_keeps_the_buffers_and_checks_the_model_once_per_call
         counts.update(copies=0, still=0)
         buffers = list(model.buffers())
         got = hcrfast.bound(model, x, 0.05, **kw, **solve)
-        assert counts == {"copies": 1, "still": 1} and not validation.nested()
+        assert counts == {"copies": 1, "still": 1} and not validation.nested(model)
         assert all(a is b for a, b in zip(model.buffers(), buffers)) and float(buffers[0].sum()) in (0.0, 12.0)
         want = hcrfast.bound(mlp(), x, 0.05, **kw, **solve)
         np.testing.assert_array_equal(got.targeted.std, want.targeted.std)
@@ -1968,3 +1969,82 @@ def test_a_model_that_never_reads_its_input_is_told_so_not_to_remove_detach():
         hcrfast.bound(Blind().eval(), x, 0.1, restarts=2, iterations=2)
     with pytest.raises(ValueError, match=r"not differentiable with respect to its input.*remove \.detach\(\)"):
         hcrfast.bound(Detached().eval(), x, 0.1, restarts=2, iterations=2)
+
+
+def test_a_bound_method_s_calls_outside_its_module_run_in_eval_mode_and_keep_their_buffers():
+    """enc.encode calling a BatchNorm that is not a submodule of enc: only enc's own modules were switched, so that
+    BatchNorm ran in training mode and kept the running statistics the call left, unwarned; a closure's was handled."""
+    from hcrfast import validation
+
+    bn = torch.nn.BatchNorm1d(3)
+
+    class Enc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def encode(self, t):
+            return bn(self.lin(t))
+
+    enc = Enc().eval()
+    for call in (enc.encode, lambda t: bn(enc.lin(t))):
+        bn.reset_running_stats()
+        bn.train()
+        with pytest.warns(UserWarning, match=r"calls 1 module\(s\) in training mode \(BatchNorm1d\)"):
+            with validation.model_kept(call):
+                call(torch.randn(4, 3))
+                inside = bn.training
+        assert not inside and bn.training and int(bn.num_batches_tracked) == 0
+        assert torch.equal(bn.running_mean, torch.zeros(3))
+
+
+def test_a_buffer_holding_nan_that_nothing_writes_is_left_alone():
+    """torch.equal takes NaN for unequal to NaN: an untouched NaN buffer was written back at every call, and an expanded
+    one (stride 0), which cannot be written, warned at every call that it could not be given back."""
+    import warnings
+    from hcrfast import validation
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.full((1,), float("nan")).expand(3))
+            self.register_buffer("some", torch.tensor([1.0, float("nan")]))
+
+        def forward(self, t):
+            return t
+
+    m = M().eval()
+    versions = [b._version for b in m.buffers()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with validation.model_kept(m):
+            m(torch.ones(3))
+    assert [b._version for b in m.buffers()] == versions
+    with validation.model_kept(m):   # changed where it is not NaN: given back
+        m.some[0] = 5.0
+    assert m.some[0] == 1.0 and torch.isnan(m.some[1])
+
+
+def test_a_call_on_another_model_made_inside_one_keeps_that_model_s_buffers():
+    """The inner call skipped the buffer keeping whenever it was opened inside any hcrfast call (a user's metric that
+    calls hcrfast on another model): that model's buffers were left changed."""
+    from hcrfast import utility
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, t):
+            self.calls += 1
+            return t
+
+    other = Counter().eval()
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+
+    def metric(out, targets):
+        utility.dithered_accuracy(other, None, x, None, 0.1, draws=2, metric="cosine")
+        return torch.ones(out.shape[0])
+
+    utility.accuracy_on_features(torch.nn.Identity(), torch.randn(4, 3), None, 0.1, draws=2, metric=metric)
+    assert int(other.calls) == 0
