@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 import warnings
 
 
@@ -79,41 +80,104 @@ class _Terminated(KeyboardInterrupt):
     clean-up, and a line that says what stopped it."""
 
 
-def _on_sigterm(signum, frame):
-    raise _Terminated("terminated by SIGTERM")   # (what the other processes of a torchrun job name it by)
-
-
 #: Seconds a SIGTERM or Ctrl-C is given to reach the command's Python code (its handler runs between bytecodes):
 #: past them the process is in a long C call (a wait for other processes to join, a big LAPACK call) that would
 #: hold it until the scheduler's SIGKILL, and the watchdog ends it as the signal's default would, saying so.
 _SIGNAL_GRACE = 10.0
 
 
-def _watchdog(receive, done: threading.Event, said: list) -> None:
-    """Read the signal numbers Python's C handler writes to its wakeup fd (at once, whatever the main thread is
-    doing); for SIGTERM or SIGINT, give the main thread :data:`_SIGNAL_GRACE` seconds to end ``main``, then end
-    the process with the line ``said`` holds and the signal's exit status."""
-    import signal
+class _Signals:
+    """main()'s handling of SIGTERM and SIGINT: SIGTERM raises :class:`_Terminated` (and SIGINT, where its handler is
+    Python's own, KeyboardInterrupt) in the main thread, each counted as heard; a watchdog thread reads the signal
+    numbers Python's C handler writes to its wakeup fd at once, whatever the main thread is doing, and ends the
+    process only where a signal it handles was not heard within :data:`_SIGNAL_GRACE` seconds: the main thread is
+    in a long C call. A caller's own SIGINT handler (a notebook's, one that does not raise) is left to the caller,
+    and a wakeup fd someone else set (asyncio's) leaves the watchdog out: its signal bytes are theirs."""
 
-    while True:
+    def __init__(self):
+        import signal
+
+        self.handled = {signal.SIGTERM: 0, signal.SIGINT: 0}
+        self.said = ""
+        self.done = threading.Event()
+        self.saved_term = signal.signal(signal.SIGTERM, self._raise)
+        self.own_int = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if self.own_int:
+            signal.signal(signal.SIGINT, self._raise)
+        self.stop_watch = self._start_watchdog()
+
+    def _raise(self, signum, frame):
+        import signal
+
+        self.handled[signum] += 1
+        raise _Terminated("terminated by SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt
+
+    def _start_watchdog(self):
+        import signal
+        import socket
+
         try:
-            data = receive.recv(64)
-        except OSError:
-            return
-        if not data:   # closed: main() returned
-            return
-        hit = [n for n in data if n in (signal.SIGTERM, signal.SIGINT)]
-        if hit and not done.wait(_SIGNAL_GRACE):
-            terminated = hit[0] == signal.SIGTERM
+            receive, send = socket.socketpair()
+            send.setblocking(False)
+            before = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+        except (OSError, ValueError):
+            return None
+        if before != -1:   # another's (asyncio's): its signal bytes are its own, read there
+            signal.set_wakeup_fd(before)
+            send.close()
+            receive.close()
+            return None
+        thread = threading.Thread(target=self._watch, args=(receive,), name="hcrfast-signals", daemon=True)
+        thread.start()
+
+        def stop():
+            signal.set_wakeup_fd(-1)
+            send.close()   # the watchdog's recv returns b"": it ends
+            thread.join(timeout=1.0)
+            receive.close()
+
+        return stop
+
+    def _watch(self, receive) -> None:
+        import signal
+
+        received = {signal.SIGTERM: 0, signal.SIGINT: 0}
+        while True:
             try:
-                sys.stdout.flush()
-                sys.stderr.write(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}{said[0]} "
-                                 f"(ended after {_SIGNAL_GRACE:g} s inside a call that does not return to Python)\n")
-                sys.stderr.flush()
-            finally:
-                os._exit(128 + signal.SIGTERM if terminated else 130)
-        if done.is_set():
-            return
+                data = receive.recv(64)
+            except OSError:
+                return
+            if not data:   # closed: main() returned
+                return
+            for signum in data:
+                if signum == signal.SIGTERM or (signum == signal.SIGINT and self.own_int):
+                    received[signum] += 1
+            deadline = time.monotonic() + _SIGNAL_GRACE
+            while any(self.handled[k] < received[k] for k in received) and not self.done.is_set():
+                if time.monotonic() > deadline:
+                    terminated = self.handled[signal.SIGTERM] < received[signal.SIGTERM]
+                    try:
+                        sys.stdout.flush()
+                        sys.stderr.write(f"hcrfast: {'terminated (SIGTERM)' if terminated else 'interrupted'}"
+                                         f"{self.said} (ended after {_SIGNAL_GRACE:g} s inside a call that does not "
+                                         f"return to Python)\n")
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(128 + signal.SIGTERM if terminated else 130)
+                time.sleep(0.05)
+            if self.done.is_set():
+                return
+
+    def close(self) -> None:
+        import signal
+
+        self.done.set()
+        if self.stop_watch is not None:
+            self.stop_watch()
+        # (signal.signal gives None for a handler installed from C: the default then)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self.saved_term is None else self.saved_term)
+        if self.own_int:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv=None) -> int:
@@ -121,17 +185,15 @@ def main(argv=None) -> int:
 
     saved_format = warnings.formatwarning
     warnings.formatwarning = _format_warning
-    # SIGTERM as Ctrl-C, for this command's time (main may run in-process: the caller's handler comes back)
-    # (signal.signal gives None for a handler installed from C: `installed` tells it from "not installed here")
-    installed = threading.current_thread() is threading.main_thread()
-    saved_term = signal.signal(signal.SIGTERM, _on_sigterm) if installed else None
-    command, said, done = None, [""], threading.Event()
-    watch = _start_watchdog(done, said) if installed else None
+    # SIGTERM as Ctrl-C, for this command's time (main may run in-process: the caller's handlers come back)
+    signals = _Signals() if threading.current_thread() is threading.main_thread() else None
+    command = None
     try:
         # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
         args = build_parser().parse_args(argv)
         command = args.command
-        said[0] = _resume_text(command)
+        if signals is not None:
+            signals.said = _resume_text(command)
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
@@ -143,10 +205,14 @@ def main(argv=None) -> int:
         from hcrfast.data import DownloadError
         from hcrfast.distributed import ShardError
 
-        if _is_oom(exc):   # one example alone did not fit (chunks are halved down to 1): what and the options
-            print(f"hcrfast: error: out of memory: {_error_text(exc)}\n  On the command line: --restarts and "
-                  f"--solver (hcrfast reproduce: also --krylov-pilots and --lsqr-iter-lim, for krylov_pilots= and "
-                  f"lsqr=)", file=sys.stderr)
+        notes = " ".join(str(n) for n in getattr(exc, "__notes__", None) or ())
+        # hcrfast's own (its note on one example out of memory, or raised in its code); a MemoryError of the user's
+        # model (its cache full), with no such note, keeps its traceback
+        if _is_oom(exc) and ("one example alone" in notes or not _raised_outside_hcrfast(exc)):
+            print(f"hcrfast: error: out of memory: {_error_text(exc)}" + (
+                "\n  On the command line: --restarts and --solver (hcrfast reproduce: also --krylov-pilots and "
+                "--lsqr-iter-lim, for krylov_pilots= and lsqr=)" if "one example alone" in notes else ""),
+                file=sys.stderr)
             return 1
         if not isinstance(exc, (DownloadError, ShardError)):
             raise
@@ -159,42 +225,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     finally:
-        done.set()
-        if watch is not None:
-            watch()
+        if signals is not None:
+            signals.close()
         warnings.formatwarning = saved_format
-        if installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if saved_term is None else saved_term)
 
 
 def _resume_text(command) -> str:
     return ("; the chunks that finished are kept, and the same command resumes" if command in ("reproduce", "bound")
             else "; the epochs that finished are kept (OUT.resume), and the same command resumes"
             if command == "train" else "")
-
-
-def _start_watchdog(done: threading.Event, said: list):
-    """Start :func:`_watchdog` on Python's signal wakeup fd; returns what stops it and gives back the fd main() found
-    (None where the fd cannot be set: the watchdog is a help, not a need)."""
-    import signal
-    import socket
-
-    try:
-        receive, send = socket.socketpair()
-        send.setblocking(False)
-        before = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
-    except (OSError, ValueError):
-        return None
-    thread = threading.Thread(target=_watchdog, args=(receive, done, said), name="hcrfast-signals", daemon=True)
-    thread.start()
-
-    def stop():
-        signal.set_wakeup_fd(before)
-        send.close()   # the watchdog's recv returns b"": it ends
-        thread.join(timeout=1.0)
-        receive.close()
-
-    return stop
 
 
 def _error_text(exc: BaseException) -> str:

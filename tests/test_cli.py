@@ -208,3 +208,55 @@ def test_out_of_memory_is_one_error_naming_the_options(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("hcrfast: error: out of memory: Unable to allocate 3.2 GiB\n  hcrfast.bound: one example alone")
     assert "On the command line: --restarts and --solver" in err and "Traceback" not in err
+
+    def users_own(args):   # the user's model's MemoryError, no hcrfast note: its traceback, not hcrfast's advice
+        raise MemoryError("cache full")
+
+    monkeypatch.setattr(_bound_cli, "_run", users_own)
+    with pytest.raises(MemoryError, match="cache full"):
+        cli.main(["bound", "m.py:M", "x.pt", "--out", "o"])
+
+
+@pytest.mark.parametrize("case", ["own_sigint_handler", "asyncio"])
+def test_the_signal_watchdog_leaves_a_caller_s_own_handlers_alone(case, tmp_path):
+    """main() called in-process: a caller's SIGINT handler that does not raise (a notebook's, 'stop after this
+    step') had the process ended by the watchdog after the grace period, the main thread in plain Python all along;
+    and asyncio's signal handlers, which read the wakeup fd main() replaced, never ran."""
+    scripts = {
+        "own_sigint_handler": (
+            "import os, signal, threading, time\n"
+            "import hcrfast.cli as cli\n"
+            "cli._SIGNAL_GRACE = 0.5\n"
+            "stop = []\n"
+            "signal.signal(signal.SIGINT, lambda s, f: stop.append(s))\n"
+            "class P:\n"
+            "    def parse_args(self, argv):\n"
+            "        class A: command = 'bound'\n"
+            "        a = A()\n"
+            "        a.func = lambda args: (threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start(),\n"
+            "                               time.sleep(2), 0)[-1]\n"
+            "        return a\n"
+            "cli.build_parser = lambda: P()\n"
+            "print('returned', cli.main([]), len(stop))\n"),
+        "asyncio": (
+            "import asyncio, os, signal, time\n"
+            "import hcrfast.cli as cli\n"
+            "class P:\n"
+            "    def parse_args(self, argv):\n"
+            "        class A: command = 'bound'\n"
+            "        a = A()\n"
+            "        a.func = lambda args: (os.kill(os.getpid(), signal.SIGUSR1), time.sleep(0.2), 0)[-1]\n"
+            "        return a\n"
+            "cli.build_parser = lambda: P()\n"
+            "async def go():\n"
+            "    got = []\n"
+            "    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, lambda: got.append('USR1'))\n"
+            "    code = cli.main([])\n"
+            "    await asyncio.sleep(0.3)\n"
+            "    return code, got\n"
+            "print('returned', *asyncio.run(go()))\n")}
+    script = tmp_path / "caller.py"
+    script.write_text(scripts[case])
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    want = "returned 0 1" if case == "own_sigint_handler" else "returned 0 ['USR1']"
+    assert done.returncode == 0 and done.stdout.strip() == want, done.stdout + done.stderr[-2000:]
