@@ -487,7 +487,7 @@ class Checkpoint:
                 pass
             except OSError as exc:
                 left.append(f"{file.name} ({exc.strerror or exc})")
-        self._chunks = [f for f in self._chunks if f.exists()]
+        self._chunks = [f for f in self._chunks if f.name in {entry.split(" (")[0] for entry in left}]
         self._saved = bool(self._chunks)
         try:
             others = sum(1 for f in self.path.iterdir() if _CHUNK_NAME.match(f.name)) - len(self._chunks)

@@ -107,7 +107,7 @@ LSQR_INSTEAD = ("pass solver='lsqr' for Algorithm 1's steps, and for targets tar
                 "(hcrfast.bound) or method='lsqr' (hcrfast.targeted_bound)")
 
 
-#: The device types :func:`warm_up` has run on in this process.
+#: The devices (type, index) :func:`warm_up` has run on in this process.
 _WARMED: set = set()
 
 
@@ -117,11 +117,14 @@ def warm_up(device) -> None:
     SciPy's LAPACK (dsyevd, dstevd: OpenBLAS mapped and its buffers taken by one small call). Under a memory limit,
     loading them inside the first chunk failed as an ImportError ("failed to map segment"), a SystemError in the
     import machinery, OpenBLAS's own abort or a hang, where a chunk's own allocations are halved (an ad-hoc pass of
-    2026-12-01, ulimit -v). Once per device type and process; a failure here is left to the chunk to meet."""
-    kind = torch.device(device).type
-    if kind in _WARMED:
+    2026-12-01, ulimit -v). Once per device and process; a failure here is left to the chunk to meet."""
+    device = torch.device(device)
+    kind = device.type
+    # per device (cuda:1's libraries load on it as cuda:0's did), under the one-call lock of the entry point
+    key = (kind, device.index if device.index is not None or kind != "cuda" else torch.cuda.current_device())
+    if key in _WARMED:
         return
-    _WARMED.add(kind)
+    _WARMED.add(key)
     try:
         # no draw from torch's global RNG (a Linear's init drew: the caller's seeded draws moved on a process's first
         # call), and in eval mode (a closure's pre-hook, open around this, took it for one of the model's modules)

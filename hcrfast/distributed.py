@@ -106,7 +106,9 @@ class World:
                     if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
                         raise
                     raise ShardError(f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}: the other "
-                                     f"processes did not all join within {wait:g} s (torch: "
+                                     f"processes did not all join within {wait:g} s, or the store at "
+                                     f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} could not be "
+                                     f"reached (torch: "
                                      f"{str(exc).splitlines()[0][:200]}); every process of the job must make the "
                                      f"same call (a process that failed or skipped it before joining never comes; "
                                      f"set {_TIMEOUT_ENV}=SECONDS to wait longer for a slow start)",
