@@ -2027,7 +2027,15 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 c_ranks = basis.rank
             with profiling.annotate("certify"):
                 eps64, z64 = _certified_shift(model64, x, eps) if certify else _applied_shift(model, x, eps, f0)
+            # every iterate certified: a restart whose last iterate came out 0 (J = 0 at the current point it was
+            # linearized at: a saturated unit) still bounds by its earlier ones; only all of them 0 is refused
+            earlier_moved = None
+            if iterates == "all" and len(earlier) > 1:
+                earlier_moved = xp.zeros(eps64.shape[0], dtype=bool)
+                for e_i, _ in earlier[:-1]:
+                    earlier_moved |= xp.any(xp.asarray(e_i) != 0, axis=1)
             _check_perturbations(eps64, z64, noise, size, batch.dtype,
+                                 intended=None if earlier_moved is None else ~earlier_moved,
                                  features_move=lambda: bool(_features_move(model64 if certify else model, x).any()),
                                  derivative_vanishes=lambda: _derivative_vanishes(model, x),
                                  first=earlier[0] if iterates == "all" and earlier else None)
@@ -2133,11 +2141,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             else:
                 again = None
             return (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts, magnitude,
-                    slope, singular_shifts, drift)
+                    slope, singular_shifts, drift, earlier_moved)
 
         def store(start, stop, result):
             (eps64, z64, c_itn, c_istop, c_ranks, again, min_norm, targeted_dirs, earlier_shifts,
-             magnitude, slope, singular_shifts, drift) = result
+             magnitude, slope, singular_shifts, drift, earlier_moved) = result
             screened, singular_done = [0, 0, 0.0], [0, 0, 0.0, 0, 0]   # this chunk's accounts
             if again is not None:
                 redone[start:stop] = np.asarray(again[0]).reshape(stop - start, -1)
@@ -2336,7 +2344,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 c_reasons += [f"example {start + e}, singular step {k % singular_steps} "
                               f"({'+' if k < singular_steps else '-'}v): {INFINITE_REASON}" for e, k in singular_inf]
                 reasons_of[start] = c_reasons
-                c_zero = _zero_step_reasons(zero_d & ~moved, start, model64 if certify else model, batch[start:stop])
+                # (a restart whose earlier iterates moved bounds by them: its last iterate's 0 is no lost restart)
+                lost = zero_d & ~moved & (True if earlier_moved is None else
+                                          ~to_host(earlier_moved).reshape(m, restarts))
+                c_zero = _zero_step_reasons(lost, start, model64 if certify else model, batch[start:stop])
                 c_zero += [f"example {start + e}, restart {r}: a(theta+eps) == a(theta) in {z_dtype}, {_UNRESOLVED} "
                            f"(certify=False): {z_dtype} may have rounded the features' shift away, so D = 0 is not "
                            f"established and this restart bounds nothing (0); certify=True decides it"

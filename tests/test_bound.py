@@ -2036,3 +2036,21 @@ def test_a_chunk_size_above_the_batch_halves_from_the_examples_the_chunk_held():
         algorithm_module._in_chunks = real
     assert halved == [3]   # half of the 6 it held (it went 16, 8, 4, each chunk of 16 and 8 all 6 examples again)
     np.testing.assert_allclose(got.std, hcrfast.bound(inner, x, 0.2, chunk_size=1, **kw).std, rtol=1e-6)
+
+
+def test_a_last_iterate_of_zero_does_not_undo_the_earlier_iterates_it_certifies():
+    """iterates='all', linearized at the current point, a saturating tanh and a sigma far above the features: J is 0
+    at theta + eps(2), so eps(3) comes out 0. The call was refused ('every step's eps came out 0 ... outside the range
+    the float64 solver resolves') though eps(1) and eps(2) are certified steps, and with more restarts the others were
+    said to 'bound nothing (0)' though they bounded through their earlier iterates."""
+    torch.manual_seed(2)
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 20), torch.nn.Tanh(),
+                            torch.nn.Linear(20, 12)).double().eval()
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(5)).double()
+    kw = dict(size=1.5, restarts=1, linearize_at="current", warm_start=False, iterates="all")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        two = hcrfast.bound(m, x, 200.0, iterations=2, **kw)
+        three = hcrfast.bound(m, x, 200.0, iterations=3, **kw)
+    np.testing.assert_array_equal(three.std, two.std)   # eps(3) = 0 adds nothing, takes nothing away
+    assert not three.params["zero_step_reasons"]
