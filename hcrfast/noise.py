@@ -45,8 +45,9 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
     count = (value.numel() if isinstance(value, torch.Tensor) else
              np.size(value) if isinstance(value, (np.ndarray, list, tuple)) else 1)
     if count > 1:
-        raise TypeError(f"{name} must be one number, got {count} values; for one std per feature pass them as "
-                        f"sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law")
+        raise TypeError(f"{name} must be one number, got {count} values; one std per feature is for Gaussian noise "
+                        f"only: pass them as sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law "
+                        f"(Laplace and Monte Carlo laws take one scale for every feature)")
     if isinstance(value, (np.ndarray, torch.Tensor)) and count == 1:  # a one-element array is its number
         value = value.item()
     # NumPy's complex scalars have __float__ (it drops the imaginary part, with a mere warning), and

@@ -281,7 +281,13 @@ def example_ids(ids, batch_size: int) -> np.ndarray:
     """Global indices of a batch's examples (default 0..B−1), checked: B non-negative integers."""
     if ids is None:
         return np.arange(batch_size)
-    ids = np.asarray(host_argument("example_ids", ids))
+    ids = host_argument("example_ids", ids)
+    if isinstance(ids, (list, tuple)):   # (Python ints past int64: NumPy makes them float64, which the next names)
+        big = [v for v in ids if isinstance(v, int) and not isinstance(v, bool) and v > np.iinfo(np.int64).max]
+        if big:
+            raise ValueError(f"example_ids must be {batch_size} non-negative integers up to 2**63 - 1 (they seed the "
+                             f"noise with NumPy's int64), got {big[0]}")
+    ids = np.asarray(ids)
     if ids.shape != (batch_size,) or ids.dtype.kind not in "iu" or np.any(ids < 0):
         raise ValueError(f"example_ids must be {batch_size} non-negative integers (one per example), "
                          f"got an array of shape {ids.shape} and dtype {ids.dtype}")

@@ -439,8 +439,9 @@ def test_laws_keep_cupy_arrays_on_the_device():
 
 @pytest.mark.parametrize("law", [Gaussian, Laplace])
 def test_a_law_of_many_scales_points_to_per_feature_sigma(law):
-    with pytest.raises(TypeError, match=r"must be one number, got 3 values; for one std per feature pass them as "
-                                        r"sigma itself"):
+    with pytest.raises(TypeError, match=r"must be one number, got 3 values; one std per feature is for Gaussian "
+                                        r"noise only: pass them as sigma itself .*Laplace and Monte Carlo laws take one "
+                                        r"scale"):
         law(np.ones(3))
 
 

@@ -2048,3 +2048,9 @@ def test_a_call_on_another_model_made_inside_one_keeps_that_model_s_buffers():
 
     utility.accuracy_on_features(torch.nn.Identity(), torch.randn(4, 3), None, 0.1, draws=2, metric=metric)
     assert int(other.calls) == 0
+
+
+def test_example_ids_past_int64_are_named_not_reported_as_float64():
+    """[2**63, 1, 2]: NumPy made the list float64, and the refusal named that dtype, not the id the user passed."""
+    with pytest.raises(ValueError, match=r"up to 2\*\*63 - 1 .*got 9223372036854775808"):
+        hcrfast.bound(mlp(), torch.rand(3, 1, 4, 4), 1.0, example_ids=[2**63, 1, 2], **QUICK)
