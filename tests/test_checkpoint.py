@@ -620,25 +620,33 @@ except hcrfast.ShardError as exc:
 """
 
 
-def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tmp_path):
-    """Without torchrun's agent nobody stops the others when one dies: they find it silent (its beat
-    stops) and raise, and the pieces finished stay for the resumed call."""
+def _gloo_ranks(script, *, ranks=(0, 1), world=2, extra_env=None):
+    """``script`` started as the given ranks of a process group of ``world`` launched by hand (gloo on a free
+    local port): their Popen objects, stdout and stderr piped (skipped where torch has no gloo)."""
     import socket
     import subprocess
     import sys
-    from pathlib import Path
 
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available in this torch build")
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+           **(extra_env or {})}
+    return [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]
+
+
+def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tmp_path):
+    """Without torchrun's agent nobody stops the others when one dies: they find it silent (its beat
+    stops) and raise, and the pieces finished stay for the resumed call."""
+    from pathlib import Path
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
+    procs = _gloo_ranks(script)
     try:
         out, err = procs[0].communicate(timeout=120)
     finally:
@@ -1695,22 +1703,11 @@ def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and
     pieces it saved (rank 0's stay, and so does the key, under which rank 0 may be writing); rank 0 stops on
     rank 1's error, not waiting for it. The resumed call reads rank 0's pieces back and computes rank 1's afresh:
     the uninterrupted bounds, where rank 1's doubled piece used to be read back among them."""
-    import socket
-    import subprocess
-    import sys
     from pathlib import Path
 
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available in this torch build")
     script = tmp_path / "switch.py"
     script.write_text(SWITCH_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = _gloo_ranks(script)
     try:
         outs = [proc.communicate(timeout=120) for proc in procs]
     finally:
