@@ -557,7 +557,8 @@ def test_arguments_given_as_cupy_arrays_are_read_once_to_the_host(emulated):
         got = hcrfast.bound(mlp(), batch(2), **device, **kw).to_numpy()
         np.testing.assert_array_equal(got.std, want.std)
         assert got.params["noise"] == want.params["noise"]
-    with pytest.raises(TypeError, match="sigma must be one number, got 48 values; for one std per feature"):
+    with pytest.raises(TypeError, match="sigma must be one number, got 48 values; one std per feature is for "
+                                        "Gaussian noise only"):
         hcrfast.Gaussian(cp.asarray(stds))
 
 

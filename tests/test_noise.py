@@ -687,7 +687,8 @@ def test_a_scale_that_is_not_a_number_says_what_to_pass():
         with pytest.raises(TypeError, match=r"sigma must be a real number, got (list|str); pass the noise scale of "
                                             r"the released features"):
             Gaussian(value)
-    with pytest.raises(TypeError, match=r"sigma must be one number, got 2 values; for one std per feature pass"):
+    with pytest.raises(TypeError, match=r"sigma must be one number, got 2 values; one std per feature is for "
+                                        r"Gaussian noise only: pass"):
         Gaussian([torch.tensor(0.5, requires_grad=True)] * 2)
 
 

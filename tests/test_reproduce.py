@@ -746,7 +746,8 @@ def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise
 
 def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(weights, tmp_path, monkeypatch):
     """A restart with eps = 0 has D = 0 but proves no +inf: the summary counts it under zero_steps
-    (it used to count as a restart with infinite bounds), and a resumed run still knows it."""
+    (it used to count as a restart with infinite bounds), and a resumed run still knows it. (--last-iterate: with
+    every iterate certified, a restart whose earlier iterates moved bounds by them, and is not lost.)"""
     from hcrfast import algorithm
 
     real = algorithm._certified_shift
@@ -758,7 +759,8 @@ def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(we
 
     monkeypatch.setattr(algorithm, "_certified_shift", first_row_lost)
     out = tmp_path / "zero"
-    argv = ["reproduce", "digits", *TINY, "--out", str(out), "--weights", str(weights), "--no-progress"]
+    argv = ["reproduce", "digits", *TINY, "--out", str(out), "--weights", str(weights), "--no-progress",
+            "--last-iterate"]
     for run in range(2):  # the second run reads every chunk back
         if run == 0:
             with pytest.warns(UserWarning, match="restarts' eps came out 0"):  # hcrfast.bound's, per chunk
@@ -993,7 +995,8 @@ def test_summary_numbers_are_those_of_the_saved_arrays(first):
 
 
 def test_a_later_restart_that_bounds_nothing_is_not_counted_infinite(weights, tmp_path, monkeypatch):
-    """As the eps-came-out-0 test, for the last restart of each chunk's last example (not restart 0)."""
+    """As the eps-came-out-0 test, for the last restart of each chunk's last example (not restart 0); its only
+    step (--last-iterate)."""
     from hcrfast import algorithm
 
     real = algorithm._certified_shift
@@ -1008,7 +1011,7 @@ def test_a_later_restart_that_bounds_nothing_is_not_counted_infinite(weights, tm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert cli.main(["reproduce", "digits", *TINY, "--out", str(out), "--weights", str(weights),
-                         "--no-progress"]) == 0
+                         "--no-progress", "--last-iterate"]) == 0
     s = json.loads((out / "summary.json").read_text())
     b = _arrays(out / "bounds.npz")
     assert s["zero_steps"]["restarts"] == s["zero_steps"]["eps_zero"] == 3

@@ -595,7 +595,8 @@ def test_targeted_bound_refuses_sigma_whose_steps_vanish(x, method):
 
 
 def test_a_restart_whose_eps_came_out_0_is_reported_as_bounding_nothing(x, monkeypatch):
-    """Its D is 0 but it moves no coordinate: bound 0 (not +inf), its own reason, and a warning."""
+    """Its D is 0 but it moves no coordinate: bound 0 (not +inf), its own reason, and a warning. (Its only step: with
+    every iterate certified, a restart whose earlier iterates moved bounds by them, and is not lost.)"""
     from hcrfast import algorithm
 
     real = algorithm._certified_shift
@@ -607,7 +608,7 @@ def test_a_restart_whose_eps_came_out_0_is_reported_as_bounding_nothing(x, monke
 
     monkeypatch.setattr(algorithm, "_certified_shift", first_row_lost)
     with pytest.warns(UserWarning, match=r"1 restarts' eps came out 0 in float32 .* bound nothing \(0\)"):
-        res = hcrfast.bound(mlp(), x, 0.05, iterations=2, restarts=2, solver="dense")
+        res = hcrfast.bound(mlp(), x, 0.05, iterations=2, restarts=2, solver="dense", iterates="last")
     assert res.infinite_reasons == []  # nothing is +inf
     assert res.params["zero_step_reasons"] == ["example 0, restart 0: eps came out 0 (a step outside the range the "
                                                "solver's dtype resolves), so this restart bounds nothing (0)"]
