@@ -2047,7 +2047,7 @@ def test_a_call_on_another_model_made_inside_one_keeps_that_model_s_buffers():
         utility.dithered_accuracy(other, None, x, None, 0.1, draws=2, metric="cosine")
         return torch.ones(out.shape[0])
 
-    utility.accuracy_on_features(torch.nn.Identity(), torch.randn(4, 3), None, 0.1, draws=2, metric=metric)
+    utility.accuracy_on_features(torch.nn.Identity().eval(), torch.randn(4, 3), None, 0.1, draws=2, metric=metric)
     assert int(other.calls) == 0
 
 
