@@ -1342,13 +1342,20 @@ def test_a_key_json_that_is_not_an_object_is_refused_as_unreadable(text, tmp_pat
         hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint=tmp_path, iterations=1, restarts=1)
 
 
-def test_a_checkpoint_under_the_home_folder_is_written_there(tmp_path, monkeypatch):
-    """checkpoint='~/ck' made a folder named '~' in the current directory."""
+def at_home(tmp_path, monkeypatch):
+    """``(home, work)``: two fresh folders under ``tmp_path``, $HOME the first and the working directory the second
+    (a path with ``~`` must land in the first, nothing in the second)."""
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
+    return home, work
+
+
+def test_a_checkpoint_under_the_home_folder_is_written_there(tmp_path, monkeypatch):
+    """checkpoint='~/ck' made a folder named '~' in the current directory."""
+    home, work = at_home(tmp_path, monkeypatch)
     res = hcrfast.bound(relu_mlp(), batch(B=2), 0.3, checkpoint="~/ck", iterations=1, restarts=1)
     assert (home / "ck" / "key.json").is_file() and list(work.iterdir()) == []
     assert res.params["checkpoint"]["path"] == str(home / "ck")

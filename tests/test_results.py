@@ -316,11 +316,9 @@ def test_result_file_errors_name_the_users_path_and_what_is_wrong(tmp_path):
 
 def test_results_under_the_home_folder_are_written_and_read_there(tmp_path, monkeypatch):
     """Bounds.save('~/b.npz') wrote into a folder named '~' in the current directory (and load looked there)."""
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(work)
+    from test_checkpoint import at_home
+
+    home, work = at_home(tmp_path, monkeypatch)
     res = hcrfast.bound(mlp(), torch.randn(2, 1, 4, 4, dtype=torch.float64), 0.1, restarts=2, iterations=2)
     res.save("~/b.npz")
     assert (home / "b.npz").is_file() and list(work.iterdir()) == []
