@@ -16,7 +16,6 @@ import shlex
 import textwrap
 
 import numpy as np
-import pytest
 import torch
 
 import hcrfast
