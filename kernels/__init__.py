@@ -46,9 +46,8 @@ def _floating(name, a, min_ndim: int = 1):
             not hasattr(a, "__array__") and not is_cupy_array(a)):
         raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__} (torch tensors: "
                         f"hcrfast.bindings.from_torch)")
-    if np.dtype(dtype).kind != "f":
-        raise TypeError(f"{name} must hold floats (float32 or float64), got {dtype}; cast it with "
-                        f".astype(np.float64)")
+    if np.dtype(dtype) not in (np.float32, np.float64):   # (float16, longdouble: the kernels hold neither)
+        raise TypeError(f"{name} must hold float32 or float64, got {dtype}; cast it with .astype(np.float64)")
     if len(shape) < min_ndim:
         want = "(..., H, W)" if min_ndim == 2 else "(B, ...)"
         raise ValueError(f"{name} must have shape {want}, got {tuple(shape)}")
@@ -56,9 +55,13 @@ def _floating(name, a, min_ndim: int = 1):
 
 
 def _same(name, a, ref_name, ref):
+    """``a`` of ``ref``'s shape and dtype (the CUDA kernels refuse mixed dtypes; the twins promoted them)."""
     if tuple(a.shape) != tuple(ref.shape):
         raise ValueError(f"Shape mismatch: {ref_name} has shape {tuple(ref.shape)} but {name} has "
                          f"{tuple(a.shape)}; pass arrays of one shape (B, ...)")
+    if np.dtype(a.dtype) != np.dtype(ref.dtype):
+        raise TypeError(f"{name} is {np.dtype(a.dtype)} but {ref_name} is {np.dtype(ref.dtype)}; pass arrays of one "
+                        f"dtype (cast with .astype({ref_name}.dtype))")
 
 
 def _per_row(name, value, rows: int, scalar_ok: bool):

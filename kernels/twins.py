@@ -70,19 +70,23 @@ def _dct_matrix_host(n: int) -> np.ndarray:
     """Orthonormal DCT-II matrix C (n×n), float64: ``X = C x``, ``x = Cᵀ X``.
 
     ``C[k, j] = s_k cos(π (2j+1) k / (2n))`` with ``s_0 = √(1/n)``, ``s_k = √(2/n)``,
-    SciPy's ``dct(type=2, norm="ortho")`` convention.
+    SciPy's ``dct(type=2, norm="ortho")`` convention. Read-only: the cache hands the same array to every
+    caller, and one that scaled it in place (``dct_matrix(4) *= 2``) changed every later DCT, and the bounds.
     """
     if n == 0:
-        return np.zeros((0, 0))
-    k = np.arange(n)[:, None]
-    j = np.arange(n)[None, :]
-    c = np.cos(np.pi * (2 * j + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
-    c[0] /= np.sqrt(2.0)
+        c = np.zeros((0, 0))
+    else:
+        k = np.arange(n)[:, None]
+        j = np.arange(n)[None, :]
+        c = np.cos(np.pi * (2 * j + 1) * k / (2 * n)) * np.sqrt(2.0 / n)
+        c[0] /= np.sqrt(2.0)
+    c.setflags(write=False)
     return c
 
 
 def dct_matrix(n: int, xp=np, dtype=np.float64):
-    """The orthonormal DCT-II matrix of size n in namespace ``xp`` and ``dtype``."""
+    """The orthonormal DCT-II matrix of size n in namespace ``xp`` and ``dtype`` (NumPy float64: the cached
+    array itself, read-only; copy it to write into it)."""
     return xp.asarray(_dct_matrix_host(n), dtype=dtype)
 
 

@@ -357,12 +357,18 @@ def test_twins_take_zero_size_batches_as_the_cuda_kernels_do():
 
 
 @pytest.mark.parametrize("call,error,match", [
-    (lambda k: k.dct2(np.arange(6).reshape(2, 3)), TypeError, r"x must hold floats .* got int64"),
-    (lambda k: k.idct2(np.ones((2, 3), dtype=bool)), TypeError, r"y must hold floats .* got bool"),
+    (lambda k: k.dct2(np.arange(6).reshape(2, 3)), TypeError, r"x must hold float32 or float64, got int64"),
+    (lambda k: k.idct2(np.ones((2, 3), dtype=bool)), TypeError, r"y must hold float32 or float64, got bool"),
     (lambda k: k.dct2(np.ones(5)), ValueError, r"x must have shape \(\.\.\., H, W\), got \(5,\)"),
     (lambda k: k.dct2(torch.ones(2, 3)), TypeError, r"x must be a NumPy or CuPy array, got Tensor"),
     (lambda k: k.dct2([[1.0, 2.0]]), TypeError, r"x must be a NumPy or CuPy array, got list"),
-    (lambda k: k.row_normalize(np.array([[3, 4], [1, 0]]), 1.0), TypeError, r"a must hold floats"),
+    (lambda k: k.row_normalize(np.array([[3, 4], [1, 0]]), 1.0), TypeError, r"a must hold float32 or float64"),
+    (lambda k: k.dct2(np.ones((2, 3), dtype=np.float16)), TypeError, r"x must hold float32 or float64, got float16"),
+    (lambda k: k.idct2(np.ones((2, 3), dtype=np.longdouble)), TypeError, r"y must hold float32 or float64"),
+    (lambda k: k.restart_update(np.ones((1, 2), np.float32), np.ones((1, 2)), 1.0), TypeError,
+     r"features is float64 but features_perturbed is float32"),
+    (lambda k: k.lsqr_update_xw(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), np.ones((2, 2)),
+                                np.ones(2), np.ones(2)), TypeError, r"v is float64 but x is float32"),
     (lambda k: k.row_normalize(np.ones((1, 2)), np.ones(3)), ValueError, r"target must have shape \(1,\)"),
     (lambda k: k.row_normalize(np.ones((2, 2)), np.ones(1)), ValueError, r"target must have shape \(2,\)"),
     (lambda k: k.restart_update(np.ones((1, 2)), np.ones((1, 2)), np.ones(2)), ValueError,
@@ -376,9 +382,20 @@ def test_twins_take_zero_size_batches_as_the_cuda_kernels_do():
 def test_the_dispatch_refuses_what_the_cuda_kernels_refuse(call, error, match):
     """On NumPy data the twins ran whatever they were given: an integer batch's DCT came out all 0 (its DCT
     matrix cast to int), an integer row_normalize truncated its rows, a (3,) target on one row gave three, a
-    (1,) t1 was broadcast over two problems. The dispatch now refuses them as the CUDA kernels do."""
+    (1,) t1 was broadcast over two problems, float16 and longdouble ran (the latter at float64's accuracy),
+    mixed dtypes were promoted. The dispatch now refuses them as the CUDA kernels do."""
     with pytest.raises(error, match=match):
         call(kernels)
+
+
+def test_the_cached_dct_matrix_cannot_be_changed_by_a_caller():
+    """``dct_matrix`` hands out its cached array: a caller that scaled it in place (``c *= 2``) made every later
+    DCT, and ``hcrfast.bound``'s bounds, 4× what they were. It is read-only now; the DCT still matches SciPy's."""
+    c = twins.dct_matrix(4)
+    with pytest.raises(ValueError, match="read-only"):
+        c *= 2
+    x = np.random.default_rng(0).standard_normal((3, 4, 4))
+    np.testing.assert_allclose(kernels.dct2(x), scipy.fft.dctn(x, axes=(-2, -1), norm="ortho"), atol=1e-12)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: POSIX only")
