@@ -1268,15 +1268,16 @@ def _is_oom(exc: BaseException) -> bool:
 
 class _StillTheSameFunction:
     """The features of a few examples (:data:`validation.REPEAT_ROWS`, spread over the batch as
-    :func:`validation.check_repeatable` takes them), computed again after the solve by :meth:`check`, which
-    refuses a model whose features moved past rounding: those of the model that certifies (taken just before
-    the solve) against its shifts' scale, and the model's own against its first forward's features (the entry
-    checks' ``features``), at :func:`validation.probe_independent`'s tolerance. The checks at the start see a
-    forward that changes at each call, or mixes the batch, but not one that changes once (a call counter, a
-    cache filled, a schedule): a model that doubled its features after its fifth call passed them, and its
-    bounds were of the function after the switch, half those of the one it computed when called. The chunks a
-    call computed after such a change are of another function: the refusal says so. Three forwards of a few
-    rows."""
+    :func:`validation.check_repeatable` takes them), computed again by :meth:`check` just before each chunk a
+    checkpoint saves and, where none is saved, after the solve; it refuses a model whose features moved past
+    rounding: those of the model that certifies (taken just before the solve) against its shifts' scale, and the
+    model's own against its first forward's features (the entry checks' ``features``), at
+    :func:`validation.probe_independent`'s tolerance. The checks at the start see a forward that changes at each
+    call, or mixes the batch, but not one that changes once (a call counter, a cache filled, a schedule): a model
+    that doubled its features after its fifth call passed them, and its bounds were of the function after the
+    switch, half those of the one it computed when called. The chunks a call computed after such a change are of
+    another function: the refusal says so, and such a chunk is never saved (checked before its save). A forward
+    of a few rows on entry, then one or two (two where a float64 copy certifies) a check."""
 
     def __init__(self, model64, batch: torch.Tensor, shift: float, dtype: torch.dtype, model, features: torch.Tensor,
                  rtol: float):
@@ -1292,18 +1293,20 @@ class _StillTheSameFunction:
             out = model(self.batch[self.rows].to(dtype))
         return out.detach().reshape(len(self.rows), -1).clone()
 
-    def check(self, saved=None, *, shared: bool = False) -> None:
+    def check(self, saved=None, *, shared: bool = False, chunk: tuple[int, int] | None = None) -> None:
         """Raise ValueError where the model changed during the call. ``saved``: the call's
         :class:`hcrfast.checkpoint.Checkpoint` (or None), whose chunks saved by this call are removed first
         (:meth:`~hcrfast.checkpoint.Checkpoint.discard`; ``shared``: processes share the folder, whose key
-        stays), so that the same call made again computes them afresh rather than read them back as bounds."""
+        stays), so that the same call made again computes them afresh rather than read them back as bounds.
+        ``chunk``: the ``(start, stop)`` of the chunk about to be saved (None: the check after the solve)."""
+        when = "after the solve" if chunk is None else f"before examples {chunk[0]}..{chunk[1] - 1} were saved"
         after = self._features(self.model64, self.dtype)
         # float64's rounding as check_repeatable allows it; another dtype (certify=False) a few of its ulps
         share = validation.REPEAT_ROUNDING if self.dtype == torch.float64 else 4 * torch.finfo(self.dtype).eps
         gap = float(((after - self.before).norm(dim=1) - share * self.before.norm(dim=1)).clamp_min(0).max())
         text = None
         if gap > 0 and (self.shift <= 0 or gap / self.shift > validation.REPEAT_LIMIT):
-            text = (f"the features of the model that certifies the bounds changed during this call: after the solve, "
+            text = (f"the features of the model that certifies the bounds changed during this call: {when}, "
                     f"{len(self.rows)} examples' features differ from those it gave before by up to {gap:.3g} (norm), "
                     + (f"{gap / self.shift:.3g} of" if self.shift > 0 else "against")
                     + f" the feature shifts the bounds rest on (size x the noise's scale = {self.shift:.3g})")
@@ -1314,7 +1317,7 @@ class _StillTheSameFunction:
             scale = float(self.first.abs().max())
             moved = float((own - self.first).abs().max())
             if moved > self.rtol * scale:
-                text = (f"the model's features changed during this call: after the solve, {len(self.rows)} examples' "
+                text = (f"the model's features changed during this call: {when}, {len(self.rows)} examples' "
                         f"features differ from those of its first forward by up to {moved:.3g} ({moved / scale:.2e} of "
                         f"the largest feature; the checks on entry allow {self.rtol:.0e})")
         if text is None:
@@ -1328,29 +1331,32 @@ class _StillTheSameFunction:
     def _discarded(saved, shared: bool) -> str:
         """Remove the chunks this call (this process) saved, and say so: what the refusal adds about ``saved``.
 
-        The chunks this call read back from earlier calls are kept. Each was saved by a call whose own end check
-        ran after it: one that passed (its model did not change during it) or, since this check removes what it
-        refuses, none that was refused. The exception is a call killed, or failed otherwise, between a switch of
-        its model and its end check: its chunks were never checked, and nothing in them tells them apart (a check
-        before each chunk's save would). Dropping every chunk not checked at its call's end would make every
-        crash lose its work, what checkpoint= is for; they are kept, and the message says how to be rid of them.
+        With a checkpoint the model is checked just before each chunk is saved (:meth:`check` with ``chunk``), so a
+        chunk computed after the model changed is refused before it reaches the folder, also in a call killed later,
+        before its end; the chunks this call saved before it passed their checks, but the model changes itself as it
+        runs, so they go too: the same call made again computes them afresh. The chunks this call read back from
+        earlier calls are kept: each passed the check before its save (a chunk file written by hcrfast up to the
+        twenty-first session was checked at its call's end only, not at all where that call was killed first).
         Under shard=True the other processes' chunks are theirs: each checks its own model and removes its own
         (their calls stop at their next step on this process's error, :meth:`World.agree`)."""
         removed, left, others = saved.discard(key_too=not shared)
         plural = removed != 1
-        text = (f"; the {removed} chunk file{'s' if plural else ''} this call saved in {saved.path}, of more than one "
-                f"function, {'were' if plural else 'was'} removed: the same call made again computes "
-                f"{'them' if plural else 'it'} afresh")
+        if removed or left:
+            text = (f"; the {removed} chunk file{'s' if plural else ''} this call saved in {saved.path}, of more than "
+                    f"one function, {'were' if plural else 'was'} removed: the same call made again computes "
+                    f"{'them' if plural else 'it'} afresh")
+        else:   # (refused before its first save)
+            text = f"; no chunk of this call was saved in {saved.path}: the check before its first save refused it"
         if left:
             text += (f"; {len(left)} could not be removed ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): "
                      f"delete {saved.path} before calling again")
         if others:
             text += (f"; the {others} chunk file{'s' if others != 1 else ''} of "
                      f"{'earlier calls or other processes' if shared else 'earlier calls'} there "
-                     f"{'are' if others != 1 else 'is'} kept (each call checks its own at its end; a call killed "
-                     f"before its end was not checked: delete {saved.path} if one was)")
+                     f"{'are' if others != 1 else 'is'} kept (each call checks its model before each chunk it saves)")
         elif not left and not shared and not (saved.path / "key.json").exists():
-            text += " (with the key this call wrote: the folder is as it was before the call)"
+            text += (" (with the key this call wrote: the folder is as it was before the call)" if removed else
+                     "; the key this call wrote was removed: the folder is as it was before the call")
         return text
 
 
@@ -2370,6 +2376,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         t_arrays, t_meta = targeted_of[start].to_arrays()
                         part.update({f"targeted.{k}": v for k, v in t_arrays.items()},
                                     targeted_meta=np.array(json.dumps(t_meta, default=json_default)))
+                    # the chunk's last forward (its certification's included) ran: a model that changed itself
+                    # since the check before is refused here, before a chunk of another function is in the folder
+                    unchanged.check(saved, shared=not unshared, chunk=(start, stop))
                     saved.save(start, stop, ranks=ranks[start:stop], redone=redone[start:stop],
                                passes=passes[start:stop],
                                reasons=np.array(c_reasons, dtype=str), zero_reasons=np.array(c_zero, dtype=str),
@@ -2446,8 +2455,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 exc.add_note(_one_example_note(solver, n, p, restarts, krylov_pilots, options, batch.element_size(),
                                                pilots_auto))
             raise
-        if todo:
-            unchanged.check(saved, shared=not unshared)   # (its chunks removed where refused)
+        # With a checkpoint, the check before the last chunk's save was the model's last forward: not run again
+        if todo and saved is None:
+            unchanged.check()
         if reuse is not None and todo:
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:

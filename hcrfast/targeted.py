@@ -890,13 +890,17 @@ def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, fea
         parts[start] = part = piece(start, stop)
         if saved is not None:
             arrays, meta = part.to_arrays()
+            if unchanged is not None:   # (the piece's forwards ran: one of a model changed since is not saved)
+                unchanged.check(saved, chunk=(start, stop))
             saved.save(start, stop, meta=np.array(json.dumps(meta, default=json_default)), **arrays)
         computed += stop - start
         if progress:
             _progress_line("hcrfast.targeted_bound", f"examples {B - to_compute + computed}/{B}", t_start, eta,
                            computed, to_compute)
-    if pieces and unchanged is not None:   # (_StillTheSameFunction: the model did not change itself meanwhile)
-        unchanged.check(saved)   # (the pieces it saved removed where refused: a rerun computes them afresh)
+    # (_StillTheSameFunction: the model did not change itself meanwhile; with a checkpoint, the check before the
+    # last piece's save was the model's last forward, and a refusal there removed the pieces saved before it)
+    if pieces and unchanged is not None and saved is None:
+        unchanged.check()
     if saved is not None:
         saved.tidy()
         saved.warn_mixed(RESUME_BITWISE)

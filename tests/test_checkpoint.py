@@ -1639,23 +1639,31 @@ def doubles_after_saving(monkeypatch, model, chunks=1):
 
 def test_a_call_refused_for_a_model_that_changed_removes_its_chunks_and_keeps_the_earlier_calls(tmp_path,
                                                                                                monkeypatch):
-    """A call whose model changed itself after saving some chunks is refused at its end (algorithm.
-    _StillTheSameFunction). Its chunks used to stay in the folder, and the same call made again read them all back
-    (nothing left to compute, so nothing checked) and returned bounds of two functions. The refused call now removes
-    the chunks it saved, and the key it wrote where no chunk is left; an earlier call's chunks stay, and the fixed
-    model's resume gives the uninterrupted bounds bitwise."""
+    """A call whose model changed itself after saving some chunks is refused (algorithm._StillTheSameFunction),
+    now before the next chunk's save. Its chunks used to stay in the folder, and the same call made again read them
+    all back (nothing left to compute, so nothing checked) and returned bounds of two functions. The refused call
+    now removes the chunks it saved, and the key it wrote where no chunk is left; an earlier call's chunks stay, and
+    the fixed model's resume gives the uninterrupted bounds bitwise."""
     x, folder = batch(), tmp_path / "ck"
     whole = hcrfast.bound(Doubles(), x, 0.3, **kw("dense"))   # chunks of 2: (0, 2) (2, 4) (4, 6) (6, 7)
 
-    # into a new folder: every chunk it saved goes, and the key it wrote with them: the folder is as before
+    # into a new folder: doubled after (0, 2) is saved, refused before (2, 4) is; (0, 2) goes, and the key it
+    # wrote with it: the folder is as before
     model = Doubles()
     doubles_after_saving(monkeypatch, model)
-    with pytest.raises(ValueError, match="changed during this call") as refused:
+    with pytest.raises(ValueError, match=r"changed during this call: before examples 2\.\.3 were saved") as refused:
         hcrfast.bound(model, x, 0.3, checkpoint=folder, **kw("dense"))
     assert not folder.exists()
-    assert (f"the 4 chunk files this call saved in {folder}, of more than one function, were removed: the same call "
-            f"made again computes them afresh (with the key this call wrote: the folder is as it was before the "
+    assert (f"the 1 chunk file this call saved in {folder}, of more than one function, was removed: the same call "
+            f"made again computes it afresh (with the key this call wrote: the folder is as it was before the "
             f"call)") in str(refused.value)
+
+    # doubled after its last chunk is saved: no chunk of it is of the doubled function, and the check before that
+    # save was the call's last forward, so the call returns the net's bounds (no second check at its end)
+    model = Doubles()
+    doubles_after_saving(monkeypatch, model, chunks=4)
+    assert_same(hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "last", **kw("dense")), whole)
+    assert model.doubled
 
     # after an earlier call killed at its third chunk: that call's two chunks (of the net) stay, this call's go
     monkeypatch.undo()
@@ -1666,19 +1674,91 @@ def test_a_call_refused_for_a_model_that_changed_removes_its_chunks_and_keeps_th
     earlier = sorted(p.name for p in folder.iterdir())
     assert earlier == ["chunk_000000000_000000002.npz", "chunk_000000002_000000004.npz", "features.npy", "key.json"]
     model = Doubles()
-    doubles_after_saving(monkeypatch, model)   # (4, 6) of the net, then (6, 7) of the doubled net
+    doubles_after_saving(monkeypatch, model)   # (4, 6) of the net saved, then (6, 7) of the doubled net refused
     with pytest.raises(ValueError, match="changed during this call") as refused:
         hcrfast.bound(model, x, 0.3, checkpoint=folder, **kw("dense"))
     assert sorted(p.name for p in folder.iterdir()) == earlier
-    assert re.search(r"the 2 chunk files this call saved in .*, of more than one function, were removed: .*; the "
-                     r"2 chunk files of earlier calls there are kept \(each call checks its own at its end; a call "
-                     r"killed before its end was not checked", str(refused.value)), str(refused.value)
+    assert re.search(r"the 1 chunk file this call saved in .*, of more than one function, was removed: .*; the "
+                     r"2 chunk files of earlier calls there are kept \(each call checks its model before each chunk "
+                     r"it saves\)", str(refused.value)), str(refused.value)
     monkeypatch.undo()
 
     # the same call made again, its model fixed now: it reads the earlier call's chunks back, computes the rest
     again = hcrfast.bound(Doubles(), x, 0.3, checkpoint=folder, **kw("dense"))
     assert again.params["checkpoint"]["examples_read_back"] == 4
     assert_same(again, whole)
+
+
+class Killed(BaseException):
+    """The process ended mid-call (a KeyboardInterrupt, a job's time limit): no ``except Exception`` sees it."""
+
+
+class SwitchesAt(torch.nn.Module):
+    """relu_mlp, whose features double from its forward ``switch + 1`` on (a call counter: a cache filled, a
+    schedule), and whose forward ``kill + 1`` ends the call (:class:`Killed`)."""
+
+    def __init__(self, switch=10**9, kill=10**9):
+        super().__init__()
+        self.net, self.calls, self.switch, self.kill = relu_mlp(), 0, switch, kill
+        self.eval()
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > self.kill:
+            raise Killed
+        return self.net(x) * (2.0 if self.calls > self.switch else 1.0)
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted"])
+def test_a_chunk_computed_after_the_model_changed_is_never_saved_even_in_a_call_killed_before_its_end(entry, tmp_path,
+                                                                                                     monkeypatch):
+    """A model that changed itself during a checkpointed call was checked once, at the call's end: a call killed
+    between the change and that check left in the folder the chunks computed after the change, of the changed
+    function, and the same call made again read them back as bounds. The model is now checked before each chunk's
+    save: here it doubles its features from the first forward of the second chunk (2, 4) on and the call is killed
+    at the first forward after that chunk would have been saved; the call is refused before the save, and it
+    removes the chunk (0, 2) it saved before: no chunk of this call is left."""
+    from hcrfast import checkpoint
+
+    x = batch()   # chunks (pieces) of 2: (0, 2) (2, 4) (4, 6) (6, 7)
+
+    def call(model, folder):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if entry == "targeted":
+                return hcrfast.targeted_bound(model, x, 0.3, targets=[0, 3, 5], size=0.01, method="dense",
+                                              chunk_size=6, checkpoint=folder)   # 6 rows: 2 examples x 3 modes
+            return hcrfast.bound(model, x, 0.3, checkpoint=folder, **kw("dense"))
+
+    # the forwards a fixed model has run at each save: the switch and the kill are placed by them
+    real, at_save = checkpoint.Checkpoint.save, []
+    probe = SwitchesAt()
+
+    def save(self, start, stop, **arrays):
+        real(self, start, stop, **arrays)
+        at_save.append(((start, stop), probe.calls))
+
+    monkeypatch.setattr(checkpoint.Checkpoint, "save", save)
+    call(probe, tmp_path / "probe")
+    monkeypatch.undo()
+    assert [chunk for chunk, _ in at_save] == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    first, second = at_save[0][1], at_save[1][1]
+
+    folder = tmp_path / "ck"
+    model = SwitchesAt(switch=first, kill=second)
+    try:
+        call(model, folder)
+    except BaseException as exc:   # noqa: BLE001 - Killed is what the call did before
+        ended = exc
+    else:
+        raise AssertionError("the call returned")
+    on_disk = sorted(f.name for f in folder.glob("chunk_*")) if folder.exists() else []
+    assert "chunk_000000002_000000004.npz" not in on_disk, f"the changed function's chunk was saved: {on_disk}"
+    assert isinstance(ended, ValueError), repr(ended)
+    assert re.search(r"changed during this call: before examples 2\.\.3 were saved, .* the 1 chunk file this call "
+                     r"saved in .*, of more than one function, was removed", str(ended)), str(ended)
+    assert model.calls <= second   # (refused before the kill)
+    assert on_disk == [] and not folder.exists()   # (the key it wrote taken back with its chunk)
 
 
 SWITCH_SCRIPT = """
@@ -1706,8 +1786,8 @@ except Exception as exc:
 
 
 def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and_it_removes_its_own_chunks(tmp_path):
-    """shard=True: rank 1's model changes after its first piece, so rank 1 is refused at its end and removes the
-    pieces it saved (rank 0's stay, and so does the key, under which rank 0 may be writing); rank 0 stops on
+    """shard=True: rank 1's model changes after its first piece, so rank 1 is refused before its second piece's
+    save and removes the piece it saved (rank 0's stay, and so does the key, under which rank 0 may be writing); rank 0 stops on
     rank 1's error, not waiting for it. The resumed call reads rank 0's pieces back and computes rank 1's afresh:
     the uninterrupted bounds, where rank 1's doubled piece used to be read back among them."""
     from pathlib import Path
@@ -1725,8 +1805,8 @@ def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and
     assert sorted(p.name for p in (tmp_path / "ck").glob("chunk_*")) == ["chunk_000000000_000000002.npz",
                                                                         "chunk_000000004_000000006.npz"]
     refused = "ValueError: the features of the model that certifies the bounds changed during this call"
-    assert re.search(rf"^{refused}.* the 2 chunk files this call saved in .*, of more than one function, were "
-                     rf"removed", outs[1][0]), outs[1]
+    assert re.search(rf"^{refused}: before examples 6\.\.6 were saved.* the 1 chunk file this call saved in .*, of "
+                     rf"more than one function, was removed", outs[1][0]), outs[1]
     assert (f"ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another process failed: rank 1: "
             f"{refused}") in outs[0][0], outs[0]
     whole = hcrfast.bound(Doubles(), batch(), 0.3, **kw("dense"))
