@@ -1630,6 +1630,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         bounds come out as tight as from-zero solves at a ~100× tighter tolerance (MNIST
         MLP: ``benchmarks/README.md``). False: every solve from zero, as the published
         scripts. A warm solve costs one extra JVP, not counted in ``lsqr_iterations``.
+        With ``LSQROptions(damp > 0)`` it does not apply (LSQR from ``x0`` minimizes
+        ``‖Jε − z̃‖² + damp²‖ε − x0‖²``, another problem): every solve starts from zero, with a
+        warning, and ``params["warm_start"]`` is False.
         Irrelevant to the dense solve, whose every solve is exact.
     tf32 : bool
         Let float32 matmuls and convolutions of the model use TF32 on GPUs that have it
@@ -1820,6 +1823,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         # "auto" pilots: resolved here, before the checkpoint key and the chunk size see them
         pilots_auto = krylov_pilots == "auto"
         krylov_pilots, options = krylov.resolve_pilots(krylov_pilots, n, p, restarts, options, solver=solver)
+        if warm_start and solver == "lsqr" and options.damp > 0:
+            # LSQR from x0 (SciPy's) minimizes ||J eps - z||^2 + damp^2 ||eps - x0||^2: a warm solve would pull
+            # toward the last step, not 0, and differ from the damped solve it stands for (bounds 39% apart)
+            validation.warn(f"warm_start=True does not apply with LSQROptions(damp={options.damp:g}): LSQR started "
+                            f"from x0 minimizes ||J eps - z||^2 + damp^2 ||eps - x0||^2, another problem than the "
+                            f"damped one, so every solve starts from zero (params['warm_start'] is False); pass "
+                            f"warm_start=False to silence this, or damp=0 for warm starts")
+            warm_start = False
         if pilots_auto and 1 < krylov_pilots < restarts:
             validation.warn(f"krylov_pilots='auto' took {krylov_pilots} pilots (hcrfast.krylov.AUTO_MAX_PILOTS, and "
                             f"AUTO_MAX_BASIS_VALUES: their bases are held together) for "

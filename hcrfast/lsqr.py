@@ -448,6 +448,8 @@ def lsqr(op, b, options: LSQROptions | None = None, *, x0=None, progress=None, *
         ``‖x0‖ + ‖δ‖`` for ``‖x‖`` (SciPy: ``‖δ‖``), so a good start stops at about the
         residual a start from zero stops at, in fewer iterations. One extra product
         ``A x0`` per problem. The reported ``xnorm`` is ``‖δ‖``'s estimate, as SciPy's.
+        With ``damp > 0`` the damping is of ``δ``, as SciPy's: the solution minimizes
+        ``‖A x − b‖² + damp²‖x − x0‖²``, not the damped problem above (the same only where damp is 0).
     progress : callable, optional
         Called as ``progress(steps, active, total)`` at every host check (every ``check_every``
         steps), with the problems still running: no host synchronisation of its own.

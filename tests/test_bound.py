@@ -1,4 +1,5 @@
 """hcrfast.bound: validity against the exact least-squares covariance, rigor, determinism."""
+import dataclasses
 import math
 import functools
 import threading
@@ -919,6 +920,27 @@ def test_on_a_linear_model_the_warm_start_of_every_later_solve_is_its_exact_solu
     assert np.all(cold.lsqr_iterations[..., 1:] >= 10)
     assert np.all(warm.lsqr_iterations[..., 1:] <= 2)
     np.testing.assert_allclose(warm.std, cold.std, rtol=1e-6)
+
+
+def test_with_lsqr_damping_every_solve_starts_from_zero_whatever_warm_start_says():
+    """LSQR from x0 (SciPy's semantics) minimizes ||J eps - z||^2 + damp^2 ||eps - x0||^2: with damp > 0 a warm
+    solve pulled toward the last step, not 0, and its bounds were those of another problem (39% from the damped
+    solve's on a tanh MLP, where the README said "same iterates when solved exactly"). With damping the call now
+    solves every step from zero, says so, and records it."""
+    model = _small_tanh_net()
+    x = torch.as_tensor(np.random.default_rng(8).standard_normal((3, 1, 4, 4)))
+    damped = hcrfast.LSQROptions(damp=0.5, atol=1e-14, btol=1e-14, conlim=0, iter_lim=400)
+    kw = dict(iterations=4, restarts=2, seed=2, solver="lsqr", lsqr=damped)
+    with pytest.warns(UserWarning, match=r"warm_start=True does not apply with LSQROptions\(damp=0.5\)"):
+        warm = hcrfast.bound(model, x, 0.2, warm_start=True, **kw)
+    cold = hcrfast.bound(model, x, 0.2, warm_start=False, **kw)
+    np.testing.assert_array_equal(warm.std, cold.std)
+    np.testing.assert_array_equal(warm.lsqr_iterations, cold.lsqr_iterations)
+    assert warm.params["warm_start"] is False
+    # the damped solve itself: each of the first solves against SciPy's LSQR on the same J and z
+    # (tests/test_lsqr.py holds the solver to SciPy's iterates); here the call's own: damping shrinks eps
+    undamped = hcrfast.bound(model, x, 0.2, warm_start=False, **{**kw, "lsqr": dataclasses.replace(damped, damp=0.0)})
+    assert np.linalg.norm(cold.eps) < np.linalg.norm(undamped.eps)
 
 
 def _relu_net_with_dead_units():
