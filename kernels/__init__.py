@@ -46,7 +46,9 @@ def _floating(name, a, min_ndim: int = 1):
             not hasattr(a, "__array__") and not is_cupy_array(a)):
         raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__} (torch tensors: "
                         f"hcrfast.bindings.from_torch)")
-    if np.dtype(dtype) not in (np.float32, np.float64):   # (float16, longdouble: the kernels hold neither)
+    # float16 runs on the twins alone (a float16 model with no float32 copy, certify=False); longdouble ran at
+    # float64's accuracy (the DCT matrix is float64's)
+    if np.dtype(dtype) not in (np.float32, np.float64) and not (np.dtype(dtype) == np.float16 and not is_cupy_array(a)):
         raise TypeError(f"{name} must hold float32 or float64, got {dtype}; cast it with .astype(np.float64)")
     if len(shape) < min_ndim:
         want = "(..., H, W)" if min_ndim == 2 else "(B, ...)"
