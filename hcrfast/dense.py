@@ -127,7 +127,8 @@ def warm_up(device) -> None:
     _WARMED.add(key)
     try:
         # no draw from torch's global RNG (a Linear's init drew: the caller's seeded draws moved on a process's first
-        # call), and in eval mode (a closure's pre-hook, open around this, took it for one of the model's modules)
+        # call), and in eval mode (the pre-hook open around this, for the modules a model calls outside its own tree,
+        # took it for one of them)
         tiny = torch.nn.utils.skip_init(torch.nn.Linear, 2, 2, dtype=torch.float64, device=device).eval()
         with torch.no_grad():
             tiny.weight.fill_(1.0)

@@ -1,6 +1,7 @@
 """Every bad input of hcrfast.bound raises the documented error, naming the value and the fix."""
 import copy
 import math
+import re
 import sys
 import threading
 import warnings
@@ -2055,3 +2056,70 @@ def test_example_ids_past_int64_are_named_not_reported_as_float64():
     """[2**63, 1, 2]: NumPy made the list float64, and the refusal named that dtype, not the id the user passed."""
     with pytest.raises(ValueError, match=r"up to 2\*\*63 - 1 .*got 9223372036854775808"):
         hcrfast.bound(mlp(), torch.rand(3, 1, 4, 4), 1.0, example_ids=[2**63, 1, 2], **QUICK)
+
+
+def test_a_module_s_calls_outside_its_tree_run_in_eval_mode_and_keep_their_buffers(x):
+    """A Module whose forward calls a BatchNorm that is not its submodule (held in a list, so not registered): only its
+    own tree was switched, so that BatchNorm ran in training mode and kept the running statistics of the call's
+    forwards, unwarned. It is now switched as it is called, named, and its buffers and flag given back; so for a model
+    in eval mode (whose own tree needs no switch) and one in training mode, whose own switch is warned of apart."""
+    outside = torch.nn.BatchNorm1d(12).double()
+
+    class Frozen(torch.nn.Module):   # refuses the switch as torch.export's module does: keeps its flag
+        def forward(self, t):
+            modes.append(self.training)
+            return t
+
+    def refuse(*args):
+        raise NotImplementedError("Calling eval() is not supported yet.")
+
+    frozen, modes = Frozen(), []
+    frozen.train = frozen.eval = refuse
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp().double()
+            self.shared = [outside, frozen]   # a list: not submodules
+
+        def forward(self, t):
+            return self.shared[1](self.shared[0](self.body(t)))
+
+    batch = x.double()
+    for model, own in ((Head().eval(), None), (Head().train(), "the model was in training mode")):
+        with torch.no_grad():
+            outside.running_mean.uniform_(-1, 1, generator=torch.Generator().manual_seed(2))
+        outside.train()
+        before = {k: v.clone() for k, v in outside.state_dict().items()}
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            result = hcrfast.bound(model, batch, 0.1, **QUICK)
+        said = [str(w.message) for w in got]
+        assert any(re.search(r"the model calls 1 module\(s\) outside its own tree in training mode \(BatchNorm1d\)", s)
+                   for s in said), said
+        assert any(own in s for s in said) if own else not any("was in training mode" in s for s in said), said
+        assert outside.training and model.training == (own is not None)
+        assert all(torch.equal(v, outside.state_dict()[k]) for k, v in before.items())
+        assert int(outside.num_batches_tracked) == 0
+        assert modes and all(modes) and frozen.training
+        # the bounds of the same network with that BatchNorm in eval mode, a submodule (an independent model)
+        reference = torch.nn.Sequential(copy.deepcopy(model.body), copy.deepcopy(outside)).eval()
+        np.testing.assert_array_equal(result.std, hcrfast.bound(reference, batch, 0.1, **QUICK).std)
+
+
+def test_a_call_leaves_the_warnings_filters_as_it_found_them():
+    """torch imports SymPy at a process's first gradient (torch.func's transforms too), and SymPy's import adds a
+    filter ('once', SymPyDeprecationWarning): hcrfast's first call left it in the caller's list. In a fresh interpreter
+    (SymPy may be loaded in this one), the list is the same object with the same entries after a call."""
+    import subprocess
+
+    script = ("import sys, warnings, torch, hcrfast\n"
+              "assert 'sympy' not in sys.modules, 'sympy was imported before the call'\n"
+              "filters = warnings.filters; before = list(filters)\n"
+              "model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4), torch.nn.Tanh()).eval()\n"
+              "hcrfast.bound(model, torch.rand(2, 1, 4, 4), 1.0, iterations=1, restarts=1)\n"
+              "assert 'sympy' in sys.modules\n"
+              "print(warnings.filters is filters, warnings.filters == before, warnings.filters[:3])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("True True"), done.stdout
