@@ -1589,7 +1589,12 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         their noise streams, so that a run split over calls, processes or
         machines draws exactly the noise of one whole run.
     progress : bool
-        Print one line per chunk to stderr.
+        Print to stderr a line per chunk (examples done, elapsed seconds, ETA; the first chunk's ETA says
+        it holds the call's one-off costs), and lines from inside a chunk: with ``solver="krylov"``, once a
+        chunk's basis has run 10 s, one every 256 steps or 10 s, whichever comes first (and its last
+        step); with ``solver="lsqr"``, at most one every 10 s (step of Algorithm 1, LSQR iteration,
+        problems still running). Also a line where a chunk is halved for memory, where a ``checkpoint``
+        gave examples back, and where a ``shard``'s process waits for the others.
     targets : "all", "low:K", sequence of modes, bool mask, or None
         Also aim one perturbation at each of these modes, the Cramér-Rao direction
         (:func:`hcrfast.targeted.targeted_bound`, without null-space probes), and

@@ -15,6 +15,7 @@ import contextlib
 import math
 import numbers
 import os
+import re
 import sys
 import time
 import warnings
@@ -181,6 +182,25 @@ def _modes_text(modes) -> str:
     return f"modes {str(shown)[:-1]}, ...] ({len(arr)} modes)"
 
 
+#: :func:`hcrfast.targeted.parse_targets`'s words for its argument, and what ``modes=`` calls them.
+_TARGETS_WORDS = ((re.compile(r"\btargets\b"), "modes"), (re.compile(r"\bflat target indices\b"), "flat mode indices"))
+
+
+def _parse_modes(modes, input_shape, basis: str) -> np.ndarray:
+    """``modes=`` of :func:`sigma_for`, :func:`statistic_of`, :meth:`SigmaSweep.statistic` read as
+    :func:`hcrfast.bound` reads ``targets=`` (:func:`hcrfast.targeted.parse_targets`), its errors naming
+    ``modes=``, the argument given (``modes='low:9': K must lie in 1..6 ...``), not ``targets=``."""
+    from hcrfast.targeted import parse_targets
+
+    try:
+        return parse_targets(modes, tuple(input_shape), basis)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        for words, ours in _TARGETS_WORDS:
+            message = words.sub(ours, message)
+        raise type(exc)(message) from None
+
+
 def _quantile(quantile) -> float:
     """``quantile=`` checked: a number in [0, 1]."""
     try:
@@ -203,7 +223,6 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
     ``None`` is every mode.
     """
     from hcrfast.results import mse_from_modes
-    from hcrfast.targeted import parse_targets
 
     if hasattr(bounds, "to_numpy"):  # a Bounds, possibly on the GPU
         std, basis = bounds.to_numpy().std, bounds.params.get("basis", "dct")
@@ -214,7 +233,7 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
         raise ValueError(f"statistic_of: expected bounds of shape (B, ...), got {std.shape}")
     flat = std.reshape(std.shape[0], -1)
     if modes is not None:
-        flat = flat[:, parse_targets(modes, std.shape[1:], basis)]
+        flat = flat[:, _parse_modes(modes, std.shape[1:], basis)]
     from hcrfast import validation
 
     validation.choice("statistic", statistic, STATISTICS)
@@ -226,12 +245,11 @@ def statistic_of(bounds, statistic: str = "std", quantile: float = 0.5, modes=No
 def _zeros(bounds, statistic: str, modes) -> str:
     """How many of the values :func:`statistic_of` takes its quantile of are 0, in words."""
     from hcrfast.results import mse_from_modes
-    from hcrfast.targeted import parse_targets
 
     std = np.asarray(bounds.to_numpy().std, dtype=np.float64)
     flat = std.reshape(std.shape[0], -1)
     if modes is not None:
-        flat = flat[:, parse_targets(modes, std.shape[1:], bounds.params.get("basis", "dct"))]
+        flat = flat[:, _parse_modes(modes, std.shape[1:], bounds.params.get("basis", "dct"))]
     values = flat.ravel() if statistic == "std" else np.sqrt(mse_from_modes(flat))
     of = "per-mode bounds" if statistic == "std" else "examples' RMSE bounds"
     return f"at the last, {int(np.sum(values == 0))} of the {values.size} {of} are 0"
@@ -286,7 +304,9 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         bytes in all (default :func:`default_reuse_bytes`: half the memory available at the start on the
         CPU, at least 1 GiB; 1 GiB on the GPU, where they stay in device memory), and the later
         calls compute only their solves and certification (CIFAR-10 CNN: searches of 3-4 calls in
-        1.2-1.3x one call's time; ``benchmarks/sigma_search.py``). Dense solves give bitwise the bounds
+        1.43-1.67x one call's time with the default singular steps, 2.66-5.07x without keeping the factors;
+        1.18-1.27x with Algorithm 1 alone; ``benchmarks/sigma_search.py``, the README's "The noise to
+        release"). Dense solves give bitwise the bounds
         of a call made alone, Krylov ones the same to rounding. A per-feature ``sigma0`` is searched as the
         scalar σ = scale on the features divided by ``sigma0`` (the same observation, divided), so its calls
         share them too; their bounds equal those of the per-feature call at ``sigma`` to rounding, and read
@@ -328,10 +348,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sigma_for searches")
     if modes is not None:  # a bad spec is refused before any bound is computed
-        from hcrfast.targeted import parse_targets
-
         modes = host_argument("modes", modes)  # (kept on the result: a CuPy array on the host)
-        parse_targets(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
+        _parse_modes(modes, tuple(batch.shape[1:]), bound_kwargs.get("basis", "dct"))
     what = _describe(statistic, quantile, modes)
 
     history = []
@@ -555,6 +573,11 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     if values.ndim != 1 or values.size == 0 or not np.all(np.isfinite(values) & (values > 0)):
         raise ValueError(f"scales={scales!r}: pass a non-empty sequence of positive finite numbers (the sigmas in "
                          f"units of sigma0, e.g. [0.5, 1, 2, 4])")
+    listed = values.tolist()
+    twice = sorted({k for k in listed if listed.count(k) > 1})
+    if twice:  # (as the CLI's --sweep: the same sigma twice is the same certified bounds twice)
+        raise ValueError(f"scales={scales!r}: {twice[0]:g} is given {listed.count(twice[0])} times; name each sigma "
+                         f"once")
     if "sigma" in bound_kwargs:
         raise TypeError("sweep_sigma() got sigma=...: pass the noise levels as scales (and their unit as sigma0)")
     _bound_keywords(sweep_sigma, bound_kwargs)
@@ -606,7 +629,8 @@ def _reuse_budget(reuse_bytes, batch) -> int:
     """``reuse_bytes`` checked, or :func:`default_reuse_bytes` for ``batch``'s device where None."""
     if reuse_bytes is not None and (isinstance(reuse_bytes, bool) or not isinstance(reuse_bytes, (int, np.integer))
                                     or reuse_bytes < 0):
-        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a number of bytes >= 0 (0: keep nothing between calls), "
+        raise ValueError(f"reuse_bytes={reuse_bytes!r}: pass a whole number of bytes >= 0 (0: keep nothing between "
+                         f"calls), "
                          f"or None for the default (half the available memory on the CPU, 1 GiB on a GPU)")
     return int(default_reuse_bytes(getattr(batch, "device", "cpu")) if reuse_bytes is None else reuse_bytes)
 

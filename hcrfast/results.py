@@ -341,12 +341,18 @@ class Bounds:
         Per-coordinate bound in the chosen basis (DCT modes per channel, or
         pixels): ``max |(Q ε)_k| / sqrt(D(z_ε))`` over the steps ε of every restart (with
         ``params["iterates"] == "all"``, the default, every iterate ε(1) … ε(i) of each; with
-        "last", ε(i) alone, the paper's Algorithm 1), and over every targeted step (each bounds
-        every mode it moves) when ``targets`` was given.
+        "last", ε(i) alone, the paper's Algorithm 1), over the singular steps when they were taken
+        (``params["singular_steps"]``; by default, with the dense or Krylov solve and Gaussian noise:
+        J's smallest singular directions, each with both signs), and over every targeted step when
+        ``targets`` was given (each of these bounds every mode it moves).
         ``inf`` where a certified ε with ``D = 0`` moves that coordinate.
     mse : array, shape (B,)
         Bound on the mean squared error per coordinate, paper eq. (6):
-        ``max (1/p)‖ε‖² / D(z_ε)`` over the same steps. :attr:`mse_from_modes` is a tighter one.
+        ``max (1/p)‖ε‖² / D(z_ε)`` over Algorithm 1's steps alone: every restart's ε(1) … ε(i) with
+        ``iterates="all"`` (the earlier ones left out by the screen could not raise it), its ε(i) with
+        "last". The singular and targeted steps do not count: it is the same with
+        ``singular_steps=0`` and without ``targets``. :attr:`mse_from_modes` is a tighter bound, from every
+        step.
     eps, z : arrays, shapes (B, *input_shape) and (B, n)
         The step with the largest ``mse`` bound per example (of any restart and, with
         ``iterates="all"``, any iterate), and its feature shift ``a(θ+ε) − a(θ)`` from forward passes.
@@ -357,10 +363,14 @@ class Bounds:
     lsqr_iterations, lsqr_istop : arrays, shape (B, R, i)
         LSQR iteration count and stop code of every solve of Algorithm 1 (SciPy's
         ``istop``); with ``solver="dense"`` (``params["solver"]``) no LSQR ran: 0 and -1;
-        with ``solver="krylov"`` the basis' LSQR is at ``[b, 0, 0]`` and every other step
-        was a projection: 0 and -2.
+        with ``solver="krylov"`` each pilot's basis' LSQR is at ``[b, r, 0]``, r < the pilots
+        (``params["krylov"]["pilots"]``; one pilot: ``[b, 0, 0]``), and every other step was a
+        projection: 0 and -2.
     infinite_reasons : list of str
-        One line per (example, restart) whose ``D`` is exactly 0.
+        One line per certified step whose ``D`` is exactly 0 though it moves the input (its
+        modes' bounds +inf): per (example, restart), its last iterate's, or else (``iterates="all"``) its
+        first earlier iterate's; per (example, singular step, sign); and the targeted steps' (example,
+        mode) lines, from :attr:`targeted`.
     params : dict
         The parameters used (sigma, size, iterations, restarts, seed, ...). ``"revision"`` only in a
         result :meth:`load` read that another revision of hcrfast's algorithm computed: the format of its

@@ -129,6 +129,16 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
         ``"cosine"`` (each noisy copy's output against the clean one's, flattened), or
         ``metric(outputs, targets)`` returning one finite score per copy, shape (N,), higher is
         better (outputs: the head's (N, ...) for N copies; targets: their labels' rows, or None).
+
+    Returns
+    -------
+    Utility
+        ``clean`` (the metric on the clean features, averaged over the inputs), ``dithered`` (averaged
+        over every input's ``draws`` noisy copies), ``per_draw`` (the d-th copies' mean, one per draw),
+        ``stderr`` (of ``dithered`` over the draws; 0 for one draw, no estimate), and the call's
+        ``draws``, ``examples``, ``seed``, ``sigma`` (None for one std per feature), ``sigma_rms`` and
+        ``metric`` (its name). ``summary()`` puts them in words, ``to_dict()`` in a dict (the CLI's
+        ``summary.json`` entry).
     """
     return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed, metric=metric)
 
@@ -301,6 +311,9 @@ class _Metric:
 
     def targets(self, labels, B: int, device):
         if self.top is not None:
+            if labels is None:  # (np.asarray(None) is an object array: "labels are object" named no cause)
+                raise ValueError(f"labels=None, but metric={self.name!r} needs labels: pass integer classes, one per "
+                                 f"input, shape ({B},); or metric='cosine', which needs no labels")
             return torch.as_tensor(_labels(labels, B), device=device)
         if self.fn is None:  # cosine
             if labels is not None:

@@ -225,8 +225,9 @@ def test_a_crashed_search_resumes_from_its_checkpoint(tmp_path, monkeypatch, sig
     (dict(sigma0=np.ones((5, 6))), r"sigma0 has the shape \(5, 6\), but the model's features have the shape \(30,\)"),
     (dict(sigma=0.1), "sets sigma itself"),
     (dict(modes="low:99"), "low:99"),
-    (dict(reuse_bytes=-1), "reuse_bytes=-1: pass a number of bytes >= 0"),
+    (dict(reuse_bytes=-1), "reuse_bytes=-1: pass a whole number of bytes >= 0"),
     (dict(reuse_bytes=1.5), "or None for the default"),
+    (dict(reuse_bytes=2.5), r"reuse_bytes=2.5: pass a whole number of bytes >= 0"),   # (2.5 is >= 0: not the fault)
 ])
 def test_bad_arguments_are_named_with_their_fix(kwargs, match):
     model, x = _tanh_net(), _batch(2)
@@ -235,6 +236,32 @@ def test_bad_arguments_are_named_with_their_fix(kwargs, match):
     target = args.pop("target")
     with pytest.raises((ValueError, TypeError), match=match):
         hcrfast.sigma_for(model, x, target, **args)
+
+
+def test_a_bad_modes_spec_is_named_as_modes_not_as_bounds_targets():
+    # modes= is read as bound's targets=, but the user passed modes=: the message must name what was passed
+    model, x = _tanh_net(), _batch(2)
+    with pytest.raises(ValueError) as info:
+        hcrfast.sigma_for(model, x, 0.4, modes="low:9", **KW)
+    assert str(info.value) == "modes='low:9': K must lie in 1..8 for examples of shape (1, 8, 8)"
+    with pytest.raises(ValueError) as info:
+        hcrfast.sigma_for(model, x, 0.4, modes="low:2", basis="pixel", **KW)
+    assert str(info.value) == ("modes='low:2' selects low DCT frequencies, but basis='pixel'; pass basis='dct' or "
+                               "list the modes")
+    with pytest.raises(ValueError, match=r"^flat mode indices must lie in 0\.\.63, got \[64\]$"):
+        hcrfast.sigma_for(model, x, 0.4, modes=[0, 64], **KW)
+    with pytest.raises(TypeError, match=r"^modes must be 'all', 'low:K', flat int indices"):
+        statistic_of(np.ones((2, 1, 8, 8)), modes=[0.5])
+    bounds = hcrfast.bound(model, x, 0.1, **KW)
+    sweep = hcrfast.SigmaSweep(scales=np.array([1.0]), sigma0=0.1, sigmas=[0.1], bounds=[bounds], seconds=[0.0],
+                               reused_examples=[0], reuse_bytes=0)
+    with pytest.raises(ValueError, match=r"^modes='low:9': K must lie in 1\.\.8"):
+        sweep.statistic(modes="low:9")
+    with pytest.raises(ValueError, match=r"^modes selects no mode \(the mask is all False\)$"):
+        sweep.statistic(modes=np.zeros((1, 8, 8), dtype=bool))
+    # bound's own argument keeps its own name
+    with pytest.raises(ValueError, match=r"^targets='low:9': K must lie in 1\.\.8"):
+        hcrfast.bound(model, x, 0.1, targets="low:9", **KW)
 
 
 def test_numpy_scalars_are_a_sigma0_as_floats_are():
@@ -609,6 +636,8 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     ([1.0], dict(sigma0=np.ones(7)), "sigma0 holds 7 stds"),
     ([1.0], dict(sigma0=np.ones(7), reuse_bytes=0), "sigma0 holds 7 stds"),
     ([1.0], dict(reuse_bytes=-1), "reuse_bytes=-1"),
+    ([0.5, 0.5], {}, r"^scales=\[0.5, 0.5\]: 0.5 is given 2 times; name each sigma once$"),   # (as --sweep 0.5,0.5)
+    ([1, 2.0, 0.5, 2], {}, r"^scales=\[1, 2.0, 0.5, 2\]: 2 is given 2 times; name each sigma once$"),
     ([1.0], dict(checkpoint=3), "checkpoint must be a folder path"),
 ])
 def test_a_sweeps_bad_arguments_are_named_with_their_fix(scales, kwargs, match):

@@ -563,3 +563,25 @@ def test_nan_is_said_as_nan_never_as_inf_and_a_folder_is_named(tmp_path):
         hcrfast.Bounds.load(tmp_path / "sweep")
     with pytest.raises(ValueError, match=r"is a folder, not a results file; pass the \.npz file TargetedBounds\.save"):
         hcrfast.TargetedBounds.load(tmp_path)
+
+
+def test_the_fields_hold_the_steps_their_docstrings_say():
+    # Bounds' docstring: std takes the singular and targeted steps too, mse Algorithm 1's steps alone; with
+    # several Krylov pilots each pilot's basis is at lsqr_iterations[b, r, 0], r < pilots
+    x = torch.as_tensor(np.random.default_rng(0).standard_normal((3, 1, 4, 4)))
+    kw = dict(iterations=3, restarts=4, solver="dense")
+    alone = hcrfast.bound(mlp(), x, 0.2, singular_steps=0, **kw)
+    singular = hcrfast.bound(mlp(), x, 0.2, **kw)
+    targeted = hcrfast.bound(mlp(), x, 0.2, targets="all", **kw)
+    assert alone.params["singular_steps"] is None and singular.params["singular_steps"]["count"] > 0
+    np.testing.assert_array_equal(singular.mse, alone.mse)
+    np.testing.assert_array_equal(targeted.mse, alone.mse)
+    assert np.all(singular.std >= alone.std) and np.any(singular.std > alone.std)
+    np.testing.assert_array_equal(targeted.std_algorithm1, singular.std)
+    assert np.all(targeted.std >= singular.std)
+    assert np.all(singular.mse_from_modes >= singular.mse)
+    krylov = hcrfast.bound(mlp(), x, 0.2, iterations=2, restarts=4, solver="krylov", krylov_pilots=2)
+    assert krylov.params["krylov"]["pilots"] == 2
+    assert np.all(krylov.lsqr_iterations[:, :2, 0] > 0) and np.all(krylov.lsqr_istop[:, :2, 0] >= 0)
+    assert np.all(krylov.lsqr_iterations[:, 2:, 0] == 0) and np.all(krylov.lsqr_istop[:, 2:, 0] == -2)
+    assert np.all(krylov.lsqr_istop[:, :, 1:] == -2)

@@ -173,6 +173,22 @@ def test_bad_input_is_named_with_its_fix(problem, change, words):
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("metric", ["accuracy", "top2"])
+def test_a_metric_of_classes_without_labels_says_it_needs_them_or_the_cosine(problem, metric):
+    # (np.asarray(None) is an object array: the message was "labels are object; pass integer classes")
+    model, head, x, _ = problem
+    words = (f"labels=None, but metric={metric!r} needs labels: pass integer classes, one per input, shape (40,); "
+             f"or metric='cosine', which needs no labels")
+    with pytest.raises(ValueError) as info:
+        hcrfast.dithered_accuracy(model, head, x, None, 0.5, metric=metric)
+    assert str(info.value) == words
+    with pytest.raises(ValueError) as info:
+        hcrfast.sigma_for_accuracy(model, head, x, None, 0.5, metric=metric)
+    assert str(info.value) == words
+    # the fix it names runs
+    assert hcrfast.dithered_accuracy(model, head, x, None, 0.5, metric="cosine", draws=2).metric == "cosine"
+
+
 def test_an_empty_or_non_tensor_batch_is_refused_before_the_model_runs(problem):
     model, head, x, labels = problem
     with pytest.raises(ValueError, match=r"batch is empty \(shape \(0, "):
