@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hcrfast._dp_cli import _float_literal as float_literal  # a float as typed: 1e-400 is not 0
+
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
 
@@ -59,6 +61,12 @@ def count_at_least(text: str, least: int, fix: str) -> int:
 def auto_or_count(text: str, least: int, fix: str):
     """An argparse value: "auto", or an integer of at least ``least`` (else ``fix`` says what to pass)."""
     return text if text == "auto" else count_at_least(text, least, fix)
+
+
+def pilots_arg(text: str):
+    """``--krylov-pilots`` (``hcrfast bound``, ``hcrfast reproduce``, benchmarks/gpu_targets.py): a positive
+    integer or "auto"."""
+    return auto_or_count(text, 1, "pass a positive integer or 'auto'")
 
 
 def steps_arg(text: str):
@@ -103,14 +111,14 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--examples", type=int, default=None, metavar="N",
                    help="the first N inputs only (default: all of them)")
     noise = p.add_mutually_exclusive_group()
-    noise.add_argument("--sigma", type=float, default=None, help="the dithering's std, in the features' units")
-    noise.add_argument("--sigma-scale", type=float, default=None, metavar="K",
+    noise.add_argument("--sigma", type=float_literal, default=None, help="the dithering's std, in the features' units")
+    noise.add_argument("--sigma-scale", type=float_literal, default=None, metavar="K",
                        help="sigma = K x the RMS of the clean features over the inputs (default when no sigma "
                             "is given: K = 1, as published)")
     noise.add_argument("--sigma-file", default=None, metavar="PATH",
                        help="a .npy of one std per feature (the features' shape, or flat)")
     b = p.add_argument_group("hcrfast.bound's arguments (defaults: its own, the published ones)")
-    b.add_argument("--size", type=float, default=1 / 200, metavar="S", help="start-vector size s (default 1/200)")
+    b.add_argument("--size", type=float_literal, default=1 / 200, metavar="S", help="start-vector size s (default 1/200)")
     b.add_argument("--iterations", type=int, default=10, metavar="I", help="LSQR solves per restart (default 10)")
     b.add_argument("--restarts", type=int, default=25, metavar="R",
                    help="start vectors per example; the bound is the max over them (default 25). With the dense "
@@ -125,14 +133,20 @@ def add_subparser(subparsers) -> None:
                    help="J at the input (the paper, default) or at the current point (the published scripts)")
     b.add_argument("--solver", choices=("auto", "lsqr", "dense", "krylov"), default="auto",
                    help="how each step is solved (default auto: dense for small inputs on the CPU, krylov on CUDA "
-                        "and for large inputs); see hcrfast.bound")
+                        "and for large inputs, LSQR with --linearize-at current, which dense and krylov do not "
+                        "take); see hcrfast.bound")
     b.add_argument("--targets", default=None, metavar="SPEC",
                    help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
     b.add_argument("--singular-steps", type=steps_arg, default="auto", metavar="K",
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
-                        "Krylov solve's own factorization: no model product, one forward pass a step); each bounds "
-                        "every mode it moves (default auto: 64 with the dense or Krylov solve, none with LSQR; "
-                        "0: none, Algorithm 1 alone)")
+                        "Krylov solve's own factorization: no model product; each direction is certified with both "
+                        "signs, two forward passes); each bounds every mode it moves (default auto: 64 with the "
+                        "dense or Krylov solve, none with LSQR; 0: none, Algorithm 1 alone)")
+    b.add_argument("--krylov-pilots", type=pilots_arg, default="auto", metavar="S",
+                   help="with the Krylov solver: restarts 0..S-1 each build their own Krylov basis and restart r "
+                        "uses pilot r mod S's (S times the products and memory; hcrfast.bound's krylov_pilots). "
+                        "Default 'auto': 1 where one basis exhausts the space (min(features, inputs) <= 4096), "
+                        "else one per restart (at most 100, and 2^30 basis values an example)")
     b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
                    help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
                         "refuse a double backward, torch.compile'd ones)")
@@ -146,12 +160,12 @@ def add_subparser(subparsers) -> None:
                    help="examples per chunk, each written to OUT/chunks/ when done (default: sized from memory)")
     c = p.add_argument_group("the noise to release: the smallest sigma whose bounds reach a target "
                              "(hcrfast.sigma_for)")
-    c.add_argument("--target-std", type=float, default=None, metavar="TAU",
+    c.add_argument("--target-std", type=float_literal, default=None, metavar="TAU",
                    help="search sigma (as a multiple of --sigma, --sigma-scale's or --sigma-file's, which give the "
                         "start and the unit) until the bounds' --quantile reaches TAU, in the inputs' units; each "
                         "try is one certified bound of all the inputs, and the bounds written are those at the "
                         "sigma found (resumable from OUT/calibration/)")
-    c.add_argument("--quantile", type=float, default=None, metavar="Q",
+    c.add_argument("--quantile", type=float_literal, default=None, metavar="Q",
                    help="with --target-std: the share of bounds allowed under TAU (default 0.5, the median; 0.05: "
                         "95%% of them must reach it)")
     c.add_argument("--statistic", choices=("std", "rmse"), default=None,
@@ -159,11 +173,11 @@ def add_subparser(subparsers) -> None:
                         "bound (rmse: the root of the mean of its modes' bounds squared)")
     c.add_argument("--target-modes", default=None, metavar="SPEC",
                    help="with --target-std: only these modes count ('low:K', 'all')")
-    c.add_argument("--rtol", type=float, default=None,
+    c.add_argument("--rtol", type=float_literal, default=None,
                    help="with --target-std: stop once the statistic lies within TAU x (1 + RTOL) (default 0.05)")
     c.add_argument("--max-calls", type=int, default=None, metavar="N",
                    help="with --target-std: at most N bound calls (default 8)")
-    c.add_argument("--reuse-gib", type=float, default=None, metavar="G",
+    c.add_argument("--reuse-gib", type=float_literal, default=None, metavar="G",
                    help="with --target-std or --sweep: keep up to G GiB of J's factors or Krylov bases from the "
                         "first call for the later ones, which then compute only their solves (default: half the "
                         "memory available on the CPU, at least 1; 1 on a GPU, where they stay in device memory; 0: "
@@ -196,7 +210,7 @@ def add_subparser(subparsers) -> None:
                         "one score per noisy copy, shape (N,) (targets: the --labels rows of the copies, or None)")
     u.add_argument("--utility-draws", type=int, default=None, metavar="D",
                    help="noisy copies of each input's features scored (default 10)")
-    u.add_argument("--min-accuracy", "--min-utility", dest="min_accuracy", type=float, default=None, metavar="A",
+    u.add_argument("--min-accuracy", "--min-utility", dest="min_accuracy", type=float_literal, default=None, metavar="A",
                    action=_NamedFlag,
                    help="bound at the largest sigma (a multiple of --sigma, --sigma-scale's or --sigma-file's) at "
                         "which the dithered --metric (accuracy by default) stays >= A (hcrfast.sigma_for_accuracy: "
@@ -868,7 +882,7 @@ def _run(args: argparse.Namespace) -> int:
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
             iterates="last" if args.last_iterate else "all", singular_steps=args.singular_steps,
-            progress=progress, shard=world > 1)
+            krylov_pilots=args.krylov_pilots, progress=progress, shard=world > 1)
         search = sweep = accuracy_search = None
         if args.min_accuracy is not None:
             from hcrfast.utility import sigma_for_accuracy

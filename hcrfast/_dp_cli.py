@@ -324,6 +324,15 @@ def _figure_path(out: str) -> Path:
                          f"{path / 'dp_figure.png'}")
     if not path.suffix:
         path = path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    # (matplotlib picks the format from the suffix, in any case; one it cannot write fails after the attacks)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        common = [f".{f}" for f in ("png", "pdf", "svg") if f in formats]
+        others = [f".{f}" for f in sorted(formats) if f".{f}" not in common]
+        raise ValueError(f"--out {out}: matplotlib writes no {path.suffix} files; pass a name ending in one of "
+                         f"{', '.join(common + others)} (no suffix: .png)")
     if not path.parent.is_dir():
         raise ValueError(f"--out {out}: the folder {path.parent} does not exist; create it or pass another path")
     if not os.access(path.parent, os.W_OK):

@@ -11,16 +11,21 @@ import numpy as np
 import torch
 
 from hcrfast import reproduce, zoo
-from hcrfast._bound_cli import auto_or_count, steps_arg
+from hcrfast._bound_cli import float_literal, pilots_arg, steps_arg
 
 
 def _fraction(x: float) -> str:
     return f"1/{round(1 / x)}" if abs(1 / x - round(1 / x)) < 1e-9 else f"{x:g}"
 
 
-def pilots_arg(text: str):
-    """``--krylov-pilots`` (here and in benchmarks/gpu_targets.py): a positive integer or "auto"."""
-    return auto_or_count(text, 1, "pass a positive integer or 'auto'")
+def tolerance_arg(text: str) -> float:
+    """``--lsqr-atol``, ``--lsqr-btol``: a finite number >= 0, as typed (LSQROptions' own message names its
+    Python fields)."""
+    value = float_literal(text)
+    if not (np.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text}: pass a finite number >= 0 (default "
+                                         f"{reproduce.hcrfast.DEFAULT_LSQR.atol:g})")
+    return value
 
 
 def _epilog() -> str:
@@ -64,9 +69,9 @@ def add_subparser(subparsers) -> None:
                         f"forward passes only (MNIST MLP, R = 100 against 25: a 0.5%% higher median for 2.1x the time with the "
                         f"default singular steps, which lift most of what restarts did; 21%% for 1.5x without them)")
     g.add_argument("--iterations", type=int, default=None, metavar="I", help="outer iterations of Algorithm 1")
-    g.add_argument("--size", type=float, default=None, metavar="S",
+    g.add_argument("--size", type=float_literal, default=None, metavar="S",
                    help="start-vector size s (e.g. 0.005 = 1/200)")
-    g.add_argument("--sigma-scale", type=float, default=None, metavar="K",
+    g.add_argument("--sigma-scale", type=float_literal, default=None, metavar="K",
                    help="sigma = K x RMS of the clean features")
     g.add_argument("--sweep", default=None, metavar="K1,K2,...",
                    help="run the experiment at each sigma = K x the published sigma (or --sigma-scale's), in the "
@@ -110,10 +115,10 @@ def add_subparser(subparsers) -> None:
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
                         "Krylov solve's own factorization); each bounds every mode it moves (default auto: 64 with "
                         "the dense or Krylov solve, none with LSQR; 0: none, Algorithm 1 alone)")
-    g.add_argument("--lsqr-atol", type=float, default=None,
+    g.add_argument("--lsqr-atol", type=tolerance_arg, default=None,
                    help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
                         f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")
-    g.add_argument("--lsqr-btol", type=float, default=None,
+    g.add_argument("--lsqr-btol", type=tolerance_arg, default=None,
                    help=f"LSQR btol (default {reproduce.hcrfast.DEFAULT_LSQR.btol:g}; the Krylov basis: 0)")
     g.add_argument("--lsqr-iter-lim", type=int, default=None,
                    help="LSQR iteration limit per solve (default 2 x the number of inputs; the Krylov basis: "

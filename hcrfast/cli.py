@@ -7,6 +7,7 @@ arguments and returning an exit code).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import threading
@@ -70,9 +71,93 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def _format_warning(message, category, filename, lineno, line=None) -> str:
-    """Warnings on the command line: one line, without the source line Python would print."""
-    return f"hcrfast: warning: {message}\n"
+def _format_warning(message, category, filename, lineno, line=None, args=None) -> str:
+    """Warnings on the command line: one line, without the source line Python would print, in the command's
+    flags (:func:`shell_text`; ``args``: the parsed command line, None before it is parsed)."""
+    return f"hcrfast: warning: {shell_text(str(message), args)}\n"
+
+
+# The Python layer's messages name its keywords (``solver='dense'``, ``rtol must be ...``); on the command line
+# they are said again in the flags that set them (``--solver dense``), by one table per command. A value maps to
+# what the command line says for it where the flag takes none (``warm_start=False``: ``--cold-start``).
+_SHARED_FLAGS = {
+    "seed": "--seed", "solver": "--solver", "linearize_at": "--linearize-at", "singular_steps": "--singular-steps",
+    "targets": "--targets", "restarts": "--restarts", "iterations": "--iterations", "size": "--size",
+    "sigma_scale": "--sigma-scale", "krylov_pilots": "--krylov-pilots",
+    "warm_start": {"False": "--cold-start", "True": "no --cold-start"},
+    "iterates": {"'last'": "--last-iterate", "'all'": "no --last-iterate"},
+}
+_FLAGS = {
+    "bound": {**_SHARED_FLAGS, "basis": "--basis", "jacobian": "--jacobian", "chunk_size": "--chunk-size",
+              "tf32": {"True": "--tf32", "False": "no --tf32"}, "quantile": "--quantile", "rtol": "--rtol",
+              "max_calls": "--max-calls", "statistic": "--statistic", "modes": "--target-modes",
+              "metric": "--metric", "sigma": "--sigma", "sigma0": "--sigma"},
+    "reproduce": {**_SHARED_FLAGS, "examples": "--examples", "chunk_examples": "--chunk-examples",
+                  "lsqr_iter_lim": "--lsqr-iter-lim", "iter_lim": "--lsqr-iter-lim", "atol": "--lsqr-atol",
+                  "btol": "--lsqr-btol", "weights": "--weights", "device": "--device"},
+    "train": {"seed": "--seed", "epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr", "limit": "--limit",
+              "device": "--device"},
+}
+#: hcrfast.bound's keywords that a command has no flag for: a message suggesting one says it is Python's.
+_PYTHON_ONLY = {
+    "bound": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "null_probes", "noise", "lsqr",
+              "damp", "iter_lim"),
+    "reproduce": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "null_probes", "noise", "damp"),
+}
+#: A keyword's value as the Python layer prints it (repr: a quoted string, a number, True/False/None).
+_QUOTES = "'\""
+_VALUE = r"""'[^']*'|"[^"]*"|[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|True|False|None|inf|nan"""
+
+
+def shell_text(text: str, args) -> str:
+    """``text`` (an error's or a warning's, from hcrfast's Python layer) in the words of the command line that
+    ``args`` parsed: ``name=value`` and ``name must`` of a keyword it has a flag for become ``--flag value`` and
+    ``--flag must``; a keyword it has none for is left as Python's, with a note saying so. Python callers see the
+    messages unchanged: only :func:`main` calls this."""
+    import re
+
+    command = getattr(args, "command", None)
+    flags = dict(_FLAGS.get(command, {}))
+    if not flags:
+        return text
+    if command == "bound":
+        if getattr(args, "sigma_file", None) is not None:   # the stds of --sigma-file, or the one number of --sigma
+            flags["sigma"] = flags["sigma0"] = f"--sigma-file {args.sigma_file}"
+            text = re.sub(r"(?<![\w.(])sigma0? holds (.*?)or one number", rf"--sigma-file {args.sigma_file} holds "
+                          r"\1or one number (--sigma)", text)
+        if getattr(args, "min_accuracy", None) is not None:
+            flags["target"] = getattr(args, "min_accuracy_flag", None) or "--min-accuracy"
+        elif getattr(args, "target_std", None) is not None:
+            flags["target"] = "--target-std"
+        text = re.sub(rf"(?<![\w.(])reuse_bytes=({_VALUE})",
+                      lambda m: f"--reuse-gib {float(m.group(1)) / 2**30:g}" if m.group(1)[0].isdigit()
+                      else m.group(0), text)
+    else:   # reproduce: the Krylov basis' steps
+        text = re.sub(r"lsqr=dataclasses\.replace\([\w.]+, iter_lim=([^)]*)\)", r"--lsqr-iter-lim \1", text)
+
+    def flag_of(m):
+        flag = flags[m.group(1)]
+        value = m.group(2)
+        if isinstance(flag, dict):
+            return flag.get(value or "", m.group(0))
+        if value is None:
+            return flag
+        if value == "None":
+            return f"no {flag}"
+        return f"{flag} {value[1:-1] if value[0] in _QUOTES else value}"
+
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    text = re.sub(rf"(?<![\w.\[])(?<!\w\()({names})(?:=({_VALUE})?|(?= must\b))", flag_of, text)
+    text = re.sub(rf"\bleave ({names}) at its default", lambda m: f"leave {flags[m.group(1)]} at its default"
+                  if isinstance(flags[m.group(1)], str) else m.group(0), text)
+    # "--seed must be ..., got -1 (--seed)": the flag said once
+    text = re.sub(r" \((--[\w-]+)\)", lambda m: "" if len(re.findall(re.escape(m.group(1)) + r"(?![\w-])", text)) > 1
+                  else m.group(0), text)
+    python = [k for k in _PYTHON_ONLY.get(command, ()) if re.search(rf"(?<![\w.\[])(?<!\w\(){k}=", text)]
+    if python:
+        text += (f" ({', '.join(k + '=' for k in python)}: from Python only; hcrfast {command} has no flag for "
+                 f"{'them' if len(python) > 1 else 'it'})")
+    return text
 
 
 class _Terminated(KeyboardInterrupt):
@@ -187,18 +272,19 @@ def main(argv=None) -> int:
     warnings.formatwarning = _format_warning
     # SIGTERM as Ctrl-C, for this command's time (main may run in-process: the caller's handlers come back)
     signals = _Signals() if threading.current_thread() is threading.main_thread() else None
-    command = None
+    command = args = None
     try:
         # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
         args = build_parser().parse_args(argv)
         command = args.command
+        warnings.formatwarning = functools.partial(_format_warning, args=args)
         if signals is not None:
             signals.said = _resume_text(command)
         return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
             raise   # the user's model or file raised it: its traceback (and hcrfast's note) say where
-        print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
+        print(f"hcrfast: error: {shell_text(_error_text(exc), args)}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:
         from hcrfast.algorithm import _is_oom   # imported here: --help stays fast
@@ -209,15 +295,15 @@ def main(argv=None) -> int:
         # hcrfast's own (its note on one example out of memory, or raised in its code); a MemoryError of the user's
         # model (its cache full), with no such note, keeps its traceback
         if _is_oom(exc) and ("one example alone" in notes or not _raised_outside_hcrfast(exc)):
-            print(f"hcrfast: error: out of memory: {_error_text(exc)}" + (
-                "\n  On the command line: --restarts and --solver (hcrfast reproduce: also --krylov-pilots and "
-                "--lsqr-iter-lim, for krylov_pilots= and lsqr=)" if "one example alone" in notes else ""),
-                file=sys.stderr)
+            print(f"hcrfast: error: out of memory: {shell_text(_error_text(exc), args)}" + (
+                "\n  On the command line: --restarts, --solver and --krylov-pilots" + (
+                    " and --lsqr-iter-lim (the Krylov basis' steps)" if command == "reproduce" else "")
+                if "one example alone" in notes else ""), file=sys.stderr)
             return 1
         if not isinstance(exc, (DownloadError, ShardError)):
             raise
         # No network, or another torchrun process's failure: the message says what to do.
-        print(f"hcrfast: error: {_error_text(exc)}", file=sys.stderr)
+        print(f"hcrfast: error: {shell_text(_error_text(exc), args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, _Terminated)

@@ -841,9 +841,29 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
-    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "quantile=2.0: pass a number in [0, 1]"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "error: --quantile 2.0: pass a number in "
+                                                                           "[0, 1]"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--rtol", "0"],
+     "error: --rtol must be a positive finite number, got 0.0"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--target-modes", "7"], "--target-modes takes 'all' or"),
-    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "max_calls must be at least 1"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--max-calls", "0"], "error: --max-calls must be at least 1"),
+    # the Python layer's refusals, in the flags of the command line (its keywords are Python's)
+    ("{d}/mynet.py:Net", "x.pt", ["--solver", "dense", "--linearize-at", "current"],
+     "error: --solver dense factors J at the input once, but --linearize-at current needs a new J for every solve; "
+     "pass --linearize-at input or --solver lsqr"),
+    ("{d}/mynet.py:Net", "x.pt", ["--singular-steps", "3", "--solver", "lsqr"],
+     "error: --singular-steps 3 takes J's smallest singular directions"),
+    ("{d}/mynet.py:Net", "x.pt", ["--singular-steps", "3", "--solver", "lsqr"],
+     "pass --solver dense or --solver krylov (--linearize-at input), or --singular-steps 0"),
+    ("{d}/mynet.py:Net", "x.pt", ["--seed", "-1"], "error: --seed must be a non-negative integer, got -1\n"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/s15.npy"], "error: --sigma-file "),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/s15.npy"],
+     "s15.npy holds 15 stds, one per feature, but the model gives 16 features"),
+    ("{d}/mynet.py:Net", "x.pt", ["--sigma-file", "{d}/s15.npy"], "or one number (--sigma)"),
+    ("{d}/mynet.py:Net", "x.pt", ["--krylov-pilots", "2", "--solver", "dense"],
+     "error: --krylov-pilots 2 applies to --solver krylov only, but this call solves with 'dense'; pass --solver "
+     "krylov, or leave --krylov-pilots at its default"),
+    ("{d}/mynet.py:Net", "x.pt", ["--krylov-pilots", "3"], "error: --krylov-pilots 3 exceeds --restarts 2"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1.0: pass a number"),
     ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib sets what the bound calls of --target-std or "
                                                         "--sweep share"),
@@ -948,6 +968,7 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     np.save(tmp_path / "y9.npy", np.zeros(9, dtype=int))
     np.save(tmp_path / "words.npy", np.array(["a", "b"]))
     np.save(tmp_path / "zeros.npy", np.zeros(16))
+    np.save(tmp_path / "s15.npy", np.ones(15))
     np.save(tmp_path / "cut.npy", np.ones(16))
     (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:20])
     np.save(tmp_path / "yf.npy", np.zeros(6))
@@ -956,6 +977,65 @@ def test_bad_arguments_are_named_with_their_fix(files, capsys, model, inputs, ex
     assert _bound(argv) == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "run" / "bounds.npz").exists()
+
+
+def test_the_python_layer_keeps_its_keywords_where_the_command_line_says_flags(files):
+    """Only the command line's messages are said in flags: hcrfast.bound's own still name its keywords."""
+    tmp_path, x = files
+    with pytest.raises(ValueError, match=r"solver='dense' .* pass linearize_at='input' or solver='lsqr'"):
+        hcrfast.bound(_user_model(tmp_path), x, 1.0, solver="dense", linearize_at="current", restarts=2)
+    with pytest.raises(ValueError, match=r"^seed must be a non-negative integer, got -1$"):
+        hcrfast.bound(_user_model(tmp_path), x, 1.0, seed=-1, restarts=2)
+
+
+CAST_FILE = textwrap.dedent("""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x.float().flatten(1)))
+""")
+
+
+def test_a_fix_only_python_has_is_said_to_be_python_s(files, capsys):
+    """A forward that casts to float32 fails certify's float64 copy; the fix certify=False has no flag."""
+    tmp_path, _ = files
+    (tmp_path / "castnet.py").write_text(CAST_FILE)
+    assert _bound([f"{tmp_path}/castnet.py:Net", tmp_path / "x.pt", *TINY, "--out", tmp_path / "run"]) == 2
+    err = capsys.readouterr().err
+    assert "or certify=False" in err
+    assert err.rstrip().endswith("(certify=: from Python only; hcrfast bound has no flag for it)")
+
+
+@pytest.mark.parametrize("flag, value, read_as", [("--size", "1e-400", "0"), ("--sigma", "1e-400", "0"),
+                                                   ("--sigma-scale", "1e400", "inf"),
+                                                   ("--sigma", "1e-320", "9.99989e-321")])
+def test_a_float_flag_float64_would_change_is_refused_as_typed(files, capsys, flag, value, read_as):
+    tmp_path, _ = files
+    with pytest.raises(SystemExit) as exc:
+        _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", flag, value, *TINY, "--out", tmp_path / "run"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {value} is outside float64's normal range" in err
+    assert f"(it would be read as {read_as})" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_krylov_pilots_from_the_shell_are_the_apis(files, capsys):
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", "--sigma", "0.5", "--solver", "krylov",
+            "--krylov-pilots", "2", *TINY, "--out", out]
+    assert _bound(argv) == 0
+    torch.set_num_threads(1)
+    ref = hcrfast.bound(_user_model(tmp_path), x, 0.5, solver="krylov", krylov_pilots=2, restarts=2, iterations=2)
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    np.testing.assert_array_equal(got.to_numpy().std, ref.to_numpy().std)
+    assert got.params["krylov"]["pilots"] == 2
 
 
 @pytest.mark.parametrize("extra", [[], ["--target-std", "0.3"], ["--sweep", "2,1"]],

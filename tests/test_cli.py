@@ -62,6 +62,14 @@ def test_help(argv, words, capsys):
     assert "--test-crash-after-chunks" not in out and "--train-epochs" not in out  # test hooks stay hidden
 
 
+def test_bound_help_says_what_singular_steps_cost_and_what_auto_solves(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bound", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "certified with both signs, two forward passes" in out and "one forward pass a step" not in out
+    assert "LSQR with --linearize-at current" in out
+
+
 def test_reproduce_help_lists_published_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["reproduce", "--help"])
@@ -96,7 +104,7 @@ def test_errors_exit_2_with_one_line(tmp_path, capsys):
     assert err.startswith("hcrfast: error: MNIST not found") and "Traceback" not in err
     # a bad value
     assert cli.main(["train", "digits", "--epochs", "0", "--out", str(tmp_path / "x.pt")]) == 2
-    assert "epochs must be a positive integer" in capsys.readouterr().err
+    assert "error: --epochs must be a positive integer" in capsys.readouterr().err
     # a trainable name only
     with pytest.raises(SystemExit) as exc:
         cli.main(["train", "resnet18"])
@@ -194,6 +202,50 @@ def test_a_signal_that_lands_in_a_long_c_call_still_ends_the_command(tmp_path):
                         "resumes (ended after 1 s inside a call that does not return to Python)\n")
 
 
+def test_dp_figure_refuses_a_format_matplotlib_cannot_write_before_simulating(tmp_path, monkeypatch, capsys):
+    from hcrfast import dp
+
+    def never(*a, **k):
+        raise AssertionError("the attack ran before --out was checked")
+
+    monkeypatch.setattr(dp, "simulate_attack", never)
+    (tmp_path / "notes.txt").write_text("my notes")
+    for name in ("notes.txt", "fig.xyz"):
+        argv = ["dp", "figure", "--out", str(tmp_path / name), "--sigmas", "1", "--n-images", "2", "--repeats", "1"]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"hcrfast: error: --out {tmp_path / name}: matplotlib writes no {name[-4:]} files; "
+                              f"pass a name ending in one of .png, .pdf, .svg, ")
+    assert (tmp_path / "notes.txt").read_text() == "my notes"
+
+
+def test_warnings_of_the_python_layer_name_the_flags(monkeypatch, capsys):
+    from hcrfast import _bound_cli, _repro_cli
+
+    def warns(args):
+        import warnings
+        warnings.warn("krylov_pilots='auto' took 25 pilots; pass restarts=25, or krylov_pilots=50 with "
+                      "lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, iter_lim=163)", UserWarning)
+        return 0
+
+    monkeypatch.setattr(_bound_cli, "_run", warns)
+    monkeypatch.setattr(_repro_cli, "_run", warns)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        monkeypatch.setattr(warnings, "showwarning", lambda m, c, f, l, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(m, c, f, l, line)))
+        assert cli.main(["bound", "m.py:M", "x.pt"]) == 0
+        assert capsys.readouterr().err == (
+            "hcrfast: warning: --krylov-pilots auto took 25 pilots; pass --restarts 25, or --krylov-pilots 50 with "
+            "lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, iter_lim=163) (lsqr=, iter_lim=: from Python "
+            "only; hcrfast bound has no flag for them)\n")
+        assert cli.main(["reproduce", "digits"]) == 0
+        assert capsys.readouterr().err == (
+            "hcrfast: warning: --krylov-pilots auto took 25 pilots; pass --restarts 25, or --krylov-pilots 50 with "
+            "--lsqr-iter-lim 163\n")
+
+
 def test_out_of_memory_is_one_error_naming_the_options(monkeypatch, capsys):
     """One example alone out of memory ended `hcrfast bound` in a raw traceback whose note named Python arguments."""
     from hcrfast import _bound_cli
@@ -207,7 +259,8 @@ def test_out_of_memory_is_one_error_naming_the_options(monkeypatch, capsys):
     assert cli.main(["bound", "m.py:M", "x.pt", "--out", "o"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hcrfast: error: out of memory: Unable to allocate 3.2 GiB\n  hcrfast.bound: one example alone")
-    assert "On the command line: --restarts and --solver" in err and "Traceback" not in err
+    assert "fewer restarts, or --solver lsqr" in err and "solver=" not in err   # said in the flags
+    assert "On the command line: --restarts, --solver and --krylov-pilots" in err and "Traceback" not in err
 
     def users_own(args):   # the user's model's MemoryError, no hcrfast note: its traceback, not hcrfast's advice
         raise MemoryError("cache full")

@@ -322,7 +322,7 @@ def test_torchrun_processes_with_other_arguments_all_stop_and_the_next_run_works
         assert code != 0 and re.search(r"--out '.*folders0' on rank 0, but rank 1's '.*folders1' is not that folder "
                                        r"\(rank 0's file \.shard-[0-9a-f]+ is not in it\)", err), err
         code, err = got[r]["bad"]  # rank 1's bad value, checked inside the processes' session, reaches rank 0 at once
-        assert code != 0 and "size must be a positive finite number, got -1.0 (--size)" in err, err
+        assert code != 0 and "--size must be a positive finite number, got -1.0" in err, err
         assert got[r]["same"][0] == 0, got[r]["same"][1]
     assert not (tmp_path / "mismatch" / "run.json").exists()  # nothing was started there
     # rank 0 made its folder, looked no further (no weights trained, no key written, no token left)
@@ -417,7 +417,7 @@ def test_missing_weights_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, value, text", [
     ("--restarts", "0", "restarts must be a positive integer"),
-    ("--chunk-examples", "0", "chunk_examples must be a positive integer"),
+    ("--chunk-examples", "0", "--chunk-examples must be a positive integer"),
     ("--size", "-1", "size must be a positive finite number"),
 ])
 def test_bad_values(weights, tmp_path, capsys, flag, value, text):
@@ -429,7 +429,7 @@ def test_bad_values(weights, tmp_path, capsys, flag, value, text):
 
 @pytest.mark.parametrize("flag, value, text", [
     ("--examples", "0", "examples must be a positive integer"),
-    ("--sigma-scale", "nan", "sigma_scale must be a positive finite number"),
+    ("--sigma-scale", "nan", "--sigma-scale must be a positive finite number"),
 ])
 def test_bad_values_are_refused_before_the_run_folder_is_made_or_a_model_trained(tmp_path, capsys, flag, value, text):
     assert cli.main(["reproduce", "digits", flag, value, "--out", str(tmp_path / "o")]) == 2
@@ -446,11 +446,38 @@ def test_out_that_cannot_be_a_run_folder_is_a_one_line_error(tmp_path, capsys):
         assert err.startswith("hcrfast: error: --out") and text in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, text", [
+    (["--seed", "-1"], "hcrfast: error: --seed must be a non-negative integer, got -1\n"),
+    (["--targets", "low:9"], "hcrfast: error: --targets low:9: K must lie in 1..8 for examples of shape (1, 8, 8)"),
+    (["--singular-steps", "3", "--solver", "lsqr"], "hcrfast: error: --singular-steps 3 takes J's"),
+])
+def test_the_python_layer_s_refusals_name_the_flags(tmp_path, capsys, argv, text):
+    assert cli.main(["reproduce", "digits", "--out", str(tmp_path / "o"), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert text in err and "=" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--lsqr-atol", "-1"], "argument --lsqr-atol: -1: pass a finite number >= 0 (default 1e-05)"),
+    (["--lsqr-btol", "inf"], "argument --lsqr-btol: inf: pass a finite number >= 0"),
+    (["--size", "1e-400"], "argument --size: 1e-400 is outside float64's normal range"),
+    (["--sigma-scale", "1e-320"], "argument --sigma-scale: 1e-320 is outside float64's normal range"),
+])
+def test_float_flags_are_refused_as_typed(tmp_path, capsys, argv, text):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["reproduce", "digits", "--out", str(tmp_path / "o"), *argv])
+    assert exc.value.code == 2
+    assert text in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_train_checks_its_output_path_and_device_before_training(tmp_path, capsys):
     for argv, text in ((["--out", str(tmp_path)], "is a folder; pass a file path"),
                        (["--out", f"{tmp_path / 'new'}/"], "new/ names a folder; pass a file path"),  # not a file 'new'
                        (["--device", "foo"], "device 'foo' is not a torch device"),
-                       (["--seed", "-1"], "seed must be a non-negative integer")):
+                       (["--seed", "-1"], "error: --seed must be a non-negative integer, got -1\n"),
+                       (["--epochs", "0"], "error: --epochs must be a positive integer")):
         assert cli.main(["train", "digits", "--epochs", "1", *argv]) == 2
         assert text in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
