@@ -14,12 +14,14 @@ from hcrfast.noise import Gaussian, Laplace, MonteCarlo, NoiseLaw, as_noise
 from hcrfast.results import Bounds
 from hcrfast.targeted import TargetedBounds, targeted_bound
 from hcrfast.utility import AccuracySearch, Utility, dithered_accuracy, sigma_for_accuracy
+from hcrfast.validation import HcrfastRuntimeWarning, HcrfastUserWarning, HcrfastWarning
 
 __version__ = "0.1.0"
 
 __all__ = ["AttackResult", "Bounds", "CheckpointMismatchError", "compare", "gauss_newton_attack", "DEFAULT_LSQR", "Gaussian", "Laplace", "MonteCarlo", "NoiseLaw", "as_noise", "LSQROptions", "LSQRResult", "bound",
            "ShardError", "SigmaSearch", "SigmaSweep", "TargetedBounds", "rms_sigma", "sigma_for", "start_vectors", "sweep_sigma", "targeted_bound",
-           "AccuracySearch", "Utility", "dithered_accuracy", "sigma_for_accuracy"]
+           "AccuracySearch", "Utility", "dithered_accuracy", "sigma_for_accuracy",
+           "HcrfastWarning", "HcrfastUserWarning", "HcrfastRuntimeWarning"]
 
 
 def __getattr__(name: str):

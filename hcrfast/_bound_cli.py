@@ -842,11 +842,12 @@ def _run(args: argparse.Namespace) -> int:
         if floats and floats[0] in (torch.float16, torch.bfloat16) and not args.double:
             warnings.warn(f"the model's weights are {str(floats[0]).replace('torch.', '')}: hcrfast bound runs a "
                           f"float32 copy of it, and the bounds are that copy's (as hcrfast.bound in Python solves a "
-                          f"float16 model); pass --double for float64", UserWarning, stacklevel=2)
+                          f"float16 model); pass --double for float64", validation.HcrfastUserWarning, stacklevel=2)
         if x.dtype == torch.float64 and dtype != torch.float64:
             warnings.warn(f"the inputs ({args.inputs}) are float64 and the model {str(dtype).replace('torch.', '')}: "
                           f"hcrfast bound rounds the inputs to {str(dtype).replace('torch.', '')} and bounds those; "
-                          f"pass --double to run the model and inputs in float64", UserWarning, stacklevel=2)
+                          f"pass --double to run the model and inputs in float64", validation.HcrfastUserWarning,
+                          stacklevel=2)
         # Under torchrun each process takes the GPU of its local rank (as `reproduce` does).
         device = torch.device(args.device if args.device == "cpu" or world == 1
                               else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")

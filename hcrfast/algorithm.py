@@ -1115,7 +1115,8 @@ def resolve_singular_steps(singular_steps, solver: str, n: int, p: int, *, gauss
     if singular_steps != "auto":
         if singular_steps > min(n, p):
             warnings.warn(f"singular_steps={singular_steps}: J ({n} features x {p} inputs) has at most min(n, p) = "
-                          f"{min(n, p)} singular directions; taking those {min(n, p)}", stacklevel=3)
+                          f"{min(n, p)} singular directions; taking those {min(n, p)}", validation.HcrfastUserWarning,
+                          stacklevel=3)
             return min(n, p)
         return singular_steps
     return min(AUTO_SINGULAR_STEPS, n, p) if solver in ("dense", "krylov") and gaussian else 0

@@ -386,7 +386,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         met = False
         warnings.warn(f"sigma_for: no sigma tried reached the target {target:g}; the one that came closest, "
                       f"{k_best:.6g} x sigma0, gave {what} {stat_best:.6g} (returned with met=False): {note}",
-                      RuntimeWarning, stacklevel=2)
+                      validation.HcrfastRuntimeWarning, stacklevel=2)
     within = met and stat_best <= target * (1.0 + rtol)
     if met and not within and not math.isinf(stat_best):
         note += f"; the smallest sigma that met the target gives {stat_best / target:.4g} x the target"

@@ -366,10 +366,12 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     if device and max(rtol, int(ks.min()) * noise) ** 2 < DEVICE_EIG_MARGIN * K * float(np.finfo(np.float64).eps):
         # The rank cut lies where a dense eigensolver's errors (~eps·‖T‖) are: a float64 basis. dstevd
         # resolves those eigenvalues; the device routine would keep rounding noise or drop real ones.
+        from hcrfast.validation import HcrfastRuntimeWarning
+
         warnings.warn(f"hcrfast.krylov.EIG_IMPL={EIG_IMPL!r}: this basis' rank cut ({max(rtol, int(ks.min()) * noise):.1e} "
                       f"of the largest singular value) is below what a dense eigensolver on the device resolves; "
                       f"its B_kᵀB_k are decomposed by LAPACK's dstevd on the host (float64 bases always are)",
-                      RuntimeWarning, stacklevel=2)
+                      HcrfastRuntimeWarning, stacklevel=2)
         device = False
     if device:   # on the device: only the eigenvalues come to the host
         diag = alfa[:, :K] ** 2 + beta[:, 1:K + 1] ** 2

@@ -178,8 +178,10 @@ def train(
     zm = _zoo.build(name, seed=seed)
     dataset = zm.dataset
     if download and dataset not in ("mnist", "cifar10"):   # as hcrfast reproduce: nothing to fetch, not an error
+        from hcrfast import validation
+
         warnings.warn(f"download=True ignored: {dataset} is not downloadable (digits ships with scikit-learn; "
-                      f"ImageNet must be local)", stacklevel=2)
+                      f"ImageNet must be local)", validation.HcrfastUserWarning, stacklevel=2)
         download = False
     train_x, train_y = _data.load(dataset, split="train", root=data_root, download=download, limit=limit)
     test_x, test_y = _data.load(dataset, split="test", root=data_root, download=download, limit=limit)

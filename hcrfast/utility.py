@@ -29,6 +29,7 @@ import torch
 
 from hcrfast.backend import host_argument
 from hcrfast.results import counted, same_result
+from hcrfast.validation import HcrfastRuntimeWarning
 
 __all__ = ["AccuracySearch", "DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy",
            "sigma_for_accuracy"]
@@ -592,7 +593,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
                     f"keeps the target and none is the largest; the sigma returned is where the floor begins. Pass "
                     f"a target above {shown} for a sigma the target limits")
             warnings.warn(f"sigma_for_accuracy: accuracy={accuracy:g} is at or below what noise alone gives: {note}",
-                          RuntimeWarning, stacklevel=2)
+                          HcrfastRuntimeWarning, stacklevel=2)
             return AccuracySearch(sigma=_scaled(k_f, unit), scale=k_f, sigma0=_unit(unit), target=float(accuracy),
                                   utility=u_f, above_scale=None, above=None, history=history, note=note,
                                   floor=value)

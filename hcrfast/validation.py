@@ -40,13 +40,35 @@ def _inside_hcrfast(filename: str) -> bool:
     return filename == contextlib.__file__ or any(filename.startswith(root) for root in roots)
 
 
+class HcrfastWarning(Warning):
+    """What every warning hcrfast issues is, besides its kind (:class:`HcrfastUserWarning`,
+    :class:`HcrfastRuntimeWarning`): ``warnings.filterwarnings("ignore", category=hcrfast.HcrfastWarning)``
+    silences hcrfast's and no other's, and the command line tells its own warnings from those of the user's model."""
+
+
+class HcrfastUserWarning(HcrfastWarning, UserWarning):
+    """A :class:`UserWarning` of hcrfast's: an argument or a model it had to change or could not honour."""
+
+
+class HcrfastRuntimeWarning(HcrfastWarning, RuntimeWarning):
+    """A :class:`RuntimeWarning` of hcrfast's: a search or a solve that ended short of what was asked."""
+
+
+def tagged(category) -> type:
+    """``category`` as hcrfast issues it: UserWarning and RuntimeWarning as their :class:`HcrfastWarning` kinds."""
+    if issubclass(category, HcrfastWarning):
+        return category
+    return {UserWarning: HcrfastUserWarning, RuntimeWarning: HcrfastRuntimeWarning}.get(category, category)
+
+
 def warn(message: str, category=UserWarning) -> None:
     """``warnings.warn`` naming the user's line: the first frame outside hcrfast, however deep the call
-    (a fixed ``stacklevel`` goes stale as soon as a wrapper or a helper adds a frame)."""
+    (a fixed ``stacklevel`` goes stale as soon as a wrapper or a helper adds a frame); the category
+    :func:`tagged` as hcrfast's."""
     level, frame = 1, sys._getframe(0)
     while frame is not None and _inside_hcrfast(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    warnings.warn(message, tagged(category), stacklevel=level)
 
 
 def seed(value) -> int:

@@ -400,10 +400,12 @@ def _checked(S: torch.Tensor, w: torch.Tensor, V: torch.Tensor, info, impl: str)
                          f"more overflows float64)")
     bad = np.flatnonzero(~flags[0])
     if bad.size:
+        from hcrfast.validation import HcrfastRuntimeWarning   # (lazily: the kernels load without hcrfast's core)
+
         warnings.warn(f"eigh_batch(impl={impl!r}): {bad.size} of {g} decompositions failed the check "
                       f"(residual or orthogonality above {CHECK_TOL:g}·m·eps, eigenvalues out of order, or a "
                       f"nonzero info; the first: matrix {int(bad[0])}) and were redone by LAPACK on the host",
-                      RuntimeWarning, stacklevel=4)
+                      HcrfastRuntimeWarning, stacklevel=4)
         idx = torch.as_tensor(bad, device=S.device)
         w_h, Z = _lapack_host(S.index_select(0, idx).double().cpu().numpy(), np.full(bad.size, m))
         w, V = w.clone(), V.clone()

@@ -2076,3 +2076,34 @@ def test_a_last_iterate_of_zero_does_not_undo_the_earlier_iterates_it_certifies(
         three = hcrfast.bound(m, x, 200.0, iterations=3, **kw)
     np.testing.assert_array_equal(three.std, two.std)   # eps(3) = 0 adds nothing, takes nothing away
     assert not three.params["zero_step_reasons"]
+
+
+def test_every_warning_of_hcrfast_is_an_hcrfast_warning_that_one_filter_silences():
+    """hcrfast's warnings are UserWarnings and RuntimeWarnings as before, and also ``hcrfast.HcrfastWarning``: one
+    filter silences them and no other, and the command line tells them from the user's model's own."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 5), torch.nn.Dropout(0.1)).train()
+    x = torch.randn(2, 1, 4, 4)
+
+    class Warns(torch.nn.Module):   # the user's own warning, inside the forward
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, t):
+            warnings.warn("the user's own", UserWarning)
+            return self.m(t)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hcrfast.bound(Warns(), x, 0.5, restarts=2, iterations=2, singular_steps=99, solver="dense")
+    ours = [w for w in caught if "the user's own" not in str(w.message)]
+    assert len(ours) >= 2   # training mode switched; singular_steps capped
+    assert all(issubclass(w.category, hcrfast.HcrfastWarning) and issubclass(w.category, UserWarning) for w in ours)
+    assert not any(issubclass(w.category, hcrfast.HcrfastWarning) for w in caught if w not in ours)
+    assert model.training
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=hcrfast.HcrfastWarning)
+        hcrfast.bound(Warns(), x, 0.5, restarts=2, iterations=2, singular_steps=99, solver="dense")
+    assert [str(w.message) for w in caught] and all("the user's own" in str(w.message) for w in caught)
+    assert issubclass(hcrfast.HcrfastRuntimeWarning, RuntimeWarning)
