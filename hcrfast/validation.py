@@ -560,14 +560,28 @@ def _import_sympy_leaving_filters() -> None:
     first ``torch.func`` transform, and SymPy's import adds a filter (``once``, ``SymPyDeprecationWarning``) that
     hcrfast's first call left in the caller's list. Imported here, before the call's first gradient, torch finds it
     loaded and its use of it is unchanged; only SymPy's deprecation warnings are then shown as Python's defaults
-    say (ignored outside ``__main__``), not once each."""
+    say (ignored outside ``__main__``), not once each.
+
+    Only the filters SymPy's import added are taken out, in place: a filter another thread adds meanwhile stays
+    (``warnings.catch_warnings`` would have put back a copy of the list taken before the import, without it). An
+    import interrupted (Ctrl-C) takes its half-imported modules out of ``sys.modules``: left there, every later
+    gradient of the process failed on ``sympy.logic``."""
     if "sympy" in sys.modules:
         return
-    with warnings.catch_warnings():   # (restores the list object it found on exit)
-        try:
-            import sympy  # noqa: F401
-        except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
-            pass
+    before = list(warnings.filters)
+    try:
+        import sympy  # noqa: F401
+    except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
+        return
+    except BaseException:
+        for name in [m for m in sys.modules if m == "sympy" or m.startswith("sympy.")]:
+            del sys.modules[name]
+        raise
+    added = [f for f in warnings.filters if f not in before and "sympy" in getattr(f[2], "__module__", "")]
+    for item in added:
+        warnings.filters.remove(item)
+    if added:
+        getattr(warnings, "_filters_mutated", lambda: None)()   # (the module's cache of filter decisions)
 
 
 #: The models (their :func:`_kept_key`) of the hcrfast calls this thread is inside, outermost first
@@ -858,9 +872,12 @@ def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
     reads True) keeps its flags, and so do its submodules; the modules around it are switched by hand. Its
     graph runs as exported: dropout or BatchNorm with batch statistics baked into it is refused by the probes
     (:func:`probe_independent`), naming the fix. A bound method of a Module (``m.forward``) runs with that Module in
-    eval mode (:func:`module_of`); another callable's modules, and those a Module or a bound method calls outside
-    its own tree (a BatchNorm shared between models, held in a list), are switched as they are called
-    (:func:`_modules_met_in_eval_mode`, which with ``keep_buffers`` gives their buffers back too)."""
+    eval mode (:func:`module_of`); another callable's modules, and those a bound method calls outside its Module,
+    are switched as they are called (:func:`_modules_met_in_eval_mode`, which with ``keep_buffers`` gives their
+    buffers back too). A Module's calls to modules outside its own tree are not: a global hook for every Module
+    call (tried on 2026-12-01) switched and restored a BatchNorm that another thread was training, cost up to 1.4x
+    on models of many small modules, made torch.compile warn of global hooks at every call, and ran modules created
+    inside the forward (a fresh Dropout each call) in eval mode, bounding a function the user never runs."""
     inner = model.model if getattr(model, "wraps_user_model", False) else model   # (noise.PerFeatureStd's)
     owner = module_of(inner)
     if owner is not None and owner is not inner:   # a bound method: its Module, and the modules it calls outside it
@@ -871,9 +888,7 @@ def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
         with _modules_met_in_eval_mode(name, keep_buffers=keep_buffers, kept=module_of(model)):
             yield model
         return
-    # (also in eval mode: its forward may call a module outside its tree that is in training mode)
-    with _modules_met_in_eval_mode(name, keep_buffers=keep_buffers, kept=module_of(model), outside=True), (
-            _tree_in_eval_mode(model, name)):
+    with _tree_in_eval_mode(model, name):
         yield model
 
 
@@ -932,25 +947,22 @@ def _eval_around_frozen(model) -> list[str]:
 
 
 @contextlib.contextmanager
-def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=None, outside: bool = False):
+def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=None):
     """:func:`eval_mode` for the modules a model calls that :func:`eval_mode` cannot list: those of a callable that
-    is not a Module (a closure, a lambda, a bound method), and those a Module calls outside its own tree
-    (``outside``: a BatchNorm shared between models, held in a list or a closure cell); never those of ``kept`` (the
-    Module, a bound method's Module or ``noise.PerFeatureStd``, whose modes are switched, and buffers kept,
-    already). Each module in training mode that this thread calls while the context is open is switched to eval
+    is not a Module (a closure, a lambda, a bound method); never those of ``kept`` (a bound method's Module or
+    ``noise.PerFeatureStd``, whose modes are switched, and buffers kept, already). Each module in training mode that this thread calls while the context is open is switched to eval
     mode as its forward starts (a global forward pre-hook) and restored on exit, with a warning naming them; one
     that refuses the switch
     (:func:`_refuses_mode_switch`, torch.export's) keeps its flags, and so do its submodules. A closure over a
     BatchNorm in training mode had its running statistics updated by hcrfast's first forward, before the batch
-    probe refused the model; so did a Module's forward calling one outside its tree. With ``keep_buffers``, the
+    probe refused the model. With ``keep_buffers``, the
     buffers of each module met (and of its submodules) are copied as it is first called, before its forward runs,
     and given back on exit as :func:`_buffers_kept` gives a Module's (a closure over a module that counts its calls
     in a buffer ended a call with 18 there).
 
     Cost: every module call while it is open goes through the hook (torch's slower path for hooked calls, then a
-    set lookup for the model's own modules), about 1 µs a module call on the CPU (67 Identity modules: 40 µs a
-    forward without, 108 µs with); torchvision's ResNet-18 (random weights, 68 modules), a forward of 4 examples of
-    3x32x32 on one CPU thread: 8.2 ms without, 8.4 ms with it (fastest of 15 rounds of 50; ad hoc)."""
+    set lookup), about 1 µs a module call on the CPU (67 Identity modules: 40 µs a forward without, 108 µs with;
+    ad hoc, 2026-12-01)."""
     thread, met, seen, saved, known, frozen = threading.get_ident(), {}, set(), [], set(), set()
     own = set()   # (the modules of kept: their modes switched, and their buffers kept, already)
     if kept is not None:
@@ -997,16 +1009,15 @@ def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=Non
     try:
         yield
     finally:
-        _CALLS.own.remove(own)
         handle.remove()
+        # by identity: a nested call on the same model opens an equal set, and list.remove took the first equal
+        del _CALLS.own[next(i for i, s in enumerate(_CALLS.own) if s is own)]
         for module, flag in met.values():
             module.training = flag
         _restore_buffers(saved)
         if met:
             kinds = sorted({type(module).__name__ for module, _ in met.values()})
-            calls = "calls" if outside else "(a callable, not a Module) calls"
-            where = " outside its own tree" if outside else ""
-            warn(f"the {name} {calls} {len(met)} module(s){where} in training mode "
+            warn(f"the {name} (a callable, not a Module) calls {len(met)} module(s) in training mode "
                  f"({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}); hcrfast switched each to eval mode "
                  f"as it was called (BatchNorm with running statistics, no dropout) and restored them afterwards. "
                  f"Call .eval() on the modules it uses first to silence this.")
@@ -1017,7 +1028,7 @@ def _copy_of_the_model(copied):
     for the model's own by this thread's open :func:`_modules_met_in_eval_mode` hooks: the copy of a model switched
     to eval mode is in eval mode already, but for the modules that refuse the switch, whose copies lose that refusal
     (a deepcopy of torch.export's module drops the ``train``/``eval`` it replaces: switched, and warned about as a
-    module outside the model's tree), and its buffers are the copy's, not the user's, to keep."""
+    module the callable calls), and its buffers are the copy's, not the user's, to keep."""
     try:
         modules = list(copied.modules())
     except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
