@@ -1300,7 +1300,8 @@ class _StillTheSameFunction:
         (:meth:`~hcrfast.checkpoint.Checkpoint.discard`; ``shared``: processes share the folder, whose key
         stays), so that the same call made again computes them afresh rather than read them back as bounds.
         ``chunk``: the ``(start, stop)`` of the chunk about to be saved (None: the check after the solve)."""
-        when = "after the solve" if chunk is None else f"before examples {chunk[0]}..{chunk[1] - 1} were saved"
+        when = ("after the solve" if chunk is None else f"before example {chunk[0]} was saved" if chunk[1] - chunk[0] == 1
+                else f"before examples {chunk[0]}..{chunk[1] - 1} were saved")
         after = self._features(self.model64, self.dtype)
         # float64's rounding as check_repeatable allows it; another dtype (certify=False) a few of its ulps
         share = validation.REPEAT_ROUNDING if self.dtype == torch.float64 else 4 * torch.finfo(self.dtype).eps
@@ -1354,7 +1355,9 @@ class _StillTheSameFunction:
         if others:
             text += (f"; the {others} chunk file{'s' if others != 1 else ''} of "
                      f"{'earlier calls or other processes' if shared else 'earlier calls'} there "
-                     f"{'are' if others != 1 else 'is'} kept (each call checks its model before each chunk it saves)")
+                     f"{'are' if others != 1 else 'is'} kept (each call since 2026-12-01 checks its model before each chunk it "
+                     f"saves; an older one checked it at its end only, not at all where it was killed first: delete "
+                     f"{saved.path} if such a call was)")
         elif not left and not shared and not (saved.path / "key.json").exists():
             text += (" (with the key this call wrote: the folder is as it was before the call)" if removed else
                      "; the key this call wrote was removed: the folder is as it was before the call")

@@ -895,12 +895,21 @@ def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
 @contextlib.contextmanager
 def _tree_in_eval_mode(model, name: str):
     """The modules of the Module ``model`` in eval mode, those in training mode warned about, every flag restored on
-    exit (:func:`eval_mode`)."""
+    exit (:func:`eval_mode`), also those of a model entered in eval mode: a forward that calls ``self.train()`` left
+    it in training mode after the call."""
+    try:   # a submodule may have been left in eval mode on purpose
+        flags = [(m, m.training) for m in model.modules()]
+    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+        flags = []
     training = _in_training_mode(model)
     if not training:
-        yield
+        try:
+            yield
+        finally:
+            for m, flag in flags:
+                if m.training != flag:
+                    m.training = flag
         return
-    flags = [(m, m.training) for m in model.modules()]  # a submodule may have been left in eval mode on purpose
     try:
         model.eval()
     except NotImplementedError:   # "Calling eval() is not supported yet." (or train(), from a submodule's)
@@ -1293,8 +1302,16 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                     exc.add_note("hcrfast: the model raised this on a later call, and fails on the whole batch now "
                                  "too, which it ran before: not a matter of the batch size")
                 raise exc from None
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "more than 1 value per channel when training" in said:   # (BatchNorm's, on one example)
+                raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
+                                 f"{said}): a BatchNorm runs in training mode, with the batch's statistics, though "
+                                 f"hcrfast switched the model's own modules to eval mode: one outside its tree (held "
+                                 f"in a list or a global, not a registered submodule) or one its forward switches "
+                                 f"back (self.train()); call .eval() on it, or register it as a submodule, so that "
+                                 f"each example's features do not depend on the others'") from exc
             raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); hcrfast runs it on "
+                             f"{said}); hcrfast runs it on "
                              f"other batch sizes (single examples, chunks, each example's restarts stacked), so its "
                              f"forward must take any batch size: reshape with x.flatten(1) or x.view(x.shape[0], -1), "
                              f"not a fixed batch size"

@@ -2129,3 +2129,38 @@ def test_a_sympy_import_interrupted_at_the_first_call_leaves_later_calls_working
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "interrupted []" in done.stdout and "then (2, 1, 4, 4)" in done.stdout, done.stdout
+
+
+def test_a_batchnorm_hcrfast_cannot_switch_is_named_and_a_model_that_trains_itself_is_given_back_in_eval_mode(x):
+    """A BatchNorm in training mode outside the model's tree (held in a list) failed the one-example probe, and the
+    refusal told the user to reshape with x.flatten(1); it names the BatchNorm now. A forward that calls
+    self.train() left a model entered in eval mode in training mode after the call (flags were kept only for a model
+    entered in training mode)."""
+    outside = torch.nn.BatchNorm1d(12).train()
+
+    class Shares(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp()
+            self.held = [outside]   # a list: not a submodule
+
+        def forward(self, t):
+            return self.held[0](self.body(t))
+
+    with pytest.raises(ValueError, match=r"a BatchNorm runs in training mode.*outside its tree.*call \.eval\(\) on it"):
+        hcrfast.bound(Shares().eval(), x, 0.1, **QUICK)
+
+    class TrainsItself(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp()
+
+        def forward(self, t):
+            self.train()
+            return self.body(t)
+
+    model = TrainsItself().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hcrfast.bound(model, x, 0.1, **QUICK)
+    assert not any(m.training for m in model.modules())
