@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hcrfast._dp_cli import _float_literal as float_literal  # a float as typed: 1e-400 is not 0
+from hcrfast.cli import as_typed, float_literal  # a float as typed: 1e-400 is not 0
 
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
@@ -750,7 +750,7 @@ def _run(args: argparse.Namespace) -> int:
         _positive(flag, value)
     for flag, value in (("--sigma", args.sigma), ("--sigma-scale", args.sigma_scale), ("--size", args.size)):
         if value is not None and not (np.isfinite(value) and value > 0):
-            raise ValueError(f"{flag} {value!r}: pass a positive finite number")
+            raise ValueError(f"{flag} {as_typed(value)}: pass a positive finite number")
     _repro_cli.check_targets_flag(args.targets)
     if args.attack is None:
         given = [f for f, v in (("--attack-steps", args.attack_steps), ("--attack-start", args.attack_start))
@@ -787,11 +787,13 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--reuse-gib sets what the bound calls of --target-std or --sweep share; pass one of "
                              "them, or drop --reuse-gib (a single bound call keeps nothing)")
     elif not (np.isfinite(args.target_std) and args.target_std > 0):
-        raise ValueError(f"--target-std {args.target_std!r}: pass a positive finite number, in the inputs' units")
+        raise ValueError(f"--target-std {as_typed(args.target_std)}: pass a positive finite number, in the inputs' "
+                         "units")
     if args.target_modes is not None:
         _repro_cli.check_targets_flag(args.target_modes, "--target-modes")
     if args.reuse_gib is not None and not (np.isfinite(args.reuse_gib) and args.reuse_gib >= 0):
-        raise ValueError(f"--reuse-gib {args.reuse_gib!r}: pass a number of GiB >= 0 (0: keep nothing between calls)")
+        raise ValueError(f"--reuse-gib {as_typed(args.reuse_gib)}: pass a number of GiB >= 0 (0: keep nothing between "
+                         "calls)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device here; run with --device cpu, or install a CUDA "
                          "build of torch and hcrfast's CuPy extra (pip install 'hcrfast[cuda12]' or '[cuda13]')")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import decimal
 import itertools
 import math
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast import dp
+from hcrfast.cli import float_literal  # a float as typed: 1e-400 is not 0
 
 _TABLE_COLUMNS = (
     "sigma", "C", "N", "T", "kappa", "sigma_eff", "mu",
@@ -26,26 +26,6 @@ _TABLE_COLUMNS = (
 )
 _DEFAULT_SIGMAS = tuple(float(s) for s in np.logspace(-2, 1, 13))
 _PHOTO_PATCH = 64
-
-
-def _float_literal(text: str) -> float:
-    """A float option, refused where float64 would silently change a nonzero number.
-
-    ``float("1e-400")`` is 0.0, ``float("1e400")`` inf and ``float("1e-320")``
-    a subnormal with five correct digits: the library would then reject 0 or inf
-    as if the user had typed them, or compute with another number.
-    """
-    try:
-        value = float(text)
-        exact = decimal.Decimal(text.strip().replace("_", ""))
-    except (ValueError, decimal.InvalidOperation):
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if exact.is_finite() and exact != 0 and not (sys.float_info.min <= abs(value) < math.inf):
-        raise argparse.ArgumentTypeError(
-            f"{text} is outside float64's normal range [2.2251e-308, 1.7976e+308] (it would be read as "
-            f"{value:.6g}); pass a value in that range"
-        )
-    return value
 
 
 def add_subparser(subparsers) -> None:
@@ -72,17 +52,17 @@ def add_subparser(subparsers) -> None:
         "outside about 1.5e-154 .. 1.3e154, where C^2 sigma^2 / T leaves float64) is refused "
         "with the range that works for its C, N and T.",
     )
-    table.add_argument("--sigma", type=_float_literal, nargs="+", required=True,
+    table.add_argument("--sigma", type=float_literal, nargs="+", required=True,
                        help="noise multiplier(s) sigma")
-    table.add_argument("--C", type=_float_literal, nargs="+", default=[1.0],
+    table.add_argument("--C", type=float_literal, nargs="+", default=[1.0],
                        help="clipping norm(s) C (default 1)")
     table.add_argument("--N", type=int, nargs="+", required=True,
                        help="data dimension(s) N, e.g. 784 for 28x28 images")
     table.add_argument("--T", type=int, nargs="+", default=[1],
                        help="number(s) of DP-SGD steps T (default 1)")
-    table.add_argument("--kappa", type=_float_literal, nargs="+", default=[0.1],
+    table.add_argument("--kappa", type=float_literal, nargs="+", default=[0.1],
                        help="prior success probability(ies) kappa in (0, 1) (default 0.1)")
-    table.add_argument("--data-range", type=_float_literal, default=1.0,
+    table.add_argument("--data-range", type=float_literal, default=1.0,
                        help="max(X) - min(X) for PSNR (default 1, images in [0, 1])")
     table.add_argument("--format", choices=("table", "csv"), default="table",
                        help="aligned table or CSV (default table)")
@@ -99,11 +79,11 @@ def add_subparser(subparsers) -> None:
     figure.add_argument("--source", choices=("digits", "photo"), default="digits",
                         help="digits: 8x8 handwritten digits in [0, 1]; photo: 64x64 "
                         "grayscale patches of scikit-learn's sample photographs")
-    figure.add_argument("--sigmas", type=_float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
+    figure.add_argument("--sigmas", type=float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
                         help="noise multipliers to simulate (default 13 values, 1e-2..10)")
     figure.add_argument("--n-images", type=int, default=None,
                         help="number of images (default 64 digits, or all 30 photo patches; at most 30 for photo)")
-    figure.add_argument("--C", type=_float_literal, default=1.0, help="clipping norm (default 1)")
+    figure.add_argument("--C", type=float_literal, default=1.0, help="clipping norm (default 1)")
     figure.add_argument("--T", type=int, default=1, help="DP-SGD steps averaged (default 1)")
     figure.add_argument("--repeats", type=int, default=16,
                         help="independent noise draws per image and sigma (default 16)")

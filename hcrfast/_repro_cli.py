@@ -11,21 +11,27 @@ import numpy as np
 import torch
 
 from hcrfast import reproduce, zoo
-from hcrfast._bound_cli import float_literal, pilots_arg, steps_arg
+from hcrfast._bound_cli import pilots_arg, steps_arg
+from hcrfast.cli import as_typed, float_literal
 
 
 def _fraction(x: float) -> str:
     return f"1/{round(1 / x)}" if abs(1 / x - round(1 / x)) < 1e-9 else f"{x:g}"
 
 
-def tolerance_arg(text: str) -> float:
-    """``--lsqr-atol``, ``--lsqr-btol``: a finite number >= 0, as typed (LSQROptions' own message names its
-    Python fields)."""
-    value = float_literal(text)
-    if not (np.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text}: pass a finite number >= 0 (default "
-                                         f"{reproduce.hcrfast.DEFAULT_LSQR.atol:g})")
-    return value
+def tolerance_arg(field: str):
+    """The type of ``--lsqr-atol`` or ``--lsqr-btol`` (``field``: LSQROptions' ``atol`` or ``btol``): a finite number
+    >= 0, as typed (LSQROptions' own message names its Python fields); a refusal names that flag's default."""
+    default = getattr(reproduce.hcrfast.DEFAULT_LSQR, field)
+
+    def parse(text: str) -> float:
+        value = float_literal(text)
+        if not (np.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"{text}: pass a finite number >= 0 (default {default:g})")
+        return value
+
+    parse.__name__ = f"lsqr_{field}"   # argparse names the type in its "invalid ... value" message
+    return parse
 
 
 def _epilog() -> str:
@@ -115,10 +121,10 @@ def add_subparser(subparsers) -> None:
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
                         "Krylov solve's own factorization); each bounds every mode it moves (default auto: 64 with "
                         "the dense or Krylov solve, none with LSQR; 0: none, Algorithm 1 alone)")
-    g.add_argument("--lsqr-atol", type=tolerance_arg, default=None,
+    g.add_argument("--lsqr-atol", type=tolerance_arg("atol"), default=None,
                    help=f"LSQR atol (default {reproduce.hcrfast.DEFAULT_LSQR.atol:g}; the Krylov basis: 0, it runs "
                         f"until J's rank is exhausted). Any --lsqr-* option makes --solver auto use LSQR")
-    g.add_argument("--lsqr-btol", type=tolerance_arg, default=None,
+    g.add_argument("--lsqr-btol", type=tolerance_arg("btol"), default=None,
                    help=f"LSQR btol (default {reproduce.hcrfast.DEFAULT_LSQR.btol:g}; the Krylov basis: 0)")
     g.add_argument("--lsqr-iter-lim", type=int, default=None,
                    help="LSQR iteration limit per solve (default 2 x the number of inputs; the Krylov basis: "
@@ -262,7 +268,7 @@ def _sweep(args: argparse.Namespace) -> int:
     published = zoo.published_parameters(args.name)["sigma_scale"]
     base = published if args.sigma_scale is None else args.sigma_scale
     if not (np.isfinite(base) and base > 0):
-        raise ValueError(f"--sigma-scale {base!r}: pass a positive finite number")
+        raise ValueError(f"--sigma-scale {as_typed(base)}: pass a positive finite number")
     root = Path(args.out if args.out is not None else
                 Path("runs") / f"{args.name}{'_limit' if args.limit else ''}_sweep")
     if root.exists() and not root.is_dir():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -72,9 +73,59 @@ class _Version(argparse.Action):
 
 
 def _format_warning(message, category, filename, lineno, line=None, args=None) -> str:
-    """Warnings on the command line: one line, without the source line Python would print, in the command's
-    flags (:func:`shell_text`; ``args``: the parsed command line, None before it is parsed)."""
-    return f"hcrfast: warning: {shell_text(str(message), args)}\n"
+    """Warnings on the command line: one line, without the source line Python would print. hcrfast's own
+    (:class:`hcrfast.HcrfastWarning`) are said in the command's flags (:func:`shell_text`; ``args``: the parsed
+    command line, None before it is parsed); another's (the user's model's, a library's) is printed as it was
+    written, with its category: its keywords are not hcrfast's."""
+    from hcrfast.validation import HcrfastWarning
+
+    if isinstance(category, type) and issubclass(category, HcrfastWarning):
+        return f"hcrfast: warning: {shell_text(str(message), args)}\n"
+    return f"hcrfast: warning: {getattr(category, '__name__', 'Warning')}: {message}\n"
+
+
+def float_literal(text: str) -> float:
+    """A float flag's value, refused where float64 would silently change a nonzero number.
+
+    ``float("1e-400")`` is 0.0, ``float("1e400")`` inf and ``float("1e-320")`` a subnormal with five correct
+    digits: the library would then reject 0 or inf as if the user had typed them, or compute with another number.
+    The value returned remembers the text typed (:func:`as_typed`), so that a refusal echoes ``--sigma-scale 0``
+    as the user wrote it, not ``0.0``.
+    """
+    import decimal
+    import math
+
+    try:
+        value = float(text)
+        exact = decimal.Decimal(text.strip().replace("_", ""))
+    except (ValueError, decimal.InvalidOperation):
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if exact.is_finite() and exact != 0 and not (sys.float_info.min <= abs(value) < math.inf):
+        raise argparse.ArgumentTypeError(
+            f"{text} is outside float64's normal range [2.2251e-308, 1.7976e+308] (it would be read as "
+            f"{value:.6g}); pass a value in that range"
+        )
+    return _TypedFloat(value, text)
+
+
+class _TypedFloat(float):
+    """A float that keeps the text it was parsed from (``typed``), for messages only: arithmetic gives plain
+    floats, and pickling stores a plain float."""
+
+    __slots__ = ("typed",)
+
+    def __new__(cls, value: float, typed: str):
+        self = super().__new__(cls, value)
+        self.typed = typed.strip()
+        return self
+
+    def __reduce__(self):
+        return float, (float(self),)
+
+
+def as_typed(value) -> str:
+    """A flag's value as the user typed it (a :func:`float_literal`'s text), else its repr (a default)."""
+    return getattr(value, "typed", None) or repr(value)
 
 
 # The Python layer's messages name its keywords (``solver='dense'``, ``rtol must be ...``); on the command line
@@ -104,42 +155,65 @@ _PYTHON_ONLY = {
               "damp", "iter_lim"),
     "reproduce": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "null_probes", "noise", "damp"),
 }
-#: A keyword's value as the Python layer prints it (repr: a quoted string, a number, True/False/None).
+#: A keyword's value as the Python layer prints it (repr: a quoted string, a number, True/False/None), ending where
+#: a value ends: ``seed=np.random.SeedSequence(1)``, ``targets=[0, 1]`` or ``size=3x32x32`` are not one.
 _QUOTES = "'\""
-_VALUE = r"""'[^']*'|"[^"]*"|[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|True|False|None|inf|nan"""
+_VALUE = (r"""(?:'[^']*'|"[^"]*"|[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)(?![\w.(\[/])"""
+          r"""|True|False|None)(?![\w.(\[])""")
+#: Characters that, just before a name, make it part of a path or of another's name (``runs/size=0.01,seed=1``,
+#: ``--size``, ``x=size=1``), not a keyword of hcrfast's.
+_NOT_BEFORE = r"(?<![\w.\[/\\,=\-~:@'\"])(?<!\w\()"
+#: Where a message says ``name must ...`` of a keyword: at its start (or a note's), or after ": " or "; ".
+_MUST_AT = r"(?:^|(?<=^  )|(?<=: )|(?<=; ))"
+#: The parsed command line's paths and names (the user's words: never rewritten).
+_PATH_DESTS = ("out", "model", "inputs", "weights", "sigma_file", "labels", "head_weights", "data", "data_root")
 
 
 def shell_text(text: str, args) -> str:
     """``text`` (an error's or a warning's, from hcrfast's Python layer) in the words of the command line that
     ``args`` parsed: ``name=value`` and ``name must`` of a keyword it has a flag for become ``--flag value`` and
     ``--flag must``; a keyword it has none for is left as Python's, with a note saying so. Python callers see the
-    messages unchanged: only :func:`main` calls this."""
-    import re
+    messages unchanged: only :func:`main` calls this.
 
+    The user's words are left as they are: the paths and names the command line was given (a Hydra-style
+    ``--out runs/size=0.01,seed=1``), a name inside a path or another word, and a ``name=`` whose value is not
+    one the Python layer prints (``targets=[0, 1]``)."""
     command = getattr(args, "command", None)
     flags = dict(_FLAGS.get(command, {}))
     if not flags:
         return text
+    # the user's paths, hidden behind tokens no rule matches, and put back at the end
+    hidden = {}
+
+    def hide(word: str) -> str:
+        token = f"\0{len(hidden)}\0"
+        hidden[token] = word
+        return token
+
+    words = {os.fspath(v) for v in (getattr(args, d, None) for d in _PATH_DESTS) if isinstance(v, (str, os.PathLike))}
+    for word in sorted((w for w in words if w.strip()), key=len, reverse=True):
+        text = re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", lambda m: hide(m.group(0)), text)
     if command == "bound":
         if getattr(args, "sigma_file", None) is not None:   # the stds of --sigma-file, or the one number of --sigma
-            flags["sigma"] = flags["sigma0"] = f"--sigma-file {args.sigma_file}"
-            text = re.sub(r"(?<![\w.(])sigma0? holds (.*?)or one number", rf"--sigma-file {args.sigma_file} holds "
-                          r"\1or one number (--sigma)", text)
+            sigma_file = f"--sigma-file {hide(os.fspath(args.sigma_file))}"
+            flags["sigma"] = flags["sigma0"] = sigma_file
+            text = re.sub(rf"{_NOT_BEFORE}sigma0? holds (.*?)or one number",
+                          lambda m: f"{sigma_file} holds {m.group(1)}or one number (--sigma)", text)
         if getattr(args, "min_accuracy", None) is not None:
             flags["target"] = getattr(args, "min_accuracy_flag", None) or "--min-accuracy"
         elif getattr(args, "target_std", None) is not None:
             flags["target"] = "--target-std"
-        text = re.sub(rf"(?<![\w.(])reuse_bytes=({_VALUE})",
+        text = re.sub(rf"{_NOT_BEFORE}reuse_bytes=({_VALUE})",
                       lambda m: f"--reuse-gib {float(m.group(1)) / 2**30:g}" if m.group(1)[0].isdigit()
                       else m.group(0), text)
     else:   # reproduce: the Krylov basis' steps
         text = re.sub(r"lsqr=dataclasses\.replace\([\w.]+, iter_lim=([^)]*)\)", r"--lsqr-iter-lim \1", text)
 
     def flag_of(m):
-        flag = flags[m.group(1)]
+        flag = flags[m.group(1) or m.group(3)]
         value = m.group(2)
-        if isinstance(flag, dict):
-            return flag.get(value or "", m.group(0))
+        if isinstance(flag, dict):   # repr's quotes or another's: 'last' and "last" say the same
+            return flag.get("'" + value[1:-1] + "'" if value and value[0] in _QUOTES else value or "", m.group(0))
         if value is None:
             return flag
         if value == "None":
@@ -147,16 +221,20 @@ def shell_text(text: str, args) -> str:
         return f"{flag} {value[1:-1] if value[0] in _QUOTES else value}"
 
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
-    text = re.sub(rf"(?<![\w.\[])(?<!\w\()({names})(?:=({_VALUE})?|(?= must\b))", flag_of, text)
+    # name=value, a bare name= (``pass sigma= or noise=``), or a message's subject: ``rtol must be ...``
+    text = re.sub(rf"{_NOT_BEFORE}({names})=(?:({_VALUE})|(?=[\s,;:)]|$))|{_MUST_AT}({names})(?= must\b)",
+                  flag_of, text, flags=re.M)
     text = re.sub(rf"\bleave ({names}) at its default", lambda m: f"leave {flags[m.group(1)]} at its default"
                   if isinstance(flags[m.group(1)], str) else m.group(0), text)
     # "--seed must be ..., got -1 (--seed)": the flag said once
     text = re.sub(r" \((--[\w-]+)\)", lambda m: "" if len(re.findall(re.escape(m.group(1)) + r"(?![\w-])", text)) > 1
                   else m.group(0), text)
-    python = [k for k in _PYTHON_ONLY.get(command, ()) if re.search(rf"(?<![\w.\[])(?<!\w\(){k}=", text)]
+    python = [k for k in _PYTHON_ONLY.get(command, ()) if re.search(rf"{_NOT_BEFORE}{k}=", text)]
     if python:
         text += (f" ({', '.join(k + '=' for k in python)}: from Python only; hcrfast {command} has no flag for "
                  f"{'them' if len(python) > 1 else 'it'})")
+    for token, word in hidden.items():
+        text = text.replace(token, word)
     return text
 
 

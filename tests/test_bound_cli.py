@@ -840,7 +840,7 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
 
 @pytest.mark.parametrize("model, inputs, extra, words", [
     ("{d}/mynet.py:Net", "x.pt", ["--quantile", "0.1"], "--quantile set how --target-std searches sigma"),
-    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0.0: pass a positive finite number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "0"], "--target-std 0: pass a positive finite number"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--quantile", "2"], "error: --quantile 2.0: pass a number in "
                                                                            "[0, 1]"),
     ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--rtol", "0"],
@@ -864,7 +864,7 @@ def test_top_k_accuracy_from_the_shell_is_the_api_s(files):
      "error: --krylov-pilots 2 applies to --solver krylov only, but this call solves with 'dense'; pass --solver "
      "krylov, or leave --krylov-pilots at its default"),
     ("{d}/mynet.py:Net", "x.pt", ["--krylov-pilots", "3"], "error: --krylov-pilots 3 exceeds --restarts 2"),
-    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1.0: pass a number"),
+    ("{d}/mynet.py:Net", "x.pt", ["--target-std", "1", "--reuse-gib", "-1"], "--reuse-gib -1: pass a number"),
     ("{d}/mynet.py:Net", "x.pt", ["--reuse-gib", "2"], "--reuse-gib sets what the bound calls of --target-std or "
                                                         "--sweep share"),
     ("{d}/mynet.py:Net", "x.pt", ["--sweep", "1,x"], "--sweep '1,x': pass comma-separated positive numbers"),
@@ -1259,3 +1259,25 @@ def test_a_folder_of_the_user_s_named_as_an_hcrfast_checkpoint_makes_none_of_the
         assert "holds summary.json, which this command writes and which no hcrfast command wrote there" in \
             capsys.readouterr().err
         assert (out / "summary.json").read_text() == '{"mine": 1}' and (out / "hist_all.png").read_bytes() == b"mine"
+
+
+def test_a_refusal_names_a_hydra_style_out_folder_as_given(files, capsys, monkeypatch):
+    """``key=value`` folder names are the user's: the refusal names --out's folder exactly as typed."""
+    tmp_path, _ = files
+    monkeypatch.chdir(tmp_path)
+    out = "runs/size=0.01,seed=1"
+    base = ["mynet.py:Net", "x.pt", *TINY, "--sigma", "0.3", "--examples", "2", "--out", out]
+    assert _bound(base) == 0
+    capsys.readouterr()
+    assert _bound([*base, "--restarts", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}/chunks holds work made with other arguments (restarts: 2 -> 3)" in err
+    assert f"(or delete {out}/chunks)" in err and "--size" not in err and "--seed" not in err
+
+
+@pytest.mark.parametrize("flag, typed", [("--sigma-scale", "0"), ("--size", "-0e0"), ("--sigma", "0.000")])
+def test_a_refused_float_flag_is_echoed_as_typed(files, capsys, flag, typed):
+    tmp_path, _ = files
+    assert _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", *TINY, f"{flag}={typed}", "--out",
+                   tmp_path / "run"]) == 2
+    assert f"hcrfast: error: {flag} {typed}: pass a positive finite number" in capsys.readouterr().err

@@ -220,12 +220,12 @@ def test_dp_figure_refuses_a_format_matplotlib_cannot_write_before_simulating(tm
 
 
 def test_warnings_of_the_python_layer_name_the_flags(monkeypatch, capsys):
-    from hcrfast import _bound_cli, _repro_cli
+    from hcrfast import HcrfastUserWarning, _bound_cli, _repro_cli
 
     def warns(args):
         import warnings
         warnings.warn("krylov_pilots='auto' took 25 pilots; pass restarts=25, or krylov_pilots=50 with "
-                      "lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, iter_lim=163)", UserWarning)
+                      "lsqr=dataclasses.replace(hcrfast.krylov.DEFAULT_OPTIONS, iter_lim=163)", HcrfastUserWarning)
         return 0
 
     monkeypatch.setattr(_bound_cli, "_run", warns)
@@ -313,3 +313,89 @@ def test_the_signal_watchdog_leaves_a_caller_s_own_handlers_alone(case, tmp_path
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     want = "returned 0 1" if case == "own_sigint_handler" else "returned 0 ['USR1']"
     assert done.returncode == 0 and done.stdout.strip() == want, done.stdout + done.stderr[-2000:]
+
+
+def _shell(text, command="bound", **args):
+    import argparse
+
+    return cli.shell_text(text, argparse.Namespace(command=command, **args))
+
+
+@pytest.mark.parametrize("text", [
+    "runs/size=0.01,seed=1/chunks holds work made with other arguments",
+    r"C:\\runs\\size=0.01\\chunks is not a folder",
+    "/abs/runs/x,seed=1/bounds.npz exists",
+    "sweep-size=2 and k=seed=3 are not ours",
+])
+def test_shell_text_leaves_names_inside_paths_alone(text):
+    """A keyword inside a path (a Hydra-style key=value folder) or glued to another word is the user's."""
+    assert _shell(text) == text
+
+
+def test_shell_text_leaves_the_command_line_s_own_paths_alone():
+    """The paths the command line was given are the user's words, even where a keyword starts one."""
+    out = "size=0.01 seed=1"
+    text = f"{out}/chunks holds work made with other arguments; pass seed=3"
+    assert _shell(text, out=out, model="m.py:M") == f"{out}/chunks holds work made with other arguments; pass --seed 3"
+    assert _shell("--sigma-file size=1.npy: rtol must be > 0", sigma_file="size=1.npy") == (
+        "--sigma-file size=1.npy: --rtol must be > 0")
+
+
+@pytest.mark.parametrize("text", [
+    "targets=[0, 1] needs Gaussian noise", "sigma=array([1., 2.]) is not positive",
+    "modes=(0, 1): pass modes of the features", "pass seed=np.random.SeedSequence(1)",
+    "the batch's examples (size=3x32x32)", "size=1e3x2 is odd",
+])
+def test_shell_text_leaves_a_value_it_cannot_read_as_python_s(text):
+    assert _shell(text) == text
+
+
+@pytest.mark.parametrize("text, said", [
+    ("size=-inf or size=+inf or size=inf or size=nan", "--size -inf or --size +inf or --size inf or --size nan"),
+    ("iterates=\"last\" and iterates='last'", "--last-iterate and --last-iterate"),
+    ("solver=\"dense\"; pass sigma= or noise=", "--solver dense; pass --sigma or noise="),
+    ("seed=-1e3, size=.5", "--seed -1e3, --size .5"),
+])
+def test_shell_text_reads_infinities_and_double_quoted_values(text, said):
+    assert _shell(text).startswith(said)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("the chunk size must be a positive integer", None),
+    ("the metric must return one score per copy", None),
+    ("rtol must be in (0, 1), got 2", "--rtol must be in (0, 1), got 2"),
+    ("bad search: rtol must be > 0; quantile must be in (0, 1)", "bad search: --rtol must be > 0; --quantile must be "
+                                                                 "in (0, 1)"),
+])
+def test_shell_text_rewrites_name_must_only_as_a_message_s_subject(text, said):
+    assert _shell(text) == (text if said is None else said)
+    if said is None:
+        assert _shell("the examples must have shape (B, C, H, W)", "reproduce") == (
+            "the examples must have shape (B, C, H, W)")
+
+
+def test_only_hcrfast_s_own_warnings_are_said_in_flags():
+    """A warning of the user's model names its own keywords: printed as written, on one line, its category said."""
+    import argparse
+
+    from hcrfast import HcrfastRuntimeWarning, HcrfastUserWarning
+
+    args = argparse.Namespace(command="bound")
+    text = "inputs resized to size=8x8; pass seed=0 to Net()"
+    assert cli._format_warning(text, UserWarning, "net.py", 3, args=args) == f"hcrfast: warning: UserWarning: {text}\n"
+    assert cli._format_warning("pass seed=0", HcrfastUserWarning, "x.py", 3, args=args) == (
+        "hcrfast: warning: pass --seed 0\n")
+    assert cli._format_warning("size=0.5 is large", HcrfastRuntimeWarning, "x.py", 3, args=args) == (
+        "hcrfast: warning: --size 0.5 is large\n")
+
+
+def test_lsqr_tolerances_name_their_own_defaults(monkeypatch, capsys):
+    import dataclasses
+
+    import hcrfast
+
+    monkeypatch.setattr(hcrfast, "DEFAULT_LSQR", dataclasses.replace(hcrfast.DEFAULT_LSQR, atol=1e-5, btol=1e-7))
+    for flag, default in (("--lsqr-atol", "1e-05"), ("--lsqr-btol", "1e-07")):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["reproduce", "digits", flag, "-1"])
+        assert f"argument {flag}: -1: pass a finite number >= 0 (default {default})" in capsys.readouterr().err
