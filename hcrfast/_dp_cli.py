@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import math
 import os
 import sys
 from pathlib import Path
