@@ -831,11 +831,23 @@ def mse_cdf(eta, *, sigma, C, N, T=1, lam=0.0):
     elif 0.5 * N + lam >= _NCX2_EDGEWORTH_FROM:
         out = _ncx2_cdf_edgeworth(q, N, lam)
     else:
-        out = np.asarray(stats.ncx2.cdf(q, N, lam), dtype=np.float64)
+        try:
+            out = np.asarray(stats.ncx2.cdf(q, N, lam), dtype=np.float64)
+        except OverflowError:  # scipy 1.16's ncx2 raises deep in the lower tail (q = 1e-300, lam = 1e6)
+            out = np.array([_ncx2_cdf_or_nan(x, N, lam) for x in np.ravel(q)]).reshape(np.shape(q))
         failed = np.isnan(out)  # not seen below the switch; never passed on as NaN
         if failed.any():
             out = np.where(failed, _ncx2_cdf_edgeworth(q, N, lam), out)
     return _scalar_or_array(np.asarray(out, dtype=np.float64))
+
+
+def _ncx2_cdf_or_nan(q: float, k: int, lam: float) -> float:
+    """``scipy.stats.ncx2.cdf`` at one ``q``, NaN where scipy raises OverflowError: :func:`mse_cdf` then
+    takes the Edgeworth expansion there and keeps scipy's value at every other ``q``."""
+    try:
+        return float(stats.ncx2.cdf(q, k, lam))
+    except OverflowError:
+        return math.nan
 
 
 def _ncx2_cdf_edgeworth(q, k: int, lam: float) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import inspect
 import math
 import numbers
@@ -548,40 +549,46 @@ def entry_point(model, device, *, tf32: bool = False):
              f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
              f"certified by the float64 passes, which autocast does not cast. Call hcrfast outside the autocast "
              f"region (or inside torch.autocast({kind!r}, enabled=False))")
-    _import_sympy_leaving_filters()
+    _import_leaving_filters()
     with (_ONE_CALL, torch.inference_mode(False), model_kept(model), _guards_named(model), solver_stream(device),
           ieee_float32(not tf32)):
         yield
 
 
-def _import_sympy_leaving_filters() -> None:
-    """Import SymPy, if torch has not yet, with :data:`warnings.filters` given back as they were: torch imports it
-    lazily, at the first ``torch.autograd.grad`` of a process (``torch.fx.experimental.symbolic_shapes``) or the
-    first ``torch.func`` transform, and SymPy's import adds a filter (``once``, ``SymPyDeprecationWarning``) that
-    hcrfast's first call left in the caller's list. Imported here, before the call's first gradient, torch finds it
-    loaded and its use of it is unchanged; only SymPy's deprecation warnings are then shown as Python's defaults
-    say (ignored outside ``__main__``), not once each.
+#: Modules a call may import first, whose import adds a filter to :data:`warnings.filters`: SymPy (torch imports it
+#: at a process's first ``torch.autograd.grad`` or ``torch.func`` transform: ``once``, ``SymPyDeprecationWarning``),
+#: SciPy's sparse package (``ignore`` NumPy's matrix PendingDeprecationWarning; loaded by the solvers where an older
+#: torch did not load it at import).
+_FILTERING_IMPORTS = ("sympy", "scipy.sparse")
 
-    Only the filters SymPy's import added are taken out, in place: a filter another thread adds meanwhile stays
-    (``warnings.catch_warnings`` would have put back a copy of the list taken before the import, without it). An
-    import interrupted (Ctrl-C) takes its half-imported modules out of ``sys.modules``: left there, every later
-    gradient of the process failed on ``sympy.logic``."""
-    if "sympy" in sys.modules:
-        return
-    before = list(warnings.filters)
-    try:
-        import sympy  # noqa: F401
-    except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
-        return
-    except BaseException:
-        for name in [m for m in sys.modules if m == "sympy" or m.startswith("sympy.")]:
-            del sys.modules[name]
-        raise
-    added = [f for f in warnings.filters if f not in before and "sympy" in getattr(f[2], "__module__", "")]
-    for item in added:
-        warnings.filters.remove(item)
-    if added:
-        getattr(warnings, "_filters_mutated", lambda: None)()   # (the module's cache of filter decisions)
+
+def _import_leaving_filters() -> None:
+    """Import :data:`_FILTERING_IMPORTS` not yet loaded, with the filters their imports add to
+    :data:`warnings.filters` taken out again: hcrfast's first call left them in the caller's list. Imported here,
+    before the call's first gradient, torch finds them loaded and its use of them is unchanged; SymPy's deprecation
+    warnings are then shown as Python's defaults say (ignored outside ``__main__``), not once each.
+
+    Only the filters added during each import are taken out, in place (``warnings.catch_warnings`` would have put
+    back a copy of the list taken before, without a filter another thread added meanwhile). An import interrupted
+    (Ctrl-C) takes its half-imported modules out of ``sys.modules``: left there, every later gradient of the process
+    failed on ``sympy.logic``."""
+    for module in _FILTERING_IMPORTS:
+        if module in sys.modules:
+            continue
+        before = list(warnings.filters)
+        try:
+            importlib.import_module(module)
+        except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
+            continue
+        except BaseException:
+            for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+                del sys.modules[name]
+            raise
+        added = [f for f in warnings.filters if f not in before]
+        for item in added:
+            warnings.filters.remove(item)
+        if added:
+            getattr(warnings, "_filters_mutated", lambda: None)()   # (the module's cache of filter decisions)
 
 
 #: The models (their :func:`_kept_key`) of the hcrfast calls this thread is inside, outermost first

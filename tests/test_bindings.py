@@ -7,6 +7,8 @@ import torch
 
 from hcrfast.bindings import TorchJacobian, from_torch, to_device, to_torch
 
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
 
 def conv_model():
     torch.manual_seed(0)
@@ -747,6 +749,8 @@ def test_lean_double_backward_differentiates_fused_attention_twice(case, monkeyp
     monkeypatch.setattr(jac, "LEAN_DOUBLE_BACKWARD", False)
     if case == "bias-from-parameters":  # a mask that needs a gradient sends torch to its MATH backend
         return
+    if case == "grouped-query-causal" and _TORCH < (2, 14):  # torch 2.8's CPU flash kernel takes no grouped-query
+        return  # heads: MATH runs it, whose graph differentiates twice (measured on 2.8; 2.14 fails as below)
     with pytest.raises(RuntimeError, match="derivative for .*scaled_dot_product.* is not implemented"):
         TorchJacobian(model, x).matvec(v)
 

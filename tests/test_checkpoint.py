@@ -1805,7 +1805,7 @@ def test_sharded_processes_stop_when_one_is_refused_for_a_model_that_changed_and
     assert sorted(p.name for p in (tmp_path / "ck").glob("chunk_*")) == ["chunk_000000000_000000002.npz",
                                                                         "chunk_000000004_000000006.npz"]
     refused = "ValueError: the features of the model that certifies the bounds changed during this call"
-    assert re.search(rf"^{refused}: before example 6 was saved.* the 1 chunk file this call saved in .*, of "
+    assert re.search(rf"(?m)^{refused}: before example 6 was saved.* the 1 chunk file this call saved in .*, of "
                      rf"more than one function, was removed", outs[1][0]), outs[1]
     assert (f"ShardError: hcrfast.bound(shard=True) stopped on rank 0 because another process failed: rank 1: "
             f"{refused}") in outs[0][0], outs[0]

@@ -182,6 +182,12 @@ def test_checkpoint_resume_on_the_cupy_path(emulated, tmp_path, monkeypatch):
     assert_same_bounds(got, want)
 
 
+#: The attack stops at a relative step or residual decrease of tol = 1e-10 (float64), with LSQR's atol = btol =
+#: 1e-10 inside: two paths whose arithmetic differs in the last bit (NumPy 1.x and 2.0 against the device path)
+#: stop within a few tol of each other (measured 6.3e-10 with NumPy 1.25, 1.7e-10 with 2.0; bit-equal on 2.4).
+ATTACK_RTOL = 2e-9
+
+
 def test_targeted_bound_and_attack_on_the_cupy_path(emulated):
     x = batch(3)
     with emulated.off():
@@ -190,7 +196,7 @@ def test_targeted_bound_and_attack_on_the_cupy_path(emulated):
     got_t = hcrfast.targeted_bound(mlp(), x, 0.05, targets="low:3")
     got_a = hcrfast.gauss_newton_attack(mlp(), x, 0.05, draws=2)
     np.testing.assert_allclose(got_t.to_numpy().std, want_t.std, rtol=1e-12)
-    np.testing.assert_allclose(got_a.to_numpy().rmse, want_a.rmse, rtol=1e-12)
+    np.testing.assert_allclose(got_a.to_numpy().rmse, want_a.rmse, rtol=ATTACK_RTOL)
 
 
 @pytest.mark.parametrize("method", ["dense", "lsqr"])
@@ -294,7 +300,7 @@ def test_attack_checkpoint_on_the_cupy_path(emulated, tmp_path):
     assert again.params["checkpoint"]["examples_read_back"] == 3
     for got in (first, again):
         assert isinstance(got.rmse, emulated.module.ndarray)
-        np.testing.assert_allclose(got.to_numpy().rmse, want.rmse, rtol=1e-12)
+        np.testing.assert_allclose(got.to_numpy().rmse, want.rmse, rtol=ATTACK_RTOL)
 
 
 def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
@@ -334,7 +340,10 @@ def test_a_krylov_basis_step_runs_few_array_operations(emulated, monkeypatch):
                           lsqr=dataclasses.replace(krylov.DEFAULT_OPTIONS, iter_lim=steps))
         ops[steps] = count["ops"]
     per_step = (ops[32] - ops[8]) / 24
-    assert 60 < per_step <= 107, per_step
+    # The count depends on torch's dispatches and the NumPy version (cause not pinned): measured 120.1 with torch 2.8
+    # and NumPy 2.0, 127.4 with torch 2.8 and NumPy 1.25, <= 107 with torch 2.14 under either NumPy.
+    torch_version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    assert 60 < per_step <= (107 if torch_version >= (2, 14) else 128), per_step
 
 
 def test_gram_eigendecompositions_on_the_cupy_path(emulated, monkeypatch):

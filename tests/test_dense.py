@@ -601,7 +601,7 @@ def test_a_dense_targeted_step_vmap_cannot_take_names_the_targeted_option_that_c
     RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with TORCH_USE_CUDA_DSA"),
     RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, ...)`"),
     RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
-    torch.AcceleratorError("device-side assert triggered"),
+    getattr(torch, "AcceleratorError", RuntimeError)("device-side assert triggered"),  # torch >= 2.8 has the class
 ])
 def test_a_device_fault_while_building_j_is_raised_as_it_is(monkeypatch, fault):
     """A fault of the GPU or its libraries inside the vmapped build of J is raised unchanged, not turned

@@ -876,6 +876,29 @@ def test_mse_cdf_at_huge_noncentrality_is_never_nan(mp):
             assert out[0] == 0.0 and out[1] == 0.0 and out[-1] == 1.0
 
 
+def test_mse_cdf_takes_the_fallback_where_scipys_ncx2_overflows(monkeypatch, mp):
+    """scipy 1.16's ncx2.cdf raises OverflowError at q = 1e-300, lam = 1e6 (1.17 returns 0), and mse_cdf
+    passed it on; the q where scipy raises now take the Edgeworth fallback and every other q keeps scipy's value.
+    scipy 1.16 is mimicked here: oracle, the exact N = 1 form Phi(sqrt q - sqrt lam) - Phi(-sqrt q - sqrt lam)."""
+    real_cdf = stats.ncx2.cdf
+
+    def cdf_of_scipy_1_16(q, k, lam):
+        if np.any(np.asarray(q) < 1e-200):
+            raise OverflowError("(34, 'Numerical result out of range')")
+        return real_cdf(q, k, lam)
+
+    monkeypatch.setattr(stats.ncx2, "cdf", cdf_of_scipy_1_16)
+    lam = 1e6
+    eta = np.array([1e-300, 0.5, lam - 3e3, lam, lam + 3e3])
+    got = dp.mse_cdf(eta, sigma=1.0, C=1.0, N=1, lam=lam)
+    for e, g in zip(eta, got):
+        q, lm = mp.mpf(e), mp.mpf(lam)
+        want = mp.ncdf((q - lm) / (mp.sqrt(q) + mp.sqrt(lm))) - mp.ncdf(-mp.sqrt(q) - mp.sqrt(lm))
+        assert g == pytest.approx(float(want), abs=1e-12, rel=0), e
+    np.testing.assert_array_equal(got[1:], real_cdf(eta[1:], 1, lam))  # scipy's value where it works
+    assert dp.mse_cdf(1e-300, sigma=1.0, C=1.0, N=1, lam=lam) == 0.0  # the reported call, scalar
+
+
 def test_ncc_cdf_depends_on_variance_over_noise_variance_only():
     """N Var(X) overflowed float64 (CDF [0, 0] instead of [0, 1]); nc = beta sqrt(N Var) / s."""
     x = [0.7, 0.71]

@@ -198,7 +198,7 @@ def test_bad_options_and_shapes():
     (dict(iter_lim=2.9), TypeError, r"iter_lim must be an integer >= 1 or None .* got 2\.9 \(float\)"),
     (dict(iter_lim=3.0), TypeError, r"iter_lim .* got 3\.0 \(float\); pass an int, e\.g\. iter_lim=3"),
     (dict(iter_lim="5"), TypeError, r"iter_lim .* got '5' \(str\)"),
-    (dict(iter_lim=np.bool_(True)), TypeError, r"iter_lim .* \(bool\)"),
+    (dict(iter_lim=np.bool_(True)), TypeError, r"iter_lim .* \(bool_?\)"),  # NumPy 1.x names the type bool_
     (dict(iter_lim=-2), ValueError, r"iter_lim must be >= 1 or None"),
     (dict(atol=True), TypeError, r"atol must be a finite number >= 0, got True \(bool\); pass a number"),
     (dict(atol="a"), TypeError, r"atol must be a finite number >= 0, got 'a' \(str\)"),

@@ -1529,6 +1529,9 @@ def test_an_exported_program_runs_as_exported_from_every_entry_point(x):
     assert wrapped.training and wrapped[1].training and program.training
 
 
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14),
+                    reason="torch 2.8's exported program does not check a bounded batch axis when run (no "
+                           "'Guard failed'); measured on torch 2.8 and 2.14, versions between not tried")
 def test_an_exported_program_that_cannot_run_as_hcrfast_needs_is_refused_with_the_fix(x):
     """Exported in training mode (BatchNorm on batch statistics baked in), for a fixed batch size, or with a bound on
     the batch axis that hcrfast's stacked rows pass: each refusal says how to export it instead."""
