@@ -2015,9 +2015,18 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                  .reshape(-1, n))
                     op = TorchJacobian(model, batch[start:stop].repeat_interleave(krylov_pilots, dim=0),
                                        mode=jacobian)
-                    with np.errstate(over="ignore", invalid="ignore"):  # as the solve below
-                        basis = krylov.build(op, pilot, options,
-                                             progress=_basis_progress(start, stop, B, t_start) if progress else None)
+                    try:
+                        with np.errstate(over="ignore", invalid="ignore"):  # as the solve below
+                            basis = krylov.build(op, pilot, options,
+                                                 progress=_basis_progress(start, stop, B, t_start) if progress
+                                                 else None)
+                    except krylov.BasisOverflow as exc:   # in LSQR's words for the same inputs (_check_perturbations)
+                        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
+                                         f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "
+                                         f"overflowed (inf or NaN) building from the first steps' target shifts "
+                                         f"(basis {exc.row}, step {exc.k}); pass a sigma nearer the features' scale "
+                                         f"(hcrfast.rms_sigma(features, scale)), a smaller size, or a float64 model "
+                                         f"and batch") from exc
                 if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):

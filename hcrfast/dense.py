@@ -32,7 +32,9 @@ of the MNIST MLP rose 1.7×, none fell).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -225,7 +227,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
 
     try:
         try:
-            out, live, probes = build(mode)
+            with _slow_batching_unsaid():
+                out, live, probes = build(mode)
         except RuntimeError as exc:
             if (asked != "auto" or mode != "forward" or not _lacks_forward_ad(exc) or _is_oom(exc)
                     or _is_device_failure(exc)):
@@ -233,7 +236,8 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
             # An operation without forward AD (an autograd.Function without a jvp staticmethod, CUDA's
             # fused RNN cells): the same J from n VJPs instead of p JVPs.
             mode = "reverse"
-            out, live, probes = build(mode)
+            with _slow_batching_unsaid():
+                out, live, probes = build(mode)
     except RuntimeError as exc:
         if _is_oom(exc) or _is_device_failure(exc):  # the caller halves the chunk; a device fault is no vmap limit
             raise
@@ -344,6 +348,31 @@ def _is_device_failure(exc: BaseException) -> bool:
     """A fault of the GPU or its libraries (torch's AcceleratorError, cuBLAS, cuDNN), raised as it is: the
     advice for a forward that torch.func cannot run would send the user after the wrong cause."""
     return type(exc).__name__ == "AcceleratorError" or any(k in str(exc) for k in _DEVICE_FAULTS)
+
+
+#: The start of torch's UserWarning for an operation without a batching rule, which vmap then runs one row at a
+#: time (torch/autograd/graph.py; the native LSTM's ``aten::mkldnn_rnn_layer_backward`` on the CPU): a matter
+#: of speed inside hcrfast's own vmaps, shown to the caller ahead of hcrfast's own refusal or result.
+_SLOW_BATCHING = "There is a performance drop because we have not yet implemented the batching rule"
+
+
+@contextlib.contextmanager
+def _slow_batching_unsaid():
+    """Ignore torch's :data:`_SLOW_BATCHING` warning, and no other, while hcrfast's vmaps build J. The filter is
+    taken out again in place (``warnings.catch_warnings`` would put back a copy of the list taken before, without
+    a filter another thread added meanwhile), and left where the caller had set the same filter already."""
+    before = list(warnings.filters)
+    warnings.filterwarnings("ignore", message=_SLOW_BATCHING, category=UserWarning)
+    ours = warnings.filters[0]
+    try:
+        yield
+    finally:
+        if ours not in before:
+            try:
+                warnings.filters.remove(ours)
+            except ValueError:   # (another thread reset the list meanwhile)
+                pass
+            getattr(warnings, "_filters_mutated", lambda: None)()
 
 
 def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):

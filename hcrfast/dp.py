@@ -822,7 +822,9 @@ def mse_cdf(eta, *, sigma, C, N, T=1, lam=0.0):
     sigma, C, N, T = _check_sigma(sigma), _check_clip(C), _check_N(N), _check_T(T)
     lam = _check_nonneg("lam", lam, "noncentrality")
     eta, s2 = _real_array("eta", eta), _noise_var(sigma, C, T)
-    with np.errstate(over="ignore"):  # q = inf where eta is huge: the CDF's limit 1 is then exact
+    # q = inf where eta is huge: the CDF's limit 1 is then exact; q = 0 where it is tiny: the CDF's limit 0 is
+    # then exact, or scipy's to its last bit
+    with np.errstate(over="ignore", under="ignore"):
         q = N * eta / s2
     if lam == 0.0 and 0.5 * N >= _GAMMAINC_TEMME_FROM:
         out = _gammainc_temme(0.5 * N, 0.5 * q)  # scipy's chi2 is up to 35% low there
@@ -875,7 +877,8 @@ def _ncx2_cdf_edgeworth(q, k: int, lam: float) -> np.ndarray:
     z2 = z * z
     correction = (g1 / 6.0 * (z2 - 1.0) + g2 / 24.0 * z * (z2 - 3.0)
                   + g1 * g1 / 72.0 * z * (z2 * (z2 - 10.0) + 15.0))
-    cdf = special.ndtr(z) - np.exp(-0.5 * z2) / math.sqrt(2.0 * math.pi) * correction
+    with np.errstate(under="ignore"):   # the density's factor is 0 (to float64) out in the tails: the CDF is ndtr's
+        cdf = special.ndtr(z) - np.exp(-0.5 * z2) / math.sqrt(2.0 * math.pi) * correction
     return np.clip(cdf, 0.0, 1.0)
 
 
@@ -890,7 +893,8 @@ def _log_gammainc_small(a: float, log_x: float) -> float:
     log_sum = 0.0
     if x > 0.0:
         n = np.arange(1, 100_001, dtype=np.float64)
-        terms = np.exp(np.cumsum(log_x - np.log(a + n)))
+        with np.errstate(under="ignore"):   # the terms past float64's smallest add nothing to the sum
+            terms = np.exp(np.cumsum(log_x - np.log(a + n)))
         ratio = x / (a + n[-1] + 1.0)
         log_sum = math.log1p(float(terms.sum()) + float(terms[-1]) * ratio / (1.0 - ratio))
     return a * log_x - x - math.lgamma(a + 1.0) + log_sum
@@ -1306,8 +1310,8 @@ def simulate_attack(images, *, sigma, C, T=1, seed) -> np.ndarray:
     unit = _row_unit(flat)
     scaled = flat / unit
     scaled_norm = np.linalg.norm(scaled, axis=1, keepdims=True)
-    with np.errstate(over="ignore"):
-        ratio = unit * scaled_norm / C  # ||X|| / C; inf where it exceeds float64
+    with np.errstate(over="ignore", under="ignore"):
+        ratio = unit * scaled_norm / C  # ||X|| / C; inf where it exceeds float64, 0 below (beta = 1: exact)
     beta = 1.0 / np.maximum(1.0, ratio)
     # Where ||X|| / C is huge, beta X = C (X / unit) / ||X / unit||, which stays exact
     # (beta itself would be 0 or a subnormal and drop the signal).

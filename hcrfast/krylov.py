@@ -25,6 +25,7 @@ float32), against the ~16 vectors of LSQR; :func:`basis_values` is what chunking
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -376,14 +377,16 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     if device:   # on the device: only the eigenvalues come to the host
         diag = alfa[:, :K] ** 2 + beta[:, 1:K + 1] ** 2
         off = alfa[:, 1:K + 1] * beta[:, 1:K + 1]
-        lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
+        with _overflow_named(U.dtype):
+            lam, Y, ranks = tridiagonal.eigh_tridiagonal_device(diag, off, ks, rtol=rtol, noise=noise, impl=EIG_IMPL)
         r = Y.shape[1]
     else:
         ah, bh = alfa.cpu().numpy(), beta.cpu().numpy()   # one host copy for the whole group
         diag = ah[:, :K] ** 2 + bh[:, 1:K + 1] ** 2
         off = ah[:, 1:K + 1] * bh[:, 1:K + 1]
         host_impl = "auto" if EIG_IMPL in tridiagonal.DEVICE_IMPLS else EIG_IMPL
-        lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=host_impl)
+        with _overflow_named(U.dtype):
+            lam, Yt, ranks = tridiagonal.eigh_tridiagonal_batch(diag, off, ks, rtol=rtol, noise=noise, impl=host_impl)
         r = int(ranks.max()) if g else 0
         if r < K:
             Yt = np.ascontiguousarray(Yt[:, :r])   # eigenvectors as rows: (g, r, K)
@@ -393,6 +396,31 @@ def _factors(members, ks, U, V, alfa, beta, *, damp: float, rtol: float, pad: bo
     group = _Group(members=members, ks=ks, ranks=ranks, U=U, V=V, alfa=alfa, beta=beta,
                    Y=Y.transpose(1, 2), filt=torch.as_tensor(fh, device=dev))
     return group, [np.sqrt(lam[i, :k]) for i, k in enumerate(ks)]
+
+
+class BasisOverflow(ValueError):
+    """The bidiagonalization of J overflowed the basis' dtype (an α or β, or its square, inf or NaN): the start
+    vectors or J's entries are too large for it. :func:`hcrfast.bound` says it in its own words (the noise, the
+    size), as LSQR's refusal of the same inputs does."""
+
+    def __init__(self, *, row: int, k: int, dtype: str, message: str):
+        super().__init__(message)
+        self.row, self.k, self.dtype = row, k, dtype
+
+
+@contextlib.contextmanager
+def _overflow_named(dtype):
+    """Say a NaN or inf in B_kᵀB_k (:class:`hcrfast.kernels.tridiagonal.NonFiniteMatrix`) as what it is."""
+    try:
+        yield
+    except tridiagonal.NonFiniteMatrix as exc:
+        name = str(dtype).replace("torch.", "")
+        raise BasisOverflow(
+            row=exc.row, k=exc.k, dtype=name,
+            message=f"the Krylov basis of row {exc.row} overflowed {name} by step {exc.k} (the bidiagonalization's "
+                    f"alpha or beta, or B_kᵀB_k's entries from them, came out inf or NaN): its start vector or J's "
+                    f"entries are too large for {name}; pass a sigma nearer the features' scale "
+                    f"(hcrfast.rms_sigma(features, scale)), a smaller size, or a float64 model and batch") from exc
 
 
 def _copy_state(state, xp, names=None):

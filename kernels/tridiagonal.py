@@ -37,6 +37,16 @@ from hcrfast.backend import available_memory
 
 from . import _lapack
 
+
+class NonFiniteMatrix(ValueError):
+    """A tridiagonal matrix with NaN or inf among its entries (:func:`eigh_tridiagonal_batch`,
+    :func:`eigh_tridiagonal_device`); ``row`` and ``k`` name the first such matrix. A caller that built the
+    matrices (:mod:`hcrfast.krylov`) catches it to say what overflowed and what to change."""
+
+    def __init__(self, message: str, row: int, k: int):
+        super().__init__(message)
+        self.row, self.k = row, k
+
 __all__ = ["DEVICE_IMPLS", "IMPLS", "eigh_tridiagonal_batch", "eigh_tridiagonal_device"]
 
 IMPLS = ("auto", "twin", "numba", "lapack")
@@ -212,8 +222,8 @@ def eigh_tridiagonal_batch(diag, off, ks, *, rtol: float, noise: float = 0.0, im
     bad = ~(np.isfinite(diag) | (cols >= ks[:, None])) | ~(np.isfinite(off) | (cols >= ks[:, None] - 1))
     if bad.any():
         row = int(np.flatnonzero(bad.any(axis=1))[0])
-        raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
-                         f"its entries must be finite")
+        raise NonFiniteMatrix(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
+                              f"its entries must be finite", row, int(ks[row]))
     run = {"auto": _lapack_threads, "lapack": _lapack_threads, "numba": _numba, "twin": _twin}[impl]
     return run(diag, off, ks, rtol, noise)
 
@@ -256,8 +266,8 @@ def eigh_tridiagonal_device(diag, off, ks, *, rtol: float, noise: float = 0.0, i
     finite = (torch.isfinite(d).all(dim=1) & torch.isfinite(e).all(dim=1)).cpu().numpy()
     if not finite.all():
         row = int(np.flatnonzero(~finite)[0])
-        raise ValueError(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
-                         f"its entries must be finite")
+        raise NonFiniteMatrix(f"the tridiagonal matrix of row {row} (k = {int(ks[row])}) holds NaN or inf: "
+                              f"its entries must be finite", row, int(ks[row]))
     lam_d = torch.empty((g, K), dtype=torch.float64, device=dev)
     Y = torch.empty((g, K, K), dtype=torch.float64, device=dev)
     # Blocks of a quarter of symmetric.DEVICE_BATCH_VALUES matrix values: the dense matrices and the

@@ -783,3 +783,45 @@ def test_the_warm_up_draws_nothing_from_torch_s_global_rng(tmp_path):
             "print(after == torch.rand(1).item(), [str(m.message)[:60] for m in w if 'training mode' in str(m.message)])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.stdout.strip() == "True []", done.stdout + done.stderr[-2000:]
+
+
+def test_torch_s_slow_batching_warning_is_kept_inside_the_jacobian_build():
+    """An nn.LSTM's CPU backward (aten::mkldnn_rnn_layer_backward) has no batching rule: torch's UserWarning
+    "There is a performance drop ..." reached the caller from hcrfast's own vmaps, ahead of hcrfast's refusal.
+    Only that warning is ignored, and the caller's filter list is as it was after the call."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(6, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.rnn(x.reshape(x.shape[0], 6, 6))[0].reshape(x.shape[0], -1)
+
+    net = Net().eval()
+    x = torch.rand(2, 1, 6, 6)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        try:
+            hcrfast.bound(net, x, 0.1, restarts=2, iterations=2, solver="dense")
+        except ValueError:
+            pass   # (torch.func may not run the LSTM's backward: hcrfast's own refusal then)
+        after = list(warnings.filters)
+    assert after == before
+    leaked = [f"{w.category.__name__}: {str(w.message)[:120]}" for w in rec
+              if not issubclass(w.category, hcrfast.HcrfastWarning)]
+    assert leaked == []
+
+
+def test_the_slow_batching_filter_leaves_other_warnings_and_the_caller_s_own_filter():
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=dense._SLOW_BATCHING, category=UserWarning)
+        mine = list(warnings.filters)
+        with dense._slow_batching_unsaid():
+            warnings.warn(dense._SLOW_BATCHING + " for aten::x", UserWarning)
+            warnings.warn("There is another warning", UserWarning)
+        assert warnings.filters == mine
+    assert [str(w.message) for w in rec] == ["There is another warning"]

@@ -1190,3 +1190,23 @@ def test_hcrfast_dp_is_there_after_a_plain_import_hcrfast(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.stdout.strip() == "ncc_cdf"
     assert "AttributeError: module 'hcrfast' has no attribute 'nothing'" in done.stderr
+
+
+def test_underflows_are_handled_under_a_caller_s_errstate_raise():
+    """hcrfast.dp handled underflows (a CDF's q, the series' terms, the Edgeworth density, ||X|| / C) that it
+    left unguarded: under a caller's np.seterr(under="raise") they raised FloatingPointError instead of the
+    value, or instead of the ValueError that says what to change."""
+    q = 1e-300 / 1e16                                   # N eta / (C sigma)^2, a subnormal
+    with np.errstate(all="raise"):
+        got = dp.mse_cdf(np.array([1e-300]), sigma=1e8, C=1, N=1)
+    assert got[0] == pytest.approx(math.erf(math.sqrt(q / 2.0)), rel=1e-6)   # chi2(1) CDF
+    with np.errstate(all="raise"), pytest.raises(ValueError, match="below float64's smallest normal"):
+        dp.rero_mse(eta=0.5, sigma=1000, C=1, N=784)
+    with np.errstate(all="raise"):                      # the Edgeworth branch, out in both tails
+        tails = dp.mse_cdf(np.array([1e-300, 1e300]), sigma=1e-3, C=1, N=3e8, lam=1e9)
+    np.testing.assert_array_equal(tails, [0.0, 1.0])
+    images = np.full((1, 4), 1e-300)
+    with np.errstate(all="raise"):
+        noisy = dp.simulate_attack(images, sigma=1.0, C=1e300, seed=0)
+    noise = np.random.default_rng(0).standard_normal((1, 4)) * 1e300    # beta = 1: X + N(0, (C sigma)^2)
+    np.testing.assert_allclose(noisy, images + noise, rtol=1e-12)

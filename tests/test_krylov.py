@@ -874,3 +874,28 @@ def test_keep_best_takes_each_modes_best_candidate_as_the_loop_did(batched):
         torch.testing.assert_close(best, want_best, rtol=0, atol=0)
         torch.testing.assert_close(out, want_out, rtol=0, atol=0)
     assert not out[4].any() and (best[:4] > 0).any()
+
+
+def test_a_basis_that_overflows_its_dtype_is_refused_in_lsqr_s_words():
+    """solver="krylov" refused a float16 model with features ~100, and per-feature sigma over 1e-30..1e30, with
+    the eigensolver's "the tridiagonal matrix of row 0 (k = 20) holds NaN or inf" (no value, no fix), where LSQR
+    says that the steps ask for values the dtype cannot hold and to pass a sigma nearer the features' scale."""
+    import numpy as np
+
+    import hcrfast
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 20)).eval()
+    x = torch.rand(2, 1, 6, 6)
+    for model, batch, sigma, kw in [
+            (net, x, np.geomspace(1e-30, 1e30, 20), {}),
+            (lambda t: half(t), x.half(), 10.0, {"certify": False})]:
+        if sigma is not None and not isinstance(sigma, np.ndarray):
+            half = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 20)).half().eval()
+            with torch.no_grad():
+                half[3].weight.mul_(100)
+                half[1].weight.mul_(10)
+        with pytest.raises(ValueError, match="asks for steps float(32|16) cannot hold.*sigma nearer the features"):
+            hcrfast.bound(model, batch, sigma, solver="krylov", restarts=2, iterations=2, **kw)
