@@ -167,9 +167,6 @@ def _run(args: argparse.Namespace) -> int:
 
     expand_user(args, "out", "weights", "data")
     check_targets_flag(args.targets)
-    # run() warns about a randomly initialized ImageNet model and also prints a banner; the
-    # command line shows the banner only.
-    warnings.filterwarnings("ignore", message=r".*RANDOMLY INITIALIZED", category=UserWarning)
     # Measured on 2 shared cores, one 64-example digits chunk (25 restarts, 10 iterations):
     # 7.1 s with 1 thread and 7.6 s with 2 on an idle machine, 10.7 s and 48.5 s while other
     # jobs kept the load at 5 (idle intra-op threads spin and wait on each other).
@@ -189,9 +186,13 @@ def _run(args: argparse.Namespace) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        if args.sweep is not None:
-            return _sweep(args)
-        result = _reproduce(args)
+        with warnings.catch_warnings():   # (main may run in-process: the caller's filters come back as they were)
+            # run() warns about a randomly initialized ImageNet model and also prints a banner; the
+            # command line shows the banner only.
+            warnings.filterwarnings("ignore", message=r".*RANDOMLY INITIALIZED", category=UserWarning)
+            if args.sweep is not None:
+                return _sweep(args)
+            result = _reproduce(args)
     finally:
         torch.set_num_threads(saved_threads)  # main() may be called in-process (tests, notebooks)
     if result.summary is not None:

@@ -344,6 +344,13 @@ class _Signals:
 
 
 def main(argv=None) -> int:
+    # main may run in-process (tests, notebooks): the filters its commands set, and those the modules they import add
+    # (SymPy's, at a training's first gradient), go when it returns
+    with warnings.catch_warnings():
+        return _main(argv)
+
+
+def _main(argv) -> int:
     import signal
 
     saved_format = warnings.formatwarning

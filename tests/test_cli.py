@@ -399,3 +399,21 @@ def test_lsqr_tolerances_name_their_own_defaults(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             cli.build_parser().parse_args(["reproduce", "digits", flag, "-1"])
         assert f"argument {flag}: -1: pass a finite number >= 0 (default {default})" in capsys.readouterr().err
+
+
+def test_main_leaves_the_warning_filters_as_it_found_them(tmp_path):
+    """`reproduce` left ('ignore', '.*RANDOMLY INITIALIZED') in the caller's filters; a training's first gradient
+    imported SymPy, whose filters stayed (run in a fresh interpreter: SymPy not yet imported)."""
+    import warnings
+
+    before = list(warnings.filters)
+    assert cli.main(["reproduce", "digits", "--examples", "2", "--restarts", "1", "--out", str(tmp_path / "r"),
+                     "--no-progress"]) == 0
+    assert warnings.filters == before
+    code = ("import sys, warnings; from hcrfast import cli; before = list(warnings.filters); "
+            f"assert cli.main(['train', 'digits', '--epochs', '1', '--out', {str(tmp_path / 'd.pt')!r}, "
+            "'--quiet']) == 0; assert 'sympy' in sys.modules; "
+            "print([f for f in warnings.filters if f not in before] or 'same', warnings.filters == before)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "same True"
