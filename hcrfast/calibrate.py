@@ -345,16 +345,6 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     if "sigma" in bound_kwargs:
         raise TypeError("sigma_for() got sigma=...: the search sets sigma itself; pass the start as sigma0")
     _bound_keywords(sigma_for, bound_kwargs)
-    with _said_once("sigmas tried") as said:   # (each call's warnings, said once for the search)
-        return _sigma_for(model, batch, target, sigma0, quantile, statistic, modes, rtol, max_calls, checkpoint,
-                          progress, reuse_bytes, bound_kwargs, said)
-
-
-def _sigma_for(model, batch, target, sigma0, quantile, statistic, modes, rtol, max_calls, checkpoint, progress,
-               reuse_bytes, bound_kwargs: dict, said: _SaidOnce) -> SigmaSearch:
-    """:func:`sigma_for`'s search, its arguments checked, its calls marked in ``said``."""
-    from hcrfast import validation
-
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sigma_for searches")
     if modes is not None:  # a bad spec is refused before any bound is computed
@@ -367,8 +357,7 @@ def _sigma_for(model, batch, target, sigma0, quantile, statistic, modes, rtol, m
     def run(k: float):
         t0 = time.perf_counter()
         try:
-            with said.at(k):
-                sigma, res = bound_at(k)
+            sigma, res = bound_at(k)
         except Exception as exc:
             if hasattr(exc, "add_note"):  # Python >= 3.11: where the search was
                 tried = ", ".join(f"{h['sigma']:.6g} -> {h['statistic']:.6g}" for h in history) or "none"
@@ -592,23 +581,14 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     if "sigma" in bound_kwargs:
         raise TypeError("sweep_sigma() got sigma=...: pass the noise levels as scales (and their unit as sigma0)")
     _bound_keywords(sweep_sigma, bound_kwargs)
-    with _said_once() as said:   # (each call's warnings, said once for the sweep)
-        bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
-                                                               bound_kwargs, "sweep_sigma takes")
-        sigmas, results, seconds, reused = _sweep(bound_at, values, reuse_bytes, progress, said)
-    return SigmaSweep(scales=values, sigma0=float(profile) if scalar else profile, sigmas=sigmas, bounds=results,
-                      seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)
-
-
-def _sweep(bound_at, values: np.ndarray, reuse_bytes: int, progress: bool, said: _SaidOnce):
-    """:func:`sweep_sigma`'s calls: ``(sigmas, results, seconds, reused)``, one each per scale."""
+    bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
+                                                           bound_kwargs, "sweep_sigma takes")
     sigmas, results, seconds, reused = [], [], [], []
     with _reusing(reuse_bytes):
         for i, k in enumerate(values.tolist()):
             t0 = time.perf_counter()
             try:
-                with said.at(k):
-                    sigma, res = bound_at(k)
+                sigma, res = bound_at(k)
             except Exception as exc:
                 if hasattr(exc, "add_note"):  # Python >= 3.11: where the sweep was
                     exc.add_note(f"hcrfast.sweep_sigma: raised by the bound call at scale {k:.6g} x sigma0 "
@@ -621,7 +601,8 @@ def _sweep(bound_at, values: np.ndarray, reuse_bytes: int, progress: bool, said:
             if progress:
                 print(f"hcrfast sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
                       f"{statistic_of(res):.6g}, {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
-    return sigmas, results, seconds, reused
+    return SigmaSweep(scales=values, sigma0=float(profile) if scalar else profile, sigmas=sigmas, bounds=results,
+                      seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)
 
 
 def _bound_keywords(fn, bound_kwargs: dict) -> None:
@@ -744,7 +725,10 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
         try:
             res = bound(whitened[0], batch, float(k), progress=progress, checkpoint=folder, **bound_kwargs)
         except (ValueError, ArithmeticError) as exc:   # bound named the scalar sigma k it ran at, not sigma0's
-            raise _per_feature_named(exc, k, sigma) from None
+            new = _per_feature_named(exc, k, sigma)
+            if new is exc:
+                raise
+            raise new from exc.__cause__
         return sigma, as_per_feature_result(res, sigma, divided_by=profile)
 
     if whiten:   # (made here, before the first call, where its refusals belong)
@@ -755,7 +739,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
 def _per_feature_named(exc: BaseException, k: float, sigma) -> BaseException:
     """``exc``, raised by the bound call at the scalar σ ``k`` on the features divided by a per-feature sigma0,
     with its message naming the per-feature σ = k·sigma0 it stands for where it named the scalar noise
-    (``Gaussian(sigma=1)``, the scale, read as a σ the user never gave)."""
+    (``Gaussian(sigma=1)``, the scale, read as a σ the user never gave); ``exc`` itself where it did not."""
     from hcrfast.noise import Gaussian, per_feature_label
 
     said = Gaussian(float(k)).describe().split(":")[0]
@@ -801,86 +785,6 @@ def _reuses(batch, n: int, bound_kwargs: dict) -> bool:
         solver = resolve_solver(bound_kwargs.get("solver", "auto"), bound_kwargs.get("linearize_at", "input"),
                                 batch.device, n, batch[0].numel(), lsqr_given=bound_kwargs.get("lsqr") is not None)
     return solver in ("dense", "krylov")
-
-
-class _SaidOnce:
-    """The :class:`~hcrfast.validation.HcrfastWarning` s of a search's or a sweep's calls, gathered and said once
-    each when it ends (:func:`_said_once`): the calls said the same thing at every σ (a model in training mode,
-    ``certify=False``, J = 0), and hcrfast's own ``catch_warnings`` blocks inside each call cleared the registry
-    that Python's default filters show a warning once by. Where a warning came from some of the σ only, it names
-    them. The user's model's own warnings (any other category) pass through as they come."""
-
-    def __init__(self, filters: list):
-        self.filters = filters   # the caller's, which decide what becomes of the warnings in the end
-        self.heard = {}          # (category, text) -> the labels of the σ that said it (None: outside any call)
-        self.labels = []
-        self.label = None
-
-    @contextlib.contextmanager
-    def at(self, k: float):
-        """Warnings inside come from the call at scale ``k``."""
-        self.label = k
-        self.labels.append(k)
-        try:
-            yield
-        finally:
-            self.label = None
-
-    def hear(self, message, category) -> None:
-        text = str(message)
-        if _action(self.filters, text, category) == "error":   # (as the caller's filters would have, at once)
-            raise message if isinstance(message, Warning) else category(text)
-        self.heard.setdefault((category, text), []).append(self.label)
-
-    def say(self, what: str = "sigmas") -> None:
-        from hcrfast import validation
-
-        for (category, text), labels in self.heard.items():
-            scales = list(dict.fromkeys(k for k in labels if k is not None))
-            if None in labels or len(scales) == len(set(self.labels)):
-                validation.warn(text, category)
-            else:
-                named = ", ".join(f"{k:g}" for k in scales)
-                validation.warn(f"at {len(scales)} of {len(set(self.labels))} {what} (scale {named} x sigma0): {text}",
-                                category)
-
-
-def _action(filters: list, text: str, category) -> str:
-    """The action of the first of ``filters`` (as :data:`warnings.filters`) that matches a warning (its module
-    and line aside: the warning names the user's line)."""
-    for action, message, kind, _module, _line in filters:
-        if (message is None or message.match(text)) and issubclass(category, kind):
-            return action
-    return warnings.defaultaction
-
-
-@contextlib.contextmanager
-def _said_once(what: str = "sigmas"):
-    """Gathers the :class:`~hcrfast.validation.HcrfastWarning` s issued inside, each said once on leaving
-    (:class:`_SaidOnce`; ``with gathered.at(k):`` marks a σ's call); other warnings are shown as they come."""
-    from hcrfast.validation import HcrfastWarning
-
-    gathered = _SaidOnce(list(warnings.filters))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", HcrfastWarning)   # each reaches hear(); the caller's filters act in say()
-            shown = warnings.showwarning
-
-            def show(message, category, filename, lineno, file=None, line=None):
-                if issubclass(category, HcrfastWarning):
-                    gathered.hear(message, category)
-                else:
-                    shown(message, category, filename, lineno, file, line)
-
-            warnings.showwarning = show
-            yield gathered
-    except BaseException:
-        try:   # what the calls before the failure said
-            gathered.say(what)
-        except Exception:   # (one the caller's filters make an error: the exception on its way says more)
-            pass
-        raise
-    gathered.say(what)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -358,21 +359,22 @@ _SLOW_BATCHING = "There is a performance drop because we have not yet implemente
 
 @contextlib.contextmanager
 def _slow_batching_unsaid():
-    """Ignore torch's :data:`_SLOW_BATCHING` warning, and no other, while hcrfast's vmaps build J. The filter is
-    taken out again in place (``warnings.catch_warnings`` would put back a copy of the list taken before, without
-    a filter another thread added meanwhile), and left where the caller had set the same filter already."""
-    before = list(warnings.filters)
-    warnings.filterwarnings("ignore", message=_SLOW_BATCHING, category=UserWarning)
-    ours = warnings.filters[0]
+    """Ignore torch's :data:`_SLOW_BATCHING` warning, and no other, while hcrfast's vmaps build J: a filter of its
+    own put first and taken out again by identity, in place (``warnings.catch_warnings`` would put back a copy of
+    the list taken before, without a filter another thread added meanwhile; ``warnings.filterwarnings`` would have
+    moved a caller's equal filter to the front, and left it there)."""
+    ours = ("ignore", re.compile(_SLOW_BATCHING, re.I), UserWarning, None, 0)
+    warnings.filters.insert(0, ours)
+    mutated = getattr(warnings, "_filters_mutated", lambda: None)   # (the module's cache of filter decisions)
+    mutated()
     try:
         yield
     finally:
-        if ours not in before:
-            try:
-                warnings.filters.remove(ours)
-            except ValueError:   # (another thread reset the list meanwhile)
-                pass
-            getattr(warnings, "_filters_mutated", lambda: None)()
+        for i, item in enumerate(warnings.filters):
+            if item is ours:
+                del warnings.filters[i]
+                break
+        mutated()
 
 
 def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):

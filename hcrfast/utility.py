@@ -510,15 +510,6 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     rtol : float
         The relative width of the final bracket (default 0.01).
     """
-    from hcrfast.calibrate import _said_once
-
-    with _said_once("sigmas tried") as said:   # (the head's calls at every sigma said the same things: said once)
-        return _sigma_for_accuracy(model, head, batch, labels, accuracy, sigma0, draws, seed, rtol, metric, said)
-
-
-def _sigma_for_accuracy(model, head, batch, labels, accuracy, sigma0, draws, seed, rtol, metric,
-                        said) -> AccuracySearch:
-    """:func:`sigma_for_accuracy`'s search, each sigma's call marked in ``said``."""
     from hcrfast.algorithm import rms_sigma
 
     score = _Metric.of(metric)
@@ -538,8 +529,7 @@ def _sigma_for_accuracy(model, head, batch, labels, accuracy, sigma0, draws, see
 
     def at(k: float) -> Utility:
         try:
-            with said.at(k):
-                u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
+            u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
         except _NoiseOverflow as exc:
             # (only sigma0 itself or a doubling overflows: the halving and the bisection stay under a sigma tried)
             if not history:

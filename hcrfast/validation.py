@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import inspect
 import math
 import numbers
@@ -19,6 +18,7 @@ import warnings
 import weakref
 
 import numpy as np
+import scipy.sparse  # noqa: F401  (its import adds a warnings filter: hcrfast's import, not a call, makes it)
 import torch
 
 from hcrfast.backend import host_argument
@@ -555,40 +555,35 @@ def entry_point(model, device, *, tf32: bool = False):
         yield
 
 
-#: Modules a call may import first, whose import adds a filter to :data:`warnings.filters`: SymPy (torch imports it
-#: at a process's first ``torch.autograd.grad`` or ``torch.func`` transform: ``once``, ``SymPyDeprecationWarning``),
-#: SciPy's sparse package (``ignore`` NumPy's matrix PendingDeprecationWarning; loaded by the solvers where an older
-#: torch did not load it at import).
-_FILTERING_IMPORTS = ("sympy", "scipy.sparse")
-
-
 def _import_leaving_filters() -> None:
-    """Import :data:`_FILTERING_IMPORTS` not yet loaded, with the filters their imports add to
-    :data:`warnings.filters` taken out again: hcrfast's first call left them in the caller's list. Imported here,
-    before the call's first gradient, torch finds them loaded and its use of them is unchanged; SymPy's deprecation
-    warnings are then shown as Python's defaults say (ignored outside ``__main__``), not once each.
+    """Import SymPy, if torch has not yet, with the filter its import adds to :data:`warnings.filters` taken out
+    again: torch imports it lazily, at a process's first ``torch.autograd.grad`` (``torch.fx.experimental.
+    symbolic_shapes``) or ``torch.func`` transform, and SymPy's import adds one (``once``,
+    ``SymPyDeprecationWarning``) that hcrfast's first call left in the caller's list. Imported here, before the
+    call's first gradient, torch finds it loaded and its use of it is unchanged; SymPy's deprecation warnings are
+    then shown as Python's defaults say (ignored outside ``__main__``), not once each.
 
-    Only the filters added during each import are taken out, in place (``warnings.catch_warnings`` would have put
-    back a copy of the list taken before, without a filter another thread added meanwhile). An import interrupted
-    (Ctrl-C) takes its half-imported modules out of ``sys.modules``: left there, every later gradient of the process
-    failed on ``sympy.logic``."""
-    for module in _FILTERING_IMPORTS:
-        if module in sys.modules:
-            continue
-        before = list(warnings.filters)
-        try:
-            importlib.import_module(module)
-        except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
-            continue
-        except BaseException:
-            for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
-                del sys.modules[name]
-            raise
-        added = [f for f in warnings.filters if f not in before]
-        for item in added:
-            warnings.filters.remove(item)
-        if added:
-            getattr(warnings, "_filters_mutated", lambda: None)()   # (the module's cache of filter decisions)
+    Only SymPy's own filters are taken out (their category is SymPy's), in place: a filter another thread adds
+    meanwhile stays (``warnings.catch_warnings`` would have put back a copy of the list taken before, without it).
+    An import interrupted (Ctrl-C) takes its half-imported modules out of ``sys.modules``: left there, every later
+    gradient of the process failed on ``sympy.logic``. (SciPy's sparse package, whose import adds a filter too, is
+    imported with hcrfast itself: its filter is the import's, as SciPy means it, not a call's.)"""
+    if "sympy" in sys.modules:
+        return
+    before = list(warnings.filters)
+    try:
+        import sympy  # noqa: F401
+    except ImportError:   # (torch's own import of it would fail the same way, where it needs it)
+        return
+    except BaseException:
+        for name in [m for m in sys.modules if m == "sympy" or m.startswith("sympy.")]:
+            del sys.modules[name]
+        raise
+    added = [f for f in warnings.filters if f not in before and "sympy" in getattr(f[2], "__module__", "")]
+    for item in added:
+        warnings.filters.remove(item)
+    if added:
+        getattr(warnings, "_filters_mutated", lambda: None)()   # (the module's cache of filter decisions)
 
 
 #: The models (their :func:`_kept_key`) of the hcrfast calls this thread is inside, outermost first

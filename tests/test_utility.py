@@ -768,21 +768,3 @@ def test_the_models_buffers_are_as_they_were_after_the_helpers_that_run_it():
         assert int(model.calls) == 0
         want = hcrfast.sweep_sigma(Features().eval(), x, [1.0], sigma0=sigma0, **kw)
         np.testing.assert_array_equal(sweep.bounds[0].std, want.bounds[0].std)
-
-
-def test_sigma_for_accuracy_says_a_training_mode_head_once():
-    """A head in training mode was said once per sigma tried (9 times here), a model in training mode once."""
-    import warnings
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 20)).eval()
-    X = torch.rand(2, 1, 6, 6)
-    head = torch.nn.Linear(20, 3)   # (training mode: nn.Linear's default)
-    labels = torch.argmax(head(model(X)), 1).detach()
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        search = hcrfast.sigma_for_accuracy(model, head, X, labels, 0.5, draws=4)
-    said = [str(w.message) for w in rec]
-    assert len(search.history) > 1 and len(said) == 1 and said[0].startswith("the head was in training mode"), said
-    assert issubclass(rec[0].category, hcrfast.HcrfastWarning) and rec[0].filename == __file__
