@@ -1,7 +1,6 @@
 """Every bad input of hcrfast.bound raises the documented error, naming the value and the fix."""
 import copy
 import math
-import re
 import sys
 import threading
 import warnings
