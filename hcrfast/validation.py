@@ -15,7 +15,6 @@ import re
 import sys
 import threading
 import warnings
-import weakref
 
 import numpy as np
 import scipy.sparse  # noqa: F401  (its import adds a warnings filter: hcrfast's import, not a call, makes it)
@@ -230,7 +229,7 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
         warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
                                 category=UserWarning)
         try:
-            model64 = _copy_of_the_model(copy.deepcopy(model).double())
+            model64 = copy.deepcopy(model).double()
         except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
             pruned = _pruned(model)
             fix = (f"the model is pruned with torch.nn.utils.prune, whose masked weights (weight_orig * weight_mask) "
@@ -1014,15 +1013,10 @@ def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=Non
             module.training = False
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
-    if not hasattr(_CALLS, "own"):
-        _CALLS.own = []
-    _CALLS.own.append(own)
     try:
         yield
     finally:
         handle.remove()
-        # by identity: a nested call on the same model opens an equal set, and list.remove took the first equal
-        del _CALLS.own[next(i for i, s in enumerate(_CALLS.own) if s is own)]
         for module, flag in met.values():
             module.training = flag
         _restore_buffers(saved)
@@ -1032,23 +1026,6 @@ def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=Non
                  f"({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}); hcrfast switched each to eval mode "
                  f"as it was called (BatchNorm with running statistics, no dropout) and restored them afterwards. "
                  f"Call .eval() on the modules it uses first to silence this.")
-
-
-def _copy_of_the_model(copied):
-    """``copied``, a copy of the model that hcrfast made during a call (its float64 copy), with its modules taken
-    for the model's own by this thread's open :func:`_modules_met_in_eval_mode` hooks: the copy of a model switched
-    to eval mode is in eval mode already, but for the modules that refuse the switch, whose copies lose that refusal
-    (a deepcopy of torch.export's module drops the ``train``/``eval`` it replaces: switched, and warned about as a
-    module the callable calls), and its buffers are the copy's, not the user's, to keep."""
-    try:
-        modules = list(copied.modules())
-    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
-        modules = [copied]
-    for own in getattr(_CALLS, "own", []):
-        for module in modules:
-            own.add(id(module))
-            weakref.finalize(module, own.discard, id(module))   # (a probe's copy, freed: its ids may come again)
-    return copied
 
 
 def _in_training_mode(model) -> list[str]:
@@ -1163,7 +1140,7 @@ def _finite_in_float64(model, probe: torch.Tensor, tangent: torch.Tensor, mode: 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model64 = _copy_of_the_model(copy.deepcopy(model).double())
+            model64 = copy.deepcopy(model).double()
         jv = to_torch(TorchJacobian(model64, probe[:1].double(), mode=mode).matvec(
             from_torch(tangent[:1].double().reshape(1, -1))))
     except Exception:   # a plain function, a cast inside the forward: say what the dtype's J v says
@@ -1214,7 +1191,7 @@ def _missed_by_jv(model, probe: torch.Tensor, tangent: torch.Tensor, jv0: torch.
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # the copy's and its forward's, said already by the model's own
-            model64 = model if probe.dtype == torch.float64 else _copy_of_the_model(copy.deepcopy(model).double())
+            model64 = model if probe.dtype == torch.float64 else copy.deepcopy(model).double()
             x_rms = scaled_norm(x) / math.sqrt(x.numel())
             h = FD_STEP * (x_rms if x_rms > 0 else 1.0) / (scaled_norm(v) / math.sqrt(v.numel()))
             with torch.no_grad():
