@@ -499,6 +499,17 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
                             f"batch's dtype (drop the cast, rounding or complex step at its end)")
         # (bfloat16 is refused as a batch dtype, and autocast gives bfloat16 or float16 features whatever the
         # model's dtype: no use in running both in it)
+        kind = batch.device.type
+        try:
+            ambient = torch.is_autocast_enabled(kind)
+        except RuntimeError:   # a device type autocast does not know (meta)
+            ambient = False
+        if ambient and out.dtype == torch.get_autocast_dtype(kind):
+            raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a {dtype_name(batch.dtype)} "
+                            f"batch because hcrfast was called under torch.autocast ({kind}, "
+                            f"{dtype_name(out.dtype)}); the solver works in one dtype: call hcrfast outside the "
+                            f"autocast region (or inside torch.autocast({kind!r}, enabled=False)), or, to bound "
+                            f"the model as autocast runs it, return y.to(x.dtype) at the end of its forward")
         both = ("" if out.dtype in (torch.bfloat16, torch.float16)
                 else f", or run both in {dtype_name(out.dtype)} (model.to({out.dtype}), batch.to({out.dtype}))")
         raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a "

@@ -1492,6 +1492,17 @@ def test_a_call_under_the_callers_autocast_is_warned_of(x):
     assert not any("autocast" in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_half_features_under_the_callers_autocast_name_the_autocast(x, half):
+    """Under the caller's torch.autocast a float32 MLP returns half features: the refusal blamed the model ("drop
+    the cast at its end") for a cast it does not make; it names the autocast region and how to leave it."""
+    with torch.autocast("cpu", dtype=half), pytest.warns(UserWarning, match="called under torch.autocast"):
+        with pytest.raises(TypeError, match=rf"because hcrfast was called under torch.autocast \(cpu, "
+                                            rf"{str(half)[6:]}\).*enabled=False") as err:
+            hcrfast.bound(mlp(), x, 0.05, **QUICK)
+    assert "drop the cast" not in str(err.value)
+
+
 def _exported(module, batch, **dims):
     """torch.export's module of ``module`` (a dynamic batch axis unless ``dims`` says otherwise)."""
     shapes = dims.get("dynamic_shapes", ({0: torch.export.Dim("batch")},))
