@@ -19,12 +19,11 @@ import functools
 import gc
 import os
 import sys
-import warnings
 
 import numpy as np
 import torch
 
-from hcrfast.backend import import_cupy, is_cupy_array
+from hcrfast.backend import import_cupy, is_cupy_array, warnings_ignored
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -87,8 +86,7 @@ def solver_stream(device: torch.device):
     cupy = import_cupy()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
-        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with warnings_ignored((None, DeprecationWarning)):  # CuPy 14 deprecates ExternalStream for Stream.from_external
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
         with cupy.cuda.Device(index):
             outer = cupy.cuda.get_current_stream()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import warnings
 
 import torch
 import torch.func
@@ -40,6 +39,7 @@ from torch.func import vjp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hcrfast import profiling
+from hcrfast.backend import warnings_ignored
 from hcrfast.bindings.bridge import from_torch, to_torch
 from hcrfast.bindings.double_backward import lean_double_backward, native_rnn_for
 
@@ -55,8 +55,7 @@ def _load_jvp_decompositions() -> None:
     # torch's forward-mode AD loads its decompositions on first use through torch.jit.script,
     # which warns (FutureWarning, torch >= 2.9) about torch's own internals; load them once
     # here, quietly, so that the warning does not reach the user of every entry point.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
+    with warnings_ignored((r".*torch\.jit\.script.*", FutureWarning)):
         try:
             import torch._decomp.decompositions_for_jvp  # noqa: F401  (imported for its side effect)
         except ImportError:  # a torch that loads them elsewhere (or not at all): its warning, if any, stays

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hcrfast import dense, krylov, profiling, validation
-from hcrfast.backend import get_array_module, to_host
+from hcrfast.backend import get_array_module, to_host, warnings_ignored
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint,
                                 gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
@@ -2207,10 +2207,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 # Null-space probes stay out of the bound: huge or infinite values there are an
                 # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
                 # bound on the identifiable part.
-                with warnings.catch_warnings():  # bound's summary speaks of its bounds of 0 itself, and
-                    # bound warns once of the targeted steps that rounding decided, over all chunks
-                    warnings.filterwarnings("ignore", message=r".* pairs got no direction", category=UserWarning)
-                    warnings.filterwarnings("ignore", message=r"\d+ targeted steps", category=UserWarning)
+                # bound's summary speaks of its bounds of 0 itself, and bound warns once of the targeted steps
+                # that rounding decided, over all chunks
+                with warnings_ignored((r".* pairs got no direction", UserWarning),
+                                      (r"\d+ targeted steps", UserWarning)):
                     targeted_of[start] = targeted_bound(
                         model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
                         basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)

@@ -6,10 +6,13 @@ installs never need it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
 import sys
 import types
+import warnings
 
 import numpy as np
 
@@ -17,6 +20,33 @@ _INSTALL_HINT = (
     'install the GPU extra that matches your CUDA driver: '
     'pip install "hcrfast[cuda12]" or pip install "hcrfast[cuda13]"'
 )
+
+
+@contextlib.contextmanager
+def warnings_ignored(*specs):
+    """Ignore, for the block, the warnings each ``(message regex or None, category)`` of ``specs`` matches (a
+    message matches from its start, case-insensitively, as ``warnings.filterwarnings`` has it): filters of the
+    block's own, put first in ``warnings.filters`` and taken out again by identity, in place.
+
+    ``warnings.catch_warnings`` (and ``simplefilter`` / ``filterwarnings``) would tell the ``warnings`` module
+    that its filters changed, which empties every module's record of the warnings it has shown already: with
+    Python's default filters a warning repeated from one line is shown once, and after each hcrfast call that
+    used them it came again (a training-mode model's warning once per call of a loop, of a σ sweep, and the
+    user's own once-per-line warnings of other libraries too). Nor does ``catch_warnings`` keep a filter
+    another thread added meanwhile: it puts back a copy of the list taken before. The ``ignore`` filters added
+    here need neither: that module records only warnings it has shown, so none of its records are stale."""
+    ours = [("ignore", None if message is None else re.compile(message, re.I), category, None, 0)
+            for message, category in specs]
+    for item in reversed(ours):
+        warnings.filters.insert(0, item)
+    try:
+        yield
+    finally:
+        for item in ours:   # (a filter list the caller replaced meanwhile no longer holds them: nothing to do)
+            for i, kept in enumerate(warnings.filters):
+                if kept is item:
+                    del warnings.filters[i]
+                    break
 
 
 @functools.lru_cache(maxsize=1)

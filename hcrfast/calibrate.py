@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hcrfast.backend import available_memory, host_argument, to_host
+from hcrfast.backend import available_memory, host_argument, to_host, warnings_ignored
 from hcrfast.results import counted, same_result
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
@@ -780,8 +780,7 @@ def _reuses(batch, n: int, bound_kwargs: dict) -> bool:
     whitened problem converges elsewhere (medians 2e-4 apart): its calls stay plain per-feature ones."""
     from hcrfast.algorithm import resolve_solver
 
-    with warnings.catch_warnings():  # the calls themselves say what resolve_solver has to say
-        warnings.simplefilter("ignore")
+    with warnings_ignored((None, Warning)):  # the calls themselves say what resolve_solver has to say
         solver = resolve_solver(bound_kwargs.get("solver", "auto"), bound_kwargs.get("linearize_at", "input"),
                                 batch.device, n, batch[0].numel(), lsqr_given=bound_kwargs.get("lsqr") is not None)
     return solver in ("dense", "krylov")

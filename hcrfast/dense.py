@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +42,7 @@ import torch
 from torch.func import vjp, vmap
 
 from hcrfast import kernels, validation
+from hcrfast.backend import warnings_ignored
 from hcrfast.bindings import array_module_for, jvp
 from hcrfast.bindings.jacobian import composite_attention
 from hcrfast.bindings.double_backward import native_rnn_for
@@ -359,22 +359,11 @@ _SLOW_BATCHING = "There is a performance drop because we have not yet implemente
 
 @contextlib.contextmanager
 def _slow_batching_unsaid():
-    """Ignore torch's :data:`_SLOW_BATCHING` warning, and no other, while hcrfast's vmaps build J: a filter of its
-    own put first and taken out again by identity, in place (``warnings.catch_warnings`` would put back a copy of
-    the list taken before, without a filter another thread added meanwhile; ``warnings.filterwarnings`` would have
-    moved a caller's equal filter to the front, and left it there)."""
-    ours = ("ignore", re.compile(_SLOW_BATCHING, re.I), UserWarning, None, 0)
-    warnings.filters.insert(0, ours)
-    mutated = getattr(warnings, "_filters_mutated", lambda: None)   # (the module's cache of filter decisions)
-    mutated()
-    try:
+    """Ignore torch's :data:`_SLOW_BATCHING` warning, and no other, while hcrfast's vmaps build J
+    (:func:`hcrfast.backend.warnings_ignored`: ``warnings.filterwarnings`` would have moved a caller's equal filter
+    to the front, and left it there)."""
+    with warnings_ignored((re.escape(_SLOW_BATCHING), UserWarning)):
         yield
-    finally:
-        for i, item in enumerate(warnings.filters):
-            if item is ours:
-                del warnings.filters[i]
-                break
-        mutated()
 
 
 def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):

@@ -50,7 +50,6 @@ import re
 import shlex
 import sys
 import time
-import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -58,6 +57,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from hcrfast.backend import warnings_ignored
 
 import hcrfast
 from hcrfast import algorithm as _algorithm
@@ -697,8 +698,7 @@ def run(
                 raise ValueError(f"--krylov-pilots {krylov_pilots} exceeds --restarts {restarts}; pass at most "
                                  f"{restarts}")
             shape = _zoo.published_parameters(name)
-            with warnings.catch_warnings():  # the run's own resolve_solver says what it has to say
-                warnings.simplefilter("ignore")
+            with warnings_ignored((None, Warning)):  # the run's own resolve_solver says what it has to say
                 early = _algorithm.resolve_solver(solver, linearize_at, torch.device(device), shape["n_features"],
                                                   int(np.prod(shape["input_shape"])), lsqr_given=bool(lsqr_given))
             if krylov_pilots != 1 and early != "krylov":

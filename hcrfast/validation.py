@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse  # noqa: F401  (its import adds a warnings filter: hcrfast's import, not a call, makes it)
 import torch
 
-from hcrfast.backend import host_argument
+from hcrfast.backend import host_argument, warnings_ignored
 
 
 def positive_int(name: str, value) -> int:
@@ -157,8 +157,8 @@ def float32_for_float16(model, batch: torch.Tensor):
     if batch.dtype != torch.float16 or not isinstance(model, torch.nn.Module):
         return model, batch
     try:
-        with warnings.catch_warnings(), torch.inference_mode(False):
-            warnings.simplefilter("ignore")   # (eval_mode's: the entry point says it of the copy, as of any model)
+        # (eval_mode's warning: the entry point says it of the copy, as of any model)
+        with warnings_ignored((None, Warning)), torch.inference_mode(False):
             model32 = copy.deepcopy(model).float()
             batch32 = batch.float()
             with eval_mode(model32), torch.no_grad():   # a forward that casts to float16 itself (x.half()) stays
@@ -224,10 +224,8 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
             f"passes in {dtype_name(batch.dtype)}, exact up to that rounding)")
     fixes = (f"or pass a float64 model and batch, or certify=False (z_eps then comes from forward passes in "
              f"{dtype_name(batch.dtype)}, exact up to that rounding)")
-    with warnings.catch_warnings():
-        # .double() of a TorchScript module reads .grad of its non-leaf parameters; torch warns about it
-        warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
-                                category=UserWarning)
+    # .double() of a TorchScript module reads .grad of its non-leaf parameters; torch warns about it
+    with warnings_ignored((r"The \.grad attribute of a Tensor that is not a leaf", UserWarning)):
         try:
             model64 = copy.deepcopy(model).double()
         except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
@@ -1149,8 +1147,7 @@ def _finite_in_float64(model, probe: torch.Tensor, tangent: torch.Tensor, mode: 
     from hcrfast.bindings import TorchJacobian, from_torch, to_torch
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings_ignored((None, Warning)):
             model64 = copy.deepcopy(model).double()
         jv = to_torch(TorchJacobian(model64, probe[:1].double(), mode=mode).matvec(
             from_torch(tangent[:1].double().reshape(1, -1))))
@@ -1200,8 +1197,7 @@ def _missed_by_jv(model, probe: torch.Tensor, tangent: torch.Tensor, jv0: torch.
         return None
     x, v = probe[:1].detach().double(), tangent[:1].detach().double()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # the copy's and its forward's, said already by the model's own
+        with warnings_ignored((None, Warning)):   # the copy's and its forward's, said already by the model's own
             model64 = model if probe.dtype == torch.float64 else copy.deepcopy(model).double()
             x_rms = scaled_norm(x) / math.sqrt(x.numel())
             h = FD_STEP * (x_rms if x_rms > 0 else 1.0) / (scaled_norm(v) / math.sqrt(v.numel()))

@@ -35,12 +35,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import warnings
 from types import SimpleNamespace
 
 import numpy as np
 
-from hcrfast.backend import import_cupy, is_cupy_array
+from hcrfast.backend import import_cupy, is_cupy_array, warnings_ignored
 
 from . import twins
 
@@ -436,8 +435,7 @@ def _launch(arrays, stream):
         current = cupy.cuda.get_current_stream()
         ptr = current.ptr if stream is None else _stream_ptr(stream)
         if ptr != current.ptr:
-            with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for Stream.from_external
-                warnings.simplefilter("ignore", DeprecationWarning)
+            with warnings_ignored((None, DeprecationWarning)):  # CuPy 14 deprecates ExternalStream for Stream.from_external
                 external = cupy.cuda.ExternalStream(ptr, device_id)
             scope.enter_context(external)
         scope.enter_context(cuda.gpus[device_id])

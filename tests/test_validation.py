@@ -2144,6 +2144,38 @@ def test_a_sympy_import_interrupted_at_the_first_call_leaves_later_calls_working
     assert "interrupted []" in done.stdout and "then (2, 1, 4, 4)" in done.stdout, done.stdout
 
 
+def test_a_warning_repeated_from_one_line_is_shown_once_across_calls():
+    """With Python's default filters a warning repeated from one line is shown once: hcrfast's calls used
+    warnings.catch_warnings, which empties every module's record of the warnings shown, so a training-mode model's
+    warning came at every call of a loop (5 times in a 4-sigma sweep), and the user's own once-per-line warnings
+    came again too. In a fresh interpreter with the default filters, after one warm-up call (the imports of a
+    process's first call, torch's and SymPy's, change the filters once), each is shown once."""
+    import subprocess
+
+    script = (
+        "import sys, warnings, torch, hcrfast\n"
+        "shown = []\n"
+        "warnings.showwarning = lambda message, *rest, **kw: shown.append(str(message)[:40])\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8))\n"
+        "x = torch.randn(3, 1, 4, 4)\n"
+        "for solver in ('dense', 'lsqr', 'krylov'):\n"
+        "    hcrfast.bound(model.eval(), x, 0.1, restarts=2, iterations=2, solver=solver)\n"
+        "hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, targets='low:2')\n"
+        "assert shown == [], shown\n"
+        "model.train()\n"
+        "for solver in ('dense', 'lsqr', 'krylov', 'dense', 'lsqr', 'krylov'):\n"
+        "    warnings.warn('the user own warning')\n"
+        "    hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, solver=solver)\n"
+        "    hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, targets='low:2')\n"
+        "hcrfast.sweep_sigma(model, x, [0.05, 0.1, 0.2, 0.4], restarts=2, iterations=2)\n"
+        "print(sorted(shown))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(sorted(["the model was in training mode; hcrfast "] * 3
+                                              + ["the user own warning"])), done.stdout
+
+
 def test_a_batchnorm_hcrfast_cannot_switch_is_named_and_a_model_that_trains_itself_is_given_back_in_eval_mode(x):
     """A BatchNorm in training mode outside the model's tree (held in a list) failed the one-example probe, and the
     refusal told the user to reshape with x.flatten(1); it names the BatchNorm now. A forward that calls
