@@ -499,6 +499,15 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
     full_op = op
     with profiling.annotate("lsqr.init"):
         state = lsqr_init(op, b, impl=opts.kernels)
+    first = to_host(xp.isfinite(state.beta) & xp.isfinite(state.alfa))
+    if not first.all():   # ‖b‖ or ‖Jᵀu₁‖ past the dtype (its square overflowed): the basis would be 0 steps
+        row, name = int(np.flatnonzero(~first)[0]), str(b.dtype).replace("torch.", "")
+        raise BasisOverflow(
+            row=row, k=0, dtype=name,
+            message=f"the Krylov basis of row {row} overflowed {name} at its start (the pilot right-hand side's norm "
+                    f"beta_1, or alpha_1, came out inf or NaN): its start vector or J's entries are too large for "
+                    f"{name}; pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), a "
+                    f"smaller size, or a float64 model and batch")
     tb = to_torch(b)
     dtype, dev = tb.dtype, tb.device
     cap = min(limit, _FIRST_CAPACITY)

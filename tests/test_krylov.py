@@ -899,3 +899,21 @@ def test_a_basis_that_overflows_its_dtype_is_refused_in_lsqr_s_words():
                 half[1].weight.mul_(10)
         with pytest.raises(ValueError, match="asks for steps float(32|16) cannot hold.*sigma nearer the features"):
             hcrfast.bound(model, batch, sigma, solver="krylov", restarts=2, iterations=2, **kw)
+
+
+@pytest.mark.parametrize("singular_steps", [0, 64])
+def test_a_pilot_whose_norm_overflows_is_refused_in_lsqr_s_words(singular_steps):
+    """At sigma = 1e30 the pilot's norm beta_1 is inf in float32: the basis stopped at its first step with rank 0,
+    every eps came out 0, and the refusal said the steps "vanish once added to the inputs", where LSQR and the
+    dense solve say the steps ask for values float32 cannot hold."""
+    import hcrfast
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                              torch.nn.Linear(8, 6)).eval()
+    x = torch.randn(2, 1, 4, 4)
+    for solver in ("krylov", "lsqr") if singular_steps == 0 else ("krylov", "dense"):
+        with pytest.raises(ValueError, match=r"Gaussian\(sigma=1e\+30\) with size=0.005 asks for steps float32 "
+                                             r"cannot hold.*sigma nearer the features") as err:
+            hcrfast.bound(net, x, 1e30, solver=solver, restarts=2, iterations=2, singular_steps=singular_steps)
+        assert "vanish" not in str(err.value)
