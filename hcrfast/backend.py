@@ -34,19 +34,36 @@ def warnings_ignored(*specs):
     used them it came again (a training-mode model's warning once per call of a loop, of a σ sweep, and the
     user's own once-per-line warnings of other libraries too). Nor does ``catch_warnings`` keep a filter
     another thread added meanwhile: it puts back a copy of the list taken before. The ``ignore`` filters added
-    here need neither: that module records only warnings it has shown, so none of its records are stale."""
+    here need neither: that module records only warnings it has shown, so none of its records are stale.
+
+    They go into the list the ``warnings`` module reads now: under Python 3.14's context-aware warnings, inside
+    a caller's ``catch_warnings`` that is its context's list (``warnings._get_filters()``), not
+    ``warnings.filters``. They are taken out of that list, and of the one read at the block's end where another
+    (a ``catch_warnings`` another thread entered meanwhile copies the list, and its exit would otherwise put
+    back the original with them still in it)."""
     ours = [("ignore", None if message is None else re.compile(message, re.I), category, None, 0)
             for message, category in specs]
+    target = _filters_now()
     for item in reversed(ours):
-        warnings.filters.insert(0, item)
+        target.insert(0, item)
     try:
         yield
     finally:
-        for item in ours:   # (a filter list the caller replaced meanwhile no longer holds them: nothing to do)
-            for i, kept in enumerate(warnings.filters):
-                if kept is item:
-                    del warnings.filters[i]
-                    break
+        now = _filters_now()
+        for kept in (target,) if now is target else (target, now):
+            for item in ours:
+                for i, entry in enumerate(kept):
+                    if entry is item:
+                        del kept[i]
+                        break
+
+
+def _filters_now() -> list:
+    """The filter list ``warnings.warn`` reads in this thread and context (``warnings.filters`` before 3.14)."""
+    current = (getattr(warnings, "_get_filters", None)
+               or getattr(sys.modules.get("_py_warnings"), "_get_filters", None))
+    found = current() if callable(current) else None
+    return found if isinstance(found, list) else warnings.filters
 
 
 @functools.lru_cache(maxsize=1)

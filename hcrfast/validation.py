@@ -502,7 +502,7 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
             ambient = torch.is_autocast_enabled(kind)
         except RuntimeError:   # a device type autocast does not know (meta)
             ambient = False
-        if ambient and out.dtype == torch.get_autocast_dtype(kind):
+        if ambient and out.dtype == torch.get_autocast_dtype(kind) and _autocast_made(model, batch, kind):
             raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a {dtype_name(batch.dtype)} "
                             f"batch because hcrfast was called under torch.autocast ({kind}, "
                             f"{dtype_name(out.dtype)}); the solver works in one dtype: call hcrfast outside the "
@@ -519,6 +519,17 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
                          f"{' ...' if len(bad) > 10 else ''}; check those inputs and the model")
     return out.reshape(out.shape[0], -1) if flat else out
+
+
+def _autocast_made(model, batch: torch.Tensor, kind: str) -> bool:
+    """Whether the model returns the batch's dtype outside the caller's autocast (one more forward, on the way to
+    a refusal): else the half features are the model's own cast, and leaving the autocast would not help."""
+    try:
+        with torch.autocast(kind, enabled=False), torch.no_grad():
+            out = model(batch)
+    except Exception:
+        return False
+    return isinstance(out, torch.Tensor) and out.dtype == batch.dtype
 
 
 #: Held by every public entry point for its whole call: the calls switch process-wide torch settings

@@ -1502,6 +1502,19 @@ def test_half_features_under_the_callers_autocast_name_the_autocast(x, half):
             hcrfast.bound(mlp(), x, 0.05, **QUICK)
     assert "drop the cast" not in str(err.value)
 
+    class OwnCast(torch.nn.Module):   # its own cast: leaving the caller's autocast would not help
+        def __init__(self):
+            super().__init__()
+            self.inner = mlp()
+
+        def forward(self, t):
+            return self.inner(t).to(half)
+
+    with torch.autocast("cpu", dtype=half), pytest.warns(UserWarning, match="called under torch.autocast"):
+        with pytest.raises(TypeError, match="drop the cast at its end") as err:
+            hcrfast.bound(OwnCast().eval(), x, 0.05, **QUICK)
+    assert "because hcrfast was called under" not in str(err.value)
+
 
 def _exported(module, batch, **dims):
     """torch.export's module of ``module`` (a dynamic batch axis unless ``dims`` says otherwise)."""
@@ -2174,6 +2187,43 @@ def test_a_warning_repeated_from_one_line_is_shown_once_across_calls():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == str(sorted(["the model was in training mode; hcrfast "] * 3
                                               + ["the user own warning"])), done.stdout
+
+
+def test_a_quiet_pass_leaves_no_filter_behind_when_another_thread_catches_warnings_meanwhile():
+    """hcrfast's quiet pass (backend.warnings_ignored) in one thread, another thread's warnings.catch_warnings
+    entered during it and left after it: that block copies the filter list on entry and puts the original back
+    on exit. The pass took its filter out of the copy only, so the original kept an ignore-everything filter and
+    every later warning of the process was dropped. Both lists lose it now."""
+    from hcrfast.backend import warnings_ignored
+
+    before = list(warnings.filters)
+    inside, entered, left = threading.Event(), threading.Event(), threading.Event()
+
+    def quiet_pass():
+        with warnings_ignored((None, Warning)):
+            inside.set()
+            assert entered.wait(10)
+        left.set()
+
+    def other_thread():
+        assert inside.wait(10)
+        with warnings.catch_warnings():
+            entered.set()
+            assert left.wait(10)
+
+    threads = [threading.Thread(target=quiet_pass), threading.Thread(target=other_thread)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert warnings.filters == before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with warnings_ignored((r"quiet\b", UserWarning)):
+            warnings.warn("quiet please")
+            warnings.warn("shown still")
+        warnings.warn("quiet again")
+    assert [str(w.message) for w in caught] == ["shown still", "quiet again"]
 
 
 def test_a_batchnorm_hcrfast_cannot_switch_is_named_and_a_model_that_trains_itself_is_given_back_in_eval_mode(x):
