@@ -49,8 +49,8 @@ from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors, taken_back_on_failure)
-from hcrfast.results import (counted, load_npz, mse_from_modes, revision_line, revision_loaded, revision_saved,
-                             same_result, save_npz, short_repr)
+from hcrfast.results import (counted, load_npz, median_count, mse_from_modes, revision_line, revision_loaded,
+                             revision_saved, same_result, save_npz, short_repr)
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -207,8 +207,9 @@ class AttackResult:
              f"(noise={str(p.get('noise')).split(':')[0]}, start={p.get('start')}, damping={p.get('damping')}, "
              f"steps={p.get('steps')})"),
             f"  RMS error per mode, quantiles 10/50/90%: {q[0]:.4g} / {q[1]:.4g} / {q[2]:.4g}",
-            (f"  accepted steps: median {np.median(h.steps):.0f}; converged {int(h.converged.sum())}/{h.converged.size}; "
-             f"LSQR iterations per problem: median {np.median(h.lsqr_iterations):.0f}; "
+            (f"  accepted steps: median {median_count(np.median(h.steps))}; "
+             f"converged {int(h.converged.sum())}/{h.converged.size}; "
+             f"LSQR iterations per problem: median {median_count(np.median(h.lsqr_iterations))}; "
              f"{int((h.steps == 0).sum())} never left their start"),
             (f"  final residual / |Z|: median {np.median(h.residual_norm / h.residual_truth):.4g}; "
              f"{worse} problems end with a worse fit than the truth"),

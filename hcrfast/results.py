@@ -253,6 +253,12 @@ def counted(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def median_count(m) -> str:
+    """A median of counts (steps, iterations, ranks) as the summaries print it: ``4`` or ``4.5``, every digit
+    (``:.0f`` rounds 4.5 half to even, to 4, and ``:g`` writes 1.23457e+06)."""
+    return f"{float(m):.1f}".removesuffix(".0")
+
+
 def quantile_line(std) -> str:
     """The summaries' line of bound quantiles: 10/50/90% of the finite bounds in ``std`` (+inf bounds,
     from D = 0, have no quantile worth printing), how many are finite when some are not, and "all +inf"
@@ -515,8 +521,8 @@ class Bounds:
             lines.append(f"  dense solve: J built with {float(d.get('jacobian_products', float('nan'))):.1f} products per "
                          f"example (a VJP per nonzero row and 3 products to find them, or one per row or column; and one "
                          f"VJP that checks J), numerical rank of J (singular values above sqrt(max(n, p))·eps of its dtype "
-                         f"× the largest) median {d.get('rank_median', float('nan')):.0f}, min {d.get('rank_min')}; "
-                         f"every step exact"
+                         f"× the largest) median {median_count(d.get('rank_median', float('nan')))}, "
+                         f"min {d.get('rank_min')}; every step exact"
                          if d else "  dense solve: every step exact")  # (reproduce's merged runs: no per-call counts)
         elif p.get("solver") == "krylov" and not p.get("krylov"):
             lines.append("  Krylov basis per example, every step projected on it")
@@ -527,7 +533,7 @@ class Bounds:
                             else "")
                          + "; one reorthogonalized "
                          f"LSQR each, every step projected on it): "
-                         f"median {k.get('steps_median', float('nan')):.0f} steps, max {k.get('steps_max')}, "
+                         f"median {median_count(k.get('steps_median', float('nan')))} steps, max {k.get('steps_max')}, "
                          f"{k.get('products_per_example', float('nan')):.0f} products per example"
                          + (f" ({k['products_needed_per_example']:.0f} needed, the rest spent on examples riding "
                             f"along in their batch after they stopped)"
@@ -535,10 +541,10 @@ class Bounds:
                             != k.get("products_per_example") else "")
                          + (f" ({k['steps_redone_mean']:.1f} steps rerun with two Gram-Schmidt passes)"
                             if k.get("steps_redone_mean") else "")
-                         + f"; rank median {k.get('rank_median', float('nan')):.0f}")
+                         + f"; rank median {median_count(k.get('rank_median', float('nan')))}")
         else:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
-            lines.append(f"  LSQR iterations per solve: median {np.median(h.lsqr_iterations):.0f}, "
+            lines.append(f"  LSQR iterations per solve: median {median_count(np.median(h.lsqr_iterations))}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
         sing = p.get("singular_steps")
         if sing and not isinstance(sing, dict):   # a run hcrfast reproduce wrote before it kept their account

@@ -247,9 +247,12 @@ class TargetedBounds:
     infinite_reasons : list of str
     params : dict
     timings : dict
-        Seconds per phase, summed over the pieces of examples, and ``"total"``, the call's wall time. Where
-        pieces were read back from a checkpoint (``params["checkpoint"]["examples_read_back"]``) their
-        phases were timed by the call that computed them, and may sum to more than this call's total.
+        Seconds per phase, summed over the pieces of examples, and ``"total"``, the call's wall time. With
+        ``directions=`` (``params["shared_factorization"]``: what :func:`hcrfast.bound` passes), "jacobian"
+        and "decomposition" are the seconds the solve spent making them, before this call, and the total
+        counts them too. Where pieces were read back from a checkpoint
+        (``params["checkpoint"]["examples_read_back"]``) their phases were timed by the call that computed
+        them, and may sum to more than this call's total.
     rounding : dict
         How many targeted steps float64's rounding decided (:data:`ROUNDING_COUNTS`'s keys): the
         counts behind the call's warnings, each such step bounding nothing (0).
@@ -423,7 +426,11 @@ class TargetedBounds:
         saved = self.params.get("checkpoint")
         read = saved.get("examples_read_back", 0) if isinstance(saved, dict) else 0
         if not read or "total" not in self.timings:
-            return "  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items())
+            # shared directions: made by the solve (bound's) before this call, and counted in the total
+            shared = " (the solve's, deriving the directions; in the total)"
+            return "  seconds: " + ", ".join(
+                f"{k} {v:.2f}" + (shared if k == "decomposition" and self.params.get("shared_factorization") else "")
+                for k, v in self.timings.items())
         phases = ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items() if k != "total")
         return (f"  seconds: phases summed over the pieces, {read} of {counted(B, 'example')} read back from the "
                 f"checkpoint (timed when an earlier call computed them): {phases}; this call: total "
@@ -838,7 +845,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                     method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
                                 features=features, unchanged=unchanged)
-    result.timings["total"] = time.perf_counter() - t_start
+    # directions= were made by the caller's solve (bound's), before this call: their phases count in the total
+    result.timings["total"] = time.perf_counter() - t_start + (sum(directions.seconds) if shared else 0.0)
     _warn_targeted(result.rounding, batch.dtype)  # once for the call, pieces read back included
     if not (method == "dense" and null_probes):
         # A mode J does not see gets no direction, hence bound 0; only the dense null-space probes tell it +inf.

@@ -137,6 +137,22 @@ def test_tanh_mlp_residuals_decrease_per_problem_and_errors_are_finite():
     assert isinstance(res.summary(), str) and "Gauss-Newton attack" in res.summary()
 
 
+def test_the_summary_medians_of_steps_and_iterations_show_their_halves():
+    """12 problems whose accepted steps have numpy median 4.5 (the oracle) read "accepted steps: median 4":
+    ``:.0f`` rounds half to even. The medians of counts now show the .5, the LSQR iterations' too."""
+    W, b, model, x = _linear_problem(0, examples=3)
+    res = gauss_newton_attack(model, x, 0.1, draws=4, steps=2)                  # 3 x 4 problems
+    steps = np.array([[4, 5, 4, 4], [6, 3, 6, 5], [7, 2, 4, 6]])                 # the audit's
+    lsqr = np.array([[33, 34, 34, 34], [35, 33, 34, 36], [36, 33, 35, 33]])
+    assert (np.median(steps), np.median(lsqr)) == (4.5, 34.0)
+    lines = dataclasses.replace(res, steps=steps, lsqr_iterations=lsqr).summary().splitlines()
+    line = next(x for x in lines if "accepted steps" in x)
+    assert line.startswith("  accepted steps: median 4.5; converged ") and "per problem: median 34;" in line
+    lsqr[0, 0] = 35                                                              # median 34.5
+    line = dataclasses.replace(res, steps=steps * 0 + 4, lsqr_iterations=lsqr).summary()
+    assert "accepted steps: median 4; " in line and f"per problem: median {np.median(lsqr):g};" in line
+
+
 def test_per_mode_errors_are_the_statistics_of_the_dct_of_the_estimates_errors():
     """rmse, bias, std (ddof 1), bias_se = std/sqrt(draws) and mse, recomputed from the reported estimates:
     Q(θ̂ − θ) by scipy.fft.dctn (orthonormal DCT-II per channel), statistics by numpy over the draws."""

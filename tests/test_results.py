@@ -151,6 +151,25 @@ def test_summary_divergence_leaves_out_the_restarts_that_bound_nothing():
     assert "divergence D: none: every restart bounds nothing (4," in res.summary()
 
 
+def test_summary_medians_of_counts_show_their_halves():
+    """A median of an even number of counts is often k + 1/2, and ``:.0f`` printed it rounded half to even:
+    LSQR iterations 3 and 4 read "median 4" where numpy's median (the oracle) is 3.5. Every median of counts
+    the summary prints now shows its .5, and a large count keeps every digit."""
+    res = bounds_with_std([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    for its, text in (([3, 4], "3.5"), ([4, 4], "4"), ([1234567, 1234568], "1234567.5"), ([2, 5], "3.5")):
+        res.lsqr_iterations = np.array(its).reshape(2, 1, 1)
+        assert np.median(its) == float(text)                                # numpy's median, every digit
+        assert f"  LSQR iterations per solve: median {text}, max {max(its)};" in res.summary()
+    res.params = dict(res.params, solver="dense",
+                      dense=dict(jacobian_products=9.0, rank_median=float(np.median([4, 5])), rank_min=4))
+    assert "× the largest) median 4.5, min 4; every step exact" in res.summary()
+    res.params = dict(res.params, solver="krylov",
+                      krylov=dict(pilots=1, steps_median=float(np.median([160, 161, 162, 163])), steps_max=163,
+                                  products_per_example=330.0, rank_median=float(np.median([2, 3])), rank_min=2))
+    line = next(x for x in res.summary().splitlines() if "Krylov basis" in x)
+    assert "median 161.5 steps, max 163, 330 products per example" in line and line.endswith("; rank median 2.5")
+
+
 def test_repr_is_the_summary_head_not_the_arrays():
     """A result printed in a notebook shows what was bounded and the quantiles (numpy's, here the oracle),
     not numpy's dump of eps and z; a Bounds whose fields make no summary still has a repr."""

@@ -634,6 +634,39 @@ def test_a_call_read_back_from_its_checkpoint_says_its_phases_were_timed_by_an_e
     np.testing.assert_array_equal(again.std, first.std)
 
 
+def test_shared_directions_count_in_the_total_and_the_summary_says_they_were_the_solves():
+    """bound's dense solve derives the targeted directions before targeted_bound runs, and its seconds came
+    back as the phase "decomposition" while "total" timed only targeted_bound's own work: the line read
+    "decomposition 0.02, ..., total 0.01", phases over the total with nothing read back. The shared phases
+    now count in the total, and the line says whose they are."""
+    from hcrfast import dense
+    from hcrfast.targeted import _dense_directions
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh()).double().eval()
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
+    n, modes = 12, parse_targets("low:2", (1, 4, 4), "dct")
+    dirs = _dense_directions(model, x, dense.basis_vectors((1, 4, 4), "dct", modes, x.device), n,
+                             jacobian="auto", chunk=None)
+    dirs.seconds = (0.0, 1000.0)   # the solve's seconds, made long enough that no wall time can hide them
+    shared = targeted_bound(model, x, 0.1, targets="low:2", directions=dirs)
+    t = shared.timings
+    assert t["decomposition"] == 1000.0 and 1000.0 <= t["total"] < 1000.0 + 60.0
+    assert sum(v for k, v in t.items() if k != "total") <= t["total"]
+    line = shared.summary().splitlines()[-1]
+    assert "decomposition 1000.00 (the solve's, deriving the directions; in the total)" in line
+    assert line.endswith(f"total {t['total']:.2f}")
+    # bound's own call: the same accounts, phases within the total
+    b = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, targets="low:2", solver="dense")
+    t = b.targeted.timings
+    assert b.targeted.params["shared_factorization"] and t["decomposition"] > 0
+    assert sum(v for k, v in t.items() if k != "total") <= t["total"]
+    assert "(the solve's, deriving the directions; in the total)" in b.targeted.summary().splitlines()[-1]
+    # targeted_bound's own directions: its own phases, unmarked, as before
+    own = targeted_bound(model, x, 0.1, targets="low:2", method="dense")
+    assert "the solve's" not in own.summary().splitlines()[-1]
+    assert sum(v for k, v in own.timings.items() if k != "total") <= own.timings["total"]
+
+
 @pytest.mark.parametrize("directions", ["x", "dense", np.zeros((2, 1, 16))])
 def test_directions_that_are_not_dense_directions_are_refused_by_name(directions):
     """directions='x' (a method's name, say) failed with "'str' object has no attribute 'method'"."""
