@@ -1063,13 +1063,26 @@ def _numbers(res, targets) -> dict:
 
 
 def _attack_line(c: dict, args) -> str:
-    return (f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): its error over the "
-            f"bound per mode, median {c['median']:.4g} ({c['fraction_below_1']:.1%} below 1, where an efficient "
-            f"unbiased attacker at the bound would have {c['fraction_below_1_efficient']:.1%}; each mode's ratio "
-            f"for it: {c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g}); its mse over mse_from_modes, median "
-            f"{c['mse_ratio_median']:.4g}"
-            + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
-               if c["n_draws_unmoved"] else ""))
+    """The printed account of an attack beside its bounds (hcrfast.compare's dict): the median ratio and over
+    which pairs (report._attack_pairs), or that no pair was compared, where the median would be NaN."""
+    import math
+
+    from hcrfast.report import _attack_pairs
+
+    compared, pairs = _attack_pairs(c)
+    mse = c.get("mse_ratio_median")
+    line = f"  attack ({args.attack} Gauss-Newton draws per input from the {args.attack_start}): "
+    if compared:
+        line += (f"its error over the bound per mode, {pairs + ', ' if pairs else ''}median {c['median']:.4g} "
+                 f"({c['fraction_below_1']:.1%} below 1, where an efficient unbiased attacker at the bound would "
+                 f"have {c['fraction_below_1_efficient']:.1%}; each mode's ratio for it: "
+                 f"{c['mc_band'][0]:.3g}..{c['mc_band'][1]:.3g})")
+    else:
+        line += f"{pairs}, so no error over the bound per mode"
+    line += ("; its mse over mse_from_modes: no input whose mse_from_modes is finite and above 0"
+             if mse is None or math.isnan(mse) else f"; its mse over mse_from_modes, median {mse:.4g}")
+    return line + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
+                   if c["n_draws_unmoved"] else "")
 
 
 # The params that differ between a sweep's calls: each σ's noise, and each call's own account of what it did

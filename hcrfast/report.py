@@ -10,7 +10,8 @@
   whose error had the size of the bound would look like this.
 * ``bound_images.png``: the inverse DCT of the bounds, averaged over channels,
   per example, on one colour scale.
-* ``bound_modes.png``: the median bound of every DCT mode over the examples.
+* ``bound_modes.png``: the median bound of every DCT mode over the examples, on a log colour
+  scale; medians of 0 and of +inf in colours of their own, counted in a legend.
 * ``report.html``: the numbers of ``summary.json`` and every figure on one page,
   plain HTML and CSS (no JavaScript), figures by relative path.
 """
@@ -219,35 +220,70 @@ def _bound_image_figure(path, std, show):
     plt.close(fig)
 
 
-def _modes_figure(path, std, lowfreq):
-    plt = _pyplot()
-    # median over examples of each mode, channels averaged; infinite bounds count as large
-    # values in the median (a median is still defined), and are reported in the title.
-    per_mode = np.median(std, axis=0).mean(axis=0)
-    n_inf_modes = int(np.isinf(per_mode).sum())
-    shown = np.where(np.isfinite(per_mode), per_mode, np.nan)
-    positive = shown[np.isfinite(shown) & (shown > 0)]
-    fig, ax = plt.subplots(figsize=(4.6, 4.0), constrained_layout=True)
-    if positive.size:
-        from matplotlib.colors import LogNorm
+# bound_modes.png's colours for the modes the log colour scale cannot place: a median of 0 (it bounds nothing)
+# and one of +inf (D = 0: no unbiased estimator there), each its own, neither in magma nor the cyan box's
+_MODE_ZERO_COLOUR, _MODE_INFINITE_COLOUR = "0.72", "tab:blue"
 
-        im = ax.imshow(shown, cmap="magma", norm=LogNorm(vmin=positive.min(), vmax=positive.max()),
-                       interpolation="nearest")
+
+def _modes_figure(path, std, lowfreq) -> dict:
+    """``bound_modes.png``: the median over the examples of each DCT mode's bound, channels averaged, on a log
+    colour scale; modes whose median is 0 or +inf, which that scale cannot place, in colours of their own,
+    counted in a legend, and a note on the axes where no mode's median is finite and above 0.
+
+    Returns the figure's texts (``title``, ``notes`` on the axes, ``legend``) and the counts ``zero_modes``,
+    ``infinite_modes``, ``positive_modes``."""
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    # median over examples of each mode, channels averaged; infinite bounds count as large values in the
+    # median (a median is still defined), a mode infinite where a channel's median is
+    per_mode = np.median(std, axis=0).mean(axis=0)
+    infinite, zero = np.isinf(per_mode), per_mode == 0
+    positive = np.isfinite(per_mode) & (per_mode > 0)
+    counts = {"zero_modes": int(zero.sum()), "infinite_modes": int(infinite.sum()),
+              "positive_modes": int(positive.sum())}
+    fig, ax = plt.subplots(figsize=(4.6, 4.4), constrained_layout=True)
+    if positive.any():
+        from matplotlib.colors import LogNorm
         from matplotlib.ticker import FuncFormatter
 
-        fig.colorbar(im, ax=ax, label="median bound (normalized units)",
-                     format=FuncFormatter(lambda v, _: f"{v:g}"))
+        values = per_mode[positive]
+        im = ax.imshow(np.where(positive, per_mode, np.nan), cmap="magma",
+                       norm=LogNorm(vmin=values.min(), vmax=values.max()), interpolation="nearest")
+        fig.colorbar(im, ax=ax, label="median bound (normalized units)", format=FuncFormatter(lambda v, _: f"{v:g}"))
+    handles = []
+    for mask, colour, label in ((zero, _MODE_ZERO_COLOUR, f"median 0 (bounds nothing): {counts['zero_modes']:,}"),
+                                (infinite, _MODE_INFINITE_COLOUR,
+                                 f"median +∞ (D = 0): {counts['infinite_modes']:,}")):
+        if mask.any():
+            ax.imshow(np.ma.masked_where(~mask, np.ones(mask.shape)), cmap=ListedColormap([colour]), vmin=0,
+                      vmax=1, interpolation="nearest")
+            handles.append(Patch(facecolor=colour, edgecolor="black", linewidth=0.5, label=label))
+    notes = []
+    if not positive.any():
+        kinds = [f"{n:,} {what}" for n, what in ((counts["zero_modes"], "are 0 (they bound nothing)"),
+                                                 (counts["infinite_modes"], "are +∞ (D = 0)")) if n]
+        notes.append(f"No mode's median bound is\nfinite and above 0: of the {per_mode.size:,} modes,\n"
+                     + ",\n".join(kinds) + "\n(nothing for a colour scale)")
+        ax.text(0.5, 0.5, notes[0], ha="center", va="center", fontsize=8, transform=ax.transAxes,
+                bbox=dict(facecolor="white", edgecolor="0.5", alpha=0.9))
     H, W = per_mode.shape
-    ax.add_patch(_pyplot().Rectangle((-0.5, -0.5), min(lowfreq, W), min(lowfreq, H), fill=False,
-                                     edgecolor="cyan", linewidth=1.5))
+    ax.add_patch(plt.Rectangle((-0.5, -0.5), min(lowfreq, W), min(lowfreq, H), fill=False, edgecolor="cyan",
+                               linewidth=1.5))
     ax.set_xlabel("horizontal frequency k_w")
     ax.set_ylabel("vertical frequency k_h")
-    title = f"Median bound per DCT mode\n(cyan: the {lowfreq}×{lowfreq} low-frequency block)"
-    if n_inf_modes:
-        title += f"; {n_inf_modes} modes with median ∞ in white"
+    title = f"Median bound per DCT mode\ncyan: the {lowfreq}×{lowfreq} low-frequency block"
     ax.set_title(title, fontsize=9)
+    legend = None
+    if handles:   # below the axes: over the image it would hide modes
+        legend = fig.legend(handles=handles, loc="outside lower center", fontsize=8, ncols=1,
+                            title="modes off the colour scale", title_fontsize=8)
+    texts = {"title": ax.get_title(), "notes": [t.get_text() for t in ax.texts],
+             "legend": [] if legend is None else [t.get_text() for t in legend.get_texts()], **counts}
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return texts
 
 
 def write_figures(out, *, images, std, normalization, lowfreq, labels, seed, name) -> dict:
@@ -349,6 +385,24 @@ def _device_row(s: dict) -> str:
         return f"bounds computed on {chunks[0]}; this run: {now}"
     return (f"bounds computed on {'; '.join(chunks)} (chunks of different arithmetic: they agree to rounding, "
             f"not bitwise); this run: {now}")
+
+
+def _steps_bounding(s: dict) -> str:
+    """Which certified steps a reproduce run's bounds are the largest over, as its summary says they ran
+    (``iterates``, absent before it was kept: the last; ``singular_steps``; ``targeted``)."""
+    steps = (f"every iterate ε(1) … ε({s['iterations']}) of each of the R = {s['restarts']:,} restarts"
+             if s.get("iterates", "last") == "all"
+             else f"the last iterate ε({s['iterations']}) of each of the R = {s['restarts']:,} restarts")
+    more = ([f"{s['singular_steps']:,} singular steps per example (each direction with both signs)"]
+            if s.get("singular_steps") else []) + (["the targeted steps"] if s.get("targeted") else [])
+    return ("Each bound is the largest, per mode, over " + ", ".join([steps] + more[:-1])
+            + (f" and {more[-1]}" if more else ""))
+
+
+def _best_step(s: dict) -> str:
+    """The step whose eq. (6) a reproduce run reports: Algorithm 1's largest, the singular steps aside."""
+    return ("step with the largest (of any restart and iterate)" if s.get("iterates", "last") == "all"
+            else "best restart")
 
 
 def write_html(path, summary: dict, figures: dict) -> Path:
@@ -482,9 +536,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                      ("divergence D per restart that bounds something", s["divergence"])):
         rows.append((label, *(d.get(k) for k in q), d.get("finite"), d.get("infinite")))
     body.append(_table(rows, header=("", "5%", "25%", "50%", "75%", "95%", "finite", "infinite")))
-    body.append('<p class="note">Quantiles over the finite values. Bounds are the maximum over the R '
-                "restarts; the MSE bound of eq. 6 is (1/p)‖ε‖²/D of the best restart, and the one from the "
-                "per-mode bounds (each mode's variance is at least its bound squared) is at least as large.</p>")
+    body.append(f'<p class="note">Quantiles over the finite values. {e(_steps_bounding(s))}; the MSE bound of '
+                f"eq. 6 is (1/p)‖ε‖²/D of the {_best_step(s)}, and the one from the per-mode bounds (each mode's "
+                f"variance is at least its bound squared) is at least as large.</p>")
 
     for key, caption in (
         ("hist_all", "Histogram of all bounds (256 bins)."),
@@ -577,6 +631,36 @@ def _gain_pairs_left_out(g: dict) -> str:
     if g["from_zero_baseline_still_zero"]:
         parts.append(f"{g['from_zero_baseline_still_zero']:,} are 0 either way")
     return " (over " + "; ".join(parts) + ")"
+
+
+def _attack_pairs(a: dict) -> tuple[bool, str]:
+    """Which (input, mode) pairs an attack's ratios are over (:func:`hcrfast.compare`'s ``n_compared`` of
+    ``n_modes``; the pairs whose bound is +inf or 0, or whose attack error is NaN, are left out):
+    ``(True, "")`` where every pair was compared, ``(True, "over 48 of 80 pairs (32 with a bound of +inf
+    left out)")`` where some were, ``(False, "no pair compared: all 80 bounds +inf")`` where none was, whose
+    median and shares are NaN (summary.json: null). A summary from before the counts says nothing."""
+    if "n_compared" not in a:
+        return a.get("median") is not None and not math.isnan(a["median"]), ""
+    n, kept = a["n_modes"], a["n_compared"]
+    left = [(a["n_bound_infinite"], "+inf", "with a bound of +inf"), (a["n_bound_zero"], "0", "with a bound of 0"),
+            (n - kept - a["n_bound_infinite"] - a["n_bound_zero"], "", "whose attack error is NaN")]
+    left = [(k, value, what) for k, value, what in left if k]
+    if kept == n:
+        return True, ""
+    if kept == 0:
+        if len(left) == 1 and left[0][1]:
+            return False, f"no pair compared: all {n:,} bounds {left[0][1]}"
+        return False, f"no pair compared: of the {n:,} pairs, " + ", ".join(f"{k:,} {what}" for k, _, what in left)
+    return True, (f"over {kept:,} of {n:,} pairs (" + ", ".join(f"{k:,} {what}" for k, _, what in left)
+                  + " left out)")
+
+
+def _attack_median_cell(a: dict) -> str:
+    """A sweep table's attack median: its value and over which pairs (:func:`_attack_pairs`), or why none."""
+    compared, pairs = _attack_pairs(a)
+    if not compared:
+        return f"– ({pairs})"
+    return _fmt(a["median"]) + (f" {pairs}" if pairs else "")
 
 
 def _finite_median(q: dict) -> str:
@@ -693,12 +777,17 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                       f"{e(found['note'][:1].upper() + found['note'][1:])}.</p>")
     a = s.get("attack")
     if a:
+        compared, pairs = _attack_pairs(a)
+        ratio = ((f"{pairs}, " if pairs else "") + f"median {_fmt(a['median'])} ({_share(a['fraction_below_1'])} "
+                 f"below 1, where an efficient unbiased attacker at the bound would have "
+                 f"{_share(a.get('fraction_below_1_efficient'))}; each mode's ratio for it: {_fmt(a['mc_band'][0])} "
+                 f"to {_fmt(a['mc_band'][1])})")
         body += ["<h2>A real attacker beside the bounds</h2>",
                  f"<p>Gauss–Newton, {a['draws']} noisy draws per input from the {e(str(a['start']))}, "
-                 f"{a['steps']} steps: its error over the bound per mode, median {_fmt(a['median'])} "
-                 f"({_share(a['fraction_below_1'])} below 1, where an efficient unbiased attacker at the bound "
-                 f"would have {_share(a.get('fraction_below_1_efficient'))}; each mode's ratio for it: "
-                 f"{_fmt(a['mc_band'][0])} to {_fmt(a['mc_band'][1])}). A biased attacker (one started at the "
+                 f"{a['steps']} steps"
+                 + (f": its error over the bound per mode, {e(ratio)}" if compared
+                    else f"; {e(pairs)}, so there is no error over the bound to show")
+                 + ". A biased attacker (one started at the "
                  f"truth keeps it where the features say nothing) can beat the bound, which binds unbiased "
                  f"ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
                                   f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")
@@ -849,12 +938,13 @@ def write_sweep_report(out, summary: dict) -> Path:
     utility = all("utility" in lv for lv in levels)
     rows = [(lv["scale"], lv["sigma_rms"], lv["std"].get("q5"), lv["std"].get("q50"), lv["std"].get("q95"),
              lv["std"]["infinite"], lv["mse_bound_modes"].get("q50"), lv["call_seconds"], lv["reused_examples"])
-            + ((lv["attack"]["median"],) if attack else ())
+            + ((_attack_median_cell(lv["attack"]),) if attack else ())
             + ((_dithered_cell(lv["utility"]),) if utility else ())
             for lv in levels]
     header = ("sigma / the one given", "sigma" + (" (RMS of the stds)" if any(lv["sigma"] is None for lv in levels)
                                                   else ""),
-              "5%", "median", "95%", "infinite", "MSE bound, median over inputs", "seconds",
+              "5%", "median", "95%", "infinite", "bound on the MSE per coordinate from every mode's bound, median over "
+              "the inputs' finite bounds", "seconds",
               "inputs whose factors were reused") + (("attack error / bound, median",) if attack else ()) + (
               (f"{_metric_label(levels)}, dithered",) if utility else ())
     body = [f"<h1>hcrfast bound {html.escape(s['model'])}: {len(levels)} noise levels</h1>", _table(_run_rows(s)),

@@ -280,6 +280,90 @@ def test_the_report_counts_infinite_bounds_and_medians_as_the_summary_does(tmp_p
            f"nothing left out)" in printed
 
 
+QUANTIZED_FILE = textwrap.dedent("""
+    import torch
+
+    class Quantized(torch.nn.Module):
+        # a straight-through rounding: J is the identity, but no small step changes the features (every bound +inf)
+        def forward(self, x):
+            f = x.flatten(1)
+            return f + (torch.round(f * 4) / 4 - f).detach()
+""")
+
+
+def _attack_oracle(out) -> dict:
+    """Which (input, mode) pairs an attack's ratios can be over, and their median, from bounds.npz and
+    attack.npz themselves: a bound of +inf or 0 bounds no ratio."""
+    std = np.asarray(hcrfast.Bounds.load(out / "bounds.npz").std, dtype=np.float64).ravel()
+    rmse = np.asarray(hcrfast.AttackResult.load(out / "attack.npz").rmse, dtype=np.float64).ravel()
+    kept = np.isfinite(std) & (std > 0) & ~np.isnan(rmse)
+    return {"n": std.size, "kept": int(kept.sum()), "inf": int(np.isinf(std).sum()), "zero": int((std == 0).sum()),
+            "median": float(np.median(rmse[kept] / std[kept])) if kept.any() else None}
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_attack_account_says_which_pairs_its_median_is_over(tmp_path, capsys):
+    """With some bounds +inf or 0 the attack's median ratio is over the other pairs alone: the printed line, the
+    report and a sweep's table said "median 11.62" without saying over 64 of 192 pairs; bounds.npz and
+    attack.npz are the oracle of the counts and the median."""
+    from html import unescape
+
+    (tmp_path / "mixed.py").write_text(MIXED_FILE)
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x[0] += 10
+    x[2] -= 10
+    torch.save(x, tmp_path / "x.pt")
+    common = [f"{tmp_path / 'mixed.py'}:Mixed", tmp_path / "x.pt", "--sigma", "0.5", "--iterations", "2",
+              "--restarts", "2", "--solver", "dense", "--threads", "1", "--no-progress", "--attack", "2",
+              "--attack-steps", "2"]
+    out = tmp_path / "run"
+    assert _bound([*common, "--out", out]) == 0
+    printed = capsys.readouterr().out
+    o = _attack_oracle(out)
+    assert o["inf"] == o["zero"] == 64 and o["kept"] == 64 and o["n"] == 192   # (what MIXED_FILE's inputs make)
+    said = (f"its error over the bound per mode, over {o['kept']} of {o['n']} pairs ({o['inf']} with a bound of +inf, "
+            f"{o['zero']} with a bound of 0 left out), median {o['median']:.4g} (")
+    assert said in printed
+    assert said in unescape((out / "report.html").read_text())
+    # a sweep: each level's line, and its table's cell, which also names the MSE bound as the single report does
+    sweep = tmp_path / "sweep"
+    assert _bound([*common, "--sweep", "1,2", "--out", sweep]) == 0
+    printed = capsys.readouterr().out
+    page = unescape((sweep / "report.html").read_text())
+    for name in ("scale_1", "scale_2"):
+        o = _attack_oracle(sweep / "sweep" / name)
+        pairs = (f"over {o['kept']} of {o['n']} pairs ({o['inf']} with a bound of +inf, {o['zero']} with a bound of 0 "
+                 f"left out)")
+        assert f"its error over the bound per mode, {pairs}, median {o['median']:.4g} (" in printed
+        assert f">{o['median']:.4g} {pairs}</td>" in page
+    assert "bound on the MSE per coordinate from every mode's bound, median over the inputs' finite bounds" in page
+    assert "MSE bound, median over inputs" not in page
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_an_attack_beside_bounds_all_infinite_says_no_pair_was_compared(tmp_path, capsys):
+    """Every bound +inf: no ratio exists; the line printed "median nan (nan% below 1" and the report "median –
+    (n/a below 1", never saying that no pair was compared."""
+    from html import unescape
+
+    (tmp_path / "quantized.py").write_text(QUANTIZED_FILE)
+    torch.save(torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(1)), tmp_path / "x.pt")
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'quantized.py'}:Quantized", tmp_path / "x.pt", "--sigma", "0.3", "--iterations", "2",
+                   "--restarts", "2", "--threads", "1", "--no-progress", "--attack", "2", "--attack-steps", "2",
+                   "--out", out]) == 0
+    printed = capsys.readouterr().out
+    o = _attack_oracle(out)
+    assert o["inf"] == o["n"] == 192 and o["kept"] == 0
+    line = next(ln for ln in printed.splitlines() if "Gauss-Newton draws" in ln)
+    assert f"no pair compared: all {o['n']} bounds +inf" in line
+    assert "nan" not in line
+    assert "no input whose mse_from_modes is finite and above 0" in line
+    page = unescape((out / "report.html").read_text())
+    assert f"no pair compared: all {o['n']} bounds +inf, so there is no error over the bound to show" in page
+    assert "median –" not in page and "n/a below 1" not in page
+
+
 @pytest.mark.parametrize("name, seed", [("make", 1), ("instance", 2)])
 def test_a_factory_or_an_instance_names_the_model(files, name, seed):
     tmp_path, x = files
