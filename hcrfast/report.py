@@ -789,7 +789,7 @@ def write_bound_report(out, summary: dict, std: np.ndarray) -> Path:
                     else f"; {e(pairs)}, so there is no error over the bound to show")
                  + ". A biased attacker (one started at the "
                  "truth keeps it where the features say nothing) can beat the bound, which binds unbiased "
-                 f"ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
+                 "ones only." + (f" {a['n_draws_unmoved']:,} draws took no step: their error is their start's, "
                                   f"and their ratios understate the attacker's." if a.get("n_draws_unmoved") else "")
                  + "</p>"]
     return _write_bound_page(out, body, figures)
