@@ -431,8 +431,9 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     if n_bad:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
-                         f"sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), a smaller size, or a "
-                         f"float64 model and batch")
+                         f"sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
+                         + (", a smaller size, or a float64 model and batch" if dtype != torch.float64
+                            else " or a smaller size"))
     if n_moved == 0:
         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
                          f"bound can be computed: the steps vanish once added to the inputs (theta + eps == theta in "
@@ -2025,8 +2026,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                          f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "
                                          f"overflowed (inf or NaN) building from the first steps' target shifts "
                                          f"(basis {exc.row}, step {exc.k}); pass a sigma nearer the features' scale "
-                                         f"(hcrfast.rms_sigma(features, scale)), a smaller size, or a float64 model "
-                                         f"and batch") from exc
+                                         f"(hcrfast.rms_sigma(features, scale))"
+                                         + (", a smaller size, or a float64 model and batch"
+                                            if batch.dtype != torch.float64 else " or a smaller size")) from exc
                 if share is not None:
                     t0 = time.perf_counter()
                     with profiling.annotate("targeted-directions"):

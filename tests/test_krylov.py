@@ -917,3 +917,16 @@ def test_a_pilot_whose_norm_overflows_is_refused_in_lsqr_s_words(singular_steps)
                                              r"cannot hold.*sigma nearer the features") as err:
             hcrfast.bound(net, x, 1e30, solver=solver, restarts=2, iterations=2, singular_steps=singular_steps)
         assert "vanish" not in str(err.value)
+
+
+@pytest.mark.parametrize("solver", ["dense", "lsqr", "krylov"])
+def test_a_float64_model_s_overflow_is_not_told_to_use_a_float64_model(solver):
+    """A float64 model at sigma = 1e200 was told to pass "a float64 model and batch", which it is."""
+    import hcrfast
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).double().eval()
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"asks for steps float64 cannot hold.*sigma nearer the features") as err:
+        hcrfast.bound(net, x, 1e200, solver=solver, restarts=2, iterations=2)
+    assert "float64 model" not in str(err.value)
