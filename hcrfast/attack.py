@@ -25,6 +25,8 @@ References: K. Levenberg (1944), D. W. Marquardt (1963); Paige & Saunders (1982)
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import numbers
 import sys
@@ -391,6 +393,40 @@ def _check_start(start, batch: torch.Tensor) -> torch.Tensor:
     return start
 
 
+def _noise_by_either_name(fn):
+    """Let ``fn(model, batch, noise_or_sigma, ...)`` take its noise as ``sigma=`` too, the name every other
+    entry point gives it (once: both at once are refused). Applied over :func:`accepts_per_feature_sigma`,
+    which then finds one std per feature given as ``sigma=`` under the name it reads."""
+    signature = inspect.signature(fn)
+    first, rest = list(signature.parameters.values())[:3], list(signature.parameters.values())[3:]
+    public = signature.replace(parameters=[*first[:2], first[2].replace(default=None),
+                                           inspect.Parameter("sigma", inspect.Parameter.KEYWORD_ONLY, default=None),
+                                           *rest])
+    name = f"{fn.__module__.split('.')[0]}.{fn.__name__}()"
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            given = public.bind(*args, **kwargs).arguments
+        except TypeError as exc:  # bind's message does not say whose arguments these are
+            raise TypeError(f"{name}: {exc}; its arguments are {', '.join(public.parameters)}") from None
+        if "sigma" in given and "noise_or_sigma" in given:
+            shown = [f"{key} {text}" if text.startswith("of dtype") else f"{key}={text}"
+                     for key, text in ((key, _short_value(given[key])) for key in ("noise_or_sigma", "sigma"))]
+            raise TypeError(f"{name}: the noise was given twice, {shown[0]} and {shown[1]}; pass one of them "
+                            f"(sigma=, as hcrfast.bound names it)")
+        if "sigma" not in given and "noise_or_sigma" not in given:
+            raise TypeError(f"{name}: missing a required argument: 'sigma' (σ, one std per feature, or a noise "
+                            f"law); pass sigma=... or the noise as the third argument (noise_or_sigma)")
+        if "sigma" in kwargs:
+            kwargs["noise_or_sigma"] = kwargs.pop("sigma")
+        return fn(*args, **kwargs)
+
+    wrapper.__signature__ = public
+    return wrapper
+
+
+@_noise_by_either_name
 @accepts_per_feature_sigma
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 0.0,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
@@ -413,9 +449,10 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         (a model in training mode is switched for the call, with a warning).
     batch : torch.Tensor, shape (B, ...)
         The true inputs θ, on the model's device and in its dtype.
-    noise_or_sigma : float, array of one std per feature, or noise law
-        The dithering: σ of i.i.d. Gaussian noise, one std per feature (as
-        :func:`hcrfast.bound`), or ``hcrfast.Gaussian``, ``hcrfast.Laplace``,
+    noise_or_sigma, sigma : float, array of one std per feature, or noise law
+        The dithering, given once by either name: the third argument (or ``noise_or_sigma=``),
+        or ``sigma=`` as :func:`hcrfast.bound` names it. σ of i.i.d. Gaussian noise, one std
+        per feature (as :func:`hcrfast.bound`), or ``hcrfast.Gaussian``, ``hcrfast.Laplace``,
         ``hcrfast.MonteCarlo`` (only its ``sample`` is used).
     draws : int
         Noise draws per example (independent reconstructions).
@@ -462,7 +499,10 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     example_ids : sequence of int, optional
         Global indices of the examples (default 0..B−1), used only to seed their noise.
     progress : bool
-        One line per finished chunk on stderr: examples done, elapsed time, ETA.
+        Print to stderr a line per finished chunk (examples done, elapsed seconds, ETA), and lines from
+        inside a chunk's Gauss–Newton iterations, at most one every 10 s (the chunk's examples, its
+        Gauss–Newton step, the draws still running): a chunk of the automatic size can run for minutes.
+        Also a line where a chunk is halved for memory, and where a ``checkpoint`` gave examples back.
     checkpoint : str or os.PathLike, optional
         A folder: each finished chunk of examples is written there at once (atomically),
         and the same call made again after a crash or an interrupt reads them back and
@@ -503,6 +543,11 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     chunk_size = validation.chunk_size(chunk_size)
     checkpoint = validation.checkpoint_folder(checkpoint)
     progress = validation.flag("progress", progress)
+    if callable(model) and isinstance(batch, torch.Tensor) and batch.dtype == torch.bfloat16:
+        # (model_and_batch's refusal speaks of certified bounds, which the attack does not compute)
+        raise TypeError("batch is torch.bfloat16, which the attack's arrays (NumPy, CuPy) cannot hold; run the "
+                        "attack in float32: pass model.float() and batch.float() (float32 and float64 are the "
+                        "dtypes it has default tolerances for)")
     batch = validation.model_and_batch(model, batch, basis)
     start_points = _check_start(start, batch)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
@@ -721,10 +766,12 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     Parameters
     ----------
     bounds : Bounds, TargetedBounds or array
-        Per-mode std bounds (``.std``), shape = ``attack.rmse.shape``, same basis. Bounds
-        made at another noise law or σ, or with a model of another number of features or
-        inputs, are refused (their ``params`` say so; that the batch is the same is the
-        caller's to ensure).
+        Per-mode std bounds, shape = ``attack.rmse.shape``, same basis: a Bounds' ``.std``; a
+        TargetedBounds' ``.std_every_mode`` (every mode's best bound from all the targeted steps,
+        what ``bound(targets=)`` takes; its ``.std`` is 0 for the modes not targeted, which would
+        count as vacuous bounds); or the array itself. Bounds made at another noise law or σ, or
+        with a model of another number of features or inputs, are refused (their ``params`` say
+        so; that the batch is the same is the caller's to ensure).
     attack : AttackResult
     quantiles : sequence of float
         Quantile levels of the ratio to report.
@@ -747,7 +794,15 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     """
     if not isinstance(attack, AttackResult):
         raise TypeError(f"attack must be an hcrfast.attack.AttackResult, got {type(attack).__name__}")
-    std = bounds.std if hasattr(bounds, "std") and not callable(bounds.std) else bounds  # arrays have .std()
+    from hcrfast.targeted import TargetedBounds
+
+    name = "bounds.std"
+    if isinstance(bounds, TargetedBounds):  # .std holds 0 for the modes not targeted, which bound nothing
+        name = "bounds.std_every_mode"
+        std = (bounds.std_every_mode if bounds.std_every_mode is not None
+               else bounds.with_every_mode().std_every_mode)
+    else:
+        std = bounds.std if hasattr(bounds, "std") and not callable(bounds.std) else bounds  # arrays have .std()
     if isinstance(std, torch.Tensor):
         std = std.detach().cpu().numpy()
     std = None if isinstance(std, (str, bytes)) or std is None else _real_host_array(std)
@@ -758,7 +813,7 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     std = std.astype(np.float64)
     att = attack.to_numpy()
     if std.shape != att.rmse.shape:
-        raise ValueError(f"Shape mismatch: bounds.std has shape {std.shape} but attack.rmse has {att.rmse.shape}; "
+        raise ValueError(f"Shape mismatch: {name} has shape {std.shape} but attack.rmse has {att.rmse.shape}; "
                          f"compute both on the same batch")
     b_params = getattr(bounds, "params", None) or {}
     bound_basis = b_params.get("basis")
@@ -791,7 +846,7 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
     if any(not 0 <= q <= 1 for q in levels):
         raise ValueError(f"quantiles must lie in [0, 1], got {tuple(levels)}")
     if np.any(std < 0) or np.any(np.isnan(std)):
-        raise ValueError("bounds.std contains negative or NaN values; pass the std of an hcrfast bound")
+        raise ValueError(f"{name} contains negative or NaN values; pass the std of an hcrfast bound")
 
     infinite = np.isinf(std)
     zero = std == 0

@@ -708,7 +708,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         s: each direction is scaled so that its linearized feature shift has
         norm s·σ (D ≈ s²), the size of Algorithm 1's start vectors.
     method : {"auto", "dense", "lsqr"}
-        How the directions are found (module docstring). "auto": "dense" when an
+        How the directions are found (module docstring). "auto": "lsqr" when ``lsqr``
+        options are given (as :func:`hcrfast.bound`'s "auto" solver), else "dense" when an
         example has at most :data:`DENSE_MAX_INPUTS` values and its J and V fit in
         :data:`DENSE_MAX_VALUES` float64 values, else "lsqr".
     basis : {"dct", "pixel"}
@@ -716,8 +717,9 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     certify : bool
         Compute ``z_ε`` in float64 with a float64 copy of the model.
     lsqr : LSQROptions, optional
-        For ``method="lsqr"``; default :data:`TARGETED_LSQR` for the batch's dtype with
-        ``iter_lim = LSQR_ITER_FACTOR · max(n, p)``.
+        For ``method="lsqr"`` (which ``"auto"`` then takes); default :data:`TARGETED_LSQR` for
+        the batch's dtype with ``iter_lim = LSQR_ITER_FACTOR · max(n, p)``. With
+        ``method="dense"`` (or ``directions=``) no LSQR runs, and a warning says they go unused.
     jacobian : {"auto", "forward", "reverse"}
         "dense": forward mode (p JVPs) or reverse mode (n VJPs) for the Jacobian,
         "auto" picks the fewer products. "lsqr": the products of
@@ -793,7 +795,20 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         xp = array_module_for(batch.device)
         B, n = features.shape
         K = len(modes)
-        method = resolve_method(method, n, p) if directions is None else directions.method
+        if directions is not None:
+            method = directions.method
+        elif method == "auto" and lsqr is not None:
+            method = "lsqr"  # options given for LSQR are a request for it, as bound's "auto" solver reads them
+        else:
+            method = resolve_method(method, n, p)
+        if method != "lsqr" and lsqr is not None:  # (no LSQR runs: not even its kernels choice is used)
+            changed = [f.name for f in dataclasses.fields(LSQROptions)
+                       if getattr(lsqr, f.name) != getattr(LSQROptions(), f.name)]
+            source = "given by directions=" if shared else "from each example's J"
+            validation.warn(f"method={method!r} finds the directions {source} and runs no LSQR, so these lsqr "
+                            f"options go unused: {', '.join(changed) or 'LSQROptions() (all defaults)'}; pass "
+                            f"method='lsqr'{' without directions=' if shared else ''} to find the directions by "
+                            f"LSQR with them")
         if directions is not None and tuple(directions.eps.shape) != (B, K, p):
             raise ValueError(f"directions= holds {tuple(directions.eps.shape)} (examples, modes, inputs) but this "
                              f"call has {(B, K, p)}; pass the directions computed for this batch and these "

@@ -640,3 +640,86 @@ def test_compare_refuses_quantiles_and_bounds_that_are_not_numbers_by_name():
     levels = compare(std.tolist(), a, quantiles=[np.float32(0.5), np.array(0.25), 1])["quantiles"]
     assert list(levels) == [0.5, 0.25, 1.0]
     assert list(compare(torch.as_tensor(std), a, quantiles=torch.tensor([0.5]))["quantiles"]) == [0.5]
+
+
+def test_bfloat16_is_refused_in_words_for_the_attack():
+    """The batch checks' refusal said "bounds are certified in float64 either way", which speaks of bounds, not
+    of an attack: the attack's own says what it has defaults for and how to run it."""
+    _, _, model, x = _linear_problem(3)
+    with pytest.raises(TypeError, match=r"^batch is torch\.bfloat16, which the attack's arrays \(NumPy, CuPy\) "
+                                        r"cannot hold; run the attack in float32: pass model\.float\(\) and "
+                                        r"batch\.float\(\) \(float32 and float64 are the dtypes it has default "
+                                        r"tolerances for\)$"):
+        gauss_newton_attack(model.bfloat16(), x.bfloat16(), 0.2, draws=2, steps=1)
+
+
+def test_the_progress_entry_of_the_docstring_names_every_line_the_attack_prints():
+    """It said "one line per finished chunk", but lines also come from inside a chunk's iterations (at most
+    every algorithm._PROGRESS_EVERY seconds), where a chunk is halved and where a checkpoint gave examples back
+    (test_progress_speaks_from_inside_a_long_chunk and the checkpoint tests check the lines themselves)."""
+    from hcrfast import algorithm
+
+    entry = re.search(r"\n    progress : bool\n(.*?)\n    \w+ :", gauss_newton_attack.__doc__, re.S).group(1)
+    entry = " ".join(entry.split())
+    assert "a line per finished chunk (examples done, elapsed seconds, ETA)" in entry, entry
+    assert (f"lines from inside a chunk's Gauss–Newton iterations, at most one every "
+            f"{algorithm._PROGRESS_EVERY:g} s (the chunk's examples, its Gauss–Newton step, the draws still "
+            f"running)") in entry, entry
+    assert "halved for memory" in entry and "``checkpoint`` gave examples back" in entry, entry
+
+
+def test_compare_takes_a_targeted_bounds_every_mode_bound_not_its_zeros_for_untargeted_modes():
+    """TargetedBounds.std is 0 for the modes not targeted: compare counted them as vacuous bounds and put
+    those zeros in mse_from_modes. It takes std_every_mode (every mode's best bound from all the steps, what
+    bound(targets=) takes): the counts, the ratios and mse_ratio_median are numpy's on std_every_mode."""
+    _, _, model, x = _linear_problem(4)
+    sigma = 0.3
+    tb = hcrfast.targeted_bound(model, x, sigma, targets="low:2")
+    att = gauss_newton_attack(model, x, sigma, draws=3, steps=1)
+    c = compare(tb, att)
+    every = tb.std_every_mode
+    assert np.count_nonzero(tb.std == 0) > 0 and c["n_bound_zero"] == np.count_nonzero(every == 0)
+    assert c["n_bound_zero"] < np.count_nonzero(tb.std == 0)
+    keep = np.isfinite(every) & (every > 0)
+    assert c["n_bound_infinite"] == np.count_nonzero(np.isinf(every))
+    assert c["n_compared"] == np.count_nonzero(keep)
+    assert c["median"] == pytest.approx(np.median(att.rmse[keep] / every[keep]), rel=1e-12)
+    mse_bound = (every.reshape(len(x), -1) ** 2).mean(axis=1)
+    assert np.all(np.isfinite(mse_bound) & (mse_bound > 0))
+    assert c["mse_ratio_median"] == pytest.approx(np.median(att.mse / mse_bound), rel=1e-12)
+    # the array itself gives the same; Bounds and arrays still use .std and the array
+    assert compare(every, att) == c
+
+
+def test_the_attack_takes_its_noise_as_sigma_too_and_refuses_it_twice():
+    """Every other entry point names the noise sigma: gauss_newton_attack(m, x, sigma=0.1) failed with
+    "missing a required argument: 'noise_or_sigma'". sigma= gives what the third argument gives (one number,
+    or one std per feature, which the per-feature wrapper must still see); noise_or_sigma= still works; both
+    at once, or neither, are refused by name."""
+    import inspect
+
+    _, _, model, x = _linear_problem(3)
+    kw = dict(draws=2, steps=1, seed=4)
+    want = gauss_newton_attack(model, x, 0.2, **kw)
+    for got in (gauss_newton_attack(model, x, sigma=0.2, **kw), gauss_newton_attack(model, x, noise_or_sigma=0.2, **kw),
+                gauss_newton_attack(model=model, batch=x, sigma=0.2, **kw)):
+        np.testing.assert_array_equal(got.estimates, want.estimates)
+        assert got.params == want.params
+    stds = np.linspace(0.1, 0.3, N)
+    per_feature = gauss_newton_attack(model, x, sigma=stds, **kw)
+    np.testing.assert_array_equal(per_feature.estimates, gauss_newton_attack(model, x, stds, **kw).estimates)
+    assert per_feature.params["sigma"] is None and "per feature" in per_feature.params["noise"]
+    with pytest.raises(TypeError, match=r"^hcrfast\.gauss_newton_attack\(\): the noise was given twice, "
+                                        r"noise_or_sigma=0\.2 and sigma=0\.3; pass one of them"):
+        gauss_newton_attack(model, x, 0.2, sigma=0.3, **kw)
+    with pytest.raises(TypeError, match=r"given twice, noise_or_sigma of dtype float64 and shape \(24,\) and "
+                                        r"sigma=0\.3;"):
+        gauss_newton_attack(model, x, noise_or_sigma=stds, sigma=0.3, **kw)
+    with pytest.raises(TypeError, match=r"^hcrfast\.gauss_newton_attack\(\): missing a required argument: 'sigma' "
+                                        r".*pass sigma=\.\.\. or the noise as the third argument"):
+        gauss_newton_attack(model, x, **kw)
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'noise'; its arguments are model, "
+                                        r"batch, noise_or_sigma, sigma, draws, "):
+        gauss_newton_attack(model, x, noise=0.2, **kw)
+    params = inspect.signature(gauss_newton_attack).parameters
+    assert params["sigma"].kind is inspect.Parameter.KEYWORD_ONLY

@@ -282,6 +282,35 @@ def test_auto_method_is_dense_only_while_inputs_and_values_both_fit():
     assert resolve_method("lsqr", 2, 4) == "lsqr" and resolve_method("dense", 10**6, 10**4) == "dense"
 
 
+def test_lsqr_options_make_auto_take_lsqr_and_go_unused_by_dense_with_a_warning():
+    """As hcrfast.bound's "auto" solver: lsqr= options make "auto" take the LSQR method, and that method runs
+    with them (iter_lim=3 caps both solves of every mode, which the default settings do not stop at); with
+    method="dense" nothing runs them, and a warning names the options that go unused."""
+    import dataclasses
+
+    model = tanh_mlp(16, 12, 10)
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    capped = hcrfast.LSQROptions(atol=1e-8, btol=1e-8, iter_lim=3)
+    plain = targeted_bound(model, x, 0.1, targets="low:3")
+    assert plain.method == "dense" and plain.params["lsqr"] is None         # what "auto" takes here otherwise
+    default_lsqr = targeted_bound(model, x, 0.1, targets="low:3", method="lsqr")
+    assert default_lsqr.lsqr_iterations.max() > 3
+
+    got = targeted_bound(model, x, 0.1, targets="low:3", lsqr=capped)
+    assert got.method == "lsqr" and got.params["method"] == "lsqr"
+    assert got.params["lsqr"] == dataclasses.asdict(capped)
+    assert got.lsqr_iterations.max() == 3                                   # the cap stopped the solves
+    for other in (plain, default_lsqr):                                     # and changed the bounds
+        assert not np.allclose(got.std_every_mode, other.std_every_mode, rtol=1e-6, atol=0)
+
+    with pytest.warns(UserWarning, match=r"method='dense' finds the directions from each example's J and runs no "
+                                         r"LSQR, so these lsqr options go unused: atol, btol, iter_lim; pass "
+                                         r"method='lsqr' to find the directions by LSQR with them"):
+        dense = targeted_bound(model, x, 0.1, targets="low:3", lsqr=capped, method="dense")
+    assert dense.method == "dense" and dense.params["lsqr"] is None
+    np.testing.assert_array_equal(dense.std_every_mode, plain.std_every_mode)
+
+
 def test_argument_checks():
     model = tanh_mlp(16, 20, 24)
     x = torch.randn(2, 1, 4, 4, dtype=torch.float64)
