@@ -1449,7 +1449,20 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                              f"operation pass jacobian='forward' (forward-mode AD, checked against J^T u the same "
                              f"way)")
     leak = jv[1:].abs().max()
-    if value_gap > rtol or leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny)):
+    mixed = leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny))
+    if value_gap > rtol and not mixed:
+        # rows alone unlike the batch, and no JVP leak: the batch itself may give other features now (a model
+        # that changed between probe (1)'s forwards and these), which is no mixing of examples
+        with torch.no_grad():
+            drift = (forward(model, batch).reshape(B, -1) - features).abs().max() / scale
+        if drift > rtol:
+            raise ValueError(
+                f"the model gives other features for the same batch from one call to the next (relative change "
+                f"{float(drift):.2e} between its first forward and one a few calls later, and no example's "
+                f"derivative reaches another's features): it updates its own state as it runs (a counter, a cache, "
+                f"a schedule in its forward). HCR bounds are for a fixed feature map plus the released noise: make "
+                f"the forward deterministic and stateless{_frozen_mode_hint(model)}")
+    if value_gap > rtol or mixed:
         raise ValueError(
             "the model mixes the examples of a batch (features of one example depend on the others: "
             f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "

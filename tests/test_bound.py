@@ -1993,8 +1993,10 @@ def test_a_model_that_changes_itself_during_the_call_is_refused_wherever_it_swit
         try:
             got = call(model)
         except ValueError as exc:
-            assert re.search(r"changed during this call|not a fixed function|other features for the same batch|mixes "
-                             r"the examples", str(exc)), str(exc)
+            # (never "mixes the examples": the refusal at a switch between the probes' forwards said that, where
+            # no example's derivative reached another's features)
+            assert re.search(r"changed during this call|not a fixed function|other features for the same batch",
+                             str(exc)), str(exc)
             refused.append(calls)
             continue
         assert model.calls <= calls, f"switched after forward {calls} of {model.calls}, and not refused"
