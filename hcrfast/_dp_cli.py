@@ -76,7 +76,7 @@ def add_subparser(subparsers) -> None:
     )
     figure.add_argument("--out", required=True, help="output PNG file")
     figure.add_argument("--source", choices=("digits", "photo"), default="digits",
-                        help="digits: 8x8 handwritten digits in [0, 1]; photo: 64x64 "
+                        help="digits (default): 8x8 handwritten digits in [0, 1]; photo: 64x64 "
                         "grayscale patches of scikit-learn's sample photographs")
     figure.add_argument("--sigmas", type=float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
                         help="noise multipliers to simulate (default 13 values, 1e-2..10)")
@@ -86,7 +86,7 @@ def add_subparser(subparsers) -> None:
     figure.add_argument("--T", type=int, default=1, help="DP-SGD steps averaged (default 1)")
     figure.add_argument("--repeats", type=int, default=16,
                         help="independent noise draws per image and sigma (default 16)")
-    figure.add_argument("--seed", type=int, default=0, help="seed of image choice and noise")
+    figure.add_argument("--seed", type=int, default=0, help="seed of image choice and noise (default 0)")
     figure.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
     figure.set_defaults(func=_run_figure)
 

@@ -140,7 +140,7 @@ def add_subparser(subparsers) -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--out", default=None, metavar="DIR", help="output directory (default runs/NAME)")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    g.add_argument("--chunk-examples", type=int, default=None, metavar="K",
+    g.add_argument("--chunk-examples", "--chunk-size", dest="chunk_examples", type=int, default=None, metavar="K",
                    help="examples per resumable chunk (default: digits/mnist 64, cifar10 32, "
                         "resnet18/swin_t 8)")
     g.add_argument("--threads", type=int, default=None, metavar="T",

@@ -431,7 +431,11 @@ class SigmaSweep:
     def save(self, folder) -> Path:
         """Write the sweep to ``folder``: ``sweep.json`` (scales, seconds, reuse; the unit σ0, or
         ``sigma0.npy`` for one std per feature) and each σ's bounds as ``scale_K/bounds.npz``
-        (:meth:`hcrfast.Bounds.save`). :meth:`load` reads it back; returns ``sweep.json``'s path."""
+        (:meth:`hcrfast.Bounds.save`). :meth:`load` reads it back; returns ``sweep.json``'s path.
+
+        A folder an earlier save wrote is written over, and what that save wrote and this one does not (a
+        σ no longer asked for) removed; a folder holding another file at a name this save writes (a
+        ``sweep.json`` of the user's) is refused before anything is written, and no other file is touched."""
         import json
 
         from hcrfast.checkpoint import atomic_write_bytes, atomic_write_text
@@ -439,23 +443,28 @@ class SigmaSweep:
         folder = Path(folder).expanduser()
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"SigmaSweep.save({str(folder)!r}): a file is there; pass a folder (made if missing)")
+        scalar = np.ndim(self.sigma0) == 0
+        names = [scale_folder(k) for k in self.scales.tolist()]
+        planned = {"sweep.json", *(f"{name}/bounds.npz" for name in names)} | (set() if scalar else {"sigma0.npy"})
+        earlier = _saved_by_sweeps(folder)
+        # a file of the user's at a name save writes would be written over, and a later save would remove it
+        theirs = sorted({n for n in planned if (folder / n).exists() and n not in earlier}
+                        | {name for name in names if (folder / name).exists() and not (folder / name).is_dir()}
+                        | ({_SAVE_JOURNAL} if (folder / _SAVE_JOURNAL).exists() and _journal(folder) is None
+                           else set()))
+        if theirs:
+            raise ValueError(f"SigmaSweep.save({str(folder)!r}): holds {', '.join(theirs)}, which save writes and "
+                             f"which no earlier SigmaSweep.save wrote there; pass another folder, or move "
+                             f"{'them' if len(theirs) > 1 else 'it'}")
         folder.mkdir(parents=True, exist_ok=True)
-        stale = set()   # what a sweep saved here before wrote and this one does not: removed, not left beside it
-        try:
-            before = json.loads((folder / "sweep.json").read_text())
-            stale = {level["bounds"].split("/")[0] for level in before.get("levels", [])} | (
-                {"sigma0.npy"} if before.get("sigma0") == "sigma0.npy" else set())
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            pass
-        stale -= {scale_folder(k) for k in self.scales.tolist()} | (
-            set() if np.ndim(self.sigma0) == 0 else {"sigma0.npy"})
+        # listed before any is written: a save cut short leaves its files its own, for the next save to replace
+        atomic_write_text(folder / _SAVE_JOURNAL, json.dumps(
+            {"writer": "hcrfast.SigmaSweep.save", "files": sorted(earlier | planned)}, indent=1) + "\n")
         levels = []
-        for k, res in zip(self.scales.tolist(), self.bounds):
-            name = scale_folder(k)
+        for k, name, res in zip(self.scales.tolist(), names, self.bounds):
             (folder / name).mkdir(exist_ok=True)
             res.save(folder / name / "bounds.npz")
             levels.append({"scale": k, "bounds": f"{name}/bounds.npz"})
-        scalar = np.ndim(self.sigma0) == 0
         if not scalar:
             sigma0 = np.asarray(self.sigma0, dtype=np.float64)
             atomic_write_bytes(folder / "sigma0.npy", lambda fh: np.save(fh, sigma0))
@@ -464,17 +473,22 @@ class SigmaSweep:
             "sigma0": float(self.sigma0) if scalar else "sigma0.npy", "levels": levels,
             "seconds": [float(t) for t in self.seconds], "reused_examples": [int(n) for n in self.reused_examples],
             "reuse_bytes": int(self.reuse_bytes)}, indent=1) + "\n")
-        for name in sorted(stale):   # after the new sweep.json: a crash between leaves files, never a dangling list
-            if name.startswith("scale_") and (folder / name).is_dir():
-                # bounds.npz alone: what save wrote there (a file of anyone else's stays, and so its folder; an
-                # `hcrfast bound --sweep` removes the attack.npz it wrote itself, by its list of outputs)
-                (folder / name / "bounds.npz").unlink(missing_ok=True)
+        # after the new sweep.json: a crash between leaves files, never a dangling list. What an earlier save
+        # wrote and this one does not goes: bounds.npz and sigma0.npy alone (a file of anyone else's stays, and
+        # so its folder; an `hcrfast bound --sweep` removes the attack.npz it wrote itself, by its list of outputs)
+        for name in sorted(earlier - planned):
+            parts = name.split("/")
+            if name != "sigma0.npy" and not (len(parts) == 2 and parts[0].startswith("scale_")
+                                             and parts[1] == "bounds.npz"):
+                continue
+            if (folder / name).is_file():
+                (folder / name).unlink()
+            if len(parts) == 2:   # (a save cut short may have made the folder alone)
                 try:
-                    (folder / name).rmdir()
+                    (folder / parts[0]).rmdir()
                 except OSError:   # it holds something else too: leave it
                     pass
-            elif name == "sigma0.npy":
-                (folder / name).unlink(missing_ok=True)
+        (folder / _SAVE_JOURNAL).unlink(missing_ok=True)   # sweep.json now lists what this save wrote
         return folder / "sweep.json"
 
     @classmethod
@@ -531,6 +545,40 @@ class SigmaSweep:
 
 #: sweep.json's format (:meth:`SigmaSweep.save`).
 _SWEEP_FORMAT = 1
+
+#: The files a :meth:`SigmaSweep.save` under way writes in its folder (and the earlier save's), listed before the
+#: first is written and removed after sweep.json, which lists them then: a save cut short leaves them named.
+_SAVE_JOURNAL = ".hcrfast-sweep-save.json"
+
+
+def _journal(folder: Path) -> set | None:
+    """The files _SAVE_JOURNAL in ``folder`` names, None where it is missing or not a save's."""
+    import json
+
+    try:
+        held = json.loads((folder / _SAVE_JOURNAL).read_text())
+        if held.get("writer") == "hcrfast.SigmaSweep.save" and isinstance(held.get("files"), list):
+            return {str(n) for n in held["files"]}
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _saved_by_sweeps(folder: Path) -> set:
+    """The files in ``folder`` (paths relative to it) that an earlier :meth:`SigmaSweep.save` wrote: sweep.json
+    where that save wrote it (its "writer" says so), the bounds and sigma0.npy it names, and those a save cut
+    short listed in _SAVE_JOURNAL. A user's sweep.json, or their scale_1/bounds.npz, is none of these."""
+    import json
+
+    files = _journal(folder) or set()
+    try:
+        meta = json.loads((folder / "sweep.json").read_text())
+        if meta.get("writer") == "hcrfast.SigmaSweep.save":
+            files |= {"sweep.json"} | {str(level["bounds"]) for level in meta["levels"]} | (
+                {"sigma0.npy"} if meta.get("sigma0") == "sigma0.npy" else set())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    return files
 
 
 def scale_folder(k: float) -> str:

@@ -329,8 +329,9 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="initialization and shuffling, default 0")
     p.add_argument("--out", default=None, help="state dict path (default ./NAME_state_dict.pt)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per split")
-    p.add_argument("--device", default=None, help="torch device (default cpu)")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch progress lines")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    p.add_argument("--no-progress", "--quiet", dest="quiet", action="store_true",
+                   help="no per-epoch progress lines")
     p.set_defaults(func=_run_cli)
 
 

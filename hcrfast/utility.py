@@ -86,6 +86,12 @@ class Utility:
         return (f"{_describe(self.metric)} on {self.examples} inputs: clean {self.clean:.4f}, dithered ({noise}, "
                 f"{counted(self.draws, 'draw')} each) {self._with_stderr()}")
 
+    def __repr__(self) -> str:   # (the dataclass's printed every field and per_draw's array, in one long line)
+        try:
+            return f"<Utility: {self.summary()}>"
+        except Exception as exc:  # a repr must not raise: fields set by hand
+            return f"<Utility (no summary: {type(exc).__name__}: {exc})>"
+
     def _with_stderr(self) -> str:
         """:attr:`dithered` and its standard error as the summaries print them: ``"0.8125 ± 0.0102"``; with one
         draw, which measures no spread, ``"0.8125 (1 draw: no standard error)"`` (its ``stderr`` of 0 is no
@@ -166,10 +172,7 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     """:func:`dithered_accuracy` on features already computed, ``feats`` (B, ...)."""
     from hcrfast import validation
 
-    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
-        raise ValueError(f"draws={draws!r}: pass a positive integer (noisy copies per input)")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed={seed!r}: pass an integer >= 0")
+    _check_draws_and_seed(draws, seed)
     if head is not None and not isinstance(head, torch.nn.Module):
         raise TypeError(f"head={type(head).__name__}: pass the torch.nn.Module that reads the features (or None: "
                         f"the metric scores the features themselves)")
@@ -222,6 +225,17 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                    stderr=float(per_draw.std(ddof=1) / np.sqrt(draws)) if draws > 1 else 0.0,
                    draws=int(draws), examples=B, seed=int(seed), sigma=float(profile) if scalar else None,
                    sigma_rms=float(np.sqrt(np.mean(profile ** 2))), metric=score.name)
+
+
+def _check_draws_and_seed(draws, seed) -> None:
+    """Refuse ``draws`` or ``seed`` by name: TypeError for one that is no integer (``2.0``, ``True``), ValueError for
+    one out of range, as :func:`hcrfast.bound` and :func:`hcrfast.gauss_newton_attack` refuse theirs."""
+    for name, value, least, what in (("draws", draws, 1, "a positive integer (noisy copies per input)"),
+                                     ("seed", seed, 0, "an integer >= 0")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}={value!r} ({type(value).__name__}): pass {what}")
+        if value < least:
+            raise ValueError(f"{name}={value!r}: pass {what}")
 
 
 class _NoiseOverflow(ValueError):
@@ -295,8 +309,13 @@ class _Metric:
         if isinstance(value, (torch.Tensor, np.ndarray)) and math.prod(value.shape) == 1 and (
                 value.dtype.kind in "iuf" if isinstance(value, np.ndarray) else value.is_floating_point()):
             value = value.item()   # a 0-d tensor or array of one real number
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-                np.isfinite(value)):
+        wanted = ("number in (0, 1]" if self.counts
+                  else "number in (0, 1) (1: no noise at all; 0: what pure noise gives)" if self.fn is None
+                  else "finite number")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            raise TypeError(f"{name}{value!r} ({type(value).__name__}): pass the dithered {self.name} to keep, a "
+                            f"{wanted}")
+        if not np.isfinite(value):
             ok = False
         elif self.counts:
             ok = 0 < value <= 1
@@ -305,10 +324,7 @@ class _Metric:
         else:
             ok = True
         if not ok:
-            raise ValueError(f"{name}{value!r}: pass the dithered {self.name} to keep, a "
-                             + ("number in (0, 1]" if self.counts else
-                                "number in (0, 1) (1: no noise at all; 0: what pure noise gives)"
-                                if self.fn is None else "finite number"))
+            raise ValueError(f"{name}{value!r}: pass the dithered {self.name} to keep, a {wanted}")
 
     def targets(self, labels, B: int, device):
         if self.top is not None:
@@ -472,6 +488,20 @@ class AccuracySearch:
                 f"{self.scale:.6g} x sigma0 = {sig:.6g}{unit}, {self.utility.metric} {self.utility._with_stderr()} "
                 f"(clean {self.utility.clean:.4f}){above}; {len(self.history)} sigmas tried ({self.note})")
 
+    def __repr__(self) -> str:
+        """One line, as :class:`hcrfast.SigmaSearch`'s: the σ and the metric there (the dataclass's repr printed
+        every field, the history's every σ, a profile's every std)."""
+        try:
+            sig = (f"{self.sigma:.6g}" if np.ndim(self.sigma) == 0
+                   else f"{self.scale:.6g} x the given stds (RMS {float(np.sqrt(np.mean(np.square(self.sigma)))):.6g})")
+            value, which = ((f"at its floor under noise {self.floor:.4f}", "where the floor begins: no largest sigma")
+                            if self.floor is not None else (self.utility._with_stderr(), "the largest sigma found"))
+            return (f"<AccuracySearch: sigma {sig}: dithered {self.utility.metric} {value} >= target {self.target:g} "
+                    f"(clean {self.utility.clean:.4f}), {which}, {len(self.history)} sigmas tried; .summary() for "
+                    f"the rest>")
+        except Exception as exc:  # a repr must not raise: fields set by hand
+            return f"<AccuracySearch (no summary: {type(exc).__name__}: {exc})>"
+
 
 #: The largest σ, in units of sigma0, :func:`sigma_for_accuracy` tries.
 MAX_SCALE = 2.0 ** 40
@@ -514,15 +544,17 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
 
     score = _Metric.of(metric)
     score.check_target(accuracy)
-    if isinstance(rtol, bool) or not (isinstance(rtol, (int, float, np.integer, np.floating)) and np.isfinite(rtol)
-                                      and rtol > 0):
+    _check_draws_and_seed(draws, seed)
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.integer, np.floating)):
+        raise TypeError(f"rtol={rtol!r} ({type(rtol).__name__}): pass a positive number (the bracket's relative "
+                        f"width)")
+    if not (np.isfinite(rtol) and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
     feats = _features(model, batch)
     if sigma0 is None:
         sigma0 = rms_sigma(feats.reshape(feats.shape[0], -1), 1.0)
-    unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]), "sigma0")
-    if not np.all(unit > 0):
-        raise ValueError("sigma0 must be positive: it is the unit of the search")
+    # (positive, as sigma_for's and sweep_sigma's: it is the unit of the search, where a std of 0 is no noise)
+    unit = _profile(sigma0, int(np.prod(feats.shape[1:])), tuple(feats.shape[1:]), "sigma0", positive=True)
     history = []
 
     utilities = []   # (scale, Utility) of the doubling run: where a floor begins
@@ -645,7 +677,9 @@ def _scaled(k: float, unit: np.ndarray):
     return float(k * unit) if unit.size == 1 else k * unit
 
 
-def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
+def _profile(sigma, n: int, shape: tuple, name: str = "sigma", positive: bool = False) -> np.ndarray:
+    """``sigma`` as one std (a 0-d array) or one per feature (the features' shape): finite and >= 0, or with
+    ``positive`` (a search's unit) > 0."""
     from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian, detached
 
     sigma = host_argument(name, sigma)
@@ -669,6 +703,10 @@ def _profile(sigma, n: int, shape: tuple, name: str = "sigma") -> np.ndarray:
     if profile.size != 1 and profile.shape not in ((n,), shape):  # (a transposed profile would land elsewhere)
         raise ValueError(f"{name} has the shape {profile.shape}, but the model's features have the shape {shape}: "
                          f"pass the stds in the features' shape, or flat ({n},) in their order")
+    if positive and not (np.all(np.isfinite(profile)) and np.all(profile > 0)):
+        raise ValueError(f"{name} must be positive and finite" + (
+            f", got {float(profile)!r}" if profile.size == 1 else
+            f"; {int(np.sum(~(np.isfinite(profile) & (profile > 0))))} entries are not"))
     if not (np.all(np.isfinite(profile)) and np.all(profile >= 0)):
         raise ValueError(f"{name} must be finite and >= 0" + (f", got {float(profile):g}" if profile.size == 1 else
                                                            f"; {int(np.sum(~(profile >= 0)))} entries are not"))

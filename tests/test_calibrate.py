@@ -967,3 +967,54 @@ def test_sweep_per_feature_sigma0_failure_names_sigma0():
     with pytest.raises(ValueError) as direct:
         hcrfast.bound(_relu_net().eval(), torch.rand(2, 1, 6, 6), sigma0, restarts=2, iterations=2)
     assert type(info.value.__cause__) is type(direct.value.__cause__)
+
+
+def test_saving_a_sweep_refuses_a_folder_holding_the_users_files_at_its_names_and_deletes_none(tmp_path):
+    """SigmaSweep.save wrote over a user's own sweep.json and scale_1/bounds.npz without a word, and a later save of
+    a sweep without scale 1 deleted scale_1/ (the user's file in it, written over, went with it)."""
+    model, x = _tanh_net(), _batch(2)
+    sweep = hcrfast.sweep_sigma(model, x, [0.5, 1.0], sigma0=0.25, **KW)
+    mine = tmp_path / "mine"
+    (mine / "scale_1").mkdir(parents=True)
+    (mine / "scale_1" / "bounds.npz").write_text("my own bounds")
+    with pytest.raises(ValueError, match=r"holds scale_1/bounds\.npz, which save writes and which no earlier "
+                                         r"SigmaSweep\.save wrote there; pass another folder, or move it$"):
+        sweep.save(mine)
+    (mine / "sweep.json").write_text("my notes")
+    with pytest.raises(ValueError, match=r"holds scale_1/bounds\.npz, sweep\.json, .* or move them$"):
+        sweep.save(mine)
+    with pytest.raises(ValueError, match=r"holds sweep\.json, "):   # no level of theirs, but their sweep.json
+        hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(mine)
+    assert (mine / "sweep.json").read_text() == "my notes"
+    assert (mine / "scale_1" / "bounds.npz").read_text() == "my own bounds"
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == [
+        "scale_1", "scale_1/bounds.npz", "sweep.json"]   # nothing written beside them
+    # a folder an earlier save wrote is written over as before, and the level it no longer holds removed
+    sweep.save(tmp_path / "s")
+    hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(tmp_path / "s")
+    assert sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*")) == [
+        "scale_2", "scale_2/bounds.npz", "sweep.json"]
+
+
+def test_a_save_cut_short_leaves_its_files_its_own_for_the_next_save(tmp_path, monkeypatch):
+    """The files a save wrote before it failed (here the second level's bounds) are listed as its own: the next
+    save replaces them, rather than refusing them as the user's."""
+    model, x = _tanh_net(), _batch(2)
+    sweep = hcrfast.sweep_sigma(model, x, [0.5, 1.0], sigma0=0.25, **KW)
+    real = type(sweep.bounds[0]).save
+    calls = []
+
+    def failing(self, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(self, path)
+
+    monkeypatch.setattr(type(sweep.bounds[0]), "save", failing)
+    with pytest.raises(OSError, match="disk full"):
+        sweep.save(tmp_path / "s")
+    monkeypatch.setattr(type(sweep.bounds[0]), "save", real)
+    assert (tmp_path / "s" / "scale_0.5" / "bounds.npz").is_file() and not (tmp_path / "s" / "sweep.json").exists()
+    hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(tmp_path / "s")   # not refused
+    assert sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*")) == [
+        "scale_2", "scale_2/bounds.npz", "sweep.json"]

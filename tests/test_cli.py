@@ -417,3 +417,12 @@ def test_main_leaves_the_warning_filters_as_it_found_them(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "same True"
+
+
+def test_reproduce_takes_chunk_size_as_bound_spells_it():
+    """bound's --chunk-size was reproduce's --chunk-examples alone: the one spelling failed at the other command."""
+    parse = cli.build_parser().parse_args
+    assert parse(["reproduce", "digits", "--chunk-size", "5"]).chunk_examples == 5
+    assert parse(["reproduce", "digits", "--chunk-examples", "5"]).chunk_examples == 5
+    assert parse(["reproduce", "digits"]).chunk_examples is None
+    assert parse(["bound", "m.py:M", "x.pt", "--chunk-size", "5"]).chunk_size == 5

@@ -1210,3 +1210,14 @@ def test_underflows_are_handled_under_a_caller_s_errstate_raise():
         noisy = dp.simulate_attack(images, sigma=1.0, C=1e300, seed=0)
     noise = np.random.default_rng(0).standard_normal((1, 4)) * 1e300    # beta = 1: X + N(0, (C sigma)^2)
     np.testing.assert_allclose(noisy, images + noise, rtol=1e-12)
+
+
+def test_cli_figure_help_states_every_default(capsys):
+    """--seed and --source gave no default in `hcrfast dp figure --help`, where the other flags say theirs."""
+    with pytest.raises(SystemExit):
+        main(["dp", "figure", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--seed SEED seed of image choice and noise (default 0)" in out
+    assert re.search(r"--source \{digits,photo\} digits \(default\)", out)
+    for flag in ("--sigmas", "--n-images", "--C", "--T", "--repeats", "--seed", "--dpi", "--source"):
+        assert re.search(re.escape(flag) + r" (?:(?! --).)*default", out.split("options:")[-1]), flag

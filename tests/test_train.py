@@ -183,3 +183,27 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "digits", "--epochs", "1", "--out=~/d.pt", "--quiet"]) == 0
     assert (home / "d.pt").is_file() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cuda:0"])
+def test_train_refuses_a_device_bound_and_reproduce_refuse_with_argparses_message(device, tmp_path, capsys):
+    """`hcrfast train digits --device meta` (mps, xla) ended in a 10-frame RuntimeError traceback from inside the
+    training loop, where bound and reproduce take only cpu or cuda."""
+    from hcrfast import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "digits", "--epochs", "1", "--limit", "10", "--device", device,
+                  "--out", str(tmp_path / "d.pt")])
+    assert exc.value.code == 2
+    assert f"--device: invalid choice: '{device}' (choose from " in capsys.readouterr().err
+    assert not (tmp_path / "d.pt").exists()
+    assert cli.build_parser().parse_args(["train", "digits"]).device == "cpu"
+
+
+def test_train_takes_no_progress_as_the_other_commands_spell_it():
+    from hcrfast import cli
+
+    parse = cli.build_parser().parse_args
+    assert parse(["train", "digits", "--no-progress"]).quiet is True
+    assert parse(["train", "digits", "--quiet"]).quiet is True
+    assert parse(["train", "digits"]).quiet is False

@@ -323,10 +323,8 @@ def test_a_gaussian_law_is_its_std_here_as_in_sigma_for_and_other_laws_are_refus
     (dict(accuracy=0.9), "the head's clean accuracy on these inputs is 0.7500, under the target"),
     (dict(accuracy=0.0), "accuracy=0.0: pass the dithered accuracy to keep, a number in (0, 1]"),
     (dict(accuracy=1.5), "accuracy=1.5"),
-    (dict(accuracy=True), "accuracy=True"),
     (dict(accuracy=0.5, rtol=0), "rtol=0: pass a positive number"),
-    (dict(accuracy=0.5, rtol=True), "rtol=True: pass a positive number"),   # (was read as 1; draws=True is refused)
-    (dict(accuracy=0.5, sigma0=np.zeros(12)), "sigma0 must be positive"),
+    (dict(accuracy=0.5, sigma0=np.zeros(12)), "sigma0 must be positive and finite; 12 entries are not"),
     (dict(accuracy=0.5, sigma0=np.ones((4, 3))), "sigma0 has the shape (4, 3), but the model's features have"),
 ])
 def test_a_bad_accuracy_search_is_named_with_its_fix(problem, kwargs, words):
@@ -768,3 +766,77 @@ def test_the_models_buffers_are_as_they_were_after_the_helpers_that_run_it():
         assert int(model.calls) == 0
         want = hcrfast.sweep_sigma(Features().eval(), x, [1.0], sigma0=sigma0, **kw)
         np.testing.assert_array_equal(sweep.bounds[0].std, want.bounds[0].std)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(draws=2.0), "draws=2.0 (float): pass a positive integer (noisy copies per input)"),
+    (dict(draws=True), "draws=True (bool): pass a positive integer"),
+    (dict(draws="3"), "draws='3' (str): pass a positive integer"),
+    (dict(seed=1.5), "seed=1.5 (float): pass an integer >= 0"),
+    (dict(seed=True), "seed=True (bool): pass an integer >= 0"),
+    (dict(rtol=True), "rtol=True (bool): pass a positive number"),   # (was read as 1)
+    (dict(rtol="0.1"), "rtol='0.1' (str): pass a positive number"),
+    (dict(accuracy=True), "accuracy=True (bool): pass the dithered accuracy to keep, a number in (0, 1]"),
+    (dict(accuracy="0.5"), "accuracy='0.5' (str): pass the dithered accuracy to keep"),
+])
+def test_a_value_of_the_wrong_type_is_a_type_error_as_in_bound_and_the_attack(problem, kwargs, words):
+    """draws=2.0 was a TypeError in gauss_newton_attack but a ValueError here; seed=1.5 and seed=True a TypeError in
+    bound but a ValueError here. A wrong type is a TypeError now, a wrong value (draws=0, seed=-1) a ValueError."""
+    model, head, x, labels = problem
+    accuracy = kwargs.pop("accuracy", 0.5)
+    with pytest.raises(TypeError) as info:
+        hcrfast.sigma_for_accuracy(model, head, x, labels, accuracy, **kwargs)
+    assert words in str(info.value)
+    kwargs.pop("rtol", None)
+    if kwargs:
+        with pytest.raises(TypeError) as info:
+            hcrfast.dithered_accuracy(model, head, x, labels, 0.1, **kwargs)
+        assert words in str(info.value)
+    # bound and the attack agree on the kind
+    if "seed" in kwargs:
+        with pytest.raises(TypeError):
+            hcrfast.bound(model, x, 0.1, seed=kwargs["seed"], restarts=2, iterations=2)
+    if "draws" in kwargs:
+        with pytest.raises(TypeError):
+            hcrfast.gauss_newton_attack(model, x, 0.1, draws=kwargs["draws"], steps=1)
+    for wrong_value, said in ((dict(draws=0), "draws=0: pass a positive integer"),
+                              (dict(seed=-1), "seed=-1: pass an integer >= 0")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, **wrong_value)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            hcrfast.dithered_accuracy(model, head, x, labels, 0.1, **wrong_value)
+
+
+@pytest.mark.parametrize("sigma0, words", [
+    (-1.0, "sigma0 must be positive and finite, got -1.0"),
+    (0.0, "sigma0 must be positive and finite, got 0.0"),
+    (float("nan"), "sigma0 must be positive and finite, got nan"),
+    (np.r_[np.ones(11), -1.0], "sigma0 must be positive and finite; 1 entries are not"),
+])
+def test_sigma0_is_asked_positive_from_the_first_message_as_sigma_for_asks_it(problem, sigma0, words):
+    """sigma0=-1 was told "must be finite and >= 0", and sigma0=0, then passed, "must be positive": two fixes where
+    one was needed. sigma_for and sweep_sigma say "positive" from the first."""
+    model, head, x, labels = problem
+    with pytest.raises(ValueError) as info:
+        hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, sigma0=sigma0)
+    assert str(info.value) == words
+    with pytest.raises(ValueError, match="sigma0 must be positive and finite"):
+        hcrfast.sigma_for(model, x, 0.05, sigma0=sigma0, max_calls=2, restarts=2, iterations=2)
+
+
+def test_utility_and_accuracy_search_print_one_short_line_as_the_other_results_do(problem):
+    """Utility and AccuracySearch printed the dataclass's repr: every field, the whole history, and for one std
+    per feature every std (~600 characters here, thousands for a real model's features)."""
+    model, head, x, labels = problem
+    for sigma0 in (None, np.linspace(0.05, 0.6, 12)):
+        found = hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, sigma0=sigma0, draws=3)
+        text = repr(found)
+        assert text.startswith("<AccuracySearch: sigma ") and text.endswith("; .summary() for the rest>")
+        assert len(text) < 250 and "\n" not in text and "history" not in text and "array" not in text
+        sig = (f"{found.sigma:.6g}" if sigma0 is None
+               else f"{found.scale:.6g} x the given stds (RMS {np.sqrt(np.mean(np.square(found.sigma))):.6g})")
+        assert (f"sigma {sig}: dithered accuracy {found.utility.dithered:.4f} ± {found.utility.stderr:.4f} >= target "
+                f"0.5 (clean 0.7500), the largest sigma found, {len(found.history)} sigmas tried") in text
+        u = found.utility
+        assert repr(u) == f"<Utility: {u.summary()}>" and len(repr(u)) < 150 and "per_draw" not in repr(u)
+    assert repr(hcrfast.AccuracySearch(*([None] * 9))).startswith("<AccuracySearch (no summary: ")
