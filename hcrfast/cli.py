@@ -165,6 +165,13 @@ _VALUE = (r"""(?:'[^']*'|"[^"]*"|[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)
 _NOT_BEFORE = r"(?<![\w.\[/\\,=\-~:@'\"])(?<!\w\()"
 #: Where a message says ``name must ...`` of a keyword: at its start (or a note's), or after ": " or "; ".
 _MUST_AT = r"(?:^|(?<=^  )|(?<=: )|(?<=; ))"
+#: The Python layer's advice on sigma, in its words (hcrfast.rms_sigma), and on float64 (model.double()): the command
+#: lines' flags do the same (:func:`_said_in_flags`).
+_RMS_SIGMA = r"hcrfast\.rms_sigma\(features, scale\)"
+_DOUBLE = r"a float64 model and batch(?: \(model\.double\(\), batch\.double\(\)\))?"
+_IN_FLOAT64 = r"run the model and batch in float64 \(model\.double\(\), batch\.double\(\)\)"
+#: Fixes the Python layer names that a command has no flag for (said so, as its keywords are: :data:`_PYTHON_ONLY`).
+_PYTHON_ONLY_FIXES = {"bound": ("hcrfast.Laplace(b)",), "reproduce": ("hcrfast.Laplace(b)", "a float64 model and batch")}
 #: The parsed command line's paths and names (the user's words: never rewritten).
 _PATH_DESTS = ("out", "model", "inputs", "weights", "sigma_file", "labels", "head_weights", "data", "data_root")
 
@@ -172,7 +179,9 @@ _PATH_DESTS = ("out", "model", "inputs", "weights", "sigma_file", "labels", "hea
 def shell_text(text: str, args) -> str:
     """``text`` (an error's or a warning's, from hcrfast's Python layer) in the words of the command line that
     ``args`` parsed: ``name=value`` and ``name must`` of a keyword it has a flag for become ``--flag value`` and
-    ``--flag must``; a keyword it has none for is left as Python's, with a note saying so. Python callers see the
+    ``--flag must`` (``sigma has`` / ``sigma must``: the flag that gave sigma); the advice to take sigma from
+    the features' scale or to run in float64 becomes ``--sigma-scale K`` or ``--double`` (:func:`_said_in_flags`);
+    a keyword or a fix it has no flag for is left as Python's, with a note saying so. Python callers see the
     messages unchanged: only :func:`main` calls this.
 
     The user's words are left as they are: the paths and names the command line was given (a Hydra-style
@@ -193,12 +202,18 @@ def shell_text(text: str, args) -> str:
     words = {os.fspath(v) for v in (getattr(args, d, None) for d in _PATH_DESTS) if isinstance(v, (str, os.PathLike))}
     for word in sorted((w for w in words if w.strip()), key=len, reverse=True):
         text = re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", lambda m: hide(m.group(0)), text)
+    subjects = {}   # a message's subject said otherwise than its name=value (``sigma must``, ``sigma has``)
     if command == "bound":
         if getattr(args, "sigma_file", None) is not None:   # the stds of --sigma-file, or the one number of --sigma
             sigma_file = f"--sigma-file {hide(os.fspath(args.sigma_file))}"
             flags["sigma"] = flags["sigma0"] = sigma_file
             text = re.sub(rf"{_NOT_BEFORE}sigma0? holds (.*?)or one number",
                           lambda m: f"{sigma_file} holds {m.group(1)}or one number (--sigma)", text)
+        elif getattr(args, "sigma", None) is None:   # sigma = K x RMS, K --sigma-scale's (1 by default)
+            scale = getattr(args, "sigma_scale", None)
+            subjects["sigma"] = subjects["sigma0"] = (
+                "sigma (the features' RMS: --sigma-scale 1, its default)" if scale is None
+                else f"sigma (--sigma-scale {as_typed(scale)} × the features' RMS)")
         if getattr(args, "min_accuracy", None) is not None:
             flags["target"] = getattr(args, "min_accuracy_flag", None) or "--min-accuracy"
         elif getattr(args, "target_std", None) is not None:
@@ -208,8 +223,11 @@ def shell_text(text: str, args) -> str:
                       else m.group(0), text)
     else:   # reproduce: the Krylov basis' steps
         text = re.sub(r"lsqr=dataclasses\.replace\([\w.]+, iter_lim=([^)]*)\)", r"--lsqr-iter-lim \1", text)
+    text = _said_in_flags(text, command, getattr(args, "sigma_file", None) is not None)
 
     def flag_of(m):
+        if m.group(3) in subjects:
+            return subjects[m.group(3)]
         flag = flags[m.group(1) or m.group(3)]
         value = m.group(2)
         if isinstance(flag, dict):   # repr's quotes or another's: 'last' and "last" say the same
@@ -221,21 +239,48 @@ def shell_text(text: str, args) -> str:
         return f"{flag} {value[1:-1] if value[0] in _QUOTES else value}"
 
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
-    # name=value, a bare name= (``pass sigma= or noise=``), or a message's subject: ``rtol must be ...``
-    text = re.sub(rf"{_NOT_BEFORE}({names})=(?:({_VALUE})|(?=[\s,;:)]|$))|{_MUST_AT}({names})(?= must\b)",
+    # name=value, a bare name= (``pass sigma= or noise=``), or a message's subject: ``rtol must be ...``,
+    # ``sigma has the shape ...``
+    text = re.sub(rf"{_NOT_BEFORE}({names})=(?:({_VALUE})|(?=[\s,;:)]|$))|{_MUST_AT}({names})(?= (?:must|has)\b)",
                   flag_of, text, flags=re.M)
     text = re.sub(rf"\bleave ({names}) at its default", lambda m: f"leave {flags[m.group(1)]} at its default"
                   if isinstance(flags[m.group(1)], str) else m.group(0), text)
     # "--seed must be ..., got -1 (--seed)": the flag said once
     text = re.sub(r" \((--[\w-]+)\)", lambda m: "" if len(re.findall(re.escape(m.group(1)) + r"(?![\w-])", text)) > 1
                   else m.group(0), text)
-    python = [k for k in _PYTHON_ONLY.get(command, ()) if re.search(rf"{_NOT_BEFORE}{k}=", text)]
+    python = [k + "=" for k in _PYTHON_ONLY.get(command, ()) if re.search(rf"{_NOT_BEFORE}{k}=", text)]
+    python += [fix for fix in _PYTHON_ONLY_FIXES.get(command, ()) if fix in text]
     if python:
-        text += (f" ({', '.join(k + '=' for k in python)}: from Python only; hcrfast {command} has no flag for "
+        text += (f" ({', '.join(python)}: from Python only; hcrfast {command} has no flag for "
                  f"{'them' if len(python) > 1 else 'it'})")
     for token, word in hidden.items():
         text = text.replace(token, word)
     return text
+
+
+def _said_in_flags(text: str, command: str, sigma_file: bool) -> str:
+    """The Python layer's advice on sigma and on float64 said in ``command``'s flags: σ from the features' scale
+    (``hcrfast.rms_sigma(features, scale)``) is ``--sigma-scale K``, a float64 model and batch ``--double`` (bound's
+    alone: reproduce has no flag for it, and the note of :func:`shell_text` says so). ``sigma_file``: the command
+    line gave ``--sigma-file`` (its stds, not ``--sigma``, are what to bring nearer the features' scale)."""
+    if command == "bound":
+        rms = "--sigma-scale K (σ = K × the features' RMS)"
+        sigma = "--sigma-file stds" if sigma_file else "a --sigma"
+        text = re.sub(rf"a sigma nearer the features' scale(?: \({_RMS_SIGMA}\)|, {_RMS_SIGMA})",
+                      f"{rms} or {sigma} nearer the features' scale", text)
+        text = re.sub(rf"a sigma far from the features' scale \({_RMS_SIGMA}\)",
+                      f"{sigma} far from the features' scale ({rms})", text)
+        text = re.sub(_IN_FLOAT64, "--double (the model and inputs in float64)", text)
+        text = re.sub(_DOUBLE, "--double", text)
+    elif command == "reproduce":   # sigma is --sigma-scale's K x RMS already
+        rms = "a --sigma-scale K nearer 1 (σ = K × the features' RMS)"
+        text = re.sub(rf"a sigma nearer the features' scale(?: \({_RMS_SIGMA}\)|, {_RMS_SIGMA})", rms, text)
+        text = re.sub(rf"a sigma far from the features' scale \({_RMS_SIGMA}\)",
+                      "a --sigma-scale K far from 1 (σ = K × the features' RMS)", text)
+    else:
+        return text
+    text = text.replace("hcrfast.rms_sigma(features, 1.0)", "--sigma-scale 1 (σ = the features' RMS)")
+    return re.sub(r"\b(a smaller|another) size\b", r"\1 --size", text)
 
 
 class _Terminated(KeyboardInterrupt):

@@ -16,6 +16,7 @@ or an interrupt goes on from the last finished epoch and ends with the weights o
 run (bitwise on the CPU with the same thread count). The file goes once ``OUT`` is written. A call
 with other arguments or data is refused, naming what differs; more epochs than the interrupted run
 asked for extend it (the recipe has no schedule: its first epochs are those of any longer run).
+A file at ``OUT`` that train did not write (its state dicts carry a mark) is refused, never written over.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import os
 import sys
 import time
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +178,9 @@ def train(
     out = _writable_file(f"{name}_state_dict.pt" if out is None else out)
 
     zm = _zoo.build(name, seed=seed)
+    if os.path.lexists(out) and not _own_output(out, zm.model.state_dict()):
+        raise ValueError(f"{out} is there and is not a state dict hcrfast train wrote: it would be written over; "
+                         f"pass another --out, or remove it")
     dataset = zm.dataset
     if download and dataset not in ("mnist", "cifar10"):   # as hcrfast reproduce: nothing to fetch, not an error
         from hcrfast import validation
@@ -243,7 +248,10 @@ def train(
     model.eval()
 
     test_accuracy = accuracy(zm, test_x, test_y)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    trained = model.state_dict()
+    state = OrderedDict((k, v.detach().cpu()) for k, v in trained.items())
+    # torch's module versions, as Module.state_dict() keeps them, and train's mark (see _own_output)
+    state._metadata = {**getattr(trained, "_metadata", {}), _OWN_MARK: {"format": _RESUME_FORMAT}}
     # Atomic, and through a file object: torch names the archive's records after a path it writes to,
     # so the same weights would give other bytes under another (temporary) name.
     atomic_write_bytes(out, lambda fh: torch.save(state, fh))
@@ -259,6 +267,31 @@ def train(
 
 #: The layout of ``OUT.resume``; a file of another layout is refused by its key.
 _RESUME_FORMAT = 1
+
+#: The entry of the state dict's ``_metadata`` (torch's module versions, which ``load_state_dict`` reads by module
+#: name: a name with a space is no module's) that marks ``OUT`` as train's own: a rerun may write over it.
+_OWN_MARK = "hcrfast train"
+
+
+def _own_output(path: Path, expected) -> bool:
+    """Whether ``path`` is a state dict :func:`train` wrote (and a rerun may replace): one carrying its mark, or,
+    from an hcrfast before the mark, a plain dict (``Module.state_dict()`` gives an OrderedDict) of the tensors of
+    ``expected`` (the model's state dict), of their shapes. Anything else is the user's, not to be written over."""
+    import zipfile
+
+    try:   # (torch.save writes a zip; mmap: a large file of the user's is not read into memory)
+        if not (Path(path).is_file() and zipfile.is_zipfile(path)):
+            return False
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - whatever a file fails to load with, it is no state dict of train's
+        return False
+    if not isinstance(saved, dict):
+        return False
+    metadata = getattr(saved, "_metadata", None)
+    if isinstance(metadata, dict) and _OWN_MARK in metadata:
+        return True
+    return (type(saved) is dict and saved.keys() == expected.keys()
+            and all(isinstance(v, torch.Tensor) and v.shape == expected[k].shape for k, v in saved.items()))
 
 
 def resume_path(out) -> Path:

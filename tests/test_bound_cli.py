@@ -1365,3 +1365,27 @@ def test_a_refused_float_flag_is_echoed_as_typed(files, capsys, flag, typed):
     assert _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", *TINY, f"{flag}={typed}", "--out",
                    tmp_path / "run"]) == 2
     assert f"hcrfast: error: {flag} {typed}: pass a positive finite number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sigma", ["1e-30", "1e22"])
+def test_a_sigma_far_from_the_features_scale_is_refused_with_the_flags_that_fix_it(files, capsys, sigma):
+    """The Python layer's advice (hcrfast.rms_sigma(features, scale), a float64 model and batch) is said in the
+    command's flags: --sigma-scale or --sigma, and --double."""
+    tmp_path, _ = files
+    assert _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", "--sigma", sigma, *TINY,
+                   "--out", tmp_path / "run"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --sigma-scale K (σ = K × the features' RMS) or a --sigma nearer the features' scale" in err
+    assert err.rstrip().endswith("or --double"), err
+    for python in ("hcrfast.rms_sigma", "float64 model and batch", "model.double()", "from Python only"):
+        assert python not in err, err
+
+
+def test_a_wrongly_shaped_sigma_file_is_named_as_its_flag(files, capsys):
+    tmp_path, _ = files
+    np.save(tmp_path / "s.npy", np.ones((4, 4)))   # 16 stds, the features' count, in another shape than (16,)
+    assert _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", "--sigma-file", tmp_path / "s.npy", *TINY,
+                   "--out", tmp_path / "run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hcrfast: error: --sigma-file {tmp_path / 's.npy'} has the shape (4, 4)"), err
+    assert "sigma has" not in err

@@ -374,6 +374,56 @@ def test_shell_text_rewrites_name_must_only_as_a_message_s_subject(text, said):
             "the examples must have shape (B, C, H, W)")
 
 
+@pytest.mark.parametrize("text, said", [
+    ("pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), a smaller size, or a float64 "
+     "model and batch", "pass --sigma-scale K (σ = K × the features' RMS) or a --sigma nearer the features' scale, a "
+                        "smaller --size, or --double"),
+    ("its features overflowed there (then pass a sigma nearer the features' scale, hcrfast.rms_sigma(features, "
+     "scale), or a smaller size)", "its features overflowed there (then pass --sigma-scale K (σ = K × the features' "
+                                   "RMS) or a --sigma nearer the features' scale, or a smaller --size)"),
+    ("a sigma far from the features' scale (hcrfast.rms_sigma(features, scale)) is the other cause",
+     "a --sigma far from the features' scale (--sigma-scale K (σ = K × the features' RMS)) is the other cause"),
+    ("a sigma * size nearer the features' scale, or a float64 model and batch (model.double(), batch.double()), "
+     "avoids it", "a sigma * size nearer the features' scale, or --double, avoids it"),
+    ("pass a smaller sigma, or run the model and batch in float64 (model.double(), batch.double()), whose features "
+     "hold noise up to 1.8e308", "pass a smaller sigma, or --double (the model and inputs in float64), whose features "
+                                 "hold noise up to 1.8e308"),
+    ("sigma must be a positive finite number, got inf; pass the noise std of the released features, e.g. "
+     "hcrfast.rms_sigma(features, 1.0), or one std per feature",
+     "sigma (--sigma-scale 1e300 × the features' RMS) must be a positive finite number, got inf; pass the noise std "
+     "of the released features, e.g. --sigma-scale 1 (σ = the features' RMS), or one std per feature"),
+])
+def test_shell_text_says_the_python_layer_s_sigma_and_float64_advice_in_flags(text, said):
+    """hcrfast.rms_sigma(features, scale) is --sigma-scale K, a float64 model and batch --double."""
+    assert _shell(text, sigma_scale=cli.float_literal("1e300")) == said
+    if "--sigma " not in said:
+        return
+    assert _shell(text, sigma_file="s.npy").replace("--sigma-file stds", "a --sigma") == said
+
+
+@pytest.mark.parametrize("given, subject", [
+    ({"sigma_file": "sigma has the shape.npy"}, "--sigma-file sigma has the shape.npy"), ({"sigma": 2.0}, "--sigma"),
+    ({"sigma_scale": cli.float_literal("0.5")}, "sigma (--sigma-scale 0.5 × the features' RMS)"),
+    ({}, "sigma (the features' RMS: --sigma-scale 1, its default)"),
+])
+def test_shell_text_names_the_flag_the_user_gave_sigma_by(given, subject):
+    text = "sigma has the shape (4, 2), one std per feature, but the model's features have the shape (8,)"
+    assert _shell(text, **given) == subject + text[len("sigma"):]
+    assert _shell("bad: sigma must be positive", **given) == f"bad: {subject} must be positive"
+
+
+def test_shell_text_says_which_sigma_advice_reproduce_has_no_flag_for():
+    """reproduce runs the zoo's float32 models: a float64 model and batch is Python's alone, and said so."""
+    text = "pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch"
+    assert _shell(text, "reproduce") == (
+        "pass a --sigma-scale K nearer 1 (σ = K × the features' RMS), or a float64 model and batch (a float64 model "
+        "and batch: from Python only; hcrfast reproduce has no flag for it)")
+    # the user's path is theirs, and train's messages have no sigma
+    out = "runs/a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
+    assert _shell(f"{out}: a smaller size", out=out) == f"{out}: a smaller --size"
+    assert _shell("a float64 model and batch", "train") == "a float64 model and batch"
+
+
 def test_only_hcrfast_s_own_warnings_are_said_in_flags():
     """A warning of the user's model names its own keywords: printed as written, on one line, its category said."""
     import argparse

@@ -207,3 +207,50 @@ def test_train_takes_no_progress_as_the_other_commands_spell_it():
     assert parse(["train", "digits", "--no-progress"]).quiet is True
     assert parse(["train", "digits", "--quiet"]).quiet is True
     assert parse(["train", "digits"]).quiet is False
+
+
+def _user_files(folder):
+    """Files of the user's at an --out name, none written by hcrfast train: text, a state dict saved as torch's
+    docs say (torch.save(model.state_dict(), path), of the very model train trains) and another model's."""
+    files = {"notes.pt": b"my precious weights\n"}
+    for name, module in (("mine.pt", zoo.build("digits", seed=5).model), ("other.pt", torch.nn.Linear(3, 2))):
+        torch.save(module.state_dict(), folder / name)
+        files[name] = (folder / name).read_bytes()
+    (folder / "notes.pt").write_bytes(files["notes.pt"])
+    return files
+
+
+def test_a_file_of_the_user_s_at_out_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """`hcrfast train digits --out mine.pt` wrote over a file it never wrote (bound and reproduce refuse that)."""
+    from hcrfast import cli
+
+    for name, before in _user_files(tmp_path).items():
+        out = tmp_path / name
+        assert cli.main(["train", "digits", "--epochs", "1", "--limit", "64", "--out", str(out), "--quiet"]) == 2
+        assert capsys.readouterr().err == (f"hcrfast: error: {out} is there and is not a state dict hcrfast train "
+                                           f"wrote: it would be written over; pass another --out, or remove it\n")
+        assert out.read_bytes() == before and not train.resume_path(out).exists()
+        with pytest.raises(ValueError, match="is not a state dict hcrfast train wrote"):
+            train.train("digits", epochs=1, limit=64, out=out, progress=False)
+        assert out.read_bytes() == before
+
+
+def test_a_rerun_writes_over_train_s_own_out(tmp_path, capsys):
+    """A finished run is not extended: the same command trains from the start and replaces its own OUT, as one
+    from an hcrfast before train marked its state dicts (a plain dict of the model's tensors) does."""
+    from hcrfast import cli
+
+    out = tmp_path / "d.pt"
+    argv = ["train", "digits", "--limit", "64", "--out", str(out), "--quiet"]
+    assert cli.main([*argv, "--epochs", "1"]) == 0
+    one = out.read_bytes()
+    assert cli.main([*argv, "--epochs", "2"]) == 0
+    two = torch.load(out, weights_only=True)
+    assert out.read_bytes() != one
+    whole = train.train("digits", epochs=2, limit=64, out=tmp_path / "whole.pt", progress=False)
+    expected = torch.load(whole.state_dict_path, weights_only=True)
+    assert set(two) == set(expected) and all(torch.equal(two[k], expected[k]) for k in two)
+    torch.save(dict(expected), out)   # an earlier hcrfast's OUT
+    assert cli.main([*argv, "--epochs", "1"]) == 0
+    assert out.read_bytes() == one
+    capsys.readouterr()
