@@ -666,7 +666,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     if not finite:
         raise ValueError(f"gauss_newton_attack's errors overflowed (inf or NaN) with {law}: the observations are "
                          f"beyond what the {validation.dtype_name(batch.dtype)} model resolves; pass a sigma nearer "
-                         f"the features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch")
+                         f"the features' scale (hcrfast.rms_sigma(features, scale))"
+                         + (", or a float64 model and batch" if batch.dtype != torch.float64 else ""))
     if stalled == B * draws:
         from hcrfast.algorithm import _features_move
 

@@ -420,7 +420,12 @@ def _overflow_named(dtype):
             message=f"the Krylov basis of row {exc.row} overflowed {name} by step {exc.k} (the bidiagonalization's "
                     f"alpha or beta, or B_kᵀB_k's entries from them, came out inf or NaN): its start vector or J's "
                     f"entries are too large for {name}; pass a sigma nearer the features' scale "
-                    f"(hcrfast.rms_sigma(features, scale)), a smaller size, or a float64 model and batch") from exc
+                    f"(hcrfast.rms_sigma(features, scale)){_smaller(name)}") from exc
+
+
+def _smaller(name: str) -> str:
+    """The end of an overflow's advice: a smaller size, and a float64 model and batch unless they are already."""
+    return " or a smaller size" if name == "float64" else ", a smaller size, or a float64 model and batch"
 
 
 def _copy_state(state, xp, names=None):
@@ -506,8 +511,8 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
             row=row, k=0, dtype=name,
             message=f"the Krylov basis of row {row} overflowed {name} at its start (the pilot right-hand side's norm "
                     f"beta_1, or alpha_1, came out inf or NaN): its start vector or J's entries are too large for "
-                    f"{name}; pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), a "
-                    f"smaller size, or a float64 model and batch")
+                    f"{name}; pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
+                    f"{_smaller(name)}")
     tb = to_torch(b)
     dtype, dev = tb.dtype, tb.device
     cap = min(limit, _FIRST_CAPACITY)

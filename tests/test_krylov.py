@@ -930,3 +930,15 @@ def test_a_float64_model_s_overflow_is_not_told_to_use_a_float64_model(solver):
     with pytest.raises(ValueError, match=r"asks for steps float64 cannot hold.*sigma nearer the features") as err:
         hcrfast.bound(net, x, 1e200, solver=solver, restarts=2, iterations=2)
     assert "float64 model" not in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_pilot_that_overflows_is_named_with_the_advice_its_dtype_allows(dtype):
+    """krylov.build's own refusal (BasisOverflow) told a float64 pilot to pass "a float64 model and batch"."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((2, 12, 6))
+    big = np.full((2, 12), np.finfo(dtype).max / 4, dtype=dtype)   # its norm, a sum of squares, overflows
+    with pytest.raises(krylov.BasisOverflow, match="at its start") as err:
+        krylov.build(DenseBatchOperator(A.astype(dtype)), big)
+    assert err.value.k == 0 and err.value.dtype == np.dtype(dtype).name
+    assert ("float64 model and batch" in str(err.value)) == (dtype != np.float64)
