@@ -1167,7 +1167,8 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     from hcrfast.checkpoint import atomic_write_text
     from hcrfast.results import json_default
 
-    sweep.save(out / "sweep")  # hcrfast.SigmaSweep.load(OUT/sweep) reads it all back
+    # hcrfast.SigmaSweep.load(OUT/sweep) reads it all back; OUT's files were checked as hcrfast's before computing
+    sweep.save(out / "sweep", overwrite=True)
     written = {"sweep/sweep.json"} | ({"sweep/sigma0.npy"} if np.ndim(sweep.sigma0) != 0 else set())
     levels = []
     for i, (k, sig, res) in enumerate(zip(sweep.scales.tolist(), sweep.sigmas, sweep.bounds)):

@@ -428,14 +428,16 @@ class SigmaSweep:
         """Per σ, :func:`statistic_of` its bounds: by default the median per-mode bound."""
         return np.array([statistic_of(b, statistic, quantile, modes) for b in self.bounds])
 
-    def save(self, folder) -> Path:
+    def save(self, folder, *, overwrite: bool = False) -> Path:
         """Write the sweep to ``folder``: ``sweep.json`` (scales, seconds, reuse; the unit σ0, or
         ``sigma0.npy`` for one std per feature) and each σ's bounds as ``scale_K/bounds.npz``
         (:meth:`hcrfast.Bounds.save`). :meth:`load` reads it back; returns ``sweep.json``'s path.
 
         A folder an earlier save wrote is written over, and what that save wrote and this one does not (a
         σ no longer asked for) removed; a folder holding another file at a name this save writes (a
-        ``sweep.json`` of the user's) is refused before anything is written, and no other file is touched."""
+        ``sweep.json`` of the user's) is refused before anything is written, and no other file is touched.
+        ``overwrite=True`` writes over such files: the caller vouches they are no one's (``hcrfast bound
+        --sweep`` does, having checked its OUT by its list of outputs before computing)."""
         import json
 
         from hcrfast.checkpoint import atomic_write_bytes, atomic_write_text
@@ -452,9 +454,10 @@ class SigmaSweep:
                         | {name for name in names if (folder / name).exists() and not (folder / name).is_dir()}
                         | ({_SAVE_JOURNAL} if (folder / _SAVE_JOURNAL).exists() and _journal(folder) is None
                            else set()))
-        if theirs:
+        if theirs and not overwrite:
             raise ValueError(f"SigmaSweep.save({str(folder)!r}): holds {', '.join(theirs)}, which save writes and "
-                             f"which no earlier SigmaSweep.save wrote there; pass another folder, or move "
+                             f"which no earlier SigmaSweep.save wrote there; pass another folder, move "
+                             f"{'them' if len(theirs) > 1 else 'it'}, or overwrite=True to write over "
                              f"{'them' if len(theirs) > 1 else 'it'}")
         folder.mkdir(parents=True, exist_ok=True)
         # listed before any is written: a save cut short leaves its files its own, for the next save to replace

@@ -536,6 +536,31 @@ def test_sweep_bounds_at_each_sigma_what_bound_gives_there_and_resumes(files, ca
     np.testing.assert_array_equal(hcrfast.Bounds.load(out / "sweep" / "scale_2" / "bounds.npz").std, first)
 
 
+def test_a_sweep_rerun_into_its_out_without_its_lists_writes_its_sweep_again(files):
+    """OUT/sweep/sweep.json and OUT's outputs list removed, the same --sweep made again: the command takes OUT as
+    its own (its sweep_chunks/), computes, and SigmaSweep.save then refused the scale_K/bounds.npz no save had
+    listed, after the compute, in Python's words. The command vouches for the files it checked."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.4", "--sweep", "1,2",
+            "--out", out]
+    assert _bound(argv) == 0
+    first = hcrfast.SigmaSweep.load(out / "sweep")
+    (out / "sweep" / "sweep.json").unlink()
+    (out / ".hcrfast-outputs.json").unlink()
+    assert _bound(argv) == 0
+    again = hcrfast.SigmaSweep.load(out / "sweep")
+    for a, b in zip(first.bounds, again.bounds):
+        np.testing.assert_array_equal(a.std, b.std)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "sweep.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds sweep\.json.*overwrite=True"):
+        again.save(tmp_path / "mine")
+    assert (tmp_path / "mine" / "sweep.json").read_text() == "{}"
+    again.save(tmp_path / "mine", overwrite=True)
+    assert hcrfast.SigmaSweep.load(tmp_path / "mine").scales.tolist() == [1.0, 2.0]
+
+
 @pytest.mark.parametrize("reuse", ["0", None], ids=["nothing-kept", "factors-kept"])
 def test_sweep_of_one_std_per_feature(files, reuse):
     """--sigma-file with --sweep: each level is the profile times its scale. Kept nothing, each call is a plain
