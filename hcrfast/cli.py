@@ -171,9 +171,14 @@ _RMS_SIGMA = r"hcrfast\.rms_sigma\(features, scale\)"
 _DOUBLE = r"a float64 model and batch(?: \(model\.double\(\), batch\.double\(\)\))?"
 _IN_FLOAT64 = r"run the model and batch in float64 \(model\.double\(\), batch\.double\(\)\)"
 #: Fixes the Python layer names that a command has no flag for (said so, as its keywords are: :data:`_PYTHON_ONLY`).
-_PYTHON_ONLY_FIXES = {"bound": ("hcrfast.Laplace(b)",), "reproduce": ("hcrfast.Laplace(b)", "a float64 model and batch")}
+_PYTHON_ONLY_FIXES = {"bound": ("hcrfast.Laplace(b)",),
+                      "reproduce": ("hcrfast.Laplace(b)", "a float64 model and batch",
+                                    "run the model and batch in float64 (model.double(), batch.double())")}
 #: The parsed command line's paths and names (the user's words: never rewritten).
 _PATH_DESTS = ("out", "model", "inputs", "weights", "sigma_file", "labels", "head_weights", "data", "data_root")
+#: The command line's other free words (an entry's key in a file, the head's name): never rewritten either, where
+#: they are long enough not to be a word of the messages' own (``--key b`` is also Laplace(b)'s b).
+_WORD_DESTS = ("key", "labels_key", "head")
 
 
 def shell_text(text: str, args) -> str:
@@ -200,6 +205,7 @@ def shell_text(text: str, args) -> str:
         return token
 
     words = {os.fspath(v) for v in (getattr(args, d, None) for d in _PATH_DESTS) if isinstance(v, (str, os.PathLike))}
+    words |= {v for v in (getattr(args, d, None) for d in _WORD_DESTS) if isinstance(v, str) and len(v) >= 3}
     for word in sorted((w for w in words if w.strip()), key=len, reverse=True):
         text = re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", lambda m: hide(m.group(0)), text)
     subjects = {}   # a message's subject said otherwise than its name=value (``sigma must``, ``sigma has``)
@@ -209,6 +215,10 @@ def shell_text(text: str, args) -> str:
             flags["sigma"] = flags["sigma0"] = sigma_file
             text = re.sub(rf"{_NOT_BEFORE}sigma0? holds (.*?)or one number",
                           lambda m: f"{sigma_file} holds {m.group(1)}or one number (--sigma)", text)
+        elif getattr(args, "sweep", None) is not None:   # sigma = K x sigma0 for one of the sweep's K
+            unit = "--sigma" if getattr(args, "sigma", None) is not None else "the features' RMS"
+            subjects["sigma"] = f"sigma (a --sweep level K × {unit})"
+            subjects["sigma0"] = f"sigma0 ({unit})"
         elif getattr(args, "sigma", None) is None:   # sigma = K x RMS, K --sigma-scale's (1 by default)
             scale = getattr(args, "sigma_scale", None)
             subjects["sigma"] = subjects["sigma0"] = (
@@ -239,9 +249,13 @@ def shell_text(text: str, args) -> str:
         return f"{flag} {value[1:-1] if value[0] in _QUOTES else value}"
 
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    # sigma's own (``sigma has the shape ...``): "has" of any other name is no subject of hcrfast's (``size has to be
+    # even``, a model's own words)
+    has = "|".join(n for n in ("sigma0", "sigma") if n in flags or n in subjects) or "(?!)"
     # name=value, a bare name= (``pass sigma= or noise=``), or a message's subject: ``rtol must be ...``,
     # ``sigma has the shape ...``
-    text = re.sub(rf"{_NOT_BEFORE}({names})=(?:({_VALUE})|(?=[\s,;:)]|$))|{_MUST_AT}({names})(?= (?:must|has)\b)",
+    text = re.sub(rf"{_NOT_BEFORE}({names})=(?:({_VALUE})|(?=[\s,;:)]|$))"
+                  rf"|{_MUST_AT}((?:{names})(?= must\b)|(?:{has})(?= has\b))",
                   flag_of, text, flags=re.M)
     text = re.sub(rf"\bleave ({names}) at its default", lambda m: f"leave {flags[m.group(1)]} at its default"
                   if isinstance(flags[m.group(1)], str) else m.group(0), text)

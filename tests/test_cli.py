@@ -424,6 +424,22 @@ def test_shell_text_says_which_sigma_advice_reproduce_has_no_flag_for():
     assert _shell("a float64 model and batch", "train") == "a float64 model and batch"
 
 
+def test_shell_text_rewrites_has_of_sigma_alone_and_leaves_the_command_line_s_words():
+    """Any flag name before " has" was taken for a message's subject (a model's own "size has to be even" became
+    "--size has ..."), the rewrites reached a --key the user gave, a --sweep's sigma was said to be the features'
+    RMS, and reproduce's advice to run in float64 was left bare of its "from Python only" note."""
+    assert _shell("the model raised: size has to be even") == "the model raised: size has to be even"
+    assert _shell("sigma has the shape (4, 2)").startswith("sigma (the features' RMS")
+    key = "a float64 model and batch"
+    assert _shell(f"--key '{key}' is not in x.npz", key=key) == f"--key '{key}' is not in x.npz"
+    assert _shell("sigma must be a positive finite number, got inf", sweep="1,1e308") == (
+        "sigma (a --sweep level K × the features' RMS) must be a positive finite number, got inf")
+    assert _shell("sigma must be positive", sweep="1,2", sigma=0.4) == (
+        "sigma (a --sweep level K × --sigma) must be positive")
+    text = "run the model and batch in float64 (model.double(), batch.double())"
+    assert _shell(text, "reproduce").endswith("from Python only; hcrfast reproduce has no flag for it)")
+
+
 def test_only_hcrfast_s_own_warnings_are_said_in_flags():
     """A warning of the user's model names its own keywords: printed as written, on one line, its category said."""
     import argparse
