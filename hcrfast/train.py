@@ -173,6 +173,8 @@ def train(
         device = torch.device("cpu" if device is None else device)
     except RuntimeError as exc:
         raise ValueError(f"device {device!r} is not a torch device ({exc}); pass cpu or cuda (--device)") from None
+    if device.type not in ("cpu", "cuda"):   # (meta, mps, xla: the recipe runs on neither; meta failed deep inside)
+        raise ValueError(f"device {str(device)!r}: train runs on cpu or cuda (cuda:N); pass one of them (--device)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda asked for, but torch sees no CUDA device; use cpu (--device)")
     out = _writable_file(f"{name}_state_dict.pt" if out is None else out)
@@ -345,6 +347,16 @@ def _writable_file(out) -> Path:
     return out
 
 
+def _device_flag(text: str) -> str:
+    """--device: cpu, cuda or cuda:N (the others, as bound's and reproduce's, refused by argparse)."""
+    import argparse
+    import re
+
+    if re.fullmatch(r"cpu|cuda(?::\d+)?", text):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from cpu, cuda, cuda:N)")
+
+
 def add_subparser(subparsers) -> None:
     """Register ``hcrfast train`` on an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
@@ -362,7 +374,8 @@ def add_subparser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="initialization and shuffling, default 0")
     p.add_argument("--out", default=None, help="state dict path (default ./NAME_state_dict.pt)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per split")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    p.add_argument("--device", type=_device_flag, default="cpu", metavar="{cpu,cuda,cuda:N}",
+                   help="default cpu; cuda:N picks GPU N")
     p.add_argument("--no-progress", "--quiet", dest="quiet", action="store_true",
                    help="no per-epoch progress lines")
     p.set_defaults(func=_run_cli)

@@ -185,10 +185,10 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch):
     assert (home / "d.pt").is_file() and not (tmp_path / "~").exists()
 
 
-@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cuda:0"])
+@pytest.mark.parametrize("device", ["meta", "mps", "xla", "cuda:x", "gpu"])
 def test_train_refuses_a_device_bound_and_reproduce_refuse_with_argparses_message(device, tmp_path, capsys):
     """`hcrfast train digits --device meta` (mps, xla) ended in a 10-frame RuntimeError traceback from inside the
-    training loop, where bound and reproduce take only cpu or cuda."""
+    training loop, where bound and reproduce take only cpu or cuda; train keeps cuda:N (a GPU of several)."""
     from hcrfast import cli
 
     with pytest.raises(SystemExit) as exc:
@@ -198,6 +198,9 @@ def test_train_refuses_a_device_bound_and_reproduce_refuse_with_argparses_messag
     assert f"--device: invalid choice: '{device}' (choose from " in capsys.readouterr().err
     assert not (tmp_path / "d.pt").exists()
     assert cli.build_parser().parse_args(["train", "digits"]).device == "cpu"
+    assert cli.build_parser().parse_args(["train", "digits", "--device", "cuda:1"]).device == "cuda:1"
+    with pytest.raises(ValueError, match=r"device 'meta': train runs on cpu or cuda"):
+        train.train("digits", epochs=1, device="meta", out=str(tmp_path / "d.pt"))
 
 
 def test_train_takes_no_progress_as_the_other_commands_spell_it():
