@@ -228,7 +228,7 @@ def _halved(compute, join, x: torch.Tensor, *more):
     try:
         return compute(x, *more)
     except Exception as exc:  # noqa: BLE001 - only out-of-memory is split
-        if not _is_oom(exc) or x.shape[0] < 2:
+        if not _is_oom_of(exc, x.shape[0]) or x.shape[0] < 2:
             raise
     # Out of the except block: the exception's frames no longer hold the failed pass's memory.
     release_device_memory(x.device)
@@ -481,7 +481,7 @@ def _nonfinite_derivative(model, x) -> list[int]:
     try:
         g = _random_vjp(model, x)
     except RuntimeError as exc:
-        if _is_oom(exc):  # the chunk is halved
+        if _is_oom_of(exc, len(x)):  # the chunk is halved
             raise
         return []
     if g is None:
@@ -542,7 +542,7 @@ def _rounded_away_rows(model64, x, eps, jacobian: str) -> np.ndarray:
     try:
         jv = to_torch(TorchJacobian(model64, x64, mode=jacobian).matvec(from_torch(flat.contiguous())))
     except RuntimeError as exc:
-        if _is_oom(exc):  # torch.OutOfMemoryError is a RuntimeError: split by _rounded_away, not "rounding"
+        if _is_oom_of(exc, len(x64)):  # torch.OutOfMemoryError is a RuntimeError: split by _rounded_away, not "rounding"
             raise
         return np.ones(len(flat), dtype=bool)
     jmax, size = jv.abs().amax(dim=1), flat.abs().amax(dim=1)
@@ -1268,6 +1268,18 @@ def _is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in text
 
 
+#: oneDNN's error (the CPU's convolutions) where it cannot allocate a primitive under a memory limit (``ulimit -v``,
+#: a container's): ResNet-18 raised it at 4 examples a chunk where 1 ran. Some forwards raise it under torch.func
+#: too (activation checkpointing), so it reads as out of memory only where there are rows to split: one example
+#: alone still gets that error's own explanation.
+_NO_PRIMITIVE = "could not create a primitive"
+
+
+def _is_oom_of(exc: BaseException, rows: int) -> bool:
+    """:func:`_is_oom`, or oneDNN's :data:`_NO_PRIMITIVE` where the ``rows`` that raised it can be split."""
+    return _is_oom(exc) or (rows > 1 and isinstance(exc, RuntimeError) and _NO_PRIMITIVE in str(exc))
+
+
 class _StillTheSameFunction:
     """The features of a few examples (:data:`validation.REPEAT_ROWS`, spread over the batch as
     :func:`validation.check_repeatable` takes them), computed again by :meth:`check` just before each chunk a
@@ -1433,7 +1445,7 @@ def _in_chunks(total: int, chunk: int, compute, device: torch.device, *, store=N
         try:
             result = compute(lo, hi)
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-            if not (_is_oom(exc) and hi - lo > 1):
+            if not (_is_oom_of(exc, hi - lo) and hi - lo > 1):
                 raise
             out_of_memory = True
         else:

@@ -212,7 +212,10 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         with native_rnn_for(model):  # cuDNN's RNN backward refuses eval mode
             return model(t).reshape(t.shape[0], -1)
 
-    from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
+    from hcrfast.algorithm import _is_oom_of  # here: algorithm imports this module
+
+    def _is_oom(exc):   # (oneDNN's "could not create a primitive" too, where the chunk's examples can be split)
+        return _is_oom_of(exc, B)
 
     with torch.no_grad():
         n = f(x[:1]).shape[1]
@@ -265,11 +268,16 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
             raise ValueError(f"building J for the dense solve runs the model under torch.func.vmap, which this "
                              f"model's forward does not support (torch: {first}); {cause}: {LSQR_INSTEAD}, which "
                              f"need no vmap, or {fix}") from exc
+        # (oneDNN's "could not create a primitive" is also its allocation failure under a memory limit: halved
+        # down to this one example by then, and said so)
+        memory = ("; oneDNN, the CPU's convolutions, also raises it where memory runs out under a limit (ulimit -v, "
+                  "a container's): where the model runs under torch.func without one, a process with more memory, "
+                  "or a fresh process with chunk_size=1, is the fix" if "could not create a primitive" in text else "")
         raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
                          f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
                          f"(torch: {first}; activation checkpointing is a known case"
-                         f"{forward_hint if mode == 'forward' else ''}): {LSQR_INSTEAD}, which need plain autograd "
-                         f"only") from exc
+                         f"{forward_hint if mode == 'forward' else ''}{memory}): {LSQR_INSTEAD}, which need plain "
+                         f"autograd only") from exc
 
     def count(live, probes, mode):  # the products that built J, and the one VJP that checked it
         if live is not None:
@@ -387,9 +395,9 @@ def _nonzero_rows(f, x: torch.Tensor, n: int, rows: int):
                 probes = vmap(lambda t, xb=xb: jvp(f, (xb,), (t,))[1])(tangents)       # (2, b, n)
                 live[b0:b0 + per] = (probes != 0).any(dim=0)
     except RuntimeError as exc:
-        from hcrfast.algorithm import _is_oom  # here: algorithm imports this module
+        from hcrfast.algorithm import _is_oom_of  # here: algorithm imports this module
 
-        if _is_oom(exc) or _is_device_failure(exc):
+        if _is_oom_of(exc, B) or _is_device_failure(exc):
             raise
         return None, np.zeros(B, dtype=np.int64)   # every row pulled back; the build reports what torch.func cannot run
     if bool(live.all()):

@@ -825,3 +825,31 @@ def test_the_slow_batching_filter_leaves_other_warnings_and_the_caller_s_own_fil
             warnings.warn("There is another warning", UserWarning)
         assert warnings.filters == mine
     assert [str(w.message) for w in rec] == ["There is another warning"]
+
+
+def test_onednn_s_no_primitive_error_halves_the_chunk_and_one_example_still_gets_its_explanation(monkeypatch):
+    """Under a memory limit oneDNN (the CPU's convolutions) raises "could not create a primitive" where it cannot
+    allocate: ResNet-18's J build at 4 examples a chunk ran at 1, but the error was read as torch.func's, and
+    the call refused with the advice to take LSQR (whose bounds were 3x lower). Where examples can be split, it is
+    now read as out of memory; one example alone still gets the torch.func explanation."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).double().eval()
+    x = torch.randn(4, 1, 4, 4, dtype=torch.float64)
+    want = hcrfast.bound(model, x, 0.2, restarts=2, iterations=2, solver="dense", chunk_size=1)
+    real = dense._fill_jacobian
+
+    def short_of_memory(out, f, xb, *args, **kwargs):
+        if xb.shape[0] > 1:
+            raise RuntimeError("could not create a primitive")
+        return real(out, f, xb, *args, **kwargs)
+
+    monkeypatch.setattr(dense, "_fill_jacobian", short_of_memory)
+    got = hcrfast.bound(model, x, 0.2, restarts=2, iterations=2, solver="dense", chunk_size=4)
+    np.testing.assert_array_equal(got.std, want.std)
+
+    def never(*args, **kwargs):
+        raise RuntimeError("could not create a primitive")
+
+    monkeypatch.setattr(dense, "_fill_jacobian", never)
+    with pytest.raises(ValueError, match=r"torch\.func.*could not create a primitive; activation checkpointing.*memory runs out"):
+        hcrfast.bound(model, x, 0.2, restarts=2, iterations=2, solver="dense", chunk_size=4)
