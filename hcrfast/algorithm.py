@@ -22,6 +22,7 @@ import json
 import math
 import numbers
 import sys
+import threading
 import time
 import warnings
 
@@ -1221,11 +1222,54 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float):
             last[:] = [steps, now, True]
             print(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} still running "
                   f"({now - t_start:.1f} s)", file=sys.stderr)
+            _said()
     return report
 
 
 #: Seconds between the progress lines from inside a chunk (LSQR's solves, the attack's iterations).
 _PROGRESS_EVERY = 10.0
+
+#: Seconds a chunk of ``bound`` may run without a progress line before :func:`_heartbeat` says what it is doing.
+_HEARTBEAT_EVERY = 30.0
+
+#: When a progress line was last printed (time.perf_counter; by any call, in any thread).
+_LAST_LINE = [0.0]
+
+
+def _said() -> None:
+    _LAST_LINE[0] = time.perf_counter()
+
+
+@contextlib.contextmanager
+def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag: str = ""):
+    """``progress=True``: while a chunk of examples ``start..stop-1`` runs, a line every :data:`_HEARTBEAT_EVERY`
+    seconds without another progress line, naming what it is doing (the profiling ranges open in this thread,
+    :func:`hcrfast.profiling.open_ranges`). The dense solve, the certification's forward passes, the singular
+    steps and a Krylov basis of few steps print nothing of their own: a chunk of ResNet-18 at 64×64 printed
+    nothing for 117 s (an ad hoc run, 2026-12-01). A daemon thread that waits in steps of at most 1 s; nothing on
+    the chunk's own path."""
+    if not on:
+        yield
+        return
+    me, done, began = threading.get_ident(), threading.Event(), time.perf_counter()
+
+    def beat():
+        while not done.wait(min(1.0, _HEARTBEAT_EVERY / 3)):
+            now = time.perf_counter()
+            if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
+                phases = [name for name in profiling.open_ranges(me) if name != "bound"]
+                print(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
+                      f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into this chunk "
+                      f"({now - t_start:.1f} s)", file=sys.stderr)
+                _said()
+
+    thread = threading.Thread(target=beat, name="hcrfast-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _every(t_start: float, line):
@@ -1238,6 +1282,7 @@ def _every(t_start: float, line):
         if now - last[0] >= every:
             last[0] = now
             print(f"{line(*args)} ({now - t_start:.1f} s)", file=sys.stderr)
+            _said()
     return report
 
 
@@ -1406,6 +1451,7 @@ def _progress_line(who: str, done: str, t_start: float, eta: _Eta, computed: int
     eta_text = (f", ETA {seconds:.0f} s" + (" (from the first chunk, which holds the call's one-off costs)"
                                             if eta.first else "") if left else "")
     print(f"{who}: {done} done ({time.perf_counter() - t_start:.1f} s{eta_text})", file=sys.stderr)
+    _said()
 
 
 def _one_example_note(solver: str, n: int, p: int, restarts: int, pilots, options: LSQROptions, itemsize: int,
@@ -2436,6 +2482,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         else f"{computed[0]}/{computed[2]} of this process's examples")
                 _progress_line(f"hcrfast{tag}", done, t_start, computed[1], computed[0], computed[2])
 
+        def beating(start, stop):
+            with _heartbeat(progress, start, stop, B, t_start, tag):
+                return compute(start, stop)
+
         def on_halve(chunk):
             if saved is not None:   # the chunks from here on are of this size: theirs to record
                 saved.chunk_size = chunk
@@ -2491,7 +2541,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         computed = [0, _Eta(time.perf_counter()), sum(hi - lo for lo, hi in todo)]
         try:
             for lo, hi in todo:
-                chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
+                chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: beating(lo + a, lo + b), batch.device,
                                         store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)
         except Exception as exc:  # out of memory at one example (_in_chunks halves down to 1): say what it holds
             if _is_oom(exc) and hasattr(exc, "add_note"):  # Python >= 3.11

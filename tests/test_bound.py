@@ -2109,3 +2109,38 @@ def test_every_warning_of_hcrfast_is_an_hcrfast_warning_that_one_filter_silences
         hcrfast.bound(Warns(), x, 0.5, restarts=2, iterations=2, singular_steps=99, solver="dense")
     assert [str(w.message) for w in caught] and all("the user's own" in str(w.message) for w in caught)
     assert issubclass(hcrfast.HcrfastRuntimeWarning, RuntimeWarning)
+
+
+def test_progress_says_what_a_long_chunk_is_doing_where_it_has_no_line_of_its_own(monkeypatch, capfd):
+    """progress=True printed nothing for minutes where a chunk ran the dense solve, the certification's forward
+    passes or the singular steps (ResNet-18 at 64x64: 117 s, the run's one line at its end). A heartbeat now says,
+    every _HEARTBEAT_EVERY seconds without another line, which of hcrfast's phases the chunk is in."""
+    import time
+
+    from hcrfast import algorithm
+
+    class Slow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh())
+
+        def forward(self, t):
+            time.sleep(0.01)
+            return self.net(t)
+
+    monkeypatch.setattr(algorithm, "_HEARTBEAT_EVERY", 0.2)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    model = Slow().double().eval()
+    quiet = hcrfast.bound(model, x.double(), 0.3, restarts=2, iterations=3, solver="dense")
+    assert "into this chunk" not in capfd.readouterr().err
+    res = hcrfast.bound(model, x.double(), 0.3, restarts=2, iterations=3, solver="dense", progress=True)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "into this chunk" in line]
+    assert lines, "no heartbeat"
+    known = {"certify", "certify-screen", "dense-factor", "dense-solve", "restart", "singular-steps", "dct",
+             "checkpoint", "setting up", "jvp", "vjp"}
+    for line in lines:
+        assert re.match(r"hcrfast: examples 0-1 of 2: (.+), \d+ s into this chunk \(\d+\.\d s\)$", line), line
+        phase = re.match(r"hcrfast: examples 0-1 of 2: (.+), \d+ s", line).group(1)
+        assert set(phase.split(" > ")) <= known, phase
+    np.testing.assert_array_equal(res.std, quiet.std)
+    assert not [t for t in threading.enumerate() if t.name == "hcrfast-heartbeat"]
