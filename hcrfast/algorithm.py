@@ -1232,12 +1232,13 @@ _PROGRESS_EVERY = 10.0
 #: Seconds a chunk of ``bound`` may run without a progress line before :func:`_heartbeat` says what it is doing.
 _HEARTBEAT_EVERY = 30.0
 
-#: When a progress line was last printed (time.perf_counter; by any call, in any thread).
+#: When a progress line was last printed (time.monotonic: the progress lines' own clock, perf_counter, is left to
+#: them alone; by any call, in any thread).
 _LAST_LINE = [0.0]
 
 
 def _said() -> None:
-    _LAST_LINE[0] = time.perf_counter()
+    _LAST_LINE[0] = time.monotonic()
 
 
 @contextlib.contextmanager
@@ -1251,11 +1252,11 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
     if not on:
         yield
         return
-    me, done, began = threading.get_ident(), threading.Event(), time.perf_counter()
+    me, done, began = threading.get_ident(), threading.Event(), time.monotonic()
 
     def beat():
         while not done.wait(min(1.0, _HEARTBEAT_EVERY / 3)):
-            now = time.perf_counter()
+            now = time.monotonic()
             if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
                 print(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
