@@ -41,7 +41,7 @@ from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import (D_ROUNDING_UNIT, Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise,
                            divergence_of)
-from hcrfast.results import Bounds, json_default
+from hcrfast.results import Bounds, json_default, run_record
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
 # atol = btol = 1e-5: the loosest setting whose median bound matched the published method's in
@@ -1261,7 +1261,7 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
                 print(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
                       f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into this chunk "
-                      f"({now - t_start:.1f} s)", file=sys.stderr)
+                      f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
                 _said()
 
     thread = threading.Thread(target=beat, name="hcrfast-heartbeat", daemon=True)
@@ -1797,6 +1797,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
            krylov_pilots, iterates, singular_steps, checkpoint, shard, world) -> Bounds:
     """:func:`bound`, its arguments unchecked; ``world`` is this process's place in a sharded call (or None)."""
     t_start = time.perf_counter()
+    threads = torch.get_num_threads()   # (params["run"]: the float32 solves' rounding follows it)
     noise = as_noise(validation.sigma_or_law(sigma))
     size = validation.positive_float("size", size, "; typical values are 1/200, 1/500, 1/1000")
     iterations = validation.positive_int("iterations", iterations)
@@ -2685,7 +2686,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   targeted=None if targeted is None else dict(
                       method=targeted.method, n_targets=len(targeted.modes), seconds=targeted.timings["total"],
                       n_infinite=int(targeted.infinite.sum()), from_null_space=int(targeted.from_null_space.sum()),
-                      eps_kept=bool(keep_targeted_eps)))
+                      eps_kept=bool(keep_targeted_eps)),
+                  # the whole batch's ids (a resumed call's too), this call's last chunk size, threads, versions
+                  run=run_record(example_ids, chunk_size, threads))
     return Bounds(
         std=std.reshape((B,) + input_shape), mse=mse, eps=best_eps.reshape((B,) + input_shape), z=best_z,
         divergence=divergence, best_restart=best_restart, lsqr_iterations=itn, lsqr_istop=istop,

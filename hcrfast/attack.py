@@ -52,7 +52,7 @@ from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors, taken_back_on_failure)
 from hcrfast.results import (counted, load_npz, median_count, mse_from_modes, revision_line, revision_loaded,
-                             revision_saved, same_result, save_npz, short_repr)
+                             revision_saved, run_record, same_result, save_npz, short_repr)
 from hcrfast.operators import RowScaled
 
 __all__ = ["ATTACK_LSQR", "AttackResult", "compare", "gauss_newton_attack", "observation_noise"]
@@ -144,6 +144,9 @@ class AttackResult:
     damping : array, shape (B, draws)
         The damping λ each problem would use next.
     params : dict
+        The parameters used; ``"run"``: what a rerun needs besides (:func:`hcrfast.results.run_record`: the
+        example ids, the chunk size used, torch's thread count, the versions of hcrfast, torch, NumPy and
+        SciPy), recorded but not compared by ``==``, and absent from files written before it was recorded.
     seconds : float
     """
 
@@ -523,6 +526,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     band that an exactly efficient attacker would show.
     """
     t_start = time.perf_counter()
+    threads = torch.get_num_threads()   # (params["run"]: the float32 solves' rounding follows it)
     noise = as_noise(validation.sigma_or_law(noise_or_sigma))
     draws = validation.positive_int("draws", draws)
     steps = validation.positive_int("steps", steps)
@@ -691,7 +695,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                   seed=int(seed), noise_stream=f"default_rng([seed, e, {NOISE_STREAM}])", basis=basis, tol=tol,
                   lsqr=dataclasses.asdict(options), jacobian=jacobian, dtype=validation.dtype_name(batch.dtype),
                   device=str(batch.device), n_features=n, n_inputs=p,
-                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=B - to_compute))
+                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=B - to_compute),
+                  run=run_record(example_ids, chunk_size, threads))   # recorded, not compared (same_result)
     return AttackResult(**out, params=params, seconds=time.perf_counter() - t_start)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -178,8 +180,67 @@ def require(path, fmt: str, writer: str, held, names, what: str) -> None:
 
 
 #: What ``==`` on results leaves out, at any depth: wall times, and how the run went (examples read back from
-#: a checkpoint, the shard a process computed, factors reused from an earlier call), not what it computed.
-WALL_TIME_KEYS = ("seconds", "timings", "checkpoint", "shard", "reuse", "reuse_bytes", "reused_examples")
+#: a checkpoint, the shard a process computed, factors reused from an earlier call, and ``params["run"]``: the
+#: example ids, chunk size, torch threads and versions a rerun needs, recorded but not compared), not what it
+#: computed.
+WALL_TIME_KEYS = ("seconds", "timings", "checkpoint", "shard", "reuse", "reuse_bytes", "reused_examples", "run")
+
+#: The distributions whose versions ``params["run"]["versions"]`` records (besides hcrfast's): those whose
+#: arithmetic the numbers go through.
+_RUN_VERSIONED = ("torch", "numpy", "scipy")
+
+
+@functools.lru_cache(maxsize=None)
+def _versions() -> tuple:
+    import sys
+    from importlib import metadata
+
+    from hcrfast import __version__
+
+    def version(name):
+        imported = getattr(sys.modules.get(name), "__version__", None)   # torch's names its build: 2.14.1+cu130
+        if isinstance(imported, str):
+            return str(imported)   # (torch's is a str subclass)
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return (("hcrfast", __version__),) + tuple((name, version(name)) for name in _RUN_VERSIONED)
+
+
+def run_versions() -> dict:
+    """hcrfast's version and those of torch, NumPy and SciPy: an imported module's ``__version__`` (torch's
+    names its build, as ``2.14.1+cu130``, which the installed metadata may not), else the installed metadata,
+    as ``hcrfast --version`` reads them (:func:`hcrfast.cli.version_line`, which gives one line of text);
+    None for one not installed."""
+    return dict(_versions())
+
+
+def describe_ids(example_ids) -> dict:
+    """``example_ids`` (which seed each example's noise, ``default_rng([seed, e])``) as ``params["run"]`` holds
+    them: their count, first and last, the first 16 hex digits of the SHA-256 of the little-endian int64 array,
+    and (at most 16 of them) the ids themselves."""
+    ids = np.ascontiguousarray(np.asarray(example_ids), dtype="<i8").ravel()
+    out = dict(count=int(ids.size), first=int(ids[0]) if ids.size else None,
+               last=int(ids[-1]) if ids.size else None, sha256=hashlib.sha256(ids.tobytes()).hexdigest()[:16])
+    if ids.size <= 16:
+        out["ids"] = ids.tolist()
+    return out
+
+
+def run_record(example_ids, chunk_size, torch_threads: int) -> dict:
+    """``params["run"]`` of a result: what a rerun needs that the other params do not say, since each changes
+    the numbers (the ids, which noise is drawn; the chunk size and torch's thread count, the rounding):
+    ``example_ids`` (:func:`describe_ids`, the whole batch's), ``chunk_size`` (examples per chunk, the last
+    size used: after any halving on out-of-memory, and at most the batch's size, which an automatic size may
+    exceed; ``chunk_size=`` that value computes the chunks again), ``torch_threads``
+    (``torch.get_num_threads()`` during the call) and ``versions`` (:func:`run_versions`). Recorded, not
+    compared: ``==`` leaves it out (:data:`WALL_TIME_KEYS`)."""
+    described = describe_ids(example_ids)
+    return dict(example_ids=described,
+                chunk_size=None if chunk_size is None else min(int(chunk_size), max(described["count"], 1)),
+                torch_threads=int(torch_threads), versions=run_versions())
 
 
 def _array_like(x) -> bool:
@@ -190,9 +251,10 @@ def same_result(a, b) -> bool:
     """``a == b`` of hcrfast's result classes: the same type, every array bitwise equal (NaN where the
     other has NaN, on the host whichever device holds it), every list, string and count equal, with
     the wall times and the run's own accounts left out (fields and ``params`` keys of
-    :data:`WALL_TIME_KEYS`, at any depth): two runs that computed the same bounds compare equal (a resumed
-    one and an uninterrupted one included), and so do a result and its ``save``/``load`` copy (JSON gives
-    back lists for tuples; they compare as the same sequence)."""
+    :data:`WALL_TIME_KEYS`, at any depth; ``params["run"]`` among them, recorded but not compared): two runs
+    that computed the same bounds compare equal (a resumed one and an uninterrupted one included, and two
+    at other thread counts or versions that agree bitwise), and so do a result and its ``save``/``load``
+    copy (JSON gives back lists for tuples; they compare as the same sequence)."""
     if a is b:
         return True
     if dataclasses.is_dataclass(a) or dataclasses.is_dataclass(b):
@@ -382,6 +444,9 @@ class Bounds:
         result :meth:`load` read that another revision of hcrfast's algorithm computed: the format of its
         call's checkpoints (:data:`hcrfast.checkpoint.FORMAT` then), or None for a file written before
         2026-12-01, which recorded none; :meth:`save` writes this version's for one it computed.
+        ``"run"``: what a rerun needs besides (:func:`run_record`: the example ids, the chunk size used,
+        torch's thread count, the versions of hcrfast, torch, NumPy and SciPy); recorded but not compared
+        by ``==``, and absent from files written before it was recorded.
     seconds : float
         Wall time of the call.
     targeted : TargetedBounds or None

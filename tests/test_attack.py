@@ -723,3 +723,37 @@ def test_the_attack_takes_its_noise_as_sigma_too_and_refuses_it_twice():
         gauss_newton_attack(model, x, noise=0.2, **kw)
     params = inspect.signature(gauss_newton_attack).parameters
     assert params["sigma"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_params_record_the_ids_chunk_size_threads_and_versions_a_rerun_needs():
+    """example_ids [0, 1] and [7, 8] drew other noise, so other estimates, with identical params: params["run"]
+    records them (and the chunk size, torch's thread count, the versions); == leaves it out."""
+    import hashlib
+
+    _, _, model, x = _linear_problem(0)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = gauss_newton_attack(model, x, 0.5, draws=3, steps=2)
+    finally:
+        torch.set_num_threads(threads)
+    b = gauss_newton_attack(model, x, 0.5, draws=3, steps=2, example_ids=[7, 8])
+    c = gauss_newton_attack(model, x, 0.5, draws=3, steps=2, chunk_size=1)
+    assert not np.array_equal(a.mse, b.mse)
+    digest = {ids: hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16] for ids in ((0, 1), (7, 8))}
+    assert a.params["run"]["example_ids"] == dict(count=2, first=0, last=1, sha256=digest[0, 1], ids=[0, 1])
+    assert b.params["run"]["example_ids"] == dict(count=2, first=7, last=8, sha256=digest[7, 8], ids=[7, 8])
+    assert (a.params["run"]["chunk_size"], c.params["run"]["chunk_size"]) == (2, 1)
+    assert a.params["run"]["torch_threads"] == 1 and b.params["run"]["torch_threads"] == threads
+    assert a.params["run"]["versions"]["torch"] == torch.__version__
+    assert {k: v for k, v in a.params.items() if k != "run"} == {k: v for k, v in b.params.items() if k != "run"}
+
+
+def test_the_run_record_survives_save_and_load(tmp_path):
+    _, _, model, x = _linear_problem(1)
+    res = gauss_newton_attack(model, x, 0.5, draws=2, steps=2, example_ids=[3, 5])
+    res.save(tmp_path / "a.npz")
+    back = AttackResult.load(tmp_path / "a.npz")
+    assert back.params["run"] == res.params["run"] and back == res
+    back.params["run"] = dict(back.params["run"], torch_threads=64)
+    assert back == res   # recorded, not compared

@@ -2144,3 +2144,91 @@ def test_progress_says_what_a_long_chunk_is_doing_where_it_has_no_line_of_its_ow
         assert set(phase.split(" > ")) <= known, phase
     np.testing.assert_array_equal(res.std, quiet.std)
     assert not [t for t in threading.enumerate() if t.name == "hcrfast-heartbeat"]
+
+
+def _ids_digest(ids):
+    """The oracle of params["run"]["example_ids"]["sha256"]: hashlib's SHA-256 of the little-endian int64 ids."""
+    import hashlib
+
+    return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
+def _tanh_mlp():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh()).double().eval()
+
+
+def test_params_record_the_ids_chunk_size_threads_and_versions_a_rerun_needs():
+    """example_ids [0, 1] and [7, 8] gave other bounds with identical params (minus timings), as did chunk_size
+    auto and 1, and torch's thread count: a saved result did not say how to compute it again. params["run"]
+    says, and == leaves it out."""
+    model = _tanh_mlp()
+    x = torch.as_tensor(np.random.default_rng(3).standard_normal((2, 1, 4, 4)))
+    kw = dict(restarts=3, iterations=3, seed=5, solver="lsqr")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = hcrfast.bound(model, x, 0.5, **kw)
+    finally:
+        torch.set_num_threads(threads)
+    b = hcrfast.bound(model, x, 0.5, example_ids=[7, 8], **kw)
+    c = hcrfast.bound(model, x, 0.5, chunk_size=1, **kw)
+    assert not np.array_equal(a.std, b.std)              # other noise: other bounds
+    assert a.params["run"]["example_ids"] == dict(count=2, first=0, last=1, sha256=_ids_digest([0, 1]), ids=[0, 1])
+    assert b.params["run"]["example_ids"] == dict(count=2, first=7, last=8, sha256=_ids_digest([7, 8]), ids=[7, 8])
+    assert a.params["run"]["chunk_size"] == 2 and c.params["run"]["chunk_size"] == 1   # auto: the batch in one
+    assert a.params["run"]["torch_threads"] == 1 and b.params["run"]["torch_threads"] == threads
+    versions = a.params["run"]["versions"]
+    assert versions["torch"] == torch.__version__ and versions["numpy"] == np.__version__
+    assert versions["hcrfast"] == hcrfast.__version__ and versions["scipy"] == scipy.__version__
+    # many ids: described, not listed
+    many = hcrfast.bound(model, x[[0] * 17], 0.5, example_ids=range(100, 117), restarts=1, iterations=1,
+                         solver="lsqr").params["run"]["example_ids"]
+    assert many == dict(count=17, first=100, last=116, sha256=_ids_digest(range(100, 117)))
+    # recorded, not compared: a call that differs only in them is the same result where the bits agree
+    assert a.params["run"] != c.params["run"] and (a == c) == np.array_equal(a.std, c.std)
+
+
+def test_calls_at_other_thread_counts_that_agree_bitwise_compare_equal():
+    """A float64 dense solve gives the same bits at 1 and 2 torch threads: its results compare == though their
+    params["run"] record other thread counts (recorded, not compared)."""
+    model = _tanh_mlp()
+    x = torch.as_tensor(np.random.default_rng(4).standard_normal((3, 1, 4, 4)))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = hcrfast.bound(model, x, 0.5, restarts=3, iterations=2, solver="dense")
+        torch.set_num_threads(2)
+        two = hcrfast.bound(model, x, 0.5, restarts=3, iterations=2, solver="dense")
+    finally:
+        torch.set_num_threads(threads)
+    assert (one.params["run"]["torch_threads"], two.params["run"]["torch_threads"]) == (1, 2)
+    for name in ("std", "mse", "eps", "z", "divergence"):
+        np.testing.assert_array_equal(getattr(one, name), getattr(two, name), err_msg=name)
+    assert one == two and not one != two
+
+
+def test_a_resumed_result_records_the_whole_batch_and_the_resuming_calls_run(tmp_path):
+    """A result merged from checkpoint chunks: params["run"] names every example's id (not the computed ones
+    alone) and the resuming call's thread count and chunk size."""
+    model = _tanh_mlp()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((3, 1, 4, 4)))
+    ids = [4, 9, 20]
+    kw = dict(restarts=2, iterations=2, solver="dense", example_ids=ids, checkpoint=tmp_path / "ck")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = hcrfast.bound(model, x, 0.5, chunk_size=1, **kw)
+        chunks = sorted((tmp_path / "ck").glob("chunk_*.npz"))
+        assert len(chunks) == 3
+        chunks[1].unlink()
+        torch.set_num_threads(1)
+        with pytest.warns(UserWarning, match="different arithmetic"):
+            resumed = hcrfast.bound(model, x, 0.5, chunk_size=1, **kw)
+    finally:
+        torch.set_num_threads(threads)
+    assert resumed.params["checkpoint"]["examples_read_back"] == 2
+    run = resumed.params["run"]
+    assert run["example_ids"] == dict(count=3, first=4, last=20, sha256=_ids_digest(ids), ids=ids)
+    assert run["torch_threads"] == 1 and run["chunk_size"] == 1 and whole.params["run"]["torch_threads"] == 2
+    assert resumed == whole       # float64 dense: the same bits at either thread count

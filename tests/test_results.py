@@ -604,3 +604,26 @@ def test_the_fields_hold_the_steps_their_docstrings_say():
     assert np.all(krylov.lsqr_iterations[:, :2, 0] > 0) and np.all(krylov.lsqr_istop[:, :2, 0] >= 0)
     assert np.all(krylov.lsqr_iterations[:, 2:, 0] == 0) and np.all(krylov.lsqr_istop[:, 2:, 0] == -2)
     assert np.all(krylov.lsqr_istop[:, :, 1:] == -2)
+
+
+def test_the_run_record_survives_save_and_load_and_an_older_file_without_it_loads(tmp_path):
+    """params["run"] (example ids, chunk size, torch threads, versions) is written to the file and read back
+    as it was; == leaves it out (recorded, not compared), so a file written before it was recorded loads and
+    equals the result it holds."""
+    made = _three_results(tmp_path)
+    for cls, result in made.items():
+        path = tmp_path / f"{cls.__name__}.npz"
+        if cls is hcrfast.TargetedBounds:
+            continue   # (targeted_bound's params do not record it)
+        run = result.params["run"]
+        assert run["example_ids"]["ids"] == [0, 1] and run["torch_threads"] == torch.get_num_threads()
+        assert run["versions"]["torch"] == torch.__version__ and run["chunk_size"] == 2
+        with np.load(path) as z:   # in the file's own meta, for a reader without hcrfast
+            assert json.loads(str(z["meta"]))["params"]["run"] == run
+        back = cls.load(path)
+        assert back.params["run"] == run and back == result and back.summary() == result.summary()
+        older = cls.load(_rewrite_meta(path, tmp_path / "older.npz", lambda meta: meta["params"].pop("run")))
+        assert "run" not in older.params and older == result and older.summary() == result.summary()
+        other = cls.load(_rewrite_meta(path, tmp_path / "other.npz", lambda meta: meta["params"]["run"].update(
+            torch_threads=64, versions={"torch": "0.0"})))
+        assert other == result   # other threads or versions, the same bits: equal
