@@ -806,6 +806,7 @@ def _run(args: argparse.Namespace) -> int:
     saved_threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()   # the count that runs, given or torch's default: recorded for a rerun
     try:
         model = load_model(args.model)
         weights = _load_weights(model, args.weights, "--weights", args.model)
@@ -962,7 +963,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     summary = {
-        "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        # --threads as used (torch's default where not given), as --attack-steps' default is
+        "arguments": {k: (threads if k == "threads" else v) for k, v in vars(args).items()
+                      if k not in ("func", "command")},
+        "command": command_line(args, threads),
+        "threads": threads,
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": args.model, "weights": weights,
         "inputs": {"path": str(args.inputs), "key": args.key, "sha256": reproduce._sha256_file(Path(args.inputs)),
@@ -977,7 +982,8 @@ def _run(args: argparse.Namespace) -> int:
                            "labels": None if args.labels is None else str(args.labels), "labels_key": args.labels_key,
                            "labels_sha256": None if args.labels is None else reproduce._sha256_file(Path(args.labels)),
                            "metric": args.metric or "accuracy"}
-    versions = {"hcrfast": _version("hcrfast"), "torch": torch.__version__, "numpy": np.__version__}
+    versions = {**package_versions(), "hcrfast": _version("hcrfast"), "torch": torch.__version__,
+                "numpy": np.__version__}
     # listed before they are written: a crash between leaves none of this command's files unlisted
     write_outputs(out, earlier | _planned_outputs(args, scales, metric, x.dim()))
     if sweep is not None:
@@ -1220,6 +1226,48 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     if report is not None:
         print(f"report: {report}")
     return 0
+
+
+def command_line(args: argparse.Namespace, threads: int) -> str:
+    """The ``hcrfast bound`` command that repeats this one (and resumes it from its chunks): every option set
+    spelt out, defaults included, in the parser's order, and ``--threads`` with the count that ran (``threads``)
+    also where it was left at torch's default: that default follows the machine and ``OMP_NUM_THREADS``, and
+    the float32 solves' rounding follows the count, so the bounds are bitwise only with the same one."""
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="hcrfast")
+    subparsers = parser.add_subparsers(dest="command")
+    add_subparser(subparsers)
+    parts = ["hcrfast", "bound"]
+    for action in subparsers.choices["bound"]._actions:
+        value = threads if action.dest == "threads" else getattr(args, action.dest, None)
+        if value is None or value is False or action.dest == "help":   # not given (or a switch left off)
+            continue
+        if not action.option_strings:   # MODEL, INPUTS
+            parts.append(value)
+            continue
+        flag = _flag(args, action.dest, action.option_strings[0])   # --min-utility as typed
+        if action.nargs == 0:
+            parts.append(flag)
+        else:
+            parts += [flag, as_typed(value) if isinstance(value, float) else value]
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def package_versions() -> dict:
+    """Python's version and those of the distributions ``hcrfast --version`` names (:data:`hcrfast.cli._VERSIONED`,
+    read as :func:`hcrfast.cli.version_line` reads them: the installed metadata), for summary.json's
+    ``versions``: one it marks "not installed" is None, an absent optional one (CuPy, nvtx) left out."""
+    import platform
+
+    from hcrfast.cli import _VERSIONED
+
+    found = {"python": platform.python_version(), "hcrfast": _version("hcrfast")}
+    for name in _VERSIONED:
+        version = _version(name)
+        if version is not None or name in ("torch", "numpy", "scipy", "numba"):
+            found[name] = version
+    return found
 
 
 def _version(dist: str) -> str | None:

@@ -514,8 +514,9 @@ def _singular_account(singular_steps, parts) -> dict | None:
     return account
 
 
-def _command_line(name, key, weights, out, data_root) -> str:
-    """The ``hcrfast reproduce`` command that resumes or repeats this run, every parameter spelt out."""
+def _command_line(name, key, weights, out, data_root, threads: int) -> str:
+    """The ``hcrfast reproduce`` command that resumes or repeats this run, every parameter spelt out, torch's
+    thread count (``threads``, the one this run computed with) included: the bounds are bitwise only with it."""
     lsqr = key["lsqr"]
     parts = ["hcrfast", "reproduce", name, "--examples", key["examples"], "--restarts", key["restarts"],
              "--iterations", key["iterations"], "--size", repr(key["size"]), "--sigma-scale", key["sigma_scale"],
@@ -542,7 +543,7 @@ def _command_line(name, key, weights, out, data_root) -> str:
     parts += ["--solver", key.get("solver", "lsqr")]
     if key.get("krylov_pilots", 1) != 1:
         parts += ["--krylov-pilots", key["krylov_pilots"]]
-    parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"]]
+    parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"], "--threads", threads]
     if weights is not None:
         parts += ["--weights", weights]
     if data_root is not None:
@@ -939,7 +940,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     saved = {k: v for k, v in merged.items() if k != "std_algorithm1" or targets is not None}
     # listed as hcrfast's before they are written (`hcrfast reproduce` refused an OUT holding a file of the
     # user's at one of these names): a crash between leaves none of them unlisted
-    from hcrfast._bound_cli import _listed_outputs, write_outputs
+    from hcrfast._bound_cli import _listed_outputs, package_versions, write_outputs
 
     write_outputs(out, (_listed_outputs(out) or set()) | set(REPRODUCE_OUTPUTS))
     # hcrfast.Bounds.load reads it (its arrays and a 'meta' header); numpy.load reads every array.
@@ -977,7 +978,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     n_inf = int(np.isinf(std).sum())
     summary = {
         "experiment": name,
-        "command": _command_line(name, key, weights, out, data_root),
+        "command": _command_line(name, key, weights, out, data_root, torch.get_num_threads()),
+        "threads": torch.get_num_threads(),   # this run's (chunks read back may have had others: chunks_arithmetic)
         # False for a random initialization only: torchvision's weights, a state dict given with
         # --weights or the digits model trained here all count as trained weights.
         "trained_weights": trained,
@@ -1064,6 +1066,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
             "chunks_reused": reused_all,
         },
         "versions": {
+            **package_versions(),   # what `hcrfast --version` names (SciPy's LAPACK runs the dense solve)
             "python": platform.python_version(),
             "torch": torch.__version__,
             "numpy": np.__version__,

@@ -98,6 +98,49 @@ def test_gives_what_the_python_api_gives_with_sigma_the_features_rms(files, caps
     assert s["params"]["restarts"] == 2 and s["arguments"]["model"].endswith("mynet.py:Net")
 
 
+def test_summary_records_the_command_to_rerun_with_the_threads_that_ran_and_the_versions(files, capsys):
+    """summary.json's "command" is a command line that parses back to this run's arguments, --threads being
+    the count torch ran with whether given or left at its default (the float32 solves' rounding follows it);
+    "threads" (and arguments.threads) is that count, an int; "versions" names what `hcrfast --version` does."""
+    import shlex
+
+    import scipy
+
+    tmp_path, x = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), "--examples", "4", "--restarts", "2",
+            "--iterations", "2", "--sigma-scale", "0.5", "--singular-steps", "2", "--cold-start", "--no-progress",
+            "--no-report"]
+    saved, summaries = torch.get_num_threads(), {}
+    try:
+        for given, preset, want in ((["--threads", "2"], 1, 2), ([], 2, 2), ([], 1, 1)):
+            out = str(tmp_path / f"run_{len(given)}_{preset}")
+            torch.set_num_threads(preset)
+            assert cli.main(["bound", *argv, *given, "--out", out]) == 0
+            s = summaries[out] = json.loads((tmp_path / out / "summary.json").read_text())
+            assert type(s["threads"]) is int and s["threads"] == want and s["arguments"]["threads"] == want
+            words = shlex.split(s["command"])
+            assert words[:2] == ["hcrfast", "bound"] and words[words.index("--threads") + 1] == str(want)
+            ran = vars(cli.build_parser().parse_args(["bound", *argv, *given, "--out", out]))
+            again = vars(cli.build_parser().parse_args(words[1:]))
+            assert again == {**ran, "threads": want}   # the same call, at the count that ran
+            assert torch.get_num_threads() == preset   # (and the caller's count given back)
+    finally:
+        torch.set_num_threads(saved)
+    # the command recorded at torch's default of 2 threads computes the same bits again where the default is 1
+    torch.set_num_threads(1)
+    try:
+        command = summaries[str(tmp_path / "run_0_2")]["command"]
+        assert cli.main(shlex.split(command.replace("run_0_2", "rerun"))[1:]) == 0
+    finally:
+        torch.set_num_threads(saved)
+    rerun = hcrfast.Bounds.load(tmp_path / "rerun" / "bounds.npz")
+    assert rerun.std.tobytes() == hcrfast.Bounds.load(tmp_path / "run_0_2" / "bounds.npz").std.tobytes()
+    v = s["versions"]
+    assert v["scipy"] == scipy.__version__ and v["torch"] == torch.__version__ and v["numpy"] == np.__version__
+    assert {"python", "hcrfast", "numba"} <= set(v)
+    capsys.readouterr()
+
+
 def test_last_iterate_is_the_apis_iterates_last_and_resumes_only_its_own_chunks(files, capsys):
     """--last-iterate gives bound(iterates="last") (the paper's Algorithm 1), says so in summary.json and
     the printed summary, bounds no mode above the default's (every iterate), and its chunks are not

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy
 import scipy.fft
 import torch
 
@@ -114,7 +115,10 @@ def test_every_output_is_written(first, weights, capsys):
     assert s["bounds_lowfreq"]["finite"] == 10 * 16
     assert s["infinite"]["coordinates"] == 0 and s["infinite"]["fraction"] == 0.0
     assert s["lsqr"]["solves"] == 10 * 2 * 2
-    assert set(s["versions"]) == {"python", "torch", "numpy", "hcrfast"}
+    # what `hcrfast --version` names: SciPy (whose LAPACK the dense solve runs) and Numba too
+    assert {"python", "torch", "numpy", "hcrfast", "scipy", "numba"} <= set(s["versions"])
+    assert s["versions"]["scipy"] == scipy.__version__ and s["versions"]["torch"] == torch.__version__
+    assert s["threads"] == 1 and "--threads 1" in s["command"]   # digits' default on the command line: 1
 
     page = (first / "report.html").read_text()
     assert "<script" not in page
@@ -809,6 +813,32 @@ def test_krylov_pilots_auto_is_resolved_into_the_key_and_the_command(weights, tm
         assert "pass a positive integer or 'auto'" in capsys.readouterr().err
 
 
+def test_the_command_recorded_names_the_threads_that_ran(weights, tmp_path):
+    """Runs that differ in --threads differ in the last bits of their bounds: summary.json's "command" says
+    --threads with the count that ran (given on the command line, or torch's as a Python caller left it), and
+    "threads" is that count, an int."""
+    def command(out):
+        s = json.loads((out / "summary.json").read_text())
+        assert type(s["threads"]) is int
+        words = shlex.split(s["command"])
+        return s["threads"], words[words.index("--threads") + 1], s["command"].replace(str(out), "OUT")
+
+    small = ["--examples", "4", "--restarts", "2", "--iterations", "2", "--chunk-examples", "4", "--no-progress",
+             "--weights", str(weights)]
+    for t in (1, 2):
+        assert cli.main(["reproduce", "digits", *small, "--threads", str(t), "--out", str(tmp_path / f"t{t}")]) == 0
+    one, two = command(tmp_path / "t1"), command(tmp_path / "t2")
+    assert one[:2] == (1, "1") and two[:2] == (2, "2") and one[2] != two[2]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:   # no --threads: the Python API at the caller's count
+        reproduce.run("digits", examples=4, restarts=2, iterations=2, chunk_examples=4, weights=str(weights),
+                      out=tmp_path / "api", progress=False)
+    finally:
+        torch.set_num_threads(saved)
+    assert command(tmp_path / "api") == two
+
+
 def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise(weights, tmp_path, capsys):
     out = tmp_path / "threads"
     base = ["reproduce", "digits", *TINY, "--weights", str(weights), "--out", str(out)]
@@ -818,6 +848,7 @@ def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise
     assert cli.main(base + ["--threads", "2"]) == 0      # reads every chunk back: the bounds are the first run's
     now = json.loads((out / "summary.json").read_text())["device"]
     assert now.endswith("torch threads 2)")
+    assert json.loads((out / "summary.json").read_text())["threads"] == 2
     assert f"<td class=\"\">bounds computed on {first}; this run: {now}</td>" in (out / "report.html").read_text()
     (out / "chunks" / "chunk_00001.npz").unlink()
     with pytest.warns(UserWarning, match=r"chunks were computed with different arithmetic .*torch threads 1\).*"
