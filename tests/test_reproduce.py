@@ -480,12 +480,14 @@ def test_float_flags_are_refused_as_typed(tmp_path, capsys, argv, text):
 def test_train_checks_its_output_path_and_device_before_training(tmp_path, capsys):
     for argv, text in ((["--out", str(tmp_path)], "is a folder; pass a file path"),
                        (["--out", f"{tmp_path / 'new'}/"], "new/ names a folder; pass a file path"),  # not a file 'new'
-                       (["--device", "foo"], "device 'foo' is not a torch device"),
                        (["--seed", "-1"], "error: --seed must be a non-negative integer, got -1\n"),
                        (["--epochs", "0"], "error: --epochs must be a positive integer")):
         assert cli.main(["train", "digits", "--epochs", "1", *argv]) == 2
         assert text in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+    with pytest.raises(SystemExit) as exc:   # a device train cannot run on: argparse's refusal, as bound's
+        cli.main(["train", "digits", "--epochs", "1", "--device", "foo"])
+    assert exc.value.code == 2 and "--device: invalid choice: 'foo'" in capsys.readouterr().err
 
 
 def test_the_same_weights_trained_twice_have_one_fingerprint(tmp_path):
