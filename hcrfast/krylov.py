@@ -504,15 +504,9 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
     full_op = op
     with profiling.annotate("lsqr.init"):
         state = lsqr_init(op, b, impl=opts.kernels)
-    first = to_host(xp.isfinite(state.beta) & xp.isfinite(state.alfa))
-    if not first.all():   # ‖b‖ or ‖Jᵀu₁‖ past the dtype (its square overflowed): the basis would be 0 steps
-        row, name = int(np.flatnonzero(~first)[0]), str(b.dtype).replace("torch.", "")
-        raise BasisOverflow(
-            row=row, k=0, dtype=name,
-            message=f"the Krylov basis of row {row} overflowed {name} at its start (the pilot right-hand side's norm "
-                    f"beta_1, or alpha_1, came out inf or NaN): its start vector or J's entries are too large for "
-                    f"{name}; pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
-                    f"{_smaller(name)}")
+    # ‖b‖ or ‖Jᵀu₁‖ past the dtype (its square overflowed): the basis would stop at once, rank 0. Read with the
+    # loop's first check, not a host read of its own
+    first = xp.isfinite(state.beta) & xp.isfinite(state.alfa)
     tb = to_torch(b)
     dtype, dev = tb.dtype, tb.device
     cap = min(limit, _FIRST_CAPACITY)
@@ -570,7 +564,19 @@ def _build(op, b, options, *, rtol, progress, **overrides) -> KrylovBasis:
     while True:
         # The deliberate host synchronisation: which examples are still running (and whether one
         # Gram–Schmidt pass was enough for the block just run).
-        active = to_host(state.active)
+        if first is not None:
+            active, fine = to_host(xp.stack([state.active, first]))
+            first = None
+            if not fine.all():
+                row, name = int(np.flatnonzero(~fine)[0]), str(b.dtype).replace("torch.", "")
+                raise BasisOverflow(
+                    row=row, k=0, dtype=name,
+                    message=f"the Krylov basis of row {row} overflowed {name} at its start (the pilot right-hand "
+                            f"side's norm beta_1, or alpha_1, came out inf or NaN): its start vector or J's entries "
+                            f"are too large for {name}; pass a sigma nearer the features' scale "
+                            f"(hcrfast.rms_sigma(features, scale)){_smaller(name)}")
+        else:
+            active = to_host(state.active)
         fallen = None if saved is None else to_host(fell)
         if fallen is not None and fallen.any():
             # One pass was not enough somewhere in the block: run the block again with two. The
