@@ -982,10 +982,11 @@ def test_saving_a_sweep_refuses_a_folder_holding_the_users_files_at_its_names_an
     (mine / "scale_1").mkdir(parents=True)
     (mine / "scale_1" / "bounds.npz").write_text("my own bounds")
     with pytest.raises(ValueError, match=r"holds scale_1/bounds\.npz, which save writes and which no earlier "
-                                         r"SigmaSweep\.save wrote there; pass another folder, or move it$"):
+                                         r"SigmaSweep\.save wrote there; pass another folder, move it, or "
+                                         r"overwrite=True to write over it$"):
         sweep.save(mine)
     (mine / "sweep.json").write_text("my notes")
-    with pytest.raises(ValueError, match=r"holds scale_1/bounds\.npz, sweep\.json, .* or move them$"):
+    with pytest.raises(ValueError, match=r"holds scale_1/bounds\.npz, sweep\.json, .* move them, or overwrite=True to write over them$"):
         sweep.save(mine)
     with pytest.raises(ValueError, match=r"holds sweep\.json, "):   # no level of theirs, but their sweep.json
         hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(mine)

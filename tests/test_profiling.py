@@ -8,7 +8,7 @@ from hcrfast import profiling
 
 @pytest.fixture
 def fresh(monkeypatch):
-    cached = (profiling._nvtx, profiling._torch_nvtx, profiling._range)
+    cached = (profiling._nvtx, profiling._torch_nvtx, profiling._range, profiling._tracked)
     for f in cached:
         f.cache_clear()
     yield monkeypatch
@@ -18,8 +18,8 @@ def fresh(monkeypatch):
 
 def test_nvtx_package_ranges_are_in_the_hcrfast_domain(fresh):
     nvtx = pytest.importorskip("nvtx")
-    rng = profiling.annotate("lsqr-iterations")
-    assert isinstance(rng, nvtx.annotate) and rng.init_args[:3] == ("lsqr-iterations", None, "hcrfast")
+    rng = profiling.annotate("lsqr-iterations")   # (recorded as open in this thread too: open_ranges)
+    assert isinstance(rng.inner, nvtx.annotate) and rng.inner.init_args[:3] == ("lsqr-iterations", None, "hcrfast")
     with rng:
         pass
 
@@ -44,4 +44,24 @@ def test_without_the_nvtx_package_torch_emits_prefixed_ranges(fresh):
 def test_with_neither_the_range_is_a_null_context(fresh):
     fresh.setattr(profiling, "_nvtx", lambda: None)
     fresh.setattr(profiling, "_torch_nvtx", lambda: None)
-    assert isinstance(profiling.annotate("jvp"), contextlib.nullcontext)
+    assert isinstance(profiling.annotate("jvp").inner, contextlib.nullcontext)
+
+
+def test_a_range_is_open_in_its_thread_while_it_runs_and_not_after_an_error(fresh):
+    """progress=True's heartbeat names the ranges open in the chunk's thread (profiling.open_ranges)."""
+    import threading
+
+    me = threading.get_ident()
+    with profiling.annotate("bound"):
+        with profiling.annotate("dense-solve"):
+            assert profiling.open_ranges(me) == ("bound", "dense-solve")
+            seen = []
+            other = threading.Thread(target=lambda: seen.append(profiling.open_ranges(threading.get_ident())))
+            other.start()
+            other.join()
+            assert seen == [()]
+        with pytest.raises(RuntimeError):
+            with profiling.annotate("certify"):
+                raise RuntimeError("the model's")
+        assert profiling.open_ranges(me) == ("bound",)
+    assert profiling.open_ranges(me) == ()
