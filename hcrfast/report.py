@@ -599,7 +599,8 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("data loading and clean features (s)", t["data_and_features_seconds"]),
         ("figures (s)", t.get("figures_seconds")),
         ("wall time of this run (s)", t.get("wall_seconds_this_run")),
-        ("python / torch / numpy / hcrfast", f"{v['python']} / {v['torch']} / {v['numpy']} / {v['hcrfast']}"),
+        # every version summary.json records (hcrfast --version's list: SciPy's LAPACK runs the dense solve)
+        ("versions", ", ".join(f"{name} {value}" for name, value in v.items() if value is not None)),
     ]))
     body.append('<p class="note">All numbers: <a href="summary.json">summary.json</a>. All arrays: '
                 "<code>bounds.npz</code> (<code>std</code> (N, C, H, W) bounds; <code>mse</code>; "

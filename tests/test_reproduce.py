@@ -125,6 +125,8 @@ def test_every_output_is_written(first, weights, capsys):
     for name in FIGURES:
         assert f'src="{name}"' in page  # relative paths, next to report.html
     assert "dithered" in page and "Accuracy" in page
+    # the report's versions are summary.json's, all of them (it showed python, torch, numpy and hcrfast alone)
+    assert all(f"{name} {value}" in page for name, value in s["versions"].items() if value is not None)
 
 
 @pytest.mark.parametrize("name", ["digits", "mnist", "cifar10"])
