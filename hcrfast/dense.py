@@ -270,9 +270,11 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
                              f"need no vmap, or {fix}") from exc
         # (oneDNN's "could not create a primitive" is also its allocation failure under a memory limit: halved
         # down to this one example by then, and said so)
+        from hcrfast.algorithm import _NO_PRIMITIVE
+
         memory = ("; oneDNN, the CPU's convolutions, also raises it where memory runs out under a limit (ulimit -v, "
                   "a container's): where the model runs under torch.func without one, a process with more memory, "
-                  "or a fresh process with chunk_size=1, is the fix" if "could not create a primitive" in text else "")
+                  "or a fresh process with chunk_size=1, is the fix" if _NO_PRIMITIVE in text else "")
         raise ValueError(f"building J for the dense solve runs the model under torch.func (vmap over "
                          f"{'jvp' if mode == 'forward' else 'vjp'}), which this model's forward does not support "
                          f"(torch: {first}; activation checkpointing is a known case"

@@ -498,11 +498,7 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
         # (bfloat16 is refused as a batch dtype, and autocast gives bfloat16 or float16 features whatever the
         # model's dtype: no use in running both in it)
         kind = batch.device.type
-        try:
-            ambient = torch.is_autocast_enabled(kind)
-        except RuntimeError:   # a device type autocast does not know (meta)
-            ambient = False
-        if ambient and out.dtype == torch.get_autocast_dtype(kind) and _autocast_made(model, batch, kind):
+        if _autocast_on(kind) and out.dtype == torch.get_autocast_dtype(kind) and _autocast_made(model, batch, kind):
             raise TypeError(f"the model returns {dtype_name(out.dtype)} features for a {dtype_name(batch.dtype)} "
                             f"batch because hcrfast was called under torch.autocast ({kind}, "
                             f"{dtype_name(out.dtype)}); the solver works in one dtype: call hcrfast outside the "
@@ -519,6 +515,14 @@ def features_of(model, batch: torch.Tensor, *, flat: bool = True) -> torch.Tenso
         raise ValueError(f"the model's features contain NaN or inf for examples {bad[:10]}"
                          f"{' ...' if len(bad) > 10 else ''}; check those inputs and the model")
     return out.reshape(out.shape[0], -1) if flat else out
+
+
+def _autocast_on(kind: str) -> bool:
+    """Whether the caller's torch.autocast is on for device type ``kind``."""
+    try:
+        return torch.is_autocast_enabled(kind)
+    except RuntimeError:   # a device type autocast does not know (meta)
+        return False
 
 
 def _autocast_made(model, batch: torch.Tensor, kind: str) -> bool:
@@ -558,11 +562,7 @@ def entry_point(model, device, *, tf32: bool = False):
     from hcrfast.bindings import ieee_float32, solver_stream
 
     kind = getattr(device, "type", None) or torch.device(device).type
-    try:
-        ambient = torch.is_autocast_enabled(kind)
-    except RuntimeError:   # a device type autocast does not know (meta)
-        ambient = False
-    if ambient:   # the caller's own: hcrfast leaves it on, as the model may rely on it
+    if _autocast_on(kind):   # the caller's own: hcrfast leaves it on, as the model may rely on it
         warn(f"hcrfast was called under torch.autocast ({kind}, {str(torch.get_autocast_dtype(kind))[6:]}): the "
              f"model's float32 passes run in that dtype inside it, which steers the solver's steps (a mode's bound "
              f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
