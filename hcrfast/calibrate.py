@@ -739,7 +739,9 @@ def _profile(model, batch, sigma0, who: str, basis: str = "dct"):
 def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound_kwargs: dict, who: str):
     """The arguments :func:`sigma_for` and :func:`sweep_sigma` share, checked, and the call they make:
     ``(bound_at, profile, scalar, reuse_bytes)``, with ``bound_at(k) -> (sigma, Bounds)`` the
-    :func:`hcrfast.bound` call at σ = k·profile, its checkpoint in ``checkpoint/scale_<k.hex()>``.
+    :func:`hcrfast.bound` call at σ = k·profile, its checkpoint in ``checkpoint/`` + :func:`scale_folder`
+    (``scale_0.5``), or in the folder named by ``k.hex()`` that versions before 2026-12-01 made, where only
+    that one exists (:func:`_scale_checkpoint`).
 
     A profile σ = k·sigma0 is the scalar σ = k on the features divided by sigma0 (the same observation,
     divided): run that way where factors are kept, the calls differ by a scalar σ only, so they can share
@@ -758,7 +760,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
 
     def bound_at(k: float):
         sigma = float(k * profile) if scalar else k * profile
-        folder = None if root is None else root / f"scale_{float(k).hex()}"
+        folder = None if root is None else _scale_checkpoint(root, k)
         on_whitened = whiten
         made = None if scalar or folder is None else _folder_whitened(folder)
         if made is not None and made != on_whitened:   # (resumed as made; its key is checked in full all the same)
@@ -785,6 +787,16 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     if whiten:   # (made here, before the first call, where its refusals belong)
         whitened.append(_whiten(model, batch, profile, bound_kwargs.get("certify", True)))
     return bound_at, profile, scalar, reuse_bytes
+
+
+def _scale_checkpoint(root: Path, k: float) -> Path:
+    """Scale ``k``'s checkpoint folder under ``root``: :func:`scale_folder`'s name, which the user reads
+    (``scale_0.5``, as a saved sweep's), unless only the folder that versions before 2026-12-01 named by
+    ``float.hex`` (``scale_0x1.0000000000000p-1``) exists: that one is resumed where it is, not renamed (a
+    rename under another process of the same run, or a crash half-way, would lose it)."""
+    folder = root / scale_folder(k)
+    old = root / f"scale_{float(k).hex()}"
+    return old if old.is_dir() and not folder.exists() else folder
 
 
 def _per_feature_named(exc: BaseException, k: float, sigma) -> BaseException:

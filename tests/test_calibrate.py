@@ -629,6 +629,22 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     assert got.bounds[0].params["checkpoint"]["examples_read_back"] == len(x)
 
 
+def test_a_sweeps_checkpoint_folders_read_as_their_scales_and_old_hex_folders_resume(tmp_path, monkeypatch):
+    model, x = _tanh_net(), _batch()
+    want = hcrfast.sweep_sigma(model, x, [1.0, 0.5, 1.0 / 3], checkpoint=tmp_path / "new", **KW)
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [
+        "scale_0.3333333333333333", "scale_0.5", "scale_1"]   # the names a saved sweep gives, not float.hex's
+    # A folder made before 2026-12-01 was named by float.hex: it is resumed where it is, not computed again.
+    (tmp_path / "new" / "scale_0.5").rename(tmp_path / "new" / f"scale_{(0.5).hex()}")
+    stamps = {p: os.stat(p).st_mtime_ns for p in (tmp_path / "new").rglob("*") if p.is_file()}
+    got = hcrfast.sweep_sigma(model, x, [1.0, 0.5, 1.0 / 3], checkpoint=tmp_path / "new", **KW)
+    assert all(b.params["checkpoint"]["examples_read_back"] == len(x) for b in got.bounds)
+    for a, b in zip(got.bounds, want.bounds):
+        np.testing.assert_array_equal(a.std, b.std)
+    assert not (tmp_path / "new" / "scale_0.5").exists()
+    assert all(os.stat(p).st_mtime_ns == t for p, t in stamps.items())
+
+
 @pytest.mark.parametrize("scales,kwargs,match", [
     ([], {}, "non-empty sequence of positive finite numbers"),
     ([1.0, -2.0], {}, r"scales=\[1.0, -2.0\]"),
