@@ -15,7 +15,9 @@ With ``head=None`` the metric sees the features themselves (noisy logits, or the
 
 Example e draws its noise from ``numpy.random.default_rng([seed, e, DITHER_STREAM])``, as
 ``hcrfast reproduce`` draws its dithering: the same seed gives the same draws there and here,
-on the CPU and on a GPU alike.
+on the CPU and on a GPU alike. e is the input's row in the batch, or its global index given in
+``example_ids`` (as :func:`hcrfast.bound` takes them): a slice of a batch with its rows' indices
+draws what the whole batch draws for those rows.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 from hcrfast.backend import host_argument
-from hcrfast.results import counted, same_result
+from hcrfast.results import counted, describe_ids, same_result
 from hcrfast.validation import HcrfastRuntimeWarning
 
 __all__ = ["AccuracySearch", "DITHER_STREAM", "Utility", "accuracy_on_features", "dithered_accuracy",
@@ -64,6 +66,10 @@ class Utility:
     sigma_rms : float
     metric : str
         ``"accuracy"``, ``"topK"``, ``"cosine"``, or a callable's name.
+    run : dict or None
+        ``{"example_ids": ...}``: the ids that seeded the inputs' noise, as ``Bounds.params["run"]`` records them
+        (:func:`hcrfast.results.describe_ids`: count, first, last, a hash, and the ids themselves up to 16).
+        Recorded, not compared: ``==`` leaves it out, as it leaves out ``params["run"]``.
     """
 
     clean: float
@@ -76,6 +82,7 @@ class Utility:
     sigma: float | None
     sigma_rms: float
     metric: str = "accuracy"
+    run: dict | None = field(default=None, repr=False)
 
     __eq__ = same_result   # by value: per_draw bitwise (a dataclass's own == raised on the array)
     __hash__ = None
@@ -104,21 +111,23 @@ class Utility:
         return {"clean": self.clean, "dithered": self.dithered, "stderr": self.stderr,
                 "per_draw": self.per_draw.tolist(), "draws": self.draws, "examples": self.examples,
                 "seed": self.seed, "sigma": self.sigma, "sigma_rms": self.sigma_rms, "metric": self.metric,
-                "noise_stream": f"default_rng([seed, example, {DITHER_STREAM:#x}])"}
+                "noise_stream": f"default_rng([seed, example, {DITHER_STREAM:#x}])", "run": self.run}
 
 
 def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws: int = 10,
-                      seed: int = 0, metric="accuracy") -> Utility:
+                      seed: int = 0, metric="accuracy", example_ids=None) -> Utility:
     """The metric of ``head`` on ``model(batch)``, clean and with ``draws`` noise draws per input.
 
     Parameters
     ----------
     model : torch.nn.Module
         The feature extractor whose outputs are released (as for :func:`hcrfast.bound`).
-    head : torch.nn.Module or None
-        Takes the features as ``model`` returns them, (B, ...); for ``"accuracy"`` and ``"topK"`` it
-        returns class scores (B, C), whose best classes are the prediction. None: the features
-        themselves are what the metric scores.
+    head : callable or None
+        A torch.nn.Module or any function (``lambda f: f @ W.T``, ``functools.partial``), as
+        :func:`hcrfast.bound` takes its model: takes the features as ``model`` returns them, (B, ...);
+        for ``"accuracy"`` and ``"topK"`` it returns class scores (B, C), whose best classes are the
+        prediction. Run in eval mode (a Module, and the modules a function calls), its mode restored
+        after. None: the features themselves are what the metric scores.
     batch : torch.Tensor
         The inputs, (B, ...).
     labels : torch.Tensor, numpy.ndarray or None
@@ -131,6 +140,10 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
         Noisy copies per input (default 10).
     seed : int
         Example e draws from ``default_rng([seed, e, DITHER_STREAM])``.
+    example_ids : sequence of int, optional
+        The inputs' global indices, the e above (default 0..B-1), B distinct non-negative integers, as
+        :func:`hcrfast.bound` takes them: a shard or a resumed part of a batch, with its rows' indices,
+        draws the noise the whole batch draws for those rows. Recorded in :attr:`Utility.run`.
     metric : str or callable
         ``"accuracy"`` (default), ``"topK"`` (``"top5"``: the label among the K best classes),
         ``"cosine"`` (each noisy copy's output against the clean one's, flattened), or
@@ -143,11 +156,21 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
         ``clean`` (the metric on the clean features, averaged over the inputs), ``dithered`` (averaged
         over every input's ``draws`` noisy copies), ``per_draw`` (the d-th copies' mean, one per draw),
         ``stderr`` (of ``dithered`` over the draws; 0 for one draw, no estimate), and the call's
-        ``draws``, ``examples``, ``seed``, ``sigma`` (None for one std per feature), ``sigma_rms`` and
-        ``metric`` (its name). ``summary()`` puts them in words, ``to_dict()`` in a dict (the CLI's
-        ``summary.json`` entry).
+        ``draws``, ``examples``, ``seed``, ``sigma`` (None for one std per feature), ``sigma_rms``,
+        ``metric`` (its name) and ``run`` (the example ids). ``summary()`` puts them in words,
+        ``to_dict()`` in a dict (the CLI's ``summary.json`` entry).
     """
-    return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed, metric=metric)
+    _early_ids(example_ids, batch)
+    return accuracy_on_features(head, _features(model, batch), labels, sigma, draws=draws, seed=seed, metric=metric,
+                                example_ids=example_ids)
+
+
+def _early_ids(example_ids, batch) -> None:
+    """Refuses bad ``example_ids`` before the model runs (a batch that is no tensor is named by the batch's check)."""
+    from hcrfast import validation
+
+    if example_ids is not None and isinstance(batch, torch.Tensor) and batch.ndim >= 1:
+        validation.example_ids(example_ids, batch.shape[0])
 
 
 def _features(model, batch: torch.Tensor) -> torch.Tensor:
@@ -168,14 +191,14 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
 
 
 def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int = 10, seed: int = 0,
-                         metric="accuracy") -> Utility:
+                         metric="accuracy", example_ids=None) -> Utility:
     """:func:`dithered_accuracy` on features already computed, ``feats`` (B, ...)."""
     from hcrfast import validation
 
     _check_draws_and_seed(draws, seed)
-    if head is not None and not isinstance(head, torch.nn.Module):
-        raise TypeError(f"head={type(head).__name__}: pass the torch.nn.Module that reads the features (or None: "
-                        f"the metric scores the features themselves)")
+    if head is not None and not callable(head):
+        raise TypeError(f"head={type(head).__name__}: pass a callable that reads the features (a torch.nn.Module, or "
+                        f"a function of them), or None: the metric scores the features themselves")
     score = _Metric.of(metric)
     if not isinstance(feats, torch.Tensor) or not feats.is_floating_point() or feats.ndim < 1:
         raise TypeError(f"feats must be a floating-point torch.Tensor of features, (B, ...), got "
@@ -186,6 +209,7 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
         raise ValueError(f"the features of inputs {rows[:10]}{' ...' if len(rows) > 10 else ''} are not finite (NaN "
                          f"or inf): their accuracy under noise is undefined; drop those inputs or fix the model")
     B, shape = feats.shape[0], tuple(feats.shape[1:])
+    ids = validation.example_ids(example_ids, B)
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
     targets = score.targets(labels, B, feats.device)
@@ -207,8 +231,8 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
         for lo in range(0, B, step):
             hi = min(B, lo + step)
             # float64 draws times the stds, then the features' dtype (as reproduce has always drawn them)
-            z = np.stack([flat * np.random.default_rng([seed, e, DITHER_STREAM]).standard_normal((draws, n))
-                          for e in range(lo, hi)])                      # (examples, draws, n)
+            z = np.stack([flat * np.random.default_rng([seed, int(e), DITHER_STREAM]).standard_normal((draws, n))
+                          for e in ids[lo:hi]])                      # (examples, draws, n)
             noise = torch.as_tensor(z.reshape((-1,) + shape), dtype=feats.dtype, device=feats.device)
             noisy = feats[lo:hi].repeat_interleave(draws, dim=0) + noise
             if not bool(torch.isfinite(noisy).all()):   # (the features are finite: the noise took them past the dtype)
@@ -224,7 +248,8 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     return Utility(clean=clean / B, dithered=dithered, per_draw=per_draw,
                    stderr=float(per_draw.std(ddof=1) / np.sqrt(draws)) if draws > 1 else 0.0,
                    draws=int(draws), examples=B, seed=int(seed), sigma=float(profile) if scalar else None,
-                   sigma_rms=float(np.sqrt(np.mean(profile ** 2))), metric=score.name)
+                   sigma_rms=float(np.sqrt(np.mean(profile ** 2))), metric=score.name,
+                   run={"example_ids": describe_ids(ids)})
 
 
 def _check_draws_and_seed(draws, seed) -> None:
@@ -508,7 +533,8 @@ MAX_SCALE = 2.0 ** 40
 
 
 def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float, *, sigma0=None,
-                       draws: int = 10, seed: int = 0, rtol: float = 0.01, metric="accuracy") -> AccuracySearch:
+                       draws: int = 10, seed: int = 0, rtol: float = 0.01, metric="accuracy",
+                       example_ids=None) -> AccuracySearch:
     """The largest σ = scale × ``sigma0`` at which ``head``'s accuracy on the dithered features stays
     at least ``accuracy``: the most noise, and so the largest HCR bounds, a utility target allows.
     (Any metric of :func:`dithered_accuracy` works alike: ``accuracy`` is then the value of its mean
@@ -528,7 +554,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
 
     Parameters
     ----------
-    model, head, batch, labels, draws, seed, metric :
+    model, head, batch, labels, draws, seed, metric, example_ids :
         As for :func:`dithered_accuracy`.
     accuracy : float
         The dithered accuracy (the metric's mean) to keep: in (0, 1] for ``"accuracy"`` and
@@ -550,6 +576,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
                         f"width)")
     if not (np.isfinite(rtol) and rtol > 0):
         raise ValueError(f"rtol={rtol!r}: pass a positive number (the bracket's relative width)")
+    _early_ids(example_ids, batch)
     feats = _features(model, batch)
     if sigma0 is None:
         sigma0 = rms_sigma(feats.reshape(feats.shape[0], -1), 1.0)
@@ -561,7 +588,8 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
 
     def at(k: float) -> Utility:
         try:
-            u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric)
+            u = accuracy_on_features(head, feats, labels, k * unit, draws=draws, seed=seed, metric=metric,
+                                     example_ids=example_ids)
         except _NoiseOverflow as exc:
             # (only sigma0 itself or a doubling overflows: the halving and the bisection stay under a sigma tried)
             if not history:

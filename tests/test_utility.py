@@ -6,6 +6,9 @@ added to the features in float64; the head's argmax against the label.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import re
 import threading
 import time
@@ -158,7 +161,7 @@ def test_reproduce_draws_its_dithering_from_the_same_stream(problem):
     (dict(sigma=np.full(12, np.nan)), "12 entries are not"),
     (dict(draws=0), "draws=0: pass a positive integer"),
     (dict(seed=-2), "seed=-2: pass an integer >= 0"),
-    (dict(head=lambda f: f), "head=function: pass the torch.nn.Module"),
+    (dict(head=3), "head=int: pass a callable that reads the features (a torch.nn.Module, or a function"),
     (dict(head=torch.nn.Flatten(0)), "the head returned (480,) for 40 feature vectors"),
     (dict(head=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 1, dtype=torch.float64))),
      "the head scores 1 class"),
@@ -197,6 +200,100 @@ def test_an_empty_or_non_tensor_batch_is_refused_before_the_model_runs(problem):
         hcrfast.sigma_for_accuracy(model, head, x[:0], labels[:0], 0.5)
     with pytest.raises(TypeError, match="batch must be a torch.Tensor.*got ndarray; convert with torch.as_tensor"):
         hcrfast.dithered_accuracy(model, head, x.numpy(), labels, 0.1)
+
+
+def _correct_per_copy(model, head, x, labels, sigma, draws, seed):
+    """(B, draws): whether the head's argmax on example e's d-th noisy copy is its label, e the row in x, drawn
+    one copy at a time from the test's own stream (the oracle of :func:`_oracle`, kept per example)."""
+    with torch.no_grad():
+        feats = model(x).double()
+        n = feats[0].numel()
+        out = np.zeros((len(x), draws), dtype=bool)
+        for e in range(len(x)):
+            z = np.random.default_rng([seed, e, 0x64697468]).standard_normal((draws, n))
+            for d in range(draws):
+                noisy = feats[e] + torch.from_numpy(sigma * z[d]).reshape(feats[e].shape)
+                out[e, d] = int(head(noisy[None])[0].argmax()) == labels[e]
+    return out
+
+
+def test_a_slice_with_its_example_ids_draws_what_the_whole_batch_draws_for_those_rows(problem):
+    """example_ids: example e draws from default_rng([seed, e, ...]) with e its global index, as hcrfast.bound
+    takes them. Each one-row slice's per_draw is that row's correctness per draw (0 or 1): it matches the whole
+    batch's row, draw for draw; a ten-row slice's counts are those rows' counts. Without the ids the slice draws
+    row 0's noise instead, which differs here."""
+    model, head, x, labels = problem
+    sigma, draws, seed = 0.4, 6, 3
+    want = _correct_per_copy(model, head, x, labels, sigma, draws, seed)
+    assert 0 < want[10:20].mean() < 1 and not np.array_equal(want[10:20], want[0:10])   # the test can tell
+    for e in (0, 13, 39):
+        one = hcrfast.dithered_accuracy(model, head, x[e:e + 1], labels[e:e + 1], sigma, draws=draws, seed=seed,
+                                        example_ids=[e])
+        np.testing.assert_array_equal(one.per_draw, want[e].astype(float))
+    part = hcrfast.dithered_accuracy(model, head, x[10:20], labels[10:20], sigma, draws=draws, seed=seed,
+                                     example_ids=range(10, 20))
+    np.testing.assert_array_equal(np.round(part.per_draw * 10), want[10:20].sum(axis=0))
+    assert part.dithered == want[10:20].sum() / (10 * draws) and part.examples == 10
+    plain = hcrfast.dithered_accuracy(model, head, x[10:20], labels[10:20], sigma, draws=draws, seed=seed)
+    assert not np.array_equal(np.round(plain.per_draw * 10), want[10:20].sum(axis=0))
+    # recorded as Bounds records them in params["run"], in to_dict too, and left out of ==
+    ids = np.arange(10, 20, dtype="<i8")
+    assert part.run == {"example_ids": dict(count=10, first=10, last=19,
+                                            sha256=hashlib.sha256(ids.tobytes()).hexdigest()[:16],
+                                            ids=list(range(10, 20)))}
+    assert json.loads(json.dumps(part.to_dict()))["run"] == part.run
+    assert plain.run["example_ids"]["ids"] == list(range(10))
+    with torch.no_grad():
+        feats = model(x[10:20])
+    again = accuracy_on_features(head, feats, labels[10:20], sigma, draws=draws, seed=seed,
+                                 example_ids=np.arange(10, 20, dtype=np.int32))
+    assert again == part and again.run == part.run
+    search = hcrfast.sigma_for_accuracy(model, head, x[10:20], labels[10:20], 0.5, draws=draws, seed=seed,
+                                        example_ids=range(10, 20))
+    assert search.utility.run == part.run
+
+
+@pytest.mark.parametrize("ids, error, words", [
+    (range(9), ValueError, "example_ids must be 10 non-negative integers (one per example), got an array of shape "
+                           "(9,)"),
+    ([10] * 10, ValueError, "example_ids must be distinct"),
+    ([-1] + list(range(9)), ValueError, "example_ids must be 10 non-negative integers"),
+])
+def test_bad_example_ids_are_refused_as_bound_refuses_them_before_the_model_runs(problem, ids, error, words):
+    model, head, x, labels = problem
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    with pytest.raises(error) as info:
+        hcrfast.dithered_accuracy(model, head, x[:10], labels[:10], 0.1, draws=2, example_ids=ids)
+    assert words in str(info.value) and not calls
+    with pytest.raises(error, match=re.escape(words)):
+        hcrfast.bound(model, x[:10], 0.1, basis="pixel", restarts=1, iterations=1, example_ids=ids)
+    with torch.no_grad():
+        feats = model(x[:10])
+    with pytest.raises(error, match=re.escape(words)):
+        accuracy_on_features(head, feats, labels[:10], 0.1, draws=2, example_ids=ids)
+
+
+def test_a_head_may_be_any_callable_as_a_model_may_be_in_bound(problem):
+    """A function of the features (a lambda, functools.partial of F.linear) is a head, as bound takes any callable
+    as its model: the same weights as a function and as the Module give the test's own loop's accuracies. A
+    function that calls a Module in training mode runs it in eval mode (its dropout off), and gives the mode back."""
+    model, head, x, labels = problem
+    W, b = head.lin.weight.detach().clone(), head.lin.bias.detach().clone()
+    clean, per_draw = _oracle(model, head, x, labels, 0.3, 5, 2)
+    as_module = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=5, seed=2)
+    for fn in (lambda f: f.flatten(1) @ W.T + b,
+               functools.partial(lambda f, weight, bias: torch.nn.functional.linear(f.flatten(1), weight, bias),
+                                 weight=W, bias=b)):
+        got = hcrfast.dithered_accuracy(model, fn, x, labels, 0.3, draws=5, seed=2)
+        assert got.clean == clean == 0.75
+        np.testing.assert_array_equal(got.per_draw, per_draw)
+        assert got == as_module
+    dropped = torch.nn.Sequential(head, torch.nn.Dropout(0.9)).train()   # dropout would scramble the scores
+    with pytest.warns(UserWarning, match="training mode"):
+        got = hcrfast.dithered_accuracy(model, lambda f: dropped(f), x, labels, 0.3, draws=5, seed=2)
+    np.testing.assert_array_equal(got.per_draw, per_draw)
+    assert dropped.training and dropped[1].training
 
 
 def test_a_head_in_training_mode_runs_in_eval_mode_and_is_told(problem):
