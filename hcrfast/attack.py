@@ -121,7 +121,7 @@ class AttackResult:
     mse : array, shape (B,)
         ``(1/p)·mean over draws of ‖θ̂ − θ‖²``, to set beside ``Bounds.mse`` (eq. 6).
     estimates : array, shape (B, draws, *input_shape)
-        The reconstructions θ̂, in the model's dtype.
+        The reconstructions θ̂, in the model's dtype (float32 for a float16 Module, run as a float32 copy).
     residual_norm : array, shape (B, draws)
         Final ``‖a(θ̂) − X‖``.
     residual_start : array, shape (B, draws)
@@ -429,6 +429,16 @@ def _noise_by_either_name(fn):
     return wrapper
 
 
+def _float32_for_float16(model, batch: torch.Tensor):
+    """:func:`hcrfast.validation.float32_for_float16` (a float16 Module and batch run as float32 copies, as in
+    :func:`hcrfast.bound`: float16's range overflows LSQR's sums of squares here too), in the attack's words."""
+    return validation.float32_for_float16(model, batch, copied=(
+        "the model and batch are float16: gauss_newton_attack ran on a float32 copy of the model and batch "
+        "(float16's range, 65504, overflows LSQR's sums of squares for features in the hundreds), so its estimates "
+        "are float32 and params['dtype'] is 'float32' (its errors are float64, as always); pass model.float() and "
+        "batch.float() to silence this"))
+
+
 @_noise_by_either_name
 @accepts_per_feature_sigma
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 0.0,
@@ -451,7 +461,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         Input batch (B, ...) → features (B, ...); must not mix examples. Eval mode
         (a model in training mode is switched for the call, with a warning).
     batch : torch.Tensor, shape (B, ...)
-        The true inputs θ, on the model's device and in its dtype.
+        The true inputs θ, on the model's device and in its dtype (float32 or float64; a float16 Module and
+        batch run as a float32 copy, with a warning, as in :func:`hcrfast.bound`; bfloat16 is refused).
     noise_or_sigma, sigma : float, array of one std per feature, or noise law
         The dithering, given once by either name: the third argument (or ``noise_or_sigma=``),
         or ``sigma=`` as :func:`hcrfast.bound` names it. σ of i.i.d. Gaussian noise, one std
@@ -553,14 +564,21 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                         "attack in float32: pass model.float() and batch.float() (float32 and float64 are the "
                         "dtypes it has default tolerances for)")
     batch = validation.model_and_batch(model, batch, basis)
-    start_points = _check_start(start, batch)
+    start_points = _check_start(start, batch)   # (checked as the user gave it, before any float32 copy)
+    model, batch = _float32_for_float16(model, batch)
+    if start_points.dtype != batch.dtype:   # the copy's start: float16 values are float32 values
+        start_points = _check_start(start.float() if isinstance(start, torch.Tensor) else start, batch)
     example_ids = validation.example_ids(example_ids, batch.shape[0])
     missing = [what for what, given in (("tol=1e-3", tol), ("lsqr=hcrfast.LSQROptions(atol=1e-3, btol=1e-3)", lsqr))
                if given is None]
     if batch.dtype not in DEFAULT_TOL and missing:  # both named at once: one refusal, not two in a row
+        uncopied = ("" if isinstance(model, torch.nn.Module) else
+                    " (a float16 Module runs as a float32 copy by itself, but a function cannot be copied: pass a "
+                    "float32 one, or make it a Module with the modules it calls as its attributes)")
         raise NotImplementedError(f"gauss_newton_attack has no default tolerances for {batch.dtype} (float32 and "
                                   f"float64 only): pass {' and '.join(missing)} (values near that dtype's "
-                                  f"resolution), or run the attack in float32: model.float(), batch.float()")
+                                  f"resolution), or run the attack in float32: model.float(), batch.float()"
+                                  f"{uncopied}")
     if tol is None:
         tol = DEFAULT_TOL[batch.dtype]
 

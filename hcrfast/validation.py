@@ -139,8 +139,9 @@ def model_and_batch(model, batch, basis: str) -> torch.Tensor:
     return batch
 
 
-def float32_for_float16(model, batch: torch.Tensor):
-    """``(model, batch)``, or float32 copies of a float16 Module and batch, with a warning. The solver's arrays
+def float32_for_float16(model, batch: torch.Tensor, *, copied: str | None = None):
+    """``(model, batch)``, or float32 copies of a float16 Module and batch, with a warning (``copied``: the
+    caller's own words where the copy was made, for one that computes no certified bounds). The solver's arrays
     would be float16, whose range (65504) the sums of squares of LSQR's and the Krylov basis' norms overflow
     for features in the hundreds (an inf step, a NaN tridiagonal), and whose arithmetic NumPy emulates
     slowly. The copy holds the same weights (float16 values are float32 values), the bounds are certified by
@@ -167,19 +168,19 @@ def float32_for_float16(model, batch: torch.Tensor):
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         warn(f"the model and batch are float16, and hcrfast could not run a float32 copy of the model "
              f"({type(exc).__name__}: {text}), so hcrfast solves in float16, whose range (65504) the solver's sums "
-             f"of squares overflow for features in the hundreds (an inf step, a NaN bound); pass model.float() and "
+             f"of squares overflow for features in the hundreds (an inf step, a NaN result); pass model.float() and "
              f"batch.float(), or make the model copyable (copy.deepcopy) with a forward that keeps its input's dtype")
         return model, batch
     if not (isinstance(out, torch.Tensor) and out.dtype == torch.float32):
         got = dtype_name(out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
         warn(f"the model and batch are float16, and a float32 copy of the model returns {got} features for a "
              f"float32 example (a cast inside its forward), so hcrfast solves in float16, whose range (65504) the "
-             f"solver's sums of squares overflow for features in the hundreds (an inf step, a NaN bound); make "
+             f"solver's sums of squares overflow for features in the hundreds (an inf step, a NaN result); make "
              f"the forward keep its input's dtype (drop the cast) for hcrfast to run the float32 copy")
         return model, batch
-    warn("the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's range, 65504, "
-         "overflows the solver's sums of squares for features in the hundreds) and certifies the bounds in float64 "
-         "as always (with certify=False, the feature shifts are the float32 copy's); pass model.float() and "
+    warn(copied or "the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's range, "
+         "65504, overflows the solver's sums of squares for features in the hundreds) and certifies the bounds in "
+         "float64 as always (with certify=False, the feature shifts are the float32 copy's); pass model.float() and "
          "batch.float() to silence this")
     return model32, batch32
 

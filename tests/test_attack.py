@@ -1,7 +1,9 @@
 """hcrfast.attack: the Gauss–Newton attacker against least squares and the exact LS covariance."""
+import copy
 import dataclasses
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -516,17 +518,56 @@ def test_no_step_in_few_iterations_names_more_steps_as_the_fix():
     assert np.any(gauss_newton_attack(model, x, sigma, draws=2, steps=10).steps > 0)
 
 
-def test_float16_names_both_settings_it_needs_at_once():
+def test_a_float16_function_names_both_settings_it_needs_at_once():
+    """A function (not a Module) cannot be copied to float32, as hcrfast.bound leaves it too: it runs in float16
+    with the tolerances passed by hand, and the refusal without them says why model.float() is not at hand."""
     _, _, model, x = _linear_problem(3)
     model, x = model.half(), x.half()
+    function = lambda t: model(t)   # noqa: E731
     with pytest.raises(NotImplementedError, match=r"no default tolerances for torch.float16 .* pass tol=1e-3 and "
-                                                  r"lsqr=hcrfast.LSQROptions\(atol=1e-3, btol=1e-3\)"):
-        gauss_newton_attack(model, x, 0.2, draws=2, steps=2)
+                                                  r"lsqr=hcrfast.LSQROptions\(atol=1e-3, btol=1e-3\) .* a function "
+                                                  r"cannot be copied"):
+        gauss_newton_attack(function, x, 0.2, draws=2, steps=2)
     with pytest.raises(NotImplementedError, match=r"pass lsqr=hcrfast.LSQROptions\(atol=1e-3, btol=1e-3\) \("):
-        gauss_newton_attack(model, x, 0.2, draws=2, steps=2, tol=1e-3)
-    res = gauss_newton_attack(model, x, 0.2, draws=2, steps=2, tol=1e-3,
+        gauss_newton_attack(function, x, 0.2, draws=2, steps=2, tol=1e-3)
+    res = gauss_newton_attack(function, x, 0.2, draws=2, steps=2, tol=1e-3,
                               lsqr=hcrfast.LSQROptions(atol=1e-3, btol=1e-3))
     assert np.all(np.isfinite(res.rmse))
+    assert res.params["dtype"] == "float16" and res.estimates.dtype == np.float16
+
+
+@pytest.mark.parametrize("start", ["truth", "mean", "tensor"])
+def test_a_float16_module_is_attacked_as_its_float32_copy_with_one_warning(start):
+    """The attack refused a float16 Module (no default tolerances) where hcrfast.bound solves a float32 copy. It
+    now runs the same copy: the attack of model.float() on batch.float() to the bit, float32 estimates, one
+    warning that names the attack (not the bound's "certifies the bounds") and float32. One undamped step from
+    the truth is the least-squares solution of the float16 weights (an exact oracle, in float64). The user's
+    model and batch stay float16."""
+    W, b, model, x = _linear_problem(3)
+    model, x = model.half(), x.half()
+    first = x[0] + 0.25
+    kw = dict(draws=3, steps=1, seed=5, basis="pixel",
+              start=first if start == "tensor" else start)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = gauss_newton_attack(model, x, 0.2, **kw)
+    said = [str(w.message) for w in seen if "float16" in str(w.message)]
+    assert len(said) == 1, said
+    assert said[0].startswith("the model and batch are float16: gauss_newton_attack ran on a float32 copy")
+    assert "bound" not in said[0]
+    kw["start"] = first.float() if start == "tensor" else start
+    same = gauss_newton_attack(copy.deepcopy(model).float(), x.float(), 0.2, **kw)   # (.float() is in place)
+    for key in ("estimates", "rmse", "bias", "std", "mse", "residual_norm", "steps", "damping"):
+        np.testing.assert_array_equal(getattr(res, key), getattr(same, key), err_msg=key)
+    assert res.estimates.dtype == np.float32 and res.rmse.dtype == np.float64
+    assert res.params["dtype"] == "float32"
+    assert next(model.parameters()).dtype == torch.float16 and x.dtype == torch.float16
+    if start == "truth":
+        W16 = model[1].weight.detach().double().numpy()
+        b16 = model[1].bias.detach().double().numpy()
+        X = _observations(W16, b16, x.double(), 3, 0.2, seed=5)
+        ls = np.linalg.lstsq(W16, (X - b16).T, rcond=None)[0].T
+        np.testing.assert_allclose(res.estimates.reshape(-1, P), ls, atol=1e-4, rtol=0)
 
 
 def test_rejected_steps_do_not_make_the_attack_depend_on_chunking():
