@@ -336,6 +336,9 @@ def _compute_chunk(zm, xn, ids, sigma, cfg, lsqr) -> dict:
         taken = sing.get("directions") or {}   # (directions the examples had in all, the fewest an example had)
         arrays["singular"] = np.array([sing["examples"], sing["modes_lifted"], sing["seconds"],
                                        taken.get("total", np.nan), taken.get("fewest", np.nan)], np.float64)
+    # what a rerun of this chunk needs besides (its ids, chunk size, torch threads, versions), which a resumed run's
+    # chunks may not share: bounds.npz's params["run"] merges them (_merged_run)
+    arrays["run"] = np.array(_json_str(res.params["run"]))
     # the call's run-wide parameters, for bounds.npz's Bounds header
     arrays["bound_params"] = np.array(_json_str({k: res.params.get(k) for k in _RUN_WIDE_PARAMS}))
     # (example, restart, why: _ZERO_STEP_KINDS) of every restart that bounds nothing: its D = 0, if
@@ -354,6 +357,19 @@ def _zero_step_kind(line: str) -> int:
     """The :data:`_ZERO_STEP_KINDS` code of one of hcrfast.bound's zero-step reasons."""
     kind = _algorithm.zero_step_kind(line)
     return {"eps_zero": 0, "at_zero_jacobian": 1, "rounded": 2, "uncertified": 3, "coarse": 4}[kind]
+
+
+def _merged_run(parts, example_ids, chunk_examples: int) -> dict:
+    """``params["run"]`` of bounds.npz: the ids of every example, ``chunk_examples`` (examples per resumable chunk,
+    ``--chunk-examples``), and the chunk size (examples per chunk of each chunk's :func:`hcrfast.bound` call), torch
+    threads and versions the chunks recorded where they agree; where chunks computed in different sessions (a
+    resumed run) differ, or one from before they were recorded has none, that entry is None and ``differ`` lists
+    what they recorded (:func:`hcrfast.results.merged_run`)."""
+    from hcrfast.results import merged_run
+
+    records = [json.loads(str(p["run"])) if "run" in p else None for p in parts]
+    return dict(merged_run(records, example_ids, caps=[len(p["example_ids"]) for p in parts]),
+                chunk_examples=int(chunk_examples))
 
 
 # The entries of hcrfast.bound's params that are the same for every chunk of a run.
@@ -923,6 +939,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     arithmetics = sorted({str(p["arithmetic"]) if "arithmetic" in p else "not recorded" for p in parts})
     mixed_arithmetic(out, arithmetics, "resume with the first run's --threads to keep them bitwise")
     example_ids = np.concatenate([p["example_ids"] for p in parts])
+    run = _merged_run(parts, example_ids, chunk_examples)
     bound_seconds = float(sum(float(p["seconds"]) for p in parts))
     # Chunks written before zero steps were recorded have none: such runs' restarts with eps = 0 count as D = 0.
     zero_steps = np.concatenate([p.get("zero_steps", np.zeros((0, 3), np.int64)) for p in parts])
@@ -968,7 +985,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
              dict(infinite_reasons=reasons, seconds=bound_seconds, targeted=None,
                   params=dict(json.loads(str(parts[0]["bound_params"])) if "bound_params" in parts[0] else {},
                               **json.loads(_json_str(params)), zero_step_reasons=zero_reasons,
-                              revision=_checkpoint.FORMAT)))   # (the bound checkpoint's: what computed the chunks)
+                              revision=_checkpoint.FORMAT,   # (the bound checkpoint's: what computed the chunks)
+                              run=run)))
     for stray in (out / "chunks").glob(".chunk_*.tmp"):
         stray.unlink(missing_ok=True)  # left by killed processes; every chunk is final now
 
@@ -1074,6 +1092,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
         },
         "device": arithmetic_of(dev),
         "chunks_arithmetic": arithmetics,
+        # bounds.npz's params["run"]: what the chunks were computed with ("threads" and "versions" are this run's)
+        "run": run,
         "outputs": {},
     }
     from hcrfast import report as _report

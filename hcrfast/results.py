@@ -243,6 +243,37 @@ def run_record(example_ids, chunk_size, torch_threads: int) -> dict:
                 torch_threads=int(torch_threads), versions=run_versions())
 
 
+def merged_run(records, example_ids, *, caps=None) -> dict:
+    """``params["run"]`` of a result merged from pieces of one batch (consecutive rows) that other calls or sessions
+    may have computed (a resumed run's chunks, :func:`hcrfast.bound`'s chunks): the whole batch's ``example_ids``
+    described as :func:`run_record` does, and every other entry of the pieces' own records
+    (``records``, one per piece; None for a piece that recorded none, a file written before they were) where they
+    all agree. Where they differ, or a piece recorded none, that entry is None and ``differ`` lists the values
+    seen (None: not recorded), rather than one claimed for all. ``caps``: each piece's size, where its record
+    caps ``chunk_size`` there (run_record's examples): a piece recorded at its own size, below the others', was
+    computed whole as they were (a run's shorter last chunk), and agrees with them."""
+    records = list(records)
+    out = run_record(example_ids, None, 0)   # (each entry but the ids is the pieces')
+    names = [k for k in out if k != "example_ids"]
+    names += [k for r in records if r is not None for k in r if k not in names and k not in ("example_ids", "differ")]
+    differ = {}
+    for name in names:
+        values = [None if r is None else r.get(name) for r in records]
+        if name == "chunk_size" and caps is not None:
+            largest = max((v for v in values if v is not None), default=None)
+            values = [largest if v is not None and v == cap < largest else v for v, cap in zip(values, caps)]
+        seen = []
+        for v in values:
+            if v not in seen:
+                seen.append(v)
+        out[name] = seen[0] if len(seen) == 1 else None
+        if len(seen) != 1 or seen[0] is None:
+            differ[name] = seen
+    if differ:
+        out["differ"] = differ
+    return out
+
+
 def _array_like(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.generic, float, int))
 

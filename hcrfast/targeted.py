@@ -51,9 +51,9 @@ import torch
 from hcrfast import dense, kernels, profiling, validation
 from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _StillTheSameFunction, _applied64, _applied_shift,
                                _auto_chunk, _certified_shift, _check_perturbations, _coarse_shifts, _cross_bounds,
-                               _features, _in_chunks, _far_slope, _nonfinite_derivative, _progress_line, _rounded_away,
-                               _rounding_error, _rounding_magnitude, _rounding_slope, _step_magnitude, _warn_rounding,
-                               _widened, coordinates_down, divergence_underflow, infinite_derivative)
+                               _features, _in_chunks, _is_oom, _far_slope, _nonfinite_derivative, _progress_line,
+                               _rounded_away, _rounding_error, _rounding_magnitude, _rounding_slope, _step_magnitude,
+                               _warn_rounding, _widened, coordinates_down, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
@@ -62,7 +62,7 @@ from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
 from hcrfast.operators import Transposed
 from hcrfast.results import (counted, json_default, load_npz, malformed, quantile_line, require, revision_line,
-                              revision_loaded, revision_saved, same_result, save_npz, short_repr)
+                              merged_run, revision_loaded, revision_saved, run_record, same_result, save_npz, short_repr)
 
 METHODS = ("auto", "dense", "lsqr")
 
@@ -98,6 +98,45 @@ _CLEAN_BELOW = 1e-10
 
 #: Examples × (n·p + p² + 2·K·p) float64 values per dense group.
 _DENSE_ELEMENTS = 2**26
+
+#: What :func:`targeted_bound`'s ``chunk_size`` counts (``params["run"]["chunk_unit"]``): rows, not examples as
+#: :func:`hcrfast.bound`'s; its pieces of examples hold ``chunk_size // K`` examples of K modes each (at least 1).
+CHUNK_UNIT = "rows (examples x modes) per batched pass"
+
+
+class _Rows:
+    """Rows per batched pass of one :func:`targeted_bound` call (:data:`CHUNK_UNIT`): its ``chunk_size``, or the
+    automatic one, halved for the rest of the call where a pass runs out of memory (a later pass does not run
+    out of it again first); the last size is what ``params["run"]["chunk_size"]`` records."""
+
+    def __init__(self, size: int, progress: bool = False):
+        self.size, self.progress = int(size), progress
+
+    def over(self, total: int, compute, device) -> None:
+        """``compute(lo, hi)`` over ``0..total`` in passes of at most :attr:`size` rows
+        (:func:`hcrfast.algorithm._in_chunks`)."""
+        try:
+            self.size = _in_chunks(total, self.size, compute, device, on_halve=self._halved)
+        except Exception as exc:  # out of memory at one row (halved down to 1): say what a row is
+            if _is_oom(exc) and hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note("hcrfast.targeted_bound: one row alone (one example's step for one mode) ran out of "
+                             f"memory; chunk_size counts {CHUNK_UNIT}, not examples as hcrfast.bound's, and is "
+                             "halved down to 1, no further")
+            raise
+
+    def _halved(self, size: int) -> None:
+        self.size = size
+        if self.progress:
+            print(f"hcrfast.targeted_bound: out of memory, chunk_size halved to {size} {CHUNK_UNIT}",
+                  file=sys.stderr)
+
+
+def _most_rows(B: int, K: int, null_probes: bool) -> int:
+    """The most rows a pass of a :func:`targeted_bound` call on ``B`` examples and ``K`` modes can hold: each
+    (example, mode)'s step, or with the null-space probes its 2·len(NULL_STEPS) candidates. An automatic chunk size
+    above it computes as this one does (one piece, every pass whole): ``params["run"]`` records it capped here, as
+    :func:`hcrfast.results.run_record` caps examples at the batch's."""
+    return max(1, B * K * (2 * len(NULL_STEPS) if null_probes else 1))
 
 
 def parse_targets(targets, input_shape, basis: str) -> np.ndarray:
@@ -246,6 +285,12 @@ class TargetedBounds:
         "dense" or "lsqr".
     infinite_reasons : list of str
     params : dict
+        The parameters used. ``"run"``: what a rerun needs besides (:func:`hcrfast.results.run_record`): the
+        batch's positions as ``example_ids`` (no noise is drawn: the steps depend on no ids), ``chunk_size`` in
+        ``chunk_unit`` (:data:`CHUNK_UNIT`: rows, not examples; the last size used, after any halving on
+        out-of-memory), torch's thread count and the versions; recorded but not compared by ``==``, and absent
+        from files written before it was recorded. Joined chunks (:meth:`concatenate`: ``bound(targets=)``'s)
+        give each entry where they agree (:func:`hcrfast.results.merged_run`).
     timings : dict
         Seconds per phase, summed over the pieces of examples, and ``"total"``, the call's wall time. With
         ``directions=`` (``params["shared_factorization"]``: what :func:`hcrfast.bound` passes), "jacobian"
@@ -356,8 +401,9 @@ class TargetedBounds:
     @classmethod
     def concatenate(cls, parts, xp=np) -> TargetedBounds:
         """The targeted bounds of consecutive chunks of one batch as one, its arrays in ``xp``: the
-        per-example rows stacked, the reasons numbered over the whole batch, the timings summed. Parts
-        made with other modes, method or parameters (noise, size, basis, ...) are refused by name."""
+        per-example rows stacked, the reasons numbered over the whole batch, the timings summed, ``params["run"]``
+        the whole batch's (:func:`hcrfast.results.merged_run`). Parts made with other modes, method or parameters (noise, size,
+        basis, ...) are refused by name."""
         parts = list(parts)
         if not parts:
             raise ValueError("TargetedBounds.concatenate([]): pass at least one part")
@@ -387,8 +433,13 @@ class TargetedBounds:
                 for k in cls._PER_EXAMPLE}
         std = rows["std"]
         value = to_host(std.reshape(std.shape[0], -1)[:, xp.asarray(first.modes)])
+        params = first.params
+        if any("run" in p.params for p in parts):   # the whole batch's positions, and what its chunks agree on
+            params = dict(params, run=merged_run(
+                [p.params.get("run") for p in parts], np.arange(std.shape[0]),
+                caps=[_most_rows(p.std.shape[0], len(p.modes), p.params.get("null_probes")) for p in parts]))
         return dataclasses.replace(
-            first, **rows,
+            first, **rows, params=params,
             infinite_reasons=_infinite_reasons(value, first.modes, tuple(std.shape[1:]), first.params["basis"],
                                                to_host(rows["from_null_space"])),
             timings={k: sum(p.timings.get(k, 0.0) for p in parts) for k in first.timings},
@@ -527,11 +578,11 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
     def work(rows, pair):
         store(rows, *shift(rows, pair))
 
-    _in_chunks(R, chunk, lambda r0, r1: work(slice(r0, r1), paired), batch.device)
+    chunk.over(R, lambda r0, r1: work(slice(r0, r1), paired), batch.device)
     if not paired:
         again = to_host(xp.flatnonzero((rel > _ROUNDING_TOLERANCE) | ~moves))
         if again.size:
-            _in_chunks(again.size, chunk, lambda r0, r1: work(xp.asarray(again[r0:r1]), True), batch.device)
+            chunk.over(again.size, lambda r0, r1: work(xp.asarray(again[r0:r1]), True), batch.device)
     underflow = int(to_host(((d == 0) & moves).sum()))
     if underflow:
         raise ValueError(divergence_underflow(noise, underflow))
@@ -556,7 +607,7 @@ def _evaluate(model, model64, batch, f0, example_of, eps, q, *, certify, noise, 
                                             batch[torch.as_tensor(owner[rows[r0:r1]])],
                                             eps64[xp.asarray(rows[r0:r1])], jacobian)
 
-            _in_chunks(rows.size, chunk, probe, batch.device)
+            chunk.over(rows.size, probe, batch.device)
             if lost.any():
                 proven[xp.asarray(rows[lost])] = False
             if not null_probes:  # a generic null space's steps are rounding by design
@@ -678,7 +729,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
         itn[r0:r1] = xp.stack([first.itn, second.itn], axis=1)
         istop[r0:r1] = xp.stack([first.istop, second.istop], axis=1)
 
-    _in_chunks(R, chunk, work, batch.device)
+    chunk.over(R, work, batch.device)
     timings["lsqr"] = time.perf_counter() - t0
     return eps, itn, istop
 
@@ -729,14 +780,19 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
         component there (module docstring). With False, the bounds are those of
         the Cramér–Rao directions alone (what "lsqr" computes).
     chunk_size : int, optional
-        Most example rows (examples × tangents, or examples × modes) per batched
-        pass; automatic when None. A chunk that runs out of memory is halved.
+        Rows, not examples: the most example rows (examples × modes, or examples × tangents while
+        ``method="dense"`` builds J) per batched pass; automatic when None. :func:`hcrfast.bound`'s
+        ``chunk_size`` counts examples (all their restarts together), so one number gives the two calls
+        very different memory: here ``chunk_size=64`` with ``targets="low:8"`` (64 modes) passes one example
+        at a time. The batch is worked through in pieces of ``chunk_size // K`` examples of K modes (at
+        least 1). A pass that runs out of memory is halved, for the rest of the call; ``params["run"]``
+        records the last size in these rows (``params["run"]["chunk_unit"]``).
     tf32 : bool
         Allow TF32 float32 matmuls and convolutions on the GPU (see :func:`hcrfast.bound`).
     progress : bool
-        Print a line per piece of examples on stderr (examples done, elapsed time, ETA).
-        The batch is worked through in pieces of examples whose modes fill one batched pass
-        (``chunk_size`` rows), with or without progress and checkpoint.
+        Print a line per piece of examples on stderr (examples done, elapsed time, ETA), and one where a
+        pass is halved for memory. The batch is worked through in pieces of examples whose modes fill one
+        batched pass (``chunk_size`` rows), with or without progress and checkpoint.
     checkpoint : str or os.PathLike, optional
         A folder: each finished piece of examples is written there at once (atomically), and
         the same call made again after a crash or an interrupt reads them back and computes
@@ -755,6 +811,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
     TargetedBounds
     """
     t_start = time.perf_counter()
+    threads = torch.get_num_threads()   # (params["run"]: the float32 passes' rounding follows it)
     law = as_noise(validation.sigma_or_law(sigma, laws=False))
     if not isinstance(law, Gaussian):
         raise NotImplementedError(f"targeted_bound needs Gaussian noise (its directions are scaled to a Gaussian "
@@ -818,7 +875,8 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                       f"pass lsqr=LSQROptions(...)")
         options = (dataclasses.replace(TARGETED_LSQR[batch.dtype], iter_lim=LSQR_ITER_FACTOR * max(n, p))
                    if lsqr is None and method == "lsqr" else lsqr)
-        chunk = chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode)
+        chunk = _Rows(chunk_size or _auto_chunk(model, batch, 1, n, p, lsqr_mode), progress)   # (rows, not examples)
+        per = max(1, chunk.size // K)   # examples per piece: planned before any halving, as the checkpoint records
         model64 = validation.float64_model(model, batch, certify)
         validation.warn_uncertified(batch, certify)
         if certify or batch.dtype == torch.float64:
@@ -852,7 +910,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
             if unchanged is not None:
                 unchanged.check()
         else:  # always in the same pieces, so that progress= and checkpoint= leave the numbers as they are
-            result = _in_pieces(piece, B, max(1, chunk // K), xp, progress=progress, checkpoint=checkpoint,
+            result = _in_pieces(piece, B, per, xp, progress=progress, checkpoint=checkpoint,
                                 key=lambda: dict(  # hashed only for a checkpoint
                                     format=CHECKPOINT_FORMAT, model=model_fingerprint(model),
                                     batch=batch_fingerprint(batch),
@@ -860,6 +918,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
                                     method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
                                 features=features, unchanged=unchanged)
+    # this call's, as hcrfast.bound's: the whole batch (pieces read back included), the last rows per pass
+    result.params = dict(result.params, run=dict(
+        run_record(np.arange(B), None, threads), chunk_size=min(chunk.size, _most_rows(B, K, params["null_probes"])),
+        chunk_unit=CHUNK_UNIT))
     # directions= were made by the caller's solve (bound's), before this call: their phases count in the total
     result.timings["total"] = time.perf_counter() - t_start + (sum(directions.seconds) if shared else 0.0)
     _warn_targeted(result.rounding, batch.dtype)  # once for the call, pieces read back included

@@ -864,6 +864,46 @@ def test_a_resume_with_other_threads_warns_that_the_bounds_are_no_longer_bitwise
             f"rounding, not bitwise); this run: {now}</td>") in (out / "report.html").read_text()
 
 
+def test_bounds_npz_records_the_run_and_says_where_resumed_chunks_differ(weights, tmp_path):
+    """hcrfast.bound's results carried params["run"] (ids, chunk size, torch threads, versions); reproduce's
+    bounds.npz none. It records the ids of every example and --chunk-examples, and the chunks' threads and versions
+    where they agree; a chunk computed again at other threads makes torch_threads None, listed in "differ", and one
+    from before chunks recorded it (no "run") makes every entry unknown."""
+    import hashlib
+
+    out = tmp_path / "run"
+    base = ["reproduce", "digits", "--examples", "5", "--restarts", "2", "--iterations", "2", "--chunk-examples",
+            "2", "--no-progress", "--weights", str(weights), "--out", str(out)]
+    assert cli.main(base + ["--threads", "1"]) == 0
+    run = hcrfast.Bounds.load(out / "bounds.npz").params["run"]
+    ids = dict(count=5, first=0, last=4, sha256=hashlib.sha256(np.arange(5, dtype="<i8").tobytes()).hexdigest()[:16],
+               ids=[0, 1, 2, 3, 4])
+    assert run["example_ids"] == ids and run["chunk_examples"] == 2
+    assert run["chunk_size"] == 2 and run["torch_threads"] == 1 and "differ" not in run   # (the last chunk: 1, whole)
+    assert run["versions"]["torch"] == torch.__version__ and run["versions"]["hcrfast"] == hcrfast.__version__
+    assert json.loads((out / "summary.json").read_text())["run"] == run
+    loaded = hcrfast.Bounds.load(out / "bounds.npz")
+    other = hcrfast.Bounds.load(out / "bounds.npz")
+    other.params["run"] = dict(run, torch_threads=64)
+    assert other == loaded   # recorded, not compared
+
+    (out / "chunks" / "chunk_00001.npz").unlink()
+    with pytest.warns(UserWarning, match="different arithmetic"):
+        assert cli.main(base + ["--threads", "2"]) == 0
+    run = hcrfast.Bounds.load(out / "bounds.npz").params["run"]
+    assert run["torch_threads"] is None and run["differ"] == dict(torch_threads=[1, 2])
+    assert run["example_ids"] == ids and run["chunk_size"] == 2
+
+    chunk = out / "chunks" / "chunk_00002.npz"   # as a chunk written before chunks recorded their run
+    arrays = _arrays(chunk)
+    del arrays["run"]
+    np.savez(chunk, **arrays)
+    with pytest.warns(UserWarning, match="different arithmetic"):   # (chunk 0's threads still differ)
+        assert cli.main(base + ["--threads", "2"]) == 0
+    run = hcrfast.Bounds.load(out / "bounds.npz").params["run"]
+    assert run["versions"] is None and run["differ"]["versions"][-1] is None and run["example_ids"] == ids
+
+
 def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(weights, tmp_path, monkeypatch):
     """A restart with eps = 0 has D = 0 but proves no +inf: the summary counts it under zero_steps
     (it used to count as a restart with infinite bounds), and a resumed run still knows it. (--last-iterate: with

@@ -1,5 +1,7 @@
 """hcrfast.targeted: per-mode bounds against the exact least-squares std, dense against LSQR,
 the null space of ReLU models against numpy.linalg.matrix_rank, certification by forward passes."""
+import dataclasses
+import sys
 import warnings
 
 import numpy as np
@@ -723,3 +725,102 @@ def test_concatenate_refuses_parts_of_which_only_some_kept_their_steps():
     with pytest.raises(ValueError, match=r"part 1 has \.eps, part 0 lacks it"):
         hcrfast.TargetedBounds.concatenate([drop, keep])
     assert hcrfast.TargetedBounds.concatenate([keep, keep]).eps.shape[0] == 4
+
+
+def _ids_digest(ids):
+    """The oracle of params["run"]["example_ids"]["sha256"]: hashlib's SHA-256 of the little-endian int64 ids."""
+    import hashlib
+
+    return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
+def test_params_record_the_positions_the_rows_per_pass_threads_and_versions_a_rerun_needs(tmp_path):
+    """Bounds and AttackResult carried params["run"]; TargetedBounds none: a saved one did not say the chunk size
+    or thread count it was computed with. It says them now, the chunk size in rows (its unit), and == leaves it
+    out; save/load keep it."""
+    import scipy
+
+    model = tanh_mlp(16, 20, 24)
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = targeted_bound(model, x, 0.3, targets="low:2", method="lsqr", lsqr=FAST, chunk_size=6)
+    finally:
+        torch.set_num_threads(threads)
+    run = a.params["run"]
+    assert run["example_ids"] == dict(count=3, first=0, last=2, sha256=_ids_digest([0, 1, 2]), ids=[0, 1, 2])
+    assert run["chunk_size"] == 6 and run["chunk_unit"] == "rows (examples x modes) per batched pass"
+    assert run["torch_threads"] == 1
+    assert run["versions"] == dict(hcrfast=hcrfast.__version__, torch=torch.__version__, numpy=np.__version__,
+                                   scipy=scipy.__version__)
+    # automatic: capped at the most rows a pass holds, 3 examples x 4 modes (x 6 null-space candidates, dense)
+    assert targeted_bound(model, x, 0.3, targets="low:2", method="lsqr", lsqr=FAST).params["run"]["chunk_size"] == 12
+    assert targeted_bound(model, x, 0.3, targets="low:2", method="dense").params["run"]["chunk_size"] == 72
+    # recorded, not compared; kept by save and load
+    other = dataclasses.replace(a, params=dict(a.params, run=dict(run, torch_threads=64, chunk_size=1)))
+    assert other == a
+    a.save(tmp_path / "t.npz")
+    back = hcrfast.TargetedBounds.load(tmp_path / "t.npz")
+    assert back.params["run"] == run and back == a
+
+
+def test_a_pass_halved_for_memory_stays_halved_and_is_recorded_in_its_unit(capsys):
+    """A model that refuses more than 5 rows under autograd: chunk_size=8 rows (2 examples x 4 modes) is halved to
+    4 once, for the rest of the call, the progress line names the unit, and params["run"] records 4."""
+    from test_bound import OutOfMemoryAbove
+
+    model = tanh_mlp(16, 20, 24)
+    x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    want = targeted_bound(model, x, 0.3, targets="low:2", method="lsqr", lsqr=FAST)
+    tight = OutOfMemoryAbove(model, grad_rows=5).eval()
+    got = targeted_bound(tight, x, 0.3, targets="low:2", method="lsqr", lsqr=FAST, chunk_size=8, progress=True)
+    assert tight.refused == 1   # halved once: later passes start from 4 rows
+    assert got.params["run"]["chunk_size"] == 4 and want.params["run"]["chunk_size"] == 8
+    assert ("hcrfast.targeted_bound: out of memory, chunk_size halved to 4 rows (examples x modes) per batched pass"
+            in capsys.readouterr().err)
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-6)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+def test_one_row_out_of_memory_says_chunk_size_counts_rows_not_examples():
+    from hcrfast.targeted import _Rows
+
+    def no_room(lo, hi):
+        raise torch.cuda.OutOfMemoryError(f"fake: {hi - lo} rows")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="fake: 1 rows") as info:
+        _Rows(4).over(4, no_room, torch.device("cpu"))
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "chunk_size counts rows (examples x modes) per batched pass, not examples as hcrfast.bound's" in note
+
+
+def test_bound_s_targeted_bounds_record_the_whole_batch_not_their_first_chunk():
+    """bound(targets=) joins one targeted_bound call per chunk: its targeted bounds' params["run"] names every
+    example of the batch (3 here, in chunks of 2 and 1), and the rows per pass the chunks agree on (2 x 4 modes;
+    the last chunk's 1 x 4 is that chunk whole)."""
+    model = tanh_mlp(16, 20, 24)
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b = hcrfast.bound(model, x, 0.3, restarts=2, iterations=2, targets="low:2", solver="dense", chunk_size=2)
+    run = b.targeted.params["run"]
+    assert run["example_ids"] == dict(count=3, first=0, last=2, sha256=_ids_digest([0, 1, 2]), ids=[0, 1, 2])
+    assert run["chunk_size"] == 8 and "differ" not in run and run["torch_threads"] == torch.get_num_threads()
+
+
+def test_merged_run_claims_an_entry_only_where_the_pieces_agree():
+    """Pieces computed in different sessions: each entry the pieces agree on is kept, one where they differ (or a
+    piece recorded none) is None and "differ" lists what they recorded."""
+    from hcrfast.results import merged_run
+
+    v1, v2 = dict(hcrfast="0.1.0", torch="2.1"), dict(hcrfast="0.1.0", torch="2.2")
+    a = dict(chunk_size=4, torch_threads=2, versions=v1)
+    got = merged_run([a, dict(a, versions=v2), dict(a, chunk_size=2)], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+                     caps=[4, 4, 2])
+    assert got["example_ids"] == dict(count=10, first=5, last=14, sha256=_ids_digest(range(5, 15)),
+                                      ids=list(range(5, 15)))
+    assert got["chunk_size"] == 4 and got["torch_threads"] == 2    # a last chunk of 2 examples, computed whole
+    assert got["versions"] is None and got["differ"] == dict(versions=[v1, v2])
+    old = merged_run([a, None], [0, 1, 2, 3, 4], caps=[4, 1])       # a chunk from before they were recorded
+    assert old["chunk_size"] is None and old["differ"]["torch_threads"] == [2, None]
