@@ -166,22 +166,25 @@ def float32_for_float16(model, batch: torch.Tensor, *, copied: str | None = None
                 out = model32(batch32[:1])
     except Exception as exc:   # (deepcopy raises TypeError for what cannot be pickled, a lock say)
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        warn(f"the model and batch are float16, and hcrfast could not run a float32 copy of the model "
-             f"({type(exc).__name__}: {text}), so hcrfast solves in float16, whose range (65504) the solver's sums "
-             f"of squares overflow for features in the hundreds (an inf step, a NaN result); pass model.float() and "
-             f"batch.float(), or make the model copyable (copy.deepcopy) with a forward that keeps its input's dtype")
+        warn(f"the model ({_class_name(model)}) and batch are float16, and hcrfast could not run a float32 copy of "
+             f"the model ({type(exc).__name__}: {text}), so hcrfast solves in float16, whose range (65504) the "
+             f"solver's sums of squares overflow for features in the hundreds (an inf step, a NaN result); pass "
+             f"model.float() and batch.float(), or make the model copyable (copy.deepcopy) with a forward that "
+             f"keeps its input's dtype")
         return model, batch
     if not (isinstance(out, torch.Tensor) and out.dtype == torch.float32):
         got = dtype_name(out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
-        warn(f"the model and batch are float16, and a float32 copy of the model returns {got} features for a "
-             f"float32 example (a cast inside its forward), so hcrfast solves in float16, whose range (65504) the "
-             f"solver's sums of squares overflow for features in the hundreds (an inf step, a NaN result); make "
-             f"the forward keep its input's dtype (drop the cast) for hcrfast to run the float32 copy")
+        warn(f"the model ({_class_name(model)}) and batch are float16, and a float32 copy of the model returns {got} "
+             f"features for a float32 example (a cast inside its forward), so hcrfast solves in float16, whose range "
+             f"(65504) the solver's sums of squares overflow for features in the hundreds (an inf step, a NaN "
+             f"result); make the forward keep its input's dtype (drop the cast) for hcrfast to run the float32 copy")
         return model, batch
-    warn(copied or "the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's range, "
-         "65504, overflows the solver's sums of squares for features in the hundreds) and certifies the bounds in "
-         "float64 as always (with certify=False, the feature shifts are the float32 copy's); pass model.float() and "
-         "batch.float() to silence this")
+    said = copied or ("the model and batch are float16: hcrfast solves with a float32 copy of the model (float16's "
+                      "range, 65504, overflows the solver's sums of squares for features in the hundreds) and "
+                      "certifies the bounds in float64 as always (with certify=False, the feature shifts are the "
+                      "float32 copy's); pass model.float() and batch.float() to silence this")
+    # the class named, so a second model of another class met at the same line is warned about too
+    warn(said.replace("the model and batch", f"the model ({_class_name(model)}) and batch", 1))
     return model32, batch32
 
 
@@ -932,24 +935,30 @@ def _tree_in_eval_mode(model, name: str):
                 if m.training != flag:
                     m.training = flag
         return
-    try:
-        model.eval()
-    except NotImplementedError:   # "Calling eval() is not supported yet." (or train(), from a submodule's)
-        for m, flag in flags:
-            m.training = flag
-        training = _eval_around_frozen(model)
-    if training:   # said once the switch is done: a switch that failed warned of one it never made
-        which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
-                 if len(training) == 1 else f"{len(training)} of the {name}'s submodules "
-                 f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
-        warn(f"{which} in training mode; hcrfast switched the {name} to eval mode for this call "
-             f"(BatchNorm with running statistics, no dropout) and restores it afterwards. "
-             f"Call {name}.eval() first to silence this.")
-    try:
+    try:   # every flag restored however the call ends: a warning raised as an error (-W error) included
+        try:
+            model.eval()
+        except NotImplementedError:   # "Calling eval() is not supported yet." (or train(), from a submodule's)
+            for m, flag in flags:
+                m.training = flag
+            training = _eval_around_frozen(model)
+        if training:   # said once the switch is done: a switch that failed warned of one it never made
+            which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
+                     if len(training) == 1 else f"{len(training)} of the {name}'s submodules "
+                     f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
+            warn(f"{which} in training mode ({_class_name(model)}); hcrfast switched the {name} to eval mode for "
+                 f"this call (BatchNorm with running statistics, no dropout) and restores it afterwards. "
+                 f"Call {name}.eval() first to silence this.")
         yield
     finally:
         for m, flag in flags:
             m.training = flag
+
+
+def _class_name(model) -> str:
+    """The model's class, as a warning names it: Python shows a warning once per text and line, so a second
+    model of another class met at the same line is still warned about."""
+    return type(model).__qualname__
 
 
 def _refuses_mode_switch(module) -> bool:

@@ -257,6 +257,41 @@ def test_training_mode_is_switched_for_the_call_and_restored(x):
     assert np.all(np.isfinite(res.std))
 
 
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
+def test_a_training_mode_warning_raised_as_an_error_leaves_every_flag_as_it_was(x, entry):
+    """Under ``-W error`` (pytest's filterwarnings=error) the training-mode warning is an exception. It was raised
+    after the switch to eval mode and before the block that restores the flags, so the model stayed in eval mode
+    for the rest of the program (dropout off in training, BatchNorm's statistics frozen)."""
+    kwargs = dict(bound=QUICK, targeted_bound=dict(targets=[0, 1], method="lsqr"),
+                  gauss_newton_attack=dict(draws=1, steps=1))[entry]
+    model = torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).train()
+    model[0].eval()   # one submodule left in eval mode on purpose
+    before = [m.training for m in model.modules()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="training mode"):
+            getattr(hcrfast, entry)(model, x, 1.0, **kwargs)
+    assert [m.training for m in model.modules()] == before
+
+
+def test_the_training_mode_warning_is_shown_for_each_class_of_model_met_at_one_line(x):
+    """Python shows a warning once per text and line: the text named no model, so with the default filters a loop
+    over two models in training mode warned about the first only. The text now names the model's class."""
+    class Wide(torch.nn.Sequential):
+        pass
+
+    models = [torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).train(), Wide(mlp(), torch.nn.Dropout(0.5)).train()]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("default")
+        for model in models * 2:
+            hcrfast.bound(model, x, 1.0, **QUICK)
+    said = [str(w.message) for w in got if "training mode" in str(w.message)]
+    assert len(said) == 2, said
+    assert said[0].startswith("the model was in training mode (Sequential)"), said[0]
+    assert said[1].startswith("the model was in training mode (test_the_training_mode_warning_is_shown_for_each_"
+                              "class_of_model_met_at_one_line.<locals>.Wide)"), said[1]
+
+
 @pytest.mark.parametrize("per_feature", [False, True])  # one std per feature: a wrapper deeper
 @pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack"])
 def test_warnings_name_the_callers_own_line(x, entry, per_feature):
@@ -2185,7 +2220,7 @@ def test_a_warning_repeated_from_one_line_is_shown_once_across_calls():
         "print(sorted(shown))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == str(sorted(["the model was in training mode; hcrfast "] * 3
+    assert done.stdout.strip() == str(sorted(["the model was in training mode (Sequenti"] * 3
                                               + ["the user own warning"])), done.stdout
 
 
