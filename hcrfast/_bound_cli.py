@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast.cli import as_typed, float_literal  # a float as typed: 1e-400 is not 0
+from hcrfast.validation import say
 
 _INPUT_SUFFIXES = (".pt", ".pth", ".npy", ".npz")
 
@@ -877,9 +878,9 @@ def _run(args: argparse.Namespace) -> int:
             what = (f"one std per feature from {args.sigma_file}" if args.sigma_file is not None
                     else f"sigma {sigma:.6g}" + (f" = {noise['sigma_scale']:g} x RMS {noise['rms']:.6g}"
                                                   if "rms" in noise else ""))
-            print(f"hcrfast bound: {len(x)} inputs of shape {tuple(x.shape[1:])} ({str(dtype).replace('torch.', '')}, "
-                  f"{device}), {what}; "
-                  f"results in {out}" + (f" ({world} processes)" if world > 1 else ""), file=sys.stderr, flush=True)
+            say(f"hcrfast bound: {len(x)} inputs of shape {tuple(x.shape[1:])} ({str(dtype).replace('torch.', '')}, "
+                f"{device}), {what}; "
+                f"results in {out}" + (f" ({world} processes)" if world > 1 else ""))
 
         bound_kwargs = dict(
             size=args.size, iterations=args.iterations, restarts=args.restarts, seed=args.seed,
@@ -895,7 +896,7 @@ def _run(args: argparse.Namespace) -> int:
                                                  seed=args.seed, metric=metric,
                                                  draws=10 if args.utility_draws is None else args.utility_draws)
             if progress and rank == 0:
-                print(f"hcrfast bound: {accuracy_search.summary()}", file=sys.stderr, flush=True)
+                say(f"hcrfast bound: {accuracy_search.summary()}")
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
                          sigma=accuracy_search.sigma if np.ndim(accuracy_search.sigma) == 0 else None,
                          scale=accuracy_search.scale)
@@ -905,8 +906,8 @@ def _run(args: argparse.Namespace) -> int:
             from hcrfast.calibrate import sweep_sigma
 
             if progress and rank == 0:
-                print(f"hcrfast bound: a sweep of {len(scales)} sigmas, {', '.join(f'{k:g}' for k in scales)} x the "
-                      f"one above", file=sys.stderr, flush=True)
+                say(f"hcrfast bound: a sweep of {len(scales)} sigmas, {', '.join(f'{k:g}' for k in scales)} x the "
+                    f"one above")
             try:
                 sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
                                     checkpoint=out / "sweep_chunks", **bound_kwargs)
@@ -942,8 +943,8 @@ def _run(args: argparse.Namespace) -> int:
                        for k, sig in zip(scales, sweep.sigmas)])
             for level_sigma, folder, where in levels:
                 if progress:
-                    print(f"hcrfast bound: Gauss-Newton attack{where}, {args.attack} draws per input, "
-                          f"{args.attack_steps} steps, from the {args.attack_start}", file=sys.stderr, flush=True)
+                    say(f"hcrfast bound: Gauss-Newton attack{where}, {args.attack} draws per input, "
+                        f"{args.attack_steps} steps, from the {args.attack_start}")
                 try:
                     attacks.append(gauss_newton_attack(model, x, level_sigma, draws=args.attack,
                                                        steps=args.attack_steps, start=args.attack_start,

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 import warnings
 
@@ -13,6 +12,7 @@ import torch
 from hcrfast import reproduce, zoo
 from hcrfast._bound_cli import pilots_arg, steps_arg
 from hcrfast.cli import as_typed, float_literal
+from hcrfast.validation import say
 
 
 def _fraction(x: float) -> str:
@@ -277,8 +277,7 @@ def _sweep(args: argparse.Namespace) -> int:
     levels, weights = [], args.weights
     for i, k in enumerate(scales):
         if not args.no_progress:
-            print(f"hcrfast reproduce {args.name}: sweep {i + 1}/{len(scales)}: sigma = {k:g} x {base:g} x RMS",
-                  file=sys.stderr, flush=True)
+            say(f"hcrfast reproduce {args.name}: sweep {i + 1}/{len(scales)}: sigma = {k:g} x {base:g} x RMS")
         run_args = argparse.Namespace(**{**vars(args), "sigma_scale": k * base, "out": root / scale_folder(k),
                                          "weights": weights})
         try:

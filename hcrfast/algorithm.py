@@ -21,7 +21,6 @@ import functools
 import json
 import math
 import numbers
-import sys
 import threading
 import time
 import warnings
@@ -1220,8 +1219,8 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float):
                now - began >= _PROGRESS_EVERY and (steps - last[0] >= 256 or now - last[1] >= _PROGRESS_EVERY))
         if due:
             last[:] = [steps, now, True]
-            print(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} still running "
-                  f"({now - t_start:.1f} s)", file=sys.stderr)
+            validation.say(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} "
+                           f"still running ({now - t_start:.1f} s)")
             _said()
     return report
 
@@ -1259,18 +1258,19 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
             now = time.monotonic()
             if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
-                print(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
-                      f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into this chunk "
-                      f"({time.perf_counter() - t_start:.1f} s)", file=sys.stderr)
+                validation.say(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
+                               f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into "
+                               f"this chunk ({time.perf_counter() - t_start:.1f} s)")
                 _said()
 
     thread = threading.Thread(target=beat, name="hcrfast-heartbeat", daemon=True)
-    thread.start()
-    try:
+    try:   # started inside: a Ctrl-C that lands in start() still stops the thread it started
+        thread.start()
         yield
     finally:
         done.set()
-        thread.join()
+        if thread.ident is not None:   # (join refuses a thread never started)
+            thread.join()
 
 
 def _every(t_start: float, line):
@@ -1282,7 +1282,7 @@ def _every(t_start: float, line):
         now = time.perf_counter()
         if now - last[0] >= every:
             last[0] = now
-            print(f"{line(*args)} ({now - t_start:.1f} s)", file=sys.stderr)
+            validation.say(f"{line(*args)} ({now - t_start:.1f} s)")
             _said()
     return report
 
@@ -1451,7 +1451,7 @@ def _progress_line(who: str, done: str, t_start: float, eta: _Eta, computed: int
     seconds = eta(computed, left)
     eta_text = (f", ETA {seconds:.0f} s" + (" (from the first chunk, which holds the call's one-off costs)"
                                             if eta.first else "") if left else "")
-    print(f"{who}: {done} done ({time.perf_counter() - t_start:.1f} s{eta_text})", file=sys.stderr)
+    validation.say(f"{who}: {done} done ({time.perf_counter() - t_start:.1f} s{eta_text})")
     _said()
 
 
@@ -2492,7 +2492,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if saved is not None:   # the chunks from here on are of this size: theirs to record
                 saved.chunk_size = chunk
             if progress:
-                print(f"hcrfast{tag}: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
+                validation.say(f"hcrfast{tag}: out of memory, chunk halved to {chunk} examples")
 
         def read_back():
             """Fill the rows of the checkpoint's finished chunks that are not filled yet; the list of chunks."""
@@ -2530,7 +2530,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             reused = sum(stop - start for start, stop, _ in finished)
             todo = checkpoint_gaps(B, finished)
             if progress and reused:
-                print(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}", file=sys.stderr)
+                validation.say(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}")
         if world is not None and world.size > 1:
             world.agree("listed")  # every process has listed the folder before any writes to it
             pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
@@ -2557,7 +2557,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:
             if progress:
-                print(f"hcrfast{tag}: this process's pieces are done; waiting for the others", file=sys.stderr)
+                validation.say(f"hcrfast{tag}: this process's pieces are done; waiting for the others")
             # every piece is in the folder now (or a process's error is raised here); factors reused, all told
             reused_factors[0] = sum(world.agree("done", reused_factors[0]))
             missing = checkpoint_gaps(B, read_back())  # the other processes' pieces

@@ -29,7 +29,6 @@ import functools
 import inspect
 import math
 import numbers
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -651,7 +650,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             if saved is not None:   # the chunks from here on are of this size: theirs to record
                 saved.chunk_size = chunk
             if progress:
-                print(f"hcrfast attack: out of memory, chunk halved to {chunk} examples", file=sys.stderr)
+                validation.say(f"hcrfast attack: out of memory, chunk halved to {chunk} examples")
 
         todo, saved = [(0, B)], None
         if checkpoint is not None:
@@ -672,7 +671,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 saved.check_writable()
         to_compute, done, eta = sum(hi - lo for lo, hi in todo), [0], _Eta(time.perf_counter())
         if progress and to_compute < B:
-            print(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}", file=sys.stderr)
+            validation.say(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}")
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)

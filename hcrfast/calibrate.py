@@ -16,7 +16,6 @@ import math
 import numbers
 import os
 import re
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import numpy as np
 
 from hcrfast.backend import available_memory, host_argument, to_host, warnings_ignored
 from hcrfast.results import counted, same_result
+from hcrfast.validation import say
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
 #: ``"rmse"``, per example the root of the mean of the selected modes' bounds squared (a lower bound on
@@ -369,8 +369,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
                         "seconds": time.perf_counter() - t0,
                         "reused_examples": (res.params.get("reuse") or {}).get("examples", 0)})
         if progress:
-            print(f"hcrfast sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
-                  f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+            say(f"hcrfast sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
+                f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s")
         return res, stat
 
     goal = target * math.sqrt(1.0 + rtol)  # aim inside [target, target · (1 + rtol)], on a log scale
@@ -650,8 +650,8 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
             seconds.append(time.perf_counter() - t0)
             reused.append((res.params.get("reuse") or {}).get("examples", 0))
             if progress:
-                print(f"hcrfast sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
-                      f"{statistic_of(res):.6g}, {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
+                say(f"hcrfast sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
+                    f"{statistic_of(res):.6g}, {seconds[-1]:.1f} s")
     return SigmaSweep(scales=values, sigma0=float(profile) if scalar else profile, sigmas=sigmas, bounds=results,
                       seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)
 

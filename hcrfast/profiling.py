@@ -72,8 +72,13 @@ class _Tracked:
         self.name, self.inner = name, inner
 
     def __enter__(self):
-        _OPEN.setdefault(threading.get_ident(), []).append(self.name)
-        return self.inner.__enter__()
+        names = _OPEN.setdefault(threading.get_ident(), [])
+        names.append(self.name)
+        try:
+            return self.inner.__enter__()
+        except BaseException:   # not entered, so never exited: the name goes now (a Ctrl-C in NVTX's push, say)
+            names.pop()
+            raise
 
     def __exit__(self, *exc):
         try:

@@ -172,7 +172,7 @@ def _duration(seconds: float) -> str:
 
 def _say(progress: bool, text: str) -> None:
     if progress:
-        print(text, file=sys.stderr, flush=True)
+        validation.say(text)
 
 
 def _positive_int(name: str, value, flag: str) -> int:
@@ -228,7 +228,7 @@ def _weights(name: str, weights, out: Path, *, world: _World, progress: bool, tr
                    f"torchvision's ImageNet weights (once), or --weights PATH to a state dict.")
         validation.warn(message)
         if world.rank == 0:
-            print("\n" + "!" * 78 + f"\nWARNING: {message}\n" + "!" * 78 + "\n", file=sys.stderr, flush=True)
+            validation.say("\n" + "!" * 78 + f"\nWARNING: {message}\n" + "!" * 78 + "\n")
         return None, "random-init:seed=0", "random initialization (seed 0): NOT the published weights", False
     if weights == "default":
         _, enum, _ = _zoo._torchvision(name)
@@ -918,7 +918,8 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
                        f"ETA {_duration(eta)}")
         if crash_after_chunks is not None and k >= crash_after_chunks:
             # Test hook for the resume test: die as a kill would, without cleanup.
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os._exit(1)
     # every chunk is in the folder now (or a process's error is raised here); the counts are the run's, all ranks'
     computed_all, reused_all = (sum(v) for v in zip(*world.agree("done", [len(todo), reused])))

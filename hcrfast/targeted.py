@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -127,8 +126,7 @@ class _Rows:
     def _halved(self, size: int) -> None:
         self.size = size
         if self.progress:
-            print(f"hcrfast.targeted_bound: out of memory, chunk_size halved to {size} {CHUNK_UNIT}",
-                  file=sys.stderr)
+            validation.say(f"hcrfast.targeted_bound: out of memory, chunk_size halved to {size} {CHUNK_UNIT}")
 
 
 def _most_rows(B: int, K: int, null_probes: bool) -> int:
@@ -964,8 +962,8 @@ def _pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, fea
             parts[start] = TargetedBounds.from_arrays(arrays, json.loads(str(arrays["meta"])))
         todo = gaps(B, finished)
         if progress and parts:
-            print(f"hcrfast.targeted_bound: {B - sum(hi - lo for lo, hi in todo)} of {B} examples read back from "
-                  f"{checkpoint}", file=sys.stderr)
+            validation.say(f"hcrfast.targeted_bound: {B - sum(hi - lo for lo, hi in todo)} of {B} examples read "
+                           f"back from {checkpoint}")
     pieces = [(a, min(hi, a + per)) for lo, hi in todo for a in range(lo, hi, per)]
     computed, to_compute = 0, sum(stop - start for start, stop in pieces)
     eta = _Eta(time.perf_counter())

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import sys
 import time
 import warnings
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from torch import nn
 from hcrfast import data as _data
 from hcrfast import zoo as _zoo
 from hcrfast.checkpoint import CheckpointMismatchError, atomic_write_bytes, check_key, sha256_tensors
+from hcrfast.validation import say
 
 __all__ = ["DEFAULT_EPOCHS", "TrainResult", "accuracy", "add_subparser", "train"]
 
@@ -209,7 +209,7 @@ def train(
     resume = resume_path(out)
     done, seconds_before = _resume(resume, key, epochs, model, optimizer, generator, device)
     if done and progress:
-        print(f"{name}: resuming after epoch {done}/{epochs} from {resume}", file=sys.stderr)
+        say(f"{name}: resuming after epoch {done}/{epochs} from {resume}")
 
     model.train()
     start = time.perf_counter() - seconds_before
@@ -232,11 +232,9 @@ def train(
             # host copy: once per epoch
             now = time.perf_counter()
             eta = f", ETA {(now - session) / (epoch - done) * (epochs - epoch):.0f} s" if epoch < epochs else ""
-            print(
+            say(
                 f"{name} epoch {epoch}/{epochs}: loss {float(loss_sum) / n:.4f}, "
-                f"train accuracy {int(correct) / n:.4f} ({now - start:.1f} s{eta})",
-                file=sys.stderr,
-            )
+                f"train accuracy {int(correct) / n:.4f} ({now - start:.1f} s{eta})")
         # host read: once per epoch. A diverged run (lr too large) is refused before anything is saved.
         if not math.isfinite(float(loss_sum)) or not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
             raise ValueError(f"{name} training diverged at epoch {epoch} (loss {float(loss_sum) / n:g}, "
@@ -259,11 +257,9 @@ def train(
     atomic_write_bytes(out, lambda fh: torch.save(state, fh))
     resume.unlink(missing_ok=True)
     if progress:
-        print(
+        say(
             f"{name}: test accuracy {test_accuracy:.4f} on {test_x.shape[0]} images; "
-            f"trained in {train_seconds:.1f} s; state dict saved to {out}",
-            file=sys.stderr,
-        )
+            f"trained in {train_seconds:.1f} s; state dict saved to {out}")
     return TrainResult(state_dict_path=out, test_accuracy=test_accuracy, train_seconds=train_seconds, epochs=epochs)
 
 

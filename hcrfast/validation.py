@@ -71,6 +71,21 @@ def warn(message: str, category=UserWarning) -> None:
     warnings.warn(message, tagged(category), stacklevel=level)
 
 
+def say(text: str) -> None:
+    """A progress line on standard error, best-effort: a process without one (``sys.stderr`` None: pythonw, some
+    services) prints nothing, where ``print(file=None)`` wrote it to standard output, among the results; a closed
+    stream or a reader gone (a broken pipe: ``hcrfast bound ... 2>&1 | head``) loses the line, not the run and
+    its finished work."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except (OSError, ValueError):   # BrokenPipeError, EIO; ValueError: "I/O operation on closed file"
+        pass
+
+
 def seed(value) -> int:
     """A seed of ``numpy.random.default_rng``: a non-negative integer (NumPy's own integers too)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

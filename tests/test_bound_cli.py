@@ -1457,3 +1457,39 @@ def test_a_wrongly_shaped_sigma_file_is_named_as_its_flag(files, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"hcrfast: error: --sigma-file {tmp_path / 's.npy'} has the shape (4, 4)"), err
     assert "sigma has" not in err
+
+
+@pytest.mark.parametrize("stderr", ["closed", "broken pipe"])
+def test_progress_to_a_closed_or_broken_stderr_loses_the_lines_not_the_run(files, stderr):
+    """Progress lines are best-effort. With standard error closed (``2>&-``: Python's sys.stderr is None) they were
+    printed to standard output among the results; with its reader gone (a broken pipe) the first one raised and
+    the run exited 1 before computing anything, saying nothing. The run now completes, and its bounds are the
+    API's."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "hcrfast.cli", "bound", f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"),
+            *[a for a in TINY if a != "--no-progress"], "--out", str(out)]
+    if stderr == "closed":
+        done = subprocess.run(["bash", "-c", '"$@" 2>&-', "bash", *argv], capture_output=True, text=True, env=_ENV,
+                              timeout=300, check=False)
+        code, printed = done.returncode, done.stdout
+    else:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV)
+        proc.stderr.close()   # the reader of standard error is gone before the first line
+        printed, _ = proc.communicate(timeout=300)
+        code = proc.returncode
+    assert code == 0, printed[-3000:]
+    assert "hcrfast bound: 6 inputs" not in printed and f"bounds: {out / 'bounds.npz'}" in printed
+    got = hcrfast.Bounds.load(out / "bounds.npz")
+    model = _user_model(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the run's --threads 1: float32 sums in the run's order
+    try:
+        with torch.no_grad():
+            rms = float(np.sqrt(np.mean(model(x).double().numpy() ** 2)))
+        sigma = json.loads((out / "summary.json").read_text())["noise"]["sigma"]
+        assert sigma == pytest.approx(rms, rel=1e-12)
+        want = hcrfast.bound(model, x, sigma, restarts=2, iterations=2)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(got.std, want.std)

@@ -65,3 +65,44 @@ def test_a_range_is_open_in_its_thread_while_it_runs_and_not_after_an_error(fres
                 raise RuntimeError("the model's")
         assert profiling.open_ranges(me) == ("bound",)
     assert profiling.open_ranges(me) == ()
+
+
+def test_a_range_whose_push_is_interrupted_is_not_left_open():
+    """A Ctrl-C inside the range's push (NVTX's __enter__): the block never ran, so its exit never came, and the
+    name stayed in the thread's open ranges, named by every later heartbeat line."""
+    import threading
+
+    class Interrupted:
+        def __enter__(self):
+            raise KeyboardInterrupt
+
+        def __exit__(self, *exc):
+            raise AssertionError("never entered, never exited")
+
+    me = threading.get_ident()
+    with pytest.raises(KeyboardInterrupt):
+        with profiling._Tracked("jvp", Interrupted()):
+            pass
+    assert profiling.open_ranges(me) == ()
+
+
+def test_a_ctrl_c_while_the_heartbeat_starts_stops_its_thread(monkeypatch):
+    """progress=True's heartbeat thread started before the block that stops it: a Ctrl-C that landed in
+    Thread.start (after the thread ran) left it beating, a line every 30 s, for the rest of the process."""
+    import threading
+    import time
+
+    from hcrfast import algorithm
+
+    start = threading.Thread.start
+
+    def start_then_interrupted(self):
+        start(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with algorithm._heartbeat(True, 0, 4, 4, time.perf_counter()):
+            raise AssertionError("the block does not run")
+    monkeypatch.undo()
+    assert not [t for t in threading.enumerate() if t.name == "hcrfast-heartbeat"]

@@ -2294,3 +2294,25 @@ def test_a_batchnorm_hcrfast_cannot_switch_is_named_and_a_model_that_trains_itse
         warnings.simplefilter("ignore")
         hcrfast.bound(model, x, 0.1, **QUICK)
     assert not any(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("stream", ["none", "closed", "broken pipe"])
+def test_progress_lines_are_best_effort(x, stream, monkeypatch, capsys):
+    """bound(progress=True) with no standard error (sys.stderr None: pythonw, a service) printed its lines to
+    standard output; with a closed one or a broken pipe it raised mid-run, losing the call. Now the lines are lost
+    and the bounds are those of progress=False."""
+    import io
+
+    class Broken(io.TextIOBase):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    closed = io.StringIO()
+    closed.close()
+    model = mlp().eval()
+    want = hcrfast.bound(model, x, 1.0, **QUICK)
+    monkeypatch.setattr(sys, "stderr", {"none": None, "closed": closed, "broken pipe": Broken()}[stream])
+    got = hcrfast.bound(model, x, 1.0, progress=True, **QUICK)
+    monkeypatch.undo()
+    assert capsys.readouterr().out == ""
+    np.testing.assert_array_equal(got.std, want.std)
