@@ -149,13 +149,34 @@ def _savez(fh, arrays: dict) -> None:
     """
     import time
 
-    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, value in arrays.items():
-            arr = np.asanyarray(value)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=time.localtime(time.time())[:6])
-            info.compress_type = zipfile.ZIP_DEFLATED if arr.dtype.kind in "US" else zipfile.ZIP_STORED
-            with zf.open(info, mode="w", force_zip64=True) as member:
-                np.lib.format.write_array(member, arr, allow_pickle=False)
+    try:
+        with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, value in arrays.items():
+                arr = np.asanyarray(value)
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=time.localtime(time.time())[:6])
+                info.compress_type = zipfile.ZIP_DEFLATED if arr.dtype.kind in "US" else zipfile.ZIP_STORED
+                with zf.open(info, mode="w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, arr, allow_pickle=False)
+    except Exception as exc:
+        # A Ctrl-C (or SIGTERM's exit) that lands while a member is opened or closed leaves the member's handle
+        # open, and ZipFile's close then raises "Can't close the ZIP file while there is an open writing
+        # handle" over it: the interruption is what happened (the CLI says "interrupted" and how to resume)
+        pending = _interruption(exc)
+        if pending is not None:
+            raise pending from None
+        raise
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit (any BaseException that is not an Exception) that ``exc`` was raised
+    while handling, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if not isinstance(exc, Exception):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
 
 
 def atomic_write_text(path: Path, text: str, *, internal: bool = False) -> None:
