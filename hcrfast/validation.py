@@ -249,6 +249,10 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
             model64 = copy.deepcopy(model).double()
         except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
             pruned = _pruned(model)
+            if not pruned and "deepcopy protocol" not in str(exc):
+                # out of memory (the copy's weights), or the model's own __deepcopy__: its error, said of the copy
+                _note_float64_copy(exc)
+                raise
             fix = (f"the model is pruned with torch.nn.utils.prune, whose masked weights (weight_orig * weight_mask) "
                    f"are computed, not leaves: make the pruning permanent first, "
                    f"{'; '.join(pruned[:4])}{' ...' if len(pruned) > 4 else ''}" if pruned else
@@ -263,6 +267,11 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
         with torch.no_grad():
             out = model64(batch[:1].double())
     except RuntimeError as exc:
+        from hcrfast.algorithm import _is_oom   # (imported here: algorithm imports this module)
+
+        if _is_oom(exc):   # the copy's forward out of memory: not a cast in the model, and the CLI says it so
+            _note_float64_copy(exc)
+            raise
         exported = ("; an exported program (torch.export) keeps the dtypes it was exported for: export a float64 "
                     "model (torch.export.export(model.double(), (batch.double(),), ...)) and pass it with a float64 "
                     "batch" if _exported(model) else "")
@@ -277,6 +286,11 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
                         f"but that copy returns {dtype_name(out.dtype)} features (a cast at the end of its forward, "
                         f"e.g. .float()), so the certification would not be in float64; drop that cast, {fixes}")
     return model64
+
+
+def _note_float64_copy(exc: BaseException) -> None:
+    exc.add_note("hcrfast: raised while making and checking the float64 copy of the model that certifies the bounds "
+                 "(certify=True); certify=False, or a float64 model and batch, makes none")
 
 
 def _pruned(model) -> list[str]:

@@ -2316,3 +2316,44 @@ def test_progress_lines_are_best_effort(x, stream, monkeypatch, capsys):
     monkeypatch.undo()
     assert capsys.readouterr().out == ""
     np.testing.assert_array_equal(got.std, want.std)
+
+
+class _CopyFails(torch.nn.Module):
+    """An MLP whose float64 copy fails as ``how`` says: out of memory while copied or in its float64 forward, or by
+    its own __deepcopy__."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.net, self.how = mlp(), how
+
+    def __deepcopy__(self, memo):
+        if self.how == "copy oom":
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)")
+        if self.how == "own copy error":
+            raise RuntimeError("this model holds a device handle that cannot be copied")
+        twin = _CopyFails(self.how)
+        twin.load_state_dict(self.state_dict())
+        return twin
+
+    def forward(self, x):
+        if x.dtype == torch.float64 and self.how == "forward oom":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total capacity)")
+        return self.net(x)
+
+
+@pytest.mark.parametrize("how", ["copy oom", "forward oom", "own copy error"])
+def test_a_float64_copy_out_of_memory_is_said_as_such_not_as_a_cast_or_weight_norm(x, how):
+    """The float64 copy that certifies out of memory (or failing in the model's own __deepcopy__) was refused as a
+    TypeError blaming a cast in the forward or torch.nn.utils.weight_norm, so the CLI printed that advice instead
+    of "out of memory". The error is now the one raised, with a note naming the float64 copy and certify=False."""
+    from hcrfast.algorithm import _is_oom
+
+    with pytest.raises(RuntimeError) as got:
+        hcrfast.bound(_CopyFails(how).eval(), x, 1.0, **QUICK)
+    assert type(got.value) is RuntimeError
+    assert _is_oom(got.value) == (how != "own copy error")
+    assert "weight_norm" not in str(got.value) and "cast" not in str(got.value)
+    assert any("float64 copy of the model" in n and "certify=False" in n for n in got.value.__notes__)
+    with pytest.warns(UserWarning, match="certify=False"):
+        assert hcrfast.bound(_CopyFails(how).eval(), x, 1.0, certify=False, **QUICK).std.shape[0] == x.shape[0]
