@@ -120,6 +120,7 @@ def rms_sigma(features, scale: float = 1.0) -> float:
     """
     scale = validation.positive_float("scale", scale)
     if isinstance(features, torch.Tensor):
+        validation.strided_tensor("features", features)   # (a sparse tensor's mean was of its stored values)
         # .double() of a complex tensor drops the imaginary part with a mere warning; a bool tensor is
         # no feature vector. Integers are taken, as in arrays and lists.
         if features.is_complex() or features.dtype == torch.bool:

@@ -368,9 +368,23 @@ def batch_tensor(batch) -> None:
     if not isinstance(batch, torch.Tensor):
         raise TypeError(f"batch must be a torch.Tensor of shape (B, ...), got {type(batch).__name__}; "
                         f"convert with torch.as_tensor(batch)")
+    strided_tensor("batch", batch)
     if batch.ndim >= 1 and batch.shape[0] == 0:
         raise ValueError(f"batch is empty (shape {tuple(batch.shape)}): pass at least one example, (B, ...) with "
                          f"B >= 1")
+
+
+def strided_tensor(name: str, t: torch.Tensor) -> None:
+    """Refuses a sparse, nested or MKL-DNN tensor (torch's own errors came from deep inside a forward or a
+    reduction, naming an operator), saying how to make it dense."""
+    if t.is_nested:
+        raise TypeError(f"{name} is a nested tensor (examples of different shapes), but hcrfast bounds a batch of "
+                        f"examples of one shape; pad them to one shape (torch.nested.to_padded_tensor({name}, 0.0)) "
+                        f"or call hcrfast once per shape")
+    if t.layout != torch.strided:
+        kind = str(t.layout).replace("torch.", "").lstrip("_")
+        raise TypeError(f"{name} is a {kind} tensor, but hcrfast takes dense (strided) tensors only; pass "
+                        f"{name}.to_dense()")
 
 
 def check_batch(batch, basis: str) -> torch.Tensor:
@@ -405,9 +419,11 @@ def check_batch(batch, basis: str) -> torch.Tensor:
                          f"no input to bound; pass examples with at least one value")
     finite_inputs(batch)
     # A copy: a model that writes into its input (nn.ReLU(inplace=True) first) cannot change the caller's
-    # batch, and a tensor made under torch.inference_mode becomes one autograd can differentiate at.
+    # batch, and a tensor made under torch.inference_mode becomes one autograd can differentiate at. Contiguous
+    # (row-major), whatever the batch's layout: a channels_last batch gave bounds other at rounding level, which a
+    # resumed call mixed with its first chunks' unseen (the checkpoint's key hashes the values, not the strides).
     with torch.inference_mode(False):
-        return batch.detach().clone()
+        return batch.detach().clone(memory_format=torch.contiguous_format)
 
 
 def finite_inputs(batch: torch.Tensor) -> None:

@@ -2357,3 +2357,49 @@ def test_a_float64_copy_out_of_memory_is_said_as_such_not_as_a_cast_or_weight_no
     assert any("float64 copy of the model" in n and "certify=False" in n for n in got.value.__notes__)
     with pytest.warns(UserWarning, match="certify=False"):
         assert hcrfast.bound(_CopyFails(how).eval(), x, 1.0, certify=False, **QUICK).std.shape[0] == x.shape[0]
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "gauss_newton_attack", "dithered_accuracy"])
+@pytest.mark.parametrize("layout", ["sparse_coo", "mkldnn", "nested"])
+def test_a_sparse_nested_or_mkldnn_batch_is_refused_saying_how_to_make_it_dense(entry, layout):
+    """These batches failed with torch's errors from deep inside the checks or the forward (an operator's name,
+    "NotImplementedError: Could not run 'aten::...' with arguments from the 'SparseCPU' backend"); the refusal
+    now names the layout and the fix."""
+    if layout == "mkldnn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no MKL-DNN")
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(2 * 4 * 4, 5)).eval()
+    x = torch.randn(3, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    batch = dict(sparse_coo=lambda: x.to_sparse(), mkldnn=lambda: x.to_mkldnn(),
+                 nested=lambda: torch.nested.nested_tensor([x[0], x[1, :, :5]], layout=torch.jagged))[layout]()
+    call = dict(bound=lambda: hcrfast.bound(conv, batch, 0.5, **QUICK),
+                targeted_bound=lambda: hcrfast.targeted_bound(conv, batch, 0.5, targets=[0, 1], method="lsqr"),
+                gauss_newton_attack=lambda: hcrfast.gauss_newton_attack(conv, batch, 0.5, draws=1, steps=1),
+                dithered_accuracy=lambda: hcrfast.dithered_accuracy(conv, torch.nn.Identity(), batch,
+                                                                    torch.zeros(3, dtype=torch.long), 0.5))[entry]
+    fix = r"to_padded_tensor\(batch, 0\.0\)" if layout == "nested" else rf"is a {layout} tensor.*batch\.to_dense\(\)"
+    with pytest.raises(TypeError, match=fix):
+        call()
+
+
+def test_a_channels_last_batch_gets_the_bounds_of_the_contiguous_one():
+    """A channels_last batch (torchvision's recipes make them) was cloned as it was, so its convolutions summed in
+    another order: bounds other at rounding level, which a resumed call mixed with the first chunks' unwarned (a
+    checkpoint's key hashes the values, not the strides). The batch is made contiguous when copied."""
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Tanh(), torch.nn.Conv2d(8, 4, 3),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 6)).eval()
+    x = torch.randn(4, 3, 8, 8)
+    last = x.to(memory_format=torch.channels_last)
+    assert not last.is_contiguous() and torch.equal(last, x)
+    want = hcrfast.bound(conv, x, 0.3, restarts=3, iterations=3)
+    got = hcrfast.bound(conv, last, 0.3, restarts=3, iterations=3)
+    np.testing.assert_array_equal(got.std, want.std)
+    np.testing.assert_array_equal(got.divergence, want.divergence)
+
+
+def test_rms_sigma_of_sparse_features_is_refused_not_the_mean_of_what_is_stored():
+    features = torch.zeros(4, 6)
+    features[0, 0] = 3.0
+    assert hcrfast.rms_sigma(features) == pytest.approx(3.0 / np.sqrt(24), rel=1e-15)   # the dense oracle
+    with pytest.raises(TypeError, match=r"features is a sparse_coo tensor.*features\.to_dense\(\)"):
+        hcrfast.rms_sigma(features.to_sparse())
