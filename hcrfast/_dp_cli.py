@@ -187,11 +187,9 @@ def _band(ax, x, values, color, label):
 
 
 def _run_figure(args: argparse.Namespace) -> int:
-    import matplotlib
+    from hcrfast.report import _pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()   # figures of their own: the process's matplotlib backend stays as it was
     out = _figure_path(args.out)
     sigmas = np.sort(np.asarray(args.sigmas, dtype=np.float64))
     for s in sigmas:

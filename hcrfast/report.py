@@ -33,13 +33,35 @@ _N_SHOW = 8
 _RECON_STREAM = 0x7265636F  # "reco": the sign draws, apart from every noise stream of a run
 
 
-def _pyplot():
-    import matplotlib
+class _Canvas:
+    """The three of pyplot's calls the figures use, on figures of their own: a ``matplotlib.figure.Figure`` draws
+    to a file through the Agg canvas it is given, without pyplot. ``matplotlib.use("Agg")`` switched the whole
+    process's backend: after ``hcrfast.cli.main([...])`` (or a report) in a notebook or an interactive session,
+    ``plt.show()`` showed nothing; and pyplot's figures live on in its registry until closed."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    @staticmethod
+    def subplots(nrows: int = 1, ncols: int = 1, *, figsize, squeeze: bool = True, **figure_kw):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-    return plt
+        fig = Figure(figsize=figsize, **figure_kw)
+        FigureCanvasAgg(fig)
+        return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
+
+    @staticmethod
+    def close(fig) -> None:
+        fig.clear()
+
+    @staticmethod
+    def Rectangle(*args, **kwargs):  # noqa: N802 - pyplot's name
+        from matplotlib.patches import Rectangle
+
+        return Rectangle(*args, **kwargs)
+
+
+def _pyplot() -> _Canvas:
+    """The figures' drawing calls, which leave matplotlib's backend and pyplot's figures as they were."""
+    return _Canvas()
 
 
 # ----------------------------------------------------------------------------------------

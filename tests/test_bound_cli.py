@@ -1493,3 +1493,32 @@ def test_progress_to_a_closed_or_broken_stderr_loses_the_lines_not_the_run(files
     finally:
         torch.set_num_threads(threads)
     np.testing.assert_array_equal(got.std, want.std)
+
+
+def test_reports_and_figures_leave_the_processs_matplotlib_backend_and_figures_as_they_were(files):
+    """The figures switched matplotlib to Agg for the whole process (matplotlib.use("Agg")): after
+    hcrfast.cli.main([...]) in a notebook or an interactive session, plt.show() showed nothing. They are now
+    figures of their own, drawn through an Agg canvas; pyplot's backend and list of figures are left alone."""
+    tmp_path, _ = files
+    out, fig = tmp_path / "run", tmp_path / "dp.png"
+    bound = ["bound", f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), "--out", str(out),
+             *[a for a in TINY if a != "--no-report"]]
+    dp = ["dp", "figure", "--out", str(fig), "--sigmas", "0.3", "--n-images", "4", "--repeats", "1", "--dpi", "30"]
+    script = (
+        "import sys, matplotlib\n"
+        "matplotlib.use('svg')\n"
+        "import matplotlib.pyplot as plt\n"
+        "from hcrfast import cli\n"
+        f"assert cli.main({bound!r}) == 0\n"
+        f"assert cli.main({dp!r}) == 0\n"
+        "print(matplotlib.get_backend(), plt.get_fignums())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_ENV, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "svg []", done.stdout[-2000:]
+    pngs = sorted(p.name for p in out.rglob("*.png"))
+    assert pngs and fig.stat().st_size > 5_000, pngs
+    for png in [fig, *out.rglob("*.png")]:
+        import matplotlib.image
+
+        assert matplotlib.image.imread(png).std() > 0.01, png   # drawn, not blank
