@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import warnings
 from dataclasses import dataclass, field
 
@@ -181,9 +182,9 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
 
     if isinstance(batch, torch.Tensor) and batch.dtype == torch.bfloat16 and callable(model):
         validation.check_batch(batch.float(), "pixel")   # (its shape, device and values, on a float32 copy)
-        validation.model_dtype_device(model, batch)
-    else:
-        validation.model_and_batch(model, batch, "pixel")
+        validation.model_dtype_device(model, batch, forward_only=True)
+    else:   # forward passes only: a model loaded under torch.inference_mode is fine
+        validation.model_and_batch(model, batch, "pixel", forward_only=True)
     # as every entry point runs it (under the one-call lock: another thread's call restoring the model's mode
     # meanwhile turned its dropout on inside this one), its buffers given back as they were
     with validation.model_kept(model), torch.no_grad():
@@ -720,6 +721,8 @@ def _profile(sigma, n: int, shape: tuple, name: str = "sigma", positive: bool = 
         sigma = sigma.detach().cpu().numpy()
     try:
         given = np.asarray(detached(sigma))   # (a list of tensors that require grad: their values, as one such tensor)
+        if given.dtype.kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.flat):
+            given = given.astype(np.float64)   # fractions.Fraction(1, 2), as hcrfast.bound takes it
         if given.dtype.kind not in "iuf":   # strings ("0.5"), bools, complex, objects: not a std
             raise TypeError
         profile = given.astype(np.float64)

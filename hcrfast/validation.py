@@ -145,12 +145,13 @@ def choice(name: str, value, options) -> str:
     return value
 
 
-def model_and_batch(model, batch, basis: str) -> torch.Tensor:
-    """The checks every public entry point makes of its model and batch; returns the batch."""
+def model_and_batch(model, batch, basis: str, *, forward_only: bool = False) -> torch.Tensor:
+    """The checks every public entry point makes of its model and batch; returns the batch. ``forward_only``: the
+    caller runs forward passes only (no Jacobian), so parameters made under torch.inference_mode are fine."""
     if not callable(model):
         raise TypeError(f"model must be a torch.nn.Module (or callable), got {type(model).__name__}")
     batch = check_batch(batch, basis)
-    model_dtype_device(model, batch)
+    model_dtype_device(model, batch, forward_only=forward_only)
     return batch
 
 
@@ -441,7 +442,7 @@ def _nonfinite_rows(t: torch.Tensor) -> list[int]:
     return torch.nonzero(~finite).flatten().tolist()
 
 
-def model_dtype_device(model, batch: torch.Tensor) -> None:
+def model_dtype_device(model, batch: torch.Tensor, *, forward_only: bool = False) -> None:
     lazy = _uninitialized_lazy(model)
     if lazy:   # (torch's own error named a method of its tensors, not the module)
         raise ValueError(f"the model's {', '.join(lazy[:4])}{' ...' if len(lazy) > 4 else ''} "
@@ -449,7 +450,7 @@ def model_dtype_device(model, batch: torch.Tensor) -> None:
                          f"initialized yet (a lazy module infers its shapes on its first forward); run the model once "
                          f"on an example first to initialize them (model(batch[:1])), then call hcrfast")
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    if any(p.is_inference() for p in params):
+    if not forward_only and any(p.is_inference() for p in params):
         raise ValueError("the model's parameters were made under torch.inference_mode, and autograd cannot "
                          "differentiate through them; create or load the model outside it (calling hcrfast "
                          "inside torch.inference_mode is fine)")

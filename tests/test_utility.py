@@ -937,3 +937,35 @@ def test_utility_and_accuracy_search_print_one_short_line_as_the_other_results_d
         u = found.utility
         assert repr(u) == f"<Utility: {u.summary()}>" and len(repr(u)) < 150 and "per_draw" not in repr(u)
     assert repr(hcrfast.AccuracySearch(*([None] * 9))).startswith("<AccuracySearch (no summary: ")
+
+
+def test_a_model_loaded_under_inference_mode_and_a_fraction_sigma_are_taken_as_bound_takes_them():
+    """dithered_accuracy runs forward passes only, but refused a model whose parameters were made under
+    torch.inference_mode "for autograd"; and it refused sigma=Fraction(1, 2), which hcrfast.bound takes. Both now
+    give what the same model made outside inference_mode and the float sigma give; the oracle is the test's own
+    per-row loop over the noise streams."""
+    from fractions import Fraction
+
+    from hcrfast.utility import DITHER_STREAM
+
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        frozen = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 6), torch.nn.Tanh()).eval()
+    plain = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 6), torch.nn.Tanh()).eval()
+    plain.load_state_dict(frozen.state_dict())
+    head = torch.nn.Linear(6, 3).eval()
+    x = torch.randn(8, 1, 4, 4)
+    with torch.no_grad():
+        labels = head(plain(x)).argmax(dim=1)
+        labels[:3] = (labels[:3] + 1) % 3
+        feats = plain(x).double().numpy()
+        hits = []
+        for e in range(8):   # the oracle: each row's own stream, 10 draws
+            z = 0.5 * np.random.default_rng([0, e, DITHER_STREAM]).standard_normal((10, 6))
+            noisy = torch.as_tensor(feats[e] + z, dtype=torch.float32)
+            hits.append((head(noisy).argmax(dim=1) == labels[e]).numpy())
+    want = float(np.mean(hits))
+    for model, sigma in [(plain, 0.5), (frozen, 0.5), (plain, Fraction(1, 2)), (frozen, Fraction(1, 2)),
+                         (plain, [Fraction(1, 2)] * 6)]:
+        got = hcrfast.dithered_accuracy(model, head, x, labels, sigma)
+        assert got.dithered == pytest.approx(want, abs=1e-12) and got.clean == pytest.approx(5 / 8), (model, sigma)
