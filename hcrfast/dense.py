@@ -33,8 +33,10 @@ of the MNIST MLP rose 1.7×, none fell).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,6 +130,7 @@ def warm_up(device) -> None:
     if key in _WARMED:
         return
     _WARMED.add(key)
+    dynamo_before = "torch._dynamo" in sys.modules
     try:
         # no draw from torch's global RNG (a Linear's init drew: the caller's seeded draws moved on a process's first
         # call), and in eval mode (the pre-hook open around this, for the modules a model calls outside its own tree,
@@ -146,6 +149,12 @@ def warm_up(device) -> None:
             symmetric._lapack_host(np.eye(2)[None].copy(), np.array([2]))
     except Exception:   # noqa: BLE001 - (what fails here fails, or halves, in the chunk, where it is reported)
         pass
+    if not dynamo_before and "torch._dynamo" in sys.modules:
+        # Importing torch._dynamo runs torch.fx's wrap(), whose frame holds itself (inspect.currentframe() in a
+        # local): a cycle that keeps every frame below it alive, the entry point's with the user's model and batch
+        # (on a GPU, their memory), until Python's cycle collector next runs, which may be long after the call. It
+        # is garbage already: collected now, once per process (a fifth of a second, after the import's second).
+        gc.collect()
 
 
 def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | None = None,

@@ -1004,6 +1004,10 @@ def _tree_in_eval_mode(model, name: str):
 def _class_name(model) -> str:
     """The model's class, as a warning names it: Python shows a warning once per text and line, so a second
     model of another class met at the same line is still warned about."""
+    from hcrfast.noise import PerFeatureStd
+
+    while isinstance(model, PerFeatureStd):   # hcrfast's own wrapper (one std per feature): the user's model inside
+        model = model.model
     return type(model).__qualname__
 
 
@@ -1442,96 +1446,102 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
             return False
         return bool(to_torch(jtu).any())
 
-    jv = product(mode)
-    bad = ~torch.isfinite(jv[0])
-    if bool(bad.any()) and not bool(torch.isnan(jv[0]).any()) and jv.dtype != torch.float64 and _finite_in_float64(
-            model, probe, tangent, mode):
-        raise ValueError(f"the model's Jacobian product J v at example 0 overflows {dtype_name(jv.dtype)} (inf in "
-                         f"{int(bad.sum())} of its {bad.numel()} features, jacobian={mode!r}) though the features "
-                         f"are finite: a derivative beyond the dtype's range (exp of a large input, say); run the "
-                         f"model and batch in float64 (model.double(), batch.double()), or scale the inputs or "
-                         f"features nearer 1")
-    if bool(bad.any()):
-        how_jv = "double backward" if mode == "reverse" else "forward AD"
-        raise ValueError(f"the model's Jacobian product J v at example 0 is NaN or inf in {int(bad.sum())} of its "
-                         f"{bad.numel()} features (jacobian={mode!r}) though the features are finite: an operation "
-                         f"whose derivative is undefined at this input, or whose {how_jv} is (a square root or a "
-                         f"norm at 0; torch.cdist between a point and itself, whose double backward is NaN there "
-                         f"once either side has more than 25 points); make it differentiable "
-                         f"there (an eps inside the root: torch.sqrt(d2 + 1e-12); the zero distances left out of "
-                         f"the features)")
-    own = jv[0].abs().max()
-    if mode == "forward" and float(own) == 0:
-        # Forward mode differentiates through .detach() to an exact 0 without a word; reverse mode
-        # refuses it (a ValueError from product). A model that is flat at this input passes, and so
-        # does one whose ops reverse mode cannot run (no double backward): nothing to tell then.
-        try:
-            product("reverse", chosen=False)
-        except RuntimeError:
-            pass
-    if float(own) > 0:
-        # LSQR also needs J^T u, by reverse mode; the two must be adjoint. Forward mode goes through
-        # torch.no_grad() sections that reverse mode sees as constants; in reverse mode J v comes from
-        # the derivative of the backward, which an operation can get wrong (its double backward, or a
-        # backward written by hand that is not linear in its gradient).
-        gen = torch.Generator(device="cpu").manual_seed(1)
-        u = torch.randn(jv.shape, generator=gen, dtype=jv.dtype).to(jv.device)
-        try:
-            jtu = to_torch((ops.get("reverse") or TorchJacobian(model, probe, mode="reverse")).rmatvec(from_torch(u)))
-        except RuntimeError as exc:
-            explain(exc, "reverse", chosen=False)
-            raise
-        left = float((jv.double() * u.double()).sum())
-        right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
-        # 1e-3 of |J v| |u|, or float16's rounding (3e-2 of it), plus the rounding of the two products, 64 ulps
-        # of |v| |J^T u|: a tangent nearly in J's null space (an example of a scale-invariant model drawn
-        # from the same seed as it) has J v ~ 0, whose rounding passed 1e-3 of |J v| |u|. (Not 1e-3 of
-        # |v| |J^T u|, about sqrt(p/n) times |J v| |u|: at 224x224x3 inputs and 10 features a J v 20% off
-        # passed that.)
-        tol = (max(1e-3, 32 * torch.finfo(jv.dtype).eps) * scaled_norm(jv) * scaled_norm(u)
-               + 64 * torch.finfo(jv.dtype).eps * scaled_norm(tangent) * scaled_norm(jtu))
-        if abs(left - right) > tol and mode == "forward":
-            raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = {left:.4g} "
-                             f"but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section that forward "
-                             f"mode differentiates through and reverse mode does not; remove it from the path from "
-                             f"input to features (jacobian='reverse' names it)")
-        if abs(left - right) > tol:
-            raise ValueError(f"the model's J v (by differentiating its backward pass, jacobian='reverse') is not the "
-                             f"adjoint of its J^T u (<J v, u> = {left:.4g} but <v, J^T u> = {right:.4g}): an "
-                             f"operation whose double backward is wrong, an autograd.Function whose backward is "
-                             f"not linear in its incoming gradient, or arithmetic coarser than the features' dtype "
-                             f"inside the model (torch.autocast to bfloat16 or float16 rounds at ~1e-2, past this "
-                             f"check's 1e-3): fix that backward or drop the autocast, or where it is torch's own "
-                             f"operation pass jacobian='forward' (forward-mode AD, checked against J^T u the same "
-                             f"way)")
-    leak = jv[1:].abs().max()
-    mixed = leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny))
-    if value_gap > rtol and not mixed:
-        # rows alone unlike the batch, and no JVP leak: the batch itself may give other features now (a model
-        # that changed between probe (1)'s forwards and these), which is no mixing of examples
-        with torch.no_grad():
-            drift = (forward(model, batch).reshape(B, -1) - features).abs().max() / scale
-        if drift > rtol:
+    try:
+        jv = product(mode)
+        bad = ~torch.isfinite(jv[0])
+        if bool(bad.any()) and not bool(torch.isnan(jv[0]).any()) and jv.dtype != torch.float64 and _finite_in_float64(
+                model, probe, tangent, mode):
+            raise ValueError(f"the model's Jacobian product J v at example 0 overflows {dtype_name(jv.dtype)} (inf in "
+                             f"{int(bad.sum())} of its {bad.numel()} features, jacobian={mode!r}) though the features "
+                             f"are finite: a derivative beyond the dtype's range (exp of a large input, say); run the "
+                             f"model and batch in float64 (model.double(), batch.double()), or scale the inputs or "
+                             f"features nearer 1")
+        if bool(bad.any()):
+            how_jv = "double backward" if mode == "reverse" else "forward AD"
+            raise ValueError(f"the model's Jacobian product J v at example 0 is NaN or inf in {int(bad.sum())} of its "
+                             f"{bad.numel()} features (jacobian={mode!r}) though the features are finite: an operation "
+                             f"whose derivative is undefined at this input, or whose {how_jv} is (a square root or a "
+                             f"norm at 0; torch.cdist between a point and itself, whose double backward is NaN there "
+                             f"once either side has more than 25 points); make it differentiable "
+                             f"there (an eps inside the root: torch.sqrt(d2 + 1e-12); the zero distances left out of "
+                             f"the features)")
+        own = jv[0].abs().max()
+        if mode == "forward" and float(own) == 0:
+            # Forward mode differentiates through .detach() to an exact 0 without a word; reverse mode
+            # refuses it (a ValueError from product). A model that is flat at this input passes, and so
+            # does one whose ops reverse mode cannot run (no double backward): nothing to tell then.
+            try:
+                product("reverse", chosen=False)
+            except RuntimeError:
+                pass
+        if float(own) > 0:
+            # LSQR also needs J^T u, by reverse mode; the two must be adjoint. Forward mode goes through
+            # torch.no_grad() sections that reverse mode sees as constants; in reverse mode J v comes from
+            # the derivative of the backward, which an operation can get wrong (its double backward, or a
+            # backward written by hand that is not linear in its gradient).
+            gen = torch.Generator(device="cpu").manual_seed(1)
+            u = torch.randn(jv.shape, generator=gen, dtype=jv.dtype).to(jv.device)
+            try:
+                reverse = ops.get("reverse") or TorchJacobian(model, probe, mode="reverse")
+                jtu = to_torch(reverse.rmatvec(from_torch(u)))
+            except RuntimeError as exc:
+                explain(exc, "reverse", chosen=False)
+                raise
+            left = float((jv.double() * u.double()).sum())
+            right = float((tangent.reshape(jtu.shape).double() * jtu.double()).sum())
+            # 1e-3 of |J v| |u|, or float16's rounding (3e-2 of it), plus the rounding of the two products, 64 ulps
+            # of |v| |J^T u|: a tangent nearly in J's null space (an example of a scale-invariant model drawn
+            # from the same seed as it) has J v ~ 0, whose rounding passed 1e-3 of |J v| |u|. (Not 1e-3 of
+            # |v| |J^T u|, about sqrt(p/n) times |J v| |u|: at 224x224x3 inputs and 10 features a J v 20% off
+            # passed that.)
+            tol = (max(1e-3, 32 * torch.finfo(jv.dtype).eps) * scaled_norm(jv) * scaled_norm(u)
+                   + 64 * torch.finfo(jv.dtype).eps * scaled_norm(tangent) * scaled_norm(jtu))
+            if abs(left - right) > tol and mode == "forward":
+                raise ValueError(f"forward and reverse mode give different Jacobians for this model (<J v, u> = "
+                                 f"{left:.4g} but <v, J^T u> = {right:.4g}): a torch.no_grad() or .detach() section "
+                                 f"that forward mode differentiates through and reverse mode does not; remove it from "
+                                 f"the path from input to features (jacobian='reverse' names it)")
+            if abs(left - right) > tol:
+                raise ValueError(f"the model's J v (by differentiating its backward pass, jacobian='reverse') is not "
+                                 f"the adjoint of its J^T u (<J v, u> = {left:.4g} but <v, J^T u> = {right:.4g}): an "
+                                 f"operation whose double backward is wrong, an autograd.Function whose backward is "
+                                 f"not linear in its incoming gradient, or arithmetic coarser than the features' dtype "
+                                 f"inside the model (torch.autocast to bfloat16 or float16 rounds at ~1e-2, past this "
+                                 f"check's 1e-3): fix that backward or drop the autocast, or where it is torch's own "
+                                 f"operation pass jacobian='forward' (forward-mode AD, checked against J^T u the same "
+                                 f"way)")
+        leak = jv[1:].abs().max()
+        mixed = leak > rtol * max(float(own), float(torch.finfo(jv.dtype).tiny))
+        if value_gap > rtol and not mixed:
+            # rows alone unlike the batch, and no JVP leak: the batch itself may give other features now (a model
+            # that changed between probe (1)'s forwards and these), which is no mixing of examples
+            with torch.no_grad():
+                drift = (forward(model, batch).reshape(B, -1) - features).abs().max() / scale
+            if drift > rtol:
+                raise ValueError(
+                    f"the model gives other features for the same batch from one call to the next (relative change "
+                    f"{float(drift):.2e} between its first forward and one a few calls later, and no example's "
+                    f"derivative reaches another's features): it updates its own state as it runs (a counter, a cache, "
+                    f"a schedule in its forward). HCR bounds are for a fixed feature map plus the released noise: make "
+                    f"the forward deterministic and stateless{_frozen_mode_hint(model)}")
+        if value_gap > rtol or mixed:
             raise ValueError(
-                f"the model gives other features for the same batch from one call to the next (relative change "
-                f"{float(drift):.2e} between its first forward and one a few calls later, and no example's "
-                f"derivative reaches another's features): it updates its own state as it runs (a counter, a cache, "
-                f"a schedule in its forward). HCR bounds are for a fixed feature map plus the released noise: make "
-                f"the forward deterministic and stateless{_frozen_mode_hint(model)}")
-    if value_gap > rtol or mixed:
-        raise ValueError(
-            "the model mixes the examples of a batch (features of one example depend on the others: "
-            f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "
-            f"{float(leak):.2e} vs {float(own):.2e}). HCR bounds are per example: use BatchNorm in eval "
-            "mode with running statistics (model.eval()) and no attention or normalization across the batch axis"
-            + _frozen_mode_hint(model))
-    missed = _missed_by_jv(model, probe, tangent, jv[0])
-    if missed is not None and missed[1] >= FD_SHARE:
-        count, share = missed
-        warn(f"J v (jacobian={mode!r}) misses how {count} of the {jv[0].numel()} features of example 0 move: finite "
-             f"differences in float64 along the probe's direction say they do ({share:.0%} of the change), J v says "
-             f"not (below {FD_MISSED:g} of it). Likely a .detach(), torch.no_grad() section or NumPy round trip on "
-             f"part of the path from input to features, constant to both autograd modes (so J v and J^T u agree). "
-             f"The bounds stay valid (certified by float64 forward passes) but are blind along that dependence: "
-             f"they come out low, often 0. Remove it, or give it a straight-through gradient "
-             f"(x + (f(x) - x).detach() for a step f)")
+                "the model mixes the examples of a batch (features of one example depend on the others: "
+                f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "
+                f"{float(leak):.2e} vs {float(own):.2e}). HCR bounds are per example: use BatchNorm in eval "
+                "mode with running statistics (model.eval()) and no attention or normalization across the batch axis"
+                + _frozen_mode_hint(model))
+        missed = _missed_by_jv(model, probe, tangent, jv[0])
+        if missed is not None and missed[1] >= FD_SHARE:
+            count, share = missed
+            warn(f"J v (jacobian={mode!r}) misses how {count} of the {jv[0].numel()} features of example 0 move: "
+                 f"finite differences in float64 along the probe's direction say they do ({share:.0%} of the change), "
+                 f"J v says not (below {FD_MISSED:g} of it). Likely a .detach(), torch.no_grad() section or NumPy "
+                 f"round trip on part of the path from input to features, constant to both autograd modes (so J v and "
+                 f"J^T u agree). The bounds stay valid (certified by float64 forward passes) but are blind along that "
+                 f"dependence: they come out low, often 0. Remove it, or give it a straight-through gradient "
+                 f"(x + (f(x) - x).detach() for a step f)")
+    finally:   # the closures refer to each other (product and explain): a cycle that kept the model, the probe
+        # and their Jacobian operators alive past the call, until Python's cycle collector ran (GPU memory held)
+        product = explain = None
+        ops.clear()
