@@ -117,7 +117,7 @@ class _Rows:
         try:
             self.size = _in_chunks(total, self.size, compute, device, on_halve=self._halved)
         except Exception as exc:  # out of memory at one row (halved down to 1): say what a row is
-            if _is_oom(exc) and hasattr(exc, "add_note"):  # Python >= 3.11
+            if _is_oom(exc):
                 exc.add_note("hcrfast.targeted_bound: one row alone (one example's step for one mode) ran out of "
                              f"memory; chunk_size counts {CHUNK_UNIT}, not examples as hcrfast.bound's, and is "
                              "halved down to 1, no further")
