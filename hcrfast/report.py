@@ -383,6 +383,23 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _computed_with(run) -> str:
+    """The versions the chunks record (summary.json's ``run``, :func:`hcrfast.results.merged_run`): theirs where
+    they agree, each set seen where they differ, or that a chunk recorded none."""
+    if not isinstance(run, dict) or "versions" not in run:
+        return "not recorded (a summary written before runs recorded them)"
+
+    def said(versions):
+        if versions is None:
+            return "not recorded (chunks written before chunks recorded them)"
+        return ", ".join(f"{name} {value}" for name, value in versions.items() if value is not None)
+
+    if run["versions"] is not None:
+        return said(run["versions"]) + " (every chunk)"
+    seen = (run.get("differ") or {}).get("versions") or [None]
+    return f"the chunks differ, {len(seen)} sets: " + "; ".join(f"({said(v)})" for v in seen)
+
+
 def _table(rows, header=None) -> str:
     e = html.escape
     parts = ["<table>"]
@@ -622,7 +639,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         ("figures (s)", t.get("figures_seconds")),
         ("wall time of this run (s)", t.get("wall_seconds_this_run")),
         # every version summary.json records (hcrfast --version's list: SciPy's LAPACK runs the dense solve)
-        ("versions", ", ".join(f"{name} {value}" for name, value in v.items() if value is not None)),
+        ("versions of this run", ", ".join(f"{name} {value}" for name, value in v.items() if value is not None)),
+        # a resumed run read chunks back that other sessions computed: those sessions' versions, not this one's
+        ("versions the bounds were computed with", _computed_with(s.get("run"))),
     ]))
     body.append('<p class="note">All numbers: <a href="summary.json">summary.json</a>. All arrays: '
                 "<code>bounds.npz</code> (<code>std</code> (N, C, H, W) bounds; <code>mse</code>; "

@@ -882,6 +882,9 @@ def test_bounds_npz_records_the_run_and_says_where_resumed_chunks_differ(weights
     assert run["chunk_size"] == 2 and run["torch_threads"] == 1 and "differ" not in run   # (the last chunk: 1, whole)
     assert run["versions"]["torch"] == torch.__version__ and run["versions"]["hcrfast"] == hcrfast.__version__
     assert json.loads((out / "summary.json").read_text())["run"] == run
+    ours = ", ".join(f"{k} {v}" for k, v in run["versions"].items() if v is not None)
+    assert f"versions the bounds were computed with</td><td class=\"\">{ours} (every chunk)</td>" in unescape(
+        (out / "report.html").read_text())
     loaded = hcrfast.Bounds.load(out / "bounds.npz")
     other = hcrfast.Bounds.load(out / "bounds.npz")
     other.params["run"] = dict(run, torch_threads=64)
@@ -902,6 +905,11 @@ def test_bounds_npz_records_the_run_and_says_where_resumed_chunks_differ(weights
         assert cli.main(base + ["--threads", "2"]) == 0
     run = hcrfast.Bounds.load(out / "bounds.npz").params["run"]
     assert run["versions"] is None and run["differ"]["versions"][-1] is None and run["example_ids"] == ids
+    # the report says the chunks' versions, not this session's alone (it showed those whatever the chunks recorded)
+    page = unescape((out / "report.html").read_text())
+    ours = ", ".join(f"{k} {v}" for k, v in run["differ"]["versions"][0].items() if v is not None)
+    assert (f"versions the bounds were computed with</td><td class=\"\">the chunks differ, 2 sets: ({ours}); (not "
+            f"recorded (chunks written before chunks recorded them))</td>") in page
 
 
 def test_restarts_whose_eps_came_out_0_are_counted_apart_from_infinite_bounds(weights, tmp_path, monkeypatch):
