@@ -47,7 +47,7 @@ from hcrfast.bindings import (
 )
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
-from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise
+from hcrfast.noise import Gaussian, ScaledGaussian, accepts_per_feature_sigma, as_noise
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
                                 sha256_tensors, taken_back_on_failure)
 from hcrfast.results import (counted, load_npz, median_count, mse_from_modes, revision_line, revision_loaded,
@@ -698,8 +698,16 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             raise ValueError("gauss_newton_attack took no step: the model's features do not move with its input "
                              "(J = 0 at every example), so no estimator can leave its start; the bounds are 0 "
                              "there too, and hcrfast.targeted_bound(..., null_probes=True) certifies +inf")
+        from hcrfast.algorithm import rms_sigma
+
+        # in the model's units where the call runs on its features divided by sigma (noise.ScaledGaussian)
+        unit = noise.scale if isinstance(noise, ScaledGaussian) else 1.0
+        try:   # (its squares scaled first where they under- or overflow: features of 1e-30 read RMS 0 before)
+            rms = f"{rms_sigma(to_host(f_all), unit):.3g}"
+        except ValueError:   # every feature 0
+            rms = "0"
         raise ValueError(f"gauss_newton_attack took no step at any of its {B * draws} draws ({law} against "
-                         f"features of RMS {float(to_host(xp.sqrt(xp.mean(f_all * f_all)))):.3g}): no damped "
+                         f"features of RMS {rms}): no damped "
                          f"Gauss-Newton step lowered a residual in steps={steps}, so each estimate is its start "
                          f"point and its error says nothing about an attacker. A rejected step raises the damping "
                          f"for the next one, so more steps (steps={max(4 * steps, 10)}) may find one; a sigma far "

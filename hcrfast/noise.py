@@ -770,6 +770,8 @@ class PerFeatureStd(torch.nn.Module):
 
     def forward(self, x):
         out = self.model(x)
+        if self.shape is None and self.stds.shape[0] == 1:   # one std for every feature (ScaledGaussian): any shape
+            return out / self.stds.to(out.dtype)
         if self.shape is not None and tuple(out.shape[1:]) != self.shape:
             raise _sigma_error(f"sigma has the shape {self.shape}, one std per feature, but the model's features "
                                f"have the shape {tuple(out.shape[1:])}; pass stds of the features' shape, or flat")
@@ -800,6 +802,46 @@ class PerFeatureGaussian(Gaussian):
 
     def describe(self) -> str:
         return f"{self.label}: D(z) = exp(sum_j z_j^2/sigma_j^2) - 1, exact"
+
+
+@dataclass(frozen=True)
+class ScaledGaussian(Gaussian):
+    """Unit Gaussian noise on the features divided by one std, ``scale`` (:class:`PerFeatureStd` of one
+    std): how :func:`accepts_per_feature_sigma` runs a Gaussian σ too far from 1 for the features' dtype
+    (:func:`whitened_scale`). ``sigma`` is 1 and every computation is a :class:`Gaussian`'s; messages,
+    results and checkpoint keys name ``Gaussian(scale)``, the user's noise (the key's ``repr`` tells the two
+    runs apart)."""
+
+    scale: float = 1.0
+
+    def describe(self) -> str:
+        return Gaussian(self.scale).describe()
+
+
+#: A plain Gaussian σ outside ``[tiny**(1/4), max**(1/4)]`` of the features' dtype (float32: about
+#: [3e-10, 4e9]; float64: [1e-77, 1e77]) is run on the features divided by σ, with σ = 1. The steps' feature
+#: shifts are σ-sized, and LSQR, the Krylov basis and the norms square them in that dtype: past these ends
+#: their squares came within a factor 1e-19 (float32) of under- or overflowing, and did (2026-12-02:
+#: features and σ scaled by 1e20 overflowed every solver; by 1e-20, LSQR's steps came out 0). D depends on
+#: z/σ alone, so the bounds are the same problem's, in every digit that matters.
+WHITEN_ROOT = 4
+
+
+def whitened_scale(sigma, batch) -> float | None:
+    """σ where ``sigma`` is a plain Gaussian std (one number, or ``hcrfast.Gaussian(σ)``) that the features'
+    dtype (the batch's; float32 where not float64: a float16 model is solved as a float32 copy) holds with too
+    little room for its squares (:data:`WHITEN_ROOT`); None otherwise, and for anything the call itself
+    should refuse or read (its errors name it)."""
+    try:
+        noise = as_noise(host_argument("sigma", sigma))
+    except Exception:   # the call refuses it, in its own words
+        return None
+    if type(noise) is not Gaussian:
+        return None
+    dtype = torch.float64 if getattr(batch, "dtype", None) == torch.float64 else torch.float32
+    info = torch.finfo(dtype)
+    low, high = info.tiny ** (1 / WHITEN_ROOT), info.max ** (1 / WHITEN_ROOT)
+    return None if low <= noise.sigma <= high else float(noise.sigma)
 
 
 def per_feature_stds(sigma):
@@ -849,6 +891,10 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
             validation.float64_model(model, batch, certify)
         held = torch.as_tensor(stds).to(batch.dtype)
         lost = ~(torch.isfinite(held) & (held > 0))
+        if bool(lost.any()) and stds.size == 1 and stds.ndim <= 1:
+            raise ValueError(f"sigma={float(stds.reshape(-1)[0]):g} is {float(held.reshape(-1)[0]):g} in "
+                             f"{validation.dtype_name(batch.dtype)}; scale the features (and sigma) nearer 1, or "
+                             f"run in float64")
         if bool(lost.any()):
             raise ValueError(f"sigma as one std per feature holds values {validation.dtype_name(batch.dtype)} cannot "
                              f"represent (entries "
@@ -858,12 +904,18 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
                          device=batch.device if isinstance(batch, torch.Tensor) else None)
 
 
-def accepts_per_feature_sigma(fn):
+def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True):
     """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
     as its third argument (by position or name): it runs on :class:`PerFeatureStd` with the unit
     :class:`PerFeatureGaussian`, and its result says so in ``params`` (``sigma`` None, ``noise`` naming
     the stds) and gives feature shifts (``z``) in the model's own units (the attack's residuals stay in
-    those of the divided features). One number or a noise law goes straight to ``fn``."""
+    those of the divided features). With ``whiten_scalar``, a Gaussian σ too far from 1 for the features'
+    dtype (:func:`whitened_scale`) runs the same way, on the features divided by σ with
+    :class:`ScaledGaussian`, and its result reads as the σ call's (``params["sigma"]`` σ,
+    ``params["features_divided_by"]`` σ, ``z`` in the model's units). Any other number or noise law goes
+    straight to ``fn``."""
+    if fn is None:
+        return functools.partial(accepts_per_feature_sigma, whiten_scalar=whiten_scalar)
     signature = inspect.signature(fn)
     model_name, batch_name, sigma_name = list(signature.parameters)[:3]
     certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
@@ -877,6 +929,13 @@ def accepts_per_feature_sigma(fn):
             raise TypeError(f"{fn.__module__.split('.')[0]}.{fn.__name__}(): {exc}; its arguments are {known}") from None
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
+        scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None and whiten_scalar else None
+        if scale is not None:
+            certify = bound_args.arguments.get("certify", certify_default)
+            bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
+                                                       bound_args.arguments[batch_name], np.array([scale]), certify)
+            bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
+            return as_scaled_result(fn(*bound_args.args, **bound_args.kwargs), scale)
         if stds is None:
             return fn(*args, **kwargs)
         label = per_feature_label(stds)
@@ -887,6 +946,25 @@ def accepts_per_feature_sigma(fn):
         return as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
 
     return wrapper
+
+
+def as_scaled_result(result, scale: float):
+    """``result``, computed on the features divided by ``scale`` with σ = 1 (:class:`ScaledGaussian`), made to
+    read as the call at σ = ``scale``: ``params`` name Gaussian(scale) (and ``features_divided_by`` says how it
+    ran) and the feature shifts ``z`` come back in the model's own units."""
+    described = Gaussian(scale).describe()
+    params = result.params
+    params.update(sigma=float(scale), noise=described, features_divided_by=float(scale))
+    if "noise_asked" in params:
+        params["noise_asked"] = described
+    if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
+        result.targeted.params.update(sigma=float(scale), noise=described, features_divided_by=float(scale))
+    if getattr(result, "z", None) is not None:
+        result.z = result.z * scale
+    for name in ("residual_norm", "residual_start", "residual_truth", "residual_history"):   # the attack's
+        if getattr(result, name, None) is not None:
+            setattr(result, name, getattr(result, name) * scale)
+    return result
 
 
 def as_per_feature_result(result, stds: np.ndarray, divided_by=None, label: str | None = None):

@@ -798,3 +798,26 @@ def test_the_run_record_survives_save_and_load(tmp_path):
     assert back.params["run"] == res.params["run"] and back == res
     back.params["run"] = dict(back.params["run"], torch_threads=64)
     assert back == res   # recorded, not compared
+
+
+def test_an_attack_on_features_and_sigma_scaled_together_is_the_same_attack():
+    """Features ~1e-200 (float64) with sigma to match are the problem of features ~1: the attack took no step
+    (its squares underflowed) and its refusal put the features' RMS at 0. It now runs on the features divided
+    by sigma, with its residuals given back in the model's units; where sigma is far from the features, the
+    refusal gives their RMS in those units."""
+    from test_bound import _Times
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).double().eval()
+    x = torch.randn(2, 6, dtype=torch.float64)
+    kw = dict(draws=2, steps=3, basis="pixel")
+    base = gauss_newton_attack(net, x, 0.1, **kw)
+    got = gauss_newton_attack(_Times(net, 1e-200).eval(), x, 1e-201, **kw)
+    np.testing.assert_allclose(got.rmse, base.rmse, rtol=1e-6)
+    np.testing.assert_allclose(got.residual_norm / 1e-200, base.residual_norm, rtol=1e-6)
+    np.testing.assert_allclose(got.residual_history / 1e-200, base.residual_history, rtol=1e-6)
+    assert got.params["sigma"] == 1e-201 and got.params["noise"] == base.params["noise"].replace("0.1", "1e-201")
+    with torch.no_grad():
+        rms = float(np.sqrt(np.mean(net(x).numpy() ** 2))) * 1e-200
+    with pytest.raises(ValueError, match=f"against features of RMS {rms:.3g}\\)"):
+        gauss_newton_attack(_Times(net, 1e-200).eval(), x, 1e-150, draws=2, steps=2, basis="pixel")

@@ -2232,3 +2232,48 @@ def test_a_resumed_result_records_the_whole_batch_and_the_resuming_calls_run(tmp
     assert run["example_ids"] == dict(count=3, first=4, last=20, sha256=_ids_digest(ids), ids=ids)
     assert run["torch_threads"] == 1 and run["chunk_size"] == 1 and whole.params["run"]["torch_threads"] == 2
     assert resumed == whole       # float64 dense: the same bits at either thread count
+
+
+class _Times(torch.nn.Module):
+    """``model``'s features times ``c``."""
+
+    def __init__(self, model, c):
+        super().__init__()
+        self.model, self.c = model, c
+
+    def forward(self, x):
+        return self.model(x) * self.c
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "krylov", "dense"])
+def test_features_and_sigma_scaled_together_give_the_same_bounds(solver):
+    """D depends on z/sigma alone, so features and sigma scaled by one c are the same problem. In float32, at
+    c = 1e20 every solver refused ("overflowed": the steps' squares left float32) and at c = 1e-20 LSQR and
+    the Krylov solve refused (every eps 0: their vectors' squares underflowed). A sigma that far from 1 now
+    runs on the features divided by it, and the result reads as the sigma call's."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=3, seed=0, solver=solver, basis="pixel")
+    base = hcrfast.bound(net, x, 0.1, **kw)
+    assert "features_divided_by" not in base.params
+    for c in (1e20, 1e-20):
+        got = hcrfast.bound(_Times(net, c).eval(), x, 0.1 * c, **kw)
+        np.testing.assert_allclose(got.std, base.std, rtol=2e-3)
+        np.testing.assert_allclose(np.asarray(got.z) / c, base.z, rtol=2e-3, atol=1e-3 * np.abs(base.z).max())
+        assert got.params["sigma"] == 0.1 * c and got.params["features_divided_by"] == 0.1 * c
+        assert got.params["noise"] == Gaussian(0.1 * c).describe() == got.params["noise_asked"]
+
+
+def test_targeted_bounds_of_float64_features_near_1e_minus_160_are_those_near_1():
+    """bound(targets=) on float64 features ~1e-160 with sigma to match overflowed in the dense minimum-norm
+    directions (their squares, 1e-320, leave float64); they are the problem of features ~1 and sigma ~1."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).double().eval()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    kw = dict(restarts=2, iterations=3, seed=0, solver="dense", basis="pixel", targets="all")
+    base = hcrfast.bound(net, x, 0.1, **kw)
+    got = hcrfast.bound(_Times(net, 1e-160).eval(), x, 1e-161, **kw)
+    np.testing.assert_allclose(got.std, base.std, rtol=1e-6)
+    np.testing.assert_allclose(got.targeted.std, base.targeted.std, rtol=1e-6)
+    assert got.targeted.params["sigma"] == 1e-161
