@@ -26,6 +26,7 @@ import inspect
 
 import math
 import numbers
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -844,6 +845,22 @@ def whitened_scale(sigma, batch) -> float | None:
     return None if low <= noise.sigma <= high else float(noise.sigma)
 
 
+def _begun_unscaled(checkpoint, scale: float) -> bool:
+    """Whether the ``checkpoint`` folder holds a call at σ = ``scale`` made on the features as they are (by a
+    version before 2026-12-02, which did not divide them by a σ that far from 1): such a call is resumed as it
+    was begun, not refused as one with another model and noise (its chunks' shifts z are in the model's units)."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(checkpoint, (str, bytes)) and not hasattr(checkpoint, "__fspath__"):
+        return False
+    try:
+        stored = json.loads((Path(os.fsdecode(checkpoint)).expanduser() / "key.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return isinstance(stored, dict) and stored.get("noise") == repr(Gaussian(scale))
+
+
 def per_feature_stds(sigma):
     """The stds of a per-feature ``sigma`` (an array, tensor or sequence of more than one real value) as a
     float64 NumPy array of their shape, checked positive and finite; None for anything else (one number,
@@ -893,8 +910,8 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
         lost = ~(torch.isfinite(held) & (held > 0))
         if bool(lost.any()) and stds.size == 1 and stds.ndim <= 1:
             raise ValueError(f"sigma={float(stds.reshape(-1)[0]):g} is {float(held.reshape(-1)[0]):g} in "
-                             f"{validation.dtype_name(batch.dtype)}; scale the features (and sigma) nearer 1, or "
-                             f"run in float64")
+                             f"{validation.dtype_name(batch.dtype)}, the features' dtype; pass a sigma nearer the "
+                             f"features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch")
         if bool(lost.any()):
             raise ValueError(f"sigma as one std per feature holds values {validation.dtype_name(batch.dtype)} cannot "
                              f"represent (entries "
@@ -930,6 +947,8 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True):
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
         scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None and whiten_scalar else None
+        if scale is not None and _begun_unscaled(bound_args.arguments.get("checkpoint"), scale):
+            scale = None   # resumed as it was begun (by a version before 2026-12-02): on the features as they are
         if scale is not None:
             certify = bound_args.arguments.get("certify", certify_default)
             bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],

@@ -2277,3 +2277,24 @@ def test_targeted_bounds_of_float64_features_near_1e_minus_160_are_those_near_1(
     np.testing.assert_allclose(got.std, base.std, rtol=1e-6)
     np.testing.assert_allclose(got.targeted.std, base.targeted.std, rtol=1e-6)
     assert got.targeted.params["sigma"] == 1e-161
+
+
+def test_a_checkpoint_begun_on_the_undivided_features_is_resumed_as_it_was_begun(tmp_path, monkeypatch):
+    """A call at a sigma that far from 1 made before 2026-12-02 ran on the features as they are; its checkpoint,
+    resumed by this version, was refused as another model and noise ("Make the same call", which it was). It
+    is resumed as it was begun: every example read back, the same bits; a new folder divides."""
+    import hcrfast.noise
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    model, x = _Times(net, 1e-11).eval(), torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="dense")
+    with monkeypatch.context() as m:
+        m.setattr(hcrfast.noise, "whitened_scale", lambda sigma, batch: None)   # as the versions before ran
+        first = hcrfast.bound(model, x, 1e-12, checkpoint=tmp_path / "ck", **kw)
+    again = hcrfast.bound(model, x, 1e-12, checkpoint=tmp_path / "ck", **kw)
+    assert again.std.tobytes() == first.std.tobytes() and "features_divided_by" not in again.params
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+    fresh = hcrfast.bound(model, x, 1e-12, checkpoint=tmp_path / "new", **kw)
+    assert fresh.params["features_divided_by"] == 1e-12
+    np.testing.assert_allclose(fresh.std, first.std, rtol=1e-4)
