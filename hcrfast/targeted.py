@@ -269,7 +269,9 @@ class TargetedBounds:
         every coordinate with the same ε and D, so each step bounds every mode it moves;
         ``bound(targets=)`` takes these into its bounds. Computed once, with the steps.
     infinite : array of bool, shape = batch.shape
-        Modes with a certified bound +inf (features exactly unchanged).
+        Modes with a certified bound +inf: the features came out bitwise unchanged from the float64 forward
+        passes, which certification takes as exact (a change below float64's rounding of the forward pass is
+        not seen; with ``certify=False`` and a float32 model, D = 0 proves nothing and is not taken).
     from_null_space : array of bool, shape (B, K)
         Whether the bound came from a null-space step rather than the Cramér–Rao direction.
     null_dim : array of int, shape (B,), or None
