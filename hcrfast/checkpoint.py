@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import os
+import shlex
 import re
 import stat
 import zipfile
@@ -67,7 +68,7 @@ class CheckpointMismatchError(ValueError):
 def _cannot_write(path: Path, exc: OSError) -> OSError:
     """``exc`` (an OSError of the temporary file or the rename) raised again naming ``path``, the file the
     user asked for: the same type and errno (ENOSPC stays ENOSPC), never the temporary name."""
-    return type(exc)(exc.errno, f"cannot write {path} ({exc.strerror or exc})")
+    return type(exc)(exc.errno, f"cannot write {_q(path)} ({exc.strerror or exc})")
 
 
 def _temporary_file(path: Path, tmp: Path):
@@ -80,7 +81,7 @@ def _temporary_file(path: Path, tmp: Path):
             return os.fdopen(os.open(tmp, flags, 0o666), "wb")   # (0o666 less the umask, as open() makes it)
         except FileExistsError:
             if attempt or not stat.S_ISREG(os.lstat(tmp).st_mode):
-                raise FileExistsError(errno.EEXIST, f"cannot write {path}: its temporary name {tmp} is taken by "
+                raise FileExistsError(errno.EEXIST, f"cannot write {_q(path)}: its temporary name {_q(tmp)} is taken by "
                                                     f"something that is not a file hcrfast left (a link or a "
                                                     f"folder); remove it") from None
             tmp.unlink()
@@ -90,7 +91,8 @@ def atomic_write_bytes(path: Path, write, *, internal: bool = False) -> None:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, then rename it.
 
     A process killed at any point leaves either the old file, the complete new
-    one, or a stray temporary file (``.NAME.PID.tmp``); never a truncated ``path``. ``internal``: ``path`` is
+    one, or a stray temporary file (``.NAME.PID.tmp``, shortened by :func:`fitting_name` where the file system
+    takes no name that long); never a truncated ``path``. ``internal``: ``path`` is
     a name hcrfast chose inside a folder the user gave (a checkpoint's ``key.json``), so errors name that
     folder, not a path the user never passed.
     """
@@ -99,16 +101,16 @@ def atomic_write_bytes(path: Path, write, *, internal: bool = False) -> None:
     if not path.parent.is_dir():
         blocked = next((p for p in path.parents if os.path.lexists(p)), None)
         if blocked is not None and not blocked.is_dir():
-            raise NotADirectoryError(f"cannot write {path}: {blocked} is a file, not a folder; pass a path "
+            raise NotADirectoryError(f"cannot write {_q(path)}: {_q(blocked)} is a file, not a folder; pass a path "
                                      f"inside a folder")
-        raise FileNotFoundError(f"cannot write {path}: the folder {path.parent} does not exist; create it first")
+        raise FileNotFoundError(f"cannot write {_q(path)}: the folder {_q(path.parent)} does not exist; create it first")
     if path.is_dir():
         if internal:
-            raise IsADirectoryError(f"cannot write {path}: a folder is there, where hcrfast keeps a file of "
-                                    f"{path.parent}; remove that folder, or pass another folder than {path.parent}")
-        raise IsADirectoryError(f"cannot write {path}: it is a folder; pass the path of a file (a name inside "
-                                f"{path}, say)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            raise IsADirectoryError(f"cannot write {_q(path)}: a folder is there, where hcrfast keeps a file of "
+                                    f"{_q(path.parent)}; remove that folder, or pass another folder than {_q(path.parent)}")
+        raise IsADirectoryError(f"cannot write {_q(path)}: it is a folder; pass the path of a file (a name inside "
+                                f"{_q(path)}, say)")
+    tmp = path.with_name(fitting_name(path.parent, f".{path.name}.{os.getpid()}.tmp"))
     created = False
     try:
         try:
@@ -179,8 +181,37 @@ def _interruption(exc: BaseException) -> BaseException | None:
     return None
 
 
+def name_max(folder) -> int:
+    """The longest file name, in bytes, that ``folder``'s file system takes (255 where it does not say)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):   # (Windows: no pathconf)
+        return 255
+
+
+def fitting_name(folder, name: str) -> str:
+    """``name``, or where it is longer than ``folder``'s file system takes (a user's long file name with a
+    suffix hcrfast adds: ``.NAME.PID.tmp``, ``NAME.resume``), its start, a fingerprint of the whole and its
+    last 16 characters: the same long name always gives the same short one, and different ones different."""
+    limit = name_max(folder)
+    if len(os.fsencode(name)) <= limit:
+        return name
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+    tail = name[-16:]
+    head = os.fsencode(name)[:max(0, limit - 18 - len(os.fsencode(tail)))].decode("utf-8", "ignore")
+    return f"{head}~{digest}~{tail}" if head else f"{digest}~{tail}"
+
+
+def _q(path) -> str:
+    """A path in a message, as a shell would take it back (``delete 'runs/a b'``): quoted where it needs it."""
+    return shlex.quote(os.fsdecode(path))
+
+
 def atomic_write_text(path: Path, text: str, *, internal: bool = False) -> None:
-    atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8")), internal=internal)
+    """``text`` as UTF-8, atomically (:func:`atomic_write_bytes`). A file name that is not UTF-8 (Python reads
+    its bytes as lone surrogates, os.fsdecode) is written as those bytes again, the name the file system has:
+    a strict encode failed after the whole run, at report.html."""
+    atomic_write_bytes(path, lambda fh: fh.write(text.encode("utf-8", "surrogateescape")), internal=internal)
 
 
 def sha256_tensors(*tensors) -> str:
@@ -226,7 +257,7 @@ def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
 
     diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}"
              for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]
-    raise CheckpointMismatchError(f"{path} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
+    raise CheckpointMismatchError(f"{_q(path)} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
 
 
 def _kind(fmt) -> str | None:
@@ -244,8 +275,8 @@ def _check_kind(path: Path, stored, key: dict) -> None:
     theirs = _kind(stored.get("format")) if isinstance(stored, dict) else None
     if ours is None or theirs is None or theirs == ours:
         return
-    raise CheckpointMismatchError(f"{path} holds an {theirs} checkpoint, which no {ours} call can resume; pass "
-                                  f"another checkpoint folder for this {ours} call (or delete {path} to start anew)")
+    raise CheckpointMismatchError(f"{_q(path)} holds an {theirs} checkpoint, which no {ours} call can resume; pass "
+                                  f"another checkpoint folder for this {ours} call (or delete {_q(path)} to start anew)")
 
 
 def _check_format(path: Path, stored: dict, key: dict) -> None:
@@ -255,9 +286,9 @@ def _check_format(path: Path, stored: dict, key: dict) -> None:
     if "format" not in key or stored.get("format") == key["format"]:
         return
     old = stored["format"] if "format" in stored else "(absent)"
-    raise CheckpointMismatchError(f"{path} holds work written by another version of hcrfast (format: {old} -> "
+    raise CheckpointMismatchError(f"{_q(path)} holds work written by another version of hcrfast (format: {old} -> "
                                   f"{key['format']}), whose chunks this version does not mix with its own; pass "
-                                  f"another checkpoint folder (or delete {path}) to start anew")
+                                  f"another checkpoint folder (or delete {_q(path)}) to start anew")
 
 
 def _json(obj) -> str:
@@ -307,7 +338,8 @@ class Checkpoint:
         self.required = tuple(required)
         self.path = Path(path).expanduser()
         if self.path.exists() and not self.path.is_dir():
-            raise NotADirectoryError(f"checkpoint={str(path)!r} is a file; pass a folder (it is created if missing)")
+            raise NotADirectoryError(f"the checkpoint folder {_q(path)} is a file; pass a folder (it is created if "
+                                    f"missing)")
         #: the folders (deepest first) and files this call made, what :meth:`take_back` removes; whether it saved
         #: a chunk (still in the folder), and the chunk files it saved, what :meth:`discard` removes
         self._made = list(itertools.takewhile(lambda p: not os.path.lexists(p), (self.path, *self.path.parents)))
@@ -315,8 +347,8 @@ class Checkpoint:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OSError(exc.errno, f"checkpoint={str(path)!r}: the folder cannot be created ({exc.strerror}); pass a "
-                                     f"folder you can write to") from exc
+            raise OSError(exc.errno, f"the checkpoint folder {_q(path)} cannot be created ({exc.strerror}); "
+                                     f"pass a folder you can write to") from exc
         opened = _OPENED.get()
         if opened is not None:
             opened.append(self)
@@ -328,14 +360,14 @@ class Checkpoint:
         #: key.json written by this call: chunk files from before keys were kept per chunk cannot be checked
         self.key_written_here = not key_path.is_file()
         fix = (f"Make the same call (same model, batch, sigma and arguments) to resume it, or pass another "
-               f"checkpoint folder (or delete {self.path}) to start anew.")
+               f"checkpoint folder (or delete {_q(self.path)}) to start anew.")
         if key_path.is_file():
             try:
                 stored = json.loads(key_path.read_text())
                 if not isinstance(stored, dict):   # (valid JSON, edited by hand: null, a list)
                     raise ValueError(f"it holds the JSON {json.dumps(stored)[:60]}, not an object of entries")
             except (OSError, ValueError) as exc:
-                raise CheckpointMismatchError(f"{key_path} is unreadable ({exc}); delete {self.path} or pass "
+                raise CheckpointMismatchError(f"{_q(key_path)} is unreadable ({exc}); delete {_q(self.path)} or pass "
                                               f"another checkpoint folder") from exc
             _check_kind(self.path, stored, self.key)
             _check_format(self.path, stored, self.key)
@@ -360,17 +392,17 @@ class Checkpoint:
                 raise ValueError("not one array")
         except (OSError, ValueError, EOFError) as exc:   # written atomically: damaged from outside, not by a crash
             raise CheckpointMismatchError(
-                f"{path} is unreadable ({exc}): the clean features this folder's work was checked against are lost. "
+                f"{_q(path)} is unreadable ({exc}): the clean features this folder's work was checked against are lost. "
                 f"Delete that file (this call writes it again, and checks the chunks against its own key) or pass "
-                f"another checkpoint folder (or delete {self.path}) to start anew") from exc
+                f"another checkpoint folder (or delete {_q(self.path)}) to start anew") from exc
         if stored.shape != features.shape:
-            raise CheckpointMismatchError(f"{self.path} holds work on features of shape {stored.shape}, this call's "
+            raise CheckpointMismatchError(f"{_q(self.path)} holds work on features of shape {stored.shape}, this call's "
                                           f"model gives {features.shape}. {fix}")
         gap = float(np.max(np.abs(stored - features), initial=0.0))
         scale = max(float(np.max(np.abs(stored), initial=0.0)), np.finfo(np.float64).tiny)
         if not gap <= self.FEATURES_RTOL * scale:
             raise CheckpointMismatchError(
-                f"{self.path} holds work made with a model that gave other features for this batch (largest "
+                f"{_q(self.path)} holds work made with a model that gave other features for this batch (largest "
                 f"difference {gap:.3g}, {gap / scale:.3g} of the largest feature): the model changed in a way its "
                 f"fingerprint does not see (what a plain function closes over, or a module attribute outside its "
                 f"state_dict). {fix}")
@@ -393,20 +425,20 @@ class Checkpoint:
                 continue
             if "key_sha256" in arrays and str(arrays["key_sha256"]) != self.key_sha256:
                 raise CheckpointMismatchError(
-                    f"{file} was written by another call: the key it holds is not this call's (the folder's key.json "
+                    f"{_q(file)} was written by another call: the key it holds is not this call's (the folder's key.json "
                     f"was replaced or removed after it was written). Make that call to resume it, or delete "
-                    f"{self.path} (or pass another checkpoint folder) to start anew")
+                    f"{_q(self.path)} (or pass another checkpoint folder) to start anew")
             if "key_sha256" not in arrays and self.key_written_here:
                 raise CheckpointMismatchError(
-                    f"{file} is a chunk of a call {self.path} no longer names (its key.json was missing) and holds "
+                    f"{_q(file)} is a chunk of a call {_q(self.path)} no longer names (its key.json was missing) and holds "
                     f"no key of its own (written by hcrfast before 2026-11-30): it cannot be checked against this call; "
-                    f"delete {self.path} (or pass another checkpoint folder) to start anew")
+                    f"delete {_q(self.path)} (or pass another checkpoint folder) to start anew")
             missing = [name for name in self.required if name not in arrays]
             if not (0 <= start < stop <= total and np.array_equal(arrays.get("example_ids"),
                                                                   self.example_ids[start:stop])):
                 raise CheckpointMismatchError(
-                    f"{file} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
-                    f"(batch of {total}) does not have there; pass another checkpoint folder or delete {self.path}")
+                    f"{_q(file)} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
+                    f"(batch of {total}) does not have there; pass another checkpoint folder or delete {_q(self.path)}")
             if missing:
                 self._set_aside(file, f"lacks the arrays {', '.join(missing)}", "incomplete")
                 continue
@@ -430,7 +462,7 @@ class Checkpoint:
         """Move a chunk file that cannot be used out of the way of the chunks that will replace it, whatever
         their size, and say so."""
         aside = file.with_name(f".{file.name}.{suffix}")
-        validation.warn(f"{file} {why}; computing its examples again where no other chunk holds them (the file "
+        validation.warn(f"{_q(file)} {why}; computing its examples again where no other chunk holds them (the file "
                         f"is kept as {aside.name})")
         try:
             file.replace(aside)
@@ -544,7 +576,7 @@ class Checkpoint:
         mixed_arithmetic(self.path, self.arithmetics, resume_hint)
         if len(self.chunk_sizes) > 1:
             sizes = sorted(self.chunk_sizes)
-            validation.warn(f"{self.path}'s chunks were computed in chunks of different sizes ({', '.join(map(str, sizes))} "
+            validation.warn(f"{_q(self.path)}'s chunks were computed in chunks of different sizes ({', '.join(map(str, sizes))} "
                             f"examples): an example's results (bounds, or attack estimates) depend on its chunk's other "
                             f"examples through rounding, so they agree up to rounding, but are not bitwise those of one uninterrupted run; resume "
                             f"with the first call's chunk_size to keep them bitwise")

@@ -11,7 +11,8 @@ shuffling through its own ``torch.Generator`` — and deterministic on the CPU (
 thread count → same weights); the global RNG is not touched.
 
 Runs resume: after every epoch the model, the optimizer and the shuffling generator are written
-(atomically) to ``OUT.resume`` beside the state dict ``OUT``; the same call made again after a crash
+(atomically) to ``OUT.resume`` beside the state dict ``OUT`` (a shorter name where that one would pass
+the file system's limit: :func:`resume_path`); the same call made again after a crash
 or an interrupt goes on from the last finished epoch and ends with the weights of an uninterrupted
 run (bitwise on the CPU with the same thread count). The file goes once ``OUT`` is written. A call
 with other arguments or data is refused, naming what differs; more epochs than the interrupted run
@@ -294,8 +295,10 @@ def _own_output(path: Path, expected) -> bool:
 
 def resume_path(out) -> Path:
     """Where :func:`train` keeps the last finished epoch of a run that writes its state dict to ``out``."""
+    from hcrfast.checkpoint import fitting_name
+
     out = Path(out)
-    return out.with_name(out.name + ".resume")
+    return out.with_name(fitting_name(out.parent if out.parent.is_dir() else ".", out.name + ".resume"))
 
 
 def _resume(path: Path, key: dict, epochs: int, model, optimizer, generator, device) -> tuple[int, float]:
@@ -328,8 +331,15 @@ def _resume(path: Path, key: dict, epochs: int, model, optimizer, generator, dev
 def _writable_file(out) -> Path:
     """``out``, checked before any training: not a folder (nor a path ending in a separator, which names one:
     ``Path`` would drop it and write a file of that name), its folder created (or an error naming why not)."""
+    from hcrfast.checkpoint import name_max
+
     text = os.fspath(out)
     out = Path(out)
+    folder = next((p for p in out.parents if p.is_dir()), Path("."))
+    size, limit = len(os.fsencode(out.name)), name_max(folder)
+    if size > limit:   # (refused before the first epoch, not at its end; is_dir itself raises on it)
+        raise ValueError(f"{text}: its name is {size} bytes, and the file system of {folder} takes names of "
+                         f"{limit} bytes at most; pass a shorter name (--out)")
     if out.is_dir() or text.endswith(("/", os.sep)):
         raise ValueError(f"{text} {'is' if out.is_dir() else 'names'} a folder; pass a file path for the state dict, "
                          f"e.g. {out / 'model.pt'} (--out)")

@@ -354,7 +354,7 @@ def test_bad_checkpoint_arguments(tmp_path):
     with pytest.raises(NotADirectoryError, match="pass a folder"):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "file")
     assert not list(tmp_path.glob("key.json"))  # refused before anything was written
-    with pytest.raises(OSError, match="the folder cannot be created .*pass a folder you can write to"):
+    with pytest.raises(OSError, match="the checkpoint folder .*sub cannot be created .*pass a folder you can write to"):
         hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "file" / "sub")
 
 

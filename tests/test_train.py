@@ -1,6 +1,8 @@
 """hcrfast.train: a short digits training, the saved state dict, determinism, accuracy."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -257,3 +259,21 @@ def test_a_rerun_writes_over_train_s_own_out(tmp_path, capsys):
     assert cli.main([*argv, "--epochs", "1"]) == 0
     assert out.read_bytes() == one
     capsys.readouterr()
+
+
+def test_a_long_state_dict_name_trains_resumes_and_a_too_long_one_is_refused_first(tmp_path, monkeypatch):
+    """A name of 250 bytes (the file system takes 255) failed at the first epoch's end: "OUT.resume" and the
+    temporary ".OUT.PID.tmp" were longer than the file system takes. They are shortened now, and the run
+    resumes from them; a name past the limit itself is refused before any training, naming the limit."""
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    out = tmp_path / ("m" * (limit - 5) + ".pt")
+    kw = dict(epochs=2, limit=64)
+    _interrupted(monkeypatch, 1, out=out, **kw)
+    resume = train.resume_path(out)
+    assert resume.is_file() and len(resume.name) <= limit and resume.name.endswith(".resume")
+    resumed = train.train("digits", out=out, progress=False, **kw)
+    whole = train.train("digits", out=tmp_path / "whole.pt", progress=False, **kw)
+    a, b = (torch.load(r.state_dict_path, weights_only=True) for r in (whole, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a) and not resume.exists()
+    with pytest.raises(ValueError, match=f"its name is {limit + 1} bytes.*takes names of {limit} bytes at most"):
+        train.train("digits", out=tmp_path / ("m" * (limit - 2) + ".pt"), progress=False, **kw)
