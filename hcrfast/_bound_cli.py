@@ -294,6 +294,80 @@ def load_function(spec: str, what: str = "--metric"):
     return named
 
 
+#: The folders of the Python files this command ran (MODEL, --head, --metric), first on ``sys.path`` for the
+#: command's time, so that the files' imports of their neighbours work where they are made: at the top, in a
+#: class's ``__init__`` or in ``forward``. Before 2026-12-02 each folder left ``sys.path`` once its file had
+#: run, before the model was made.
+_FILE_FOLDERS: list[str] = []
+#: Per folder, the neighbour modules its file imported (name -> module): a later file's neighbour of the
+#: same name (a model's ``utils.py`` and its head's) is imported from that file's folder, not taken from
+#: ``sys.modules`` (the first file's), and the first file's is put back after.
+_NEIGHBOURS: dict[str, dict[str, object]] = {}
+
+
+def forget_model_files() -> None:
+    """The command's end (:func:`hcrfast.cli.main`; it may run in-process, in tests and notebooks): the model
+    files' folders leave ``sys.path`` and their neighbour modules ``sys.modules`` (those imported since the
+    first file ran, as it ran or later: in ``__init__``, in ``forward``), so that the next command's files
+    import their own."""
+    global _MODULES_BEFORE
+    for folder in _FILE_FOLDERS:
+        while folder in sys.path:
+            sys.path.remove(folder)
+    for name, module in list(sys.modules.items()):
+        if name not in _MODULES_BEFORE and any(_neighbour(name, module, folder) for folder in _FILE_FOLDERS):
+            del sys.modules[name]
+    _FILE_FOLDERS.clear()
+    _NEIGHBOURS.clear()
+    _MODULES_BEFORE = frozenset()
+
+
+#: ``sys.modules``' names when the command's first model file ran: none of them is forgotten
+_MODULES_BEFORE: frozenset = frozenset()
+
+
+def _neighbour(name: str, module, folder: str) -> bool:
+    """Whether ``module`` (``sys.modules[name]``) is a neighbour of a model file in ``folder``: a module or
+    package found there by its top-level name (``helper`` from folder/helper.py, ``pkg.sub`` from
+    folder/pkg/sub.py), not one of a deeper folder (a virtual environment's, .venv/...) nor hcrfast's own."""
+    file = getattr(module, "__file__", None)
+    top = name.partition(".")[0]
+    if not isinstance(file, str) or top == "hcrfast" or name.startswith("_hcrfast_model_"):
+        return False
+    try:
+        relative = os.path.relpath(os.path.realpath(file), folder)
+    except ValueError:   # other drives (Windows)
+        return False
+    first = relative.split(os.sep)[0]
+    return not first.startswith("..") and (first == top or os.path.splitext(first)[0] == top)
+
+
+def _run_file(path: Path, module) -> None:
+    """Run the model file ``path`` as ``module`` with its folder first on ``sys.path`` (kept there for the
+    command: :data:`_FILE_FOLDERS`) and the neighbours that earlier files imported hidden meanwhile
+    (:data:`_NEIGHBOURS`)."""
+    folder = os.path.realpath(path.parent)
+    hidden = {name: sys.modules.pop(name) for other, modules in _NEIGHBOURS.items() if other != folder
+              for name, m in list(modules.items()) if sys.modules.get(name) is m}
+    global _MODULES_BEFORE
+    before = set(sys.modules)
+    if not _FILE_FOLDERS:
+        _MODULES_BEFORE = frozenset(before)
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    if folder not in _FILE_FOLDERS:
+        _FILE_FOLDERS.append(folder)
+    try:
+        module.__spec__.loader.exec_module(module)
+    finally:
+        own = _NEIGHBOURS.setdefault(folder, {})
+        for name in set(sys.modules) - before:
+            if _neighbour(name, sys.modules[name], folder):
+                own[name] = sys.modules[name]
+        sys.modules.update(hidden)   # the earlier files' neighbours, under their names again
+
+
 def _load_object(spec: str, what: str, wanted: str):
     """The object ``spec`` names (the file run, or the module imported), and its NAME."""
     import torch
@@ -305,18 +379,15 @@ def _load_object(spec: str, what: str, wanted: str):
         path = Path(where).expanduser()   # (--head=~/h.py:Head: the shell leaves ~ after =)
         if not path.is_file():
             raise FileNotFoundError(f"{what} {spec!r}: no Python file at {path.resolve()}")
-        module_name = "_hcrfast_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        module_name = "_hcrfast_model_" + hashlib.sha256(os.fsencode(path.resolve())).hexdigest()[:12]
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module  # dataclasses and pickling look their module up by name
-        sys.path.insert(0, str(path.resolve().parent))  # the file's own imports of its neighbours
         try:
-            loader_spec.loader.exec_module(module)
+            _run_file(path, module)
         except BaseException:
             sys.modules.pop(module_name, None)
             raise
-        finally:
-            sys.path.remove(str(path.resolve().parent))
     else:
         # The working directory first, as `python -m hcrfast.cli` (torchrun -m) has it: the console script
         # finds the same packages
@@ -968,6 +1039,7 @@ def _run(args: argparse.Namespace) -> int:
         "arguments": {k: (threads if k == "threads" else v) for k, v in vars(args).items()
                       if k not in ("func", "command")},
         "command": command_line(args, threads),
+        "cwd": os.getcwd(),   # where the command's relative paths are read from
         "threads": threads,
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": args.model, "weights": weights,
@@ -1239,20 +1311,32 @@ def command_line(args: argparse.Namespace, threads: int) -> str:
     parser = argparse.ArgumentParser(prog="hcrfast")
     subparsers = parser.add_subparsers(dest="command")
     add_subparser(subparsers)
-    parts = ["hcrfast", "bound"]
+    parts, positionals = ["hcrfast", "bound"], []
     for action in subparsers.choices["bound"]._actions:
         value = threads if action.dest == "threads" else getattr(args, action.dest, None)
         if value is None or value is False or action.dest == "help":   # not given (or a switch left off)
             continue
         if not action.option_strings:   # MODEL, INPUTS
-            parts.append(value)
+            positionals.append(str(value))
             continue
         flag = _flag(args, action.dest, action.option_strings[0])   # --min-utility as typed
         if action.nargs == 0:
             parts.append(flag)
         else:
-            parts += [flag, as_typed(value) if isinstance(value, float) else value]
-    return " ".join(shlex.quote(str(p)) for p in parts)
+            parts += option_words(flag, as_typed(value) if isinstance(value, float) else value)
+    return " ".join(shlex.quote(str(p)) for p in parts + positional_words(positionals))
+
+
+def option_words(flag: str, value) -> list[str]:
+    """``[flag, value]`` for a command line, or ``[flag=value]`` where the value starts with "-" (a file named
+    -x.pt), which argparse would otherwise take for a flag of its own."""
+    return [f"{flag}={value}"] if str(value).startswith("-") else [flag, str(value)]
+
+
+def positional_words(values: list[str]) -> list[str]:
+    """The positional arguments of a command line, after "--" where one starts with "-" (a model file named
+    -net.py): argparse reads every word after it as positional."""
+    return ["--", *values] if any(v.startswith("-") for v in values) else list(values)
 
 
 def package_versions() -> dict:

@@ -402,11 +402,27 @@ class _Signals:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _refuse_empty_paths(args) -> None:
+    """An empty path (``--out ""``, a variable left unset in a script) was read as the working directory: the
+    results went there, among the user's files. Refused, naming the flag."""
+    for dest in _PATH_DESTS:
+        value = getattr(args, dest, None)
+        if value == "":
+            flag = dest.upper() if dest in ("model", "inputs") else "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} {value!r}: an empty path names no file or folder (Path('') is the working "
+                             f"directory); pass one" + (" (--out . for the working directory)" if dest == "out" else ""))
+
+
 def main(argv=None) -> int:
     # main may run in-process (tests, notebooks): the filters its commands set, and those the modules they import add
     # (SymPy's, at a training's first gradient), go when it returns
-    with warnings.catch_warnings():
-        return _main(argv)
+    try:
+        with warnings.catch_warnings():
+            return _main(argv)
+    finally:
+        loader = sys.modules.get("hcrfast._bound_cli")   # (not imported by --help and reproduce)
+        if loader is not None:
+            loader.forget_model_files()   # the model files' folders and neighbours, kept for the command's time
 
 
 def _main(argv) -> int:
@@ -421,6 +437,7 @@ def _main(argv) -> int:
         # inside the try: a Ctrl-C while the subcommands' modules load says what the others say
         args = build_parser().parse_args(argv)
         command = args.command
+        _refuse_empty_paths(args)
         warnings.formatwarning = functools.partial(_format_warning, args=args)
         if signals is not None:
             signals.said = _resume_text(command)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import html
+import shlex
 import math
 from pathlib import Path
 
@@ -519,7 +520,7 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                        f'bound nothing above).</span>' if n_zero else "")
                     + f" Clean accuracy {s['accuracy']['clean']:.3f}; with the noise "
                     f"{s['accuracy']['dithered']:.3f}.</p>")
-    body.append(f"<p class=\"note\">Command: <code>{e(s.get('command', ''))}</code></p>")
+    body.append(f"<p class=\"note\">Command: <code>{e(_rerun_line(s) if s.get('command') else '')}</code></p>")
 
     body.append("<h2>Run</h2>")
     lsqr = s["lsqr_options"]
@@ -654,8 +655,14 @@ def write_html(path, summary: dict, figures: dict) -> Path:
             + "\n".join(body) + "\n</body>\n</html>\n")
     from hcrfast.checkpoint import atomic_write_text
 
-    atomic_write_text(Path(path), page)
+    atomic_write_text(Path(path), _utf8(page))
     return path
+
+
+def _utf8(page: str) -> str:
+    """``page`` with the bytes of a file name that is not UTF-8 (read by Python as lone surrogates) shown as
+    ``\\xff``: the page says it is UTF-8, and is read back (its figures' names) as UTF-8."""
+    return page.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _gain_pairs_left_out(g: dict) -> str:
@@ -916,7 +923,15 @@ def _run_rows(s: dict) -> list:
             ("noise", ", ".join(f"{k} {_fmt(v)}" for k, v in s["noise"].items())),
             ("bounds on", s["bounds_on"]),
             ("solver", s["params"].get("solver")),
-            ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}")]
+            ("restarts × iterations", f"{s['params'].get('restarts')} × {s['params'].get('iterations')}")] + (
+               [("command", _rerun_line(s))] if s.get("command") else [])
+
+
+def _rerun_line(s: dict) -> str:
+    """summary.json's command, after ``cd`` to the folder its relative paths are read from (its ``cwd``;
+    summaries before 2026-12-02 did not record it)."""
+    where = f"cd {shlex.quote(s['cwd'])} && " if isinstance(s.get("cwd"), str) else ""
+    return where + s["command"]
 
 
 def _write_bound_page(out: Path, body: list, figures: list, title: str = "hcrfast bound") -> Path:
@@ -927,8 +942,8 @@ def _write_bound_page(out: Path, body: list, figures: list, title: str = "hcrfas
     from hcrfast.checkpoint import atomic_write_text
 
     path = out / "report.html"
-    atomic_write_text(path, f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>"
-                            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    atomic_write_text(path, _utf8(f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{e(title)}</title>"
+                                  f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"))
     return path
 
 

@@ -560,11 +560,13 @@ def _command_line(name, key, weights, out, data_root, threads: int) -> str:
     if key.get("krylov_pilots", 1) != 1:
         parts += ["--krylov-pilots", key["krylov_pilots"]]
     parts += ["--chunk-examples", key["chunk_examples"], "--device", key["device_type"], "--threads", threads]
+    from hcrfast._bound_cli import option_words
+
     if weights is not None:
-        parts += ["--weights", weights]
+        parts += option_words("--weights", weights)
     if data_root is not None:
-        parts += ["--data", data_root]
-    parts += ["--out", out]
+        parts += option_words("--data", data_root)
+    parts += option_words("--out", out)
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
@@ -998,6 +1000,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     summary = {
         "experiment": name,
         "command": _command_line(name, key, weights, out, data_root, torch.get_num_threads()),
+        "cwd": os.getcwd(),   # where the command's relative paths are read from
         "threads": torch.get_num_threads(),   # this run's (chunks read back may have had others: chunks_arithmetic)
         # False for a random initialization only: torchvision's weights, a state dict given with
         # --weights or the digits model trained here all count as trained weights.

@@ -1435,10 +1435,11 @@ def test_a_refused_float_flag_is_echoed_as_typed(files, capsys, flag, typed):
     assert f"hcrfast: error: {flag} {typed}: pass a positive finite number" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sigma", ["1e-30", "1e22"])
+@pytest.mark.parametrize("sigma", ["1e-30", "1e39"])
 def test_a_sigma_far_from_the_features_scale_is_refused_with_the_flags_that_fix_it(files, capsys, sigma):
     """The Python layer's advice (hcrfast.rms_sigma(features, scale), a float64 model and batch) is said in the
-    command's flags: --sigma-scale or --sigma, and --double."""
+    command's flags: --sigma-scale or --sigma, and --double. (1e39 is past float32; 1e22, refused here before
+    2026-12-02, now runs on the features divided by sigma, as 1e9 did: a bound with D ~ 1e-44.)"""
     tmp_path, _ = files
     assert _bound([f"{tmp_path}/mynet.py:Net", tmp_path / "x.pt", "--sigma", sigma, *TINY,
                    "--out", tmp_path / "run"]) == 2
@@ -1522,3 +1523,136 @@ def test_reports_and_figures_leave_the_processs_matplotlib_backend_and_figures_a
         import matplotlib.image
 
         assert matplotlib.image.imread(png).std() > 0.01, png   # drawn, not blank
+
+
+def test_the_recorded_command_reruns_with_dash_names_and_from_another_folder(files, monkeypatch, capsys):
+    """summary.json's command put a model file named -net.py, inputs -x.pt and --out -run as plain words,
+    which argparse reads as flags ("unrecognized arguments"), and its relative paths worked only from the
+    folder the run was started in, which it did not record. Values that start with "-" are now written as
+    --flag=value, positionals after "--", and summary.json's "cwd" is that folder (the report prints
+    "cd CWD && COMMAND")."""
+    import shlex
+
+    tmp_path, _ = files
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(tmp_path / "mynet.py", work / "-net.py")
+    shutil.copy(tmp_path / "x.pt", work / "-x.pt")
+    monkeypatch.chdir(work)
+    assert cli.main(["bound", *TINY, "--examples", "2", "--out=-run", "--", "-net.py:Net", "-x.pt"]) == 0
+    s = json.loads((work / "-run" / "summary.json").read_text())
+    assert s["cwd"] == str(work)
+    words = shlex.split(s["command"])
+    assert "--out=-run" in words and words[-3:] == ["--", "-net.py:Net", "-x.pt"]
+    monkeypatch.chdir(tmp_path)   # elsewhere: the command runs where summary.json says
+    capsys.readouterr()
+    assert cli.main([*words[1:-4], "--out=rerun", *words[-3:]]) != 0   # here its relative paths name nothing
+    assert "no Python file" in capsys.readouterr().err
+    monkeypatch.chdir(s["cwd"])
+    assert cli.main([*words[1:-4], "--out=rerun", *words[-3:]]) == 0
+    first, again = (hcrfast.Bounds.load(work / name / "bounds.npz") for name in ("-run", "rerun"))
+    assert again.std.tobytes() == first.std.tobytes()
+    capsys.readouterr()
+
+
+def test_model_files_import_their_own_neighbours_wherever_they_import_them(files, capsys):
+    """A model file's folder left sys.path once the file had run: a neighbour imported in __init__ or forward
+    was not found. A --head file in another folder with a neighbour of the same name (two helper.py) was
+    given the model's, already in sys.modules. Each file now imports its own, for the command's time, and the
+    command leaves sys.path and sys.modules as it found them."""
+    import sys
+
+    tmp_path, x = files
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "model.py").write_text(textwrap.dedent("""
+        import torch
+        from helper import SCALE
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                import builder   # a neighbour imported in __init__
+                self.lin = builder.make()
+
+            def forward(self, x):
+                import late      # and one in forward
+                return self.lin(x.flatten(1)) * SCALE * late.FACTOR
+    """))
+    (a / "helper.py").write_text("SCALE = 1.0\n")
+    (a / "builder.py").write_text(textwrap.dedent("""
+        import torch
+
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Linear(64, 16)
+    """))
+    (a / "late.py").write_text("FACTOR = 1.0\n")
+    (b / "head.py").write_text(textwrap.dedent("""
+        import torch
+        from helper import HEAD_SIGN   # b's helper.py, not a's
+
+        class Head(torch.nn.Module):
+            def forward(self, f):
+                return HEAD_SIGN * f[:, :4]
+    """))
+    (b / "helper.py").write_text("HEAD_SIGN = -1.0\n")
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 16)
+    with torch.no_grad():
+        labels = (-net(x.flatten(1))[:, :4]).argmax(dim=1).numpy()
+    np.save(tmp_path / "y.npy", labels)
+    path_before, modules_before = list(sys.path), set(sys.modules)
+    out = tmp_path / "run"
+    assert cli.main(["bound", f"{a / 'model.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--examples", "2",
+                     "--head", f"{b / 'head.py'}:Head", "--labels", str(tmp_path / "y.npy"), "--utility-draws", "2",
+                     "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["utility"]["clean"] == 1.0   # the head's own sign: with a's helper its import failed
+    assert sys.path == path_before
+    assert not {"helper", "builder", "late"} & (set(sys.modules) - modules_before)
+    capsys.readouterr()
+
+
+def test_a_model_folder_and_inputs_whose_names_are_not_utf8_run_to_the_report(files, capsys):
+    """A MODEL folder whose name is not UTF-8 (Python reads its byte 0xff as a lone surrogate) failed at once
+    ("surrogates not allowed", naming no argument); such an INPUTS file failed after the whole run, at
+    report.html. Both run; the report, UTF-8, shows the byte as \\xff."""
+    tmp_path, _ = files
+    folder = tmp_path / os.fsdecode(b"in\xff")
+    try:
+        folder.mkdir()
+    except (OSError, UnicodeError):   # a file system that takes UTF-8 names only (APFS)
+        pytest.skip("this file system refuses names that are not UTF-8")
+    shutil.copy(tmp_path / "mynet.py", folder / "mynet.py")
+    shutil.copy(tmp_path / "x.pt", folder / os.fsdecode(b"x\xfe.pt"))
+    out = tmp_path / "run"
+    assert cli.main(["bound", f"{folder / 'mynet.py'}:Net", str(folder / os.fsdecode(b"x\xfe.pt")),
+                     *[a for a in TINY if a != "--no-report"], "--examples", "2", "--out", str(out)]) == 0
+    page = (out / "report.html").read_bytes().decode("utf-8")   # strict: valid UTF-8
+    assert "in\\xff/x\\xfe.pt" in page and "in\\xff/mynet.py:Net" in page
+    assert f"cd {os.getcwd()} &amp;&amp; hcrfast bound" in page   # the command, from the folder it ran in
+    want = hcrfast.bound(_user_model(tmp_path), torch.load(tmp_path / "x.pt")[:2],
+                         json.loads((out / "summary.json").read_text())["noise"]["sigma"], restarts=2, iterations=2)
+    assert hcrfast.Bounds.load(out / "bounds.npz").std.tobytes() == want.std.tobytes()
+    capsys.readouterr()
+
+
+def test_an_empty_path_is_refused_and_checkpoint_messages_quote_their_paths(files, capsys):
+    """--out "" was read as the working directory (Path("") is "."), and the results went among the user's
+    files. The checkpoint's refusals printed a folder named with a space as two words (delete o 1/chunks)."""
+    import shlex
+
+    tmp_path, _ = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--examples", "2"]
+    for flag in ("--out", "--sigma-file", "--weights"):
+        capsys.readouterr()
+        assert cli.main(["bound", *argv, flag, ""]) == 2
+        assert f"{flag} '': an empty path names no file or folder" in capsys.readouterr().err
+    out = tmp_path / "o 1"
+    (out / "chunks").mkdir(parents=True)
+    (out / "chunks" / "key.json").write_text("null")
+    capsys.readouterr()
+    assert cli.main(["bound", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"delete {shlex.quote(str(out / 'chunks'))} or pass another --out" in err
