@@ -1596,7 +1596,7 @@ def _sharded(fn):
 
 
 @_sharded
-@accepts_per_feature_sigma
+@accepts_per_feature_sigma(scale_inputs=True)
 def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, restarts: int = 25,
           seed: int = 0, linearize_at: str = "input", lsqr: LSQROptions | None = None, basis: str = "dct",
           certify: bool = True, jacobian: str = "reverse", chunk_size: int | None = None,

@@ -845,20 +845,98 @@ def whitened_scale(sigma, batch) -> float | None:
     return None if low <= noise.sigma <= high else float(noise.sigma)
 
 
-def _begun_unscaled(checkpoint, scale: float) -> bool:
-    """Whether the ``checkpoint`` folder holds a call at σ = ``scale`` made on the features as they are (by a
-    version before 2026-12-02, which did not divide them by a σ that far from 1): such a call is resumed as it
-    was begun, not refused as one with another model and noise (its chunks' shifts z are in the model's units)."""
+class ScaledInputs(torch.nn.Module):
+    """``model`` on its inputs multiplied by ``scale``, a power of two: how :func:`accepts_per_feature_sigma`
+    runs a batch whose values are too far from 1 for its dtype (:func:`input_scale`), as the batch divided by
+    ``scale`` (exact, as is the product back: the model sees the user's inputs, bit for bit). An unbiased
+    estimator of θ/s is one of θ divided by s, so the bounds on θ are those on θ/s times s
+    (:func:`as_input_scaled_result`)."""
+
+    #: hcrfast's warnings name the user's model and its submodules, not this wrapper (``model.``)
+    wraps_user_model = True
+
+    def __init__(self, model, scale: float):
+        super().__init__()
+        self.model = model
+        self.scale = float(scale)
+        self.training = bool(getattr(model, "training", False))  # mirrors the model's flag; changes none of it
+
+    def forward(self, x):
+        return self.model(x * self.scale)
+
+
+def input_scale(model, batch) -> float | None:
+    """A power of two near the batch's largest magnitude where that is outside ``[tiny**(1/4), max**(1/4)]`` of
+    its dtype (float32 or float64 torch tensors, of a ``torch.nn.Module``), as for σ (:data:`WHITEN_ROOT`): the
+    steps ε are sized like the inputs where J is their inverse's scale (a model that normalizes inputs of 1e-20
+    by dividing them), and LSQR and the Krylov basis square them in that dtype. None otherwise (and for
+    anything the call refuses: its errors name it)."""
+    if (not isinstance(model, torch.nn.Module) or not isinstance(batch, torch.Tensor)
+            or batch.dtype not in (torch.float32, torch.float64) or batch.layout != torch.strided or not batch.numel()):
+        return None
+    try:
+        with torch.no_grad():
+            low, high = torch.aminmax(batch.detach())
+            largest = max(abs(float(low)), abs(float(high)))
+    except Exception:   # a nested tensor, a meta one: the call's checks refuse it, in their own words
+        return None
+    info = torch.finfo(batch.dtype)
+    if not math.isfinite(largest) or largest == 0 or (
+            info.tiny ** (1 / WHITEN_ROOT) <= largest <= info.max ** (1 / WHITEN_ROOT)):
+        return None
+    return 2.0 ** round(math.log2(largest))
+
+
+def as_input_scaled_result(result, scale: float):
+    """``result``, computed on the batch divided by ``scale`` (:class:`ScaledInputs`), made to read as the
+    batch's: every bound and step in input units times ``scale`` (``mse`` times its square), and
+    ``params["inputs_divided_by"]`` saying how it ran. Exact: ``scale`` is a power of two."""
+    def times(name, holder, factor):
+        if getattr(holder, name, None) is not None:
+            setattr(holder, name, getattr(holder, name) * factor)
+
+    for name in ("std", "eps", "std_algorithm1", "std_every_mode"):
+        times(name, result, scale)
+    times("mse", result, scale * scale)
+    result.params["inputs_divided_by"] = float(scale)
+    targeted = getattr(result, "targeted", None)
+    if hasattr(targeted, "params"):   # Bounds' targeted part (TargetedBounds' own is a mask)
+        for name in ("std", "eps", "std_every_mode"):
+            times(name, targeted, scale)
+        targeted.params["inputs_divided_by"] = float(scale)
+    return result
+
+
+def _begun_on_inputs(checkpoint, batch) -> bool:
+    """Whether the ``checkpoint`` folder holds a call on ``batch`` as it is (made before 2026-12-02, which did
+    not divide a batch that far from 1): resumed as it was begun."""
+    stored = _stored_key(checkpoint)
+    if not stored.get("batch"):
+        return False
+    from hcrfast.checkpoint import batch_fingerprint
+
+    return stored["batch"] == batch_fingerprint(batch)
+
+
+def _stored_key(checkpoint) -> dict:
+    """The key.json of a ``checkpoint`` folder, or {} where there is none to read."""
     import json
     from pathlib import Path
 
     if not isinstance(checkpoint, (str, bytes)) and not hasattr(checkpoint, "__fspath__"):
-        return False
+        return {}
     try:
         stored = json.loads((Path(os.fsdecode(checkpoint)).expanduser() / "key.json").read_text())
     except (OSError, ValueError, TypeError):
-        return False
-    return isinstance(stored, dict) and stored.get("noise") == repr(Gaussian(scale))
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _begun_unscaled(checkpoint, scale: float) -> bool:
+    """Whether the ``checkpoint`` folder holds a call at σ = ``scale`` made on the features as they are (by a
+    version before 2026-12-02, which did not divide them by a σ that far from 1): such a call is resumed as it
+    was begun, not refused as one with another model and noise (its chunks' shifts z are in the model's units)."""
+    return _stored_key(checkpoint).get("noise") == repr(Gaussian(scale))
 
 
 def per_feature_stds(sigma):
@@ -921,7 +999,7 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
                          device=batch.device if isinstance(batch, torch.Tensor) else None)
 
 
-def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True):
+def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inputs: bool = False):
     """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
     as its third argument (by position or name): it runs on :class:`PerFeatureStd` with the unit
     :class:`PerFeatureGaussian`, and its result says so in ``params`` (``sigma`` None, ``noise`` naming
@@ -929,10 +1007,12 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True):
     those of the divided features). With ``whiten_scalar``, a Gaussian σ too far from 1 for the features'
     dtype (:func:`whitened_scale`) runs the same way, on the features divided by σ with
     :class:`ScaledGaussian`, and its result reads as the σ call's (``params["sigma"]`` σ,
-    ``params["features_divided_by"]`` σ, ``z`` in the model's units). Any other number or noise law goes
-    straight to ``fn``."""
+    ``params["features_divided_by"]`` σ, ``z`` in the model's units). With ``scale_inputs``, a batch whose
+    largest value is that far from 1 for its dtype (:func:`input_scale`) runs as the batch divided by a power
+    of two, on :class:`ScaledInputs`, and its result reads as the batch's (:func:`as_input_scaled_result`).
+    Any other number or noise law goes straight to ``fn``."""
     if fn is None:
-        return functools.partial(accepts_per_feature_sigma, whiten_scalar=whiten_scalar)
+        return functools.partial(accepts_per_feature_sigma, whiten_scalar=whiten_scalar, scale_inputs=scale_inputs)
     signature = inspect.signature(fn)
     model_name, batch_name, sigma_name = list(signature.parameters)[:3]
     certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
@@ -947,22 +1027,32 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True):
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
         scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None and whiten_scalar else None
-        if scale is not None and _begun_unscaled(bound_args.arguments.get("checkpoint"), scale):
+        checkpoint = bound_args.arguments.get("checkpoint")
+        if scale is not None and _begun_unscaled(checkpoint, scale):
             scale = None   # resumed as it was begun (by a version before 2026-12-02): on the features as they are
+        inputs = input_scale(bound_args.arguments[model_name], bound_args.arguments[batch_name]) if scale_inputs else None
+        if inputs is not None and _begun_on_inputs(checkpoint, bound_args.arguments[batch_name]):
+            inputs = None   # resumed as it was begun: on the inputs as they are
+        if scale is None and stds is None and inputs is None:
+            return fn(*args, **kwargs)
+        if inputs is not None:
+            bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
+            bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
+        certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
         if scale is not None:
-            certify = bound_args.arguments.get("certify", certify_default)
             bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
                                                        bound_args.arguments[batch_name], np.array([scale]), certify)
             bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
-            return as_scaled_result(fn(*bound_args.args, **bound_args.kwargs), scale)
-        if stds is None:
-            return fn(*args, **kwargs)
-        label = per_feature_label(stds)
-        certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
-        bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name],
-                                                   stds, certify)
-        bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
-        return as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
+            result = as_scaled_result(fn(*bound_args.args, **bound_args.kwargs), scale)
+        elif stds is not None:
+            label = per_feature_label(stds)
+            bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
+                                                       bound_args.arguments[batch_name], stds, certify)
+            bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
+            result = as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
+        else:
+            result = fn(*bound_args.args, **bound_args.kwargs)
+        return result if inputs is None else as_input_scaled_result(result, inputs)
 
     return wrapper
 

@@ -734,7 +734,7 @@ def _lsqr_directions(model, batch, qmat, *, jacobian, options, chunk, timings):
     return eps, itn, istop
 
 
-@accepts_per_feature_sigma
+@accepts_per_feature_sigma(scale_inputs=True)
 def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200, method: str = "auto",
                    basis: str = "dct", certify: bool = True, lsqr: LSQROptions | None = None,
                    jacobian: str = "auto", null_probes: bool = True,

@@ -490,8 +490,7 @@ def _dtype_mismatch_note(model, batch: torch.Tensor, exc: Exception) -> str:
     """For a callable that is not a Module whose first forward failed on dtypes (torch's "mat1 and mat2 must have
     the same dtype, but got Double and Float"): what to do, naming the batch's dtype; "" otherwise. hcrfast casts
     a Module (its float64 copy), not the tensors a closure holds."""
-    if getattr(model, "wraps_user_model", False):  # noise.PerFeatureStd: the user's model inside
-        model = model.model
+    model = user_model(model)   # (inside noise.PerFeatureStd, ScaledInputs)
     if isinstance(model, torch.nn.Module) or not isinstance(exc, RuntimeError):
         return ""
     aliases = {"double": "float64", "float": "float32", "half": "float16"}
@@ -740,7 +739,7 @@ def _owned_buffers(model) -> list:
     of the user's model, ``noise.PerFeatureStd``, its own and those of the model inside it), ``label`` its path."""
     roots = [module_of(model)]
     if getattr(model, "wraps_user_model", False):
-        roots.append(module_of(model.model))
+        roots.append(module_of(user_model(model)))
     owned, seen = [], set()
     for root in roots:
         if root is None:
@@ -949,7 +948,7 @@ def eval_mode(model, name: str = "model", *, keep_buffers: bool = False):
     call (tried on 2026-12-01) switched and restored a BatchNorm that another thread was training, cost up to 1.4x
     on models of many small modules, made torch.compile warn of global hooks at every call, and ran modules created
     inside the forward (a fresh Dropout each call) in eval mode, bounding a function the user never runs."""
-    inner = model.model if getattr(model, "wraps_user_model", False) else model   # (noise.PerFeatureStd's)
+    inner = user_model(model)   # (inside noise.PerFeatureStd, ScaledInputs)
     owner = module_of(inner)
     if owner is not None and owner is not inner:   # a bound method: its Module, and the modules it calls outside it
         with _tree_in_eval_mode(owner, name), _modules_met_in_eval_mode(name, keep_buffers=keep_buffers, kept=owner):
@@ -1001,14 +1000,18 @@ def _tree_in_eval_mode(model, name: str):
             m.training = flag
 
 
+def user_model(model):
+    """The user's model inside hcrfast's own wrappers (``wraps_user_model``: noise.PerFeatureStd, one std per
+    feature or a σ far from 1; noise.ScaledInputs, inputs far from 1), any number deep; ``model`` itself if none."""
+    while getattr(model, "wraps_user_model", False):
+        model = model.model
+    return model
+
+
 def _class_name(model) -> str:
     """The model's class, as a warning names it: Python shows a warning once per text and line, so a second
     model of another class met at the same line is still warned about."""
-    from hcrfast.noise import PerFeatureStd
-
-    while isinstance(model, PerFeatureStd):   # hcrfast's own wrapper (one std per feature): the user's model inside
-        model = model.model
-    return type(model).__qualname__
+    return type(user_model(model)).__qualname__
 
 
 def _refuses_mode_switch(module) -> bool:

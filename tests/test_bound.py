@@ -2298,3 +2298,73 @@ def test_a_checkpoint_begun_on_the_undivided_features_is_resumed_as_it_was_begun
     fresh = hcrfast.bound(model, x, 1e-12, checkpoint=tmp_path / "new", **kw)
     assert fresh.params["features_divided_by"] == 1e-12
     np.testing.assert_allclose(fresh.std, first.std, rtol=1e-4)
+
+
+class _DividesInputs(torch.nn.Module):
+    """``model`` on its inputs divided by ``c`` (its own normalization)."""
+
+    def __init__(self, model, c):
+        super().__init__()
+        self.model, self.c = model, c
+
+    def forward(self, x):
+        return self.model(x / self.c)
+
+
+@pytest.mark.parametrize("solver", ["lsqr", "krylov", "dense"])
+def test_inputs_scaled_by_c_give_bounds_scaled_by_c(solver):
+    """Inputs times c with a model that divides them by c first is the same problem in other units: every
+    bound and step times c (mse times c^2). In float32 at c = 1e-20, LSQR and the Krylov solve refused
+    ("overflowed": J ~ 1e20, their vectors' squares left float32), and at 1e30 they found every step 0; the
+    refusals named sigma. A batch that far from 1 now runs divided by a power of two, exactly."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=3, seed=0, solver=solver, basis="pixel")
+    base = hcrfast.bound(net, x, 0.1, **kw)
+    assert "inputs_divided_by" not in base.params
+    for c in (1e-20, 1e30):
+        got = hcrfast.bound(_DividesInputs(net, c).eval(), x * c, 0.1, **kw)
+        np.testing.assert_allclose(got.std / c, base.std, rtol=2e-3)
+        np.testing.assert_allclose(got.mse / c ** 2, base.mse, rtol=4e-3)
+        np.testing.assert_allclose(np.asarray(got.eps) / c, base.eps, rtol=2e-3, atol=2e-3 * np.abs(base.eps).max())
+        np.testing.assert_allclose(got.z, base.z, rtol=2e-3, atol=1e-3 * np.abs(base.z).max())
+        k = math.log2(got.params["inputs_divided_by"])
+        assert k == round(k) and abs(math.log2(c) - k) < 4
+
+
+def test_targeted_bounds_of_float64_inputs_near_1e_minus_150_are_those_near_1():
+    """bound(targets=) and targeted_bound on float64 inputs ~1e-150 (the model dividing them) are the problem of
+    inputs near 1, in units 1e-150 smaller."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).double().eval()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    model, c = _DividesInputs(net, 1e-150).eval(), 1e-150
+    kw = dict(restarts=2, iterations=3, seed=0, solver="dense", basis="pixel", targets="all")
+    base, got = hcrfast.bound(net, x, 0.1, **kw), hcrfast.bound(model, x * c, 0.1, **kw)
+    np.testing.assert_allclose(got.std / c, base.std, rtol=1e-6)
+    np.testing.assert_allclose(got.targeted.std / c, base.targeted.std, rtol=1e-6)
+    np.testing.assert_allclose(got.std_algorithm1 / c, base.std_algorithm1, rtol=1e-6)
+    direct, want = (hcrfast.targeted_bound(m, b, 0.1, basis="pixel") for m, b in ((model, x * c), (net, x)))
+    np.testing.assert_allclose(direct.std / c, want.std, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(direct.eps) / c, want.eps, rtol=1e-6, atol=1e-9 * np.abs(want.eps).max())
+
+
+def test_a_checkpoint_begun_on_the_undivided_inputs_is_resumed_as_it_was_begun(tmp_path, monkeypatch):
+    """As for sigma: a call on inputs that far from 1 begun before 2026-12-02 (on the inputs as they are) is
+    resumed as it was begun, every example read back; a new folder divides."""
+    import hcrfast.noise
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    model, x = _DividesInputs(net, 1e20).eval(), torch.randn(3, 6) * 1e20
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="dense")
+    with monkeypatch.context() as m:
+        m.setattr(hcrfast.noise, "input_scale", lambda model, batch: None)   # as the versions before ran
+        first = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "ck", **kw)
+    again = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "ck", **kw)
+    assert again.std.tobytes() == first.std.tobytes() and "inputs_divided_by" not in again.params
+    assert again.params["checkpoint"]["examples_read_back"] == 3
+    fresh = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "new", **kw)
+    assert fresh.params["inputs_divided_by"] == 2.0 ** round(math.log2(float(x.abs().max())))
+    np.testing.assert_allclose(fresh.std, first.std, rtol=1e-4)
