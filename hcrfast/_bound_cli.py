@@ -622,7 +622,7 @@ def _listed_outputs(out: Path) -> set | None:
     """The files OUTPUTS_LIST names, None where OUT has none (a fresh OUT, or one of an hcrfast from before
     the list, or a list damaged from outside: its own signs say then)."""
     try:
-        listed = json.loads((out / OUTPUTS_LIST).read_text())["files"]
+        listed = json.loads((out / OUTPUTS_LIST).read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, TypeError, KeyError):
         return None
     return {str(n) for n in listed} if isinstance(listed, list) else None
@@ -1102,7 +1102,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_report:
         from hcrfast.report import write_bound_report
 
-        report = write_bound_report(out, json.loads((out / "summary.json").read_text()), h.std)
+        report = write_bound_report(out, json.loads((out / "summary.json").read_text(encoding="utf-8")), h.std)
     replace_outputs(out, earlier, written | _report_files(report))
     if search is not None:
         print(search.summary())
@@ -1213,7 +1213,7 @@ def _report_files(report) -> set:
 
     if report is None:
         return set()
-    return {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text())}
+    return {"report.html", *re.findall(r'<img src="([^"]+)"', Path(report).read_text(encoding="utf-8"))}
 
 
 def _save_npy(path: Path, stds) -> None:
@@ -1285,7 +1285,7 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     if not args.no_report:
         from hcrfast.report import write_sweep_report
 
-        report = write_sweep_report(out, json.loads((out / "summary.json").read_text()))
+        report = write_sweep_report(out, json.loads((out / "summary.json").read_text(encoding="utf-8")))
     replace_outputs(out, earlier, written | _report_files(report))
     print(sweep.summary())
     for i, level in enumerate(levels):

@@ -506,7 +506,7 @@ class SigmaSweep:
         if not path.is_file():
             raise FileNotFoundError(f"SigmaSweep.load({str(folder)!r}): no sweep.json there (SigmaSweep.save writes "
                                     f"it; hcrfast bound --sweep writes OUT/sweep)")
-        meta = json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
         if meta.get("format") != _SWEEP_FORMAT:
             raise ValueError(f"{path}: format {meta.get('format')!r}, not {_SWEEP_FORMAT} (written by another "
                              f"version of hcrfast); compute the sweep again")
@@ -559,7 +559,7 @@ def _journal(folder: Path) -> set | None:
     import json
 
     try:
-        held = json.loads((folder / _SAVE_JOURNAL).read_text())
+        held = json.loads((folder / _SAVE_JOURNAL).read_text(encoding="utf-8"))
         if held.get("writer") == "hcrfast.SigmaSweep.save" and isinstance(held.get("files"), list):
             return {str(n) for n in held["files"]}
     except (OSError, ValueError, AttributeError):
@@ -575,7 +575,7 @@ def _saved_by_sweeps(folder: Path) -> set:
 
     files = _journal(folder) or set()
     try:
-        meta = json.loads((folder / "sweep.json").read_text())
+        meta = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))
         if meta.get("writer") == "hcrfast.SigmaSweep.save":
             files |= {"sweep.json"} | {str(level["bounds"]) for level in meta["levels"]} | (
                 {"sigma0.npy"} if meta.get("sigma0") == "sigma0.npy" else set())
@@ -829,7 +829,7 @@ def _folder_whitened(folder: Path) -> bool | None:
     from hcrfast.checkpoint import FORMAT
 
     try:
-        stored = json.loads((folder / "key.json").read_text())
+        stored = json.loads((folder / "key.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(stored, dict) or stored.get("format") != FORMAT or not isinstance(stored.get("noise"), str):

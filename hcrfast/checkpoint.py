@@ -363,7 +363,7 @@ class Checkpoint:
                f"checkpoint folder (or delete {_q(self.path)}) to start anew.")
         if key_path.is_file():
             try:
-                stored = json.loads(key_path.read_text())
+                stored = json.loads(key_path.read_text(encoding="utf-8"))
                 if not isinstance(stored, dict):   # (valid JSON, edited by hand: null, a list)
                     raise ValueError(f"it holds the JSON {json.dumps(stored)[:60]}, not an object of entries")
             except (OSError, ValueError) as exc:

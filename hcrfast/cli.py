@@ -416,13 +416,53 @@ def _refuse_empty_paths(args) -> None:
 def main(argv=None) -> int:
     # main may run in-process (tests, notebooks): the filters its commands set, and those the modules they import add
     # (SymPy's, at a training's first gradient), go when it returns
+    restore = _lenient_stdout()
     try:
         with warnings.catch_warnings():
             return _main(argv)
+    except BrokenPipeError:   # standard output's reader went away (| head): the results are written already
+        _stdout_to_devnull()
+        return 141   # (128 + SIGPIPE, as a shell reports a command that a closed pipe ended)
     finally:
+        restore()
         loader = sys.modules.get("hcrfast._bound_cli")   # (not imported by --help and reproduce)
         if loader is not None:
             loader.forget_model_files()   # the model files' folders and neighbours, kept for the command's time
+
+
+def _lenient_stdout():
+    """Standard output set, for the command's time, to write what its encoding cannot hold as escapes: with
+    PYTHONIOENCODING=ascii (or a C locale outside UTF-8 mode) the summary's σ, ×, · raised after the whole run,
+    which then exited 2 with "hcrfast: error" and printed no summary. Returns what puts it back (main may run
+    in-process)."""
+    stream = sys.stdout
+    reconfigure, errors = getattr(stream, "reconfigure", None), getattr(stream, "errors", None)
+    encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if reconfigure is None or not (errors == "strict" or (errors == "surrogateescape" and encoding != "utf8")):
+        return lambda: None
+    try:
+        reconfigure(errors="backslashreplace")
+    except (ValueError, OSError, TypeError):
+        return lambda: None
+
+    def restore():
+        try:
+            if sys.stdout is stream:
+                reconfigure(errors=errors)
+        except (ValueError, OSError, TypeError):
+            pass
+
+    return restore
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at the null device, so that the interpreter's last flush of standard output does
+    not raise the broken pipe again (Python's documented way, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # (in-process: a stream without a descriptor)
+        pass
 
 
 def _main(argv) -> int:
@@ -442,6 +482,8 @@ def _main(argv) -> int:
         if signals is not None:
             signals.said = _resume_text(command)
         return int(args.func(args) or 0)
+    except BrokenPipeError:   # standard output's reader gone: main's to end quietly
+        raise
     except (ValueError, TypeError, OSError, NotImplementedError) as exc:  # OSError: files and folders
         if not isinstance(exc, OSError) and _raised_outside_hcrfast(exc):
             raise   # the user's model or file raised it: its traceback (and hcrfast's note) say where

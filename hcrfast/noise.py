@@ -926,7 +926,7 @@ def _stored_key(checkpoint) -> dict:
     if not isinstance(checkpoint, (str, bytes)) and not hasattr(checkpoint, "__fspath__"):
         return {}
     try:
-        stored = json.loads((Path(os.fsdecode(checkpoint)).expanduser() / "key.json").read_text())
+        stored = json.loads((Path(os.fsdecode(checkpoint)).expanduser() / "key.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):
         return {}
     return stored if isinstance(stored, dict) else {}

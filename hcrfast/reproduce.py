@@ -390,7 +390,7 @@ def _check_or_write_run(out: Path, key: dict, sigma: float) -> float:
     path = out / "run.json"
     if path.is_file():
         try:
-            stored = json.loads(path.read_text())
+            stored = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise RunMismatchError(f"{path} is unreadable ({exc}); use a fresh --out") from exc
         old = stored.get("key", {}).get("format") if isinstance(stored.get("key"), dict) else None

@@ -80,9 +80,15 @@ def say(text: str) -> None:
     if stream is None:
         return
     try:
-        stream.write(text + "\n")
-        stream.flush()
-    except (OSError, ValueError):   # BrokenPipeError, EIO; ValueError: "I/O operation on closed file"
+        try:
+            stream.write(text + "\n")
+        except UnicodeEncodeError:   # an ASCII stream (PYTHONIOENCODING=ascii): σ and a path's é as escapes
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write((text + "\n").encode(encoding, "backslashreplace").decode(encoding))
+        flush = getattr(stream, "flush", None)   # (a logging wrapper may have write() alone)
+        if flush is not None:
+            flush()
+    except (OSError, ValueError, LookupError):   # BrokenPipeError, EIO; "I/O operation on closed file"
         pass
 
 

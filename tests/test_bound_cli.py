@@ -1656,3 +1656,60 @@ def test_an_empty_path_is_refused_and_checkpoint_messages_quote_their_paths(file
     assert cli.main(["bound", *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"delete {shlex.quote(str(out / 'chunks'))} or pass another --out" in err
+
+
+@pytest.mark.parametrize("setting", ["PYTHONIOENCODING=ascii", "LC_ALL=C PYTHONUTF8=0"])
+def test_a_terminal_that_is_not_utf8_gets_the_summary_and_exit_status_0(files, setting):
+    """With PYTHONIOENCODING=ascii the summary's σ, × and · raised UnicodeEncodeError after the whole run: exit 2,
+    "hcrfast: error", no summary printed though every file was written. Under a C locale outside UTF-8 mode,
+    reading report.html back (ASCII, the locale's) raised UnicodeDecodeError after the run: exit 1 with a
+    traceback. Characters the terminal cannot show are now escapes, and hcrfast reads its files as UTF-8."""
+    tmp_path, _ = files
+    env = {**_ENV, **dict(pair.split("=") for pair in setting.split())}
+    env.pop("LANG", None)
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-X", "utf8=0", "-m", "hcrfast.cli", "bound", f"{tmp_path / 'mynet.py'}:Net",
+                           str(tmp_path / "x.pt"), *[a for a in TINY if a != "--no-report"], "--examples", "2",
+                           "--out", str(out)], capture_output=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    printed = done.stdout.decode("ascii")   # what the terminal was sent: ASCII
+    assert "HCR bounds for 2 examples" in printed and f"report: {out / 'report.html'}" in printed
+    assert b"hcrfast: error" not in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_progress_lines_reach_a_write_only_or_ascii_stream(monkeypatch):
+    """validation.say raised AttributeError at the last progress line where stderr had write() alone (a logging
+    wrapper), losing the computed bounds, and dropped a line whose σ or é an ASCII stream cannot hold."""
+    import io
+
+    from hcrfast import validation
+
+    class WriteOnly:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+
+    sink = WriteOnly()
+    monkeypatch.setattr(sys, "stderr", sink)
+    validation.say("examples 2/2 done")
+    assert sink.text == "examples 2/2 done\n"
+    raw = io.BytesIO()
+    ascii_stream = io.TextIOWrapper(raw, encoding="ascii")
+    monkeypatch.setattr(sys, "stderr", ascii_stream)
+    validation.say("2 of 2 examples read back from ckpt_é (σ = 1)")
+    ascii_stream.flush()
+    assert raw.getvalue() == b"2 of 2 examples read back from ckpt_\\xe9 (\\u03c3 = 1)\n"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """`hcrfast dp table ... | head -1`: the broken pipe was reported as "hcrfast: error: [Errno 32] Broken pipe",
+    exit 2. It now ends quietly with 141, as a shell reports a command that a closed pipe ended."""
+    done = subprocess.Popen([sys.executable, "-m", "hcrfast.cli", "dp", "table", "--sigma",
+                             *[str(s) for s in range(1, 400)], "--N", "64", "100", "--kappa", "0.1", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_ENV)
+    done.stdout.readline()
+    done.stdout.close()
+    err = done.stderr.read()
+    assert done.wait(timeout=120) == 141 and err == b"", err
