@@ -294,14 +294,18 @@ def load_function(spec: str, what: str = "--metric"):
     return named
 
 
-#: The folders of the Python files this command ran (MODEL, --head, --metric), first on ``sys.path`` for the
-#: command's time, so that the files' imports of their neighbours work where they are made: at the top, in a
-#: class's ``__init__`` or in ``forward``. Before 2026-12-02 each folder left ``sys.path`` once its file had
-#: run, before the model was made.
+#: The folders of the Python files this command ran (MODEL, --head, --metric) that were not on ``sys.path``
+#: before: first on it while the file runs (as Python runs a script), then last on it for the command's time,
+#: so that the files' imports of their neighbours work where they are made, at the top, in a class's
+#: ``__init__`` or in ``forward``, while a neighbour named like a module of the standard library or of a
+#: package (``profile.py``, ``html.py``) does not shadow it for hcrfast's and torch's own later imports.
+#: Before 2026-12-02 each folder left ``sys.path`` once its file had run, before the model was made.
 _FILE_FOLDERS: list[str] = []
 #: Per folder, the neighbour modules its file imported (name -> module): a later file's neighbour of the
-#: same name (a model's ``utils.py`` and its head's) is imported from that file's folder, not taken from
-#: ``sys.modules`` (the first file's), and the first file's is put back after.
+#: same name (a model's ``utils.py`` and its head's) is imported, at the file's top level, from that file's
+#: folder, not taken from ``sys.modules`` (the first file's), and the first file's is put back after. (A
+#: neighbour imported later, in ``__init__`` or ``forward``, is the one ``sys.modules`` holds then: the first
+#: file's, where two files' neighbours share a name.)
 _NEIGHBOURS: dict[str, dict[str, object]] = {}
 
 
@@ -312,8 +316,10 @@ def forget_model_files() -> None:
     import their own."""
     global _MODULES_BEFORE
     for folder in _FILE_FOLDERS:
-        while folder in sys.path:
-            sys.path.remove(folder)
+        for i in range(len(sys.path) - 1, -1, -1):   # the entry this command appended, the last (only that one)
+            if sys.path[i] == folder:
+                del sys.path[i]
+                break
     for name, module in list(sys.modules.items()):
         if name not in _MODULES_BEFORE and any(_neighbour(name, module, folder) for folder in _FILE_FOLDERS):
             del sys.modules[name]
@@ -343,24 +349,26 @@ def _neighbour(name: str, module, folder: str) -> bool:
 
 
 def _run_file(path: Path, module) -> None:
-    """Run the model file ``path`` as ``module`` with its folder first on ``sys.path`` (kept there for the
-    command: :data:`_FILE_FOLDERS`) and the neighbours that earlier files imported hidden meanwhile
-    (:data:`_NEIGHBOURS`)."""
+    """Run the model file ``path`` as ``module`` with its folder first on ``sys.path`` (then last, for the
+    command, where it was not there before: :data:`_FILE_FOLDERS`) and the neighbours that earlier files
+    imported hidden meanwhile (:data:`_NEIGHBOURS`)."""
+    global _MODULES_BEFORE
     folder = os.path.realpath(path.parent)
     hidden = {name: sys.modules.pop(name) for other, modules in _NEIGHBOURS.items() if other != folder
               for name, m in list(modules.items()) if sys.modules.get(name) is m}
-    global _MODULES_BEFORE
     before = set(sys.modules)
-    if not _FILE_FOLDERS:
+    if not _NEIGHBOURS:
         _MODULES_BEFORE = frozenset(before)
-    if folder in sys.path:
-        sys.path.remove(folder)
+    kept = folder in sys.path or folder in _FILE_FOLDERS   # the user's own entry, or this command's already
     sys.path.insert(0, folder)
-    if folder not in _FILE_FOLDERS:
-        _FILE_FOLDERS.append(folder)
     try:
         module.__spec__.loader.exec_module(module)
     finally:
+        if folder in sys.path:
+            sys.path.remove(folder)   # the first entry: the one inserted above (or the file's own, alike)
+        if not kept:
+            sys.path.append(folder)
+            _FILE_FOLDERS.append(folder)
         own = _NEIGHBOURS.setdefault(folder, {})
         for name in set(sys.modules) - before:
             if _neighbour(name, sys.modules[name], folder):

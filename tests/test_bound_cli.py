@@ -1713,3 +1713,36 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     done.stdout.close()
     err = done.stderr.read()
     assert done.wait(timeout=120) == 141 and err == b"", err
+
+
+def test_a_neighbour_named_like_a_standard_module_shadows_nothing_and_the_user_s_path_stays(files, monkeypatch,
+                                                                                             capsys):
+    """With the model's folder first on sys.path for the whole command, a neighbour html.py or profile.py was
+    imported for the standard library's by hcrfast's report and torch's compiler after the file had run (the
+    report lost after the run). And a folder the caller had on sys.path was removed from it when the command
+    ended. The folder is first only while the file runs, then last; the caller's entries stay."""
+    import sys
+
+    tmp_path, x = files
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(tmp_path / "mynet.py", models / "net.py")
+    (models / "html.py").write_text("NOT_THE_STDLIB = True\n")
+    (models / "profile.py").write_text("NOT_THE_STDLIB = True\n")
+    for name in ("html", "profile"):   # imported afresh, as in a new process
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    out = tmp_path / "run"
+    assert cli.main(["bound", f"{models / 'net.py'}:Net", str(tmp_path / "x.pt"),
+                     *[a for a in TINY if a != "--no-report"], "--examples", "2", "--out", str(out)]) == 0
+    assert (out / "report.html").is_file()
+    import html
+
+    assert hasattr(html, "escape")   # the standard library's
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(tmp_path / "mynet.py", mine / "net.py")
+    monkeypatch.syspath_prepend(str(mine))
+    assert cli.main(["bound", f"{mine / 'net.py'}:Net", str(tmp_path / "x.pt"), *TINY, "--examples", "2",
+                     "--out", str(tmp_path / "run2")]) == 0
+    assert sys.path.count(str(mine)) == 1
+    capsys.readouterr()
