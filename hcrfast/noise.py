@@ -20,6 +20,7 @@ All three satisfy :class:`NoiseLaw` (``divergence``, ``sample``, ``describe``);
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -887,6 +888,39 @@ def input_scale(model, batch) -> float | None:
     return 2.0 ** round(math.log2(largest))
 
 
+def _undivided_damping(arguments: dict, unit: float) -> dict:
+    """Put into ``arguments`` (a call's, bound by name) the damping of the divided problem: ``lsqr``'s ``damp``
+    (bound, targeted_bound) and the attack's ``damping`` λ weigh ‖ε‖ against ‖J ε − r‖, so they are in J's units
+    and scale as it does, by ``unit`` (inputs' divisor / features'). Before 2026-12-02 they were passed as given:
+    a damping ×1e20 with sigma ×1e20 made the attack take no step. Returns the values given, by name, for
+    :func:`_damping_given_back`."""
+    given = {}
+    if unit == 1.0:
+        return given
+    options = arguments.get("lsqr")
+    damp = getattr(options, "damp", None)
+    if isinstance(damp, numbers.Real) and math.isfinite(damp) and damp > 0 and dataclasses.is_dataclass(options):
+        given["lsqr"] = damp
+        arguments["lsqr"] = dataclasses.replace(options, damp=damp * unit)
+    damping = arguments.get("damping")
+    if isinstance(damping, numbers.Real) and not isinstance(damping, bool) and math.isfinite(damping) and damping > 0:
+        given["damping"] = damping
+        arguments["damping"] = damping * unit
+    return given
+
+
+def _damping_given_back(result, given: dict, unit: float) -> None:
+    """``result``'s record of the damping as the user gave it, and the attack's per-problem λ in their units."""
+    for holder in (result, getattr(result, "targeted", None)):
+        params = getattr(holder, "params", None)
+        if "lsqr" in given and isinstance(params, dict) and isinstance(params.get("lsqr"), dict):
+            params["lsqr"]["damp"] = given["lsqr"]
+    if "damping" in given:
+        result.params["damping"] = given["damping"]
+    if unit != 1.0 and getattr(result, "damping", None) is not None and not isinstance(result.damping, (int, float)):
+        result.damping = result.damping / unit   # the attack's λ per problem
+
+
 def as_input_scaled_result(result, scale: float):
     """``result``, computed on the batch divided by ``scale`` (:class:`ScaledInputs`), made to read as the
     batch's: every bound and step in input units times ``scale`` (``mse`` times its square), and
@@ -1035,6 +1069,8 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
             inputs = None   # resumed as it was begun: on the inputs as they are
         if scale is None and stds is None and inputs is None:
             return fn(*args, **kwargs)
+        # a damping is in J's units (features per input): in the divided problem, times inputs / sigma
+        given = _undivided_damping(bound_args.arguments, (inputs or 1.0) / (scale or 1.0))
         if inputs is not None:
             bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
             bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
@@ -1052,6 +1088,7 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
             result = as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
         else:
             result = fn(*bound_args.args, **bound_args.kwargs)
+        _damping_given_back(result, given, (inputs or 1.0) / (scale or 1.0))
         return result if inputs is None else as_input_scaled_result(result, inputs)
 
     return wrapper

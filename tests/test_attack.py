@@ -821,3 +821,21 @@ def test_an_attack_on_features_and_sigma_scaled_together_is_the_same_attack():
         rms = float(np.sqrt(np.mean(net(x).numpy() ** 2))) * 1e-200
     with pytest.raises(ValueError, match=f"against features of RMS {rms:.3g}\\)"):
         gauss_newton_attack(_Times(net, 1e-200).eval(), x, 1e-150, draws=2, steps=2, basis="pixel")
+
+
+def test_the_attack_s_damping_is_read_in_the_units_of_the_call():
+    """The damping lambda weighs ||delta|| against the residual: with the features divided by a sigma far from 1
+    it was passed as given, 1e20 times too strong for the divided J, and the attack took no step. Features and
+    sigma and damping scaled by one c give the c = 1 estimates, and the per-problem lambda in the call's units."""
+    from test_bound import _Times
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(2, 6)
+    kw = dict(draws=2, steps=3, basis="pixel")
+    base = gauss_newton_attack(net, x, 0.1, damping=0.5, **kw)
+    c = 1e20
+    got = gauss_newton_attack(_Times(net, c).eval(), x, 0.1 * c, damping=0.5 * c, **kw)
+    np.testing.assert_allclose(got.rmse, base.rmse, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(got.damping) / c, base.damping, rtol=1e-4)
+    assert got.params["damping"] == 0.5 * c

@@ -2368,3 +2368,22 @@ def test_a_checkpoint_begun_on_the_undivided_inputs_is_resumed_as_it_was_begun(t
     fresh = hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "new", **kw)
     assert fresh.params["inputs_divided_by"] == 2.0 ** round(math.log2(float(x.abs().max())))
     np.testing.assert_allclose(fresh.std, first.std, rtol=1e-4)
+
+
+def test_an_lsqr_damp_is_read_in_the_units_of_the_call():
+    """LSQR's damp weighs ||eps|| against ||J eps - z||: in J's units. With the features divided by a sigma far
+    from 1 (or the inputs by a power of two) it was passed as given, to a J 1e20 times smaller: every step came
+    out 0 (refused as a sigma far from the features). The problem in other units, damp in those units, gives the
+    c = 1 bounds; params record the damp as given."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=2, seed=0, solver="lsqr", basis="pixel")
+    base = hcrfast.bound(net, x, 0.1, lsqr=hcrfast.LSQROptions(damp=2.0), **kw)
+    c = 1e20
+    features = hcrfast.bound(_Times(net, c).eval(), x, 0.1 * c, lsqr=hcrfast.LSQROptions(damp=2.0 * c), **kw)
+    inputs = hcrfast.bound(_DividesInputs(net, 1 / c).eval(), x / c, 0.1, lsqr=hcrfast.LSQROptions(damp=2.0 * c), **kw)
+    # (float32 LSQR: its rounding moves where a damped solve stops, single modes by up to ~4e-3 here)
+    np.testing.assert_allclose(features.std, base.std, rtol=5e-3)
+    np.testing.assert_allclose(inputs.std * c, base.std, rtol=5e-3)
+    assert features.params["lsqr"]["damp"] == inputs.params["lsqr"]["damp"] == 2.0 * c
