@@ -31,7 +31,7 @@ import torch
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host, warnings_ignored
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint,
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, key_model_fingerprint,
                                 gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
@@ -2022,7 +2022,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         saved = None
         if checkpoint is not None:
             key = dict(
-                format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
+                format=CHECKPOINT_FORMAT, model=key_model_fingerprint(model), example_ids=sha256_tensors(example_ids),
                 batch=batch_fingerprint(batch),
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,

@@ -48,8 +48,8 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, ScaledGaussian, accepts_per_feature_sigma, as_noise
-from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps, model_fingerprint,
-                                sha256_tensors, taken_back_on_failure)
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps,
+                                key_model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.results import (counted, load_npz, median_count, mse_from_modes, revision_line, revision_loaded,
                              revision_saved, run_record, same_result, save_npz, short_repr)
 from hcrfast.operators import RowScaled
@@ -655,7 +655,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         todo, saved = [(0, B)], None
         if checkpoint is not None:
             saved = Checkpoint(checkpoint, dict(
-                format=CHECKPOINT_FORMAT, model=model_fingerprint(model), example_ids=sha256_tensors(example_ids),
+                format=CHECKPOINT_FORMAT, model=key_model_fingerprint(model), example_ids=sha256_tensors(example_ids),
                 batch=batch_fingerprint(batch),
                 noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
                 start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",

@@ -247,13 +247,30 @@ ABSENT_MEANS = {"iterates": "last", "singular_steps": 0, "keep_targeted_eps": Fa
                 "targeted_method": None}
 
 
+def key_model_fingerprint(model) -> str:
+    """A checkpoint key's name for the model: :func:`model_fingerprint` of the user's model inside those of
+    hcrfast's wrappers whose own values other entries of the key hold already (noise.PerFeatureStd of one std:
+    the noise's σ; noise.ScaledInputs: the batch's divisor). Without that, a call at σ = 1e19 resumed at 2e19
+    was told its model had changed, in the wrapper's name. A per-feature wrapper keeps its own fingerprint,
+    as keys made before 2026-12-02 hold it."""
+    while getattr(model, "wraps_user_model", False) and not (
+            isinstance(getattr(model, "stds", None), torch.Tensor) and model.stds.numel() > 1):
+        model = model.model
+    return model_fingerprint(model)
+
+
+#: How a mismatch names a noise run on the features divided by its σ (noise.ScaledGaussian's repr)
+_SCALED_NOISE = re.compile(r"ScaledGaussian\(sigma=1\.0, scale=([^)]*)\)")
+
+
 def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
     """Raise :class:`CheckpointMismatchError` naming every entry where ``stored`` and ``key`` differ."""
     if stored == key:
         return
 
     def value(d, k):
-        return repr(d[k] if k in d else ABSENT_MEANS.get(k, "(absent)"))
+        text = repr(d[k] if k in d else ABSENT_MEANS.get(k, "(absent)"))
+        return _SCALED_NOISE.sub(r"Gaussian(sigma=\1) on the features divided by sigma", text) if k == "noise" else text
 
     diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}"
              for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]

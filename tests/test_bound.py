@@ -2387,3 +2387,22 @@ def test_an_lsqr_damp_is_read_in_the_units_of_the_call():
     np.testing.assert_allclose(features.std, base.std, rtol=5e-3)
     np.testing.assert_allclose(inputs.std * c, base.std, rtol=5e-3)
     assert features.params["lsqr"]["damp"] == inputs.params["lsqr"]["damp"] == 2.0 * c
+
+
+def test_a_checkpoint_of_a_far_sigma_resumed_at_another_names_sigma_alone():
+    """A checkpoint made at sigma = 1e19 (features divided by it) and called again at 2e19 was refused with
+    "model: 'PerFeatureStd:sha256:...' -> 'PerFeatureStd:sha256:...'; noise: 'ScaledGaussian(sigma=1.0, scale=1e+19)'
+    -> ...": the user changed sigma alone, and was told the model changed, in hcrfast's internal names."""
+    import tempfile
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    model, x = _Times(net, 1e20).eval(), torch.randn(2, 6)
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="dense")
+    with tempfile.TemporaryDirectory() as folder:
+        hcrfast.bound(model, x, 1e19, checkpoint=folder, **kw)
+        with pytest.raises(hcrfast.CheckpointMismatchError) as err:
+            hcrfast.bound(model, x, 2e19, checkpoint=folder, **kw)
+    text = str(err.value)
+    assert ("(noise: 'Gaussian(sigma=1e+19) on the features divided by sigma' -> 'Gaussian(sigma=2e+19) on the "
+            "features divided by sigma')") in text and "ScaledGaussian" not in text and "model:" not in text
