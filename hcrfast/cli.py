@@ -408,9 +408,11 @@ def _refuse_empty_paths(args) -> None:
     for dest in _PATH_DESTS:
         value = getattr(args, dest, None)
         if value == "":
-            flag = dest.upper() if dest in ("model", "inputs") else "--" + dest.replace("_", "-")
+            flag = (dest.upper() if dest in ("model", "inputs") else "--data" if dest == "data_root"
+                    else "--" + dest.replace("_", "-"))
+            folder = dest == "out" and getattr(args, "command", None) in ("bound", "reproduce")   # (train's is a file)
             raise ValueError(f"{flag} {value!r}: an empty path names no file or folder (Path('') is the working "
-                             f"directory); pass one" + (" (--out . for the working directory)" if dest == "out" else ""))
+                             f"directory); pass one" + (" (--out . for the working directory)" if folder else ""))
 
 
 def main(argv=None) -> int:

@@ -930,8 +930,29 @@ def _run_rows(s: dict) -> list:
 def _rerun_line(s: dict) -> str:
     """summary.json's command, after ``cd`` to the folder its relative paths are read from (its ``cwd``;
     summaries before 2026-12-02 did not record it)."""
-    where = f"cd {shlex.quote(s['cwd'])} && " if isinstance(s.get("cwd"), str) else ""
-    return where + s["command"]
+    where = f"cd {shell_word(s['cwd'])} && " if isinstance(s.get("cwd"), str) else ""
+    try:
+        words = shlex.split(s["command"])
+    except ValueError:   # (not one hcrfast wrote)
+        return where + s["command"]
+    return where + " ".join(shell_word(w) for w in words)
+
+
+def shell_word(word: str) -> str:
+    """``word`` quoted for bash: :func:`shlex.quote`, or where it holds bytes that are not UTF-8 (a file name
+    Python reads as lone surrogates) bash's ``$'...'`` with those bytes as ``\\xNN``, which a page in UTF-8 can
+    show and bash reads back as the same bytes (the ``\\xff`` of plain quotes would be a backslash and "xff")."""
+    if not any("\udc80" <= ch <= "\udcff" for ch in word):
+        return shlex.quote(word)
+    out = []
+    for ch in word:
+        if "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch in "\\'":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
 
 
 def _write_bound_page(out: Path, body: list, figures: list, title: str = "hcrfast bound") -> Path:

@@ -1632,6 +1632,13 @@ def test_a_model_folder_and_inputs_whose_names_are_not_utf8_run_to_the_report(fi
     page = (out / "report.html").read_bytes().decode("utf-8")   # strict: valid UTF-8
     assert "in\\xff/x\\xfe.pt" in page and "in\\xff/mynet.py:Net" in page
     assert f"cd {os.getcwd()} &amp;&amp; hcrfast bound" in page   # the command, from the folder it ran in
+    # which bash runs as shown: the bytes as $'\xff' (plain quotes would give a backslash and "xff")
+    import html
+
+    line = html.unescape(re.search(r'<td class="">(cd .*? &amp;&amp; hcrfast bound .*?)</td>', page).group(1))
+    assert "$'" in line and "\\xfe" in line
+    again = subprocess.run(["bash", "-c", line], capture_output=True, env=_ENV, timeout=300)
+    assert again.returncode == 0 and b"HCR bounds for 2 examples" in again.stdout, again.stderr[-1500:]
     want = hcrfast.bound(_user_model(tmp_path), torch.load(tmp_path / "x.pt")[:2],
                          json.loads((out / "summary.json").read_text())["noise"]["sigma"], restarts=2, iterations=2)
     assert hcrfast.Bounds.load(out / "bounds.npz").std.tobytes() == want.std.tobytes()
@@ -1649,6 +1656,10 @@ def test_an_empty_path_is_refused_and_checkpoint_messages_quote_their_paths(file
         capsys.readouterr()
         assert cli.main(["bound", *argv, flag, ""]) == 2
         assert f"{flag} '': an empty path names no file or folder" in capsys.readouterr().err
+    capsys.readouterr()   # train's --out is a file: no "--out ." hint; its --data is named as typed first
+    assert cli.main(["train", "digits", "--out", ""]) == 2 and "(--out ." not in capsys.readouterr().err
+    assert cli.main(["train", "digits", "--data", "", "--out", str(tmp_path / "m.pt")]) == 2
+    assert "--data '': an empty path" in capsys.readouterr().err
     out = tmp_path / "o 1"
     (out / "chunks").mkdir(parents=True)
     (out / "chunks" / "key.json").write_text("null")
