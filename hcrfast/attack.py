@@ -439,7 +439,7 @@ def _float32_for_float16(model, batch: torch.Tensor):
 
 
 @_noise_by_either_name
-@accepts_per_feature_sigma
+@accepts_per_feature_sigma(scale_inputs=True)
 def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps: int = 10, damping: float = 0.0,
                         start="truth", seed: int = 0, basis: str = "dct", lsqr: LSQROptions | None = None,
                         tol: float | None = None, jacobian: str = "reverse", chunk_size: int | None = None,

@@ -929,8 +929,8 @@ def as_input_scaled_result(result, scale: float):
         if getattr(holder, name, None) is not None:
             setattr(holder, name, getattr(holder, name) * factor)
 
-    for name in ("std", "eps", "std_algorithm1", "std_every_mode"):
-        times(name, result, scale)
+    for name in ("std", "eps", "std_algorithm1", "std_every_mode", "rmse", "bias", "bias_se", "estimates"):
+        times(name, result, scale)   # (the last four: the attack's)
     times("mse", result, scale * scale)
     result.params["inputs_divided_by"] = float(scale)
     targeted = getattr(result, "targeted", None)
@@ -1074,6 +1074,9 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
         if inputs is not None:
             bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
             bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
+            start = bound_args.arguments.get("start")
+            if isinstance(start, torch.Tensor) and start.is_floating_point():   # the attack's start points
+                bound_args.arguments["start"] = start.detach() / inputs
         certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
         if scale is not None:
             bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],

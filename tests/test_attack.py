@@ -2,6 +2,7 @@
 import copy
 import dataclasses
 import json
+import math
 import re
 import warnings
 
@@ -839,3 +840,24 @@ def test_the_attack_s_damping_is_read_in_the_units_of_the_call():
     np.testing.assert_allclose(got.rmse, base.rmse, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(got.damping) / c, base.damping, rtol=1e-4)
     assert got.params["damping"] == 0.5 * c
+
+
+def test_an_attack_on_inputs_scaled_by_c_is_the_same_attack_in_other_units():
+    """Inputs times c with a model that divides them by c first: at c = 1e-20 the attack's RMS error came out 59%
+    off the c = 1 one (float32 LSQR steps overflowing), and at 1e30 it took no step. The batch (and a start
+    tensor) now run divided by a power of two; errors and estimates come back in the batch's units."""
+    from test_bound import _DividesInputs
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(2, 6)
+    kw = dict(draws=2, steps=3, basis="pixel")
+    for start in ("truth", 1.01):
+        base = gauss_newton_attack(net, x, 0.1, start="truth" if start == "truth" else x * start, **kw)
+        for c in (1e-20, 1e30):
+            got = gauss_newton_attack(_DividesInputs(net, c).eval(), x * c, 0.1,
+                                      start="truth" if start == "truth" else x * c * start, **kw)
+            np.testing.assert_allclose(got.rmse / c, base.rmse, rtol=1e-4)
+            np.testing.assert_allclose(got.mse / c ** 2, base.mse, rtol=2e-4)
+            np.testing.assert_allclose(np.asarray(got.estimates) / c, base.estimates, rtol=1e-4, atol=1e-5)
+            assert got.params["inputs_divided_by"] == 2.0 ** round(math.log2(float((x * c).abs().max())))
