@@ -249,12 +249,13 @@ ABSENT_MEANS = {"iterates": "last", "singular_steps": 0, "keep_targeted_eps": Fa
 
 def key_model_fingerprint(model) -> str:
     """A checkpoint key's name for the model: :func:`model_fingerprint` of the user's model inside those of
-    hcrfast's wrappers whose own values other entries of the key hold already (noise.PerFeatureStd of one std:
-    the noise's σ; noise.ScaledInputs: the batch's divisor). Without that, a call at σ = 1e19 resumed at 2e19
+    hcrfast's wrappers whose own values other entries of the key hold already (``keyed_elsewhere``: the
+    noise.PerFeatureStd of one std that a far σ runs on, whose σ the noise's repr holds; noise.ScaledInputs,
+    whose divisor the batch's fingerprint holds). A wrapper made elsewhere (a sweep's, dividing by its sigma0,
+    which no other entry holds) keeps its fingerprint. Without that, a call at σ = 1e19 resumed at 2e19
     was told its model had changed, in the wrapper's name. A per-feature wrapper keeps its own fingerprint,
     as keys made before 2026-12-02 hold it."""
-    while getattr(model, "wraps_user_model", False) and not (
-            isinstance(getattr(model, "stds", None), torch.Tensor) and model.stds.numel() > 1):
+    while getattr(model, "keyed_elsewhere", False):   # (set by the wrapper that made it, which keys its value)
         model = model.model
     return model_fingerprint(model)
 

@@ -855,6 +855,8 @@ class ScaledInputs(torch.nn.Module):
 
     #: hcrfast's warnings name the user's model and its submodules, not this wrapper (``model.``)
     wraps_user_model = True
+    #: a checkpoint key names the model inside (checkpoint.key_model_fingerprint): the batch's holds the divisor
+    keyed_elsewhere = True
 
     def __init__(self, model, scale: float):
         super().__init__()
@@ -1079,8 +1081,10 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
                 bound_args.arguments["start"] = start.detach() / inputs
         certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
         if scale is not None:
-            bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
-                                                       bound_args.arguments[batch_name], np.array([scale]), certify)
+            whitened = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name], np.array([scale]),
+                               certify)
+            whitened.keyed_elsewhere = True   # its σ is the noise's repr in a checkpoint key (ScaledGaussian)
+            bound_args.arguments[model_name] = whitened
             bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
             result = as_scaled_result(fn(*bound_args.args, **bound_args.kwargs), scale)
         elif stds is not None:
@@ -1097,17 +1101,21 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
     return wrapper
 
 
-def as_scaled_result(result, scale: float):
+def as_scaled_result(result, scale: float, sigma: float | None = None, divided_by: float | None = None):
     """``result``, computed on the features divided by ``scale`` with σ = 1 (:class:`ScaledGaussian`), made to
     read as the call at σ = ``scale``: ``params`` name Gaussian(scale) (and ``features_divided_by`` says how it
-    ran) and the feature shifts ``z`` come back in the model's own units."""
-    described = Gaussian(scale).describe()
+    ran) and the feature shifts ``z`` come back in the model's own units. ``sigma``: the call's σ where it is
+    not ``scale`` (a sweep's k·sigma0, run at σ = k on the features divided by sigma0); ``divided_by``: what
+    the features were divided by in all, where more than ``scale`` (that call's own division by a far k)."""
+    sigma = float(scale if sigma is None else sigma)
+    divided_by = float(scale if divided_by is None else divided_by)
+    described = Gaussian(sigma).describe()
     params = result.params
-    params.update(sigma=float(scale), noise=described, features_divided_by=float(scale))
+    params.update(sigma=sigma, noise=described, features_divided_by=divided_by)
     if "noise_asked" in params:
         params["noise_asked"] = described
     if hasattr(getattr(result, "targeted", None), "params"):  # Bounds' targeted part (TargetedBounds' is a mask)
-        result.targeted.params.update(sigma=float(scale), noise=described, features_divided_by=float(scale))
+        result.targeted.params.update(sigma=sigma, noise=described, features_divided_by=divided_by)
     if getattr(result, "z", None) is not None:
         result.z = result.z * scale
     for name in ("residual_norm", "residual_start", "residual_truth", "residual_history"):   # the attack's
