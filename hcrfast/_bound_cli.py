@@ -1176,7 +1176,7 @@ def _attack_line(c: dict, args) -> str:
 # (earlier_iterates' certified steps and margin, the dense factors' products, the shard's examples), in its
 # level's "params" (and its bounds.npz), not in the params the σs share.
 _PER_SIGMA_PARAMS = ("sigma", "noise", "noise_asked", "reuse", "zero_step_reasons", "rounding", "checkpoint",
-                     "earlier_iterates", "dense", "shard")
+                     "earlier_iterates", "dense", "shard", "features_divided_by")
 # The params whose settings the σs share but that also count what each call did (singular_steps' modes_lifted
 # and seconds, targeted's seconds and infinite bounds, the Krylov bases' steps and products): the shared params
 # keep these settings, each level's "params" the whole entry.

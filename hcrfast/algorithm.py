@@ -1937,7 +1937,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if reuse is not None and (solver not in ("dense", "krylov") or type(noise) is not Gaussian):
             reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
         if reuse is not None:
-            reuse.match((id(user_model), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
+            # (the user's model: a ScaledInputs made afresh each call has an id of its own each call)
+            reuse.match((id(validation.user_model(user_model)), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
                          sha256_tensors(example_ids), solver, jacobian, json.dumps(dataclasses.asdict(options)),
                          krylov_pilots, int(seed), size, restarts, basis, tf32,
                          None if targets is None else sha256_tensors(np.asarray(

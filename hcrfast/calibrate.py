@@ -748,14 +748,18 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     J's factor or basis; without reuse each call is a plain per-feature call (bitwise a direct one)."""
     from hcrfast import validation
     from hcrfast.algorithm import bound
-    from hcrfast.noise import _whiten, as_per_feature_result
+    from hcrfast.noise import Gaussian, ScaledGaussian, _stored_key, _whiten, as_per_feature_result, as_scaled_result
+    from hcrfast.noise import whitened_scale
 
     checkpoint = validation.checkpoint_folder(checkpoint)
     validation.flag("progress", progress)
     reuse_bytes = _reuse_budget(reuse_bytes, batch)
     profile, scalar = _profile(model, batch, sigma0, who, bound_kwargs.get("basis", "dct"))
     root = None if checkpoint is None else Path(checkpoint)
-    whiten = not scalar and reuse_bytes and _reuses(batch, profile.size, bound_kwargs)
+    # a scalar sigma0 too far from 1 for the features' dtype is divided out once, here, as a profile is: each
+    # call would divide by its own k·sigma0 (hcrfast.noise.whitened_scale), a J of its own, and share nothing
+    far = scalar and whitened_scale(float(profile), batch) is not None
+    whiten = (not scalar or far) and reuse_bytes and _reuses(batch, profile.size, bound_kwargs)
     whitened = []   # the model with its features divided by the profile, made once where a call needs it
 
     def bound_at(k: float):
@@ -771,6 +775,9 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
                             f"resumes the folder as it was made; pass the first call's reuse_bytes (hcrfast bound: "
                             f"--reuse-gib) to run every sigma as that call did")
             on_whitened = made
+        if on_whitened and scalar and folder is not None and _stored_key(folder).get("noise") in (
+                repr(Gaussian(sigma)), repr(ScaledGaussian(1.0, scale=sigma))):
+            on_whitened = False   # a folder made by a call at the scalar sigma itself: resumed as it was made
         if not on_whitened:
             return sigma, bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
         if not whitened:
@@ -782,6 +789,9 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
             if new is exc:
                 raise
             raise new from exc.__cause__
+        if scalar:   # (where bound divided the features by k itself too, they were divided by k·sigma0 in all)
+            return sigma, as_scaled_result(res, float(profile), sigma=sigma,
+                                           divided_by=float(profile) * res.params.get("features_divided_by", 1.0))
         return sigma, as_per_feature_result(res, sigma, divided_by=profile)
 
     if whiten:   # (made here, before the first call, where its refusals belong)
@@ -809,8 +819,12 @@ def _per_feature_named(exc: BaseException, k: float, sigma) -> BaseException:
     text = str(exc)
     if said not in text or len(exc.args) != 1:
         return exc
-    named = (f"{per_feature_label(np.asarray(sigma, dtype=np.float64))} (sigma0 per feature x {k:g}: run as "
-             f"{said} on the features divided by sigma0)")
+    if np.ndim(sigma) == 0:   # a scalar sigma0 too far from 1, divided out
+        named = (f"{Gaussian(float(sigma)).describe().split(':')[0]} (sigma0 x {k:g}: run as {said} on the "
+                 f"features divided by sigma0)")
+    else:
+        named = (f"{per_feature_label(np.asarray(sigma, dtype=np.float64))} (sigma0 per feature x {k:g}: run as "
+                 f"{said} on the features divided by sigma0)")
     try:
         new = type(exc)(text.replace(said, named, 1))
     except Exception:   # (an exception type that takes other arguments: kept as it came)

@@ -1757,3 +1757,26 @@ def test_a_neighbour_named_like_a_standard_module_shadows_nothing_and_the_user_s
                      "--out", str(tmp_path / "run2")]) == 0
     assert sys.path.count(str(mine)) == 1
     capsys.readouterr()
+
+
+def test_a_sweep_of_features_far_from_1_records_each_level_s_division_and_shares_factors(files, capsys):
+    """Features x1e20: a sweep's summary.json gave the first level's features_divided_by among the params every
+    level shares, and the levels shared no factor (each divided by its own sigma, a J of its own). Each level
+    now records its own; the features are divided once by sigma0, and the factors are shared as at 1."""
+    tmp_path, x = files
+    (tmp_path / "big.py").write_text(MODEL_FILE + textwrap.dedent("""
+        class Big(Net):
+            def forward(self, x):
+                return super().forward(x) * 1e20
+    """))
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'big.py'}:Big", tmp_path / "x.pt", *TINY, "--sweep", "0.5,1,2", "--out", out]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    levels = s["sweep"]["levels"]
+    assert "features_divided_by" not in s["params"]
+    assert [lv["reused_examples"] for lv in levels] == [0, 6, 6]
+    for lv in levels:
+        got = hcrfast.Bounds.load(out / "sweep" / f"scale_{lv['scale']:g}" / "bounds.npz")
+        assert got.params["features_divided_by"] == lv["params"]["features_divided_by"] == pytest.approx(
+            lv["sigma"] / lv["scale"], rel=1e-12)
+    capsys.readouterr()

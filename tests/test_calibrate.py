@@ -1039,3 +1039,30 @@ def test_a_save_cut_short_leaves_its_files_its_own_for_the_next_save(tmp_path, m
     hcrfast.sweep_sigma(model, x, [2.0], sigma0=0.25, **KW).save(tmp_path / "s")   # not refused
     assert sorted(p.relative_to(tmp_path / "s").as_posix() for p in (tmp_path / "s").rglob("*")) == [
         "scale_2", "scale_2/bounds.npz", "sweep.json"]
+
+
+@pytest.mark.parametrize("solver", ["dense", "krylov"])
+def test_a_sweep_far_from_1_shares_its_factors_and_reads_in_the_call_s_units(solver):
+    """A scalar sigma0 far from 1 (features x1e20) ran every sigma on the features divided by that sigma, each a J
+    of its own, and a batch far from 1 ran on a wrapper made afresh each call: the sweep shared no factor or basis
+    (reused_examples all 0; 1.4-1.7x one call lost). The features are now divided by sigma0 once, and the
+    inputs' wrapper is matched by the user's model; the bounds are the c = 1 sweep's in the call's units."""
+    from test_bound import _DividesInputs, _Times
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=2, solver=solver, basis="pixel")
+    scales = [0.5, 1, 2]
+    base = hcrfast.sweep_sigma(net, x, scales, sigma0=0.1, **kw)
+    assert base.reused_examples == [0, 3, 3]
+    c = 1e20
+    features = hcrfast.sweep_sigma(_Times(net, c).eval(), x, scales, sigma0=0.1 * c, **kw)
+    inputs = hcrfast.sweep_sigma(_DividesInputs(net, 1 / c).eval(), x / c, scales, sigma0=0.1, **kw)
+    assert features.reused_examples == inputs.reused_examples == [0, 3, 3]
+    for k, b, f, i in zip(scales, base.bounds, features.bounds, inputs.bounds):
+        np.testing.assert_allclose(f.std, b.std, rtol=1e-4)
+        np.testing.assert_allclose(i.std * c, b.std, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(f.z) / c, b.z, rtol=1e-4, atol=1e-6)
+        assert f.params["sigma"] == k * 0.1 * c and f.params["features_divided_by"] == 0.1 * c
+        assert f.params["noise"] == hcrfast.Gaussian(k * 0.1 * c).describe()
