@@ -39,7 +39,7 @@ from hcrfast.bindings.double_backward import native_rnn_for
 from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import (D_ROUNDING_UNIT, Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise,
-                           divergence_of)
+                           divergence_of, shown_damp)
 from hcrfast.results import Bounds, json_default, run_record
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
@@ -711,7 +711,7 @@ def _coarse_shifts(rel):
 
 def _damp_hint(damp: float) -> str:
     """What the small-shift warnings add where LSQR's damping, not σ, made the steps small."""
-    return (f"; or a smaller LSQROptions(damp={damp:g}): the damping shrinks every eps toward 0, "
+    return (f"; or a smaller LSQROptions(damp={shown_damp(damp):g}): the damping shrinks every eps toward 0, "
             f"and with it the shifts" if damp > 0 else "")
 
 
@@ -1897,7 +1897,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if warm_start and solver == "lsqr" and options.damp > 0:
             # LSQR from x0 (SciPy's) minimizes ||J eps - z||^2 + damp^2 ||eps - x0||^2: a warm solve would pull
             # toward the last step, not 0, and differ from the damped solve it stands for (bounds 39% apart)
-            validation.warn(f"warm_start=True does not apply with LSQROptions(damp={options.damp:g}): LSQR started "
+            validation.warn(f"warm_start=True does not apply with LSQROptions(damp={shown_damp(options.damp):g}): "
+                            f"LSQR started "
                             f"from x0 minimizes ||J eps - z||^2 + damp^2 ||eps - x0||^2, another problem than the "
                             f"damped one, so every solve starts from zero (params['warm_start'] is False); pass "
                             f"warm_start=False to silence this, or damp=0 for warm starts")

@@ -766,18 +766,25 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
         sigma = float(k * profile) if scalar else k * profile
         folder = None if root is None else _scale_checkpoint(root, k)
         on_whitened = whiten
-        made = None if scalar or folder is None else _folder_whitened(folder)
+        if folder is None or (scalar and not far):
+            made = None
+        elif scalar:   # a far sigma0: divided out here (reuse on), or each call at its own sigma (reuse off; or
+            stored = _stored_key(folder)   # a version before 2026-12-02, on the features as they are)
+            made = (True if stored.get("noise") == repr(Gaussian(float(k)))
+                    and str(stored.get("model", "")).startswith("PerFeatureStd:") else
+                    False if stored.get("noise") in (repr(Gaussian(sigma)), repr(ScaledGaussian(1.0, scale=sigma)))
+                    else None)
+        else:
+            made = _folder_whitened(folder)
         if made is not None and made != on_whitened:   # (resumed as made; its key is checked in full all the same)
+            plain = "a plain call at the scalar sigma" if scalar else "a plain call with one std per feature"
             how = (f"reuse on (reuse_bytes > 0: the scalar sigma {float(k)!r} on the model with its features divided "
                    f"by sigma0; bounds equal to a plain call's up to rounding)" if made else
-                   "reuse off (reuse_bytes=0: a plain call with one std per feature)")
+                   f"reuse off (reuse_bytes=0: {plain})")
             validation.warn(f"{folder} was made with {how}, and this call has reuse {'on' if whiten else 'off'}: it "
                             f"resumes the folder as it was made; pass the first call's reuse_bytes (hcrfast bound: "
                             f"--reuse-gib) to run every sigma as that call did")
             on_whitened = made
-        if on_whitened and scalar and folder is not None and _stored_key(folder).get("noise") in (
-                repr(Gaussian(sigma)), repr(ScaledGaussian(1.0, scale=sigma))):
-            on_whitened = False   # a folder made by a call at the scalar sigma itself: resumed as it was made
         if not on_whitened:
             return sigma, bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
         if not whitened:

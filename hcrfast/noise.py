@@ -20,6 +20,7 @@ All three satisfy :class:`NoiseLaw` (``divergence``, ``sample``, ``describe``);
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -855,7 +856,7 @@ class ScaledInputs(torch.nn.Module):
 
     #: hcrfast's warnings name the user's model and its submodules, not this wrapper (``model.``)
     wraps_user_model = True
-    #: a checkpoint key names the model inside (checkpoint.key_model_fingerprint): the batch's holds the divisor
+    #: a checkpoint key names the model inside (checkpoint.key_model_fingerprint), and :attr:`key_note`
     keyed_elsewhere = True
 
     def __init__(self, model, scale: float):
@@ -864,30 +865,70 @@ class ScaledInputs(torch.nn.Module):
         self.scale = float(scale)
         self.training = bool(getattr(model, "training", False))  # mirrors the model's flag; changes none of it
 
+    @property
+    def key_note(self) -> str:
+        """What a checkpoint key adds to the model inside: the divisor, which the divided batch does not show
+        (x and 2x divided by 2^k and 2^(k+1) are the same bits)."""
+        return f"inputs divided by 2^{round(math.log2(self.scale))}"
+
     def forward(self, x):
         return self.model(x * self.scale)
 
 
+#: At most this many of a batch's values, evenly spaced, give its typical magnitude (:func:`input_scale`)
+INPUT_SCALE_SAMPLE = 65536
+
+
 def input_scale(model, batch) -> float | None:
-    """A power of two near the batch's largest magnitude where that is outside ``[tiny**(1/4), max**(1/4)]`` of
-    its dtype (float32 or float64 torch tensors, of a ``torch.nn.Module``), as for σ (:data:`WHITEN_ROOT`): the
-    steps ε are sized like the inputs where J is their inverse's scale (a model that normalizes inputs of 1e-20
-    by dividing them), and LSQR and the Krylov basis square them in that dtype. None otherwise (and for
-    anything the call refuses: its errors name it)."""
+    """A power of two near the batch's typical magnitude (the median of the nonzero magnitudes of at most
+    :data:`INPUT_SCALE_SAMPLE` of its values) where that is outside ``[tiny**(1/4), max**(1/4)]`` of its dtype
+    (float32 or float64 torch tensors, of a ``torch.nn.Module``), as for σ (:data:`WHITEN_ROOT`), and the
+    largest value divided by it is not: the steps ε are sized like the inputs where J is their inverse's scale
+    (a model that normalizes inputs of 1e-20 by dividing them), and LSQR and the Krylov basis square them in
+    that dtype. A batch of mixed scales (one column in units of 1e20 among columns near 1, one far pixel) is
+    left as it is: divided by its largest value, its other values' rows of J would leave the dtype instead. None
+    otherwise (and for anything the call refuses: its errors name it)."""
     if (not isinstance(model, torch.nn.Module) or not isinstance(batch, torch.Tensor)
             or batch.dtype not in (torch.float32, torch.float64) or batch.layout != torch.strided or not batch.numel()):
         return None
+    info = torch.finfo(batch.dtype)
+    low, high = info.tiny ** (1 / WHITEN_ROOT), info.max ** (1 / WHITEN_ROOT)
     try:
         with torch.no_grad():
-            low, high = torch.aminmax(batch.detach())
-            largest = max(abs(float(low)), abs(float(high)))
+            values = batch.detach()
+            smallest, biggest = torch.aminmax(values)
+            largest = max(abs(float(smallest)), abs(float(biggest)))
+            if not math.isfinite(largest) or largest == 0:
+                return None
+            sample = values.reshape(-1)[:: max(1, values.numel() // INPUT_SCALE_SAMPLE)].abs()   # (a view: no copy)
+            sample = sample[sample > 0]
+            typical = float(sample.median()) if sample.numel() else 0.0
     except Exception:   # a nested tensor, a meta one: the call's checks refuse it, in their own words
         return None
-    info = torch.finfo(batch.dtype)
-    if not math.isfinite(largest) or largest == 0 or (
-            info.tiny ** (1 / WHITEN_ROOT) <= largest <= info.max ** (1 / WHITEN_ROOT)):
+    if typical == 0 or low <= typical <= high:
         return None
-    return 2.0 ** round(math.log2(largest))
+    scale = 2.0 ** round(math.log2(typical))
+    return scale if largest / scale <= high else None
+
+
+#: LSQR's damp as the caller gave it, while a call runs with it scaled (:func:`_undivided_damping`): what its
+#: messages quote (:func:`shown_damp`), not the divided problem's value the user never wrote
+_DAMP_AS_GIVEN: contextvars.ContextVar = contextvars.ContextVar("hcrfast_damp_as_given", default=None)
+
+
+def _with_damp_as_given(fn, damp: float, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with :func:`shown_damp` giving ``damp``, the caller's value."""
+    token = _DAMP_AS_GIVEN.set(damp)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _DAMP_AS_GIVEN.reset(token)
+
+
+def shown_damp(damp: float) -> float:
+    """``damp`` (LSQR's, as a call runs with it) as the caller gave it, for a message."""
+    given = _DAMP_AS_GIVEN.get()
+    return damp if given is None else given
 
 
 def _undivided_damping(arguments: dict, unit: float) -> dict:
@@ -1073,6 +1114,7 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
             return fn(*args, **kwargs)
         # a damping is in J's units (features per input): in the divided problem, times inputs / sigma
         given = _undivided_damping(bound_args.arguments, (inputs or 1.0) / (scale or 1.0))
+        run = fn if "lsqr" not in given else functools.partial(_with_damp_as_given, fn, given["lsqr"])
         if inputs is not None:
             bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
             bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
@@ -1086,15 +1128,15 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
             whitened.keyed_elsewhere = True   # its σ is the noise's repr in a checkpoint key (ScaledGaussian)
             bound_args.arguments[model_name] = whitened
             bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
-            result = as_scaled_result(fn(*bound_args.args, **bound_args.kwargs), scale)
+            result = as_scaled_result(run(*bound_args.args, **bound_args.kwargs), scale)
         elif stds is not None:
             label = per_feature_label(stds)
             bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
                                                        bound_args.arguments[batch_name], stds, certify)
             bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
-            result = as_per_feature_result(fn(*bound_args.args, **bound_args.kwargs), stds, label=label)
+            result = as_per_feature_result(run(*bound_args.args, **bound_args.kwargs), stds, label=label)
         else:
-            result = fn(*bound_args.args, **bound_args.kwargs)
+            result = run(*bound_args.args, **bound_args.kwargs)
         _damping_given_back(result, given, (inputs or 1.0) / (scale or 1.0))
         return result if inputs is None else as_input_scaled_result(result, inputs)
 

@@ -2406,3 +2406,38 @@ def test_a_checkpoint_of_a_far_sigma_resumed_at_another_names_sigma_alone():
     text = str(err.value)
     assert ("(noise: 'Gaussian(sigma=1e+19) on the features divided by sigma' -> 'Gaussian(sigma=2e+19) on the "
             "features divided by sigma')") in text and "ScaledGaussian" not in text and "model:" not in text
+
+
+def test_a_batch_of_mixed_scales_is_left_undivided_and_a_divisor_is_keyed():
+    """Dividing a batch by its largest value (one tabular column in units of 1e20 among columns near 1) made the
+    other columns ~1e-20 and their rows of J ~1e20: LSQR and the Krylov solve overflowed where the batch as it is
+    ran. Only a batch whose typical value is far from 1 is divided now. And x and 2x divided by 2^k and 2^(k+1)
+    are the same bits: a checkpoint of one resumed the other, wrong; the divisor is in the key."""
+    import tempfile
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    unit = torch.tensor([1e20, 1, 1, 1, 1, 1.0])
+    model, x = _DividesInputs(net, unit).eval(), torch.randn(3, 6) * unit
+    kw = dict(restarts=2, iterations=2, basis="pixel")
+    dense = hcrfast.bound(model, x, 0.1, solver="dense", **kw)
+    krylov = hcrfast.bound(model, x, 0.1, solver="krylov", **kw)
+    hcrfast.bound(model, x, 0.1, solver="lsqr", **kw)   # (refused as an overflow before)
+    assert "inputs_divided_by" not in krylov.params and "inputs_divided_by" not in dense.params
+    np.testing.assert_allclose(krylov.std, dense.std, rtol=1e-4)
+    far = _DividesInputs(net, 1e20).eval()
+    x = torch.randn(3, 6) * 1e20
+    with tempfile.TemporaryDirectory() as folder:
+        hcrfast.bound(far, x, 0.1, solver="dense", checkpoint=folder, **kw)
+        with pytest.raises(hcrfast.CheckpointMismatchError, match=r"inputs divided by 2\^(\d+)' -> .*inputs divided by 2\^"):
+            hcrfast.bound(far, 2 * x, 0.1, solver="dense", checkpoint=folder, **kw)
+
+
+def test_a_warning_quotes_lsqr_s_damp_as_given_where_the_features_are_divided():
+    """The warm-start warning quoted LSQROptions(damp=0.1), the divided problem's value, for damp=1e18 at
+    sigma = 1e19; it quotes what the user wrote."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    with pytest.warns(hcrfast.HcrfastWarning, match=r"warm_start=True does not apply with LSQROptions\(damp=1e\+18\)"):
+        hcrfast.bound(_Times(net, 1e20).eval(), torch.randn(2, 6), 1e19, restarts=2, iterations=2, basis="pixel",
+                      solver="lsqr", lsqr=hcrfast.LSQROptions(damp=1e18))

@@ -1066,3 +1066,39 @@ def test_a_sweep_far_from_1_shares_its_factors_and_reads_in_the_call_s_units(sol
         np.testing.assert_allclose(np.asarray(f.z) / c, b.z, rtol=1e-4, atol=1e-6)
         assert f.params["sigma"] == k * 0.1 * c and f.params["features_divided_by"] == 0.1 * c
         assert f.params["noise"] == hcrfast.Gaussian(k * 0.1 * c).describe()
+
+
+@pytest.mark.parametrize("first, second", [(None, 0), (0, None)])
+def test_a_far_sweep_resumed_with_reuse_switched_resumes_its_folders_as_made(tmp_path, first, second):
+    """A sweep at a far scalar sigma0 divides the features once where factors are kept (reuse on), and runs each
+    sigma as it is where not. Interrupted with reuse on and resumed with reuse_bytes=0, it was refused naming
+    'PerFeatureStd:sha256:...' and 'Gaussian(sigma=0.5)'; it now resumes each folder as it was made, with a
+    warning, and gives the c = 1 sweep's bounds."""
+    from test_bound import _Times
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+
+    class Failing(torch.nn.Module):
+        def __init__(self, after):
+            super().__init__()
+            self.inner, self.calls, self.after = _Times(net, 1e15), 0, after
+
+        def forward(self, t):
+            self.calls += 1
+            if self.after is not None and self.calls > self.after:
+                raise RuntimeError("interrupted")
+            return self.inner(t)
+
+    x = torch.randn(4, 6)
+    kw = dict(restarts=2, iterations=2, basis="pixel", chunk_size=1, solver="dense")
+    scales = [0.5, 1.0, 2.0]
+    want = hcrfast.sweep_sigma(net, x, scales, sigma0=0.1, **kw)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        hcrfast.sweep_sigma(Failing(40).eval(), x, scales, sigma0=0.1 * 1e15, checkpoint=tmp_path, reuse_bytes=first,
+                            **kw)
+    with pytest.warns(hcrfast.HcrfastWarning, match="resumes the folder as it was made"):
+        got = hcrfast.sweep_sigma(Failing(None).eval(), x, scales, sigma0=0.1 * 1e15, checkpoint=tmp_path,
+                                  reuse_bytes=second, **kw)
+    for g, w in zip(got.bounds, want.bounds):
+        np.testing.assert_allclose(g.std, w.std, rtol=1e-3)
