@@ -31,7 +31,7 @@ import torch
 from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host, warnings_ignored
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, key_model_fingerprint,
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, key_batch_fingerprint, key_model_fingerprint,
                                 gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
@@ -1939,7 +1939,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
         if reuse is not None:
             # (the user's model: a ScaledInputs made afresh each call has an id of its own each call)
-            reuse.match((id(validation.user_model(user_model)), model_fingerprint(model), batch_fingerprint(batch), str(batch.device),
+            reuse.match((id(validation.user_model(user_model)), model_fingerprint(model),
+                         key_batch_fingerprint(model, batch), str(batch.device),
                          sha256_tensors(example_ids), solver, jacobian, json.dumps(dataclasses.asdict(options)),
                          krylov_pilots, int(seed), size, restarts, basis, tf32,
                          None if targets is None else sha256_tensors(np.asarray(
@@ -2025,7 +2026,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         if checkpoint is not None:
             key = dict(
                 format=CHECKPOINT_FORMAT, model=key_model_fingerprint(model), example_ids=sha256_tensors(example_ids),
-                batch=batch_fingerprint(batch),
+                batch=key_batch_fingerprint(model, batch),
                 noise=repr(noise), size=size, iterations=iterations, restarts=restarts, seed=int(seed),
                 linearize_at=linearize_at, basis=basis, certify=bool(certify), jacobian=jacobian,
                 lsqr=dataclasses.asdict(options), tf32=bool(tf32), warm_start=bool(warm_start), solver=solver,

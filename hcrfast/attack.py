@@ -48,7 +48,7 @@ from hcrfast.bindings import (
 from hcrfast.lsqr import LSQROptions
 from hcrfast.lsqr import lsqr as lsqr_solve
 from hcrfast.noise import Gaussian, ScaledGaussian, accepts_per_feature_sigma, as_noise
-from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps,
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, gaps, key_batch_fingerprint,
                                 key_model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.results import (counted, load_npz, median_count, mse_from_modes, revision_line, revision_loaded,
                              revision_saved, run_record, same_result, save_npz, short_repr)
@@ -656,7 +656,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         if checkpoint is not None:
             saved = Checkpoint(checkpoint, dict(
                 format=CHECKPOINT_FORMAT, model=key_model_fingerprint(model), example_ids=sha256_tensors(example_ids),
-                batch=batch_fingerprint(batch),
+                batch=key_batch_fingerprint(model, batch),
                 noise=repr(noise), draws=draws, steps=steps, damping=damping, seed=int(seed), basis=basis,
                 start=start if isinstance(start, str) else f"tensor sha256:{sha256_tensors(start_points)}",
                 tol=tol, lsqr=dataclasses.asdict(options), jacobian=jacobian), example_ids,

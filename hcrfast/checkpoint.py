@@ -251,16 +251,25 @@ def key_model_fingerprint(model) -> str:
     """A checkpoint key's name for the model: :func:`model_fingerprint` of the user's model inside those of
     hcrfast's wrappers whose own values other entries of the key hold already (``keyed_elsewhere``: the
     noise.PerFeatureStd of one std that a far σ runs on, whose σ the noise's repr holds; noise.ScaledInputs,
-    whose divisor its ``key_note`` adds: the divided batches of x and 2x are the same bits). A wrapper made elsewhere (a sweep's, dividing by its sigma0,
+    whose divisor :func:`key_batch_fingerprint` adds to the batch's entry). A wrapper made elsewhere (a sweep's, dividing by its sigma0,
     which no other entry holds) keeps its fingerprint. Without that, a call at σ = 1e19 resumed at 2e19
     was told its model had changed, in the wrapper's name. A per-feature wrapper keeps its own fingerprint,
     as keys made before 2026-12-02 hold it."""
-    notes = []
     while getattr(model, "keyed_elsewhere", False):   # (set by the wrapper that made it, which keys its value)
+        model = model.model
+    return model_fingerprint(model)
+
+
+def key_batch_fingerprint(model, batch) -> str:
+    """A checkpoint key's name for the batch a call runs on: :func:`batch_fingerprint`, and the ``key_note`` of
+    each of hcrfast's wrappers around ``model`` that divided it (noise.ScaledInputs: "inputs divided by 2^k";
+    the divided batches of x and 2x are the same bits, and a checkpoint of one resumed the other)."""
+    notes = []
+    while getattr(model, "keyed_elsewhere", False):
         if getattr(model, "key_note", None):
             notes.append(model.key_note)
         model = model.model
-    return model_fingerprint(model) + "".join(f"; {note}" for note in notes)
+    return batch_fingerprint(batch) + "".join(f"; {note}" for note in notes)
 
 
 #: How a mismatch names a noise run on the features divided by its σ (noise.ScaledGaussian's repr)

@@ -886,7 +886,9 @@ def input_scale(model, batch) -> float | None:
     largest value divided by it is not: the steps ε are sized like the inputs where J is their inverse's scale
     (a model that normalizes inputs of 1e-20 by dividing them), and LSQR and the Krylov basis square them in
     that dtype. A batch of mixed scales (one column in units of 1e20 among columns near 1, one far pixel) is
-    left as it is: divided by its largest value, its other values' rows of J would leave the dtype instead. None
+    left as it is: divided by its largest value, its other values' rows of J would leave the dtype instead; so
+    is a batch whose smallest nonzero value, divided, would not be a normal number (it would not come back
+    bit for bit). None
     otherwise (and for anything the call refuses: its errors name it)."""
     if (not isinstance(model, torch.nn.Module) or not isinstance(batch, torch.Tensor)
             or batch.dtype not in (torch.float32, torch.float64) or batch.layout != torch.strided or not batch.numel()):
@@ -908,7 +910,15 @@ def input_scale(model, batch) -> float | None:
     if typical == 0 or low <= typical <= high:
         return None
     scale = 2.0 ** round(math.log2(typical))
-    return scale if largest / scale <= high else None
+    if largest / scale > high:
+        return None
+    if scale > 1:   # dividing shrinks: every nonzero value must stay normal, or it would not come back bit for bit
+        with torch.no_grad():
+            magnitudes = batch.detach().abs()
+            smallest = float(magnitudes.masked_fill(magnitudes == 0, math.inf).min())
+        if smallest / scale < info.tiny:
+            return None
+    return scale
 
 
 #: LSQR's damp as the caller gave it, while a call runs with it scaled (:func:`_undivided_damping`): what its

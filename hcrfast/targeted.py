@@ -55,7 +55,7 @@ from hcrfast.algorithm import (_ROUNDING_TOLERANCE, _Eta, _StillTheSameFunction,
                                _warn_rounding, _widened, coordinates_down, divergence_underflow, infinite_derivative)
 from hcrfast.backend import get_array_module, host_argument, to_host
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, to_torch
-from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, batch_fingerprint, gaps,
+from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, gaps, key_batch_fingerprint,
                                 key_model_fingerprint, sha256_tensors, taken_back_on_failure)
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import Gaussian, accepts_per_feature_sigma, as_noise, divergence_of
@@ -913,7 +913,7 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
             result = _in_pieces(piece, B, per, xp, progress=progress, checkpoint=checkpoint,
                                 key=lambda: dict(  # hashed only for a checkpoint
                                     format=CHECKPOINT_FORMAT, model=key_model_fingerprint(model),
-                                    batch=batch_fingerprint(batch),
+                                    batch=key_batch_fingerprint(model, batch),
                                     noise=repr(noise), size=size, modes=sha256_tensors(modes), basis=basis,
                                     method=method, certify=bool(certify), jacobian=jacobian, lsqr=params["lsqr"],
                                     null_probes=bool(null_probes), tf32=bool(tf32)),
