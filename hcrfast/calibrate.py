@@ -12,6 +12,8 @@ statistic, so infinite bounds need no interpolation).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import numbers
 import os
@@ -749,7 +751,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     from hcrfast import validation
     from hcrfast.algorithm import bound
     from hcrfast.noise import Gaussian, ScaledGaussian, _stored_key, _whiten, as_per_feature_result, as_scaled_result
-    from hcrfast.noise import whitened_scale
+    from hcrfast.noise import _damping_given_back, _with_damp_as_given, whitened_scale
 
     checkpoint = validation.checkpoint_folder(checkpoint)
     validation.flag("progress", progress)
@@ -770,7 +772,7 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
             made = None
         elif scalar:   # a far sigma0: divided out here (reuse on), or each call at its own sigma (reuse off; or
             stored = _stored_key(folder)   # a version before 2026-12-02, on the features as they are)
-            made = (True if stored.get("noise") == repr(Gaussian(float(k)))
+            made = (True if stored.get("noise") in (repr(Gaussian(float(k))), repr(ScaledGaussian(1.0, scale=float(k))))
                     and str(stored.get("model", "")).startswith("PerFeatureStd:") else
                     False if stored.get("noise") in (repr(Gaussian(sigma)), repr(ScaledGaussian(1.0, scale=sigma)))
                     else None)
@@ -789,14 +791,20 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
             return sigma, bound(model, batch, sigma, progress=progress, checkpoint=folder, **bound_kwargs)
         if not whitened:
             whitened.append(_whiten(model, batch, profile, bound_kwargs.get("certify", True)))
+        kwargs, call, damp = bound_kwargs, bound, getattr(bound_kwargs.get("lsqr"), "damp", 0) or 0
+        if scalar and damp > 0:   # LSQR's damp is in J's units: the divided features' J is J / sigma0
+            kwargs = {**bound_kwargs, "lsqr": dataclasses.replace(bound_kwargs["lsqr"], damp=damp / float(profile))}
+            call = functools.partial(_with_damp_as_given, bound, damp)   # (its warnings quote the user's)
         try:
-            res = bound(whitened[0], batch, float(k), progress=progress, checkpoint=folder, **bound_kwargs)
+            res = call(whitened[0], batch, float(k), progress=progress, checkpoint=folder, **kwargs)
         except (ValueError, ArithmeticError) as exc:   # bound named the scalar sigma k it ran at, not sigma0's
             new = _per_feature_named(exc, k, sigma)
             if new is exc:
                 raise
             raise new from exc.__cause__
         if scalar:   # (where bound divided the features by k itself too, they were divided by k·sigma0 in all)
+            if damp > 0:
+                _damping_given_back(res, {"lsqr": damp}, 1.0)
             return sigma, as_scaled_result(res, float(profile), sigma=sigma,
                                            divided_by=float(profile) * res.params.get("features_divided_by", 1.0))
         return sigma, as_per_feature_result(res, sigma, divided_by=profile)

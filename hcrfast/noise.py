@@ -881,7 +881,7 @@ INPUT_SCALE_SAMPLE = 65536
 
 def input_scale(model, batch) -> float | None:
     """A power of two near the batch's typical magnitude (the median of the nonzero magnitudes of at most
-    :data:`INPUT_SCALE_SAMPLE` of its values) where that is outside ``[tiny**(1/4), max**(1/4)]`` of its dtype
+    :data:`INPUT_SCALE_SAMPLE` of its values, drawn at random with a fixed seed) where that is outside ``[tiny**(1/4), max**(1/4)]`` of its dtype
     (float32 or float64 torch tensors, of a ``torch.nn.Module``), as for σ (:data:`WHITEN_ROOT`), and the
     largest value divided by it is not: the steps ε are sized like the inputs where J is their inverse's scale
     (a model that normalizes inputs of 1e-20 by dividing them), and LSQR and the Krylov basis square them in
@@ -902,7 +902,11 @@ def input_scale(model, batch) -> float | None:
             largest = max(abs(float(smallest)), abs(float(biggest)))
             if not math.isfinite(largest) or largest == 0:
                 return None
-            sample = values.reshape(-1)[:: max(1, values.numel() // INPUT_SCALE_SAMPLE)].abs()   # (a view: no copy)
+            flat = values.reshape(-1)
+            if flat.numel() > INPUT_SCALE_SAMPLE:   # drawn at random (seeded): a stride could land on one column
+                picks = torch.randint(flat.numel(), (INPUT_SCALE_SAMPLE,), generator=torch.Generator().manual_seed(0))
+                flat = flat[picks.to(flat.device)]
+            sample = flat.abs()
             sample = sample[sample > 0]
             typical = float(sample.median()) if sample.numel() else 0.0
     except Exception:   # a nested tensor, a meta one: the call's checks refuse it, in their own words
@@ -915,7 +919,7 @@ def input_scale(model, batch) -> float | None:
     if scale > 1:   # dividing shrinks: every nonzero value must stay normal, or it would not come back bit for bit
         with torch.no_grad():
             magnitudes = batch.detach().abs()
-            smallest = float(magnitudes.masked_fill(magnitudes == 0, math.inf).min())
+            smallest = float(torch.where(magnitudes > 0, magnitudes, math.inf).amin())
         if smallest / scale < info.tiny:
             return None
     return scale

@@ -2446,3 +2446,15 @@ def test_a_warning_quotes_lsqr_s_damp_as_given_where_the_features_are_divided():
     with pytest.warns(hcrfast.HcrfastWarning, match=r"warm_start=True does not apply with LSQROptions\(damp=1e\+18\)"):
         hcrfast.bound(_Times(net, 1e20).eval(), torch.randn(2, 6), 1e19, restarts=2, iterations=2, basis="pixel",
                       solver="lsqr", lsqr=hcrfast.LSQROptions(damp=1e18))
+
+
+def test_the_typical_value_of_a_batch_is_not_taken_from_one_column():
+    """input_scale took every k-th value: with rows of 6 and 65,536 rows the stride was 6, and every value it
+    saw was column 0's (units of 1e20): the batch was divided as if all of it were, where 4 such rows were not."""
+    unit = torch.tensor([1e20, 1, 1, 1, 1, 1.0])
+    net = torch.nn.Linear(6, 3)
+    for rows in (4, 65536):
+        x = torch.randn(rows, 6, generator=torch.Generator().manual_seed(0)) * unit
+        assert hcrfast.noise.input_scale(_DividesInputs(net, unit), x) is None
+    x = torch.randn(65536, 6, generator=torch.Generator().manual_seed(0)) * 1e20   # (all of it far: divided)
+    assert hcrfast.noise.input_scale(_DividesInputs(net, 1e20), x) == 2.0 ** 66

@@ -1102,3 +1102,24 @@ def test_a_far_sweep_resumed_with_reuse_switched_resumes_its_folders_as_made(tmp
                                   reuse_bytes=second, **kw)
     for g, w in zip(got.bounds, want.bounds):
         np.testing.assert_allclose(g.std, w.std, rtol=1e-3)
+
+
+def test_a_far_sweep_with_lsqr_damp_is_the_direct_calls_and_a_far_k_resumes_as_made(tmp_path):
+    """A far scalar sigma0 divided out once passed LSQR's damp unscaled to a J 1e12 times smaller: the sweep's
+    bounds came out ~1e11 below the direct call's at the same sigma, with the same damp recorded. And a folder of a
+    k itself far (divided again by bound) was not recognized as made with reuse on: refused on resume with reuse
+    off."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8)).eval()
+    x = torch.randn(3, 6)
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="krylov", lsqr=hcrfast.LSQROptions(damp=1e-3))
+    swept = hcrfast.sweep_sigma(net, x, [1.0], sigma0=1e12, **kw)
+    direct = hcrfast.bound(net, x, 1e12, **kw)
+    np.testing.assert_allclose(swept.bounds[0].std, direct.std, rtol=1e-3)
+    assert swept.bounds[0].params["lsqr"]["damp"] == 1e-3
+    kw = dict(restarts=2, iterations=2, basis="pixel", solver="dense")
+    first = hcrfast.sweep_sigma(net, x, [1e-10, 1.0], sigma0=1e12, checkpoint=tmp_path, **kw)
+    with pytest.warns(hcrfast.HcrfastWarning, match="scale_1e-10 was made with reuse on"):
+        again = hcrfast.sweep_sigma(net, x, [1e-10, 1.0], sigma0=1e12, checkpoint=tmp_path, reuse_bytes=0, **kw)
+    for a, b in zip(first.bounds, again.bounds):
+        assert a.std.tobytes() == b.std.tobytes()
