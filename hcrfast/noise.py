@@ -1090,20 +1090,20 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
                          device=batch.device if isinstance(batch, torch.Tensor) else None)
 
 
-def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inputs: bool = False):
+def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
     """Let ``fn(model, batch, sigma, ...)`` (bound, targeted_bound, the attack) take one std per feature
     as its third argument (by position or name): it runs on :class:`PerFeatureStd` with the unit
     :class:`PerFeatureGaussian`, and its result says so in ``params`` (``sigma`` None, ``noise`` naming
     the stds) and gives feature shifts (``z``) in the model's own units (the attack's residuals stay in
-    those of the divided features). With ``whiten_scalar``, a Gaussian σ too far from 1 for the features'
+    those of the divided features). A Gaussian σ too far from 1 for the features'
     dtype (:func:`whitened_scale`) runs the same way, on the features divided by σ with
     :class:`ScaledGaussian`, and its result reads as the σ call's (``params["sigma"]`` σ,
-    ``params["features_divided_by"]`` σ, ``z`` in the model's units). With ``scale_inputs``, a batch whose
-    largest value is that far from 1 for its dtype (:func:`input_scale`) runs as the batch divided by a power
+    ``params["features_divided_by"]`` σ, ``z`` and the attack's residuals in the model's units). With ``scale_inputs``, a batch
+    whose typical value is that far from 1 for its dtype (:func:`input_scale`) runs as the batch divided by a power
     of two, on :class:`ScaledInputs`, and its result reads as the batch's (:func:`as_input_scaled_result`).
     Any other number or noise law goes straight to ``fn``."""
     if fn is None:
-        return functools.partial(accepts_per_feature_sigma, whiten_scalar=whiten_scalar, scale_inputs=scale_inputs)
+        return functools.partial(accepts_per_feature_sigma, scale_inputs=scale_inputs)
     signature = inspect.signature(fn)
     model_name, batch_name, sigma_name = list(signature.parameters)[:3]
     certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
@@ -1117,7 +1117,7 @@ def accepts_per_feature_sigma(fn=None, *, whiten_scalar: bool = True, scale_inpu
             raise TypeError(f"{fn.__module__.split('.')[0]}.{fn.__name__}(): {exc}; its arguments are {known}") from None
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
-        scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None and whiten_scalar else None
+        scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None else None
         checkpoint = bound_args.arguments.get("checkpoint")
         if scale is not None and _begun_unscaled(checkpoint, scale):
             scale = None   # resumed as it was begun (by a version before 2026-12-02): on the features as they are
