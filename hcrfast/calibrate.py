@@ -853,15 +853,11 @@ def _folder_whitened(folder: Path) -> bool | None:
     feature) was made on the whitened model (reuse on: a scalar σ's noise) or as a plain per-feature call (reuse
     off: :class:`~hcrfast.noise.PerFeatureGaussian` noise); None where it holds no readable bound key (the call
     writes or refuses it)."""
-    import json
-
     from hcrfast.checkpoint import FORMAT
+    from hcrfast.noise import _stored_key
 
-    try:
-        stored = json.loads((folder / "key.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(stored, dict) or stored.get("format") != FORMAT or not isinstance(stored.get("noise"), str):
+    stored = _stored_key(folder)
+    if stored.get("format") != FORMAT or not isinstance(stored.get("noise"), str):
         return None
     return not stored["noise"].startswith("PerFeatureGaussian(")
 
