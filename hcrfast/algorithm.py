@@ -1206,7 +1206,7 @@ def _krylov_params(steps, ranks, pilots: int, redone=None, passes=None, auto: bo
                 products_needed_per_example=float(np.mean((2 * needed + 1).sum(axis=1))))
 
 
-def _basis_progress(start: int, stop: int, total: int, t_start: float):
+def _basis_progress(start: int, stop: int, total: int, t_start: float, who: str = "hcrfast.bound"):
     """``progress=True``: once a chunk's basis has run :data:`_PROGRESS_EVERY` seconds, a line every 256
     steps or that many seconds, whichever comes first, and its last step where a line came before. A basis
     built sooner prints nothing (the chunk's own line follows): the first and last steps of every basis
@@ -1220,7 +1220,7 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float):
                now - began >= _PROGRESS_EVERY and (steps - last[0] >= 256 or now - last[1] >= _PROGRESS_EVERY))
         if due:
             last[:] = [steps, now, True]
-            validation.say(f"hcrfast: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} "
+            validation.say(f"{who}: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} "
                            f"still running ({now - t_start:.1f} s)")
             _said()
     return report
@@ -1259,7 +1259,7 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
             now = time.monotonic()
             if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
-                validation.say(f"hcrfast{tag}: examples {start}-{stop - 1} of {total}: "
+                validation.say(f"hcrfast.bound{tag}: examples {start}-{stop - 1} of {total}: "
                                f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into "
                                f"this chunk ({time.perf_counter() - t_start:.1f} s)")
                 _said()
@@ -1288,11 +1288,11 @@ def _every(t_start: float, line):
     return report
 
 
-def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: float):
+def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: float, who: str = "hcrfast.bound"):
     """``progress=True`` under LSQR: lines from inside a chunk's solves (a chunk of the automatic size
     can take many minutes): its step of Algorithm 1, LSQR's iteration and the problems still running."""
     return _every(t_start, lambda j, steps, active, rows: (
-        f"hcrfast: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration {steps}, "
+        f"{who}: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration {steps}, "
         f"{active} of {rows} problems running"))
 
 
@@ -2083,8 +2083,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     try:
                         with np.errstate(over="ignore", invalid="ignore"):  # as the solve below
                             basis = krylov.build(op, pilot, options,
-                                                 progress=_basis_progress(start, stop, B, t_start) if progress
-                                                 else None)
+                                                 progress=_basis_progress(start, stop, B, t_start,
+                                                                          f"hcrfast.bound{tag}") if progress else None)
                     except krylov.BasisOverflow as exc:   # in LSQR's words for the same inputs (_check_perturbations)
                         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
                                          f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "
@@ -2120,7 +2120,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     model, x, f0, z0, iterations=iterations, linearize_at=linearize_at,
                     options=options, jacobian=jacobian, warm_start=warm_start, min_norm=min_norm, basis=basis,
                     krylov_pilots=krylov_pilots, keep_iterates=iterates == "all",
-                    progress=_lsqr_progress(start, stop, B, iterations, t_start) if progress and solver == "lsqr"
+                    progress=_lsqr_progress(start, stop, B, iterations, t_start, f"hcrfast.bound{tag}")
+                    if progress and solver == "lsqr"
                     else None)
             c_ranks = None if min_norm is None else min_norm.rank.cpu().numpy()
             if basis is not None:  # the pilots' first steps are where the products went
@@ -2486,7 +2487,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if progress:
                 done = (f"examples {reused + computed[0]}/{B}" if not tag
                         else f"{computed[0]}/{computed[2]} of this process's examples")
-                _progress_line(f"hcrfast{tag}", done, t_start, computed[1], computed[0], computed[2])
+                _progress_line(f"hcrfast.bound{tag}", done, t_start, computed[1], computed[0], computed[2])
 
         def beating(start, stop):
             with _heartbeat(progress, start, stop, B, t_start, tag):
@@ -2496,7 +2497,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if saved is not None:   # the chunks from here on are of this size: theirs to record
                 saved.chunk_size = chunk
             if progress:
-                validation.say(f"hcrfast{tag}: out of memory, chunk halved to {chunk} examples")
+                validation.say(f"hcrfast.bound{tag}: out of memory, chunk halved to {chunk} examples")
 
         def read_back():
             """Fill the rows of the checkpoint's finished chunks that are not filled yet; the list of chunks."""
@@ -2534,7 +2535,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             reused = sum(stop - start for start, stop, _ in finished)
             todo = checkpoint_gaps(B, finished)
             if progress and reused:
-                validation.say(f"hcrfast{tag}: {reused} of {B} examples read back from {checkpoint}")
+                validation.say(f"hcrfast.bound{tag}: {reused} of {B} examples read back from {checkpoint}")
         if world is not None and world.size > 1:
             world.agree("listed")  # every process has listed the folder before any writes to it
             pieces = [(a, min(hi, a + chunk_size)) for lo, hi in todo for a in range(lo, hi, chunk_size)]
@@ -2561,7 +2562,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             reuse.chunk_size = chunk_size  # halved where memory ran out: the next call starts there
         if world is not None and world.size > 1:
             if progress:
-                validation.say(f"hcrfast{tag}: this process's pieces are done; waiting for the others")
+                validation.say(f"hcrfast.bound{tag}: this process's pieces are done; waiting for the others")
             # every piece is in the folder now (or a process's error is raised here); factors reused, all told
             reused_factors[0] = sum(world.agree("done", reused_factors[0]))
             missing = checkpoint_gaps(B, read_back())  # the other processes' pieces

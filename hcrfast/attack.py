@@ -270,8 +270,8 @@ def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
     """``progress=True``: lines from inside a chunk's Gauss–Newton iterations (a chunk of the automatic
     size can take minutes)."""
     return _every(t_start, lambda j, running, rows: (
-        f"hcrfast attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, {running} of "
-        f"{rows} draws running"))
+        f"hcrfast.gauss_newton_attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, "
+        f"{running} of {rows} draws running"))
 
 
 def _frobenius_estimate(model, points, *, jacobian, xp):
@@ -643,14 +643,14 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 saved.save(lo, hi, **{k: to_host(a[lo:hi]) for k, a in out.items()})
             done[0] += hi - lo
             if progress:
-                _progress_line("hcrfast attack", f"examples {B - to_compute + done[0]}/{B}", t_start, eta,
+                _progress_line("hcrfast.gauss_newton_attack", f"examples {B - to_compute + done[0]}/{B}", t_start, eta,
                                done[0], to_compute)
 
         def on_halve(chunk):
             if saved is not None:   # the chunks from here on are of this size: theirs to record
                 saved.chunk_size = chunk
             if progress:
-                validation.say(f"hcrfast attack: out of memory, chunk halved to {chunk} examples")
+                validation.say(f"hcrfast.gauss_newton_attack: out of memory, chunk halved to {chunk} examples")
 
         todo, saved = [(0, B)], None
         if checkpoint is not None:
@@ -671,7 +671,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                 saved.check_writable()
         to_compute, done, eta = sum(hi - lo for lo, hi in todo), [0], _Eta(time.perf_counter())
         if progress and to_compute < B:
-            validation.say(f"hcrfast attack: {B - to_compute} of {B} examples read back from {checkpoint}")
+            validation.say(f"hcrfast.gauss_newton_attack: {B - to_compute} of {B} examples read back from {checkpoint}")
         for lo, hi in todo:
             chunk_size = _in_chunks(hi - lo, chunk_size, lambda a, b, lo=lo: compute(lo + a, lo + b), batch.device,
                                     store=lambda a, b, r, lo=lo: store(lo + a, lo + b, r), on_halve=on_halve)

@@ -371,7 +371,7 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
                         "seconds": time.perf_counter() - t0,
                         "reused_examples": (res.params.get("reuse") or {}).get("examples", 0)})
         if progress:
-            say(f"hcrfast sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
+            say(f"hcrfast.sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
                 f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s")
         return res, stat
 
@@ -652,7 +652,7 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
             seconds.append(time.perf_counter() - t0)
             reused.append((res.params.get("reuse") or {}).get("examples", 0))
             if progress:
-                say(f"hcrfast sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
+                say(f"hcrfast.sweep_sigma: {i + 1}/{values.size}: scale {k:.6g}, median bound "
                     f"{statistic_of(res):.6g}, {seconds[-1]:.1f} s")
     return SigmaSweep(scales=values, sigma0=float(profile) if scalar else profile, sigmas=sigmas, bounds=results,
                       seconds=seconds, reused_examples=reused, reuse_bytes=reuse_bytes)

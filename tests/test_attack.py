@@ -286,7 +286,7 @@ def test_progress_prints_one_line_per_chunk_with_an_eta_until_the_last(capsys):
     assert capsys.readouterr().err == ""
     loud = gauss_newton_attack(model, x, 0.2, draws=2, steps=1, chunk_size=1, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert [line.split(" done")[0] for line in lines] == [f"hcrfast attack: examples {k}/3" for k in (1, 2, 3)]
+    assert [line.split(" done")[0] for line in lines] == [f"hcrfast.gauss_newton_attack: examples {k}/3" for k in (1, 2, 3)]
     assert all("ETA" in line for line in lines[:2]) and "ETA" not in lines[2]
     np.testing.assert_array_equal(loud.estimates, quiet.estimates)
 
@@ -430,7 +430,7 @@ def test_attack_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, monkeyp
     capsys.readouterr()
     again = gauss_newton_attack(model, x, 0.3, checkpoint=tmp_path, progress=True, **kw)
     assert again.params["checkpoint"]["examples_read_back"] == 4
-    assert "hcrfast attack: 4 of 5 examples read back" in capsys.readouterr().err
+    assert "hcrfast.gauss_newton_attack: 4 of 5 examples read back" in capsys.readouterr().err
     for name in AttackResult._ARRAYS:
         np.testing.assert_array_equal(getattr(again, name), getattr(whole, name), err_msg=name)
     with pytest.raises(hcrfast.CheckpointMismatchError, match="draws: 3 -> 4"):
@@ -497,9 +497,9 @@ def test_progress_speaks_from_inside_a_long_chunk(capsys, monkeypatch):
     monkeypatch.setattr(algorithm, "_PROGRESS_EVERY", 0.0)
     loud = gauss_newton_attack(model, x, 0.2, draws=2, steps=2, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert re.fullmatch(r"hcrfast attack: examples 0-2 of 3: Gauss-Newton step 1/2, 6 of 6 draws running "
+    assert re.fullmatch(r"hcrfast.gauss_newton_attack: examples 0-2 of 3: Gauss-Newton step 1/2, 6 of 6 draws running "
                         r"\(\d+\.\d s\)", lines[0]), lines
-    assert lines[-1].startswith("hcrfast attack: examples 3/3 done")
+    assert lines[-1].startswith("hcrfast.gauss_newton_attack: examples 3/3 done")
     np.testing.assert_array_equal(loud.estimates, quiet.estimates)
 
 

@@ -1528,8 +1528,8 @@ def test_progress_speaks_from_inside_a_long_lsqr_chunk(capsys, monkeypatch):
     loud = hcrfast.bound(net, x, 0.2, progress=True, **kw)
     lines = capsys.readouterr().err.strip().splitlines()
     inside = [line for line in lines if "LSQR iteration" in line]
-    assert inside[0].startswith("hcrfast: examples 0-2 of 3: step 1/2, LSQR iteration 0, 6 of 6 problems running (")
-    assert any(re.match(r"hcrfast: examples 0-2 of 3: step 2/2, LSQR iteration \d+, 0 of 6 problems running", line)
+    assert inside[0].startswith("hcrfast.bound: examples 0-2 of 3: step 1/2, LSQR iteration 0, 6 of 6 problems running (")
+    assert any(re.match(r"hcrfast.bound: examples 0-2 of 3: step 2/2, LSQR iteration \d+, 0 of 6 problems running", line)
                for line in inside), inside
     np.testing.assert_array_equal(loud.std, quiet.std)
 
@@ -2139,8 +2139,8 @@ def test_progress_says_what_a_long_chunk_is_doing_where_it_has_no_line_of_its_ow
     known = {"certify", "certify-screen", "dense-factor", "dense-solve", "restart", "singular-steps", "dct",
              "checkpoint", "setting up", "jvp", "vjp"}
     for line in lines:
-        assert re.match(r"hcrfast: examples 0-1 of 2: (.+), \d+ s into this chunk \(\d+\.\d s\)$", line), line
-        phase = re.match(r"hcrfast: examples 0-1 of 2: (.+), \d+ s", line).group(1)
+        assert re.match(r"hcrfast.bound: examples 0-1 of 2: (.+), \d+ s into this chunk \(\d+\.\d s\)$", line), line
+        phase = re.match(r"hcrfast.bound: examples 0-1 of 2: (.+), \d+ s", line).group(1)
         assert set(phase.split(" > ")) <= known, phase
     np.testing.assert_array_equal(res.std, quiet.std)
     assert not [t for t in threading.enumerate() if t.name == "hcrfast-heartbeat"]

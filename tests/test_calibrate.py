@@ -93,7 +93,7 @@ def test_the_search_keeps_the_modes_its_statistic_is_over_and_its_summary_names_
     assert statistic_of(found.bounds, found.statistic_name, found.quantile, modes=found.modes) == found.statistic
     assert statistic_of(found.bounds) != found.statistic  # (so the modes matter here)
     assert "median of the bounds of modes [0, 1] " in found.summary().splitlines()[0]
-    calls = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hcrfast sigma_for: call")]
+    calls = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hcrfast.sigma_for: call")]
     assert calls and all("median of the bounds of modes [0, 1] " in line for line in calls)
     # without modes=: every mode, worded as before
     assert hcrfast.sigma_for(model, x, 0.5, restarts=2, iterations=2).modes is None
@@ -279,7 +279,7 @@ def test_progress_is_a_line_per_call(capsys):
     model, x = _tanh_net(), _batch(2)
     found = hcrfast.sigma_for(model, x, 0.4, progress=True, **KW)
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("hcrfast sigma_for: call ")]
+    lines = [ln for ln in err.splitlines() if ln.startswith("hcrfast.sigma_for: call ")]
     assert len(lines) == len(found.history) and "call 1/8" in lines[0] and "(target 0.4)" in lines[0]
 
 

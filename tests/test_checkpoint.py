@@ -247,8 +247,8 @@ def test_progress_counts_read_back_examples_and_gives_an_eta(tmp_path, monkeypat
     capsys.readouterr()
     hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, progress=True, **kw("dense"))
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == f"hcrfast: 2 of 7 examples read back from {tmp_path}"
-    assert [line.split(" done")[0] for line in lines[1:]] == [f"hcrfast: examples {k}/7" for k in (4, 6, 7)]
+    assert lines[0] == f"hcrfast.bound: 2 of 7 examples read back from {tmp_path}"
+    assert [line.split(" done")[0] for line in lines[1:]] == [f"hcrfast.bound: examples {k}/7" for k in (4, 6, 7)]
     assert all("ETA" in line for line in lines[1:-1]) and "ETA" not in lines[-1]
 
 
@@ -511,7 +511,7 @@ def test_torchrun_processes_share_the_pieces_and_each_returns_the_whole_result(s
                                                  dict(rank=1, world_size=2, examples_computed=2)]
     assert all(r.params["checkpoint"]["examples_read_back"] == 2 for r in ranks)
     assert "[rank 1/2]: 2/2 of this process's examples done" in proc.stderr
-    assert "hcrfast [rank 0/2]: this process's pieces are done; waiting for the others" in proc.stderr
+    assert "hcrfast.bound [rank 0/2]: this process's pieces are done; waiting for the others" in proc.stderr
     for r in ranks:
         assert r.infinite_reasons == whole.infinite_reasons
         for name in ARRAYS:
