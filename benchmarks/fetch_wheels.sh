@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
 [ "$#" -gt 0 ] || set -- "nvtx==0.2.17"
+# .whl holds this fetch's wheels only: one left from an earlier fetch for another Python or version made the
+# device's pip refuse the install (the device installs each wheel on its own since, 2026-12-02)
+rm -f .whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PY_VERSION:-3.12}" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$@"

@@ -32,6 +32,13 @@ for path in sorted(folder.glob("*.json")):
         continue
     if machine.get("gpu"):
         names.append(machine["gpu"])
+if not names:   # a call that wrote no JSON (setup and a warm-up only): nvidia-smi's line in setup.out
+    setup = folder / "setup.out"
+    lines = setup.read_text(errors="replace").splitlines() if setup.is_file() else []
+    for head, row in zip(lines, lines[1:]):
+        if head.startswith("name,") and row.strip() and "," in row:
+            names.append(row.split(",")[0].strip())
+            break
 device = re.sub(r"[^A-Za-z0-9]+", "-", names[0]).strip("-").lower() if names else "unknown-gpu"
 # The session's day: its JSONs' stamps first (written by the scripts from the device's clock), else the
 # files' modification times as tar kept them (GNU tar restores them on extraction), else none (today's).

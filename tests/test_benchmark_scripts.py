@@ -728,6 +728,8 @@ def _session(tmp_path, *stages, **env):
                           env={**os.environ, "GPU_SESSION_DEST": str(dest), "OUT": str(out),
                                # no carried wheels: a checkout's .whl/ (fetch_wheels.sh) adds an install row
                                "WHEELS": str(tmp_path / "no-wheels"),
+                               # the machine's warm-up marker: a dry run's successful warm-up left /tmp's
+                               "WARM_MARK": str(tmp_path / "warm.done"),
                                **{k: str(v) for k, v in env.items()}})
     ledger = [line.split("\t") for line in (dest / "ledger.tsv").read_text().splitlines()]
     return proc, ledger, time.monotonic() - t0
@@ -1170,3 +1172,80 @@ def test_entry_overhead_script_runs_at_toy_size(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["rows"] == 2 and row["input"] == [2, 3, 32, 32]
     assert row["forward_seconds"] > 0 and row["end_check_seconds"] > 0 and 0 < row["buffer_megabytes"] < 1
+
+
+def test_gpu_session_refuses_retest_without_retest_before_any_work(tmp_path):
+    """`setup retest profile` with RETEST unset ran setup and the warm-up (47 s on the H100), then died at the
+    retest stage's ${RETEST:?}: rc 1, profile never started, no summary packed. It is refused up front now, as
+    an unknown stage is, leaving nothing behind."""
+    dest = tmp_path / "session"
+    env = {k: v for k, v in os.environ.items() if k != "RETEST"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "setup", "retest", "profile"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**env, "GPU_SESSION_DEST": str(dest), "OUT": str(tmp_path)})
+    assert proc.returncode == 2 and "retest needs RETEST" in proc.stderr
+    assert not dest.exists() and proc.stdout == ""
+
+
+def test_gpu_session_skips_the_warm_up_where_the_tests_would_get_nothing_after_it(tmp_path):
+    """The warm-up (up to 75 s) ran whatever the call had left: with 70 s left it took 47 and the tests were
+    skipped. With less than its cap plus what the tests need it is skipped, and the tests run."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\ncase "$1" in -c|benchmarks/gpu_summary.py) exec {sys.executable} "$@";; esac\n'
+                    "sleep 100\n")
+    fake.chmod(0o755)
+    proc, ledger, wall = _session(tmp_path, "tests", PYTHON=fake, LEASE_S=30, RESERVE_S=2, MIN_RUN_S=5)
+    assert proc.returncode == 0, proc.stderr
+    assert [row[:2] for row in ledger] == [["warm-up", "skipped"], ["tests", "timeout"]]
+    assert "warm-up: skipped (" in proc.stdout and wall < 45
+
+
+def test_unpack_names_the_device_from_setup_out_where_a_call_wrote_no_json(tmp_path):
+    """A call that ran setup alone (or setup and the warm-up) was filed as gpu_unknown-gpu_<date>, apart from the
+    other call's folder, though setup.out holds nvidia-smi's name of the device."""
+    import tarfile
+
+    session, back = tmp_path / "session", tmp_path / "back"
+    session.mkdir(), back.mkdir()
+    (session / "setup.out").write_text("name, memory.total [MiB], driver_version, clocks.max.sm [MHz]\n"
+                                       "NVIDIA H200, 143771 MiB, 580.95.05, 1980 MHz\n")
+    (session / "ledger.tsv").write_text("setup\tok\t1\tnvidia-smi\tcall1\n")
+    with tarfile.open(back / "gpu_session.tgz", "w:gz") as tar:
+        tar.add(session, arcname=".")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "unpack_gpu_session.sh"), str(back / "gpu_session.tgz")],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "RESULTS_DIR": str(tmp_path / "r")})
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name.rsplit("_", 1)[0] for p in (tmp_path / "r").iterdir()] == ["gpu_nvidia-h200"]
+
+
+def test_race_skips_its_lsqr_rows_when_asked(tmp_path):
+    """The lease's race (120 s) ran its two LSQR rows (~45 s each on the H100) after the reference's ~51 s and was
+    killed in the second; --no-lsqr-rows leaves them out, and the JSON says the race is complete without them."""
+    race = _benchmark_script("race")
+    race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
+               "--no-sweep", "--no-lsqr-rows", "--out", str(tmp_path)])
+    (path,) = [p for p in tmp_path.glob("race_mlp_cpu_*.json") if not p.name.endswith("_reference.json")]
+    r = json.loads(path.read_text())
+    assert r["complete"] is True and r["hcrfast_current"] is None and r["hcrfast_input"] is None
+    assert r["args"]["no_lsqr_rows"] is True and r["hcrfast_default"] is not None
+
+
+def test_every_test_that_skips_without_cuda_carries_the_gpu_mark():
+    """The lease's tests stage runs `pytest -m gpu` on the files that hold the mark: a test skipped without CUDA
+    but not marked ran on no machine (test_validation's buffers-to-host test, found 2026-12-02)."""
+    import ast
+
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_marked = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark"
+                                                                 for t in node.targets)
+                            and "gpu" in ast.unparse(node.value) for node in tree.body)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            marks = [ast.unparse(d) for d in node.decorator_list]
+            needs_cuda = any("skipif" in m and ("cuda.is_available" in m or "cuda_available" in m) for m in marks)
+            if needs_cuda and not module_marked and "pytest.mark.gpu" not in marks:
+                unmarked.append(f"{path.name}::{node.name}")
+    assert unmarked == []
