@@ -188,7 +188,11 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
     # as every entry point runs it (under the one-call lock: another thread's call restoring the model's mode
     # meanwhile turned its dropout on inside this one), its buffers given back as they were
     with validation.model_kept(model), torch.no_grad():
-        return validation.features_of(model, batch, flat=False)
+        feats = validation.features_of(model, batch, flat=False)
+        validation.probe_forward(model, batch, feats, name="model",
+                                 why="its features are not a fixed function of each input (the noise hcrfast adds "
+                                     "would not be the only noise in them)")
+        return feats
 
 
 def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int = 10, seed: int = 0,
@@ -216,14 +220,17 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     targets = score.targets(labels, B, feats.device)
     with validation._ONE_CALL, torch.no_grad(), (validation.model_kept(head, "head") if head is not None
                                                  else contextlib.nullcontext()):
-        try:
-            reference = _outputs(head, feats)
+        try:   # (on a copy: a head that writes into its input changed the caller's features, or batch)
+            reference = _outputs(head, feats.clone())
         except (RuntimeError, TypeError) as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
             raise ValueError(f"the head failed on the features, shape {tuple(feats.shape)} "
                              f"({str(exc).splitlines()[0][:200]}): pass a head that takes the features as the model "
                              f"returns them") from exc
+        if head is not None:
+            validation.probe_forward(head, feats, reference, name="head",
+                                     why="its accuracy on the noisy features would not be the released noise's alone")
         score.check(reference, targets)
         clean = score.total(score(reference, reference, targets))
         total = np.zeros(draws, dtype=np.int64 if score.counts else np.float64)

@@ -292,7 +292,42 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
         raise TypeError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model, "
                         f"but that copy returns {dtype_name(out.dtype)} features (a cast at the end of its forward, "
                         f"e.g. .float()), so the certification would not be in float64; drop that cast, {fixes}")
+    _same_function(model, batch, out, fixes)
     return model64
+
+
+#: :func:`_same_function`: the largest gap, over the largest feature, between the model's features of an example
+#: and its float64 copy's that the model's rounding is taken to explain: float32 rounds at ~1e-7, TF32 at ~5e-4 of
+#: the features (``tf32=True``), a float16 model's float32 copy like float32.
+COPY_GAP_LIMIT = 1e-2
+
+
+def _same_function(model, batch: torch.Tensor, out, fixes: str) -> None:
+    """Refuse a float64 copy whose features ``out`` of ``batch[:1]`` are not the model's own up to its rounding
+    (:data:`COPY_GAP_LIMIT`): the certification would be of another function. A forward that branches on its
+    input's dtype (a float32-only fused or quantized path with another float64 fallback) gave bounds 100 times
+    those of the model it was called with, certified by the copy's function, with a warning that called them
+    rigorous still (2026-12-02)."""
+    if not isinstance(out, torch.Tensor) or not bool(torch.isfinite(out).all()):
+        return   # (the features' own checks name a model whose features are not finite)
+    with torch.no_grad():
+        own = model(batch[:1])
+    if not isinstance(own, torch.Tensor) or own.numel() != out.numel() or not bool(torch.isfinite(own).all()):
+        return
+    own = own.detach().double().reshape(-1)
+    scale = max(float(out.abs().max()), float(own.abs().max()))
+    gap = float((own - out.reshape(-1)).abs().max())
+    if gap > COPY_GAP_LIMIT * scale:
+        raise ValueError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model "
+                         f"(copy.deepcopy(model).double()), but on the batch's first example that copy's features "
+                         f"differ from the model's by up to {gap:.3g}, {gap / scale:.3g} of the largest feature, far past {dtype_name(batch.dtype)}'s rounding: the copy computes another function (a "
+                         f"forward that branches on its input's dtype, a {dtype_name(batch.dtype)}-only fused or "
+                         f"quantized path with another float64 fallback), or the model loses most of its digits in "
+                         f"{dtype_name(batch.dtype)} (a small difference of large values), so its bounds would be "
+                         f"certified for a function other than the one it computes; make the forward compute the "
+                         f"same function in float64, or pass a float64 model and batch (model.double(), "
+                         f"batch.double(): the function bounded is then the float64 one), or certify=False "
+                         f"(z_eps then comes from forward passes in {dtype_name(batch.dtype)})")
 
 
 def _note_float64_copy(exc: BaseException) -> None:
@@ -1320,6 +1355,77 @@ def _ignores_its_input(model, probe: torch.Tensor) -> bool:
         return False
 
 
+def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, why: str,
+                  rtol: float = 1e-4) -> None:
+    """Refuse ``fn`` (a model or a head that is only run forward: :func:`hcrfast.dithered_accuracy`'s) whose
+    ``outputs`` for ``batch`` are not those of a fixed function of each example: the first two probes of
+    :func:`probe_independent`, with no derivative, on a few rows (0, 1, 2 and the last): those rows as a batch of
+    their own twice (the same outputs, else it draws random numbers or changes its state), and each alone (its
+    outputs in the whole batch, else it mixes the examples). ``name`` names ``fn`` in the refusal, ``why`` says
+    what such outputs would spoil. ``rtol`` is relative to the largest output, and at least 4 ulps of their dtype;
+    outputs that are not floating point (class labels) must match to within that of their largest."""
+    B = batch.shape[0]
+    rows = sorted({0, 1, 2, B - 1} & set(range(B)))
+    dtype = outputs.dtype if outputs.is_floating_point() else torch.float32
+    rtol = max(rtol, 4 * torch.finfo(dtype).eps)
+    want = outputs.detach().reshape(B, -1)[rows].double()
+    scale = float(want.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
+
+    def gap(got) -> float:
+        if not isinstance(got, torch.Tensor) or got.numel() != want.numel():
+            return math.inf
+        return float((got.detach().reshape(want.shape).double() - want).abs().max()) / scale
+
+    with torch.no_grad():
+        part = batch[rows]
+        first, second = fn(part.clone()), fn(part.clone())
+        try:
+            alone = torch.cat([fn(batch[i:i + 1].clone()).reshape(1, -1) for i in rows])
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "more than 1 value per channel when training" in said and _batch_statistics_hint(fn):
+                raise ValueError(f"the {name} ran on {B} examples but fails on one alone ({said}): a BatchNorm of it "
+                                 f"normalizes with the batch's statistics, so {why}{_batch_statistics_hint(fn)}") \
+                    from exc
+            raise ValueError(f"the {name} ran on {B} examples but fails on one alone ({said}); it is run on batches "
+                             f"of other sizes, so its forward must take any batch size (a BatchNorm with the "
+                             f"batch's statistics needs more than one; reshape with x.flatten(1), not a fixed "
+                             f"batch size)") from exc
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape:
+        moved = float((second.detach().double() - first.detach().double()).abs().max()) / scale
+    else:
+        moved = math.inf
+    if moved > rtol:
+        raise ValueError(f"the {name} gives other outputs for the same inputs at each call (relative change "
+                         f"{moved:.2e} between two calls): it draws random numbers (dropout called with "
+                         f"training=True, torch.randn/rand or a random augmentation in its forward) or updates "
+                         f"its own state as it runs, so {why}: make its forward deterministic and stateless"
+                         + _frozen_mode_hint(fn))
+    mixed = max(gap(first), gap(alone))
+    if mixed > rtol:
+        raise ValueError(f"the {name} mixes the examples of a batch (the outputs of one depend on the others: relative "
+                         f"change {mixed:.2e} between a few examples in the whole batch, as a batch of their own and "
+                         f"alone), so {why}: use BatchNorm in eval mode with running statistics and no attention "
+                         f"or normalization across the batch axis" + _batch_statistics_hint(fn) + _frozen_mode_hint(fn))
+
+
+def _batch_statistics_hint(model) -> str:
+    """Where ``model`` holds BatchNorm modules that normalize with the batch's statistics even in eval mode
+    (``track_running_stats=False``), what a refusal of mixed examples adds: their names and the fix."""
+    names = []
+    if isinstance(model, torch.nn.Module):
+        try:
+            names = [f"{n} ({type(m).__name__})" if n else type(m).__name__ for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.modules.batchnorm._NormBase) and not m.track_running_stats]
+        except (AttributeError, RuntimeError):
+            names = []
+    if not names:
+        return ""
+    return (f". Its {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} "
+            f"{'has' if len(names) == 1 else 'have'} track_running_stats=False, which normalizes with the batch's "
+            f"statistics in eval mode too: train with running statistics, or use GroupNorm or LayerNorm")
+
+
 def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mode: str = "reverse",
                       rtol: float = 1e-4) -> None:
     """Refuse models that mix the examples of a batch, are random, or whose Jacobian products
@@ -1369,6 +1475,11 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                                  "too, which it ran before: not a matter of the batch size")
                 raise exc from None
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "more than 1 value per channel when training" in said and _batch_statistics_hint(model):
+                raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
+                                 f"{said}): a BatchNorm of it normalizes with the batch's statistics, so each "
+                                 f"example's features would depend on the others'{_batch_statistics_hint(model)}") \
+                    from exc
             if "more than 1 value per channel when training" in said:   # (BatchNorm's, on one example)
                 raise ValueError(f"the model ran on the batch of {B} examples but fails on one example alone (torch: "
                                  f"{said}): a BatchNorm runs in training mode, with the batch's statistics, though "
@@ -1538,8 +1649,8 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
                 "the model mixes the examples of a batch (features of one example depend on the others: "
                 f"relative change {float(value_gap):.2e} alone vs in batch, cross-example JVP leak "
                 f"{float(leak):.2e} vs {float(own):.2e}). HCR bounds are per example: use BatchNorm in eval "
-                "mode with running statistics (model.eval()) and no attention or normalization across the batch axis"
-                + _frozen_mode_hint(model))
+                "mode with running statistics (model.eval()) and no attention or normalization across the batch "
+                "axis" + _batch_statistics_hint(model) + _frozen_mode_hint(model))
         missed = _missed_by_jv(model, probe, tangent, jv[0])
         if missed is not None and missed[1] >= FD_SHARE:
             count, share = missed

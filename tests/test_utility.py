@@ -969,3 +969,81 @@ def test_a_model_loaded_under_inference_mode_and_a_fraction_sigma_are_taken_as_b
                          (plain, [Fraction(1, 2)] * 6)]:
         got = hcrfast.dithered_accuracy(model, head, x, labels, sigma)
         assert got.dithered == pytest.approx(want, abs=1e-12) and got.clean == pytest.approx(5 / 8), (model, sigma)
+
+
+class _Identity(torch.nn.Module):
+    def forward(self, x):   # the features are the batch itself (no copy)
+        return x
+
+
+def test_a_head_that_writes_into_its_input_neither_changes_the_results_nor_the_callers_batch(problem):
+    """The clean reference ran the head on the features tensor itself: a head that adds to its input in place
+    changed them, so the noisy copies were drawn around other features (accuracy 0.5 where the same head written
+    out of place gives 0.61), and with an identity model it wrote into the caller's batch (0.7 per call; 6.3 after
+    a sigma_for_accuracy). The oracle: the same head out of place."""
+    _, head, x, _ = problem
+    w = head.lin.weight.detach()[:, :4]
+
+    def in_place(f):
+        f.add_(0.7)
+        return f @ w.T
+
+    def out_of_place(f):
+        return (f + 0.7) @ w.T
+
+    batch = x[:, :4].clone()
+    before = batch.clone()
+    with torch.no_grad():
+        labels = out_of_place(batch).argmax(dim=1)
+    got = hcrfast.dithered_accuracy(_Identity().eval(), in_place, batch, labels, 0.3, draws=4)
+    want = hcrfast.dithered_accuracy(_Identity().eval(), out_of_place, batch, labels, 0.3, draws=4)
+    assert torch.equal(batch, before)
+    assert got == want and got.dithered < 1.0
+    found = hcrfast.sigma_for_accuracy(_Identity().eval(), in_place, batch, labels, 0.9, draws=4, sigma0=0.3)
+    assert torch.equal(batch, before)
+    assert found.sigma == hcrfast.sigma_for_accuracy(_Identity().eval(), out_of_place, batch, labels, 0.9, draws=4,
+                                                     sigma0=0.3).sigma
+
+
+class _Dropout(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.model(x), 0.5, training=True)
+
+
+class _MinusBatchMean(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        y = self.model(x)
+        return y - y.mean(dim=0, keepdim=True)
+
+
+@pytest.mark.parametrize("where, kind", [("model", "random"), ("model", "mixing"), ("head", "random"),
+                                         ("head", "mixing")])
+def test_a_model_or_head_that_is_random_or_mixes_the_batch_is_refused_as_bound_refuses_the_model(problem, where,
+                                                                                                  kind):
+    """dithered_accuracy never probed the model or the head: a model with forced dropout gave clean accuracies
+    0.875 then 0.6875 on two calls, a head that subtracts the batch's mean gave numbers that hung on how the noisy
+    copies were chunked, all without a word (bound refuses such a model). Both are probed now, with bound's words."""
+    model, head, x, labels = problem
+    if where == "model":
+        model = (_Dropout(model) if kind == "random" else _MinusBatchMean(model)).eval()
+    else:
+        head = (_Dropout(head) if kind == "random" else _MinusBatchMean(head)).eval()
+    words = (rf"the {where} gives other outputs for the same inputs at each call.*deterministic" if kind == "random"
+             else rf"the {where} mixes the examples of a batch.*BatchNorm in eval mode")
+    with pytest.raises(ValueError, match=words):
+        hcrfast.dithered_accuracy(model, head, x, labels, 0.1, draws=2)
+    with pytest.raises(ValueError, match=words):
+        hcrfast.sigma_for_accuracy(model, head, x, labels, 0.5, draws=2)
+    if where == "head":
+        with torch.no_grad():
+            feats = problem[0](x)
+        with pytest.raises(ValueError, match=words):
+            accuracy_on_features(head, feats, labels, 0.1, draws=2)

@@ -824,6 +824,49 @@ def test_a_float64_copy_that_is_not_float64_is_refused_before_the_solve(x, where
         hcrfast.bound(CastsToFloat32(where).eval(), x, 0.05, **QUICK)
 
 
+class BranchesOnDtype(torch.nn.Module):
+    """The same features in float32 as ``mlp()``; its float64 path scales them by ``c`` (a float32-only fused or
+    quantized path with another float64 fallback)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c, self.lin = c, mlp()
+
+    def forward(self, x):
+        y = self.lin(x)
+        return self.c * y if x.dtype == torch.float64 else y
+
+
+@pytest.mark.parametrize("entry", ["bound", "targeted_bound", "sigma_for"])
+def test_a_float64_copy_that_computes_another_function_is_refused(x, entry, monkeypatch):
+    """The copy's features were never compared with the model's: a forward that scales its features by 0.01 in
+    float64 only got bounds 100 times the model's (certified for the copy's function), with a warning that called
+    them rigorous still. The model itself, in float32, is exactly mlp()."""
+    from hcrfast import algorithm
+
+    model = BranchesOnDtype(0.01).eval()
+    assert torch.equal(model(x), mlp()(x))
+    monkeypatch.setattr(algorithm, "_chunk_perturbations", None)  # refused before any solve
+    call = dict(bound=lambda: hcrfast.bound(model, x, 0.05, **QUICK),
+                targeted_bound=lambda: hcrfast.targeted_bound(model, x, 0.05, targets="low:2"),
+                sigma_for=lambda: hcrfast.sigma_for(model, x, 0.01, sigma0=0.05, **QUICK))[entry]
+    with pytest.raises(ValueError, match=r"float64 copy of the model .*differ from the model's by up to [0-9.e-]+, "
+                                         r"0\.99 of the largest feature.*branches on its input's dtype.*"
+                                         r"model\.double\(\), batch\.double\(\).*certify=False"):
+        call()
+
+
+def test_a_float64_copy_within_the_models_rounding_is_accepted(x):
+    """A copy 1e-3 apart from the model (TF32's rounding is ~5e-4 of the features) is its rounding, not another
+    function: the call runs, and its bounds are those of the float64 model within that gap."""
+    bounds = hcrfast.bound(BranchesOnDtype(1 + 1e-3).eval(), x, 0.05, iterations=2, restarts=2, basis="pixel",
+                           solver="dense")
+    want = hcrfast.bound(mlp().double().eval(), x.double(), 0.05, iterations=2, restarts=2, basis="pixel",
+                         solver="dense")
+    np.testing.assert_allclose(bounds.std, want.std / (1 + 1e-3), rtol=1e-2)
+    assert hcrfast.validation.COPY_GAP_LIMIT == 1e-2
+
+
 @pytest.mark.filterwarnings("ignore:certify=False. every feature shift")  # uncertified on purpose
 def test_a_frozen_torchscript_model_runs_uncertified_and_is_named_when_certified(x):
     model = mlp()
@@ -1767,6 +1810,7 @@ def test_a_closure_with_one_std_per_feature_runs_its_modules_in_eval_mode():
     np.testing.assert_array_equal(got.std, hcrfast.bound(copy.deepcopy(net).eval(), batch, stds, **kw).std)
 
 
+@pytest.mark.gpu   # (gpu_session.sh's tests stage runs the files that hold the mark, -m gpu: it ran nowhere without)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_buffers_copied_to_host_are_as_they_were(x, monkeypatch):
     """Buffers past BUFFER_COPIES_ON_DEVICE (0 here: all) are copied to host memory and put back from there."""
@@ -2449,3 +2493,24 @@ def test_the_model_and_batch_are_freed_when_the_call_returns_without_the_cycle_c
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "[[True, True], [True, True]]", done.stdout
+
+
+@pytest.mark.parametrize("norm", ["1d", "2d"])
+def test_a_batchnorm_without_running_statistics_is_named_with_its_fix(norm):
+    """A BatchNorm built with track_running_stats=False normalizes with the batch's statistics in eval mode too.
+    The refusal of the model already in eval mode said to call .eval() (2d), or blamed a BatchNorm outside its tree
+    or switched back to training (1d, which fails on one example alone); it names the module and the fix now."""
+    torch.manual_seed(0)
+    if norm == "1d":
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12),
+                                    torch.nn.BatchNorm1d(12, track_running_stats=False), torch.nn.Tanh()).eval()
+    else:
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3, padding=1),
+                                    torch.nn.BatchNorm2d(3, track_running_stats=False), torch.nn.Tanh(),
+                                    torch.nn.Flatten()).eval()
+    x, name = torch.randn(4, 1, 4, 4), rf"Its {2 if norm == '1d' else 1} \(BatchNorm{norm}\)"
+    with pytest.raises(ValueError, match=rf"{name} has track_running_stats=False.*GroupNorm"):
+        hcrfast.bound(model, x, 0.5, **QUICK)
+    with pytest.raises(ValueError, match=rf"the model (mixes the examples|ran on 4 examples but fails on one alone)"
+                                         rf".*{name} has track_running_stats=False"):
+        hcrfast.dithered_accuracy(model, None, x, None, 0.5, draws=2, metric="cosine")
