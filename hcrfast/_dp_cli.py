@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import decimal
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from hcrfast import dp
-from hcrfast.cli import float_literal  # a float as typed: 1e-400 is not 0
+from hcrfast.cli import float_literal, int_literal  # a float as typed: 1e-400 is not 0
 
 _TABLE_COLUMNS = (
     "sigma", "C", "N", "T", "kappa", "sigma_eff", "mu",
@@ -51,15 +53,17 @@ def add_subparser(subparsers) -> None:
         "outside about 1.5e-154 .. 1.3e154, where C^2 sigma^2 / T leaves float64) is refused "
         "with the range that works for its C, N and T.",
     )
-    table.add_argument("--sigma", type=float_literal, nargs="+", required=True,
-                       help="noise multiplier(s) sigma")
-    table.add_argument("--C", type=float_literal, nargs="+", default=[1.0],
+    # (action="extend": --sigma 1 --sigma 2 is both values, where the last flag alone was kept; the defaults
+    # are filled in after parsing, as extend would add to a default list)
+    table.add_argument("--sigma", type=float_literal, nargs="+", action="extend", required=True,
+                       help="noise multiplier(s) sigma (the flag may be repeated)")
+    table.add_argument("--C", type=float_literal, nargs="+", action="extend", default=None,
                        help="clipping norm(s) C (default 1)")
-    table.add_argument("--N", type=int, nargs="+", required=True,
+    table.add_argument("--N", type=int_literal, nargs="+", action="extend", required=True,
                        help="data dimension(s) N, e.g. 784 for 28x28 images")
-    table.add_argument("--T", type=int, nargs="+", default=[1],
-                       help="number(s) of DP-SGD steps T (default 1)")
-    table.add_argument("--kappa", type=float_literal, nargs="+", default=[0.1],
+    table.add_argument("--T", type=int_literal, nargs="+", action="extend", default=None,
+                       help="number(s) of DP-SGD steps T (default 1; 1e4 reads as 10000)")
+    table.add_argument("--kappa", type=float_literal, nargs="+", action="extend", default=None,
                        help="prior success probability(ies) kappa in (0, 1) (default 0.1)")
     table.add_argument("--data-range", type=float_literal, default=1.0,
                        help="max(X) - min(X) for PSNR (default 1, images in [0, 1])")
@@ -78,12 +82,12 @@ def add_subparser(subparsers) -> None:
     figure.add_argument("--source", choices=("digits", "photo"), default="digits",
                         help="digits (default): 8x8 handwritten digits in [0, 1]; photo: 64x64 "
                         "grayscale patches of scikit-learn's sample photographs")
-    figure.add_argument("--sigmas", type=float_literal, nargs="+", default=list(_DEFAULT_SIGMAS),
-                        help="noise multipliers to simulate (default 13 values, 1e-2..10)")
+    figure.add_argument("--sigmas", type=float_literal, nargs="+", action="extend", default=None,
+                        help="noise multipliers to simulate (default 13 values, 1e-2..10; the flag may be repeated)")
     figure.add_argument("--n-images", type=int, default=None,
                         help="number of images (default 64 digits, or all 30 photo patches; at most 30 for photo)")
     figure.add_argument("--C", type=float_literal, default=1.0, help="clipping norm (default 1)")
-    figure.add_argument("--T", type=int, default=1, help="DP-SGD steps averaged (default 1)")
+    figure.add_argument("--T", type=int_literal, default=1, help="DP-SGD steps averaged (default 1)")
     figure.add_argument("--repeats", type=int, default=16,
                         help="independent noise draws per image and sigma (default 16)")
     figure.add_argument("--seed", type=int, default=0, help="seed of image choice and noise (default 0)")
@@ -97,6 +101,11 @@ def add_subparser(subparsers) -> None:
 # The inputs echoed in each row: printed with every digit they have, so that distinct
 # inputs never print alike (--kappa 0.999999999 read as 1 at 6 digits).
 _INPUT_COLUMNS = frozenset({"sigma", "C", "kappa", "data_range"})
+#: The bounds of the aligned table, by the direction their 6 digits round in: an upper bound up, a lower bound
+#: down (to the nearest, 0.304213 printed a worst_case_success of 0.3042132564 below the API's value, and
+#: -2.27887 a psnr upper bound of -2.278867).
+_ROUNDED_UP = frozenset({"worst_case_success", "psnr", "ncc", "psnr_finite_n", "ncc_finite_n"})
+_ROUNDED_DOWN = frozenset({"mse"})
 
 
 def _format_value(value, exact: bool = False, column: str | None = None) -> str:
@@ -110,7 +119,17 @@ def _format_value(value, exact: bool = False, column: str | None = None) -> str:
     if column in _INPUT_COLUMNS:
         text = repr(float(value))
         return text[:-2] if text.endswith(".0") else text
-    return f"{value:.6g}"
+    text = f"{value:.6g}"
+    up, down = column in _ROUNDED_UP, column in _ROUNDED_DOWN
+    if not math.isfinite(value) or not (up or down):
+        return text
+    # past the value's own rounding (a few ulps: 30.000000000000004 still prints 30), 6 digits toward the side
+    # the bound holds on
+    off = float(text) - value if down else value - float(text)
+    if off <= 4.0 * math.ulp(value):
+        return text
+    context = decimal.Context(prec=6, rounding=decimal.ROUND_CEILING if up else decimal.ROUND_FLOOR)
+    return f"{float(context.plus(decimal.Decimal(float(value)))):.6g}"
 
 
 def _run_table(args: argparse.Namespace) -> int:
@@ -118,7 +137,8 @@ def _run_table(args: argparse.Namespace) -> int:
     # cleanly instead of leaving half a table on stdout.
     rows = [
         dp.report(sigma=sigma, C=C, N=N, T=T, kappa=kappa, data_range=args.data_range)
-        for sigma, C, N, T, kappa in itertools.product(args.sigma, args.C, args.N, args.T, args.kappa)
+        for sigma, C, N, T, kappa in itertools.product(args.sigma, args.C or [1.0], args.N, args.T or [1],
+                                                       args.kappa or [0.1])
     ]
     cells = [[_format_value(row[col], exact=args.format == "csv", column=col) for col in _TABLE_COLUMNS]
              for row in rows]
@@ -191,7 +211,7 @@ def _run_figure(args: argparse.Namespace) -> int:
 
     plt = _pyplot()   # figures of their own: the process's matplotlib backend stays as it was
     out = _figure_path(args.out)
-    sigmas = np.sort(np.asarray(args.sigmas, dtype=np.float64))
+    sigmas = np.sort(np.asarray(args.sigmas or _DEFAULT_SIGMAS, dtype=np.float64))
     for s in sigmas:
         # Validates sigma, C and T up front, and that C^2 sigma^2 / T is a normal float64.
         dp.effective_sigma(sigma=float(s), T=args.T)

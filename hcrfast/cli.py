@@ -108,6 +108,26 @@ def float_literal(text: str) -> float:
     return _TypedFloat(value, text)
 
 
+def int_literal(text: str) -> int:
+    """An integer flag's value: its digits, or a whole number written as a float up to 2**53 (``--T 1e5``, which
+    ``type=int`` refused as "invalid int value: '1e5'", naming no fix)."""
+    import decimal
+
+    plain = text.strip().replace("_", "")
+    try:
+        return int(plain)
+    except ValueError:
+        pass
+    try:
+        exact = decimal.Decimal(plain)
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}; pass a whole number (1000, or 1e3)") \
+            from None
+    if not exact.is_finite() or exact != exact.to_integral_value() or abs(exact) > 2**53:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number up to 2**53; pass one (1000, or 1e3)")
+    return int(exact)
+
+
 class _TypedFloat(float):
     """A float that keeps the text it was parsed from (``typed``), for messages only: arithmetic gives plain
     floats, and pickling stores a plain float."""
@@ -148,6 +168,7 @@ _FLAGS = {
                   "btol": "--lsqr-btol", "weights": "--weights", "device": "--device"},
     "train": {"seed": "--seed", "epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr", "limit": "--limit",
               "device": "--device"},
+    "dp": {"sigma": "--sigma", "C": "--C", "N": "--N", "T": "--T", "kappa": "--kappa", "data_range": "--data-range"},
 }
 #: hcrfast.bound's keywords that a command has no flag for: a message suggesting one says it is Python's.
 _PYTHON_ONLY = {
@@ -209,6 +230,8 @@ def shell_text(text: str, args) -> str:
     for word in sorted((w for w in words if w.strip()), key=len, reverse=True):
         text = re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", lambda m: hide(m.group(0)), text)
     subjects = {}   # a message's subject said otherwise than its name=value (``sigma must``, ``sigma has``)
+    if command == "dp" and getattr(args, "dp_command", None) == "figure":
+        flags["sigma"] = "--sigmas"
     if command == "bound":
         if getattr(args, "sigma_file", None) is not None:   # the stds of --sigma-file, or the one number of --sigma
             sigma_file = f"--sigma-file {hide(os.fspath(args.sigma_file))}"
