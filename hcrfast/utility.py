@@ -228,10 +228,10 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
             raise ValueError(f"the head failed on the features, shape {tuple(feats.shape)} "
                              f"({str(exc).splitlines()[0][:200]}): pass a head that takes the features as the model "
                              f"returns them") from exc
+        score.check(reference, targets)   # (first: a metric's refusal of non-finite outputs says more)
         if head is not None:
             validation.probe_forward(head, feats, reference, name="head",
                                      why="its accuracy on the noisy features would not be the released noise's alone")
-        score.check(reference, targets)
         clean = score.total(score(reference, reference, targets))
         total = np.zeros(draws, dtype=np.int64 if score.counts else np.float64)
         flat = profile.reshape(-1)  # one std, or one per feature in the features' order

@@ -310,7 +310,13 @@ def _same_function(model, batch: torch.Tensor, out, fixes: str) -> None:
     rigorous still (2026-12-02)."""
     if not isinstance(out, torch.Tensor) or not bool(torch.isfinite(out).all()):
         return   # (the features' own checks name a model whose features are not finite)
-    with torch.no_grad():
+    from hcrfast.bindings import ieee_float32
+
+    # the model's own function in its dtype: not the caller's autocast (bfloat16 rounds ResNets' features at
+    # ~1e-2) nor TF32, whose rounding is no other function
+    kind = batch.device.type
+    with torch.no_grad(), ieee_float32(True), (torch.autocast(kind, enabled=False) if _autocast_on(kind)
+                                               else contextlib.nullcontext()):
         own = model(batch[:1])
     if not isinstance(own, torch.Tensor) or own.numel() != out.numel() or not bool(torch.isfinite(own).all()):
         return
@@ -1367,14 +1373,26 @@ def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, 
     B = batch.shape[0]
     rows = sorted({0, 1, 2, B - 1} & set(range(B)))
     dtype = outputs.dtype if outputs.is_floating_point() else torch.float32
+    kind = batch.device.type
+    if _autocast_on(kind):   # (arithmetic in autocast's dtype: one row alone rounds apart from the batch at its eps)
+        dtype = max(dtype, torch.get_autocast_dtype(kind), key=lambda t: torch.finfo(t).eps)
     rtol = max(rtol, 4 * torch.finfo(dtype).eps)
     want = outputs.detach().reshape(B, -1)[rows].double()
-    scale = float(want.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
+    finite = torch.isfinite(want)
+    scale = float(want[finite].abs().max()) if bool(finite.any()) else 0.0
+    scale = max(scale, torch.finfo(torch.float64).tiny)
 
-    def gap(got) -> float:
-        if not isinstance(got, torch.Tensor) or got.numel() != want.numel():
+    def gap(got, against=want) -> float:
+        """The largest difference over the finite outputs, relative to ``scale``; inf where the shapes or the
+        places and values of the non-finite outputs (a log-probability's -inf) differ."""
+        if not isinstance(got, torch.Tensor) or got.numel() != against.numel():
             return math.inf
-        return float((got.detach().reshape(want.shape).double() - want).abs().max()) / scale
+        got = got.detach().reshape(against.shape).double()
+        here = torch.isfinite(against)
+        if not torch.equal(torch.isfinite(got), here) or not torch.equal(torch.nan_to_num(got[~here]),
+                                                                         torch.nan_to_num(against[~here])):
+            return math.inf
+        return float((got[here] - against[here]).abs().max()) / scale if bool(here.any()) else 0.0
 
     with torch.no_grad():
         part = batch[rows]
@@ -1391,10 +1409,7 @@ def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, 
                              f"of other sizes, so its forward must take any batch size (a BatchNorm with the "
                              f"batch's statistics needs more than one; reshape with x.flatten(1), not a fixed "
                              f"batch size)") from exc
-    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape:
-        moved = float((second.detach().double() - first.detach().double()).abs().max()) / scale
-    else:
-        moved = math.inf
+    moved = gap(second, first.detach().double()) if isinstance(first, torch.Tensor) else math.inf
     if moved > rtol:
         raise ValueError(f"the {name} gives other outputs for the same inputs at each call (relative change "
                          f"{moved:.2e} between two calls): it draws random numbers (dropout called with "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 import threading
 import time
@@ -1047,3 +1048,28 @@ def test_a_model_or_head_that_is_random_or_mixes_the_batch_is_refused_as_bound_r
             feats = problem[0](x)
         with pytest.raises(ValueError, match=words):
             accuracy_on_features(head, feats, labels, 0.1, draws=2)
+
+
+def test_the_probes_allow_autocasts_rounding_and_see_randomness_beside_infinite_outputs(problem):
+    """Under torch.autocast (bfloat16) a row alone rounds apart from the batch at bfloat16's eps, and a VGG-11
+    was refused as mixing the examples (2e-3 > 1e-4); the tolerance is the autocast dtype's now. A head whose
+    outputs hold -inf (masked classes) made every gap NaN, and a random head passed; the finite outputs are
+    compared, and the -inf must stay where they are."""
+    from hcrfast import validation
+
+    x = torch.randn(6, 8)
+
+    def rounds_by_batch_size(b):   # 1e-3 apart alone and in a batch: bfloat16's rounding, not mixing
+        return b * (1 + 1e-3 * (b.shape[0] > 1))
+
+    out = rounds_by_batch_size(x)
+    with pytest.raises(ValueError, match="mixes the examples"):
+        validation.probe_forward(rounds_by_batch_size, x, out, name="model", why="it would")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        validation.probe_forward(rounds_by_batch_size, x, out, name="model", why="it would")
+    mask = torch.tensor([0.0, -math.inf, 0.0])
+    w = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="the head gives other outputs for the same inputs at each call"):
+        validation.probe_forward(lambda f: f @ w.T + mask + 0.1 * torch.randn(f.shape[0], 3), x,
+                                 x @ w.T + mask, name="head", why="it would")
+    validation.probe_forward(lambda f: f @ w.T + mask, x, x @ w.T + mask, name="head", why="it would")

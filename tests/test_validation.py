@@ -2514,3 +2514,21 @@ def test_a_batchnorm_without_running_statistics_is_named_with_its_fix(norm):
     with pytest.raises(ValueError, match=rf"the model (mixes the examples|ran on 4 examples but fails on one alone)"
                                          rf".*{name} has track_running_stats=False"):
         hcrfast.dithered_accuracy(model, None, x, None, 0.5, draws=2, metric="cosine")
+
+
+def test_the_float64_copys_check_compares_the_models_own_float32_not_the_callers_autocast(x, monkeypatch):
+    """Under the caller's torch.autocast (bfloat16) the model's features round at ~1e-2 (ResNets, MobileNet-v2: up
+    to 0.02), and the check refused models bound before it existed, blaming float32. It compares the model's own
+    float32 function (autocast off, IEEE float32) with the copy: here with a limit of 1e-5, which bfloat16's
+    rounding passes by far and float32's does not."""
+    model = torch.nn.Sequential(mlp(), torch.nn.Linear(12, 12)).eval()
+    monkeypatch.setattr(hcrfast.validation, "COPY_GAP_LIMIT", 1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gap = float((model(x[:1]).float() - model.double()(x[:1].double()).float()).abs().max())
+        model.float()
+        assert gap > 1e-3 * float(model(x[:1]).abs().max())   # bfloat16's rounding is there
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # (the autocast warning)
+            hcrfast.validation.float64_model(model, x, True)   # not refused
+    with pytest.raises(ValueError, match="differ from the model's"):
+        hcrfast.validation.float64_model(BranchesOnDtype(1 + 1e-3).eval(), x, True)
