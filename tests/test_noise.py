@@ -706,3 +706,35 @@ def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_valu
     np.testing.assert_array_equal(hcrfast.bound(model, x, grads, **kw).std, hcrfast.bound(model, x, stds, **kw).std)
     np.testing.assert_array_equal(hcrfast.gauss_newton_attack(model, x, grads, draws=2, steps=2).estimates,
                                   hcrfast.gauss_newton_attack(model, x, stds, draws=2, steps=2).estimates)
+
+
+def test_a_user_law_whose_d_is_float32_is_refused():
+    """The protocol asks for float64 D, and the bounds' rounding guard allows float64's rounding: a law computing
+    the exact Gaussian D in float32 was taken, its D up to 4e-8 below the exact one, a mode's bound 1.00000006
+    times the built-in Gaussian's (rigorous) one, without a word."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
+    law = _OwnLaw(lambda z: Gaussian(0.5).divergence(z).astype(np.float32))
+    with pytest.raises(TypeError, match=r"OwnLaw returned D as float32; D must be float64"):
+        hcrfast.bound(model, torch.randn(1, 1, 4, 4, dtype=torch.float64), law, iterations=2, restarts=2)
+
+
+def test_a_monte_carlo_law_centred_far_from_0_is_refused_naming_the_fix():
+    """D does not depend on where the law is centred, but the shifts were lost next to its draws: a normal law at
+    1e12 gave D = 0 for shifts of 1e-5 (exact 1.4e-9), and an upper bound below the exact D in 3 of 20 seeds at
+    1e-3. Such a law is refused, with the centred law as the fix; one centred within 1,000 scales is taken."""
+    with pytest.raises(ValueError, match=r"centred at 1e\+12, .* times their spread .*pass the law centred at 0"):
+        MonteCarlo.from_scipy(stats.norm(loc=1e12), n_samples=2000)
+    near = MonteCarlo.from_scipy(stats.norm(loc=500.0), n_samples=2000, seed=3)
+    centred = MonteCarlo.from_scipy(stats.norm(), n_samples=2000, seed=3)
+    z = np.array([[3e-3, -2e-3, 1e-3]])
+    np.testing.assert_allclose(near.divergence(z), centred.divergence(z), rtol=1e-6)
+
+
+@pytest.mark.parametrize("law, z", [(Gaussian(1.0), [[40.0, 0.0]]), (Laplace(1.0), [[1e4, 0.0]])])
+def test_a_divergence_past_float64_is_inf_without_a_warning(law, z):
+    """Gaussian(1).divergence([[40, 0]]) and Laplace's at 1e4 gave inf with a RuntimeWarning (overflow in expm1),
+    an error under -W error; inf is the answer (a bound of 0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert law.divergence(np.asarray(z)).tolist() == [math.inf]
