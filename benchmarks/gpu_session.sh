@@ -164,14 +164,30 @@ ensure_installed() {  # once per call: the check imports torch (seconds), and a 
     if compgen -G "$WHEELS/*.whl" > /dev/null; then
         if [ ! -e /tmp/hcrfast_site/.done ]; then
             say "install the carried wheels: $(cd "$WHEELS" && echo *.whl)"
-            # one pip call per wheel: a wheel for another Python (fetch_wheels.sh with PY_VERSION) made pip refuse
-            # them all in one call
-            local whl ok=1
-            for whl in "$WHEELS"/*.whl; do
+            # The wheels this Python can install, in ONE pip call (--target per wheel would replace a namespace
+            # package that two share, nvidia/): a wheel for another Python (fetch_wheels.sh with PY_VERSION)
+            # made pip refuse them all. Without packaging's tags to tell, all of them, as before.
+            local -a wheels
+            mapfile -t wheels < <("$PY" - "$WHEELS"/*.whl <<'EOF'
+import os, sys
+try:
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+except ImportError:
+    print("\n".join(sys.argv[1:]))
+    raise SystemExit
+ours = set(sys_tags())
+for path in sys.argv[1:]:
+    if parse_wheel_filename(os.path.basename(path))[3] & ours:
+        print(path)
+    else:
+        print(f"  (not for this Python, left out: {os.path.basename(path)})", file=sys.stderr)
+EOF
+)
+            if (( ${#wheels[@]} )); then
                 run "$PY" -m pip install -q --no-index --disable-pip-version-check --no-deps --no-compile \
-                    --no-cache-dir --upgrade --target /tmp/hcrfast_site "$whl" || ok=
-            done
-            [ -n "$ok" ] && touch /tmp/hcrfast_site/.done
+                    --no-cache-dir --upgrade --target /tmp/hcrfast_site "${wheels[@]}" && touch /tmp/hcrfast_site/.done
+            fi
         fi
         export PYTHONPATH="/tmp/hcrfast_site${PYTHONPATH:+:$PYTHONPATH}"
     fi
