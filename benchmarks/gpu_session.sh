@@ -164,9 +164,10 @@ ensure_installed() {  # once per call: the check imports torch (seconds), and a 
     if compgen -G "$WHEELS/*.whl" > /dev/null; then
         if [ ! -e /tmp/hcrfast_site/.done ]; then
             say "install the carried wheels: $(cd "$WHEELS" && echo *.whl)"
-            # The wheels this Python can install, in ONE pip call (--target per wheel would replace a namespace
-            # package that two share, nvidia/): a wheel for another Python (fetch_wheels.sh with PY_VERSION)
-            # made pip refuse them all. Without packaging's tags to tell, all of them, as before.
+            # The wheels this Python can install, the newest of each project, in ONE pip call (--target per
+            # wheel replaces a namespace package two share, nvidia/): a wheel for another Python
+            # (fetch_wheels.sh with PY_VERSION) made pip refuse them all. packaging's tags tell (pip's own copy
+            # where it is not installed); a name that is no wheel's is left out, said on stderr.
             local -a wheels
             mapfile -t wheels < <("$PY" - "$WHEELS"/*.whl <<'EOF'
 import os, sys
@@ -174,19 +175,38 @@ try:
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 except ImportError:
-    print("\n".join(sys.argv[1:]))
-    raise SystemExit
-ours = set(sys_tags())
+    try:
+        from pip._vendor.packaging.tags import sys_tags
+        from pip._vendor.packaging.utils import parse_wheel_filename
+    except ImportError:
+        print("\n".join(sys.argv[1:]))
+        raise SystemExit
+ours, newest = set(sys_tags()), {}
 for path in sys.argv[1:]:
-    if parse_wheel_filename(os.path.basename(path))[3] & ours:
-        print(path)
-    else:
-        print(f"  (not for this Python, left out: {os.path.basename(path)})", file=sys.stderr)
+    name = os.path.basename(path)
+    try:
+        project, version, _, tags = parse_wheel_filename(name)
+    except Exception:
+        print(f"  (not a wheel's name, left out: {name})", file=sys.stderr)
+        continue
+    if not tags & ours:
+        print(f"  (not for this Python, left out: {name})", file=sys.stderr)
+    elif project not in newest or version > newest[project][0]:
+        newest[project] = (version, path)
+print("\n".join(path for _, path in newest.values()))
 EOF
 )
             if (( ${#wheels[@]} )); then
-                run "$PY" -m pip install -q --no-index --disable-pip-version-check --no-deps --no-compile \
-                    --no-cache-dir --upgrade --target /tmp/hcrfast_site "${wheels[@]}" && touch /tmp/hcrfast_site/.done
+                local -a pip_args=(-m pip install -q --no-index --disable-pip-version-check --no-deps --no-compile
+                                   --no-cache-dir --upgrade --target /tmp/hcrfast_site)
+                if run "$PY" "${pip_args[@]}" "${wheels[@]}"; then
+                    touch /tmp/hcrfast_site/.done
+                else   # one bad wheel failed the call: each on its own, so that the others still go in
+                    say "the carried wheels failed in one pip call; each on its own (a namespace package two share may be replaced)"
+                    local whl all=1
+                    for whl in "${wheels[@]}"; do run "$PY" "${pip_args[@]}" "$whl" || all=; done
+                    [ -n "$all" ] && touch /tmp/hcrfast_site/.done
+                fi
             fi
         fi
         export PYTHONPATH="/tmp/hcrfast_site${PYTHONPATH:+:$PYTHONPATH}"

@@ -412,11 +412,19 @@ class _Metric:
         argmax and top-K over NaN pick the NaN, and the cosine would read it as 0."""
         if self.fn is not None:
             return
-        bad = ~torch.isfinite(outputs.reshape(len(outputs), -1)).all(dim=1)
+        flat = outputs.reshape(len(outputs), -1)
+        if self.top is not None:
+            # (top-K) accuracy over masked logits (-inf: classes ruled out) is defined where no score is NaN or
+            # +inf and K of them are finite (else the K best tie among the -inf); they were refused outright
+            bad = (torch.isnan(flat) | torch.isposinf(flat)).any(dim=1) | (torch.isfinite(flat).sum(dim=1) < self.top)
+        else:
+            bad = ~torch.isfinite(flat).all(dim=1)
         if bool(bad.any()):
+            masked = (" (-inf scores are taken as classes ruled out, with at least "
+                      f"{self.top} finite score{'s' if self.top > 1 else ''} a row)" if self.top is not None else "")
             raise ValueError(f"the head gave non-finite outputs (NaN or inf) for {int(bad.sum())} of {len(outputs)} "
-                             f"{what}: the {self.name} of those is undefined; pass a head defined on every real input "
-                             f"(the noisy features can take any value: a sqrt or log of them is not)")
+                             f"{what}: the {self.name} of those is undefined{masked}; pass a head defined on every "
+                             f"real input (the noisy features can take any value: a sqrt or log of them is not)")
 
     def __call__(self, outputs: torch.Tensor, reference: torch.Tensor, targets) -> torch.Tensor:
         """(N,) scores of N copies' outputs (reference: the clean outputs of their inputs)."""

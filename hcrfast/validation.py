@@ -1374,7 +1374,9 @@ def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, 
     rows = sorted({0, 1, 2, B - 1} & set(range(B)))
     dtype = outputs.dtype if outputs.is_floating_point() else torch.float32
     kind = batch.device.type
-    if _autocast_on(kind):   # (arithmetic in autocast's dtype: one row alone rounds apart from the batch at its eps)
+    if _autocast_on(kind) and dtype != torch.float64:
+        # (float32 arithmetic runs in autocast's dtype, where one row alone rounds apart from the batch at its eps;
+        # autocast leaves float64 as it is)
         dtype = max(dtype, torch.get_autocast_dtype(kind), key=lambda t: torch.finfo(t).eps)
     rtol = max(rtol, 4 * torch.finfo(dtype).eps)
     want = outputs.detach().reshape(B, -1)[rows].double()

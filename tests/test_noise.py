@@ -708,6 +708,25 @@ def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_valu
                                   hcrfast.gauss_newton_attack(model, x, stds, draws=2, steps=2).estimates)
 
 
+def test_a_gaussian_subclass_whose_d_is_float32_is_refused_and_a_big_endian_float64_d_is_taken():
+    """The float64 check skipped any subclass of Gaussian (its own divergence unchecked), and read the dtype's
+    name, refusing float64 stored big-endian."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
+    batch = torch.randn(1, 1, 4, 4, dtype=torch.float64)
+
+    class Float32(Gaussian):
+        def divergence(self, z):
+            return super().divergence(z).astype(np.float32)
+
+    with pytest.raises(TypeError, match=r"returned D as float32; D must be float64"):
+        hcrfast.bound(model, batch, Float32(0.5), iterations=2, restarts=2)
+    big = _OwnLaw(lambda z: Gaussian(0.5).divergence(z).astype(">f8"))
+    native = _OwnLaw(lambda z: Gaussian(0.5).divergence(z))
+    got = hcrfast.bound(model, batch, big, iterations=2, restarts=2, seed=0)
+    assert got.std.tobytes() == hcrfast.bound(model, batch, native, iterations=2, restarts=2, seed=0).std.tobytes()
+
+
 def test_a_user_law_whose_d_is_float32_is_refused():
     """The protocol asks for float64 D, and the bounds' rounding guard allows float64's rounding: a law computing
     the exact Gaussian D in float32 was taken, its D up to 4e-8 below the exact one, a mode's bound 1.00000006
@@ -722,10 +741,21 @@ def test_a_user_law_whose_d_is_float32_is_refused():
 def test_a_monte_carlo_law_centred_far_from_0_is_refused_naming_the_fix():
     """D does not depend on where the law is centred, but the shifts were lost next to its draws: a normal law at
     1e12 gave D = 0 for shifts of 1e-5 (exact 1.4e-9), and an upper bound below the exact D in 3 of 20 seeds at
-    1e-3. Such a law is refused, with the centred law as the fix; one centred within 1,000 scales is taken."""
-    with pytest.raises(ValueError, match=r"centred at 1e\+12, .* times their spread .*pass the law centred at 0"):
+    1e-3; a mixture with 40% of its mass at 1e14, 40% low. Such laws are refused, with the re-centred law as the
+    fix; one whose draws stay within 2^24 of their spread is taken (a normal law at 1000: its D is the centred
+    law's)."""
+    with pytest.raises(ValueError, match=r"draws reach 1e\+12, .* times their spread .*re-centred at its median"):
         MonteCarlo.from_scipy(stats.norm(loc=1e12), n_samples=2000)
-    near = MonteCarlo.from_scipy(stats.norm(loc=500.0), n_samples=2000, seed=3)
+
+    def mixture(rng, shape):
+        return np.where(rng.random(shape) < 0.4, 1e14, 0.0) + rng.standard_normal(shape)
+
+    def mixture_logpdf(x):
+        return np.logaddexp(np.log(0.6) + stats.norm.logpdf(x), np.log(0.4) + stats.norm.logpdf(x - 1e14))
+
+    with pytest.raises(ValueError, match=r"draws reach 1e\+14, .*a law in one piece"):
+        MonteCarlo(mixture_logpdf, mixture, n_samples=2000)
+    near = MonteCarlo.from_scipy(stats.norm(loc=1000.0), n_samples=2000, seed=3)
     centred = MonteCarlo.from_scipy(stats.norm(), n_samples=2000, seed=3)
     z = np.array([[3e-3, -2e-3, 1e-3]])
     np.testing.assert_allclose(near.divergence(z), centred.divergence(z), rtol=1e-6)

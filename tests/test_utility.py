@@ -1073,3 +1073,24 @@ def test_the_probes_allow_autocasts_rounding_and_see_randomness_beside_infinite_
         validation.probe_forward(lambda f: f @ w.T + mask + 0.1 * torch.randn(f.shape[0], 3), x,
                                  x @ w.T + mask, name="head", why="it would")
     validation.probe_forward(lambda f: f @ w.T + mask, x, x @ w.T + mask, name="head", why="it would")
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "top2"])
+def test_masked_logits_are_scored_and_a_float64_head_keeps_its_tolerance_under_autocast(metric):
+    """A head with classes ruled out (-inf scores) was refused by the built-in metrics ("non-finite outputs"),
+    though argmax and top-K over them are defined; a row with fewer than K finite scores (the K best tie among
+    the -inf) and NaN or +inf still are. Autocast leaves float64 as it is: its probe no longer widens to
+    bfloat16's tolerance, and a float64 head that mixes the batch by 2e-2 is refused under it too."""
+    feats = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([0.0, -math.inf, 0.0, 0.0], dtype=torch.float64)
+    labels = (feats @ w.T + mask).argmax(dim=1)
+    got = accuracy_on_features(lambda f: f @ w.T + mask, feats, labels, 1e-3, draws=2, metric=metric)
+    assert got.clean == 1.0
+    with pytest.raises(ValueError, match=r"non-finite outputs .* at least 2 finite scores"):
+        accuracy_on_features(lambda f: f @ w.T + torch.tensor([0.0, -math.inf, -math.inf, -math.inf],
+                                                               dtype=torch.float64),
+                             feats, labels, 1e-3, draws=2, metric="top2")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="mixes the examples"):
+        accuracy_on_features(lambda f: f @ w.T + 0.02 * (f @ w.T).mean(dim=0), feats, labels, 0.1, draws=2,
+                             metric=metric)
