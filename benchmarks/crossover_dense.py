@@ -15,6 +15,9 @@ def mlp(side, seed=0):
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(p, p), torch.nn.ReLU(),
                                torch.nn.Linear(p, p), torch.nn.ReLU()).eval()
 
+if {"-h", "--help"} & set(sys.argv[1:]) or any(not a.isdigit() for a in sys.argv[1:]):
+    print(__doc__)   # (it read "--help" as an image side: a ValueError)
+    raise SystemExit(0 if {"-h", "--help"} & set(sys.argv[1:]) else 2)
 torch.set_num_threads(int(__import__("os").environ.get("THREADS", "1")))
 warm = mlp(4)
 targeted_bound(warm, torch.randn(1, 1, 4, 4), 1.0, method="dense", targets="low:2")

@@ -246,6 +246,10 @@ def summarize(folder: Path) -> str:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):   # (read as a folder's name before)
+        print(f"usage: python benchmarks/gpu_summary.py [FOLDER]  (default benchmarks/results/gpu_session)\n\n"
+              f"{(__doc__ or '').strip()}")
+        return 0
     folder = Path(args[0] if args else "benchmarks/results/gpu_session")
     print(summarize(folder))
     return 0

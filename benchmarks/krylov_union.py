@@ -88,3 +88,8 @@ def describe(solver: UnionSolver) -> dict:
 
 
 __all__ = ["UnionSolver", "describe"]
+
+
+if __name__ == "__main__":   # (run as a script it did nothing and said nothing)
+    print("benchmarks/krylov_union.py is a module, imported by krylov_depth.py --union; it runs nothing "
+          "by itself:\n" + (__doc__ or "").strip().splitlines()[0])

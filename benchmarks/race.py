@@ -461,7 +461,11 @@ def main(argv=None) -> int:
         sigma = hcrfast.rms_sigma(model(x), args.sigma_scale)
     ref_machine = info   # the machine of the reference row: this one, or that of --reference-json's run
     if args.reference_json:   # checked before the warm-ups: a refused reference costs no device time
-        ref, ref_machine = load_reference(args.reference_json, args, sigma, info)
+        try:
+            ref, ref_machine = load_reference(args.reference_json, args, sigma, info)
+        except ValueError as exc:   # (a message and exit 2, as argparse's refusals: not a traceback)
+            print(f"race: --reference-json {exc}", file=sys.stderr)
+            return 2
     # The first torch.func.jvp of a process loads torch's forward-AD decompositions
     # (seconds on a CPU). Both methods call it (the reference per product, hcrfast in
     # its independence check), so pay it once here rather than inside whichever runs first.

@@ -164,3 +164,8 @@ def reference_bound(model, batch: torch.Tensor, sigma: float, *, size: float = 1
         itn=itns, istop=istops, divergence=divergence,
         params=dict(sigma=sigma, size=size, iterations=iterations, restarts=restarts, seed=seed,
                     jvp=counter["jvp"], vjp=counter["vjp"]))
+
+
+if __name__ == "__main__":   # (run as a script it did nothing and said nothing)
+    print("benchmarks/reference_method.py is a module, imported by race.py; it runs nothing "
+          "by itself:\n" + (__doc__ or "").strip().splitlines()[0])

@@ -35,6 +35,8 @@ def main(argv=None) -> list:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.restarts < 2:   # (the pairwise cosines need two: a bare "zero-size array" traceback before)
+        ap.error(f"--restarts {args.restarts}: the restarts' pairwise directions need at least 2")
     if args.threads:
         torch.set_num_threads(args.threads)
     zm, model, x, _, sigma = random_workload(args.model, 1, "cpu")

@@ -1249,3 +1249,23 @@ def test_every_test_that_skips_without_cuda_carries_the_gpu_mark():
             if needs_cuda and not module_marked and "pytest.mark.gpu" not in marks:
                 unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == []
+
+
+def test_refused_benchmark_arguments_end_with_a_message_not_a_traceback(tmp_path, capsys):
+    """race.py --reference-json of another problem and restart_directions.py --restarts 1 ended in tracebacks
+    (ValueError, "zero-size array to reduction operation minimum"): each says what is wrong and exits 2."""
+    race = _benchmark_script("race")
+    args = race.parse_args(["--model", "mlp", "--examples", "2", "--threads", "1"])
+    other = tmp_path / "ref.json"
+    other.write_text(json.dumps(dict(args={**vars(args), "examples": 3}, sigma=0.2, machine={},
+                                     reference=dict(method="reference", seconds=1.0, median=0.5))))
+    assert race.main(["--model", "mlp", "--examples", "2", "--restarts", "1", "--iterations", "1", "--threads", "1",
+                      "--no-sweep", "--reference-json", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"race: --reference-json {other} is another problem: (saved, now) = {{'examples': (3, 2),")
+    assert "Traceback" not in err
+    directions = _benchmark_script("restart_directions")
+    with pytest.raises(SystemExit) as exc:
+        directions.main(["digits", "--restarts", "1"])
+    assert exc.value.code == 2 and "--restarts 1: the restarts' pairwise directions need at least 2" in \
+        capsys.readouterr().err
