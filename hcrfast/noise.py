@@ -577,8 +577,10 @@ class MonteCarlo:
         return x
 
     #: :meth:`_refuse_far_centre`: the draws may reach this many times their spread (the median absolute
-    #: deviation) from 0; a shift of 1e-6 of the spread beside the farthest is then rounded at 4e-3 of it.
+    #: deviation) from 0, but for a share below :data:`_FAR_SHARE` (a heavy tail's farthest draws, whose terms
+    #: are ~(2t/x)², nothing next to the rest); a shift of 1e-6 of the spread that far is rounded at 4e-3 of it.
     _REACH_LIMIT = 2.0**24
+    _FAR_SHARE = 1e-3
 
     def _refuse_far_centre(self) -> None:
         """Refuse a law whose draws lie far from 0 next to their spread. ``D`` does not depend on where the law
@@ -589,15 +591,16 @@ class MonteCarlo:
         draws = np.concatenate([self._x, self._x0])
         centre = float(np.median(draws))
         spread = float(np.median(np.abs(draws - centre)))
-        reach = float(np.abs(draws).max())
-        if reach > self._REACH_LIMIT * spread:
-            raise ValueError(f"MonteCarlo({self.name}): the law's draws reach {reach:.6g}, "
-                             f"{reach / spread if spread > 0 else math.inf:.3g} times their spread (median absolute "
-                             f"deviation {spread:.3g}; the limit is 2^24); D does not depend on where the law is "
-                             f"centred, but a small shift next to draws that far is lost to float64's rounding (at "
-                             f"1e12, a shift of 1e-5 is 0): pass the law re-centred at its median {centre:.6g} "
-                             f"(logpdf(x + {centre:.6g}), sample(rng, shape) - {centre:.6g}; from_scipy(dist) with "
-                             f"loc=0), and a law in one piece, not parts far apart")
+        far = np.abs(draws) > self._REACH_LIMIT * spread
+        if far.mean() > self._FAR_SHARE:
+            fix = (f"pass the law re-centred at its median {centre:.6g} (logpdf(x + {centre:.6g}), sample(rng, shape) "
+                   f"- {centre:.6g}; from_scipy(dist) with loc=0)" if abs(centre) > self._REACH_LIMIT * spread else
+                   "pass a law in one piece, not parts far apart (or their parts' D apart)")
+            raise ValueError(f"MonteCarlo({self.name}): {far.mean():.1%} of the law's draws lie more than 2^24 times "
+                             f"their spread (median absolute deviation {spread:.3g}) from 0, up to "
+                             f"{float(np.abs(draws).max()):.6g}; D does not depend on where the law is centred, but a "
+                             f"small shift next to draws that far is lost to float64's rounding (at 1e12, a shift of "
+                             f"1e-5 is 0): {fix}")
 
     def _logpdf_at_draws(self, x: np.ndarray) -> np.ndarray:
         probe = np.asarray(self._logpdf(np.resize(x, (2, 3))), dtype=np.float64)

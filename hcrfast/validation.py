@@ -1400,7 +1400,7 @@ def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, 
         part = batch[rows]
         first, second = fn(part.clone()), fn(part.clone())
         try:
-            alone = torch.cat([fn(batch[i:i + 1].clone()).reshape(1, -1) for i in rows])
+            alone = _joined([fn(batch[i:i + 1].clone()).reshape(1, -1) for i in rows], batch.device.type)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if "more than 1 value per channel when training" in said and _batch_statistics_hint(fn):
@@ -1424,6 +1424,14 @@ def probe_forward(fn, batch: torch.Tensor, outputs: torch.Tensor, *, name: str, 
                          f"change {mixed:.2e} between a few examples in the whole batch, as a batch of their own and "
                          f"alone), so {why}: use BatchNorm in eval mode with running statistics and no attention "
                          f"or normalization across the batch axis" + _batch_statistics_hint(fn) + _frozen_mode_hint(fn))
+
+
+def _joined(pieces, kind: str) -> torch.Tensor:
+    """``torch.cat(pieces)`` outside the caller's autocast: under a CPU autocast to bfloat16, cat of float16
+    pieces raises ("Unexpected floating ScalarType in at::autocast::prioritize"), which the probes read as a
+    model that fails on one example alone."""
+    with torch.autocast(kind, enabled=False) if _autocast_on(kind) else contextlib.nullcontext():
+        return torch.cat(pieces)
 
 
 def _batch_statistics_hint(model) -> str:
@@ -1482,7 +1490,7 @@ def probe_independent(model, batch: torch.Tensor, features: torch.Tensor, *, mod
         # max, its mean) that one row dominates leaves that row's features alone as in the batch.
         rows = sorted({0, 1, 2, B - 1} & set(range(B)))
         try:
-            alone = torch.cat([model(batch[i:i + 1]).reshape(1, -1) for i in rows])
+            alone = _joined([model(batch[i:i + 1]).reshape(1, -1) for i in rows], batch.device.type)
         except (RuntimeError, ValueError, IndexError, AssertionError) as exc:   # (the last: torch.export's guards)
             try:   # the whole batch again: a model that now fails on it too fails for its own reasons
                 model(batch)

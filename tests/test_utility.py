@@ -1094,3 +1094,15 @@ def test_masked_logits_are_scored_and_a_float64_head_keeps_its_tolerance_under_a
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="mixes the examples"):
         accuracy_on_features(lambda f: f @ w.T + 0.02 * (f @ w.T).mean(dim=0), feats, labels, 0.1, draws=2,
                              metric=metric)
+
+
+def test_the_probes_join_a_float16_models_rows_outside_the_callers_autocast():
+    """Under a CPU autocast to bfloat16, joining a float16 model's rows (torch.cat) raised "Unexpected floating
+    ScalarType", and the probe said the model fails on one example alone."""
+    from hcrfast import validation
+
+    net = torch.nn.Linear(8, 3).half()
+    x = torch.randn(5, 8).half()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x)
+        validation.probe_forward(net, x, out, name="model", why="it would")
