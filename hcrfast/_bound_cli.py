@@ -1168,6 +1168,10 @@ def _attack_line(c: dict, args) -> str:
         line += f"{pairs}, so no error over the bound per mode"
     line += ("; its mse over mse_from_modes: no input whose mse_from_modes is finite and above 0"
              if mse is None or math.isnan(mse) else f"; its mse over mse_from_modes, median {mse:.4g}")
+    converged = c.get("fraction_converged")
+    line += ("" if converged is None or math.isnan(converged) else
+             f"; {converged:.0%} of the draws converged" + ("" if converged >= 0.5 else
+                                                              " (the others stopped at --attack-steps)"))
     return line + (f"; {c['n_draws_unmoved']} draws took no step (their error is their start's)"
                    if c["n_draws_unmoved"] else "")
 

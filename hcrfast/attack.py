@@ -895,6 +895,14 @@ def compare(bounds, attack: AttackResult, *, quantiles=(0.05, 0.25, 0.5, 0.75, 0
                         f"understate the attacker's error and 'fraction_below_1' is not evidence of beating the bound"
                         + (f"; {running} of them had not converged: rerun the attack with more steps "
                            f"(steps={2 * int(attack.params.get('steps', 10))})" if running else ""))
+    stopped = int((~np.asarray(att.converged) & ~still).sum())   # moved, then stopped by the step cap
+    if stopped > (total - unmoved) / 2:
+        from_truth = attack.params.get("start") == "truth"
+        validation.warn(f"{stopped} of {total} attack draws had not converged when their {attack.params.get('steps')} "
+                        f"Gauss-Newton steps ran out: their estimates stop short of where the attack goes"
+                        + (" (from start='truth', near the truth: the ratios understate the attacker's error, and "
+                           "'fraction_below_1' is no evidence of beating the bound)" if from_truth else "")
+                        + f"; rerun the attack with more steps (steps={2 * int(attack.params.get('steps', 10))})")
     from scipy.stats import chi2
 
     band = (math.sqrt(chi2.ppf(0.05, draws) / draws), math.sqrt(chi2.ppf(0.95, draws) / draws))

@@ -862,3 +862,30 @@ def test_an_attack_on_inputs_scaled_by_c_is_the_same_attack_in_other_units():
             np.testing.assert_allclose(np.asarray(got.estimates) / c, base.estimates, rtol=1e-4, atol=1e-5)
             k = math.log2(got.params["inputs_divided_by"])   # a power of two near the batch's typical magnitude
             assert k == round(k) and abs(k - math.log2(c)) < 4
+
+
+def test_compare_warns_where_most_draws_stopped_at_the_step_cap_and_the_cli_line_says_how_many_converged():
+    """An attack from the truth whose draws all stopped at the step cap (ResNet-18, 4 images: 0 of 8 converged)
+    was reported as '100% below 1' with no word that none converged; its estimates stop near the truth. compare
+    warns now, and the CLI's line gives the share that converged."""
+    from hcrfast._bound_cli import _attack_line
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24), torch.nn.Tanh(),
+                                torch.nn.Linear(24, 24), torch.nn.Tanh()).double().eval()
+    x = torch.randn(3, 1, 4, 4, dtype=torch.float64)
+    short = gauss_newton_attack(model, x, 0.1, draws=2, steps=1, seed=3)
+    stopped = int((~np.asarray(short.converged) & (np.asarray(short.steps) > 0)).sum())
+    assert stopped >= 4 and not np.asarray(short.converged).any()   # most draws stepped, none converged
+    bounds = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, seed=0)
+    with pytest.warns(UserWarning, match=rf"{stopped} of 6 attack draws had not converged when their 1 Gauss-Newton "
+                                         r"steps ran out.*start='truth'.*steps=2"):
+        c = hcrfast.compare(bounds, short)
+    assert c["fraction_converged"] == 0.0
+    args = type("Args", (), dict(attack=2, attack_start="truth"))()
+    assert "; 0% of the draws converged (the others stopped at --attack-steps)" in _attack_line(c, args)
+    done = gauss_newton_attack(model, x, 0.1, draws=2, steps=30, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = hcrfast.compare(bounds, done)
+    assert "converged (the others" not in _attack_line(c, args)

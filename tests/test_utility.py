@@ -1106,3 +1106,13 @@ def test_the_probes_join_a_float16_models_rows_outside_the_callers_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = net(x)
         validation.probe_forward(net, x, out, name="model", why="it would")
+
+
+def test_a_top_k_metric_on_a_head_of_k_classes_or_fewer_says_so_not_non_finite(problem):
+    """metric='top5' on a 3-class head said 'non-finite outputs for 16 of 16 clean inputs' (every row has fewer
+    than 5 finite scores, the masked-logits rule of this session): the count of classes is checked first, with its
+    own fix, as before that rule."""
+    model, head, x, labels = problem
+    with pytest.raises(ValueError, match=r"the head scores 5 classes; top-5 accuracy needs more than 5 \(pass a "
+                                         r"smaller K\)"):
+        hcrfast.dithered_accuracy(model, head, x, labels, 0.1, draws=2, metric="top5")
