@@ -326,7 +326,8 @@ def _same_function(model, batch: torch.Tensor, out, fixes: str) -> None:
     if gap > COPY_GAP_LIMIT * scale:
         raise ValueError(f"certify=True recomputes every feature shift in float64 with a float64 copy of the model "
                          f"(copy.deepcopy(model).double()), but on the batch's first example that copy's features "
-                         f"differ from the model's by up to {gap:.3g}, {gap / scale:.3g} of the largest feature, far past {dtype_name(batch.dtype)}'s rounding: the copy computes another function (a "
+                         f"differ from the model's by up to {gap:.3g}, {gap / scale:.3g} of the largest feature, "
+                         f"far past {dtype_name(batch.dtype)}'s rounding: the copy computes another function (a "
                          f"forward that branches on its input's dtype, a {dtype_name(batch.dtype)}-only fused or "
                          f"quantized path with another float64 fallback), or the model loses most of its digits in "
                          f"{dtype_name(batch.dtype)} (a small difference of large values), so its bounds would be "
