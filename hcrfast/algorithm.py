@@ -1242,13 +1242,15 @@ def _said() -> None:
 
 
 @contextlib.contextmanager
-def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag: str = ""):
+def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag: str = "", who: str = "hcrfast.bound",
+               idle: str = "setting up"):
     """``progress=True``: while a chunk of examples ``start..stop-1`` runs, a line every :data:`_HEARTBEAT_EVERY`
     seconds without another progress line, naming what it is doing (the profiling ranges open in this thread,
     :func:`hcrfast.profiling.open_ranges`). The dense solve, the certification's forward passes, the singular
     steps and a Krylov basis of few steps print nothing of their own: a chunk of ResNet-18 at 64×64 printed
-    nothing for 117 s (an ad hoc run, 2026-12-01). A daemon thread that waits in steps of at most 1 s; nothing on
-    the chunk's own path."""
+    nothing for 117 s (an ad hoc run, 2026-12-01). ``who`` begins the line (``hcrfast.gauss_newton_attack``, whose
+    first Gauss-Newton step printed nothing for 220 s on a ResNet-18 trunk), ``idle`` names the phase where no
+    range is open. A daemon thread that waits in steps of at most 1 s; nothing on the chunk's own path."""
     if not on:
         yield
         return
@@ -1259,8 +1261,8 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
             now = time.monotonic()
             if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
-                validation.say(f"hcrfast.bound{tag}: examples {start}-{stop - 1} of {total}: "
-                               f"{' > '.join(phases[-2:]) if phases else 'setting up'}, {now - began:.0f} s into "
+                validation.say(f"{who}{tag}: examples {start}-{stop - 1} of {total}: "
+                               f"{' > '.join(phases[-2:]) if phases else idle}, {now - began:.0f} s into "
                                f"this chunk ({time.perf_counter() - t_start:.1f} s)")
                 _said()
 

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import (_Eta, _auto_chunk, _every, _in_chunks, _nonfinite_derivative, _progress_line,
-                               infinite_derivative)
+from hcrfast.algorithm import (_Eta, _auto_chunk, _every, _heartbeat, _in_chunks, _nonfinite_derivative,
+                               _progress_line, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
     TorchJacobian,
@@ -613,7 +613,10 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
             Z = xp.asarray(observation_noise(example_ids[lo:hi], draws, n, seed=int(seed), noise=noise))
             X = xp.repeat(f_all[lo:hi], draws, axis=0) + Z
             est = from_torch(start_points[lo:hi].repeat_interleave(draws, dim=0).reshape(m * draws, p)).copy()
-            with np.errstate(over="ignore", invalid="ignore"):  # a run that stalls on them is refused below
+            # (a run that stalls on them is refused below; the heartbeat speaks inside a long step)
+            with np.errstate(over="ignore", invalid="ignore"), _heartbeat(
+                    progress, lo, hi, B, t_start, who="hcrfast.gauss_newton_attack",
+                    idle="inside a Gauss-Newton step (its damped LSQR solves)"):
                 return Z, _gauss_newton(model, est, X, input_shape=input_shape, steps=steps, damping=damping, tol=tol,
                                         options=options, jacobian=jacobian,
                                         progress=_gn_progress(lo, hi, B, steps, t_start) if progress else None)

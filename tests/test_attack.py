@@ -889,3 +889,35 @@ def test_compare_warns_where_most_draws_stopped_at_the_step_cap_and_the_cli_line
         warnings.simplefilter("error")
         c = hcrfast.compare(bounds, done)
     assert "converged (the others" not in _attack_line(c, args)
+
+
+def test_progress_speaks_inside_a_long_gauss_newton_step(capfd, monkeypatch):
+    """The attack printed nothing inside a Gauss-Newton step (220 s on a ResNet-18 trunk, where bound's chunks
+    have a heartbeat every 30 s): bound's heartbeat runs around the attack's chunks too, in its own words, and
+    changes nothing of the result."""
+    import threading
+    import time
+
+    from hcrfast import algorithm
+
+    class Slow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh())
+
+        def forward(self, t):
+            time.sleep(0.05)
+            return self.net(t)
+
+    monkeypatch.setattr(algorithm, "_HEARTBEAT_EVERY", 0.2)
+    x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model = Slow().double().eval()
+    quiet = gauss_newton_attack(model, x, 0.3, draws=2, steps=3, seed=0)
+    capfd.readouterr()
+    loud = gauss_newton_attack(model, x, 0.3, draws=2, steps=3, seed=0, progress=True)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "into this chunk" in line]
+    assert lines, "no heartbeat"
+    assert all(re.match(r"hcrfast\.gauss_newton_attack: examples 0-1 of 2: .+, \d+ s into this chunk \(\d+\.\d s\)$",
+                        line) for line in lines), lines
+    np.testing.assert_array_equal(loud.estimates, quiet.estimates)
+    assert not [t for t in threading.enumerate() if t.name == "hcrfast-heartbeat"]
