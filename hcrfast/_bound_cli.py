@@ -953,6 +953,7 @@ def _run(args: argparse.Namespace) -> int:
             with torch.no_grad():  # bound's own checked forward: a tensor, batch axis first, finite
                 sigma = algorithm.rms_sigma(validation.features_of(model, x), scale)
             noise = {"sigma": sigma, "sigma_scale": scale, "rms": sigma / scale}
+        validation.check_batch(x, args.basis)   # (vector inputs under the DCT: refused before the header says where)
         if progress and rank == 0:
             what = (f"one std per feature from {args.sigma_file}" if args.sigma_file is not None
                     else f"sigma {sigma:.6g}" + (f" = {noise['sigma_scale']:g} x RMS {noise['rms']:.6g}"

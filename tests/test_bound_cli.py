@@ -1780,3 +1780,17 @@ def test_a_sweep_of_features_far_from_1_records_each_level_s_division_and_shares
         assert got.params["features_divided_by"] == lv["params"]["features_divided_by"] == pytest.approx(
             lv["sigma"] / lv["scale"], rel=1e-12)
     capsys.readouterr()
+
+
+def test_vector_inputs_under_the_dct_are_refused_before_the_header_names_where_results_go(tmp_path, capsys):
+    """Tabular inputs (B, 64) with the default --basis dct: the header said 'results in OUT' and then the call
+    was refused, a check it could make first; now the refusal comes alone."""
+    (tmp_path / "vec.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                                     "        super().__init__()\n        torch.manual_seed(0)\n"
+                                     "        self.lin = torch.nn.Linear(64, 8)\n\n"
+                                     "    def forward(self, x):\n        return torch.tanh(self.lin(x))\n")
+    torch.save(torch.randn(4, 64, generator=torch.Generator().manual_seed(0)), tmp_path / "v.pt")
+    code = _bound([f"{tmp_path / 'vec.py'}:Net", tmp_path / "v.pt", "--restarts", "2", "--iterations", "2",
+                   "--threads", "1", "--out", tmp_path / "run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--basis pixel" in err and "results in" not in err
