@@ -385,8 +385,15 @@ class _Metric:
 
     def check(self, outputs: torch.Tensor, targets) -> None:
         """Checks the clean outputs (and the labels against them) before any noise is drawn."""
-        if self.top is not None and outputs.ndim == 2 and outputs.shape[1] <= self.top:
-            self._classes(outputs)   # (first: "fewer than K finite scores" is every row of a head this small)
+        if self.top is not None:   # (first: "fewer than K finite scores" is every row of a head of K classes)
+            if outputs.ndim != 2:
+                raise ValueError(f"the head returned {tuple(outputs.shape)} for {outputs.shape[0]} feature vectors; "
+                                 f"accuracy needs class scores of shape (B, classes)")
+            classes = outputs.shape[1]
+            if classes <= self.top:
+                raise ValueError(f"the head scores {classes} class{'es' if classes != 1 else ''}; "
+                                 + ("accuracy needs at least 2 (argmax over classes)" if self.top == 1 else
+                                    f"top-{self.top} accuracy needs more than {self.top} (pass a smaller K)"))
         self.finite(outputs, "clean inputs")
         if self.fn is None and self.top is None:  # cosine: against the clean output, which needs a direction
             norms = outputs.reshape(len(outputs), -1).double().norm(dim=1)
@@ -397,21 +404,10 @@ class _Metric:
                                  f"features before the layer that zeroes them (another head, or head=None)")
         if self.top is None:
             return
-        if outputs.ndim != 2:
-            raise ValueError(f"the head returned {tuple(outputs.shape)} for {outputs.shape[0]} feature vectors; "
-                             f"accuracy needs class scores of shape (B, classes)")
         classes = outputs.shape[1]
-        self._classes(outputs)
         if int(targets.max()) >= classes:
             raise ValueError(f"labels hold class {int(targets.max())}, but the head scores {classes} classes (0.."
                              f"{classes - 1}): pass the labels the head was trained on")
-
-    def _classes(self, outputs: torch.Tensor) -> None:
-        classes = outputs.shape[1]
-        if classes <= self.top:
-            raise ValueError(f"the head scores {classes} class{'es' if classes != 1 else ''}; "
-                             + ("accuracy needs at least 2 (argmax over classes)" if self.top == 1 else
-                                f"top-{self.top} accuracy needs more than {self.top} (pass a smaller K)"))
 
     def finite(self, outputs: torch.Tensor, what: str) -> None:
         """Refuses non-finite outputs for the built-in metrics (a callable's scores are checked instead):
