@@ -5,9 +5,12 @@ bad values, ``TypeError`` for bad types.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
+import functools
 import inspect
+import textwrap
 import math
 import numbers
 import os
@@ -1035,7 +1038,8 @@ def _tree_in_eval_mode(model, name: str):
             for m, flag in flags:
                 m.training = flag
             training = _eval_around_frozen(model)
-        if training:   # said once the switch is done: a switch that failed warned of one it never made
+        if training and _mode_matters(model, training):   # said once the switch is done: a switch that failed
+            # warned of one it never made; a tree whose modules compute the same in both modes is switched unsaid
             which = (f"the {name} was" if training[0] == "" else f"the {name}'s submodule {training[0]} was"
                      if len(training) == 1 else f"{len(training)} of the {name}'s submodules "
                      f"({', '.join(training[:4])}{', ...' if len(training) > 4 else ''}) were")
@@ -1151,12 +1155,47 @@ def _modules_met_in_eval_mode(name: str, *, keep_buffers: bool = False, kept=Non
         for module, flag in met.values():
             module.training = flag
         _restore_buffers(saved)
-        if met:
+        if any(_reads_training_flag(type(module)) for module, _ in met.values()):
             kinds = sorted({type(module).__name__ for module, _ in met.values()})
             warn(f"the {name} (a callable, not a Module) calls {len(met)} module(s) in training mode "
                  f"({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}); hcrfast switched each to eval mode "
                  f"as it was called (BatchNorm with running statistics, no dropout) and restored them afterwards. "
                  f"Call .eval() on the modules it uses first to silence this.")
+
+
+def _mode_matters(model, names: list[str]) -> bool:
+    """Whether any of the modules of ``model`` named ``names`` (:func:`_in_training_mode`'s) may compute otherwise in
+    training mode (:func:`_reads_training_flag`): a fresh ``nn.Linear`` head, or a Sequential of Linear and ReLU,
+    computes the same in both modes, and its switch is nothing to warn about."""
+    inner = user_model(model)
+    try:
+        modules = dict(inner.named_modules())
+    except (AttributeError, RuntimeError):   # frozen TorchScript modules list no submodules
+        return True
+    return any(name not in modules or _reads_training_flag(type(modules[name])) for name in names)
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_training_flag(cls) -> bool:
+    """Whether a module of class ``cls`` may read its training flag: its class or a base below ``nn.Module`` names
+    ``training`` in its code (``self.training``, ``training=``; docstrings aside), or its source cannot be read (a
+    class made in a REPL or by exec, TorchScript's). Dropout, BatchNorm, InstanceNorm, the RNNs and
+    MultiheadAttention do; Linear, the convolutions, pooling, activations, LayerNorm and the containers do not. A
+    user's class counts by its own code, helper methods included; a function outside the class that reads a
+    module's flag is not seen."""
+    for base in cls.__mro__:
+        if base in (torch.nn.Module, object):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(base)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return True
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "training"
+                    or isinstance(node, ast.Name) and node.id == "training"
+                    or isinstance(node, ast.keyword) and node.arg == "training"):
+                return True
+    return False
 
 
 def _in_training_mode(model) -> list[str]:

@@ -321,14 +321,69 @@ def test_each_submodules_own_mode_is_restored(x, sigma):
     """A model in training mode with one layer frozen in eval mode on purpose gets both back as they were."""
     model = torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).train()
     model[1].eval()
-    with pytest.warns(UserWarning, match="training mode"):
+    with warnings.catch_warnings():   # (the modules left in training mode compute the same in eval mode: unsaid)
+        warnings.simplefilter("error")
         hcrfast.bound(model, x, sigma, **QUICK)
     assert model.training and model[0].training and not model[1].training
-    mixed = torch.nn.Sequential(mlp(), torch.nn.Identity()).eval()
+    mixed = torch.nn.Sequential(mlp(), torch.nn.Dropout(0.5)).eval()
     mixed[1].train()  # an eval model with a submodule in training mode: switched for the call, then restored
     with pytest.warns(UserWarning, match=r"the model's submodule 1 was in training mode"):
         hcrfast.bound(mixed, x, sigma, **QUICK)
     assert not mixed.training and mixed[1].training
+
+
+class _Plain(torch.nn.Module):
+    """A user's class whose code never reads its training flag."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 12)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x.flatten(1)))
+
+
+class _Dropping(_Plain):
+    """A user's class that reads its training flag in a helper method, not in forward."""
+    def forward(self, x):
+        return self._drop(super().forward(x))
+
+    def _drop(self, y):
+        return torch.nn.functional.dropout(y, 0.5, self.training)
+
+
+@pytest.mark.parametrize("entry", ["bound", "dithered_accuracy"])
+def test_training_mode_is_warned_of_only_where_a_module_may_compute_otherwise(x, entry):
+    """A fresh nn.Linear head, or a Sequential of Linear and Tanh, is in training mode as built, and computes the same
+    in both modes: the switch to eval mode said nothing worth a warning. It is still made, and undone; a Dropout, a
+    BatchNorm or a user's class whose code reads the flag (in a helper method too) is warned of as before."""
+    def call(model):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            if entry == "bound":   # (a callable is not copied to float64: certify=False, its warning filtered)
+                kw = {} if isinstance(model, torch.nn.Module) else dict(certify=False)
+                hcrfast.bound(model, x, 1.0, **QUICK, **kw)
+            else:   # (the model in the head's place: its training flag is the head's)
+                hcrfast.dithered_accuracy(torch.nn.Flatten(), model, x, torch.zeros(3, dtype=torch.long), 0.1,
+                                          draws=1)
+        return [str(w.message) for w in got if "training mode" in str(w.message)]
+
+    torch.manual_seed(0)
+    for quiet in (torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Tanh()), _Plain(),
+                  torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.LayerNorm(12))):
+        assert quiet.training
+        assert call(quiet) == []
+        assert all(m.training for m in quiet.modules())
+        closure = call(lambda t, quiet=quiet: quiet(t))   # (a callable's modules, switched as they are called)
+        assert closure == [] and all(m.training for m in quiet.modules())
+    for loud in (torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Dropout(0.5)), _Dropping(),
+                 torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.BatchNorm1d(12))):
+        assert call(loud) and all(m.training for m in loud.modules())
+        assert call(lambda t, loud=loud: loud(t))
+    made = {}
+    exec("class Made(torch.nn.Linear):\n    pass", {"torch": torch}, made)   # (no source to read: counted as reading)
+    assert hcrfast.validation._reads_training_flag(made["Made"])
+    assert not hcrfast.validation._reads_training_flag(torch.nn.Linear)
+    assert hcrfast.validation._reads_training_flag(torch.nn.MultiheadAttention)
 
 
 def test_a_closure_over_modules_in_training_mode_runs_them_in_eval_mode_and_restores_them():
