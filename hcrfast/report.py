@@ -515,6 +515,9 @@ def write_html(path, summary: dict, figures: dict) -> Path:
         n_zero, n_all = s["bounds"].get("zero", 0), s["bounds"]["finite"] + s["bounds"]["infinite"]
         body.append(f"<p><b>Median bound: {med:.4g} (normalized units) = {med_px:.4g} in [0, 1] pixel "
                     f"units.</b>"
+                    + (f" That is {med_px:.3g}× the pixels' whole range: no unbiased estimator comes near the "
+                       f"images, but a biased one (one that clips to [0, 1], or uses a prior over the images) can."
+                       if math.isfinite(med_px) and med_px > 1.0 else "")
                     + (f' <span class="warn">{n_zero:,} of the {n_all:,} bounds are 0, which bounds nothing '
                        f'(among the quantiles below, as the valid lower bounds they are; see the restarts that '
                        f'bound nothing above).</span>' if n_zero else "")

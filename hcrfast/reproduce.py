@@ -570,6 +570,17 @@ def _command_line(name, key, weights, out, data_root, threads: int) -> str:
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
+def _beyond_range(summary: dict) -> str:
+    """What the done line adds where the median bound, in the units of the [0, 1] images, passes their whole range:
+    that it rules out unbiased reconstruction only (a biased estimator, one that clips to [0, 1] or uses a prior
+    over the images, can come closer); "" otherwise."""
+    med = summary.get("bounds_pixel_units", {}).get("q50")
+    if med is None or not math.isfinite(med) or med <= 1.0:
+        return ""
+    return (f" ({med:.4g} in [0, 1] pixel units, {med:.3g}x the pixels' whole range: no unbiased estimator comes "
+            f"near the images, but a biased one, one that clips to [0, 1] or uses a prior over the images, can)")
+
+
 def _fmt_or_inf(value) -> str:
     return "inf (no finite bound)" if value is None else f"{value:.4g}"
 
@@ -1112,7 +1123,7 @@ def _run(name, *, examples, restarts, iterations, size, sigma_scale, limit, seed
     _report.write_html(report_path, summary, figures)
     write_outputs(out, {bounds_path.name, summary_path.name, report_path.name, *(f["file"] for f in figures.values())})
     _say(progress, f"{tag}: done in {_duration(time.perf_counter() - t_start)}; "
-                   f"median bound {_fmt_or_inf(summary['bounds']['q50'])}"
+                   f"median bound {_fmt_or_inf(summary['bounds']['q50'])}{_beyond_range(summary)}"
                    + (f" ({summary['bounds']['zero']:,} of {std.size:,} bounds are 0, which bounds nothing: see "
                       f"summary.json's zero_steps)" if summary["bounds"].get("zero") else "")
                    + (f" ({summary['rounding']['dtype_drift']:,} restarts' steps followed the model's rounding: see "

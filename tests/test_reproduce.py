@@ -6,6 +6,7 @@ whole file runs in about a minute on 2 CPU cores; the figures (matplotlib) are m
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import os
 import re
@@ -630,6 +631,29 @@ def test_the_report_says_which_steps_its_bounds_are_the_largest_over(first, tmp_
     assert ("Each bound is the largest, per mode, over the last iterate ε(2) of each of the R = 2 restarts and 64 "
             "singular steps per example (each direction with both signs); the MSE bound of eq. 6 is (1/p)‖ε‖²/D "
             "of the best restart" in page)
+
+
+def test_a_median_bound_past_the_pixels_range_says_it_rules_out_unbiased_estimators_only(first, tmp_path):
+    """`reproduce digits` printed a median bound of 32.36 (12.2 in [0, 1] pixel units) without a word that such a
+    bound, 12x the pixels' whole range, rules out unbiased reconstruction only: an estimator that clips to [0, 1]
+    is biased, and errs by less than 1 on every pixel. The oracle is bounds.npz's own bounds times the channel's
+    std, and a summary rewritten to either side of 1."""
+    s = json.loads((first / "summary.json").read_text())
+    std = _arrays(first / "bounds.npz")["std"]
+    px = float(np.median(std * np.asarray(s["normalization"]["std"]).reshape(1, -1, 1, 1)))
+    assert s["bounds_pixel_units"]["q50"] == pytest.approx(px)
+    for median, said in ((12.2, True), (0.97, False), (math.inf, False)):
+        ran = dict(s, bounds_pixel_units=dict(s["bounds_pixel_units"], q50=median))
+        line = reproduce._beyond_range(ran)
+        page = unescape(report.write_html(tmp_path / "report.html", ran, {}).read_text())
+        if said:
+            assert line == (" (12.2 in [0, 1] pixel units, 12.2x the pixels' whole range: no unbiased estimator "
+                            "comes near the images, but a biased one, one that clips to [0, 1] or uses a prior "
+                            "over the images, can)")
+            assert ("That is 12.2× the pixels' whole range: no unbiased estimator comes near the images, but a "
+                    "biased one (one that clips to [0, 1], or uses a prior over the images) can." in page)
+        else:
+            assert line == "" and "whole range" not in page
 
 
 def test_targets_report_the_gain_over_algorithm_1(tmp_path, weights):
