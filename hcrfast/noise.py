@@ -121,7 +121,7 @@ def divergence_of(noise, z):
     # the built-in laws' D without their refusal of NaN shifts (a public call's mistake): the certified paths
     # read a NaN D as a step that bounds nothing, as before
     d = noise._divergence(z) if type(noise).divergence in _REFUSING_NAN else noise.divergence(z)
-    if type(noise).divergence not in _REFUSING_NAN:   # (a subclass's own divergence is checked too)
+    if not _built_in_d(noise):   # (a subclass's own D is checked too, whichever of its methods it overrides)
         _check_divergence(noise, z, d)
     xp = get_array_module(d)
     n = math.prod(z.shape[1:]) if z.ndim > 1 else 1
@@ -140,8 +140,10 @@ def _check_divergence(noise, z, d) -> None:
         raise ValueError(f"the noise law {name} returned D of shape {shape} for {rows} rows of shifts; "
                          f"divergence(z) must give one value per row of z, shape ({rows},)")
     host = np.asarray(to_host(d), dtype=np.float64)
-    if np.isnan(host).any():
-        raise ValueError(f"the noise law {name} returned D = NaN for {int(np.isnan(host).sum())} of {rows} rows "
+    xp = get_array_module(z)
+    finite = np.asarray(to_host(xp.isfinite(xp.asarray(detached(z)).reshape(rows, -1)).all(axis=1)), dtype=bool)
+    if np.isnan(host[finite]).any():   # (a NaN shift's NaN D bounds nothing, as the built-in laws' does)
+        raise ValueError(f"the noise law {name} returned D = NaN for {int(np.isnan(host[finite]).sum())} of {rows} rows "
                          f"of finite shifts: its divergence is not defined there (a density without full support, "
                          f"say: then D = inf for any shift); fix the law, or use hcrfast.Gaussian / hcrfast.Laplace")
     dt = getattr(d, "dtype", None)
@@ -764,6 +766,19 @@ def _check_count(name: str, value, minimum: int) -> int:
 
 #: The laws' own ``divergence`` methods that refuse NaN shifts, which :func:`divergence_of` bypasses.
 _REFUSING_NAN = (Gaussian.divergence, Laplace.divergence)
+
+#: The methods by which each built-in law computes D: a law whose class takes all of its base's as they are (hcrfast's
+#: own PerFeatureGaussian, ScaledGaussian) gives the built-in D, read back for nothing (on CUDA a host read a step).
+_D_METHODS = {Gaussian: ("divergence", "_divergence"), Laplace: ("divergence", "_divergence", "log1p_chi2")}
+
+
+def _built_in_d(noise) -> bool:
+    """Whether ``noise``'s D is a built-in law's: a :class:`Gaussian` or :class:`Laplace`, or a subclass that overrides
+    none of the methods computing it (:data:`_D_METHODS`); a subclass overriding ``_divergence`` alone was taken
+    unchecked."""
+    cls = type(noise)
+    return any(issubclass(cls, base) and all(getattr(cls, m) is getattr(base, m) for m in methods)
+               for base, methods in _D_METHODS.items())
 
 
 def as_noise(noise) -> NoiseLaw:

@@ -727,6 +727,48 @@ def test_a_gaussian_subclass_whose_d_is_float32_is_refused_and_a_big_endian_floa
     assert got.std.tobytes() == hcrfast.bound(model, batch, native, iterations=2, restarts=2, seed=0).std.tobytes()
 
 
+def test_a_subclass_overriding_any_method_that_computes_d_is_checked():
+    """The check skipped a Gaussian subclass whose divergence was the built-in one, though its _divergence (which the
+    built-in divergence calls) was its own, and so a Laplace subclass's own log1p_chi2: float32 D went unchecked.
+    hcrfast's own subclasses, which override none of those, still give the built-in D unread."""
+    from hcrfast.noise import PerFeatureGaussian, ScaledGaussian, divergence_of
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
+    batch = torch.randn(1, 1, 4, 4, dtype=torch.float64)
+
+    class Float32(Gaussian):
+        def _divergence(self, z):
+            return super()._divergence(z).astype(np.float32)
+
+    class Float32Laplace(Laplace):
+        def log1p_chi2(self, z):
+            return super().log1p_chi2(z).astype(np.float32)
+
+    for law in (Float32(0.5), Float32Laplace(0.5)):
+        with pytest.raises(TypeError, match=r"returned D as float32; D must be float64"):
+            hcrfast.bound(model, batch, law, iterations=2, restarts=2)
+    z = np.random.default_rng(0).standard_normal((3, 5))
+    for law in (PerFeatureGaussian(1.0, "stds"), ScaledGaussian(1.0, scale=2.0)):
+        assert hcrfast.noise._built_in_d(law)
+        np.testing.assert_array_equal(divergence_of(law, z), divergence_of(Gaussian(1.0), z))
+
+
+def test_a_user_laws_nan_d_at_a_nan_shift_bounds_nothing_as_the_built_in_laws_does():
+    """A user law's D of NaN was refused as 'NaN for rows of finite shifts' where the shift itself was NaN; the
+    built-in laws' D is NaN there, and the certified paths read it as a step that bounds nothing. A NaN D at a
+    finite shift is still refused."""
+    from hcrfast.noise import divergence_of
+
+    z = np.array([[np.nan, 1.0], [1.0, 2.0]])
+    own = _OwnLaw(lambda z: Gaussian(1.0)._divergence(z))
+    np.testing.assert_array_equal(divergence_of(own, z), divergence_of(Gaussian(1.0), z))
+    assert np.isnan(divergence_of(own, z)[0])
+    broken = _OwnLaw(lambda z: np.array([0.5, np.nan]))
+    with pytest.raises(ValueError, match=r"returned D = NaN for 1 of 2 rows of finite shifts"):
+        divergence_of(broken, z)
+
+
 def test_a_user_law_whose_d_is_float32_is_refused():
     """The protocol asks for float64 D, and the bounds' rounding guard allows float64's rounding: a law computing
     the exact Gaussian D in float32 was taken, its D up to 4e-8 below the exact one, a mode's bound 1.00000006
