@@ -1645,8 +1645,9 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         (per channel), or the identity.
     certify : bool
         Recompute ``z_ε`` in float64 with a float64 copy of the model.
-    jacobian : {"reverse", "forward"}
-        How J v is computed (:class:`hcrfast.bindings.TorchJacobian`).
+    jacobian : {"reverse", "forward", "auto"}
+        How J v is computed (:class:`hcrfast.bindings.TorchJacobian`); "auto" is "reverse" (recorded so), as
+        for :func:`hcrfast.targeted_bound`'s LSQR path, so that one set of keyword arguments serves both.
     chunk_size : int, optional
         Examples per chunk (all their restarts together); automatic when None: from free device memory on
         CUDA, fixed budgets of values on CPUs (the solver's, and with ``iterates="all"`` one for the earlier
@@ -1808,7 +1809,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
     seed = validation.seed(seed)
     validation.choice("linearize_at", linearize_at, ("input", "current"))
     validation.choice("basis", basis, ("dct", "pixel"))
-    validation.choice("jacobian", jacobian, ("reverse", "forward"))
+    jacobian = validation.jacobian_mode(jacobian)
     validation.choice("solver", solver, SOLVERS)
     validation.choice("iterates", iterates, ("all", "last"))
     if solver in ("dense", "krylov") and linearize_at != "input":

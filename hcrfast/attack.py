@@ -504,8 +504,9 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         dtype with ``iter_lim = 4·max(n, p)``. Its ``damp`` must be 0: set ``damping``.
     tol : float, optional
         Convergence tolerance (1e-10 for float64, 1e-5 for float32 when None).
-    jacobian : {"reverse", "forward"}
-        How the products with J are computed (:class:`hcrfast.bindings.TorchJacobian`).
+    jacobian : {"reverse", "forward", "auto"}
+        How the products with J are computed (:class:`hcrfast.bindings.TorchJacobian`); "auto" is "reverse",
+        as for :func:`hcrfast.targeted_bound`'s LSQR path.
     chunk_size : int, optional
         Examples per chunk (all their draws together); automatic when None. A chunk
         that runs out of memory is halved and retried.
@@ -547,7 +548,7 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
         raise ValueError(f"damping must be a finite number >= 0, got {damping!r}; 0 gives pure Gauss-Newton steps")
     seed = validation.seed(seed)
     validation.choice("basis", basis, ("dct", "pixel"))
-    validation.choice("jacobian", jacobian, ("reverse", "forward"))
+    jacobian = validation.jacobian_mode(jacobian)
     if validation.lsqr_options(lsqr) is not None:
         if lsqr.damp != 0:
             raise ValueError(f"lsqr.damp must be 0 (got {lsqr.damp!r}); the attack sets each step's damping: "

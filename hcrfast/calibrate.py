@@ -618,8 +618,15 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
         As for :func:`sigma_for`. Every call's bounds are kept (each holds the batch's ``std``, ``eps``
         and ``z``): mind the memory of long sweeps over large batches.
     """
+    from hcrfast.noise import detached as _detached
+
     try:
-        values = np.asarray(scales, dtype=np.float64)
+        given = np.asarray(_detached(scales))   # strings ("0.5") and bools are no scales: np.float64 took them
+        if given.dtype.kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.flat):
+            given = given.astype(np.float64)   # (fractions.Fraction, as sigma takes it)
+        if given.dtype.kind not in "iuf":
+            raise TypeError
+        values = given.astype(np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"scales={scales!r}: pass a sequence of positive numbers (the sigmas in units of "
                         f"sigma0)") from None

@@ -96,7 +96,16 @@ _MAX_COUNT = 2**53
 # --------------------------------------------------------------------------
 # validation at the boundary
 # --------------------------------------------------------------------------
+def _number(value):
+    """A 0-d tensor or array as its number (``torch.tensor(1.0)``, as :func:`hcrfast.bound` takes it); else
+    ``value``."""
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)) and not isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def _real(name: str, value) -> float:
+    value = _number(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
@@ -132,6 +141,7 @@ def _int_text(value: int) -> str:
 
 
 def _check_count(name: str, value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    value = _number(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if isinstance(value, numbers.Integral):

@@ -53,10 +53,10 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
                         f"(Laplace and Monte Carlo laws take one scale for every feature)")
     if isinstance(value, (np.ndarray, torch.Tensor)) and count == 1:  # a one-element array is its number
         value = value.item()
-    # NumPy's complex scalars have __float__ (it drops the imaginary part, with a mere warning), and
-    # NumPy's bool has it too: neither is a scale.
-    if (isinstance(value, (bool, np.bool_, complex, np.complexfloating))
-            or not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
+    # A real number, as sigma is everywhere else (validation.sigma_or_law, hcrfast.dp): NumPy's complex scalars and
+    # bool have __float__ (the first drops the imaginary part, with a mere warning), and so has Decimal, which
+    # hcrfast.bound(sigma=Decimal(...)) refused while Gaussian(Decimal(...)) took it.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}; {hint}")
     value = float(value)
     if not math.isfinite(value) or value <= 0:

@@ -136,7 +136,9 @@ def dithered_accuracy(model, head, batch: torch.Tensor, labels, sigma, *, draws:
         metric: None, or anything with B rows, handed to it row by row with each noisy copy.
     sigma : float, array or hcrfast.Gaussian
         The std of the Gaussian noise added to every feature, or one std per feature (the features'
-        shape, or flat); ``hcrfast.Gaussian(s)`` is the std ``s`` (other noise laws are refused).
+        shape, or flat); ``hcrfast.Gaussian(s)`` is the std ``s`` (other noise laws are refused). 0, or 0 on
+        some features, adds no noise there: σ = 0 scores the clean features in every draw (a baseline, where
+        :func:`hcrfast.bound` refuses σ = 0).
     draws : int
         Noisy copies per input (default 10).
     seed : int
@@ -559,7 +561,7 @@ def sigma_for_accuracy(model, head, batch: torch.Tensor, labels, accuracy: float
     to keep, and the metric should fall as the noise grows.)
 
     The model runs once; every σ tried is ``draws`` noisy copies of every input's features through the
-    head (:func:`accuracy_on_features`, the same draws at every σ, scaled). The search doubles or halves
+    head (:func:`hcrfast.utility.accuracy_on_features`, the same draws at every σ, scaled). The search doubles or halves
     σ until the accuracy crosses the target, then bisects (in log σ) until the two σ either side are
     within a factor ``1 + rtol``. The accuracy is measured on these inputs and draws, not guaranteed
     elsewhere; with the draws fixed it is a step function of σ, falling as σ grows but not always

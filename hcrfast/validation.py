@@ -143,6 +143,13 @@ def sigma_or_law(value, *, laws: bool = True):
     return positive_float("sigma", value, hint)
 
 
+def jacobian_mode(value) -> str:
+    """``jacobian=`` of :func:`hcrfast.bound` and the attack: "reverse" or "forward"; "auto" (the default of
+    :func:`hcrfast.targeted_bound`, whose LSQR path reads it as "reverse") is "reverse"."""
+    choice("jacobian", value, ("reverse", "forward", "auto"))
+    return "reverse" if value == "auto" else value
+
+
 def dtype_name(dtype) -> str:
     """``torch.float32`` → ``"float32"``: how messages name a dtype."""
     return str(dtype).replace("torch.", "")

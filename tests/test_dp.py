@@ -382,6 +382,20 @@ def test_bad_types_raise_type_error(call, match):
         call()
 
 
+def test_zero_dimensional_tensors_and_arrays_are_their_numbers_as_in_bound():
+    """hcrfast.bound takes sigma=torch.tensor(0.1); the dp functions refused it ("got Tensor"), and a 0-d array,
+    while taking np.float32. A one-element 0-d tensor of a bool or a complex is still refused."""
+    torch = pytest.importorskip("torch")
+    want = dp.rero_mse(eta=0.1, sigma=1.5, C=2.0, N=64, T=3)
+    for wrap in (lambda v: torch.tensor(v, dtype=torch.float64 if isinstance(v, float) else torch.int64), np.array):
+        assert dp.rero_mse(eta=0.1, sigma=wrap(1.5), C=wrap(2.0), N=wrap(64), T=wrap(3)) == want
+        assert dp.worst_case_success(kappa=wrap(0.1), sigma=wrap(1.0)) == dp.worst_case_success(kappa=0.1, sigma=1.0)
+    with pytest.raises(TypeError, match="sigma must be a real number, got bool"):
+        dp.expected_mse(sigma=torch.tensor(True), C=1.0)
+    with pytest.raises(TypeError, match="N must be an integer, got complex"):
+        dp.rero_mse(eta=0.1, sigma=1.0, C=1.0, N=np.array(4 + 0j))
+
+
 def test_keyword_only():
     with pytest.raises(TypeError):
         dp.mse_lower_bound(1.0, 1.0)  # type: ignore[misc]

@@ -217,6 +217,20 @@ def test_complex_and_numpy_bool_scales_are_refused(law, name, value):
         law(value)
 
 
+@pytest.mark.parametrize("law,name", [(Gaussian, "sigma"), (Laplace, "scale"), (as_noise, "sigma")])
+def test_a_decimal_scale_is_refused_as_bound_refuses_a_decimal_sigma(law, name):
+    """The laws took anything with __float__ (a Decimal), while bound(sigma=Decimal(...)), rms_sigma and hcrfast.dp
+    refused it: one rule now, a real number (0-d arrays and tensors as their number)."""
+    from decimal import Decimal
+
+    with pytest.raises(TypeError, match=rf"{name} must be a real number, got Decimal"):
+        law(Decimal("0.1"))
+    with pytest.raises(TypeError, match=r"sigma must be a real number, got Decimal"):
+        hcrfast.bound(torch.nn.Flatten(), torch.ones(1, 1, 2, 2, dtype=torch.float64), Decimal("0.1"))
+    for same in (np.float32(0.25), np.array(0.25), torch.tensor(0.25), 0.25, np.int64(1)):
+        assert law(same) == law(float(same))
+
+
 def test_monte_carlo_validation():
     t5 = stats.t(5)
 

@@ -332,6 +332,21 @@ def test_each_submodules_own_mode_is_restored(x, sigma):
     assert not mixed.training and mixed[1].training
 
 
+def test_jacobian_auto_is_taken_by_bound_and_the_attack_as_targeted_bound_takes_it(x):
+    """targeted_bound's default is jacobian="auto" ("reverse" on its LSQR path); bound and the attack refused "auto",
+    so one set of keyword arguments could not serve both. "auto" is "reverse" there, and recorded so."""
+    model = mlp().double()
+    batch = x.double()
+    auto = hcrfast.bound(model, batch, 0.1, jacobian="auto", **QUICK)
+    reverse = hcrfast.bound(model, batch, 0.1, jacobian="reverse", **QUICK)
+    assert auto.std.tobytes() == reverse.std.tobytes() and auto.params["jacobian"] == "reverse"
+    kw = dict(draws=1, steps=1, seed=0)
+    got = hcrfast.gauss_newton_attack(model, batch, 0.1, jacobian="auto", **kw)
+    assert got.estimates.tobytes() == hcrfast.gauss_newton_attack(model, batch, 0.1, **kw).estimates.tobytes()
+    with pytest.raises(ValueError, match=r"jacobian must be one of \('reverse', 'forward', 'auto'\), got 'sideways'"):
+        hcrfast.bound(model, batch, 0.1, jacobian="sideways", **QUICK)
+
+
 class _Plain(torch.nn.Module):
     """A user's class whose code never reads its training flag."""
     def __init__(self):
