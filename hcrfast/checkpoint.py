@@ -581,7 +581,6 @@ class Checkpoint:
         return removed, left, others
 
     def save(self, start: int, stop: int, **arrays) -> None:  # (the chunk's rows: start..stop-1)
-        self._saved = True
         arrays["key_sha256"] = np.array(self.key_sha256)
         if self.arithmetic is not None:
             arrays["arithmetic"] = np.array(self.arithmetic)
@@ -598,6 +597,9 @@ class Checkpoint:
             self.chunk_sizes.add(size)
         file = self.path / f"chunk_{start:09d}_{stop:09d}.npz"
         atomic_savez(file, internal=True, example_ids=self.example_ids[start:stop], **arrays)
+        # (saved once the file is there: a first save that fails, a full disk or an interrupt, leaves the key to
+        # take_back, which keeps it where any chunk file, finished or temporary, is in the folder)
+        self._saved = True
         self._chunks.append(file)
 
     def warn_mixed(self, resume_hint: str) -> None:

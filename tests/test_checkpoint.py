@@ -1308,6 +1308,30 @@ def test_a_call_that_fails_before_its_first_chunk_takes_back_the_key_it_wrote(tm
     assert sorted(p.name for p in ck.iterdir()) == ["features.npy", "key.json"]
 
 
+def test_a_first_save_that_fails_takes_back_the_key_as_a_failure_before_it_does(tmp_path, monkeypatch):
+    """The call counted as having saved a chunk from the start of its first save: a full disk (or an interrupt)
+    there left key.json and features.npy in a folder with no chunk, and the corrected call (another sigma) was
+    refused for work the folder never held. The save counts once its file is there."""
+    import errno
+
+    from hcrfast import checkpoint
+
+    real = checkpoint.atomic_savez
+
+    def full(path, **kwargs):
+        if pathlib.Path(path).name.startswith("chunk_"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "atomic_savez", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "full", **kw("dense"))
+    assert not (tmp_path / "full").exists()
+    monkeypatch.setattr(checkpoint, "atomic_savez", real)
+    got = hcrfast.bound(relu_mlp(), batch(), 0.35, checkpoint=tmp_path / "full", **kw("dense"))
+    np.testing.assert_array_equal(got.std, hcrfast.bound(relu_mlp(), batch(), 0.35, **kw("dense")).std)
+
+
 @pytest.mark.parametrize("entry", ["targeted_bound", "gauss_newton_attack"])
 def test_the_other_checkpointed_calls_take_back_their_key_too(entry, tmp_path, monkeypatch):
     from hcrfast import attack, targeted
