@@ -24,6 +24,7 @@ import numbers
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -222,6 +223,98 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     return forward(model, x).reshape(x.shape[0], -1)
 
 
+#: On CPUs, the rows a forward pass without autograd runs at once are held to this many bytes of the model's
+#: largest activation (:func:`_piece_rows`). A chunk is sized for its solver, and its certifying passes run every
+#: restart's rows, and every earlier iterate's, at once: a 3 × 32-channel CNN on 28 × 28 inputs peaked 5.5 GiB above
+#: its start for 32 examples at the defaults, 1.7 GiB in pieces (2026-12-02, ``benchmarks/forward_pieces.py``; ~16 GB
+#: predicted at its automatic chunk of 93 before), where the kernel's
+#: out-of-memory killer, not a MemoryError that :func:`_halved` would split, ends a run. Fixed, not taken from the
+#: free memory: the pieces, and so the rounding of the passes, are the same on every machine.
+FORWARD_PIECE_BYTES = 2**27
+
+
+def _piece_rows(model, x: torch.Tensor) -> int | None:
+    """The most rows of ``x`` one forward pass of ``model`` runs at once on a CPU: :data:`FORWARD_PIECE_BYTES` over
+    the bytes of its largest activation for one row (:func:`_measuring`'s count, in ``x``'s dtype); None for no
+    limit (CUDA, whose allocations fail and are halved; a model not measured yet, or that cannot be)."""
+    if x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
+        return None
+    numel = _ACTIVATION_NUMEL.get(_measured_as(model))
+    return None if not numel else max(1, FORWARD_PIECE_BYTES // (numel * x.element_size()))
+
+
+#: Per Module: the values of its submodules' largest output for one row of its input (None: not measurable), as
+#: :func:`_measuring` saw them in its first forward without autograd.
+_ACTIVATION_NUMEL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: hcrfast's own copies of a model (float64 to certify, float32 of a float16 model) -> the model they copy, whose
+#: activations they share in count: :func:`note_copy`.
+_COPY_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def note_copy(copy_, model) -> None:
+    """``copy_`` is a copy of ``model`` in another dtype: its forwards are pieced by ``model``'s activations."""
+    if isinstance(copy_, torch.nn.Module) and isinstance(model, torch.nn.Module) and copy_ is not model:
+        try:
+            _COPY_OF[copy_] = model
+        except TypeError:   # (not weakly referable)
+            pass
+
+
+def _measured_as(model):
+    while model in _COPY_OF if isinstance(model, torch.nn.Module) else False:
+        model = _COPY_OF[model]
+    return model
+
+
+@contextlib.contextmanager
+def _measuring(model):
+    """Where the Module ``model`` has not been measured (:data:`_ACTIVATION_NUMEL`), hooks that count, over the
+    block's forwards, the largest output of its submodules per row of the model's own input; kept on a clean exit.
+    The forward measured is one hcrfast runs anyway, whose output it uses: a model that changes at its first call
+    (a counter) is seen as before, where a forward of its own, on a row of zeros, hid such a change."""
+    owner = _measured_as(model)
+    if not isinstance(owner, torch.nn.Module) or owner in _ACTIVATION_NUMEL:
+        yield
+        return
+    largest, rows, handles = [0], [0], []
+
+    def pre(module, args):
+        first = args[0] if args else None
+        rows[0] = first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0
+
+    def hook(module, args, out):
+        if rows[0] > 0:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    largest[0] = max(largest[0], -(-t.numel() // rows[0]))
+
+    try:
+        handles = [model.register_forward_pre_hook(pre)] + [m.register_forward_hook(hook) for m in model.modules()]
+    except Exception:   # (TorchScript without hooks: not measured, no pieces, as before)
+        for h in handles:
+            h.remove()
+        _ACTIVATION_NUMEL[owner] = None
+        yield
+        return
+    try:
+        yield
+        _ACTIVATION_NUMEL[owner] = largest[0] or None
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _in_pieces(compute, join, rows: int | None, x: torch.Tensor, *more):
+    """:func:`_halved` of ``compute`` on pieces of at most ``rows`` rows of ``x`` (and of every other argument),
+    joined pairwise in a balanced tree; one call where ``rows`` is None or covers ``x``."""
+    if rows is None or x.shape[0] <= rows:
+        return _halved(compute, join, x, *more)
+    parts = [_halved(compute, join, x[i:i + rows], *(a[i:i + rows] for a in more)) for i in range(0, x.shape[0], rows)]
+    while len(parts) > 1:
+        parts = [join(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 def _halved(compute, join, x: torch.Tensor, *more):
     """``compute(x, *more)``; where it runs out of memory, ``join`` of the same on the first and on the
     second half of the rows of ``x`` and of every other argument (recursively: one row that does not
@@ -247,7 +340,9 @@ def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
         with torch.no_grad():
             return model(x).reshape(x.shape[0], -1), model(y).reshape(y.shape[0], -1)
 
-    return _halved(both, lambda a, b: (torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])), x, y)
+    with _measuring(model):
+        return _in_pieces(both, lambda a, b: (torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])),
+                          _piece_rows(model, x), x, y)
 
 
 def forward(model, x: torch.Tensor):
@@ -262,7 +357,8 @@ def forward(model, x: torch.Tensor):
             return first  # no tensor to join: validation.features_of names what the model returned
         return torch.cat([first, second])
 
-    return _halved(run, join, x)
+    with _measuring(model):
+        return _in_pieces(run, join, _piece_rows(model, x), x)
 
 
 def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size, device, arithmetic=None,

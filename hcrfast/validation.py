@@ -193,6 +193,7 @@ def float32_for_float16(model, batch: torch.Tensor, *, copied: str | None = None
         # (eval_mode's warning: the entry point says it of the copy, as of any model)
         with warnings_ignored((None, Warning)), torch.inference_mode(False):
             model32 = copy.deepcopy(model).float()
+            _note_copy(model32, model)
             batch32 = batch.float()
             with eval_mode(model32), torch.no_grad():   # a forward that casts to float16 itself (x.half()) stays
                 out = model32(batch32[:1])
@@ -264,6 +265,7 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
     with warnings_ignored((r"The \.grad attribute of a Tensor that is not a leaf", UserWarning)):
         try:
             model64 = copy.deepcopy(model).double()
+            _note_copy(model64, model)
         except RuntimeError as exc:  # e.g. torch.nn.utils.weight_norm's computed (non-leaf) weights
             pruned = _pruned(model)
             if not pruned and "deepcopy protocol" not in str(exc):
@@ -310,6 +312,13 @@ def float64_model(model, batch: torch.Tensor, certify: bool):
 #: and its float64 copy's that the model's rounding is taken to explain: float32 rounds at ~1e-7, TF32 at ~5e-4 of
 #: the features (``tf32=True``), a float16 model's float32 copy like float32.
 COPY_GAP_LIMIT = 1e-2
+
+
+def _note_copy(copy_, model) -> None:
+    """:func:`hcrfast.algorithm.note_copy`: the copy's CPU forwards pieced by the model's activations."""
+    from hcrfast.algorithm import note_copy
+
+    note_copy(copy_, model)
 
 
 def _same_function(model, batch: torch.Tensor, out, fixes: str) -> None:

@@ -1269,3 +1269,18 @@ def test_refused_benchmark_arguments_end_with_a_message_not_a_traceback(tmp_path
         directions.main(["digits", "--restarts", "1"])
     assert exc.value.code == 2 and "--restarts 1: the restarts' pairwise directions need at least 2" in \
         capsys.readouterr().err
+
+
+def test_forward_pieces_measures_both_ways_in_fresh_processes(tmp_path):
+    """benchmarks/forward_pieces.py (the memory figure of the CPU's forward passes in pieces) runs at toy size: one
+    row with pieces and one without, each in its own process, the same bounds to rounding."""
+    out = tmp_path / "pieces.json"
+    proc = run_script("forward_pieces.py", "--examples", "2", "--channels", "2", "--restarts", "2", "--iterations",
+                      "2", "--json", out)
+    r = json.loads(out.read_text())
+    whole, pieces = r["rows"]
+    assert (whole["pieces"], pieces["pieces"]) == (False, True) and whole["piece_bytes"] == 2**62
+    assert pieces["piece_bytes"] == hcrfast.algorithm.FORWARD_PIECE_BYTES
+    assert whole["peak_mib_over_base"] > 0 and pieces["seconds"] > 0
+    assert pieces["median_bound"] == pytest.approx(whole["median_bound"], rel=1e-12)
+    assert "less memory" in proc.stdout

@@ -707,6 +707,61 @@ def test_forward_passes_out_of_memory_are_split_without_losing_the_chunk():
         _features(lambda t: 1 / 0, x)
 
 
+class _RowsSeen(torch.nn.Module):
+    """A small CNN (8 channels of 6 x 6 before its pooling) recording the rows of each forward without autograd."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.Tanh(), torch.nn.AvgPool2d(2),
+                                       torch.nn.Flatten(), torch.nn.Linear(8 * 3 * 3, 5))
+        self.rows = []
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            self.rows.append(x.shape[0])
+        return self.net(x)
+
+
+def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(monkeypatch):
+    """A chunk's certifying passes ran every restart's rows, and every earlier iterate's, at once: a 3 x 32-channel
+    CNN on 28 x 28 inputs peaked 5.5 GiB above its start for 32 examples at the defaults (1.7 GiB in pieces),
+    where the out-of-memory killer ends a run before any MemoryError could be split. The rows a forward runs at
+    once are now held to FORWARD_PIECE_BYTES of the model's largest activation per row, counted by hooks during
+    its first forward that hcrfast runs anyway: here 8 x 6 x 6 values (the convolution's and the Tanh's outputs),
+    by hand, in float64 for the model and its float64 copy alike. The bounds are the same problem's, to float64's
+    rounding of another batch shape."""
+    from hcrfast import algorithm
+
+    model = _RowsSeen().double().eval()
+    x = torch.as_tensor(np.random.default_rng(3).standard_normal((4, 1, 6, 6)))
+    per_row = 8 * 6 * 6 * 8
+    assert algorithm._piece_rows(model, x) is None   # (not measured yet: its first forward runs whole)
+    algorithm.forward(model, x)
+    assert algorithm._ACTIVATION_NUMEL[model] == 8 * 6 * 6
+    assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6, dtype=torch.float64)) == 2**27 // per_row
+    assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**27 // (per_row // 2)   # (float32 values)
+    algorithm.forward(lambda t: t, x)
+    assert algorithm._piece_rows(lambda t: t, x) is None   # (a callable has no modules to measure)
+    float32 = _RowsSeen().eval()   # its float64 copy is pieced by the model's count, in float64's bytes
+    copy64 = hcrfast.validation.float64_model(float32, x.float(), True)
+    algorithm.forward(float32, x.float())
+    assert algorithm._piece_rows(copy64, x) == 2**27 // per_row
+    kw = dict(iterations=3, restarts=4, seed=1, solver="dense")
+    want = hcrfast.bound(model, x, 0.3, **kw)
+    assert max(model.rows) >= 4 * 4   # (the last iterates certified at once: examples x restarts)
+    monkeypatch.setattr(algorithm, "FORWARD_PIECE_BYTES", 3 * per_row)
+    model.rows.clear()
+    got = hcrfast.bound(model, x, 0.3, **kw)
+    # the entry and exit checks run a few rows of their own (at most 8, and 5 rows of one example), not pieced
+    assert model.rows and max(model.rows) <= hcrfast.validation.REPEAT_ROWS
+    assert sorted(model.rows).count(3) >= 10
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-12)
+    np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-12)
+    with torch.no_grad():   # (the pieces joined in the rows' order)
+        np.testing.assert_array_equal(algorithm.forward(model, x), model(x))
+
+
 class BatchShaped(torch.nn.Module):
     """Features that never move (a straight-through constant) but whose last bits depend on the batch
     size, as a device's kernels may round differently for other shapes; the first pass of more than one

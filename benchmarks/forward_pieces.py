@@ -1,0 +1,112 @@
+"""What the CPU's forward passes in pieces (``hcrfast.algorithm.FORWARD_PIECE_BYTES``) save: peak memory and time
+of ``hcrfast.bound`` at its defaults on a small CNN whose activations dwarf its inputs and features, with the
+pieces and without them (one piece, as before 2026-12-02), each in a fresh process (its peak RSS its own).
+
+    python benchmarks/forward_pieces.py --examples 32 --channels 32 --threads 1 \
+        --json benchmarks/results/forward_pieces_cnn_cpu_20261202.json
+
+The model: three 3 × 3 convolutions of ``--channels`` channels with ReLU on 28 × 28 inputs, average-pooled to a
+Linear of 10 features (random weights, seed 0); σ = the features' RMS. Peak RSS is read from
+``/proc/self/status`` (VmHWM), in MiB, over the process's RSS just before the call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _vm(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int) -> dict:
+    """One call in this process: its peak memory over the RSS before it, and its time."""
+    import numpy as np
+    import torch
+
+    import hcrfast
+    from hcrfast import algorithm
+
+    torch.set_num_threads(threads)
+    if not pieces:
+        algorithm.FORWARD_PIECE_BYTES = 2**62
+    torch.manual_seed(0)
+    c = channels
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(c, 10)).eval()
+    x = torch.rand(examples, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x), 1.0)
+    base = _vm("VmRSS")
+    t0 = time.perf_counter()
+    res = hcrfast.bound(model, x, sigma, restarts=restarts, iterations=iterations)
+    seconds = time.perf_counter() - t0
+    return dict(pieces=pieces, peak_mib_over_base=round(_vm("VmHWM") - base, 1), seconds=round(seconds, 3),
+                median_bound=float(np.median(res.std)),
+                chunk_size=res.params["run"].get("chunk_size"), solver=res.params["solver"],
+                piece_bytes=algorithm.FORWARD_PIECE_BYTES)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=32)
+    ap.add_argument("--channels", type=int, default=32)
+    ap.add_argument("--restarts", type=int, default=25)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="where to write the two rows and the machine (default: print only)")
+    ap.add_argument("--one", choices=["pieces", "whole"], help=argparse.SUPPRESS)   # (the child process's row)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.examples, args.channels, args.one == "pieces", args.threads, args.restarts,
+                             args.iterations)))
+        return 0
+    if not os.path.exists("/proc/self/status"):
+        print("forward_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
+        return 2
+    rows = []
+    for kind in ("whole", "pieces"):
+        cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--channels",
+               str(args.channels), "--restarts", str(args.restarts), "--iterations", str(args.iterations),
+               "--threads", str(args.threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
+              f"{r['seconds']:7.2f} s, median bound {r['median_bound']:.6g} (chunk {r['chunk_size']}, {r['solver']})")
+    whole, pieces = rows
+    print(f"pieces: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
+          f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
+    if args.json:
+        import platform
+
+        import torch
+
+        out = dict(command="python benchmarks/forward_pieces.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   examples=args.examples, channels=args.channels, restarts=args.restarts,
+                   iterations=args.iterations, threads=args.threads, rows=rows,
+                   machine=dict(python=platform.python_version(), torch=torch.__version__,
+                                processor=platform.processor() or platform.machine(), cores=os.cpu_count()),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
