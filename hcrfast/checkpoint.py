@@ -276,6 +276,12 @@ def key_batch_fingerprint(model, batch) -> str:
 _SCALED_NOISE = re.compile(r"ScaledGaussian\(sigma=1\.0, scale=([^)]*)\)")
 
 
+#: What a mismatch adds where both keys name hcrfast's wrapper that divides the features by stds (noise.PerFeatureStd):
+#: its fingerprint holds the stds, which no other entry does where a sweep divides by its sigma0.
+_WRAPPED_NOTE = (" (the model's features divided by stds: one std per feature, or sigma_for's or sweep_sigma's "
+                 "sigma0; the stds, or the model, changed)")
+
+
 def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
     """Raise :class:`CheckpointMismatchError` naming every entry where ``stored`` and ``key`` differ."""
     if stored == key:
@@ -285,7 +291,8 @@ def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
         text = repr(d[k] if k in d else ABSENT_MEANS.get(k, "(absent)"))
         return _SCALED_NOISE.sub(r"Gaussian(sigma=\1) on the features divided by sigma", text) if k == "noise" else text
 
-    diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}"
+    diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}" + _WRAPPED_NOTE * (k == "model" and all(
+                 str(d.get(k, "")).startswith("PerFeatureStd:") for d in (stored, key)))
              for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]
     raise CheckpointMismatchError(f"{_q(path)} holds work made with other arguments ({'; '.join(diffs)}). {fix}")
 
@@ -456,8 +463,9 @@ class Checkpoint:
             if "key_sha256" in arrays and str(arrays["key_sha256"]) != self.key_sha256:
                 raise CheckpointMismatchError(
                     f"{_q(file)} was written by another call: the key it holds is not this call's (the folder's key.json "
-                    f"was replaced or removed after it was written). Make that call to resume it, or delete "
-                    f"{_q(self.path)} (or pass another checkpoint folder) to start anew")
+                    f"was replaced or removed after it was written). Make that call to resume it; or move that one "
+                    f"file out of the folder, and this call computes its examples again and keeps the other chunks; "
+                    f"or delete {_q(self.path)} (or pass another checkpoint folder) to start anew")
             if "key_sha256" not in arrays and self.key_written_here:
                 raise CheckpointMismatchError(
                     f"{_q(file)} is a chunk of a call {_q(self.path)} no longer names (its key.json was missing) and holds "
@@ -468,7 +476,9 @@ class Checkpoint:
                                                                   self.example_ids[start:stop])):
                 raise CheckpointMismatchError(
                     f"{_q(file)} holds examples {arrays.get('example_ids')} at rows {start}:{stop}, which this call "
-                    f"(batch of {total}) does not have there; pass another checkpoint folder or delete {_q(self.path)}")
+                    f"(batch of {total}) does not have there; move that one file out of the folder (this call then "
+                    f"computes those rows again and keeps the other chunks), or pass another checkpoint folder, or "
+                    f"delete {_q(self.path)}")
             if missing:
                 self._set_aside(file, f"lacks the arrays {', '.join(missing)}", "incomplete")
                 continue

@@ -1125,3 +1125,21 @@ def test_a_far_sweep_with_lsqr_damp_is_the_direct_calls_and_a_far_k_resumes_as_m
         again = hcrfast.sweep_sigma(net, x, [1e-10, 1.0], sigma0=1e12, checkpoint=tmp_path, reuse_bytes=0, **kw)
     for a, b in zip(first.bounds, again.bounds):
         assert a.std.tobytes() == b.std.tobytes()
+
+
+def test_a_sweep_resumed_with_another_sigma0_says_the_stds_may_have_changed_not_only_the_model(tmp_path):
+    """A sweep divides the features by its sigma0 in a wrapper whose fingerprint is the key's "model" entry: one
+    resumed with another sigma0 was refused, rightly, as a changed model, in the wrapper's name. The refusal now
+    says that the stds the features are divided by are in that entry."""
+    model, x = _tanh_net().double(), _batch(2).double()
+    kw = dict(restarts=2, iterations=2)
+    hcrfast.sweep_sigma(model, x, [1.0], sigma0=np.full(30, 0.3), checkpoint=tmp_path, **kw)
+    with pytest.raises(hcrfast.CheckpointMismatchError,
+                       match=r"model: 'PerFeatureStd:sha256:\w+' -> 'PerFeatureStd:sha256:\w+' \(the model's features "
+                             r"divided by stds: one std per feature, or sigma_for's or sweep_sigma's sigma0; the stds, "
+                             r"or the model, changed\)"):
+        hcrfast.sweep_sigma(model, x, [1.0], sigma0=np.full(30, 0.6), checkpoint=tmp_path, **kw)
+    with pytest.raises(hcrfast.CheckpointMismatchError) as other:   # another model, no wrapper: no such note
+        hcrfast.bound(_tanh_net(1).double(), x, 0.3, checkpoint=tmp_path / "plain", **kw)
+        hcrfast.bound(model, x, 0.3, checkpoint=tmp_path / "plain", **kw)
+    assert "divided by stds" not in str(other.value)

@@ -1049,6 +1049,31 @@ def test_krylov_chunks_written_before_passes_were_counted_read_back_with_the_nee
         {key: v for key, v in k.items() if not key.startswith("products")}
 
 
+def test_one_foreign_chunk_is_refused_with_the_fix_that_keeps_the_other_chunks(tmp_path):
+    """Another call's chunk copied over one of this call's was refused, naming it, with one fix: delete the whole
+    folder, finished chunks included. Moving that one file out is the fix that keeps them: the call then computes
+    its rows again and reads the others back, to the bounds of an uninterrupted call."""
+    x = batch(6)
+    kw = dict(restarts=2, iterations=2, chunk_size=2)
+    whole = hcrfast.bound(tanh_mlp(), x, 0.5, **kw)
+    hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path / "mine", **kw)
+    hcrfast.bound(tanh_mlp(), x, 0.3, checkpoint=tmp_path / "other", **kw)
+    name = "chunk_000000002_000000004.npz"
+    (tmp_path / "mine" / name).write_bytes((tmp_path / "other" / name).read_bytes())
+    with pytest.raises(CheckpointMismatchError, match=rf"{name} was written by another call.*move that one file out "
+                                                      rf"of the folder, and this call computes its examples again"):
+        hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path / "mine", **kw)
+    (tmp_path / "mine" / name).rename(tmp_path / name)
+    again = hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path / "mine", **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 4
+    np.testing.assert_array_equal(again.std, whole.std)
+    # chunk 0:2's file renamed to rows 2:4: its example ids are not this call's there
+    (tmp_path / "mine" / name).unlink()
+    (tmp_path / "mine" / "chunk_000000000_000000002.npz").rename(tmp_path / "mine" / name)
+    with pytest.raises(CheckpointMismatchError, match=r"does not have there; move that one file out of the folder"):
+        hcrfast.bound(tanh_mlp(), x, 0.5, checkpoint=tmp_path / "mine", **kw)
+
+
 def test_a_chunk_written_by_another_call_is_refused_whatever_key_json_says(tmp_path):
     """Each chunk file holds its call's key (a hash): with key.json removed (a partial copy, or deleted to get
     past a mismatch) the chunks of a call at sigma 0.5 were read back as a call's at 0.05, whose bounds are
