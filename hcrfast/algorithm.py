@@ -237,15 +237,30 @@ def _piece_rows(model, x: torch.Tensor) -> int | None:
     """The most rows of ``x`` one forward pass of ``model`` runs at once on a CPU: :data:`FORWARD_PIECE_BYTES` over
     the bytes of its largest activation for one row (:func:`_measuring`'s count, in ``x``'s dtype); None for no
     limit (CUDA, whose allocations fail and are halved; a model not measured yet, or that cannot be)."""
-    if x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
+    counts = getattr(_SCOPE, "counts", None)
+    if counts is None or x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
         return None
-    numel = _ACTIVATION_NUMEL.get(_measured_as(model))
+    numel = counts.get(_measured_as(model))
     return None if not numel else max(1, FORWARD_PIECE_BYTES // (numel * x.element_size()))
 
 
-#: Per Module: the values of its submodules' largest output for one row of its input (None: not measurable), as
-#: :func:`_measuring` saw them in its first forward without autograd.
-_ACTIVATION_NUMEL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, the values of its submodules' largest output
+#: for one row of its input (None: not measurable), as :func:`_measuring` saw them in its first forward of the call.
+_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def pieces_scope():
+    """A public call's forwards (:func:`hcrfast.validation.entry_point`): models are measured afresh at their first
+    forward in it, so the same call made twice in one process runs its forwards in the same pieces, and so gives the
+    same bits (a count kept from an earlier call pieced the second call's first forward, which the first call ran
+    whole). Nested calls (a sweep's) have their own, as a direct call does; outside any, nothing is pieced."""
+    outer = getattr(_SCOPE, "counts", None)
+    _SCOPE.counts = {}
+    try:
+        yield
+    finally:
+        _SCOPE.counts = outer
 #: hcrfast's own copies of a model (float64 to certify, float32 of a float16 model) -> the model they copy, whose
 #: activations they share in count: :func:`note_copy`.
 _COPY_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -268,12 +283,13 @@ def _measured_as(model):
 
 @contextlib.contextmanager
 def _measuring(model):
-    """Where the Module ``model`` has not been measured (:data:`_ACTIVATION_NUMEL`), hooks that count, over the
+    """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, over the
     block's forwards, the largest output of its submodules per row of the model's own input; kept on a clean exit.
     The forward measured is one hcrfast runs anyway, whose output it uses: a model that changes at its first call
     (a counter) is seen as before, where a forward of its own, on a row of zeros, hid such a change."""
+    counts = getattr(_SCOPE, "counts", None)
     owner = _measured_as(model)
-    if not isinstance(owner, torch.nn.Module) or owner in _ACTIVATION_NUMEL:
+    if counts is None or not isinstance(owner, torch.nn.Module) or owner in counts:
         yield
         return
     largest, rows, handles = [0], [0], []
@@ -293,12 +309,12 @@ def _measuring(model):
     except Exception:   # (TorchScript without hooks: not measured, no pieces, as before)
         for h in handles:
             h.remove()
-        _ACTIVATION_NUMEL[owner] = None
+        counts[owner] = None
         yield
         return
     try:
         yield
-        _ACTIVATION_NUMEL[owner] = largest[0] or None
+        counts[owner] = largest[0] or None
     finally:
         for h in handles:
             h.remove()

@@ -684,9 +684,11 @@ def entry_point(model, device, *, tf32: bool = False):
              f"moved 3.6x under bfloat16 in a test) and can break the dense solve's torch.func; the bounds are still "
              f"certified by the float64 passes, which autocast does not cast. Call hcrfast outside the autocast "
              f"region (or inside torch.autocast({kind!r}, enabled=False))")
+    from hcrfast.algorithm import pieces_scope
+
     _import_leaving_filters()
     with (_ONE_CALL, torch.inference_mode(False), model_kept(model), _guards_named(model), solver_stream(device),
-          ieee_float32(not tf32)):
+          ieee_float32(not tf32), pieces_scope()):
         yield
 
 

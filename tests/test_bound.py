@@ -736,17 +736,19 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
     model = _RowsSeen().double().eval()
     x = torch.as_tensor(np.random.default_rng(3).standard_normal((4, 1, 6, 6)))
     per_row = 8 * 6 * 6 * 8
-    assert algorithm._piece_rows(model, x) is None   # (not measured yet: its first forward runs whole)
-    algorithm.forward(model, x)
-    assert algorithm._ACTIVATION_NUMEL[model] == 8 * 6 * 6
-    assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6, dtype=torch.float64)) == 2**27 // per_row
-    assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**27 // (per_row // 2)   # (float32 values)
-    algorithm.forward(lambda t: t, x)
-    assert algorithm._piece_rows(lambda t: t, x) is None   # (a callable has no modules to measure)
-    float32 = _RowsSeen().eval()   # its float64 copy is pieced by the model's count, in float64's bytes
-    copy64 = hcrfast.validation.float64_model(float32, x.float(), True)
-    algorithm.forward(float32, x.float())
-    assert algorithm._piece_rows(copy64, x) == 2**27 // per_row
+    with algorithm.pieces_scope():   # (a public call's: hcrfast.validation.entry_point)
+        assert algorithm._piece_rows(model, x) is None   # (not measured yet: its first forward runs whole)
+        algorithm.forward(model, x)
+        assert algorithm._SCOPE.counts[model] == 8 * 6 * 6
+        assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6, dtype=torch.float64)) == 2**27 // per_row
+        assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**27 // (per_row // 2)   # (float32 values)
+        algorithm.forward(lambda t: t, x)
+        assert algorithm._piece_rows(lambda t: t, x) is None   # (a callable has no modules to measure)
+        float32 = _RowsSeen().eval()   # its float64 copy is pieced by the model's count, in float64's bytes
+        copy64 = hcrfast.validation.float64_model(float32, x.float(), True)
+        algorithm.forward(float32, x.float())
+        assert algorithm._piece_rows(copy64, x) == 2**27 // per_row
+    assert algorithm._piece_rows(model, x) is None   # (outside a call: nothing kept, nothing pieced)
     kw = dict(iterations=3, restarts=4, seed=1, solver="dense")
     want = hcrfast.bound(model, x, 0.3, **kw)
     assert max(model.rows) >= 4 * 4   # (the last iterates certified at once: examples x restarts)
@@ -756,6 +758,8 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
     # the entry and exit checks run a few rows of their own (at most 8, and 5 rows of one example), not pieced
     assert model.rows and max(model.rows) <= hcrfast.validation.REPEAT_ROWS
     assert sorted(model.rows).count(3) >= 10
+    seen, model.rows = model.rows, []   # the same call again: measured afresh, in the same pieces, to the same bits
+    assert hcrfast.bound(model, x, 0.3, **kw).std.tobytes() == got.std.tobytes() and model.rows == seen
     np.testing.assert_allclose(got.std, want.std, rtol=1e-12)
     np.testing.assert_allclose(got.divergence, want.divergence, rtol=1e-12)
     with torch.no_grad():   # (the pieces joined in the rows' order)
