@@ -292,20 +292,29 @@ def _measuring(model):
     if counts is None or not isinstance(owner, torch.nn.Module) or owner in counts:
         yield
         return
-    largest, rows, handles = [0], [0], []
+    largest, rows, depth, inner, handles = [0], [0], [0], [0], []
 
-    def pre(module, args):
-        first = args[0] if args else None
-        rows[0] = first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0
+    def pre(module, args):   # (first of the pre-hooks: the rows the model's own call is given, not a user hook's)
+        if depth[0] == 0:
+            first = args[0] if args else None
+            rows[0] = first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0
+        depth[0] += 1
+
+    def done(module, args, out):
+        depth[0] -= 1
 
     def hook(module, args, out):
         if rows[0] > 0:
+            inner[0] += module is not model
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
                     largest[0] = max(largest[0], -(-t.numel() // rows[0]))
 
-    try:
-        handles = [model.register_forward_pre_hook(pre)] + [m.register_forward_hook(hook) for m in model.modules()]
+    try:   # (one handle at a time: a submodule that refuses a hook leaves none of the others behind)
+        handles.append(model.register_forward_pre_hook(pre, prepend=True))
+        handles.append(model.register_forward_hook(done, always_call=True))
+        for m in model.modules():
+            handles.append(m.register_forward_hook(hook))
     except Exception:   # (TorchScript without hooks: not measured, no pieces, as before)
         for h in handles:
             h.remove()
@@ -314,7 +323,9 @@ def _measuring(model):
         return
     try:
         yield
-        counts[owner] = largest[0] or None
+        # a model whose submodules run without their hooks (torch.jit.trace's) shows its own output only: not measured
+        blind = inner[0] == 0 and any(True for _ in model.children())
+        counts[owner] = None if blind else (largest[0] or None)
     finally:
         for h in handles:
             h.remove()

@@ -97,9 +97,10 @@ _MAX_COUNT = 2**53
 # validation at the boundary
 # --------------------------------------------------------------------------
 def _number(value):
-    """A 0-d tensor or array as its number (``torch.tensor(1.0)``, as :func:`hcrfast.bound` takes it); else
-    ``value``."""
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)) and not isinstance(value, np.generic):
+    """A tensor or array of one element as its number (``torch.tensor(1.0)``, ``np.array([0.5])``, as
+    :func:`hcrfast.bound` takes them); else ``value``."""
+    count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", None)
+    if count == 1 and callable(getattr(value, "item", None)) and not isinstance(value, np.generic):
         return value.item()
     return value
 

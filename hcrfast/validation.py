@@ -1196,11 +1196,11 @@ def _mode_matters(model, names: list[str]) -> bool:
 @functools.lru_cache(maxsize=None)
 def _reads_training_flag(cls) -> bool:
     """Whether a module of class ``cls`` may read its training flag: its class or a base below ``nn.Module`` names
-    ``training`` in its code (``self.training``, ``training=``; docstrings aside), or its source cannot be read (a
-    class made in a REPL or by exec, TorchScript's). Dropout, BatchNorm, InstanceNorm, the RNNs and
-    MultiheadAttention do; Linear, the convolutions, pooling, activations, LayerNorm and the containers do not. A
-    user's class counts by its own code, helper methods included; a function outside the class that reads a
-    module's flag is not seen."""
+    ``training`` in its code (``self.training``, ``training=``, ``getattr(self, "training")``,
+    ``self.__dict__["training"]``; docstrings aside), hands ``self`` to a function (a helper outside the class may
+    read the flag there), or its source cannot be read (a class made in a REPL or by exec, TorchScript's). Dropout,
+    BatchNorm, InstanceNorm, the RNNs and MultiheadAttention do; Linear, the convolutions, pooling, activations,
+    LayerNorm and the containers do not. A user's class counts by its own code, helper methods included."""
     for base in cls.__mro__:
         if base in (torch.nn.Module, object):
             continue
@@ -1211,9 +1211,25 @@ def _reads_training_flag(cls) -> bool:
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and node.attr == "training"
                     or isinstance(node, ast.Name) and node.id == "training"
-                    or isinstance(node, ast.keyword) and node.arg == "training"):
+                    or isinstance(node, ast.keyword) and node.arg == "training"
+                    or isinstance(node, ast.Constant) and node.value == "training"
+                    or isinstance(node, ast.Call) and _hands_self_out(node)):
                 return True
     return False
+
+
+#: Built-ins that take ``self`` without reading its training flag (:func:`_reads_training_flag`; ``getattr(self,
+#: "training")`` is seen by its string).
+_SELF_SAFE_CALLS = frozenset({"super", "isinstance", "issubclass", "type", "id", "hasattr", "getattr", "setattr",
+                              "delattr", "len", "iter", "repr", "str", "hash", "callable", "print", "format", "enumerate",
+                              "list", "tuple", "zip", "reversed", "sorted", "chain", "dir", "vars"})
+
+
+def _hands_self_out(call) -> bool:
+    """Whether the call node ``call`` passes ``self`` to a function other than those of :data:`_SELF_SAFE_CALLS`."""
+    if isinstance(call.func, ast.Name) and call.func.id in _SELF_SAFE_CALLS:
+        return False
+    return any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)])
 
 
 def _in_training_mode(model) -> list[str]:

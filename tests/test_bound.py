@@ -766,6 +766,38 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
         np.testing.assert_array_equal(algorithm.forward(model, x), model(x))
 
 
+def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see():
+    """The count's hooks were registered in one expression: a submodule that refuses a hook (a scripted one) left the
+    root's and the first children's hooks on the model for good. A user's pre-hook that doubles the rows halved the
+    count (ours ran after it); a traced model, whose submodules run without their hooks, was counted by its output
+    alone (pieces without limit): now not counted (no pieces, as before)."""
+    from hcrfast import algorithm
+
+    x = torch.randn(4, 1, 4, 4)
+
+    def hooks(model):
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+    scripted = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(),
+                                   torch.jit.script(torch.nn.Linear(8, 8))).eval()
+    with algorithm.pieces_scope():
+        algorithm.forward(scripted, x)
+        assert algorithm._SCOPE.counts[scripted] is None
+    hcrfast.bound(scripted, x, 0.1, iterations=2, restarts=2)
+    assert hooks(scripted) == 0
+    doubled = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8)).eval()
+    doubled.register_forward_pre_hook(lambda m, args: (torch.cat([args[0], args[0]]),))
+    with algorithm.pieces_scope():
+        algorithm.forward(doubled, x)
+        assert algorithm._SCOPE.counts[doubled] == 2 * 16   # (Flatten's 16 values a row, twice the rows)
+    traced = torch.jit.trace(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 64), torch.nn.Linear(64, 8)),
+                             x)
+    with algorithm.pieces_scope():
+        algorithm.forward(traced, x)
+        assert algorithm._SCOPE.counts[traced] is None
+    assert hooks(doubled) == 1
+
+
 class BatchShaped(torch.nn.Module):
     """Features that never move (a straight-through constant) but whose last bits depend on the batch
     size, as a device's kernels may round differently for other shapes; the first pass of more than one

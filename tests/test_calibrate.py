@@ -661,6 +661,7 @@ def test_a_sweeps_checkpoint_folders_read_as_their_scales_and_old_hex_folders_re
     ([1.0], dict(checkpoint=3), "checkpoint must be a folder path"),
     (["0.5", "2"], {}, "pass a sequence of positive numbers"),   # (taken as 0.5 and 2, where bound refuses "0.5")
     ([True], {}, "pass a sequence of positive numbers"),   # (taken as scale 1, where bound refuses True)
+    ([0.5, True], {}, "pass a sequence of positive numbers"),   # (NumPy promotes the bool to 1.0)
 ])
 def test_a_sweeps_bad_arguments_are_named_with_their_fix(scales, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

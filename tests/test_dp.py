@@ -383,11 +383,13 @@ def test_bad_types_raise_type_error(call, match):
 
 
 def test_zero_dimensional_tensors_and_arrays_are_their_numbers_as_in_bound():
-    """hcrfast.bound takes sigma=torch.tensor(0.1); the dp functions refused it ("got Tensor"), and a 0-d array,
+    """hcrfast.bound takes sigma=torch.tensor(0.1); the dp functions refused it ("got Tensor"), a 0-d array and a
+    one-element one,
     while taking np.float32. A one-element 0-d tensor of a bool or a complex is still refused."""
     torch = pytest.importorskip("torch")
     want = dp.rero_mse(eta=0.1, sigma=1.5, C=2.0, N=64, T=3)
-    for wrap in (lambda v: torch.tensor(v, dtype=torch.float64 if isinstance(v, float) else torch.int64), np.array):
+    for wrap in (lambda v: torch.tensor(v, dtype=torch.float64 if isinstance(v, float) else torch.int64), np.array,
+                 lambda v: np.array([v])):   # (one element of any shape, as sigma=np.array([0.5]) in bound)
         assert dp.rero_mse(eta=0.1, sigma=wrap(1.5), C=wrap(2.0), N=wrap(64), T=wrap(3)) == want
         assert dp.worst_case_success(kappa=wrap(0.1), sigma=wrap(1.0)) == dp.worst_case_success(kappa=0.1, sigma=1.0)
     with pytest.raises(TypeError, match="sigma must be a real number, got bool"):

@@ -366,6 +366,26 @@ class _Dropping(_Plain):
         return torch.nn.functional.dropout(y, 0.5, self.training)
 
 
+class _GetattrDrop(_Plain):
+    def forward(self, x):
+        return torch.nn.functional.dropout(super().forward(x), 0.5, getattr(self, "training"))
+
+
+class _DictDrop(_Plain):
+    def forward(self, x):
+        return torch.nn.functional.dropout(super().forward(x), 0.5, self.__dict__["training"])
+
+
+def _drop_by_flag(module, y):
+    return torch.nn.functional.dropout(y, 0.5, module.training)
+
+
+class _HelperDrop(_Plain):
+    """Reads its flag in a function outside the class, handed ``self``."""
+    def forward(self, x):
+        return _drop_by_flag(self, super().forward(x))
+
+
 @pytest.mark.parametrize("entry", ["bound", "dithered_accuracy"])
 def test_training_mode_is_warned_of_only_where_a_module_may_compute_otherwise(x, entry):
     """A fresh nn.Linear head, or a Sequential of Linear and Tanh, is in training mode as built, and computes the same
@@ -391,7 +411,8 @@ def test_training_mode_is_warned_of_only_where_a_module_may_compute_otherwise(x,
         closure = call(lambda t, quiet=quiet: quiet(t))   # (a callable's modules, switched as they are called)
         assert closure == [] and all(m.training for m in quiet.modules())
     for loud in (torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.Dropout(0.5)), _Dropping(),
-                 torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.BatchNorm1d(12))):
+                 torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 12), torch.nn.BatchNorm1d(12)),
+                 _GetattrDrop(), _DictDrop(), _HelperDrop()):   # (the flag read by a string, or by a helper)
         assert call(loud) and all(m.training for m in loud.modules())
         assert call(lambda t, loud=loud: loud(t))
     made = {}
