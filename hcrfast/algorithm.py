@@ -223,14 +223,15 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
     return forward(model, x).reshape(x.shape[0], -1)
 
 
-#: On CPUs, the rows a forward pass without autograd runs at once are held to this many bytes of the model's
+#: On CPUs, the rows a forward pass without autograd runs at once are held to this many bytes (32 MiB) of the model's
 #: largest activation (:func:`_piece_rows`). A chunk is sized for its solver, and its certifying passes run every
-#: restart's rows, and every earlier iterate's, at once: a 3 × 32-channel CNN on 28 × 28 inputs peaked 5.5 GiB above
-#: its start for 32 examples at the defaults, 1.7 GiB in pieces (2026-12-02, ``benchmarks/forward_pieces.py``; ~16 GB
+#: restart's rows, and every earlier iterate's, at once: a 3 × 32-channel CNN on 28 × 28 inputs peaked 5.4 GiB above
+#: its start for 32 examples at the defaults, 1.2 GiB in pieces (1.8 GiB at 128 MiB a piece, in ~0.15 s more; 2026-12-02,
+#: ``benchmarks/forward_pieces.py``; ~16 GB
 #: predicted at its automatic chunk of 93 before), where the kernel's
 #: out-of-memory killer, not a MemoryError that :func:`_halved` would split, ends a run. Fixed, not taken from the
 #: free memory: the pieces, and so the rounding of the passes, are the same on every machine.
-FORWARD_PIECE_BYTES = 2**27
+FORWARD_PIECE_BYTES = 2**25
 
 
 def _piece_rows(model, x: torch.Tensor) -> int | None:
