@@ -722,50 +722,48 @@ def test_one_std_per_feature_as_tensors_that_require_grad_is_taken_as_their_valu
                                   hcrfast.gauss_newton_attack(model, x, stds, draws=2, steps=2).estimates)
 
 
-def test_a_gaussian_subclass_whose_d_is_float32_is_refused_and_a_big_endian_float64_d_is_taken():
-    """The float64 check skipped any subclass of Gaussian (its own divergence unchecked), and read the dtype's
-    name, refusing float64 stored big-endian."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
-    batch = torch.randn(1, 1, 4, 4, dtype=torch.float64)
-
-    class Float32(Gaussian):
-        def divergence(self, z):
-            return super().divergence(z).astype(np.float32)
-
-    with pytest.raises(TypeError, match=r"returned D as float32; D must be float64"):
-        hcrfast.bound(model, batch, Float32(0.5), iterations=2, restarts=2)
-    big = _OwnLaw(lambda z: Gaussian(0.5).divergence(z).astype(">f8"))
-    native = _OwnLaw(lambda z: Gaussian(0.5).divergence(z))
-    got = hcrfast.bound(model, batch, big, iterations=2, restarts=2, seed=0)
-    assert got.std.tobytes() == hcrfast.bound(model, batch, native, iterations=2, restarts=2, seed=0).std.tobytes()
+class _Float32D(Gaussian):
+    def divergence(self, z):
+        return super().divergence(z).astype(np.float32)
 
 
-def test_a_subclass_overriding_any_method_that_computes_d_is_checked():
-    """The check skipped a Gaussian subclass whose divergence was the built-in one, though its _divergence (which the
-    built-in divergence calls) was its own, and so a Laplace subclass's own log1p_chi2: float32 D went unchecked.
+class _Float32Inner(Gaussian):   # (the built-in divergence calls it)
+    def _divergence(self, z):
+        return super()._divergence(z).astype(np.float32)
+
+
+class _Float32Terms(Laplace):   # (the built-in D sums them)
+    def log1p_chi2(self, z):
+        return super().log1p_chi2(z).astype(np.float32)
+
+
+@pytest.mark.parametrize("law", [_Float32D, _Float32Inner, _Float32Terms])
+def test_a_subclass_whose_d_is_float32_is_refused_whichever_method_it_overrides(law):
+    """The float64 check skipped any subclass of Gaussian (its own divergence unchecked); then one whose divergence
+    was the built-in one though the _divergence it calls was its own, and a Laplace subclass's own log1p_chi2.
     hcrfast's own subclasses, which override none of those, still give the built-in D unread."""
     from hcrfast.noise import PerFeatureGaussian, ScaledGaussian, divergence_of
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
     batch = torch.randn(1, 1, 4, 4, dtype=torch.float64)
-
-    class Float32(Gaussian):
-        def _divergence(self, z):
-            return super()._divergence(z).astype(np.float32)
-
-    class Float32Laplace(Laplace):
-        def log1p_chi2(self, z):
-            return super().log1p_chi2(z).astype(np.float32)
-
-    for law in (Float32(0.5), Float32Laplace(0.5)):
-        with pytest.raises(TypeError, match=r"returned D as float32; D must be float64"):
-            hcrfast.bound(model, batch, law, iterations=2, restarts=2)
+    with pytest.raises(TypeError, match=r"returned D as float32; D must be float64"):
+        hcrfast.bound(model, batch, law(0.5), iterations=2, restarts=2)
     z = np.random.default_rng(0).standard_normal((3, 5))
-    for law in (PerFeatureGaussian(1.0, "stds"), ScaledGaussian(1.0, scale=2.0)):
-        assert hcrfast.noise._built_in_d(law)
-        np.testing.assert_array_equal(divergence_of(law, z), divergence_of(Gaussian(1.0), z))
+    for own in (PerFeatureGaussian(1.0, "stds"), ScaledGaussian(1.0, scale=2.0)):
+        assert hcrfast.noise._built_in_d(own)
+        np.testing.assert_array_equal(divergence_of(own, z), divergence_of(Gaussian(1.0), z))
+
+
+def test_a_big_endian_float64_d_is_taken():
+    """The float64 check read the dtype's name, refusing float64 stored big-endian."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 24, bias=False)).double().eval()
+    batch = torch.randn(1, 1, 4, 4, dtype=torch.float64)
+    big = _OwnLaw(lambda z: Gaussian(0.5).divergence(z).astype(">f8"))
+    native = _OwnLaw(lambda z: Gaussian(0.5).divergence(z))
+    got = hcrfast.bound(model, batch, big, iterations=2, restarts=2, seed=0)
+    assert got.std.tobytes() == hcrfast.bound(model, batch, native, iterations=2, restarts=2, seed=0).std.tobytes()
 
 
 def test_a_user_laws_nan_d_at_a_nan_shift_bounds_nothing_as_the_built_in_laws_does():
