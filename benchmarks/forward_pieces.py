@@ -1,9 +1,12 @@
-"""What the CPU's forward passes in pieces (``hcrfast.algorithm.FORWARD_PIECE_BYTES``) save: peak memory and time
-of ``hcrfast.bound`` at its defaults on a small CNN whose activations dwarf its inputs and features, with the
-pieces and without them (one piece, as before 2026-12-02), each in a fresh process (its peak RSS its own).
+"""What the CPU's memory budgets for activations save: the forward passes in pieces
+(``hcrfast.algorithm.FORWARD_PIECE_BYTES``) and the LSQR and Krylov chunks held to their product graphs
+(``GRAPH_BYTES``). Peak memory and time of ``hcrfast.bound`` on a small CNN whose activations dwarf its inputs and
+features, with the budgets and without them (as before 2026-12-02), each in a fresh process (its peak RSS its own).
 
     python benchmarks/forward_pieces.py --examples 32 --channels 32 --threads 1 \
         --json benchmarks/results/forward_pieces_cnn_cpu_20261202.json
+    python benchmarks/forward_pieces.py --examples 256 --channels 32 --threads 1 --solver lsqr --iterations 1 \
+        --lsqr-iter-lim 5 --json benchmarks/results/graph_budget_cnn_lsqr_cpu_20261202.json
 
 The model: three 3 × 3 convolutions of ``--channels`` channels with ReLU on 28 × 28 inputs, average-pooled to a
 Linear of 10 features (random weights, seed 0); σ = the features' RMS. Peak RSS is read from
@@ -28,7 +31,8 @@ def _vm(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int) -> dict:
+def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int,
+        solver: str = "auto", lsqr_iter_lim: int | None = None) -> dict:
     """One call in this process: its peak memory over the RSS before it, and its time."""
     import numpy as np
     import torch
@@ -38,7 +42,7 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
 
     torch.set_num_threads(threads)
     if not pieces:
-        algorithm.FORWARD_PIECE_BYTES = 2**62
+        algorithm.FORWARD_PIECE_BYTES = algorithm.GRAPH_BYTES = 2**62
     torch.manual_seed(0)
     c = channels
     model = torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
@@ -50,12 +54,13 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
         sigma = hcrfast.rms_sigma(model(x), 1.0)
     base = _vm("VmRSS")
     t0 = time.perf_counter()
-    res = hcrfast.bound(model, x, sigma, restarts=restarts, iterations=iterations)
+    extra = {} if lsqr_iter_lim is None else dict(lsqr=hcrfast.LSQROptions(iter_lim=lsqr_iter_lim))
+    res = hcrfast.bound(model, x, sigma, restarts=restarts, iterations=iterations, solver=solver, **extra)
     seconds = time.perf_counter() - t0
     return dict(pieces=pieces, peak_mib_over_base=round(_vm("VmHWM") - base, 1), seconds=round(seconds, 3),
                 median_bound=float(np.median(res.std)),
                 chunk_size=res.params["run"].get("chunk_size"), solver=res.params["solver"],
-                piece_bytes=algorithm.FORWARD_PIECE_BYTES)
+                piece_bytes=algorithm.FORWARD_PIECE_BYTES, graph_bytes=algorithm.GRAPH_BYTES)
 
 
 def main(argv=None) -> int:
@@ -65,12 +70,14 @@ def main(argv=None) -> int:
     ap.add_argument("--restarts", type=int, default=25)
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--solver", default="auto", choices=["auto", "dense", "lsqr", "krylov"])
+    ap.add_argument("--lsqr-iter-lim", type=int, help="LSQR's step cap (default: hcrfast's)")
     ap.add_argument("--json", type=Path, help="where to write the two rows and the machine (default: print only)")
     ap.add_argument("--one", choices=["pieces", "whole"], help=argparse.SUPPRESS)   # (the child process's row)
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.examples, args.channels, args.one == "pieces", args.threads, args.restarts,
-                             args.iterations)))
+                             args.iterations, args.solver, args.lsqr_iter_lim)))
         return 0
     if not os.path.exists("/proc/self/status"):
         print("forward_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
@@ -79,7 +86,9 @@ def main(argv=None) -> int:
     for kind in ("whole", "pieces"):
         cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--channels",
                str(args.channels), "--restarts", str(args.restarts), "--iterations", str(args.iterations),
-               "--threads", str(args.threads)]
+               "--threads", str(args.threads), "--solver", args.solver]
+        if args.lsqr_iter_lim is not None:
+            cmd += ["--lsqr-iter-lim", str(args.lsqr_iter_lim)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
@@ -89,7 +98,7 @@ def main(argv=None) -> int:
         print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
               f"{r['seconds']:7.2f} s, median bound {r['median_bound']:.6g} (chunk {r['chunk_size']}, {r['solver']})")
     whole, pieces = rows
-    print(f"pieces: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
+    print(f"budgets: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
           f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
     if args.json:
         import platform
@@ -97,7 +106,8 @@ def main(argv=None) -> int:
         import torch
 
         out = dict(command="python benchmarks/forward_pieces.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   examples=args.examples, channels=args.channels, restarts=args.restarts,
+                   examples=args.examples, channels=args.channels, restarts=args.restarts, solver=args.solver,
+                   lsqr_iter_lim=args.lsqr_iter_lim,
                    iterations=args.iterations, threads=args.threads, rows=rows,
                    machine=dict(python=platform.python_version(), torch=torch.__version__,
                                 processor=platform.processor() or platform.machine(), cores=os.cpu_count()),

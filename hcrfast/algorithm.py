@@ -241,8 +241,29 @@ def _piece_rows(model, x: torch.Tensor) -> int | None:
     counts = getattr(_SCOPE, "counts", None)
     if counts is None or x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
         return None
-    numel = counts.get(_measured_as(model))
+    numel = (counts.get(_measured_as(model)) or (None, None))[0]
     return None if not numel else max(1, FORWARD_PIECE_BYTES // (numel * x.element_size()))
+
+
+#: On CPUs, the bytes a chunk's recorded product graphs (J v and Jᵀ u over every problem's row) may take: the LSQR
+#: and Krylov chunks are held to it (:func:`_graph_row_bytes`), beside their budgets of values. Their budgets
+#: counted the solver's vectors only: a 3 × 32-channel CNN on 28 × 28 inputs, 256 examples × 25 restarts in one
+#: chunk under LSQR, peaked 5.6 GiB above its start (2026-12-02), ~900 KB a row. Fixed, as the chunk sizes are.
+GRAPH_BYTES = 2**31
+#: A row's graph against the sum of its activations (:func:`_measuring`'s count): that CNN's rows took ~1.5 times it
+#: (reverse mode's J v differentiates the backward, whose own graph holds the activations' gradients too).
+_GRAPH_PER_ACTIVATION = 2
+
+
+def _graph_row_bytes(model, x: torch.Tensor) -> int | None:
+    """On CPUs, the bytes one row's recorded product graph may take: :data:`_GRAPH_PER_ACTIVATION` × the values of
+    all of its submodules' outputs for one row (counted in this call's first forward), in ``x``'s dtype; None where
+    not counted (CUDA measures its graphs instead, :func:`_free_and_graph_bytes`)."""
+    counts = getattr(_SCOPE, "counts", None)
+    if counts is None or x.device.type != "cpu":
+        return None
+    total = (counts.get(_measured_as(model)) or (None, None))[1]
+    return None if not total else _GRAPH_PER_ACTIVATION * total * x.element_size()
 
 
 #: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, the values of its submodules' largest output
@@ -293,7 +314,7 @@ def _measuring(model):
     if counts is None or not isinstance(owner, torch.nn.Module) or owner in counts:
         yield
         return
-    largest, rows, depth, inner, handles = [0], [0], [0], [0], []
+    largest, total, rows, depth, inner, handles = [0], [0], [0], [0], [0], []
 
     def pre(module, args):   # (first of the pre-hooks: the rows the model's own call is given, not a user hook's)
         if depth[0] == 0:
@@ -310,6 +331,7 @@ def _measuring(model):
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
                     largest[0] = max(largest[0], -(-t.numel() // rows[0]))
+                    total[0] += -(-t.numel() // rows[0])
 
     try:   # (one handle at a time: a submodule that refuses a hook leaves none of the others behind)
         handles.append(model.register_forward_pre_hook(pre, prepend=True))
@@ -326,7 +348,7 @@ def _measuring(model):
         yield
         # a model whose submodules run without their hooks (torch.jit.trace's) shows its own output only: not measured
         blind = inner[0] == 0 and any(True for _ in model.children())
-        counts[owner] = None if blind else (largest[0] or None)
+        counts[owner] = None if blind or not largest[0] else (largest[0], total[0])
     finally:
         for h in handles:
             h.remove()
@@ -1186,7 +1208,9 @@ def _auto_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str) -> i
     halves the chunk.
     """
     if batch.device.type != "cuda":
-        return max(1, _CHUNK_ELEMENTS // (restarts * (n + p)))
+        fit = max(1, _CHUNK_ELEMENTS // (restarts * (n + p)))
+        graph = _graph_row_bytes(model, batch)
+        return fit if graph is None else min(fit, max(1, GRAPH_BYTES // (graph * restarts)))
     free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
     per_row = 2 * graph_per_row + 16 * (n + p) * batch.element_size() + 8 * (n + p)
     fit = int(0.6 * free) // per_row
@@ -1300,8 +1324,11 @@ def _krylov_chunk(model, batch, restarts: int, n: int, p: int, jacobian: str, op
     values = pilots * krylov.basis_values(n, p, options)
     if batch.device.type != "cuda":
         # the bases, and per pilot and restart ~16 rows of n + p 4-byte values: LSQR's vectors, the
-        # restarts' z̃, ε, features and their float64 certification (R = 400 doubled the peak without)
-        return max(1, _KRYLOV_ELEMENTS // (values + 16 * (pilots + restarts) * (n + p)))
+        # restarts' z̃, ε, features and their float64 certification (R = 400 doubled the peak without); the
+        # pilots' product graphs held to GRAPH_BYTES
+        fit = max(1, _KRYLOV_ELEMENTS // (values + 16 * (pilots + restarts) * (n + p)))
+        graph = _graph_row_bytes(model, batch)
+        return fit if graph is None else min(fit, max(1, GRAPH_BYTES // (graph * pilots)))
     free, graph_per_row = _free_and_graph_bytes(model, batch, n, jacobian)
     # The basis, two product graphs (the chunk's and the compacted one's), LSQR's vectors on one row,
     # and the restarts' own vectors (z̃, ε, features, their float64 certification) on R rows.

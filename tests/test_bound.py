@@ -739,7 +739,7 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
     with algorithm.pieces_scope():   # (a public call's: hcrfast.validation.entry_point)
         assert algorithm._piece_rows(model, x) is None   # (not measured yet: its first forward runs whole)
         algorithm.forward(model, x)
-        assert algorithm._SCOPE.counts[model] == 8 * 6 * 6
+        assert algorithm._SCOPE.counts[model][0] == 8 * 6 * 6
         assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6, dtype=torch.float64)) == 2**25 // per_row
         assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**25 // (per_row // 2)   # (float32 values)
         algorithm.forward(lambda t: t, x)
@@ -766,6 +766,30 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
         np.testing.assert_array_equal(algorithm.forward(model, x), model(x))
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "krylov"])
+def test_cpu_chunks_of_the_matrix_free_solvers_are_held_to_their_graphs_memory(solver, monkeypatch):
+    """The LSQR and Krylov chunks on CPUs counted the solver's vectors only: a 3 x 32-channel CNN, 256 examples x 25
+    restarts under LSQR in one chunk, peaked 5.6 GiB above its start in its product graphs. A chunk's rows (examples
+    x restarts, or x pilots) are now held to GRAPH_BYTES of twice the sum of a row's activations, counted by hand
+    here: the float32 outputs of the convolution (8 x 6 x 6), Tanh (the same), the pooling and Flatten (8 x 3 x 3
+    each), and the Linear, the Sequential and the model itself (5 each)."""
+    from hcrfast import algorithm
+
+    model = _RowsSeen().eval()
+    x = torch.as_tensor(np.random.default_rng(3).standard_normal((6, 1, 6, 6)), dtype=torch.float32)
+    row = 2 * (288 + 288 + 72 + 72 + 5 + 5 + 5) * 4
+    restarts = 3
+    rows = restarts if solver == "lsqr" else 1   # (Krylov: one pilot's graph per example)
+    monkeypatch.setattr(algorithm, "GRAPH_BYTES", 2 * rows * row + 1)   # two examples' rows a chunk
+    kw = dict(iterations=2, restarts=restarts, seed=0, solver=solver, certify=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = hcrfast.bound(model, x, 0.3, **kw)
+        assert got.params["run"]["chunk_size"] == 2
+        monkeypatch.setattr(algorithm, "GRAPH_BYTES", 2**31)
+        assert hcrfast.bound(model, x, 0.3, **kw).params["run"]["chunk_size"] == 6
+
+
 def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see():
     """The count's hooks were registered in one expression: a submodule that refuses a hook (a scripted one) left the
     root's and the first children's hooks on the model for good. A user's pre-hook that doubles the rows halved the
@@ -789,7 +813,7 @@ def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see
     doubled.register_forward_pre_hook(lambda m, args: (torch.cat([args[0], args[0]]),))
     with algorithm.pieces_scope():
         algorithm.forward(doubled, x)
-        assert algorithm._SCOPE.counts[doubled] == 2 * 16   # (Flatten's 16 values a row, twice the rows)
+        assert algorithm._SCOPE.counts[doubled][0] == 2 * 16   # (Flatten's 16 values a row, twice the rows)
     traced = torch.jit.trace(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 64), torch.nn.Linear(64, 8)),
                              x)
     with algorithm.pieces_scope():
