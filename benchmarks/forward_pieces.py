@@ -32,7 +32,8 @@ def _vm(field: str) -> float:
 
 
 def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int,
-        solver: str = "auto", lsqr_iter_lim: int | None = None) -> dict:
+        solver: str = "auto", lsqr_iter_lim: int | None = None, piece_bytes: int | None = None,
+        graph_bytes: int | None = None) -> dict:
     """One call in this process: its peak memory over the RSS before it, and its time."""
     import numpy as np
     import torch
@@ -43,6 +44,9 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
     torch.set_num_threads(threads)
     if not pieces:
         algorithm.FORWARD_PIECE_BYTES = algorithm.GRAPH_BYTES = 2**62
+    else:   # (hcrfast's own budgets unless given: a toy run sets them small to make them bind)
+        algorithm.FORWARD_PIECE_BYTES = piece_bytes or algorithm.FORWARD_PIECE_BYTES
+        algorithm.GRAPH_BYTES = graph_bytes or algorithm.GRAPH_BYTES
     torch.manual_seed(0)
     c = channels
     model = torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
@@ -72,12 +76,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--solver", default="auto", choices=["auto", "dense", "lsqr", "krylov"])
     ap.add_argument("--lsqr-iter-lim", type=int, help="LSQR's step cap (default: hcrfast's)")
+    ap.add_argument("--piece-bytes", type=int, help="the budgets' row: FORWARD_PIECE_BYTES (default: hcrfast's)")
+    ap.add_argument("--graph-bytes", type=int, help="the budgets' row: GRAPH_BYTES (default: hcrfast's)")
     ap.add_argument("--json", type=Path, help="where to write the two rows and the machine (default: print only)")
     ap.add_argument("--one", choices=["pieces", "whole"], help=argparse.SUPPRESS)   # (the child process's row)
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.examples, args.channels, args.one == "pieces", args.threads, args.restarts,
-                             args.iterations, args.solver, args.lsqr_iter_lim)))
+                             args.iterations, args.solver, args.lsqr_iter_lim, args.piece_bytes, args.graph_bytes)))
         return 0
     if not os.path.exists("/proc/self/status"):
         print("forward_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
@@ -87,8 +93,10 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--channels",
                str(args.channels), "--restarts", str(args.restarts), "--iterations", str(args.iterations),
                "--threads", str(args.threads), "--solver", args.solver]
-        if args.lsqr_iter_lim is not None:
-            cmd += ["--lsqr-iter-lim", str(args.lsqr_iter_lim)]
+        for flag, value in (("--lsqr-iter-lim", args.lsqr_iter_lim), ("--piece-bytes", args.piece_bytes),
+                            ("--graph-bytes", args.graph_bytes)):
+            if value is not None:
+                cmd += [flag, str(value)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)

@@ -314,30 +314,42 @@ def _measuring(model):
     if counts is None or not isinstance(owner, torch.nn.Module) or owner in counts:
         yield
         return
-    largest, total, rows, depth, inner, handles = [0], [0], [0], [0], [0], []
+    # Per outer call of the model (a forward split on out-of-memory makes several, and a failed one is left out):
+    # its rows, its largest output and their sum per row, whether a submodule of the user's own model was seen;
+    # the block keeps the largest of each over its calls that returned.
+    user = validation.user_model(model)
+    users = {id(m) for m in user.modules() if m is not user} if isinstance(user, torch.nn.Module) else set()
+    call = dict(rows=0, largest=0, total=0, seen=False)
+    kept = dict(largest=0, total=0, seen=False, calls=0)
+    depth, handles = [0], []
 
     def pre(module, args):   # (first of the pre-hooks: the rows the model's own call is given, not a user hook's)
         if depth[0] == 0:
             first = args[0] if args else None
-            rows[0] = first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0
+            call.update(rows=first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0,
+                        largest=0, total=0, seen=False)
         depth[0] += 1
 
-    def done(module, args, out):
-        depth[0] -= 1
-
     def hook(module, args, out):
-        if rows[0] > 0:
-            inner[0] += module is not model
+        if call["rows"] > 0:
+            call["seen"] |= id(module) in users
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
-                    largest[0] = max(largest[0], -(-t.numel() // rows[0]))
-                    total[0] += -(-t.numel() // rows[0])
+                    per_row = -(-t.numel() // call["rows"])
+                    call["largest"] = max(call["largest"], per_row)
+                    call["total"] += per_row
+
+    def done(module, args, out):   # (last of the model's hooks, and called where its forward raised: out None)
+        depth[0] -= 1
+        if depth[0] == 0 and out is not None and call["rows"] > 0:
+            kept.update(largest=max(kept["largest"], call["largest"]), total=max(kept["total"], call["total"]),
+                        seen=kept["seen"] or call["seen"], calls=kept["calls"] + 1)
 
     try:   # (one handle at a time: a submodule that refuses a hook leaves none of the others behind)
         handles.append(model.register_forward_pre_hook(pre, prepend=True))
-        handles.append(model.register_forward_hook(done, always_call=True))
         for m in model.modules():
             handles.append(m.register_forward_hook(hook))
+        handles.append(model.register_forward_hook(done, always_call=True))
     except Exception:   # (TorchScript without hooks: not measured, no pieces, as before)
         for h in handles:
             h.remove()
@@ -346,9 +358,10 @@ def _measuring(model):
         return
     try:
         yield
-        # a model whose submodules run without their hooks (torch.jit.trace's) shows its own output only: not measured
-        blind = inner[0] == 0 and any(True for _ in model.children())
-        counts[owner] = None if blind or not largest[0] else (largest[0], total[0])
+        # not counted: a model whose user's own submodules run without their hooks (torch.jit.trace's), or a plain
+        # function inside hcrfast's wrapper, shows the outputs around it only; nor one whose forward never returned
+        blind = not isinstance(user, torch.nn.Module) or (bool(users) and not kept["seen"])
+        counts[owner] = None if blind or not kept["largest"] else (kept["largest"], kept["total"])
     finally:
         for h in handles:
             h.remove()

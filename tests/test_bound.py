@@ -790,6 +790,55 @@ def test_cpu_chunks_of_the_matrix_free_solvers_are_held_to_their_graphs_memory(s
         assert hcrfast.bound(model, x, 0.3, **kw).params["run"]["chunk_size"] == 6
 
 
+class _FailsOnceAfterItsFirstBlock(torch.nn.Module):
+    """A two-block CNN whose forward runs out of memory once, after its first block, when ``fail`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Tanh())
+        self.b = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(144, 6))
+        self.fail = False
+
+    def forward(self, x):
+        h = self.a(x)
+        if self.fail and x.shape[0] > 3:
+            self.fail = False
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:1] DefaultCPUAllocator: can't allocate memory")
+        return self.b(h)
+
+
+def test_the_activation_count_is_one_forwards_whatever_splits_it_and_sees_through_hcrfasts_wrappers():
+    """The count summed the outputs of every forward in its block: a first forward split on out-of-memory (the
+    failed attempt's first block and both halves) counted 1620 values a row against 594, which changed the
+    automatic chunk; a traced model inside hcrfast's per-feature wrapper was counted by the wrapper's outputs,
+    though alone it is not counted. Now one forward's count (the largest of those that returned), and the test of
+    what the hooks saw is on the user's own model. By hand: Conv2d and Tanh 144 values a row each, Sequential a 144,
+    Flatten 144, Linear, Sequential b and the model 6 each."""
+    from hcrfast import algorithm
+
+    model = _FailsOnceAfterItsFirstBlock().eval()
+    x = torch.randn(6, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    for fail in (False, True):
+        model.fail = fail
+        with algorithm.pieces_scope():
+            algorithm.forward(model, x)
+            assert algorithm._SCOPE.counts[model] == (144, 4 * 144 + 3 * 6)
+        assert not model.fail
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Flatten(),
+                              torch.nn.Linear(144, 6)).eval()
+    traced = torch.jit.trace(net, x)
+    for user in (traced, lambda t: net(t)):
+        wrapped = hcrfast.noise.PerFeatureStd(user, np.full(6, 0.3))
+        with algorithm.pieces_scope():
+            algorithm.forward(wrapped, x)
+            assert algorithm._SCOPE.counts[wrapped] is None
+    wrapped = hcrfast.noise.PerFeatureStd(net, np.full(6, 0.3))
+    with algorithm.pieces_scope():
+        algorithm.forward(wrapped, x)
+        assert algorithm._SCOPE.counts[wrapped][0] == 144
+
+
 def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see():
     """The count's hooks were registered in one expression: a submodule that refuses a hook (a scripted one) left the
     root's and the first children's hooks on the model for good. A user's pre-hook that doubles the rows halved the
