@@ -248,7 +248,9 @@ def _piece_rows(model, x: torch.Tensor) -> int | None:
 #: On CPUs, the bytes a chunk's recorded product graphs (J v and Jᵀ u over every problem's row) may take: the LSQR
 #: and Krylov chunks are held to it (:func:`_graph_row_bytes`), beside their budgets of values. Their budgets
 #: counted the solver's vectors only: a 3 × 32-channel CNN on 28 × 28 inputs, 256 examples × 25 restarts in one
-#: chunk under LSQR, peaked 5.6 GiB above its start (2026-12-02), ~900 KB a row. Fixed, as the chunk sizes are.
+#: chunk under LSQR, peaked 5.6 GiB above its start with the forward pieces, ~900 KB a row (13.4 GiB without
+#: either budget; 1.75 GiB in chunks of 71 with both: 2026-12-02, ``benchmarks/forward_pieces.py``). Fixed, as
+#: the chunk sizes are.
 GRAPH_BYTES = 2**31
 #: A row's graph against the sum of its activations (:func:`_measuring`'s count): that CNN's rows took ~1.5 times it
 #: (reverse mode's J v differentiates the backward, whose own graph holds the activations' gradients too).
@@ -266,8 +268,9 @@ def _graph_row_bytes(model, x: torch.Tensor) -> int | None:
     return None if not total else _GRAPH_PER_ACTIVATION * total * x.element_size()
 
 
-#: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, the values of its submodules' largest output
-#: for one row of its input (None: not measurable), as :func:`_measuring` saw them in its first forward of the call.
+#: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, ``(largest, total)``, the values of its
+#: submodules' largest output and of all their outputs for one row of its input (None: not measurable), as
+#: :func:`_measuring` saw them in its first forward of the call.
 _SCOPE = threading.local()
 
 
@@ -283,6 +286,8 @@ def pieces_scope():
         yield
     finally:
         _SCOPE.counts = outer
+
+
 #: hcrfast's own copies of a model (float64 to certify, float32 of a float16 model) -> the model they copy, whose
 #: activations they share in count: :func:`note_copy`.
 _COPY_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -305,8 +310,9 @@ def _measured_as(model):
 
 @contextlib.contextmanager
 def _measuring(model):
-    """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, over the
-    block's forwards, the largest output of its submodules per row of the model's own input; kept on a clean exit.
+    """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, per
+    forward of the block, its submodules' largest output and the sum of their outputs per row of the model's own
+    input; the largest of those of its forwards that returned are kept on a clean exit.
     The forward measured is one hcrfast runs anyway, whose output it uses: a model that changes at its first call
     (a counter) is seen as before, where a forward of its own, on a row of zeros, hid such a change."""
     counts = getattr(_SCOPE, "counts", None)
@@ -320,7 +326,7 @@ def _measuring(model):
     user = validation.user_model(model)
     users = {id(m) for m in user.modules() if m is not user} if isinstance(user, torch.nn.Module) else set()
     call = dict(rows=0, largest=0, total=0, seen=False)
-    kept = dict(largest=0, total=0, seen=False, calls=0)
+    kept = dict(largest=0, total=0, seen=False)
     depth, handles = [0], []
 
     def pre(module, args):   # (first of the pre-hooks: the rows the model's own call is given, not a user hook's)
@@ -343,7 +349,7 @@ def _measuring(model):
         depth[0] -= 1
         if depth[0] == 0 and out is not None and call["rows"] > 0:
             kept.update(largest=max(kept["largest"], call["largest"]), total=max(kept["total"], call["total"]),
-                        seen=kept["seen"] or call["seen"], calls=kept["calls"] + 1)
+                        seen=kept["seen"] or call["seen"])
 
     try:   # (one handle at a time: a submodule that refuses a hook leaves none of the others behind)
         handles.append(model.register_forward_pre_hook(pre, prepend=True))
