@@ -309,15 +309,16 @@ def _measured_as(model):
 
 
 @contextlib.contextmanager
-def _measuring(model):
+def _measuring(model, x: torch.Tensor):
     """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, per
     forward of the block, its submodules' largest output and the sum of their outputs per row of the model's own
-    input; the largest of those of its forwards that returned are kept on a clean exit.
+    input; the largest of those of its forwards that returned are kept on a clean exit. Only for rows ``x`` on a CPU
+    (CUDA's allocations fail, and are halved: no hook slows its forwards).
     The forward measured is one hcrfast runs anyway, whose output it uses: a model that changes at its first call
     (a counter) is seen as before, where a forward of its own, on a row of zeros, hid such a change."""
     counts = getattr(_SCOPE, "counts", None)
     owner = _measured_as(model)
-    if counts is None or not isinstance(owner, torch.nn.Module) or owner in counts:
+    if counts is None or x.device.type != "cpu" or not isinstance(owner, torch.nn.Module) or owner in counts:
         yield
         return
     # Per outer call of the model (a forward split on out-of-memory makes several, and a failed one is left out):
@@ -409,7 +410,7 @@ def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
         with torch.no_grad():
             return model(x).reshape(x.shape[0], -1), model(y).reshape(y.shape[0], -1)
 
-    with _measuring(model):
+    with _measuring(model, x):
         return _in_pieces(both, lambda a, b: (torch.cat([a[0], b[0]]), torch.cat([a[1], b[1]])),
                           _piece_rows(model, x), x, y)
 
@@ -426,7 +427,7 @@ def forward(model, x: torch.Tensor):
             return first  # no tensor to join: validation.features_of names what the model returned
         return torch.cat([first, second])
 
-    with _measuring(model):
+    with _measuring(model, x):
         return _in_pieces(run, join, _piece_rows(model, x), x)
 
 

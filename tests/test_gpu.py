@@ -63,6 +63,22 @@ def test_bound_on_gpu_matches_cpu():
     np.testing.assert_allclose(gpu.divergence, cpu.divergence, rtol=1e-6)
 
 
+def test_on_a_gpu_no_forward_is_hooked_or_pieced(monkeypatch):
+    """The CPU's activation count (hooks during the first forward) and its forward pieces are for the CPU's memory:
+    on CUDA, where allocations fail and are halved, no hook is registered on the model and nothing is counted."""
+    from hcrfast import algorithm
+
+    registered, counted = [], []
+    real = torch.nn.Module.register_forward_hook
+    monkeypatch.setattr(torch.nn.Module, "register_forward_hook",
+                        lambda self, *a, **k: registered.append(type(self).__name__) or real(self, *a, **k))
+    real_piece = algorithm._piece_rows
+    monkeypatch.setattr(algorithm, "_piece_rows", lambda m, x: counted.append(real_piece(m, x)) or counted[-1])
+    model = mlp(torch.float32).cuda()
+    hcrfast.bound(model, torch.rand(4, 1, 8, 8, device="cuda"), 0.05, iterations=2, restarts=2)
+    assert registered == [] and counted and set(counted) == {None}
+
+
 @pytest.mark.parametrize("eigh_impl", ["lapack", "torch", "cusolver", "cupy"])
 def test_dense_solve_on_gpu_matches_cpu(eigh_impl, monkeypatch):
     """solver='dense' on CUDA, its Gram matrices on the host's LAPACK (the default), cuSOLVER one matrix
