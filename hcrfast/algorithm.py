@@ -352,6 +352,9 @@ def _measuring(model, x: torch.Tensor):
             kept.update(largest=max(kept["largest"], call["largest"]), total=max(kept["total"], call["total"]),
                         seen=kept["seen"] or call["seen"])
 
+    # (run eagerly where the forward is compiled: torch.compile traced them, and refused the closure's model as
+    # "already tracked for mutation")
+    pre, hook, done = (torch.compiler.disable(f) for f in (pre, hook, done))
     try:   # (one handle at a time: a submodule that refuses a hook leaves none of the others behind)
         handles.append(model.register_forward_pre_hook(pre, prepend=True))
         for m in model.modules():
