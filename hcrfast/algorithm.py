@@ -41,7 +41,7 @@ from hcrfast import kernels
 from hcrfast.lsqr import LSQROptions, lsqr
 from hcrfast.noise import (D_ROUNDING_UNIT, Gaussian, Laplace, MonteCarlo, accepts_per_feature_sigma, as_noise,
                            divergence_of, shown_damp)
-from hcrfast.results import Bounds, json_default, run_record
+from hcrfast.results import Bounds, counted, json_default, run_record
 
 #: LSQR settings of :func:`bound` unless the caller passes ``lsqr=``.
 # atol = btol = 1e-5: the loosest setting whose median bound matched the published method's in
@@ -226,9 +226,8 @@ def _features(model, x: torch.Tensor) -> torch.Tensor:
 #: On CPUs, the rows a forward pass without autograd runs at once are held to this many bytes (32 MiB) of the model's
 #: largest activation (:func:`_piece_rows`). A chunk is sized for its solver, and its certifying passes run every
 #: restart's rows, and every earlier iterate's, at once: a 3 × 32-channel CNN on 28 × 28 inputs peaked 5.4 GiB above
-#: its start for 32 examples at the defaults, 1.2 GiB in pieces (1.8 GiB at 128 MiB a piece, in ~0.15 s more; 2026-12-02,
-#: ``benchmarks/forward_pieces.py``; ~16 GB
-#: predicted at its automatic chunk of 93 before), where the kernel's
+#: its start for 32 examples at the defaults, 1.2 GiB in pieces (1.8 GiB at 128 MiB a piece, 1.5 s slower;
+#: 2026-12-02, ``benchmarks/forward_pieces.py``; ~16 GB predicted at its automatic chunk of 93 before), where the kernel's
 #: out-of-memory killer, not a MemoryError that :func:`_halved` would split, ends a run. Fixed, not taken from the
 #: free memory: the pieces, and so the rounding of the passes, are the same on every machine.
 FORWARD_PIECE_BYTES = 2**25
@@ -1380,11 +1379,36 @@ def _krylov_params(steps, ranks, pilots: int, redone=None, passes=None, auto: bo
                 products_needed_per_example=float(np.mean((2 * needed + 1).sum(axis=1))))
 
 
-def _basis_progress(start: int, stop: int, total: int, t_start: float, who: str = "hcrfast.bound"):
+def _span(start: int, stop: int) -> str:
+    """The progress lines' rows of a chunk: "example 4", "examples 0-7" (one example read "examples 0-0")."""
+    return f"example {start}" if stop - start == 1 else f"examples {start}-{stop - 1}"
+
+
+def _plan_line(examples: int, restarts: int, iterations: int, solver: str, pilots, steps: int, singular: int,
+               chunk: int, given: bool, iterates: str, certify: bool) -> str:
+    """``progress=True``'s first line of a :func:`bound` call: what it will compute, with which solver, in chunks
+    of how many examples."""
+    how = {"dense": "the dense solve (J built and factored once per example)",
+           "lsqr": "LSQR (matrix-free, one solve per step)",
+           "krylov": f"the Krylov basis ({counted(int(pilots), 'pilot')} an example, at most {steps} steps each)"
+           }.get(solver, solver)
+    chunks = -(-examples // max(1, chunk))
+    return (f"{counted(examples, 'example')} x {counted(restarts, 'restart')} x {counted(iterations, 'iteration')}"
+            f"{' (every iterate certified)' if iterates == 'all' and iterations > 1 else ''}"
+            f"{f' + {singular} singular steps' if singular else ''}, by {how}, in {counted(chunks, 'chunk')} of "
+            f"{min(chunk, examples)} {'(chunk_size)' if given else '(automatic)'}; z_eps from "
+            f"{'float64' if certify else 'uncertified'} forward passes")
+
+
+def _basis_progress(start: int, stop: int, total: int, t_start: float, who: str = "hcrfast.bound",
+                    limit: int | None = None):
     """``progress=True``: once a chunk's basis has run :data:`_PROGRESS_EVERY` seconds, a line every 256
     steps or that many seconds, whichever comes first, and its last step where a line came before. A basis
     built sooner prints nothing (the chunk's own line follows): the first and last steps of every basis
-    were printed, 3 lines a chunk, 150 for 400 examples in chunks of 8."""
+    were printed, 3 lines a chunk, 150 for 400 examples in chunks of 8. ``limit``: the basis' step limit
+    (:func:`hcrfast.krylov.step_limit`), said in each line (a basis may stop before it)."""
+    span = _span(start, stop)
+    of = f" of at most {limit}" if limit else ""
     began = time.perf_counter()
     last = [0, began, False]   # steps and time of the last line, whether there was one
 
@@ -1394,7 +1418,7 @@ def _basis_progress(start: int, stop: int, total: int, t_start: float, who: str 
                now - began >= _PROGRESS_EVERY and (steps - last[0] >= 256 or now - last[1] >= _PROGRESS_EVERY))
         if due:
             last[:] = [steps, now, True]
-            validation.say(f"{who}: examples {start}-{stop - 1} of {total}: Krylov basis {steps} steps, {active} "
+            validation.say(f"{who}: {span} of {total}: Krylov basis {steps}{of} steps, {active} "
                            f"still running ({now - t_start:.1f} s)")
             _said()
     return report
@@ -1435,7 +1459,7 @@ def _heartbeat(on: bool, start: int, stop: int, total: int, t_start: float, tag:
             now = time.monotonic()
             if now - max(_LAST_LINE[0], began) >= _HEARTBEAT_EVERY:
                 phases = [name for name in profiling.open_ranges(me) if name != "bound"]
-                validation.say(f"{who}{tag}: examples {start}-{stop - 1} of {total}: "
+                validation.say(f"{who}{tag}: {_span(start, stop)} of {total}: "
                                f"{' > '.join(phases[-2:]) if phases else idle}, {now - began:.0f} s into "
                                f"this chunk ({time.perf_counter() - t_start:.1f} s)")
                 _said()
@@ -1468,7 +1492,7 @@ def _lsqr_progress(start: int, stop: int, total: int, iterations: int, t_start: 
     """``progress=True`` under LSQR: lines from inside a chunk's solves (a chunk of the automatic size
     can take many minutes): its step of Algorithm 1, LSQR's iteration and the problems still running."""
     return _every(t_start, lambda j, steps, active, rows: (
-        f"{who}: examples {start}-{stop - 1} of {total}: step {j + 1}/{iterations}, LSQR iteration {steps}, "
+        f"{who}: {_span(start, stop)} of {total}: step {j + 1}/{iterations}, LSQR iteration {steps}, "
         f"{active} of {rows} problems running"))
 
 
@@ -2114,6 +2138,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         reuse = _REUSE.get()
         if reuse is not None and (solver not in ("dense", "krylov") or type(noise) is not Gaussian):
             reuse = None  # LSQR has nothing σ-free to keep; a per-feature σ changes the operator itself
+        given_chunk = chunk_size is not None   # (the plan line's "(chunk_size)" against "(automatic)")
         if reuse is not None:
             # (the user's model: a ScaledInputs made afresh each call has an id of its own each call)
             reuse.match((id(validation.user_model(user_model)), model_fingerprint(model),
@@ -2227,6 +2252,10 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             else:
                 saved, chunk_size = _join(world, checkpoint, key, example_ids, clean, chunk_size, batch.device,
                                           arithmetic, required)
+        if progress:   # what the call will do, before its first chunk (a user saw nothing of it until the end)
+            validation.say(f"hcrfast.bound{tag}: " + _plan_line(B, restarts, iterations, solver, krylov_pilots,
+                                                                 krylov.step_limit(n, p, options), singular_steps,
+                                                                 chunk_size, given_chunk, iterates, certify))
 
         def f0_of(start, stop):  # the chunk's clean features, one row per restart
             return from_torch(features[start:stop].repeat_interleave(restarts, dim=0))
@@ -2260,8 +2289,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     try:
                         with np.errstate(over="ignore", invalid="ignore"):  # as the solve below
                             basis = krylov.build(op, pilot, options,
-                                                 progress=_basis_progress(start, stop, B, t_start,
-                                                                          f"hcrfast.bound{tag}") if progress else None)
+                                                 progress=_basis_progress(
+                                                     start, stop, B, t_start, f"hcrfast.bound{tag}",
+                                                     krylov.step_limit(n, p, options)) if progress else None)
                     except krylov.BasisOverflow as exc:   # in LSQR's words for the same inputs (_check_perturbations)
                         raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
                                          f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "

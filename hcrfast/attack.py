@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from hcrfast import kernels, validation
-from hcrfast.algorithm import (_Eta, _auto_chunk, _every, _heartbeat, _in_chunks, _nonfinite_derivative,
+from hcrfast.algorithm import (_Eta, _auto_chunk, _every, _heartbeat, _in_chunks, _nonfinite_derivative, _span,
                                _progress_line, infinite_derivative)
 from hcrfast.backend import get_array_module, to_host
 from hcrfast.bindings import (
@@ -270,7 +270,7 @@ def _gn_progress(lo: int, hi: int, total: int, steps: int, t_start: float):
     """``progress=True``: lines from inside a chunk's Gauss–Newton iterations (a chunk of the automatic
     size can take minutes)."""
     return _every(t_start, lambda j, running, rows: (
-        f"hcrfast.gauss_newton_attack: examples {lo}-{hi - 1} of {total}: Gauss-Newton step {j + 1}/{steps}, "
+        f"hcrfast.gauss_newton_attack: {_span(lo, hi)} of {total}: Gauss-Newton step {j + 1}/{steps}, "
         f"{running} of {rows} draws running"))
 
 

@@ -587,6 +587,7 @@ class Bounds:
             f"iterations={p.get('iterations')}, restarts={p.get('restarts')}, linearize_at={p.get('linearize_at')}"
             f"{', every iterate' if p.get('iterates') == 'all' and (p.get('iterations') or 1) > 1 else ''})",
             quantile_line(std),
+            "  (bounds in the units of the batch given: normalized units for a batch of normalized images)",
             f"  mse bound per example (eq. 6, one eps): {finite_stats(h.mse)}; from the per-mode bounds "
             f"(.mse_from_modes): {finite_stats(mse_modes, largest=False)}",
             f"  divergence D: {_divergence_text(h.divergence, p.get('zero_step_reasons') or [])}  "
@@ -594,7 +595,9 @@ class Bounds:
         ]
         earlier = p.get("earlier_iterates")
         if earlier and earlier.get("screened") and earlier.get("steps"):
-            lines.append(f"  earlier iterates: {earlier['certified']} of {earlier['steps']} steps certified; by their "
+            lines.append(f"  earlier iterates: all {earlier['steps']} steps certified"
+                         if earlier["certified"] >= earlier["steps"] else
+                         f"  earlier iterates: {earlier['certified']} of {earlier['steps']} steps certified; by their "
                          f"uncertified shifts the others could not raise any mode's bound")
         # the restarts that bound nothing, and why (the markers of bound()'s zero-step reasons)
         from hcrfast import algorithm

@@ -211,6 +211,10 @@ def test_screening_the_earlier_iterates_loses_nothing(dtype, law, monkeypatch):
         assert info["margin"] >= algorithm._SCREEN_MARGIN * algorithm._SCREEN_FLOOR   # never below the floor
         assert f"earlier iterates: {info['certified']} of 48 steps certified" in screened.summary()
         assert "earlier iterates" not in every.summary()
+        # every step certified by the screen: no "others" to speak of (a user read "675 of 675 ...; the others")
+        screened.params["earlier_iterates"] = dict(info, certified=48)
+        assert "earlier iterates: all 48 steps certified\n" in screened.summary() + "\n"
+        assert "the others" not in screened.summary()
         np.testing.assert_allclose(screened.std, every.std, rtol=1e-12, atol=0)
         np.testing.assert_allclose(screened.mse, every.mse, rtol=1e-12, atol=0)
         np.testing.assert_array_equal(screened.best_restart, every.best_restart)
@@ -2040,25 +2044,34 @@ def test_quick_krylov_bases_print_no_lines_of_their_own(capsys):
     hcrfast.bound(model, torch.randn(6, 1, 4, 4), 0.1, restarts=2, iterations=1, solver="krylov", chunk_size=2,
                   progress=True)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert not [line for line in lines if "Krylov basis" in line], lines
+    assert not [line for line in lines if "still running" in line], lines
     assert sum("done" in line for line in lines) == 3, lines
+    # the plan first: what the call computes, by which solver, in which chunks (a user saw none of it before the end)
+    assert lines[0] == ("hcrfast.bound: 6 examples x 2 restarts x 1 iteration + 8 singular steps, by the Krylov "
+                        "basis (1 pilot an example, at most 8 steps each), in 3 chunks of 2 (chunk_size); z_eps from "
+                        "float64 forward passes"), lines
 
 
 def test_a_slow_krylov_basis_says_how_far_it_got_and_where_it_ended(monkeypatch, capsys):
-    """Past _PROGRESS_EVERY seconds a basis prints every 256 steps or that many seconds, and its last step."""
+    """Past _PROGRESS_EVERY seconds a basis prints every 256 steps or that many seconds, and its last step, with the
+    basis' step limit (a user saw 1304, 2840 ... steps and learned the goal, 3072, from the last line only)."""
     from hcrfast import algorithm
 
-    clock = iter([0.0, 1.0, 11.0, 12.0, 13.0, 30.0, 31.0])
+    clock = iter([0.0, 1.0, 11.0, 12.0, 13.0, 30.0, 31.0, 40.0, 51.0])
     monkeypatch.setattr(algorithm.time, "perf_counter", lambda: next(clock))
-    report = algorithm._basis_progress(0, 4, 8, 0.0)   # began at 0
+    report = algorithm._basis_progress(0, 4, 8, 0.0, limit=512)   # began at 0
     report(10, 4)     # 1 s: nothing yet
     report(20, 4)     # 11 s: the first line
     report(100, 4)    # 12 s: neither 256 steps nor 10 s since
     report(276, 2)    # 13 s: 256 steps since
     report(300, 1)    # 30 s: 10 s since
     report(310, 0)    # 31 s: the last step, after lines before
-    steps = [line.split("Krylov basis ")[1].split(" steps")[0] for line in capsys.readouterr().err.splitlines()]
-    assert steps == ["20", "276", "300", "310"]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("Krylov basis ")[1].split(" of at most 512 steps")[0] for line in lines] == ["20", "276", "300",
+                                                                                                 "310"]
+    assert lines[0].startswith("hcrfast.bound: examples 0-3 of 8: Krylov basis 20 of at most 512 steps")
+    algorithm._basis_progress(5, 6, 8, 0.0)(7, 1)   # one example, began at 40 s: its line at 51 s
+    assert capsys.readouterr().err.startswith("hcrfast.bound: example 5 of 8: Krylov basis 7 steps, 1 still running")
 
 
 def test_the_first_eta_says_it_holds_the_one_off_costs(monkeypatch, capsys):

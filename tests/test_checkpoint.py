@@ -247,6 +247,7 @@ def test_progress_counts_read_back_examples_and_gives_an_eta(tmp_path, monkeypat
     capsys.readouterr()
     hcrfast.bound(model, x, 0.3, checkpoint=tmp_path, progress=True, **kw("dense"))
     lines = capsys.readouterr().err.splitlines()
+    assert lines.pop(0).startswith("hcrfast.bound: 7 examples x ")   # (the plan)
     assert lines[0] == f"hcrfast.bound: 2 of 7 examples read back from {tmp_path}"
     assert [line.split(" done")[0] for line in lines[1:]] == [f"hcrfast.bound: examples {k}/7" for k in (4, 6, 7)]
     assert all("ETA" in line for line in lines[1:-1]) and "ETA" not in lines[-1]

@@ -117,6 +117,9 @@ def test_summary_quantiles_skip_infinite_bounds(std, line):
     assert hcrfast.results.quantile_line(np.asarray(std)) == line
     text = bounds_with_std(std).summary()
     assert text.splitlines()[1] == line and "nan" not in text
+    # the units next to them (a user read the quantiles without them: the README alone said so)
+    assert text.splitlines()[2] == "  (bounds in the units of the batch given: normalized units for a batch of " \
+                                   "normalized images)"
 
 
 def test_summary_mse_medians_follow_the_quantiles_rule():
@@ -125,14 +128,14 @@ def test_summary_mse_medians_follow_the_quantiles_rule():
     median over +inf values said neither, and disagreed with the report of the same run."""
     res = bounds_with_std([[1.0, np.inf, 3.0], [np.inf, 5.0, np.inf]])
     res.mse = np.array([0.25, np.inf])
-    line = res.summary().splitlines()[2]
+    line = res.summary().splitlines()[3]   # (after the quantiles and their units)
     assert line.startswith("  mse bound per example (eq. 6, one eps): median 0.25, min 0.25, max 0.25 "
                            "(of the 1 finite; 1 +inf); from the per-mode bounds (.mse_from_modes): ")
     assert "inf (" not in line.replace("+inf", "") and "nan" not in line
     res.mse = np.array([np.inf, np.inf])
     assert "(eq. 6, one eps): all +inf;" in res.summary()
     res.mse = np.array([0.0, 0.5])
-    assert "median 0.25, min 0, max 0.5;" in res.summary() and "finite" not in res.summary().splitlines()[2]
+    assert "median 0.25, min 0, max 0.5;" in res.summary() and "finite" not in res.summary().splitlines()[3]
 
 
 def test_summary_divergence_leaves_out_the_restarts_that_bound_nothing():
