@@ -618,17 +618,10 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
         As for :func:`sigma_for`. Every call's bounds are kept (each holds the batch's ``std``, ``eps``
         and ``z``): mind the memory of long sweeps over large batches.
     """
-    from hcrfast.noise import detached as _detached
+    from hcrfast import validation
 
     try:
-        given = np.asarray(_detached(scales))   # strings ("0.5") and bools are no scales: np.float64 took them
-        if isinstance(scales, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in scales):
-            raise TypeError   # ([0.5, True]: NumPy makes it 0.5, 1.0)
-        if given.dtype.kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.flat):
-            given = given.astype(np.float64)   # (fractions.Fraction, as sigma takes it)
-        if given.dtype.kind not in "iuf":
-            raise TypeError
-        values = given.astype(np.float64)
+        values = validation.real_array(scales)   # strings ("0.5") and bools are no scales: np.float64 took them
     except (TypeError, ValueError):
         raise TypeError(f"scales={scales!r}: pass a sequence of positive numbers (the sigmas in units of "
                         f"sigma0)") from None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import warnings
 from dataclasses import dataclass, field
 
@@ -728,7 +727,8 @@ def _scaled(k: float, unit: np.ndarray):
 def _profile(sigma, n: int, shape: tuple, name: str = "sigma", positive: bool = False) -> np.ndarray:
     """``sigma`` as one std (a 0-d array) or one per feature (the features' shape): finite and >= 0, or with
     ``positive`` (a search's unit) > 0."""
-    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian, detached
+    from hcrfast import validation
+    from hcrfast.noise import Gaussian, NoiseLaw, PerFeatureGaussian
 
     sigma = host_argument(name, sigma)
     if isinstance(sigma, Gaussian) and not isinstance(sigma, PerFeatureGaussian):
@@ -739,12 +739,7 @@ def _profile(sigma, n: int, shape: tuple, name: str = "sigma", positive: bool = 
     if hasattr(sigma, "detach"):
         sigma = sigma.detach().cpu().numpy()
     try:
-        given = np.asarray(detached(sigma))   # (a list of tensors that require grad: their values, as one such tensor)
-        if given.dtype.kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.flat):
-            given = given.astype(np.float64)   # fractions.Fraction(1, 2), as hcrfast.bound takes it
-        if given.dtype.kind not in "iuf":   # strings ("0.5"), bools, complex, objects: not a std
-            raise TypeError
-        profile = given.astype(np.float64)
+        profile = validation.real_array(sigma)   # strings ("0.5"), bools, complex, objects: not a std
     except (TypeError, ValueError):
         raise TypeError(f"{name}={sigma!r}: pass the noise's std, a real number or one per feature") from None
     if profile.size != 1 and profile.size != n:

@@ -143,6 +143,22 @@ def sigma_or_law(value, *, laws: bool = True):
     return positive_float("sigma", value, hint)
 
 
+def real_array(value) -> np.ndarray:
+    """``value`` (numbers, a sequence of them, an array or tensor) as a float64 array; TypeError for strings
+    ("0.5"), bools (also one among numbers: NumPy makes [0.5, True] 0.5, 1.0), complex numbers and other objects.
+    Fractions are taken, as :func:`hcrfast.bound` takes them (``sweep_sigma``'s scales, ``dithered_accuracy``'s σ)."""
+    from hcrfast.noise import detached
+
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in value):
+        raise TypeError("bool among the numbers")
+    given = np.asarray(detached(value))   # (a list of tensors that require grad: their values)
+    if given.dtype.kind == "O" and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in given.flat):
+        given = given.astype(np.float64)   # fractions.Fraction(1, 2)
+    if given.dtype.kind not in "iuf":
+        raise TypeError(f"not real numbers (dtype {given.dtype})")
+    return given.astype(np.float64)
+
+
 def jacobian_mode(value) -> str:
     """``jacobian=`` of :func:`hcrfast.bound` and the attack: "reverse" or "forward"; "auto" (the default of
     :func:`hcrfast.targeted_bound`, whose LSQR path reads it as "reverse") is "reverse"."""

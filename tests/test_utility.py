@@ -305,6 +305,18 @@ def test_a_head_in_training_mode_runs_in_eval_mode_and_is_told(problem):
     assert got.clean == 0.75 and head.training
 
 
+def test_a_bool_among_the_stds_is_refused_as_sweep_sigma_refuses_it(problem):
+    """NumPy makes [0.1, True] the stds 0.1 and 1.0: taken as a per-feature profile, where bound refuses a bool.
+    dithered_accuracy and sweep_sigma now read their numbers by one rule (validation.real_array)."""
+    model, head, x, labels = problem
+    with torch.no_grad():
+        n = model(x[:1]).numel()
+    with pytest.raises(TypeError, match="pass the noise's std, a real number or one per feature"):
+        hcrfast.dithered_accuracy(model, head, x, labels, [0.1] * (n - 1) + [True], draws=1)
+    got = hcrfast.dithered_accuracy(model, head, x, labels, [0.1] * n, draws=1)
+    assert got == hcrfast.dithered_accuracy(model, head, x, labels, np.full(n, 0.1), draws=1)
+
+
 def test_accuracy_on_features_takes_features_already_computed(problem):
     model, head, x, labels = problem
     with torch.no_grad():
