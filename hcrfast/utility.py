@@ -200,6 +200,7 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
                          metric="accuracy", example_ids=None) -> Utility:
     """:func:`dithered_accuracy` on features already computed, ``feats`` (B, ...)."""
     from hcrfast import validation
+    from hcrfast.algorithm import pieces_scope
 
     _check_draws_and_seed(draws, seed)
     if head is not None and not callable(head):
@@ -219,8 +220,10 @@ def accuracy_on_features(head, feats: torch.Tensor, labels, sigma, *, draws: int
     n = int(np.prod(shape))
     profile = _profile(sigma, n, shape)
     targets = score.targets(labels, B, feats.device)
+    # (pieces_scope: the head's forwards after the clean one run in pieces of its activations on a CPU, as the
+    # model's do: a large head on examples x draws copies at once held them all)
     with validation._ONE_CALL, torch.no_grad(), (validation.model_kept(head, "head") if head is not None
-                                                 else contextlib.nullcontext()):
+                                                 else contextlib.nullcontext()), pieces_scope():
         try:   # (on a copy: a head that writes into its input changed the caller's features, or batch)
             reference = _outputs(head, feats.clone())
         except (RuntimeError, TypeError) as exc:
@@ -294,7 +297,9 @@ class _NoiseOverflow(ValueError):
 
 
 def _outputs(head, feats: torch.Tensor) -> torch.Tensor:
-    out = feats if head is None else head(feats)
+    from hcrfast.algorithm import forward
+
+    out = feats if head is None else forward(head, feats)
     if not isinstance(out, torch.Tensor) or out.ndim < 1 or out.shape[0] != feats.shape[0]:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"the head returned {got} for {feats.shape[0]} feature vectors; it must return one row per "

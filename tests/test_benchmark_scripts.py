@@ -1287,3 +1287,17 @@ def test_forward_pieces_measures_both_ways_in_fresh_processes(tmp_path):
     assert whole["peak_mib_over_base"] > 0 and pieces["seconds"] > 0
     assert pieces["median_bound"] == pytest.approx(whole["median_bound"], rel=1e-3)   # (LSQR by chunk: rounding)
     assert "less memory" in proc.stdout
+
+
+def test_head_pieces_measures_both_ways_in_fresh_processes(tmp_path):
+    """benchmarks/head_pieces.py (the memory figures of dithered_accuracy's head in pieces) runs at toy size: one
+    row with the head on every copy at once and one in pieces, each in its own process, the same accuracies."""
+    out = tmp_path / "head.json"
+    proc = run_script("head_pieces.py", "--examples", "300", "--width", "16", "--draws", "3", "--json", out)
+    r = json.loads(out.read_text())
+    whole, pieces = r["rows"]
+    assert (whole["pieces"], pieces["pieces"]) == (False, True) and whole["piece_bytes"] == 2**62
+    assert pieces["piece_bytes"] == hcrfast.algorithm.FORWARD_PIECE_BYTES
+    assert (whole["clean"], whole["dithered"]) == (pieces["clean"], pieces["dithered"]) and whole["clean"] == 1.0
+    assert r["examples"] == 300 and "less memory" in proc.stdout
+

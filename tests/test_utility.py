@@ -133,6 +133,43 @@ def test_chunks_of_draws_give_the_one_batch_answer(problem, monkeypatch):
                                   whole.per_draw)
 
 
+class _WideHead(torch.nn.Module):
+    """A head with a 64-wide hidden layer, recording the rows of each forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 64), torch.nn.Tanh(),
+                                       torch.nn.Linear(64, 5)).double()
+        self.rows = []
+
+    def forward(self, f):
+        self.rows.append(f.shape[0])
+        return self.net(f)
+
+
+def test_the_heads_forwards_on_the_noisy_copies_run_in_pieces_of_its_activations_on_a_cpu(problem, monkeypatch):
+    """The head ran on every copy of a chunk at once (examples x draws rows, up to 2^24 feature values): a head
+    with a hidden layer of 512 on 10 features, 170,000 inputs x 10 draws, peaked 7.1 GiB above its start (0.8 GiB
+    in pieces: benchmarks/head_pieces.py). Its
+    forwards on the copies now run in pieces of FORWARD_PIECE_BYTES of its largest activation per row (64 float64
+    values here, counted in its clean forward), as bound's do, to the same accuracies."""
+    from hcrfast import algorithm
+
+    model, _, x, labels = problem
+    head = _WideHead().eval()
+    whole = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=6)
+    assert max(head.rows) == 40 * 6   # (every copy at once: one chunk)
+    head.rows.clear()
+    monkeypatch.setattr(algorithm, "FORWARD_PIECE_BYTES", 7 * 64 * 8)
+    got = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=6)
+    # the clean forward (40 rows, measured) and the probes' few rows whole, the copies 7 rows at a time
+    assert head.rows[0] == 40 and max(head.rows[1:]) <= max(7, hcrfast.validation.REPEAT_ROWS)
+    assert head.rows.count(7) >= 40 * 6 // 7 - 1
+    np.testing.assert_array_equal(got.per_draw, whole.per_draw)
+    assert got.clean == whole.clean
+
+
 def test_reproduce_draws_its_dithering_from_the_same_stream(problem):
     """hcrfast reproduce's dithered accuracy is this function's, draw for draw (one draw per restart)."""
     from hcrfast.reproduce import _accuracies

@@ -1,0 +1,102 @@
+"""What running the head in pieces saves in ``hcrfast.dithered_accuracy`` (and so ``sigma_for_accuracy`` and
+``reproduce``'s accuracies): the head ran on every noisy copy of a chunk at once, up to 2^24 feature values
+(examples × draws rows), however wide its own layers; its forwards on the copies now run in pieces of
+``hcrfast.algorithm.FORWARD_PIECE_BYTES`` of its largest activation per row, as ``bound``'s do. Peak memory and
+time with the pieces and without them (as before 2026-12-02's twenty-ninth session), each in a fresh process.
+
+    python benchmarks/head_pieces.py --examples 170000 --width 512 --threads 1 \
+        --json benchmarks/results/head_pieces_cpu_20261202.json
+
+The model: a Linear of 20 inputs to ``--features`` features; the head: Linear(features, width), Tanh,
+Linear(width, 5) (random weights, seed 0), in float32; labels are the head's clean classes; σ = 0.3, 10 draws.
+Peak RSS is read from ``/proc/self/status`` (VmHWM), in MiB, over the process's RSS just before the call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forward_pieces import _vm  # noqa: E402  (the same reading of /proc/self/status)
+
+
+def one(examples: int, features: int, width: int, pieces: bool, threads: int, draws: int) -> dict:
+    """One call in this process: its peak memory over the RSS before it, and its time."""
+    import torch
+
+    import hcrfast
+    from hcrfast import algorithm
+
+    torch.set_num_threads(threads)
+    if not pieces:
+        algorithm.FORWARD_PIECE_BYTES = 2**62
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, features).eval()
+    head = torch.nn.Sequential(torch.nn.Linear(features, width), torch.nn.Tanh(), torch.nn.Linear(width, 5)).eval()
+    x = torch.randn(examples, 20, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        labels = head(model(x)).argmax(dim=1).numpy()
+    base = _vm("VmRSS")
+    t0 = time.perf_counter()
+    u = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=draws)
+    seconds = time.perf_counter() - t0
+    return dict(pieces=pieces, peak_mib_over_base=round(_vm("VmHWM") - base, 1), seconds=round(seconds, 3),
+                clean=u.clean, dithered=u.dithered, piece_bytes=algorithm.FORWARD_PIECE_BYTES)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=170_000)
+    ap.add_argument("--features", type=int, default=10)
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--draws", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="where to write the two rows and the machine (default: print only)")
+    ap.add_argument("--one", choices=["pieces", "whole"], help=argparse.SUPPRESS)   # (the child process's row)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.examples, args.features, args.width, args.one == "pieces", args.threads,
+                             args.draws)))
+        return 0
+    if not os.path.exists("/proc/self/status"):
+        print("head_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
+        return 2
+    rows = []
+    for kind in ("whole", "pieces"):
+        cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--features",
+               str(args.features), "--width", str(args.width), "--draws", str(args.draws), "--threads",
+               str(args.threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
+              f"{r['seconds']:7.2f} s, accuracy clean {r['clean']:.6g}, dithered {r['dithered']:.6g}")
+    whole, pieces = rows
+    print(f"pieces: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
+          f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
+    if args.json:
+        import torch
+
+        out = dict(command="python benchmarks/head_pieces.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   examples=args.examples, features=args.features, width=args.width, draws=args.draws,
+                   threads=args.threads, rows=rows,
+                   machine=dict(python=platform.python_version(), torch=torch.__version__,
+                                processor=platform.processor() or platform.machine(), cores=os.cpu_count()),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
