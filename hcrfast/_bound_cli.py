@@ -148,9 +148,10 @@ def add_subparser(subparsers) -> None:
                         "uses pilot r mod S's (S times the products and memory; hcrfast.bound's krylov_pilots). "
                         "Default 'auto': 1 where one basis exhausts the space (min(features, inputs) <= 4096), "
                         "else one per restart (at most 100, and 2^30 basis values an example)")
-    b.add_argument("--jacobian", choices=("reverse", "forward"), default="reverse",
+    b.add_argument("--jacobian", choices=("reverse", "forward", "auto"), default="reverse",
                    help="J v by a double backward (reverse, default) or torch.func.jvp (forward: for models that "
-                        "refuse a double backward, torch.compile'd ones)")
+                        "refuse a double backward, torch.compile'd ones); 'auto' (hcrfast.targeted_bound's default) is "
+                        "reverse, as in hcrfast.bound")
     b.add_argument("--cold-start", action="store_true", help="every LSQR solve from zero (warm_start=False)")
     b.add_argument("--last-iterate", action="store_true",
                    help="bound by Algorithm 1's last iterate alone, as the paper (iterates='last'; default: every "

@@ -209,6 +209,21 @@ def test_targets_are_bounded_and_summarized(files):
     assert count > 0 and f"and the {count} singular steps" in t["baseline"]
 
 
+def test_jacobian_auto_is_taken_as_the_api_takes_it(files, capsys):
+    """--jacobian auto was refused by argparse, though bound, the attack and targeted_bound take jacobian="auto"
+    (reverse for bound and the attack): the command now gives the API's bounds, and refuses a mode that none
+    take, naming the choices."""
+    tmp_path, x = files
+    out = tmp_path / "run"
+    assert _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--sigma", "0.3", "--jacobian", "auto",
+                   "--out", out]) == 0
+    want = hcrfast.bound(_user_model(tmp_path), x, 0.3, restarts=2, iterations=2, jacobian="auto")
+    np.testing.assert_array_equal(hcrfast.Bounds.load(out / "bounds.npz").std, want.std)
+    with pytest.raises(SystemExit):
+        _bound([f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY, "--jacobian", "sideways"])
+    assert "'reverse', 'forward', 'auto'" in capsys.readouterr().err
+
+
 def test_attack_beside_the_bounds_is_the_apis_attack_and_comparison(files, capsys):
     """--attack 3: the Gauss-Newton attack of hcrfast.gauss_newton_attack (same draws, bitwise) is written
     beside the bounds, and summary.json holds hcrfast.compare's account of the two; the same command
