@@ -468,12 +468,15 @@ def _check_same(name, view, ref_name, ref):
 
 
 def _per_row(launch, name, values, n_rows):
-    """A (B,) device view of a per-problem parameter."""
+    """A (B,) device view of a per-problem parameter; integers (NumPy or CuPy) as float64, as the twins take them."""
+    kind = np.dtype(getattr(values, "dtype", np.float64)).kind
+    if kind in "iu" and hasattr(values, "astype"):   # (a Numba device array has no astype: refused below)
+        values = values.astype(np.float64)
     view = launch.device(values, name)
     if tuple(view.shape) != (n_rows,):
         raise ValueError(f"Shape mismatch: {name} must have shape ({n_rows},), got {tuple(view.shape)}")
     if not np.issubdtype(np.dtype(view.dtype), np.floating):
-        raise TypeError(f"{name} must be a floating array, got {view.dtype}")
+        raise TypeError(f"{name} must be a floating array, got {view.dtype}; cast it with .astype(np.float64)")
     return view
 
 

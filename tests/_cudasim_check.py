@@ -185,6 +185,12 @@ def simulator_checks(dtypes) -> None:
             check_close(f"row_normalize[{tag}] per-row target norms", norms.copy_to_host(), want_norms, dtype)
             check_true(f"row_normalize[{tag}] per-row zero row stays zero",
                        np.all(scaled.copy_to_host()[2] == 0))
+            # integer per-row targets, which the twins and the dispatch layer take: as float64 (they were refused)
+            a = rows((3, 7), dtype)
+            want_scaled, want_norms = twins.normalize_rows(a, np.array([1, 2, 3]))
+            scaled, norms = kc.row_normalize(a, np.array([1, 2, 3]))
+            check_close(f"row_normalize[{tag}] integer per-row targets scaled", scaled, want_scaled, dtype)
+            check_close(f"row_normalize[{tag}] integer per-row targets norms", norms, want_norms, dtype)
 
             # out=: in place and into another array, host and device
             for where in ("in place", "separate"):
