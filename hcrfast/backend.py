@@ -104,6 +104,15 @@ def host_argument(name: str, value):
     return value
 
 
+def one_number(value):
+    """A tensor or array of one element (torch, NumPy or CuPy: ``torch.tensor(1.0)``, ``np.array([0.5])``) as its
+    number, as :func:`hcrfast.bound` takes one; else ``value`` (a NumPy scalar is a number already)."""
+    count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", None)
+    if count == 1 and callable(getattr(value, "item", None)) and not isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def get_array_module(*arrays) -> types.ModuleType:
     """The namespace (``numpy`` or ``cupy``) of the given arrays.
 

@@ -48,6 +48,8 @@ import sys
 import numpy as np
 from scipy import integrate, special, stats
 
+from hcrfast.backend import one_number
+
 __all__ = [
     "AttackMetrics",
     "attack_metrics",
@@ -96,17 +98,8 @@ _MAX_COUNT = 2**53
 # --------------------------------------------------------------------------
 # validation at the boundary
 # --------------------------------------------------------------------------
-def _number(value):
-    """A tensor or array of one element as its number (``torch.tensor(1.0)``, ``np.array([0.5])``, as
-    :func:`hcrfast.bound` takes them); else ``value``."""
-    count = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", None)
-    if count == 1 and callable(getattr(value, "item", None)) and not isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _real(name: str, value) -> float:
-    value = _number(value)
+    value = one_number(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
@@ -142,7 +135,7 @@ def _int_text(value: int) -> str:
 
 
 def _check_count(name: str, value, what: str, minimum: int = 1, maximum: int | None = None) -> int:
-    value = _number(value)
+    value = one_number(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if isinstance(value, numbers.Integral):

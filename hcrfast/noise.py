@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from hcrfast import validation
-from hcrfast.backend import get_array_module, host_argument, to_host
+from hcrfast.backend import get_array_module, host_argument, one_number, to_host
 
 __all__ = ["Gaussian", "Laplace", "MonteCarlo", "MonteCarloEstimate", "NoiseLaw", "as_noise"]
 
@@ -51,8 +51,7 @@ def _check_scale(name: str, value, hint: str = "pass the noise scale of the rele
         raise TypeError(f"{name} must be one number, got {count} values; one std per feature is for Gaussian noise "
                         f"only: pass them as sigma itself (hcrfast.bound(model, batch, stds)), not inside a noise law "
                         f"(Laplace and Monte Carlo laws take one scale for every feature)")
-    if isinstance(value, (np.ndarray, torch.Tensor)) and count == 1:  # a one-element array is its number
-        value = value.item()
+    value = one_number(value)   # (a one-element array or tensor)
     # A real number, as sigma is everywhere else (validation.sigma_or_law, hcrfast.dp): NumPy's complex scalars and
     # bool have __float__ (the first drops the imaginary part, with a mere warning), and so has Decimal, which
     # hcrfast.bound(sigma=Decimal(...)) refused while Gaussian(Decimal(...)) took it.
