@@ -67,6 +67,41 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
                 piece_bytes=algorithm.FORWARD_PIECE_BYTES, graph_bytes=algorithm.GRAPH_BYTES)
 
 
+def both_ways(script: str, args: list, what) -> list | None:
+    """Run ``script --one whole`` and then ``--one pieces`` with ``args``, each in a fresh process (its peak RSS its
+    own); print a line for each (``what(row)``: its result) and the ratios. The two rows, or None where one failed."""
+    rows = []
+    for kind in ("whole", "pieces"):
+        done = subprocess.run([sys.executable, script, "--one", kind, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return None
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
+              f"{r['seconds']:7.2f} s, {what(r)}")
+    whole, pieces = rows
+    print(f"pieces: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
+          f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
+    return rows
+
+
+def write_json(path: Path, script: str, argv, rows: list, **fields) -> None:
+    """The two rows, the command that ran, ``fields`` and the machine, as JSON at ``path``."""
+    import platform
+
+    import torch
+
+    out = dict(command=f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+               **fields, rows=rows,
+               machine=dict(python=platform.python_version(), torch=torch.__version__,
+                            processor=platform.processor() or platform.machine(), cores=os.cpu_count()),
+               date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=32)
@@ -88,41 +123,20 @@ def main(argv=None) -> int:
     if not os.path.exists("/proc/self/status"):
         print("forward_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
         return 2
-    rows = []
-    for kind in ("whole", "pieces"):
-        cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--channels",
-               str(args.channels), "--restarts", str(args.restarts), "--iterations", str(args.iterations),
-               "--threads", str(args.threads), "--solver", args.solver]
-        for flag, value in (("--lsqr-iter-lim", args.lsqr_iter_lim), ("--piece-bytes", args.piece_bytes),
-                            ("--graph-bytes", args.graph_bytes)):
-            if value is not None:
-                cmd += [flag, str(value)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
-        print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
-              f"{r['seconds']:7.2f} s, median bound {r['median_bound']:.6g} (chunk {r['chunk_size']}, {r['solver']})")
-    whole, pieces = rows
-    print(f"budgets: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
-          f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
+    cmd = ["--examples", str(args.examples), "--channels", str(args.channels), "--restarts", str(args.restarts),
+           "--iterations", str(args.iterations), "--threads", str(args.threads), "--solver", args.solver]
+    for flag, value in (("--lsqr-iter-lim", args.lsqr_iter_lim), ("--piece-bytes", args.piece_bytes),
+                        ("--graph-bytes", args.graph_bytes)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    rows = both_ways(__file__, cmd, lambda r: f"median bound {r['median_bound']:.6g} (chunk {r['chunk_size']}, "
+                                              f"{r['solver']})")
+    if rows is None:
+        return 1
     if args.json:
-        import platform
-
-        import torch
-
-        out = dict(command="python benchmarks/forward_pieces.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   examples=args.examples, channels=args.channels, restarts=args.restarts, solver=args.solver,
-                   lsqr_iter_lim=args.lsqr_iter_lim,
-                   iterations=args.iterations, threads=args.threads, rows=rows,
-                   machine=dict(python=platform.python_version(), torch=torch.__version__,
-                                processor=platform.processor() or platform.machine(), cores=os.cpu_count()),
-                   date=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, "forward_pieces.py", argv, rows, examples=args.examples, channels=args.channels,
+                   restarts=args.restarts, solver=args.solver, lsqr_iter_lim=args.lsqr_iter_lim,
+                   iterations=args.iterations, threads=args.threads)
     return 0
 
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_pieces import _vm  # noqa: E402  (the same reading of /proc/self/status)
+from forward_pieces import _vm, both_ways, write_json  # noqa: E402  (the same measures and rows)
 
 
 def one(examples: int, features: int, width: int, pieces: bool, threads: int, draws: int) -> dict:
@@ -67,34 +65,14 @@ def main(argv=None) -> int:
     if not os.path.exists("/proc/self/status"):
         print("head_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
         return 2
-    rows = []
-    for kind in ("whole", "pieces"):
-        cmd = [sys.executable, __file__, "--one", kind, "--examples", str(args.examples), "--features",
-               str(args.features), "--width", str(args.width), "--draws", str(args.draws), "--threads",
-               str(args.threads)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"the {kind} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
-        print(f"{kind:6s}: peak {r['peak_mib_over_base']:8.1f} MiB over the process's RSS before the call, "
-              f"{r['seconds']:7.2f} s, accuracy clean {r['clean']:.6g}, dithered {r['dithered']:.6g}")
-    whole, pieces = rows
-    print(f"pieces: {whole['peak_mib_over_base'] / max(pieces['peak_mib_over_base'], 1e-9):.2f}x less memory, "
-          f"{whole['seconds'] / pieces['seconds']:.2f}x the speed")
+    rows = both_ways(__file__, ["--examples", str(args.examples), "--features", str(args.features), "--width",
+                                str(args.width), "--draws", str(args.draws), "--threads", str(args.threads)],
+                     lambda r: f"accuracy clean {r['clean']:.6g}, dithered {r['dithered']:.6g}")
+    if rows is None:
+        return 1
     if args.json:
-        import torch
-
-        out = dict(command="python benchmarks/head_pieces.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   examples=args.examples, features=args.features, width=args.width, draws=args.draws,
-                   threads=args.threads, rows=rows,
-                   machine=dict(python=platform.python_version(), torch=torch.__version__,
-                                processor=platform.processor() or platform.machine(), cores=os.cpu_count()),
-                   date=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, "head_pieces.py", argv, rows, examples=args.examples, features=args.features,
+                   width=args.width, draws=args.draws, threads=args.threads)
     return 0
 
 
