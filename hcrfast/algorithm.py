@@ -241,7 +241,8 @@ def _piece_rows(model, x: torch.Tensor) -> int | None:
     if counts is None or x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
         return None
     numel = (counts.get(_measured_as(model)) or (None, None))[0]
-    return None if not numel else max(1, FORWARD_PIECE_BYTES // (numel * x.element_size()))
+    # (at least 2 rows: a model ending in .squeeze() returns (10,) for one row, which no piece of (B, 10) joins)
+    return None if not numel else max(2, FORWARD_PIECE_BYTES // (numel * x.element_size()))
 
 
 #: On CPUs, the bytes a chunk's recorded product graphs (J v and Jᵀ u over every problem's row) may take: the LSQR
@@ -307,6 +308,16 @@ def _measured_as(model):
     return model
 
 
+def _output_tensors(out, depth: int = 0):
+    """The tensors in a module's output, however nested in tuples, lists and dicts (an LSTM's
+    ``(PackedSequence, (h, c))``: one level deep, none of them was counted)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif depth < 8 and isinstance(out, (tuple, list, dict)):
+        for item in (out.values() if isinstance(out, dict) else out):
+            yield from _output_tensors(item, depth + 1)
+
+
 @contextlib.contextmanager
 def _measuring(model, x: torch.Tensor):
     """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, per
@@ -328,8 +339,13 @@ def _measuring(model, x: torch.Tensor):
     call = dict(rows=0, largest=0, total=0, seen=False)
     kept = dict(largest=0, total=0, seen=False)
     depth, handles = [0], []
+    # (this thread's forwards only: the hooks are on the Module, which another thread may run meanwhile, and its
+    # forwards changed the count from run to run, or left it None)
+    thread = threading.get_ident()
 
     def pre(module, args):   # (first of the pre-hooks: the rows the model's own call is given, not a user hook's)
+        if threading.get_ident() != thread:
+            return
         if depth[0] == 0:
             first = args[0] if args else None
             call.update(rows=first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0,
@@ -337,15 +353,16 @@ def _measuring(model, x: torch.Tensor):
         depth[0] += 1
 
     def hook(module, args, out):
-        if call["rows"] > 0:
+        if call["rows"] > 0 and threading.get_ident() == thread:
             call["seen"] |= id(module) in users
-            for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if isinstance(t, torch.Tensor):
-                    per_row = -(-t.numel() // call["rows"])
-                    call["largest"] = max(call["largest"], per_row)
-                    call["total"] += per_row
+            for t in _output_tensors(out):
+                per_row = -(-t.numel() // call["rows"])
+                call["largest"] = max(call["largest"], per_row)
+                call["total"] += per_row
 
     def done(module, args, out):   # (last of the model's hooks, and called where its forward raised: out None)
+        if threading.get_ident() != thread:
+            return
         depth[0] -= 1
         if depth[0] == 0 and out is not None and call["rows"] > 0:
             kept.update(largest=max(kept["largest"], call["largest"]), total=max(kept["total"], call["total"]),
@@ -368,8 +385,11 @@ def _measuring(model, x: torch.Tensor):
     try:
         yield
         # not counted: a model whose user's own submodules run without their hooks (torch.jit.trace's), or a plain
-        # function inside hcrfast's wrapper, shows the outputs around it only; nor one whose forward never returned
-        blind = not isinstance(user, torch.nn.Module) or (bool(users) and not kept["seen"])
+        # function inside hcrfast's wrapper, shows the outputs around it only; so does a user's Module without
+        # submodules, whose forward computes by functions (a 4096-wide hidden layer was not seen, and its pieces
+        # ran 50 MiB of it); nor one whose forward never returned
+        blind = (not isinstance(user, torch.nn.Module) or (bool(users) and not kept["seen"])
+                 or (not users and not type(user).__module__.startswith("torch.")))
         counts[owner] = None if blind or not kept["largest"] else (kept["largest"], kept["total"])
     finally:
         for h in handles:
@@ -377,11 +397,16 @@ def _measuring(model, x: torch.Tensor):
 
 
 def _in_pieces(compute, join, rows: int | None, x: torch.Tensor, *more):
-    """:func:`_halved` of ``compute`` on pieces of at most ``rows`` rows of ``x`` (and of every other argument),
-    joined pairwise in a balanced tree; one call where ``rows`` is None or covers ``x``."""
-    if rows is None or x.shape[0] <= rows:
+    """:func:`_halved` of ``compute`` on pieces of about ``rows`` rows of ``x`` (and of every other argument), as
+    many as at most ``rows`` rows take, of sizes one apart and of at least 2 rows (a last piece of one row, the
+    rest of a division, was the one row a model ending in ``.squeeze()`` returns without its batch axis), joined
+    pairwise in a balanced tree; one call where ``rows`` is None or covers ``x``."""
+    B = x.shape[0]
+    if rows is None or B <= rows:
         return _halved(compute, join, x, *more)
-    parts = [_halved(compute, join, x[i:i + rows], *(a[i:i + rows] for a in more)) for i in range(0, x.shape[0], rows)]
+    count = max(1, min(-(-B // rows), B // 2))
+    bounds = [B * i // count for i in range(count + 1)]
+    parts = [_halved(compute, join, x[lo:hi], *(a[lo:hi] for a in more)) for lo, hi in zip(bounds, bounds[1:])]
     while len(parts) > 1:
         parts = [join(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
     return parts[0]
@@ -417,9 +442,27 @@ def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
                           _piece_rows(model, x), x, y)
 
 
+#: On CPUs, the rows of a call's first forward of a model (the one :func:`_measuring` counts) run before the others,
+#: which then run in the pieces that count gives, where the batch has twice as many: the first forward of a whole
+#: batch ran whole, and a 3 × 32-channel CNN on 28 × 28 inputs took 290 KB a row in it (1.16 GiB above its start for
+#: 4,000 inputs, 2026-12-02; a batch of the 60,000 MNIST training images, 17 GB).
+FIRST_PIECE_ROWS = 16
+
+
+def _unmeasured(model, x: torch.Tensor) -> bool:
+    """Whether :func:`_measuring` would count ``model``'s forward of ``x`` (a Module on a CPU, in a call's scope,
+    not counted yet in it)."""
+    counts = getattr(_SCOPE, "counts", None)
+    owner = _measured_as(model)
+    return (counts is not None and x.device.type == "cpu" and isinstance(owner, torch.nn.Module)
+            and owner not in counts)
+
+
 def forward(model, x: torch.Tensor):
     """``model(x)`` without autograd, split in halves (and concatenated) where it runs out of memory:
-    what the model returns, unchecked (:func:`hcrfast.validation.features_of` checks it)."""
+    what the model returns, unchecked (:func:`hcrfast.validation.features_of` checks it). On a CPU, in pieces of
+    the model's activations (:func:`_piece_rows`); its first forward in a call counts them on
+    :data:`FIRST_PIECE_ROWS` rows first."""
     def run(rows):
         with torch.no_grad():
             return model(rows)
@@ -429,6 +472,12 @@ def forward(model, x: torch.Tensor):
             return first  # no tensor to join: validation.features_of names what the model returned
         return torch.cat([first, second])
 
+    if x.ndim > 0 and x.shape[0] >= 2 * FIRST_PIECE_ROWS and _unmeasured(model, x):
+        with _measuring(model, x):
+            first = _halved(run, join, x[:FIRST_PIECE_ROWS])
+        if not isinstance(first, torch.Tensor):
+            return first
+        return join(first, _in_pieces(run, join, _piece_rows(model, x), x[FIRST_PIECE_ROWS:]))
     with _measuring(model, x):
         return _in_pieces(run, join, _piece_rows(model, x), x)
 

@@ -180,6 +180,7 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
     checked as :func:`hcrfast.bound` checks them first (basis "pixel": no DCT here, vector inputs are fine), but
     for a bfloat16 batch, which bound refuses for its solver's arrays only (no solver runs here)."""
     from hcrfast import validation
+    from hcrfast.algorithm import pieces_scope
 
     if isinstance(batch, torch.Tensor) and batch.dtype == torch.bfloat16 and callable(model):
         validation.check_batch(batch.float(), "pixel")   # (its shape, device and values, on a float32 copy)
@@ -187,8 +188,9 @@ def _features(model, batch: torch.Tensor) -> torch.Tensor:
     else:   # forward passes only: a model loaded under torch.inference_mode is fine
         validation.model_and_batch(model, batch, "pixel", forward_only=True)
     # as every entry point runs it (under the one-call lock: another thread's call restoring the model's mode
-    # meanwhile turned its dropout on inside this one), its buffers given back as they were
-    with validation.model_kept(model), torch.no_grad():
+    # meanwhile turned its dropout on inside this one), its buffers given back as they were; on a CPU in pieces of
+    # the model's activations, as bound's forwards (hcrfast.algorithm.pieces_scope)
+    with validation.model_kept(model), torch.no_grad(), pieces_scope():
         feats = validation.features_of(model, batch, flat=False)
         validation.probe_forward(model, batch, feats, name="model",
                                  why="its features are not a fixed function of each input (the noise hcrfast adds "

@@ -875,6 +875,146 @@ def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see
     assert hooks(doubled) == 1
 
 
+class _Squeezed(torch.nn.Module):
+    """A model ending in .squeeze(), as many classifiers do: (B, 8) for B rows, (8,) for one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                       torch.nn.Linear(32, 8))
+        self.rows = []
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            self.rows.append(x.shape[0])
+        return self.net(x).squeeze()
+
+
+def test_pieces_have_two_rows_or_more_so_a_squeezed_models_pieces_join(monkeypatch):
+    """The pieces were ``rows`` rows and the rest: 7 rows in pieces of 3 ran 3, 3 and 1, and a model ending in
+    .squeeze() returned (8,) for the last, which torch.cat refused against (3, 8) ("Tensors must have same number
+    of dimensions"), where the whole batch ran. The pieces are now as many as the budget needs, of sizes one apart
+    and of 2 rows at least (2, 2 and 3 here), to the unpieced bounds."""
+    from hcrfast import algorithm
+
+    model = _Squeezed().double().eval()
+    x = torch.as_tensor(np.random.default_rng(5).standard_normal((7, 1, 4, 4)))
+    kw = dict(iterations=2, restarts=2, seed=0, solver="dense")
+    want = hcrfast.bound(model, x, 0.2, **kw)
+    monkeypatch.setattr(algorithm, "FORWARD_PIECE_BYTES", 3 * 32 * 8)   # (the Linear's 32 float64 values a row)
+    model.rows.clear()
+    got = hcrfast.bound(model, x, 0.2, **kw)
+    assert [2, 2, 3] == model.rows[1:4]   # (the probe's second forward of the batch; the probes' rows alone: 1s)
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-12)
+    with algorithm.pieces_scope():
+        algorithm.forward(model, x)
+        for B, sizes in ((7, [2, 2, 3]), (6, [3, 3]), (3, [3]), (2, [2])):
+            model.rows.clear()
+            out = algorithm.forward(model, x[:B])
+            assert model.rows == sizes and out.shape == (B, 8)
+
+
+def test_a_calls_first_forward_counts_on_its_first_rows_and_runs_the_rest_in_pieces(monkeypatch):
+    """A call's first forward of a model ran the whole batch at once (it is the one the activations are counted
+    in): a 3 x 32-channel CNN took 290 KB a row in it, 1.16 GiB above its start for 4,000 inputs in
+    dithered_accuracy, 17 GB for the 60,000 MNIST training images. Its first FIRST_PIECE_ROWS rows now run first,
+    counted, and the rest in the pieces that count gives (here 3 rows: the Linear's 32 float64 values); a batch of
+    fewer than twice as many runs whole. The features are the whole batch's, to the rounding of other shapes."""
+    from hcrfast import algorithm
+
+    model = _Squeezed().double().eval()
+    monkeypatch.setattr(algorithm, "FORWARD_PIECE_BYTES", 3 * 32 * 8)
+    x = torch.as_tensor(np.random.default_rng(6).standard_normal((40, 1, 4, 4)))
+    with torch.no_grad():
+        whole = model.net(x)
+    for B, sizes in ((40, [16, 3, 3, 3, 3, 3, 3, 3, 3]), (31, [31])):
+        model.rows.clear()
+        with algorithm.pieces_scope():
+            got = algorithm.forward(model, x[:B])
+            assert algorithm._SCOPE.counts[model] == (32, 16 + 32 + 32 + 8 + 8 + 8)
+        assert model.rows == sizes
+        np.testing.assert_allclose(got, whole[:B], rtol=1e-13)
+    model.rows.clear()   # dithered_accuracy's features (which ran whole, with no call's count at all)
+    u = hcrfast.dithered_accuracy(model, None, x, None, 0.1, draws=2, metric="cosine")
+    assert model.rows[0] == 16 and max(model.rows[1:]) <= max(3, hcrfast.validation.REPEAT_ROWS) and u.clean == 1.0
+
+
+class _Nested(torch.nn.Module):
+    """Returns its 40-wide hidden layer inside a dict inside a tuple, beside an LSTM's (PackedSequence, (h, c))."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 40)
+        self.lstm = torch.nn.LSTM(4, 24)
+
+    def forward(self, x):
+        h = self.lin(x.flatten(1))
+        seq = torch.nn.utils.rnn.pack_padded_sequence(x.flatten(2).permute(2, 0, 1)[:4], [4] * x.shape[0])
+        return ({"hidden": h},), self.lstm(seq)
+
+
+class _Functional(torch.nn.Module):
+    """A 16 -> 4096 -> 8 MLP of Parameters and functions, no submodule."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w1 = torch.nn.Parameter(torch.randn(4096, 16) / 4)
+        self.w2 = torch.nn.Parameter(torch.randn(8, 4096) / 64)
+
+    def forward(self, x):
+        return torch.tanh(x.flatten(1) @ self.w1.T) @ self.w2.T
+
+
+def test_the_activation_count_sees_nested_outputs_and_not_what_no_submodule_shows():
+    """The count looked one level into a tuple or list: an LSTM's (PackedSequence, (h, c)) and a tuple holding a
+    dict were not counted (an LSTM of 256 was counted as the 8 features after it, 128 times too few). A Module
+    without submodules, computing by functions, was counted by its output alone (its 4096-wide hidden layer
+    unseen: pieces of 50 MiB of it against 32); now not counted (no pieces, as before), as a torch module alone
+    (nn.Linear: its output is all it holds) still is."""
+    from hcrfast import algorithm
+
+    x = torch.randn(5, 1, 4, 4)
+    nested = torch.nn.Sequential(_Nested()).eval()
+    with algorithm.pieces_scope():
+        algorithm.forward(nested, x)
+        # per row: the Linear's 40; the LSTM's packed data (4 steps x 24), its batch sizes (4 int64 values over 5
+        # rows: 1 a row), its h and c (24 each); and _Nested's and the Sequential's outputs, the dict's 40 and the
+        # LSTM's, each
+        lstm = 4 * 24 + 1 + 24 + 24
+        assert algorithm._SCOPE.counts[nested] == (4 * 24, 40 + lstm + 2 * (40 + lstm))
+    functional, linear = _Functional().eval(), torch.nn.Linear(16, 8).eval()
+    with algorithm.pieces_scope():
+        algorithm.forward(functional, x.flatten(1))
+        algorithm.forward(linear, x.flatten(1))
+        assert algorithm._SCOPE.counts[functional] is None and algorithm._SCOPE.counts[linear] == (8, 8)
+
+
+def test_the_activation_count_leaves_other_threads_forwards_of_the_model_out():
+    """The hooks are on the Module, and another thread running it meanwhile (a server) was counted too: the count
+    changed from run to run, or came out None (no pieces). Here the model's forward has another thread run its
+    first layer on 1,000 rows of 64 values, and waits for it: that forward is not counted."""
+    from hcrfast import algorithm
+
+    class Served(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            other = threading.Thread(target=lambda: self.lin(torch.randn(1000, 64, 16)))
+            other.start()
+            other.join()
+            return self.lin(x.flatten(1))
+
+    model = Served().eval()
+    with algorithm.pieces_scope():
+        algorithm.forward(model, torch.randn(4, 1, 4, 4))
+        assert algorithm._SCOPE.counts[model] == (8, 16)
+
+
 class BatchShaped(torch.nn.Module):
     """Features that never move (a straight-through constant) but whose last bits depend on the batch
     size, as a device's kernels may round differently for other shapes; the first pass of more than one
