@@ -31,6 +31,17 @@ def _vm(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def cnn(c: int):
+    """Three 3 × 3 convolutions of ``c`` channels with ReLU on 1-channel inputs, average-pooled to a Linear of 10
+    features, in eval mode (random weights from torch's current seed)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(c, 10)).eval()
+
+
 def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int,
         solver: str = "auto", lsqr_iter_lim: int | None = None, piece_bytes: int | None = None,
         graph_bytes: int | None = None) -> dict:
@@ -43,16 +54,12 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
 
     torch.set_num_threads(threads)
     if not pieces:
-        algorithm.FORWARD_PIECE_BYTES = algorithm.GRAPH_BYTES = 2**62
+        algorithm.FORWARD_PIECE_BYTES = algorithm.GRAPH_BYTES = algorithm.FIRST_PIECE_ROWS = 2**62
     else:   # (hcrfast's own budgets unless given: a toy run sets them small to make them bind)
         algorithm.FORWARD_PIECE_BYTES = piece_bytes or algorithm.FORWARD_PIECE_BYTES
         algorithm.GRAPH_BYTES = graph_bytes or algorithm.GRAPH_BYTES
     torch.manual_seed(0)
-    c = channels
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(c, 10)).eval()
+    model = cnn(channels)
     x = torch.rand(examples, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), 1.0)

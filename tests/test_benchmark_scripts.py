@@ -1300,4 +1300,9 @@ def test_head_pieces_measures_both_ways_in_fresh_processes(tmp_path):
     assert pieces["piece_bytes"] == hcrfast.algorithm.FORWARD_PIECE_BYTES
     assert (whole["clean"], whole["dithered"]) == (pieces["clean"], pieces["dithered"]) and whole["clean"] == 1.0
     assert r["examples"] == 300 and "less memory" in proc.stdout
+    proc = run_script("head_pieces.py", "--model", "cnn", "--examples", "40", "--draws", "1", "--json", out)
+    r = json.loads(out.read_text())
+    whole, pieces = r["rows"]
+    assert r["model"] == "cnn" and whole["clean"] == pieces["clean"] == 1.0   # (the cosine of the clean features)
+    assert whole["dithered"] == pytest.approx(pieces["dithered"], rel=1e-6)   # (the model's features in pieces)
 
