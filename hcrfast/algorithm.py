@@ -385,11 +385,12 @@ def _measuring(model, x: torch.Tensor):
     try:
         yield
         # not counted: a model whose user's own submodules run without their hooks (torch.jit.trace's), or a plain
-        # function inside hcrfast's wrapper, shows the outputs around it only; so does a user's Module without
-        # submodules, whose forward computes by functions (a 4096-wide hidden layer was not seen, and its pieces
-        # ran 50 MiB of it); nor one whose forward never returned
+        # function inside hcrfast's wrapper, shows the outputs around it only; so does a Module without submodules
+        # other than torch's own layers (nn.Linear: its output is all it holds), whose forward computes by
+        # functions (a 4096-wide hidden layer was not seen, and its pieces ran 50 MiB of it; a traced or
+        # torch.fx graph of it alike); nor one whose forward never returned
         blind = (not isinstance(user, torch.nn.Module) or (bool(users) and not kept["seen"])
-                 or (not users and not type(user).__module__.startswith("torch.")))
+                 or (not users and not type(user).__module__.startswith("torch.nn.modules.")))
         counts[owner] = None if blind or not kept["largest"] else (kept["largest"], kept["total"])
     finally:
         for h in handles:
@@ -475,8 +476,10 @@ def forward(model, x: torch.Tensor):
     if x.ndim > 0 and x.shape[0] >= 2 * FIRST_PIECE_ROWS and _unmeasured(model, x):
         with _measuring(model, x):
             first = _halved(run, join, x[:FIRST_PIECE_ROWS])
-        if not isinstance(first, torch.Tensor):
-            return first
+        if not isinstance(first, torch.Tensor) or first.ndim == 0 or first.shape[0] != FIRST_PIECE_ROWS:
+            # no batch axis first (a sum, a transpose): the whole batch's output, for the check to name as it is
+            # (joined pieces failed in torch.cat, or showed a shape the model never returned)
+            return _halved(run, join, x)
         return join(first, _in_pieces(run, join, _piece_rows(model, x), x[FIRST_PIECE_ROWS:]))
     with _measuring(model, x):
         return _in_pieces(run, join, _piece_rows(model, x), x)

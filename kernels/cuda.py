@@ -469,7 +469,10 @@ def _check_same(name, view, ref_name, ref):
 
 def _per_row(launch, name, values, n_rows):
     """A (B,) device view of a per-problem parameter; integers (NumPy or CuPy) as float64, as the twins take them."""
-    kind = np.dtype(getattr(values, "dtype", np.float64)).kind
+    try:
+        kind = np.dtype(getattr(values, "dtype", np.float64)).kind
+    except TypeError:   # (a torch tensor's dtype, which NumPy does not read: read from its device view below)
+        kind = "f"
     if kind in "iu" and hasattr(values, "astype"):   # (a Numba device array has no astype: refused below)
         values = values.astype(np.float64)
     view = launch.device(values, name)

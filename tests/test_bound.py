@@ -940,6 +940,30 @@ def test_a_calls_first_forward_counts_on_its_first_rows_and_runs_the_rest_in_pie
     assert model.rows[0] == 16 and max(model.rows[1:]) <= max(3, hcrfast.validation.REPEAT_ROWS) and u.clean == 1.0
 
 
+@pytest.mark.parametrize("kind, shape", [("sum", "()"), ("transpose", "(3, 40)")])
+def test_a_model_without_its_batch_axis_first_is_named_with_its_shape_whatever_the_first_piece(kind, shape):
+    """A call's first forward runs 16 rows first: a model returning a sum, or its features transposed, had its
+    pieces joined by torch.cat, which failed ("zero-dimensional tensor ... cannot be concatenated", told as the
+    model's own error) or showed a shape (6, 16) the model never returned. The whole batch now runs again, and the
+    check names the shape it returns, as for a batch of fewer rows; the head's alike in dithered_accuracy."""
+    lin = torch.nn.Linear(16, 3).eval()
+    fn = {"sum": lambda t: lin(t.flatten(1)).sum(), "transpose": lambda t: lin(t.flatten(1)).T}[kind]
+
+    class Bad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            return fn(x)
+
+    x = torch.randn(40, 1, 4, 4)
+    with pytest.raises(ValueError, match=re.escape(f"the model returned shape {shape} for a batch of 40 examples")):
+        hcrfast.bound(Bad().eval(), x, 0.1, iterations=1, restarts=2)
+    with pytest.raises(ValueError, match=re.escape(f"the head returned {shape} for 40 feature vectors")):
+        hcrfast.dithered_accuracy(torch.nn.Flatten().eval(), Bad().eval(), x, None, 0.1, draws=1, metric="cosine")
+
+
 class _Nested(torch.nn.Module):
     """Returns its 40-wide hidden layer inside a dict inside a tuple, beside an LSTM's (PackedSequence, (h, c))."""
 
@@ -986,10 +1010,12 @@ def test_the_activation_count_sees_nested_outputs_and_not_what_no_submodule_show
         lstm = 4 * 24 + 1 + 24 + 24
         assert algorithm._SCOPE.counts[nested] == (4 * 24, 40 + lstm + 2 * (40 + lstm))
     functional, linear = _Functional().eval(), torch.nn.Linear(16, 8).eval()
+    graph = torch.fx.symbolic_trace(_Functional()).eval()   # (a torch class, but no layer of torch's own)
     with algorithm.pieces_scope():
-        algorithm.forward(functional, x.flatten(1))
-        algorithm.forward(linear, x.flatten(1))
-        assert algorithm._SCOPE.counts[functional] is None and algorithm._SCOPE.counts[linear] == (8, 8)
+        for m in (functional, linear, graph):
+            algorithm.forward(m, x.flatten(1))
+        assert algorithm._SCOPE.counts[functional] is None and algorithm._SCOPE.counts[graph] is None
+        assert algorithm._SCOPE.counts[linear] == (8, 8)
 
 
 def test_the_activation_count_leaves_other_threads_forwards_of_the_model_out():

@@ -427,3 +427,25 @@ def test_a_child_forked_while_another_thread_holds_a_lock_gets_its_own(module, n
         release.set()
         holder.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_cuda_wrappers_per_row_parameters_take_integers_and_torch_tensors():
+    """kernels.cuda's per-row targets (row_normalize's target, restart_update's, LSQR's t1 and t2): integer NumPy
+    arrays, which the twins take, were refused ("must be a floating array"); their cast then read a torch tensor's
+    dtype with NumPy, which refused every torch tensor ("Cannot interpret 'torch.float64' as a data type"), where
+    a CUDA tensor had passed. Here the launch's device view is faked as the real one makes it: a view with a NumPy
+    dtype."""
+    import torch
+
+    from hcrfast.kernels import cuda as kc
+
+    class Launch:   # (the real one: a Numba device view of the array, through __cuda_array_interface__)
+        def device(self, values, name):
+            return values.numpy() if isinstance(values, torch.Tensor) else values
+
+    got = kc._per_row(Launch(), "target", np.array([1, 2, 3]), 3)
+    assert got.dtype == np.float64 and got.tolist() == [1.0, 2.0, 3.0]
+    assert kc._per_row(Launch(), "target", torch.ones(3, dtype=torch.float64), 3).dtype == np.float64
+    with pytest.raises(TypeError, match="must be a floating array, got bool"):
+        kc._per_row(Launch(), "target", np.array([True, False, True]), 3)
+

@@ -163,9 +163,10 @@ def test_the_heads_forwards_on_the_noisy_copies_run_in_pieces_of_its_activations
     head.rows.clear()
     monkeypatch.setattr(algorithm, "FORWARD_PIECE_BYTES", 7 * 64 * 8)
     got = hcrfast.dithered_accuracy(model, head, x, labels, 0.3, draws=6)
-    # the clean forward (40 rows, measured) and the probes' few rows whole, the copies 7 rows at a time
-    assert head.rows[0] == 40 and max(head.rows[1:]) <= max(7, hcrfast.validation.REPEAT_ROWS)
-    assert head.rows.count(7) >= 40 * 6 // 7 - 1
+    # the clean forward (its first 16 rows measured, the other 24 in pieces of 6), the probes' few rows (4 twice,
+    # then 1 each), and the 240 copies in 35 pieces of 6 or 7 rows
+    assert head.rows[:11] == [16, 6, 6, 6, 6, 4, 4, 1, 1, 1, 1]
+    assert sum(head.rows[11:]) == 40 * 6 and len(head.rows[11:]) == 35 and set(head.rows[11:]) == {6, 7}
     np.testing.assert_array_equal(got.per_draw, whole.per_draw)
     assert got.clean == whole.clean
 
