@@ -68,15 +68,17 @@ def test_on_a_gpu_no_forward_is_hooked_or_pieced(monkeypatch):
     on CUDA, where allocations fail and are halved, no hook is registered on the model and nothing is counted."""
     from hcrfast import algorithm
 
-    registered, counted = [], []
+    registered, counted, first = [], [], []
     real = torch.nn.Module.register_forward_hook
     monkeypatch.setattr(torch.nn.Module, "register_forward_hook",
                         lambda self, *a, **k: registered.append(type(self).__name__) or real(self, *a, **k))
-    real_piece = algorithm._piece_rows
+    real_piece, real_unmeasured = algorithm._piece_rows, algorithm._unmeasured
     monkeypatch.setattr(algorithm, "_piece_rows", lambda m, x: counted.append(real_piece(m, x)) or counted[-1])
+    monkeypatch.setattr(algorithm, "_unmeasured", lambda m, x: first.append(real_unmeasured(m, x)) or first[-1])
     model = mlp(torch.float32).cuda()
-    hcrfast.bound(model, torch.rand(4, 1, 8, 8, device="cuda"), 0.05, iterations=2, restarts=2)
-    assert registered == [] and counted and set(counted) == {None}
+    # (40 rows: on a CPU the first forward would run 16 of them first, counted; on CUDA it runs whole)
+    hcrfast.bound(model, torch.rand(40, 1, 8, 8, device="cuda"), 0.05, iterations=2, restarts=2)
+    assert registered == [] and counted and set(counted) == {None} and first and set(first) == {False}
 
 
 @pytest.mark.parametrize("eigh_impl", ["lapack", "torch", "cusolver", "cupy"])
