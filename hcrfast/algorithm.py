@@ -142,6 +142,9 @@ def rms_sigma(features, scale: float = 1.0) -> float:
                             f"model's outputs as a float tensor or array"
                             + (", e.g. features.real or abs(features)" if values.dtype.kind == "c" else ""))
         f = torch.as_tensor(values.astype(np.float64))
+    if not f.numel():   # (its mean is NaN: "the features' RMS is nan" did not say why)
+        raise ValueError(f"features are empty (shape {tuple(f.shape)}): sigma = scale x RMS needs at least one "
+                         f"feature value; pass the model's outputs on a non-empty batch")
     rms = float(torch.sqrt(torch.mean(f * f)))
     if (rms == 0 or math.isinf(rms)) and f.numel():  # f * f under- or overflowed: scaled by the largest first
         rms = validation.scaled_norm(f) / math.sqrt(f.numel())

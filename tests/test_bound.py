@@ -1803,6 +1803,13 @@ def test_rms_sigma_refuses_complex_and_non_real_features(features, match):
         hcrfast.rms_sigma(features)
 
 
+@pytest.mark.parametrize("features", [torch.tensor([]), torch.zeros(0, 10), np.zeros((3, 0)), []])
+def test_rms_sigma_of_no_features_says_they_are_empty(features):
+    """Empty features were refused as "the features' RMS is nan", which did not say why."""
+    with pytest.raises(ValueError, match=r"features are empty \(shape \(.*\)\): sigma = scale x RMS needs at least"):
+        hcrfast.rms_sigma(features)
+
+
 def test_rms_sigma_still_takes_real_arrays_and_lists():
     want = np.sqrt(25 / 4)
     for f in (torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float16), torch.tensor([[3, 4], [0, 0]]),
