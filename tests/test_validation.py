@@ -1338,7 +1338,8 @@ def test_a_jacobian_product_that_is_nan_is_named_not_solved_with():
     and the same distances with an eps inside the root run."""
     x = torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(62))
     model = _PairwiseDistances().eval()
-    with pytest.raises(ValueError, match=r"J v at example 0 is NaN or inf in 5 of its 150 features \(jacobian="
+    # (of the 5 zero distances, those that the matrix-product path rounds to exactly 0: 5 on one CPU, 3 on another)
+    with pytest.raises(ValueError, match=r"J v at example 0 is NaN or inf in [1-5] of its 150 features \(jacobian="
                                          r"'reverse'\).*torch\.cdist between a point and itself.*torch\.sqrt\(d2 \+"):
         hcrfast.bound(model, x, 0.05, solver="lsqr", **QUICK)
 
