@@ -331,7 +331,8 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
     statistic need not grow monotonically with σ: the σ returned meets the target (its bounds show it),
     but a smaller one might too. Where no σ tried meets it, the search ends once the statistic stops
     growing with σ (it fell on both sides of its largest value, looked for below the start where that
-    was the first call's; or it stayed 0 over a step of :data:`MAX_STEP`, where no step of the bound
+    was the first call's, and narrowed with the calls left, :data:`_GOLDEN`, as the target may lie under
+    it; or it stayed 0 over a step of :data:`MAX_STEP`, where no step of the bound
     moves the modes it falls on), after ``max_calls``, or where a later call raises ``ValueError`` or an
     ``ArithmeticError`` (σ out of the range the solver resolves): ``met`` is then False, a
     ``RuntimeWarning`` says why, and ``sigma``, ``bounds`` are those of the call whose statistic came
@@ -936,6 +937,14 @@ def _standing(history: list, target: float):
     return meets, misses, best
 
 
+#: Where no σ tried meets the target and the statistic fell on both sides of its largest value, the search probes
+#: the wider side of that peak this far into it (in log σ: golden-section search) while calls remain and the
+#: scales around it are more than (1 + rtol)² apart: the target may lie under the peak between them, and where it
+#: does not the σ returned comes closest. Before, it stopped at the bracket: a peak of ~290 was reported as 100.6,
+#: the scale tried nearest it, with 5 of 8 calls unspent.
+_GOLDEN = (3.0 - math.sqrt(5.0)) / 2.0
+
+
 def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: str, history: list,
             zeros=None):
     """The calls of :func:`sigma_for`: ``(meets, best, note, kept)``, the smallest scale that met the target
@@ -945,7 +954,8 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
     size several times over).
 
     Where no call met the target the search ends without one once the statistic stops growing with σ: when
-    it fell past its largest value on both sides of it (a peak below the target), or when it stayed 0 over a
+    it fell past its largest value on both sides of it (a peak below the target, once the calls left have narrowed
+    the scales around it to (1 + rtol)² apart: :data:`_GOLDEN`), or when it stayed 0 over a
     step of :data:`MAX_STEP` (no step of the bound moved the modes asked about; ``zeros(bounds)`` says how
     many). Where the largest value was at the smallest σ tried, the search first looks below it. A bound call
     after the first that raises ``ValueError`` or an ``ArithmeticError`` (σ out of the range the solver
@@ -990,15 +1000,24 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
             lower = [c for c in scales if c < best[0]]
             upper = [c for c in scales if c > best[0]]
             if lower and upper:
-                top = min(upper)
-                fell = next(h["statistic"] for h in history if h["scale"] == top)
-                note = (f"the {what} stopped growing with sigma: it peaked at {best[1]:.6g} (sigma scale "
-                        f"{best[0]:.6g} x sigma0) among the sigmas tried, under the target, and fell to "
-                        f"{fell:.6g} at {top:.6g} x sigma0 (the features saturate, or at large sigma the model's "
-                        f"dtype rounds the steps away); lower the target, or see the curve around the peak with "
-                        f"hcrfast.sweep_sigma")
-                break
-            if upper and best[1] > 0:  # the largest value at the smallest sigma tried: the peak may lie below it
+                low, top = max(lower), min(upper)
+                if len(history) < max_calls and top / low > (1.0 + rtol) ** 2:
+                    # the peak is bracketed but the target may still lie under it, between the scales tried
+                    # (a step of 100 jumped over it): a golden-section step, in log sigma, into the wider side
+                    wide = math.log(top / best[0]) >= math.log(best[0] / low)
+                    probe = best[0] * ((top / best[0]) if wide else (low / best[0])) ** _GOLDEN
+                else:
+                    fell = next(h["statistic"] for h in history if h["scale"] == top)
+                    note = (f"the {what} stopped growing with sigma: it peaked at {best[1]:.6g} (sigma scale "
+                            f"{best[0]:.6g} x sigma0) among the sigmas tried, under the target, and fell to "
+                            f"{fell:.6g} at {top:.6g} x sigma0 (the features saturate, or at large sigma the "
+                            f"model's dtype rounds the steps away); the scales tried on either side of it are "
+                            f"{top / low:.4g}x apart"
+                            + ("" if top / low <= (1.0 + rtol) ** 2 else
+                               f" (max_calls={max_calls} ended the search for the peak between them)")
+                            + "; lower the target, or see the curve around the peak with hcrfast.sweep_sigma")
+                    break
+            elif upper and best[1] > 0:  # the largest value at the smallest sigma tried: the peak may lie below it
                 probe = max(best[0] * best[0] / min(upper), best[0] / MAX_STEP)
         if len(history) >= max_calls:
             note = f"stopped after max_calls={max_calls} bound calls"
