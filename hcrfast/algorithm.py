@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hcrfast import dense, krylov, profiling, validation
-from hcrfast.backend import get_array_module, to_host, warnings_ignored
+from hcrfast.backend import get_array_module, to_host, trim_host_heap, warnings_ignored
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, key_batch_fingerprint, key_model_fingerprint,
                                 gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
@@ -400,6 +400,11 @@ def _measuring(model, x: torch.Tensor):
             h.remove()
 
 
+#: On CPUs, the C heap's free pages are given back (:func:`hcrfast.backend.trim_host_heap`) after every this many
+#: pieces of a forward, and after its last.
+_TRIM_EVERY = 8
+
+
 def _in_pieces(compute, join, rows: int | None, x: torch.Tensor, *more):
     """:func:`_halved` of ``compute`` on pieces of about ``rows`` rows of ``x`` (and of every other argument), as
     many as at most ``rows`` rows take, of sizes one apart and of at least 2 rows (a last piece of one row, the
@@ -410,9 +415,15 @@ def _in_pieces(compute, join, rows: int | None, x: torch.Tensor, *more):
         return _halved(compute, join, x, *more)
     count = max(1, min(-(-B // rows), B // 2))
     bounds = [B * i // count for i in range(count + 1)]
-    parts = [_halved(compute, join, x[lo:hi], *(a[lo:hi] for a in more)) for lo, hi in zip(bounds, bounds[1:])]
+    parts = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        parts.append(_halved(compute, join, x[lo:hi], *(a[lo:hi] for a in more)))
+        if len(parts) % _TRIM_EVERY == 0 and x.device.type == "cpu":
+            trim_host_heap()
     while len(parts) > 1:
         parts = [join(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    if x.device.type == "cpu":
+        trim_host_heap()
     return parts[0]
 
 

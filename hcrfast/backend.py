@@ -104,6 +104,33 @@ def host_argument(name: str, value):
     return value
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim   # (the process's own C library: musl has none)
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def trim_host_heap() -> None:
+    """Give the free pages of the C heap back to the system (glibc's ``malloc_trim(0)``; nothing elsewhere).
+
+    A forward in many pieces frees each piece's buffers (a few MiB: below glibc's mmap threshold, so on its
+    heap) and keeps only their outputs; glibc went on extending the heap rather than reuse the holes between
+    them, at times: a 3 × 32-channel CNN's certifying forward in 2 MiB pieces rose from 940 to 3,730 MiB of
+    RSS with 245 MiB of it in use, in 2 of 6 runs (2026-12-02). About 4 ms a call on that heap."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def one_number(value):
     """A tensor or array of one element (torch, NumPy or CuPy: ``torch.tensor(1.0)``, ``np.array([0.5])``) as its
     number, as :func:`hcrfast.bound` takes one; else ``value`` (a NumPy scalar is a number already)."""

@@ -964,6 +964,34 @@ def test_a_model_without_its_batch_axis_first_is_named_with_its_shape_whatever_t
         hcrfast.dithered_accuracy(torch.nn.Flatten().eval(), Bad().eval(), x, None, 0.1, draws=1, metric="cosine")
 
 
+def test_a_forward_in_pieces_gives_the_c_heaps_free_pages_back_every_8_pieces_and_at_its_end(monkeypatch):
+    """glibc kept extending its heap over the freed buffers of a forward's pieces, at times: a CNN's certifying
+    forward in 2 MiB pieces rose to 3.7 GiB of RSS with 245 MiB in use, in 2 of 6 runs (3.4-3.9 GiB against
+    0.5 GiB for the same call). Its free pages are now given back (malloc_trim) after every 8 pieces and after the
+    last: 3 of 3 runs at 487-491 MiB. The pieces' outputs are unchanged."""
+    import platform
+
+    from hcrfast import algorithm, backend
+
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert backend._malloc_trim() is not None
+    trims = []
+    monkeypatch.setattr(algorithm, "trim_host_heap", lambda: trims.append(len(seen)))
+    seen = []
+
+    def compute(t):
+        seen.append(t.shape[0])
+        return t * 2
+
+    x = torch.arange(40.0).reshape(20, 2)
+    out = algorithm._in_pieces(compute, lambda a, b: torch.cat([a, b]), 2, x)
+    assert seen == [2] * 10 and trims == [8, 10] and torch.equal(out, x * 2)
+    trims.clear()
+    algorithm._in_pieces(compute, lambda a, b: torch.cat([a, b]), None, x)   # (one piece: nothing freed between)
+    assert trims == []
+    backend.trim_host_heap()   # (the real one: harmless where there is no glibc)
+
+
 class _Nested(torch.nn.Module):
     """Returns its 40-wide hidden layer inside a dict inside a tuple, beside an LSTM's (PackedSequence, (h, c))."""
 
