@@ -938,10 +938,11 @@ def _standing(history: list, target: float):
 
 
 #: Where no σ tried meets the target and the statistic fell on both sides of its largest value, the search probes
-#: the wider side of that peak this far into it (in log σ: golden-section search) while calls remain and the
-#: scales around it are more than (1 + rtol)² apart: the target may lie under the peak between them, and where it
-#: does not the σ returned comes closest. Before, it stopped at the bracket: a peak of ~290 was reported as 100.6,
-#: the scale tried nearest it, with 5 of 8 calls unspent.
+#: the wider side of that peak this far into it (in log σ: golden-section search) while calls remain, the scales
+#: around it are more than (1 + rtol)² apart and both their statistics more than rtol below it: the
+#: target may lie under the peak between them, and where it does not the σ returned comes closest. Before, it
+#: stopped at the bracket: a peak of ~290 was reported as 100.6, the scale tried nearest it, with 5 of 8 calls
+#: unspent.
 _GOLDEN = (3.0 - math.sqrt(5.0)) / 2.0
 
 
@@ -955,7 +956,8 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
 
     Where no call met the target the search ends without one once the statistic stops growing with σ: when
     it fell past its largest value on both sides of it (a peak below the target, once the calls left have narrowed
-    the scales around it to (1 + rtol)² apart: :data:`_GOLDEN`), or when it stayed 0 over a
+    the scales around it to (1 + rtol)² apart, or one's statistic to within rtol of it: :data:`_GOLDEN`), or
+    when it stayed 0 over a
     step of :data:`MAX_STEP` (no step of the bound moved the modes asked about; ``zeros(bounds)`` says how
     many). Where the largest value was at the smallest σ tried, the search first looks below it. A bound call
     after the first that raises ``ValueError`` or an ``ArithmeticError`` (σ out of the range the solver
@@ -1001,20 +1003,27 @@ def _search(run, target: float, goal: float, rtol: float, max_calls: int, what: 
             upper = [c for c in scales if c > best[0]]
             if lower and upper:
                 low, top = max(lower), min(upper)
-                if len(history) < max_calls and top / low > (1.0 + rtol) ** 2:
+                fell = next(h["statistic"] for h in history if h["scale"] == top)
+                beside = max(fell, next(h["statistic"] for h in history if h["scale"] == low))
+                # (in logs: (1 + rtol) ** 2 overflowed for rtol past 1e154)
+                wide_apart = math.log(top / low) > 2.0 * math.log1p(rtol)
+                # a scale beside it within rtol of it: the peak is known to about rtol (or a plateau, noise on one)
+                flat = beside * (1.0 + rtol) >= best[1]
+                if len(history) < max_calls and wide_apart and not flat:
                     # the peak is bracketed but the target may still lie under it, between the scales tried
                     # (a step of 100 jumped over it): a golden-section step, in log sigma, into the wider side
                     wide = math.log(top / best[0]) >= math.log(best[0] / low)
                     probe = best[0] * ((top / best[0]) if wide else (low / best[0])) ** _GOLDEN
                 else:
-                    fell = next(h["statistic"] for h in history if h["scale"] == top)
                     note = (f"the {what} stopped growing with sigma: it peaked at {best[1]:.6g} (sigma scale "
-                            f"{best[0]:.6g} x sigma0) among the sigmas tried, under the target, and fell to "
-                            f"{fell:.6g} at {top:.6g} x sigma0 (the features saturate, or at large sigma the "
-                            f"model's dtype rounds the steps away); the scales tried on either side of it are "
-                            f"{top / low:.4g}x apart"
-                            + ("" if top / low <= (1.0 + rtol) ** 2 else
-                               f" (max_calls={max_calls} ended the search for the peak between them)")
+                            f"{best[0]:.6g} x sigma0) among the sigmas tried, under the target, and "
+                            + (f"fell to {fell:.6g}" if fell < best[1] else f"stayed at {fell:.6g}")
+                            + f" at {top:.6g} x sigma0 (the features saturate, or at large sigma the model's dtype "
+                            f"rounds the steps away); the scales tried on either side of it are {top / low:.4g}x "
+                            f"apart"
+                            + (f" (max_calls={max_calls} ended the search for the peak between them)"
+                               if wide_apart and not flat else
+                               f", one of their statistics within rtol={rtol:g} of it" if flat else "")
                             + "; lower the target, or see the curve around the peak with hcrfast.sweep_sigma")
                     break
             elif upper and best[1] > 0:  # the largest value at the smallest sigma tried: the peak may lie below it
