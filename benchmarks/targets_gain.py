@@ -25,7 +25,6 @@ import argparse
 import copy
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
