@@ -146,7 +146,7 @@ def rms_sigma(features, scale: float = 1.0) -> float:
         raise ValueError(f"features are empty (shape {tuple(f.shape)}): sigma = scale x RMS needs at least one "
                          f"feature value; pass the model's outputs on a non-empty batch")
     rms = float(torch.sqrt(torch.mean(f * f)))
-    if (rms == 0 or math.isinf(rms)) and f.numel():  # f * f under- or overflowed: scaled by the largest first
+    if rms == 0 or math.isinf(rms):  # f * f under- or overflowed: scaled by the largest first
         rms = validation.scaled_norm(f) / math.sqrt(f.numel())
     if not math.isfinite(rms) or rms <= 0:
         raise ValueError(f"the features' RMS is {rms!r}; sigma = scale x RMS needs non-zero finite features")
@@ -321,6 +321,15 @@ def _output_tensors(out, depth: int = 0):
             yield from _output_tensors(item, depth + 1)
 
 
+def _unmeasured(model, x: torch.Tensor) -> bool:
+    """Whether :func:`_measuring` would count ``model``'s forward of ``x`` (a Module on a CPU, in a call's scope,
+    not counted yet in it)."""
+    counts = getattr(_SCOPE, "counts", None)
+    owner = _measured_as(model)
+    return (counts is not None and x.device.type == "cpu" and isinstance(owner, torch.nn.Module)
+            and owner not in counts)
+
+
 @contextlib.contextmanager
 def _measuring(model, x: torch.Tensor):
     """Where the Module ``model`` has not been measured in this call (:func:`pieces_scope`), hooks that count, per
@@ -329,11 +338,10 @@ def _measuring(model, x: torch.Tensor):
     (CUDA's allocations fail, and are halved: no hook slows its forwards).
     The forward measured is one hcrfast runs anyway, whose output it uses: a model that changes at its first call
     (a counter) is seen as before, where a forward of its own, on a row of zeros, hid such a change."""
-    counts = getattr(_SCOPE, "counts", None)
-    owner = _measured_as(model)
-    if counts is None or x.device.type != "cpu" or not isinstance(owner, torch.nn.Module) or owner in counts:
+    if not _unmeasured(model, x):
         yield
         return
+    counts, owner = _SCOPE.counts, _measured_as(model)
     # Per outer call of the model (a forward split on out-of-memory makes several, and a failed one is left out):
     # its rows, its largest output and their sum per row, whether a submodule of the user's own model was seen;
     # the block keeps the largest of each over its calls that returned.
@@ -462,15 +470,6 @@ def _features_pair(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
 #: batch ran whole, and a 3 × 32-channel CNN on 28 × 28 inputs took 290 KB a row in it (1.16 GiB above its start for
 #: 4,000 inputs, 2026-12-02; a batch of the 60,000 MNIST training images, 17 GB).
 FIRST_PIECE_ROWS = 16
-
-
-def _unmeasured(model, x: torch.Tensor) -> bool:
-    """Whether :func:`_measuring` would count ``model``'s forward of ``x`` (a Module on a CPU, in a call's scope,
-    not counted yet in it)."""
-    counts = getattr(_SCOPE, "counts", None)
-    owner = _measured_as(model)
-    return (counts is not None and x.device.type == "cpu" and isinstance(owner, torch.nn.Module)
-            and owner not in counts)
 
 
 def forward(model, x: torch.Tensor):
