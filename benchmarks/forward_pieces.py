@@ -7,9 +7,11 @@ features, with the budgets and without them (as before 2026-12-02), each in a fr
         --json benchmarks/results/forward_pieces_cnn_cpu_20261202.json
     python benchmarks/forward_pieces.py --examples 256 --channels 32 --threads 1 --solver lsqr --iterations 1 \
         --lsqr-iter-lim 5 --json benchmarks/results/graph_budget_cnn_lsqr_cpu_20261202.json
+    python benchmarks/forward_pieces.py --examples 24 --features 512 --channels 32 --threads 1 --solver dense \
+        --restarts 2 --iterations 1 --json benchmarks/results/dense_jacobian_cnn512_cpu_20261202.json
 
 The model: three 3 × 3 convolutions of ``--channels`` channels with ReLU on 28 × 28 inputs, average-pooled to a
-Linear of 10 features (random weights, seed 0); σ = the features' RMS. Peak RSS is read from
+Linear of ``--features`` features (10; random weights, seed 0); σ = the features' RMS. Peak RSS is read from
 ``/proc/self/status`` (VmHWM), in MiB, over the process's RSS just before the call.
 """
 from __future__ import annotations
@@ -31,20 +33,21 @@ def _vm(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def cnn(c: int):
-    """Three 3 × 3 convolutions of ``c`` channels with ReLU on 1-channel inputs, average-pooled to a Linear of 10
-    features, in eval mode (random weights from torch's current seed)."""
+def cnn(c: int, features: int = 10):
+    """Three 3 × 3 convolutions of ``c`` channels with ReLU on 1-channel inputs, average-pooled to a Linear of
+    ``features`` features, in eval mode (random weights from torch's current seed)."""
     import torch
 
     return torch.nn.Sequential(torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
                                torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.ReLU(),
-                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(c, 10)).eval()
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(c, features)).eval()
 
 
 def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int, iterations: int,
         solver: str = "auto", lsqr_iter_lim: int | None = None, piece_bytes: int | None = None,
-        graph_bytes: int | None = None) -> dict:
+        graph_bytes: int | None = None, features: int = 10) -> dict:
     """One call in this process: its peak memory over the RSS before it, and its time."""
     import numpy as np
     import torch
@@ -59,7 +62,7 @@ def one(examples: int, channels: int, pieces: bool, threads: int, restarts: int,
         algorithm.FORWARD_PIECE_BYTES = piece_bytes or algorithm.FORWARD_PIECE_BYTES
         algorithm.GRAPH_BYTES = graph_bytes or algorithm.GRAPH_BYTES
     torch.manual_seed(0)
-    model = cnn(channels)
+    model = cnn(channels, features)
     x = torch.rand(examples, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         sigma = hcrfast.rms_sigma(model(x), 1.0)
@@ -116,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--restarts", type=int, default=25)
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--features", type=int, default=10, help="the CNN's output features")
     ap.add_argument("--solver", default="auto", choices=["auto", "dense", "lsqr", "krylov"])
     ap.add_argument("--lsqr-iter-lim", type=int, help="LSQR's step cap (default: hcrfast's)")
     ap.add_argument("--piece-bytes", type=int, help="the budgets' row: FORWARD_PIECE_BYTES (default: hcrfast's)")
@@ -125,13 +129,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.examples, args.channels, args.one == "pieces", args.threads, args.restarts,
-                             args.iterations, args.solver, args.lsqr_iter_lim, args.piece_bytes, args.graph_bytes)))
+                             args.iterations, args.solver, args.lsqr_iter_lim, args.piece_bytes, args.graph_bytes,
+                             args.features)))
         return 0
     if not os.path.exists("/proc/self/status"):
         print("forward_pieces.py reads peak memory from /proc/self/status: Linux only", file=sys.stderr)
         return 2
     cmd = ["--examples", str(args.examples), "--channels", str(args.channels), "--restarts", str(args.restarts),
-           "--iterations", str(args.iterations), "--threads", str(args.threads), "--solver", args.solver]
+           "--iterations", str(args.iterations), "--threads", str(args.threads), "--solver", args.solver,
+           "--features", str(args.features)]
     for flag, value in (("--lsqr-iter-lim", args.lsqr_iter_lim), ("--piece-bytes", args.piece_bytes),
                         ("--graph-bytes", args.graph_bytes)):
         if value is not None:
@@ -142,6 +148,7 @@ def main(argv=None) -> int:
         return 1
     if args.json:
         write_json(args.json, "forward_pieces.py", argv, rows, examples=args.examples, channels=args.channels,
+                   features=args.features,
                    restarts=args.restarts, solver=args.solver, lsqr_iter_lim=args.lsqr_iter_lim,
                    iterations=args.iterations, threads=args.threads)
     return 0

@@ -199,7 +199,9 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         ``return_mode`` says which ran. (Attention runs in forward mode: :func:`hcrfast.bindings.jvp`.)
     chunk_size : int, optional
         At most this many example rows (examples × tangents) per vmapped pass;
-        default :func:`default_chunk_rows`.
+        default :func:`default_chunk_rows`, and on a CPU within a public call also
+        :data:`hcrfast.algorithm.GRAPH_BYTES` over a row's graph (its activations, counted in the call's first
+        forward: :func:`hcrfast.algorithm._graph_row_bytes`).
     skip_zero_rows : bool
         Reverse mode: find J's zero rows by two JVPs (checked by a VJP) and pull back only the others
         (above).
@@ -221,15 +223,23 @@ def jacobian(model, x: torch.Tensor, *, mode: str = "auto", chunk_size: int | No
         with native_rnn_for(model):  # cuDNN's RNN backward refuses eval mode
             return model(t).reshape(t.shape[0], -1)
 
-    from hcrfast.algorithm import _is_oom_of  # here: algorithm imports this module
+    from hcrfast import algorithm  # here: algorithm imports this module
 
     def _is_oom(exc):   # (oneDNN's "could not create a primitive" too, where the chunk's examples can be split)
-        return _is_oom_of(exc, B)
+        return algorithm._is_oom_of(exc, B)
 
     with torch.no_grad():
         n = f(x[:1]).shape[1]
     asked, mode = mode, resolve_jacobian_mode(mode, n, p)
-    rows = default_chunk_rows(n, p) if chunk_size is None else validation.positive_int("chunk_size", chunk_size)
+    if chunk_size is None:
+        rows = default_chunk_rows(n, p)
+        # On a CPU, also held to the product graphs' budget (the rows' activations, as the LSQR and Krylov chunks):
+        # a 3 x 32-channel CNN with 512 features took ~205 MiB an example in one pass of every row
+        graph = algorithm._graph_row_bytes(model, x)
+        if graph:
+            rows = max(1, min(rows, algorithm.GRAPH_BYTES // graph))
+    else:
+        rows = validation.positive_int("chunk_size", chunk_size)
 
     def build(mode):
         live, probes = (_nonzero_rows(f, x, n, rows) if skip_zero_rows and mode == "reverse"

@@ -875,6 +875,32 @@ def test_the_activation_count_leaves_no_hook_behind_and_knows_what_it_cannot_see
     assert hooks(doubled) == 1
 
 
+def test_the_dense_jacobians_passes_on_a_cpu_are_held_to_the_graphs_budget(monkeypatch):
+    """The dense J's vmapped passes were sized by values only (2^24 over n + p a row): a 3 x 32-channel CNN with 512
+    features took every example's 512 rows in one pass, ~205 MiB an example (4,909 MiB above start for 24
+    examples). Its rows per pass are now held to GRAPH_BYTES over a row's graph, as the LSQR and Krylov chunks are
+    (923 MiB, and 2x sooner). By hand here: the float64 outputs of the convolution (8 x 6 x 6), Tanh (the same),
+    the pooling and Flatten (8 x 3 x 3 each), the Linear, the Sequential and the model (5 each), twice; the same
+    bounds to rounding."""
+    from hcrfast import algorithm, dense
+
+    model = _RowsSeen().double().eval()
+    x = torch.as_tensor(np.random.default_rng(7).standard_normal((6, 1, 6, 6)))
+    kw = dict(iterations=2, restarts=2, seed=0, solver="dense")
+    passes = []
+    real = dense._fill_jacobian
+    monkeypatch.setattr(dense, "_fill_jacobian", lambda out, f, x, mode, rows, *a, **k:
+                        passes.append(rows) or real(out, f, x, mode, rows, *a, **k))
+    row = 2 * (288 + 288 + 72 + 72 + 5 + 5 + 5) * 8
+    want = hcrfast.bound(model, x, 0.2, **kw)   # (the last J is the solve's; the checks' before it ask their rows)
+    assert passes[-1] == min(dense.default_chunk_rows(5, 36), 2**31 // row) == 2**31 // row
+    monkeypatch.setattr(algorithm, "GRAPH_BYTES", 7 * row)
+    passes.clear()
+    got = hcrfast.bound(model, x, 0.2, **kw)
+    assert passes[-1] == 7
+    np.testing.assert_allclose(got.std, want.std, rtol=1e-12)
+
+
 class _Squeezed(torch.nn.Module):
     """A model ending in .squeeze(), as many classifiers do: (B, 8) for B rows, (8,) for one."""
 
