@@ -992,7 +992,7 @@ def test_a_model_without_its_batch_axis_first_is_named_with_its_shape_whatever_t
 
 def test_a_forward_in_pieces_gives_the_c_heaps_free_pages_back_every_8_pieces_and_at_its_end(monkeypatch):
     """glibc kept extending its heap over the freed buffers of a forward's pieces, at times: a CNN's certifying
-    forward in 2 MiB pieces rose to 3.7 GiB of RSS with 245 MiB in use, in 2 of 6 runs (3.4-3.9 GiB against
+    forward in 2 MiB pieces rose to 3.7 GiB of RSS with 245 MiB in use, in 2 of 6 runs (3.4-3.8 GiB against
     0.5 GiB for the same call). Its free pages are now given back (malloc_trim) after every 8 pieces and after the
     last: 3 of 3 runs at 487-491 MiB. The pieces' outputs are unchanged."""
     import platform
