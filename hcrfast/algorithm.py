@@ -631,7 +631,9 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     ``derivative_vanishes()``, asked where they do depend on it, tells piecewise-constant features
     (torch's J is 0 though a finite step moves them) from steps outside the dtype's range."""
     xp = get_array_module(eps64)
-    eps_bad = ~xp.all(xp.isfinite(eps64), axis=1)
+    # (‖ε‖² past float64 too: every bound divides by ‖ε‖, taken from its square, and such steps' bounds came out 0
+    # with no word; inputs of 1e-160 divided by 2^-531, σ = 1, 2026-12-02)
+    eps_bad = ~xp.all(xp.isfinite(eps64), axis=1) | ~xp.isfinite(xp.einsum("rp,rp->r", eps64, eps64))
     bad = eps_bad | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
     if intended is not None:
@@ -663,13 +665,13 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"or its features overflowed there (then pass a sigma nearer the features' scale, "
                          f"hcrfast.rms_sigma(features, scale), or a smaller size)")
     if n_bad:
-        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
+        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
                          f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
                          f"sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
                          + (", a smaller size, or a float64 model and batch" if dtype != torch.float64
                             else " or a smaller size"))
     if n_moved == 0:
-        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
+        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
                          f"bound can be computed: the steps vanish once added to the inputs (theta + eps == theta in "
                          f"{name}: steps below the resolution of inputs this large, e.g. unnormalized values near "
                          f"1e9 with a small sigma), or they are outside the range the {name} solver resolves (its "
@@ -2358,7 +2360,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                      start, stop, B, t_start, f"hcrfast.bound{tag}",
                                                      krylov.step_limit(n, p, options)) if progress else None)
                     except krylov.BasisOverflow as exc:   # in LSQR's words for the same inputs (_check_perturbations)
-                        raise ValueError(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
+                        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
                                          f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "
                                          f"overflowed (inf or NaN) building from the first steps' target shifts "
                                          f"(basis {exc.row}, step {exc.k}); pass a sigma nearer the features' scale "

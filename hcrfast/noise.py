@@ -1155,7 +1155,6 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
         return functools.partial(accepts_per_feature_sigma, scale_inputs=scale_inputs)
     signature = inspect.signature(fn)
     model_name, batch_name, sigma_name = list(signature.parameters)[:3]
-    certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -1173,37 +1172,62 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
         inputs = input_scale(bound_args.arguments[model_name], bound_args.arguments[batch_name]) if scale_inputs else None
         if inputs is not None and _begun_on_inputs(checkpoint, bound_args.arguments[batch_name]):
             inputs = None   # resumed as it was begun: on the inputs as they are
-        if scale is None and stds is None and inputs is None:
-            return fn(*args, **kwargs)
-        # a damping is in J's units (features per input): in the divided problem, times inputs / sigma
-        given = _undivided_damping(bound_args.arguments, (inputs or 1.0) / (scale or 1.0))
-        run = fn if "lsqr" not in given else functools.partial(_with_damp_as_given, fn, given["lsqr"])
-        if inputs is not None:
-            bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
-            bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
-            start = bound_args.arguments.get("start")
-            if isinstance(start, torch.Tensor) and start.is_floating_point():   # the attack's start points
-                bound_args.arguments["start"] = start.detach() / inputs
-        certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
-        if scale is not None:
-            whitened = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name], np.array([scale]),
-                               certify)
-            whitened.keyed_elsewhere = True   # its σ is the noise's repr in a checkpoint key (ScaledGaussian)
-            bound_args.arguments[model_name] = whitened
-            bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
-            result = as_scaled_result(run(*bound_args.args, **bound_args.kwargs), scale)
-        elif stds is not None:
-            label = per_feature_label(stds)
-            bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
-                                                       bound_args.arguments[batch_name], stds, certify)
-            bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
-            result = as_per_feature_result(run(*bound_args.args, **bound_args.kwargs), stds, label=label)
-        else:
-            result = run(*bound_args.args, **bound_args.kwargs)
-        _damping_given_back(result, given, (inputs or 1.0) / (scale or 1.0))
-        return result if inputs is None else as_input_scaled_result(result, inputs)
+        if inputs is None:
+            return _run_scaled(fn, signature.bind(*args, **kwargs), scale, stds, None)
+        try:
+            return _run_scaled(fn, bound_args, scale, stds, inputs)
+        except validation.StepsOutOfRange as exc:
+            # steps the size of the inputs are what the division assumes (a model that normalizes them); where
+            # the model does not, the divided steps are the inputs' inverse scale (inputs of 1e-160 with σ = 1:
+            # 1e157, whose squares overflowed: every bound 0, 2026-12-02), and the batch as it is holds them: run
+            # on it, unless a checkpoint folder holds pieces finished on the divided batch (its key names it)
+            if _stored_key(checkpoint):
+                exc.add_note(f"{fn.__module__.split('.')[0]}.{fn.__name__} ran on the batch divided by {inputs:g} "
+                             f"(its typical value is that far from 1), and the checkpoint folder {checkpoint} holds "
+                             f"pieces finished that way: it was not run again on the batch as it is, as it is "
+                             f"without a folder or in an empty one")
+                raise
+        return _run_scaled(fn, signature.bind(*args, **kwargs), scale, stds, None)
 
     return wrapper
+
+
+def _run_scaled(fn, bound_args, scale, stds, inputs):
+    """:func:`accepts_per_feature_sigma`'s call of ``fn`` with its arguments ``bound_args`` on the features
+    divided by ``scale`` (a far Gaussian σ) or by ``stds`` (one std per feature), on the batch divided by
+    ``inputs``; each None for none."""
+    if scale is None and stds is None and inputs is None:
+        return fn(*bound_args.args, **bound_args.kwargs)
+    signature = bound_args.signature
+    model_name, batch_name, sigma_name = list(signature.parameters)[:3]
+    certify_default = signature.parameters["certify"].default if "certify" in signature.parameters else False
+    # a damping is in J's units (features per input): in the divided problem, times inputs / sigma
+    given = _undivided_damping(bound_args.arguments, (inputs or 1.0) / (scale or 1.0))
+    run = fn if "lsqr" not in given else functools.partial(_with_damp_as_given, fn, given["lsqr"])
+    if inputs is not None:
+        bound_args.arguments[model_name] = ScaledInputs(bound_args.arguments[model_name], inputs)
+        bound_args.arguments[batch_name] = bound_args.arguments[batch_name].detach() / inputs   # (exact: 2^k)
+        start = bound_args.arguments.get("start")
+        if isinstance(start, torch.Tensor) and start.is_floating_point():   # the attack's start points
+            bound_args.arguments["start"] = start.detach() / inputs
+    certify = bound_args.arguments.get("certify", certify_default)  # the attack never makes a float64 copy
+    if scale is not None:
+        whitened = _whiten(bound_args.arguments[model_name], bound_args.arguments[batch_name], np.array([scale]),
+                           certify)
+        whitened.keyed_elsewhere = True   # its σ is the noise's repr in a checkpoint key (ScaledGaussian)
+        bound_args.arguments[model_name] = whitened
+        bound_args.arguments[sigma_name] = ScaledGaussian(1.0, scale=scale)
+        result = as_scaled_result(run(*bound_args.args, **bound_args.kwargs), scale)
+    elif stds is not None:
+        label = per_feature_label(stds)
+        bound_args.arguments[model_name] = _whiten(bound_args.arguments[model_name],
+                                                   bound_args.arguments[batch_name], stds, certify)
+        bound_args.arguments[sigma_name] = PerFeatureGaussian(1.0, label=label)
+        result = as_per_feature_result(run(*bound_args.args, **bound_args.kwargs), stds, label=label)
+    else:
+        result = run(*bound_args.args, **bound_args.kwargs)
+    _damping_given_back(result, given, (inputs or 1.0) / (scale or 1.0))
+    return result if inputs is None else as_input_scaled_result(result, inputs)
 
 
 def as_scaled_result(result, scale: float, sigma: float | None = None, divided_by: float | None = None):

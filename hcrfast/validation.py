@@ -166,6 +166,14 @@ def jacobian_mode(value) -> str:
     return "reverse" if value == "auto" else value
 
 
+class StepsOutOfRange(ValueError):
+    """A call's steps ε, or their feature shifts, left the range its dtype holds (overflowed, or came out 0):
+    σ·size too far from the features' scale for the solver. :func:`hcrfast.noise.accepts_per_feature_sigma` runs
+    a call on a batch it divided by a power of two (:func:`hcrfast.noise.input_scale`) again on the batch as it
+    is when this is raised, before saying it: the division assumes steps the inputs' size, which a model that
+    does not normalize its inputs does not take."""
+
+
 def dtype_name(dtype) -> str:
     """``torch.float32`` → ``"float32"``: how messages name a dtype."""
     return str(dtype).replace("torch.", "")

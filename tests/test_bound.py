@@ -2737,6 +2737,38 @@ def test_inputs_scaled_by_c_give_bounds_scaled_by_c(solver):
         assert k == round(k) and abs(math.log2(c) - k) < 4
 
 
+@pytest.mark.parametrize("solver", ["lsqr", "krylov", "dense"])
+def test_tiny_inputs_of_a_model_that_does_not_normalize_them_are_bounded_as_they_are(solver, tmp_path):
+    """Inputs of 1e-160 (and 1e-300) with sigma = 1 and a linear model that takes them as they are: the batch
+    was divided by ~2^-531, which assumes steps the inputs' size, and the divided steps were ~1e157, whose
+    squares overflowed: the dense and LSQR solves reported every bound 0 (and an mse 4e10 times too small)
+    with no word, at 1e-300 LSQR and Krylov refused. Such a call now runs again on the batch as it is: the
+    bounds are the inputs-near-1 call's (nothing depends on theta), below the least-squares std (an oracle of
+    numpy's), and a checkpoint folder resumes it."""
+    rng = np.random.default_rng(0)
+    shape, n, p = (1, 4, 4), 20, 16
+    W = rng.standard_normal((n, p))
+    model = linear_model(W, np.zeros(n), shape)
+    x = torch.as_tensor(rng.standard_normal((2,) + shape))
+    kw = dict(restarts=3, iterations=3, seed=0, solver=solver)
+    base = hcrfast.bound(model, x, 1.0, **kw)
+    crb = np.diag(dct_basis(shape) @ np.linalg.inv(W.T @ W) @ dct_basis(shape).T)
+    for c in (1e-160, 1e-300):
+        got = hcrfast.bound(model, x * c, 1.0, **kw)
+        assert "inputs_divided_by" not in got.params
+        std = got.std.reshape(2, p)
+        assert np.median(std) > 0.1 * np.median(np.sqrt(crb)) and (std ** 2 / crb).max() <= 1 + 1e-9
+        np.testing.assert_allclose(got.std, base.std, rtol=1e-9)
+        np.testing.assert_allclose(got.mse, base.mse, rtol=1e-9)
+    first = hcrfast.bound(model, x * 1e-160, 1.0, checkpoint=tmp_path / "ck", **kw)
+    again = hcrfast.bound(model, x * 1e-160, 1.0, checkpoint=tmp_path / "ck", **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 2
+    assert again.std.tobytes() == first.std.tobytes() and "inputs_divided_by" not in again.params
+    # targeted_bound takes the same way
+    want = hcrfast.targeted_bound(model, x, 1.0)
+    np.testing.assert_allclose(hcrfast.targeted_bound(model, x * 1e-160, 1.0).std, want.std, rtol=1e-9)
+
+
 def test_targeted_bounds_of_float64_inputs_near_1e_minus_150_are_those_near_1():
     """bound(targets=) and targeted_bound on float64 inputs ~1e-150 (the model dividing them) are the problem of
     inputs near 1, in units 1e-150 smaller."""
