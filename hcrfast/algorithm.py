@@ -243,9 +243,30 @@ def _piece_rows(model, x: torch.Tensor) -> int | None:
     counts = getattr(_SCOPE, "counts", None)
     if counts is None or x.device.type != "cpu" or x.ndim == 0 or x.shape[0] < 2:
         return None
-    numel = (counts.get(_measured_as(model)) or (None, None))[0]
+    largest, _, columns = counts.get(_measured_as(model)) or (None, None, 0)
+    # float64 convolutions on a CPU fill a column buffer of the whole piece (:func:`_conv_columns`)
+    numel = largest and max(largest, columns if x.dtype == torch.float64 else 0)
     # (at least 2 rows: a model ending in .squeeze() returns (10,) for one row, which no piece of (B, 10) joins)
     return None if not numel else max(2, FORWARD_PIECE_BYTES // (numel * x.element_size()))
+
+
+def _conv_columns(module, args, out) -> int:
+    """The values of the column buffer a convolution without dilation (torch's ``_ConvNd``) fills for its whole
+    batch on its float64 path on CPUs (``slow_conv2d``/``3d``, ``slow_conv_transpose``: mkldnn takes float32 and
+    bfloat16, not float64): ``in_channels / groups × kernel`` values per output position (a transposed one's:
+    ``out_channels / groups × kernel`` per input position); 0 for other modules. A 3 × 3 one of 32 to 32 channels
+    in float64 took 9.1 times its output (a 3 × 3 × 3 one 27 times, 2026-12-02): pieces of 32 MiB of outputs
+    peaked at ~300 MiB. A dilated one unfolds one example at a time (0.1 times)."""
+    if not isinstance(module, torch.nn.modules.conv._ConvNd) or any(d != 1 for d in module.dilation):
+        return 0
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    spatial = len(module.kernel_size)
+    if x is None or not isinstance(out, torch.Tensor) or out.ndim != spatial + 2 or x.ndim != spatial + 2:
+        return 0
+    kernel = math.prod(module.kernel_size)
+    if module.transposed:
+        return out.shape[0] * module.out_channels // module.groups * kernel * math.prod(x.shape[2:])
+    return out.shape[0] * module.in_channels // module.groups * kernel * math.prod(out.shape[2:])
 
 
 #: On CPUs, the bytes a chunk's recorded product graphs (J v and Jᵀ u over every problem's row) may take: the LSQR
@@ -267,13 +288,14 @@ def _graph_row_bytes(model, x: torch.Tensor) -> int | None:
     counts = getattr(_SCOPE, "counts", None)
     if counts is None or x.device.type != "cpu":
         return None
-    total = (counts.get(_measured_as(model)) or (None, None))[1]
+    total = (counts.get(_measured_as(model)) or (None, None, 0))[1]
     return None if not total else _GRAPH_PER_ACTIVATION * total * x.element_size()
 
 
-#: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, ``(largest, total)``, the values of its
-#: submodules' largest output and of all their outputs for one row of its input (None: not measurable), as
-#: :func:`_measuring` saw them in its first forward of the call.
+#: ``_SCOPE.counts``, per public call (:func:`pieces_scope`): per Module, ``(largest, total, columns)``, the values of
+#: its submodules' largest output and of all their outputs for one row of its input, and of its convolutions' largest
+#: float64 column buffer (:func:`_conv_columns`) (None: not measurable), as :func:`_measuring` saw them in its first
+#: forward of the call.
 _SCOPE = threading.local()
 
 
@@ -347,8 +369,8 @@ def _measuring(model, x: torch.Tensor):
     # the block keeps the largest of each over its calls that returned.
     user = validation.user_model(model)
     users = {id(m) for m in user.modules() if m is not user} if isinstance(user, torch.nn.Module) else set()
-    call = dict(rows=0, largest=0, total=0, seen=False)
-    kept = dict(largest=0, total=0, seen=False)
+    call = dict(rows=0, largest=0, total=0, columns=0, seen=False)
+    kept = dict(largest=0, total=0, columns=0, seen=False)
     depth, handles = [0], []
     # (this thread's forwards only: the hooks are on the Module, which another thread may run meanwhile, and its
     # forwards changed the count from run to run, or left it None)
@@ -360,7 +382,7 @@ def _measuring(model, x: torch.Tensor):
         if depth[0] == 0:
             first = args[0] if args else None
             call.update(rows=first.shape[0] if isinstance(first, torch.Tensor) and first.ndim > 0 else 0,
-                        largest=0, total=0, seen=False)
+                        largest=0, total=0, columns=0, seen=False)
         depth[0] += 1
 
     def hook(module, args, out):
@@ -370,6 +392,7 @@ def _measuring(model, x: torch.Tensor):
                 per_row = -(-t.numel() // call["rows"])
                 call["largest"] = max(call["largest"], per_row)
                 call["total"] += per_row
+            call["columns"] = max(call["columns"], -(-_conv_columns(module, args, out) // call["rows"]))
 
     def done(module, args, out):   # (last of the model's hooks, and called where its forward raised: out None)
         if threading.get_ident() != thread:
@@ -377,7 +400,7 @@ def _measuring(model, x: torch.Tensor):
         depth[0] -= 1
         if depth[0] == 0 and out is not None and call["rows"] > 0:
             kept.update(largest=max(kept["largest"], call["largest"]), total=max(kept["total"], call["total"]),
-                        seen=kept["seen"] or call["seen"])
+                        columns=max(kept["columns"], call["columns"]), seen=kept["seen"] or call["seen"])
 
     # (run eagerly where the forward is compiled: torch.compile traced them, and refused the closure's model as
     # "already tracked for mutation")
@@ -402,7 +425,7 @@ def _measuring(model, x: torch.Tensor):
         # torch.fx graph of it alike); nor one whose forward never returned
         blind = (not isinstance(user, torch.nn.Module) or (bool(users) and not kept["seen"])
                  or (not users and not type(user).__module__.startswith("torch.nn.modules.")))
-        counts[owner] = None if blind or not kept["largest"] else (kept["largest"], kept["total"])
+        counts[owner] = None if blind or not kept["largest"] else (kept["largest"], kept["total"], kept["columns"])
     finally:
         for h in handles:
             h.remove()

@@ -1306,3 +1306,16 @@ def test_head_pieces_measures_both_ways_in_fresh_processes(tmp_path):
     assert r["model"] == "cnn" and whole["clean"] == pieces["clean"] == 1.0   # (the cosine of the clean features)
     assert whole["dithered"] == pytest.approx(pieces["dithered"], rel=1e-6)   # (the model's features in pieces)
 
+
+
+def test_conv_columns_measures_both_ways_in_fresh_processes(tmp_path):
+    """benchmarks/conv_columns.py (float64 convolutions' column buffers counted or not) runs at toy size: for each
+    call a row with the columns not counted and one counted, each in its own process, the same bounds bit for bit."""
+    out = tmp_path / "columns.json"
+    proc = run_script("conv_columns.py", "--examples", "4", "--examples-targeted", "1", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["call"], r["columns_counted"]) for r in rows] == [("targeted", False), ("targeted", True),
+                                                                ("bound", False), ("bound", True)]
+    for before, now in (rows[:2], rows[2:]):
+        assert before["std_sha256"] == now["std_sha256"] and now["peak_mib_over_base"] > 0 and now["seconds"] > 0
+    assert proc.stdout.count("same bounds: True") == 2

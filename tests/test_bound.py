@@ -2,6 +2,9 @@
 import dataclasses
 import math
 import functools
+import os
+import subprocess
+import textwrap
 import threading
 import re
 import warnings
@@ -733,19 +736,20 @@ def test_forward_passes_on_cpus_run_in_pieces_held_to_their_largest_activation(m
     where the out-of-memory killer ends a run before any MemoryError could be split. The rows a forward runs at
     once are now held to FORWARD_PIECE_BYTES of the model's largest activation per row, counted by hooks during
     its first forward that hcrfast runs anyway: here 8 x 6 x 6 values (the convolution's and the Tanh's outputs),
-    by hand, in float64 for the model and its float64 copy alike. The bounds are the same problem's, to float64's
+    by hand, in float32; in float64, for the model and its float64 copy alike, the convolution's column buffer,
+    1 x 3 x 3 values per output position (1 x 3 x 3 x 6 x 6). The bounds are the same problem's, to float64's
     rounding of another batch shape."""
     from hcrfast import algorithm
 
     model = _RowsSeen().double().eval()
     x = torch.as_tensor(np.random.default_rng(3).standard_normal((4, 1, 6, 6)))
-    per_row = 8 * 6 * 6 * 8
+    per_row = 9 * 6 * 6 * 8
     with algorithm.pieces_scope():   # (a public call's: hcrfast.validation.entry_point)
         assert algorithm._piece_rows(model, x) is None   # (not measured yet: its first forward runs whole)
         algorithm.forward(model, x)
-        assert algorithm._SCOPE.counts[model][0] == 8 * 6 * 6
+        assert algorithm._SCOPE.counts[model][0::2] == (8 * 6 * 6, 9 * 6 * 6)
         assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6, dtype=torch.float64)) == 2**25 // per_row
-        assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**25 // (per_row // 2)   # (float32 values)
+        assert algorithm._piece_rows(model, torch.zeros(10, 1, 6, 6)) == 2**25 // (8 * 6 * 6 * 4)   # (float32)
         algorithm.forward(lambda t: t, x)
         assert algorithm._piece_rows(lambda t: t, x) is None   # (a callable has no modules to measure)
         float32 = _RowsSeen().eval()   # its float64 copy is pieced by the model's count, in float64's bytes
@@ -818,7 +822,7 @@ def test_the_activation_count_is_one_forwards_whatever_splits_it_and_sees_throug
     automatic chunk; a traced model inside hcrfast's per-feature wrapper was counted by the wrapper's outputs,
     though alone it is not counted. Now one forward's count (the largest of those that returned), and the test of
     what the hooks saw is on the user's own model. By hand: Conv2d and Tanh 144 values a row each, Sequential a 144,
-    Flatten 144, Linear, Sequential b and the model 6 each."""
+    Flatten 144, Linear, Sequential b and the model 6 each; the Conv2d's float64 column buffer 1 x 3 x 3 x 36."""
     from hcrfast import algorithm
 
     model = _FailsOnceAfterItsFirstBlock().eval()
@@ -827,7 +831,7 @@ def test_the_activation_count_is_one_forwards_whatever_splits_it_and_sees_throug
         model.fail = fail
         with algorithm.pieces_scope():
             algorithm.forward(model, x)
-            assert algorithm._SCOPE.counts[model] == (144, 4 * 144 + 3 * 6)
+            assert algorithm._SCOPE.counts[model] == (144, 4 * 144 + 3 * 6, 9 * 36)
         assert not model.fail
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Flatten(),
                               torch.nn.Linear(144, 6)).eval()
@@ -917,6 +921,51 @@ class _Squeezed(torch.nn.Module):
         return self.net(x).squeeze()
 
 
+def test_float64_convolutions_pieces_count_their_column_buffers():
+    """torch's float64 convolutions on CPUs (no mkldnn) unfold the whole piece into a column buffer,
+    in_channels / groups x kernel values per output position: 9.1 times a 3 x 3 convolution's output of 32 to 32
+    channels, and pieces held to 32 MiB of outputs peaked at ~300 MiB (a targeted_bound of 4 examples of a CNN,
+    592 MiB in all). The buffer's values per row are counted (torch's own F.unfold gives them), and float64
+    pieces held to them; float32 ones (mkldnn) to the outputs. A 400-row forward now peaks within the budget."""
+    from hcrfast import algorithm
+
+    for groups in (1, 4):
+        conv = torch.nn.Conv2d(8, 16, (3, 5), stride=2, padding=1, groups=groups)
+        x = torch.zeros(3, 8, 11, 13)
+        cols = torch.nn.functional.unfold(x[:, :8 // groups], (3, 5), stride=2, padding=1)
+        assert algorithm._conv_columns(conv, (x,), conv(x)) == cols.numel()
+    for conv, x in ((torch.nn.Conv1d(4, 6, 7), torch.zeros(2, 4, 20)),
+                    (torch.nn.Conv3d(4, 6, 3, padding=1), torch.zeros(2, 4, 5, 6, 7)),
+                    (torch.nn.ConvTranspose2d(4, 6, 3, groups=2), torch.zeros(2, 4, 5, 7)),
+                    (torch.nn.Conv2d(4, 6, 3, dilation=2), torch.zeros(2, 4, 9, 9))):
+        want = {torch.nn.Conv1d: 2 * 4 * 7 * 14, torch.nn.Conv3d: 2 * 4 * 27 * 5 * 6 * 7,
+                torch.nn.ConvTranspose2d: 2 * 3 * 9 * 5 * 7, torch.nn.Conv2d: 0}[type(conv)]   # (dilated: 0)
+        assert algorithm._conv_columns(conv, (x,), conv(x)) == want
+    assert algorithm._conv_columns(torch.nn.Linear(3, 4), (torch.zeros(2, 3),), torch.zeros(2, 4)) == 0
+    code = textwrap.dedent("""
+        import torch
+        from hcrfast import algorithm
+        torch.set_num_threads(1)
+        model = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.Tanh()).double().eval()
+        x = torch.rand(400, 32, 28, 28, dtype=torch.float64)
+        def vm(field):
+            line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+            return int(line.split()[1]) / 1024
+        with algorithm.pieces_scope():
+            algorithm.forward(model, x[:16])
+            base = vm("VmRSS")
+            algorithm.forward(model, x)
+        print(vm("VmHWM") - base)
+    """)
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("reads peak memory from /proc/self/status: Linux only")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = float(done.stdout.strip().splitlines()[-1])
+    # the output (78 MiB for 400 rows) and its pieces': 32 MiB of columns a piece, not the ~300 of 167 rows'
+    assert peak < 200, peak
+
+
 def test_pieces_have_two_rows_or_more_so_a_squeezed_models_pieces_join(monkeypatch):
     """The pieces were ``rows`` rows and the rest: 7 rows in pieces of 3 ran 3, 3 and 1, and a model ending in
     .squeeze() returned (8,) for the last, which torch.cat refused against (3, 8) ("Tensors must have same number
@@ -958,7 +1007,7 @@ def test_a_calls_first_forward_counts_on_its_first_rows_and_runs_the_rest_in_pie
         model.rows.clear()
         with algorithm.pieces_scope():
             got = algorithm.forward(model, x[:B])
-            assert algorithm._SCOPE.counts[model] == (32, 16 + 32 + 32 + 8 + 8 + 8)
+            assert algorithm._SCOPE.counts[model] == (32, 16 + 32 + 32 + 8 + 8 + 8, 0)   # (no convolution)
         assert model.rows == sizes
         np.testing.assert_allclose(got, whole[:B], rtol=1e-13)
     model.rows.clear()   # dithered_accuracy's features (which ran whole, with no call's count at all)
@@ -1062,14 +1111,14 @@ def test_the_activation_count_sees_nested_outputs_and_not_what_no_submodule_show
         # rows: 1 a row), its h and c (24 each); and _Nested's and the Sequential's outputs, the dict's 40 and the
         # LSTM's, each
         lstm = 4 * 24 + 1 + 24 + 24
-        assert algorithm._SCOPE.counts[nested] == (4 * 24, 40 + lstm + 2 * (40 + lstm))
+        assert algorithm._SCOPE.counts[nested] == (4 * 24, 40 + lstm + 2 * (40 + lstm), 0)
     functional, linear = _Functional().eval(), torch.nn.Linear(16, 8).eval()
     graph = torch.fx.symbolic_trace(_Functional()).eval()   # (a torch class, but no layer of torch's own)
     with algorithm.pieces_scope():
         for m in (functional, linear, graph):
             algorithm.forward(m, x.flatten(1))
         assert algorithm._SCOPE.counts[functional] is None and algorithm._SCOPE.counts[graph] is None
-        assert algorithm._SCOPE.counts[linear] == (8, 8)
+        assert algorithm._SCOPE.counts[linear] == (8, 8, 0)
 
 
 def test_the_activation_count_leaves_other_threads_forwards_of_the_model_out():
@@ -1092,7 +1141,7 @@ def test_the_activation_count_leaves_other_threads_forwards_of_the_model_out():
     model = Served().eval()
     with algorithm.pieces_scope():
         algorithm.forward(model, torch.randn(4, 1, 4, 4))
-        assert algorithm._SCOPE.counts[model] == (8, 16)
+        assert algorithm._SCOPE.counts[model] == (8, 16, 0)
 
 
 class BatchShaped(torch.nn.Module):
