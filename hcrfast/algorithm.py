@@ -33,7 +33,8 @@ from hcrfast import dense, krylov, profiling, validation
 from hcrfast.backend import get_array_module, to_host, trim_host_heap, warnings_ignored
 from hcrfast.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from hcrfast.checkpoint import (RESUME_BITWISE, Checkpoint, arithmetic_of, key_batch_fingerprint, key_model_fingerprint,
-                                gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, taken_back_on_failure)
+                                gaps as checkpoint_gaps, model_fingerprint, sha256_tensors, shown_value,
+                                taken_back_on_failure)
 from hcrfast.distributed import ShardError, World, differences, join_timeout
 from hcrfast.bindings import TorchJacobian, array_module_for, from_torch, release_device_memory, to_torch
 from hcrfast.bindings.double_backward import native_rnn_for
@@ -534,7 +535,7 @@ def _join(world: World, checkpoint, key: dict, example_ids, features, chunk_size
     first = every[0]
     diffs = []
     for r, other in enumerate(every[1:], 1):
-        fields = [f"{k} ({first['key'].get(k)!r} on rank 0, {other['key'].get(k)!r} on rank {r})"
+        fields = [f"{k} ({shown_value(first['key'], k)} on rank 0, {shown_value(other['key'], k)} on rank {r})"
                   for k in differences(first["key"], other["key"])]
         if fields:
             diffs.append(f"rank {r} differs in {', '.join(fields)}")

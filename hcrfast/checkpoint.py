@@ -282,15 +282,19 @@ _WRAPPED_NOTE = (" (the model's features divided by stds: one std per feature, o
                  "sigma0; the stds, or the model, changed)")
 
 
+def shown_value(key: dict, entry: str) -> str:
+    """How a mismatch names ``key[entry]``: its repr, or what its absence means (:data:`ABSENT_MEANS`), a far
+    σ's noise as the user's (a sharded call's ranks that differ are named alike: they showed None for an absent
+    entry, 2026-12-02)."""
+    text = repr(key[entry] if entry in key else ABSENT_MEANS.get(entry, "(absent)"))
+    return _SCALED_NOISE.sub(r"Gaussian(sigma=\1) on the features divided by sigma", text) if entry == "noise" else text
+
+
 def check_key(path: Path, stored: dict, key: dict, fix: str) -> None:
     """Raise :class:`CheckpointMismatchError` naming every entry where ``stored`` and ``key`` differ."""
     if stored == key:
         return
-
-    def value(d, k):
-        text = repr(d[k] if k in d else ABSENT_MEANS.get(k, "(absent)"))
-        return _SCALED_NOISE.sub(r"Gaussian(sigma=\1) on the features divided by sigma", text) if k == "noise" else text
-
+    value = shown_value
     diffs = [f"{k}: {value(stored, k)} -> {value(key, k)}" + _WRAPPED_NOTE * (k == "model" and all(
                  str(d.get(k, "")).startswith("PerFeatureStd:") for d in (stored, key)))
              for k in sorted(set(stored) | set(key)) if stored.get(k) != key.get(k)]

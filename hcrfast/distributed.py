@@ -53,6 +53,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
+#: What a failed store operation raises: torch's DistError (DistNetworkError, DistStoreError), a RuntimeError
+_STORE_ERRORS = getattr(torch.distributed, "DistError", RuntimeError) if torch.distributed.is_available() \
+    else RuntimeError
+
+
 class ShardError(RuntimeError):
     """Another process failed, disagreed or did not come. ``from_others``: every process raises it
     (another's failure, or a disagreement all of them see), so it is not posted again."""
@@ -188,6 +193,23 @@ class World:
             return [payload]
         if self._prefix is None:
             raise RuntimeError("World.agree is called inside World.session only")
+        try:
+            return self._agree(step, payload, timeout)
+        except _STORE_ERRORS as exc:
+            raise self._store_lost(exc, step) from exc
+
+    def _store_lost(self, exc, step: str) -> ShardError:
+        """The error to raise where the process group's store failed under :meth:`agree` (torch's
+        ``DistNetworkError: Broken pipe``, raised bare, each failed beat logging a C++ trace meanwhile)."""
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        return ShardError(f"{self._what}: the process group's store at {where} stopped answering while rank "
+                          f"{self.rank} of {self.size} was at step {step!r} (torch: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): rank 0 "
+                          f"holds it where the processes were started by hand (torchrun's agent holds it otherwise), "
+                          f"so rank 0 was killed, ran out of memory or lost its machine; what was finished is kept: "
+                          f"run the same call again on every process to resume", from_others=False)
+
+    def _agree(self, step: str, payload, timeout: float | None) -> list:
         store = self._store()
         index, self._steps = self._steps, self._steps + 1
         keys = [f"{self._prefix}step{index}/{r}" for r in range(self.size)]
@@ -274,11 +296,22 @@ class World:
         return distributed_c10d._get_default_store()
 
 
+#: Failed beats in a row after which a process stops beating: its store is gone (rank 0 killed, in a group started
+#: by hand), which the next step's wait names; each failed beat logged torch's C++ trace of the broken pipe, every
+#: 2 s until then (20 of them). One failure alone (a store slow to answer) does not stop it.
+_FAILED_BEATS = 3
+
+
 def _beat(store, key: str, stop: threading.Event) -> None:
-    """Add 1 to ``key`` every ``_BEAT`` seconds until ``stop``: this process is alive."""
-    while True:
-        with contextlib.suppress(Exception):  # a store gone away: the waits name what follows
+    """Add 1 to ``key`` every ``_BEAT`` seconds until ``stop`` (this process is alive), or until
+    :data:`_FAILED_BEATS` of them failed in a row."""
+    failed = 0
+    while failed < _FAILED_BEATS:
+        try:
             store.add(key, 1)
+            failed = 0
+        except Exception:   # noqa: BLE001 - whatever the store raised: the waits name what follows
+            failed += 1
         if stop.wait(_BEAT):
             return
 

@@ -610,7 +610,7 @@ from test_checkpoint import batch, kw, relu_mlp
 
 hcrfast.distributed._SILENT = 3.0  # a minute by default
 torch.set_num_threads(1)
-if os.environ["RANK"] == "1":
+if os.environ["RANK"] == {killed!r}:
     def certify(model64, x, eps):  # killed in its first piece, as the kernel's OOM killer would: no error posted
         os.kill(os.getpid(), signal.SIGKILL)
     algorithm._certified_shift = certify
@@ -646,7 +646,7 @@ def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tm
     from pathlib import Path
 
     script = tmp_path / "killed.py"
-    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck")))
+    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"), killed="1"))
     procs = _gloo_ranks(script)
     try:
         out, err = procs[0].communicate(timeout=120)
@@ -661,6 +661,29 @@ def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tm
     again = hcrfast.bound(relu_mlp(), batch(), 0.3, checkpoint=tmp_path / "ck", **kw("dense"))
     assert again.params["checkpoint"]["examples_read_back"] == 4  # rank 0's pieces: examples 0-1 and 4-5
     assert_same(again, whole)
+
+
+def test_a_killed_rank_0_of_a_group_launched_by_hand_is_named_by_the_others(tmp_path):
+    """Rank 0 holds the group's store where the processes were started by hand: killed, the others raised torch's
+    bare DistNetworkError ("Broken pipe") at their next step, and their beats logged a C++ trace every 2 s until
+    then. They now raise a ShardError naming the store and rank 0, and stop beating after 3 failed beats."""
+    from pathlib import Path
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"), killed="0"))
+    procs = _gloo_ranks(script)
+    try:
+        out, err = procs[1].communicate(timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert procs[1].returncode == 0, err[-3000:]
+    assert re.search(r"ShardError: hcrfast.bound\(shard=True\): the process group's store at 127.0.0.1:\d+ stopped "
+                     r"answering while rank 1 of 2 was at step '\w+' \(torch: \w+.*\): rank 0 holds it where the "
+                     r"processes were started by hand", out), out + err
+    assert "run the same call again on every process to resume" in out
+    assert procs[0].wait() == -9
+    assert err.count("Broken pipe") <= 2 * (1 + hcrfast.distributed._FAILED_BEATS), err[-3000:]
 
 
 def test_torchrun_misuse_is_an_error_on_every_process_not_a_hang(tmp_path):

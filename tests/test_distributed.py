@@ -196,3 +196,29 @@ def test_differences_names_every_key_that_differs_or_is_missing_on_either_side()
     assert distributed.differences(mine, theirs) == ["also_theirs", "b", "only_mine"]
     assert distributed.differences(theirs, mine) == ["also_theirs", "b", "only_mine"]
     assert distributed.differences(mine, dict(mine)) == []
+
+
+def test_ranks_that_make_different_calls_are_told_each_ones_value_not_none():
+    """A key leaves out an argument at its default (iterates="last", singular_steps=0, keep_targeted_eps=False:
+    older checkpoints never recorded them); a sharded call whose ranks differed there named the default None
+    ("iterates ('all' on rank 0, None on rank 1)"). Both ranks now name what the absence means, as a checkpoint's
+    mismatch does."""
+    import torch
+
+    from hcrfast import algorithm
+
+    store = dist.HashStore()
+    keys = [dict(noise="n", iterates="all", singular_steps=6), dict(noise="n", keep_targeted_eps=True)]
+
+    def at(rank):
+        def run():
+            w = world(rank, store)
+            with w.session("hcrfast.bound(shard=True)"):
+                return algorithm._join(w, None, keys[rank], None, None, 4, torch.device("cpu"))
+        return run
+
+    got = both(at(0), at(1))
+    for exc in got:
+        assert isinstance(exc, ShardError), exc
+        assert ("rank 1 differs in iterates ('all' on rank 0, 'last' on rank 1), keep_targeted_eps (False on rank 0, "
+                "True on rank 1), singular_steps (6 on rank 0, 0 on rank 1)") in str(exc), str(exc)
