@@ -486,7 +486,8 @@ class AccuracySearch:
     ----------
     sigma : float or numpy.ndarray
         ``scale × sigma0``: the largest σ tried whose measured dithered accuracy met the target (where the
-        target is at or below the metric's floor under noise, :attr:`floor`, the σ where that floor begins).
+        target is at or below the metric's floor under noise, whose value is :attr:`floor`: the σ where that
+        floor begins).
     scale : float
         σ in units of :attr:`sigma0`.
     sigma0 : float or numpy.ndarray
