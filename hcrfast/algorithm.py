@@ -255,9 +255,11 @@ def _conv_columns(module, args, out) -> int:
     """The values of the column buffer a convolution without dilation (torch's ``_ConvNd``) fills for its whole
     batch on its float64 path on CPUs (``slow_conv2d``/``3d``, ``slow_conv_transpose``: mkldnn takes float32 and
     bfloat16, not float64): ``in_channels / groups × kernel`` values per output position (a transposed one's:
-    ``out_channels / groups × kernel`` per input position); 0 for other modules. A 3 × 3 one of 32 to 32 channels
-    in float64 took 9.1 times its output (a 3 × 3 × 3 one 27 times, 2026-12-02): pieces of 32 MiB of outputs
-    peaked at ~300 MiB. A dilated one unfolds one example at a time (0.1 times)."""
+    ``out_channels / groups × kernel`` per input position), and where ``groups`` > 1 2.5 times its output more
+    (each group's input and output copied); 0 for other modules. A 3 × 3 one of 32 to 32 channels in float64 took
+    9.1 times its output (a 3 × 3 × 3 one 27 times; groups of 2, 4 and 32, 5.2, 4.4 and 2.4 times, transposed
+    5.2, 3.2 and 1.3, 2026-12-02): pieces of 32 MiB of outputs peaked at ~300 MiB. A dilated one unfolds one
+    example at a time (0.1 times)."""
     if not isinstance(module, torch.nn.modules.conv._ConvNd) or any(d != 1 for d in module.dilation):
         return 0
     x = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -265,9 +267,10 @@ def _conv_columns(module, args, out) -> int:
     if x is None or not isinstance(out, torch.Tensor) or out.ndim != spatial + 2 or x.ndim != spatial + 2:
         return 0
     kernel = math.prod(module.kernel_size)
+    copies = 5 * out.numel() // 2 if module.groups > 1 else 0
     if module.transposed:
-        return out.shape[0] * module.out_channels // module.groups * kernel * math.prod(x.shape[2:])
-    return out.shape[0] * module.in_channels // module.groups * kernel * math.prod(out.shape[2:])
+        return out.shape[0] * module.out_channels // module.groups * kernel * math.prod(x.shape[2:]) + copies
+    return out.shape[0] * module.in_channels // module.groups * kernel * math.prod(out.shape[2:]) + copies
 
 
 #: On CPUs, the bytes a chunk's recorded product graphs (J v and Jᵀ u over every problem's row) may take: the LSQR
@@ -655,9 +658,23 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     ``derivative_vanishes()``, asked where they do depend on it, tells piecewise-constant features
     (torch's J is 0 though a finite step moves them) from steps outside the dtype's range."""
     xp = get_array_module(eps64)
-    # (‖ε‖² past float64 too: every bound divides by ‖ε‖, taken from its square, and such steps' bounds came out 0
-    # with no word; inputs of 1e-160 divided by 2^-531, σ = 1, 2026-12-02)
-    eps_bad = ~xp.all(xp.isfinite(eps64), axis=1) | ~xp.isfinite(xp.einsum("rp,rp->r", eps64, eps64))
+    eps_bad = ~xp.all(xp.isfinite(eps64), axis=1)
+    # ‖ε‖² past float64: a step's bound is lowered by ‖ε‖'s rounding, taken from its square, and can come out 0, and
+    # LSQR's norms lose accuracy (its bounds 3x below the dense solve's with steps of 1e155; the dense solve's
+    # bounded every mode there exactly in the pixel basis, below in the DCT's). On a batch divided by a power of two it is refused: the call runs again undivided
+    # (inputs of 1e-160 divided by 2^-531, σ = 1: every step 1e157, every bound 0 with no word, 2026-12-02);
+    # elsewhere it is said.
+    huge = xp.isfinite(eps64).all(axis=1) & ~xp.isfinite(xp.einsum("rp,rp->r", eps64, eps64))
+    if validation.INPUTS_DIVIDED.get():
+        eps_bad = eps_bad | huge
+    else:
+        n_huge = int(to_host(huge.sum()))
+        if n_huge:
+            validation.warn(f"{noise.describe().split(':')[0]} with size={size:g}: {n_huge} of {eps64.shape[0]} steps "
+                            f"have a norm whose square overflows float64 (steps of ~1e154 or more): the bounds from "
+                            f"them can come out below what such steps give (never above; LSQR's were 3x below at "
+                            f"1e155); pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), "
+                            f"or a smaller size")
     bad = eps_bad | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
     if intended is not None:

@@ -59,6 +59,9 @@ _CHUNK_NAME = re.compile(r"^chunk_(\d+)_(\d+)\.npz$")
 _TEMPORARY_NAME = re.compile(r"^\.(chunk_\d+_\d+\.npz|key\.json|features\.npy|write_probe)\.(\d+)\.tmp$")
 #: The Checkpoints opened inside :func:`taken_back_on_failure` (None outside one).
 _OPENED = contextvars.ContextVar("hcrfast_checkpoints_opened", default=None)
+#: Exceptions on which :func:`taken_back_on_failure` removes the chunks the failed call saved too (a tuple of
+#: types; empty: none): set where the same call runs again otherwise (:func:`discarded_on`).
+_DISCARD_ON = contextvars.ContextVar("hcrfast_checkpoints_discard_on", default=())
 
 
 class CheckpointMismatchError(ValueError):
@@ -345,12 +348,28 @@ def taken_back_on_failure():
     token = _OPENED.set(opened)
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
         for saved in reversed(opened):
-            saved.take_back()
+            if isinstance(exc, _DISCARD_ON.get()):
+                saved.discard()
+            else:
+                saved.take_back()
         raise
     finally:
         _OPENED.reset(token)
+
+
+@contextlib.contextmanager
+def discarded_on(*kinds):
+    """Inside, a call that fails with one of ``kinds`` removes the chunks it saved as well as its key (as
+    :meth:`Checkpoint.discard`): it is made again otherwise, whose key theirs would refuse (a batch divided by a
+    power of two whose steps left float64, :func:`hcrfast.noise.accepts_per_feature_sigma`). The chunks of earlier
+    calls, and a key they wrote, stay."""
+    token = _DISCARD_ON.set(tuple(kinds))
+    try:
+        yield
+    finally:
+        _DISCARD_ON.reset(token)
 
 
 class Checkpoint:

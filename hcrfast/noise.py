@@ -1174,19 +1174,33 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
             inputs = None   # resumed as it was begun: on the inputs as they are
         if inputs is None:
             return _run_scaled(fn, signature.bind(*args, **kwargs), scale, stds, None)
-        try:
-            return _run_scaled(fn, bound_args, scale, stds, inputs)
+        from hcrfast.checkpoint import discarded_on
+
+        begun = bool(_stored_key(checkpoint))
+        sharded = bool(bound_args.arguments.get("shard"))
+        token = validation.INPUTS_DIVIDED.set(True)
+        try:   # (what the failed call saved in a checkpoint folder is removed: the call runs again, undivided)
+            with discarded_on(validation.StepsOutOfRange):
+                return _run_scaled(fn, bound_args, scale, stds, inputs)
         except validation.StepsOutOfRange as exc:
             # steps the size of the inputs are what the division assumes (a model that normalizes them); where
             # the model does not, the divided steps are the inputs' inverse scale (inputs of 1e-160 with σ = 1:
             # 1e157, whose squares overflowed: every bound 0, 2026-12-02), and the batch as it is holds them: run
-            # on it, unless a checkpoint folder holds pieces finished on the divided batch (its key names it)
-            if _stored_key(checkpoint):
-                exc.add_note(f"{fn.__module__.split('.')[0]}.{fn.__name__} ran on the batch divided by {inputs:g} "
-                             f"(its typical value is that far from 1), and the checkpoint folder {checkpoint} holds "
-                             f"pieces finished that way: it was not run again on the batch as it is, as it is "
-                             f"without a folder or in an empty one")
+            # on it, unless a checkpoint folder holds an earlier call's key or chunks on the divided batch
+            name = f"{fn.__module__.split('.')[0]}.{fn.__name__}"
+            if checkpoint is not None and (begun or sharded or _stored_key(checkpoint)):
+                exc.add_note(f"{name} ran on the batch divided by {inputs:g} (its typical value is that far from 1), "
+                             f"and its steps left its dtype's range there; it runs again on the batch as it is then, but not "
+                             + (f"sharded (shard=True: the processes would all have to): run it unsharded in another "
+                                f"checkpoint folder" if sharded else
+                                f"where the checkpoint folder {checkpoint} holds work begun on the divided batch by an "
+                                f"earlier call: pass another folder, or remove that one"))
                 raise
+            if bound_args.arguments.get("progress"):
+                validation.say(f"{name}: the steps of the batch divided by {inputs:g} left its dtype's range "
+                               f"({str(exc).split(';')[0]}); running again on the batch as it is")
+        finally:
+            validation.INPUTS_DIVIDED.reset(token)
         return _run_scaled(fn, signature.bind(*args, **kwargs), scale, stds, None)
 
     return wrapper

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import copy
 import functools
 import inspect
@@ -164,6 +165,11 @@ def jacobian_mode(value) -> str:
     :func:`hcrfast.targeted_bound`, whose LSQR path reads it as "reverse") is "reverse"."""
     choice("jacobian", value, ("reverse", "forward", "auto"))
     return "reverse" if value == "auto" else value
+
+
+#: True inside a call run on its batch divided by a power of two (:func:`hcrfast.noise.accepts_per_feature_sigma`):
+#: steps whose ‖ε‖² overflows are refused there (:class:`StepsOutOfRange`), to run the call again undivided.
+INPUTS_DIVIDED = contextvars.ContextVar("hcrfast_inputs_divided", default=False)
 
 
 class StepsOutOfRange(ValueError):
