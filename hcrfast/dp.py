@@ -85,6 +85,14 @@ _NCX2_EDGEWORTH_FROM = 1e8
 # than returned as 0, inf or a subnormal with few correct digits: 0 would be a
 # false upper bound on reconstruction quality, inf a false lower bound on MSE.
 _TINY = sys.float_info.min
+#: The PSNR upper bound is rounded up by this times the sum of its terms' sizes (2^-51, 2 ulps: each term, a
+#: logarithm times a constant, is within 1.5 ulps of its value), the population NCC bound by ``_NCC_ROUND_UP``
+#: relative (4 ulps: its quotient of a hypot is within 3), so that the floats are never below the exact bounds
+_PSNR_ROUND_UP = 2.0**-51
+_NCC_ROUND_UP = 2.0**-50
+#: The finite-N NCC bound, from _pearson_mean's integral (to about 1e-14 relative; 6e-16 against mpmath at
+#: N = 3 to 64), is rounded up by 2^-44 (5.7e-14)
+_PEARSON_ROUND_UP = 2.0**-44
 _HUGE = sys.float_info.max
 _SQRT_TINY = math.sqrt(_TINY)
 _SQRT_HUGE = math.sqrt(_HUGE)
@@ -447,11 +455,12 @@ def psnr_upper_bound(*, sigma, C, T=1, data_range=1.0, N=None) -> float:
     """
     sigma, C, T = _check_sigma(sigma), _check_clip(C), _check_T(T)
     data_range = _check_data_range(data_range)
-    bound = math.fsum((20.0 * math.log10(data_range), 10.0 * math.log10(T),
-                       -20.0 * math.log10(C), -20.0 * math.log10(sigma)))
+    terms = [20.0 * math.log10(data_range), 10.0 * math.log10(T), -20.0 * math.log10(C), -20.0 * math.log10(sigma)]
     if N is not None:
-        bound += 10.0 / math.log(10.0) * _log_minus_digamma(_check_N(N) / 2.0)
-    return bound
+        terms.append(10.0 / math.log(10.0) * _log_minus_digamma(_check_N(N) / 2.0))
+    # An upper bound: rounded up past each term's rounding (a few ulps of it; the digamma term's series errs high
+    # already), as worst_case_success and the ReRo bounds are: it sat up to 2e-16 relative below the exact value
+    return math.fsum(terms) + _PSNR_ROUND_UP * math.fsum(abs(t) for t in terms)
 
 
 def _log_minus_digamma(x: float) -> float:
@@ -568,13 +577,13 @@ def ncc_upper_bound(*, sigma, N=None, T=1, finite_n=False) -> float:
             raise ValueError("finite_n=True needs the data dimension N; pass N=...")
         N = _check_N(N, minimum=3)
         # sqrt(T) / sigma may overflow to inf; _pearson_mean returns the limit 1 then.
-        bound = _pearson_mean(math.sqrt(T) / sigma, N - 2)
+        bound = min(1.0, _pearson_mean(math.sqrt(T) / sigma, N - 2) * (1.0 + _PEARSON_ROUND_UP))
         what = "the finite-N NCC bound"
     else:
         N = 1 if N is None else _check_N(N)
         # 1 / sqrt(1 + N sigma^2 / T) as 1 / hypot(1, sigma sqrt(N / T)): sigma^2 overflows
         # from sigma = 1.3e154 on, and would turn a bound of 1e-200 into 0.
-        bound = 1.0 / math.hypot(1.0, sigma * (math.sqrt(N) / math.sqrt(T)))
+        bound = min(1.0, (1.0 + _NCC_ROUND_UP) / math.hypot(1.0, sigma * (math.sqrt(N) / math.sqrt(T))))
         what = "the NCC bound 1 / sqrt(1 + N sigma^2 / T)"
     if bound < _TINY:
         log_bound = -math.log10(sigma) - 0.5 * math.log10(N) + 0.5 * math.log10(T)

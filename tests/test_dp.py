@@ -1322,3 +1322,33 @@ def test_repeated_grid_flags_add_values_and_integer_flags_take_whole_numbers_as_
     assert "--N: 784.5 is not a whole number up to 2**53; pass one (1000, or 1e3)" in capsys.readouterr().err
     assert main(["dp", "table", "--sigma", "1", "--N", "784", "--C", "0"]) == 2
     assert capsys.readouterr().err.startswith("hcrfast: error: --C must be a positive finite clipping norm, got 0")
+
+
+def test_psnr_and_ncc_upper_bounds_are_never_below_the_exact_ones(mp):
+    """An audit against mpmath found the PSNR bound and both NCC bounds, alone among the upper bounds, returned
+    as computed: up to 2e-16 relative below the exact value (worst_case_success and the ReRo bounds are rounded
+    up). They are rounded up now, by a few ulps (the finite-N NCC by 5.7e-14, its integral's accuracy): never
+    below, and within 1e-13 of it. The finite-N oracle is the closed form of the mean sample correlation at
+    noncentrality nu = sqrt(T) / sigma, d = N - 2 degrees of freedom:
+    nu Gamma(d/2 + 1) / (sqrt(2) Gamma((d + 3)/2)) 1F1(1/2; (d + 3)/2; -nu^2 / 2)."""
+    mp.dps = 40
+    below = []
+    for sigma in (0.05, 0.3, 1.0, 3.7, 50.0):
+        for T in (1, 7, 1000):
+            for N in (3, 4, 10, 64, 784):
+                want = 10 * mp.log10(mp.mpf(T) / mp.mpf(sigma) ** 2) + 10 / mp.log(10) * (
+                    mp.log(mp.mpf(N) / 2) - mp.digamma(mp.mpf(N) / 2))
+                got = dp.psnr_upper_bound(sigma=sigma, C=1.0, T=T, N=N)
+                below += [("psnr", sigma, T, N)] * (mp.mpf(got) < want)
+                assert abs(mp.mpf(got) - want) <= 1e-13 * max(1, abs(want))
+                want = 1 / mp.sqrt(1 + N * mp.mpf(sigma) ** 2 / T)
+                got = dp.ncc_upper_bound(sigma=sigma, N=N, T=T)
+                below += [("ncc", sigma, T, N)] * (mp.mpf(got) < want)
+                assert abs(mp.mpf(got) / want - 1) <= 2e-15
+                nu, d = mp.sqrt(T) / mp.mpf(sigma), N - 2
+                want = nu * mp.gamma(mp.mpf(d) / 2 + 1) / (mp.sqrt(2) * mp.gamma(mp.mpf(d + 3) / 2)) * mp.hyp1f1(
+                    mp.mpf(1) / 2, mp.mpf(d + 3) / 2, -nu ** 2 / 2)
+                got = dp.ncc_upper_bound(sigma=sigma, N=N, T=T, finite_n=True)
+                below += [("finite", sigma, T, N)] * (mp.mpf(got) < want)
+                assert abs(mp.mpf(got) / want - 1) <= 1e-13
+    assert below == []
