@@ -661,25 +661,18 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
     eps_bad = ~xp.all(xp.isfinite(eps64), axis=1)
     # ‖ε‖² past float64: a step's bound is lowered by ‖ε‖'s rounding, taken from its square, and can come out 0, and
     # LSQR's norms lose accuracy (its bounds 3x below the dense solve's with steps of 1e155; the dense solve's
-    # bounded every mode there exactly in the pixel basis, below in the DCT's). On a batch divided by a power of two it is refused: the call runs again undivided
-    # (inputs of 1e-160 divided by 2^-531, σ = 1: every step 1e157, every bound 0 with no word, 2026-12-02);
-    # elsewhere it is said.
+    # bounded every mode there exactly in the pixel basis, below in the DCT's). On a batch divided by a power of
+    # two it is refused: the call runs again undivided (inputs of 1e-160 divided by 2^-531, σ = 1: every step
+    # 1e157, every bound 0 with no word, 2026-12-02); elsewhere it is warned of, once the checks below passed.
     huge = xp.isfinite(eps64).all(axis=1) & ~xp.isfinite(xp.einsum("rp,rp->r", eps64, eps64))
     if validation.INPUTS_DIVIDED.get():
         eps_bad = eps_bad | huge
-    else:
-        n_huge = int(to_host(huge.sum()))
-        if n_huge:
-            validation.warn(f"{noise.describe().split(':')[0]} with size={size:g}: {n_huge} of {eps64.shape[0]} steps "
-                            f"have a norm whose square overflows float64 (steps of ~1e154 or more): the bounds from "
-                            f"them can come out below what such steps give (never above; LSQR's were 3x below at "
-                            f"1e155); pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), "
-                            f"or a smaller size")
     bad = eps_bad | xp.any(xp.isnan(shift.reshape(shift.shape[0], -1)), axis=1)
     moved = xp.any(eps64 != 0, axis=1)
     if intended is not None:
         moved = moved | ~intended
-    n_bad, n_eps_bad, n_moved = (int(v) for v in to_host(xp.stack([bad.sum(), eps_bad.sum(), moved.sum()])))
+    n_bad, n_eps_bad, n_moved, n_huge = (int(v) for v in to_host(xp.stack([bad.sum(), eps_bad.sum(), moved.sum(),
+                                                                           huge.sum()])))
     if n_eps_bad and first is not None:   # a later iterate's NaN may come from the first's NaN features
         eps1, z1 = first
         outside = xp.all(xp.isfinite(eps1), axis=1) & xp.any(xp.isnan(z1.reshape(z1.shape[0], -1)), axis=1)
@@ -706,13 +699,15 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"or its features overflowed there (then pass a sigma nearer the features' scale, "
                          f"hcrfast.rms_sigma(features, scale), or a smaller size)")
     if n_bad:
-        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: eps or "
-                         f"its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; pass a "
-                         f"sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
+        raise validation.StepsOutOfRange(
+                         f"{noise.describe().split(':')[0]} with size={size:g} asks for steps {name} cannot hold: "
+                         f"eps or its feature shift overflowed (inf or NaN) in {n_bad} of {eps64.shape[0]} steps; "
+                         f"pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale))"
                          + (", a smaller size, or a float64 model and batch" if dtype != torch.float64
                             else " or a smaller size"))
     if n_moved == 0:
-        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
+        raise validation.StepsOutOfRange(
+                         f"{noise.describe().split(':')[0]} with size={size:g}: every step's eps came out 0, so no "
                          f"bound can be computed: the steps vanish once added to the inputs (theta + eps == theta in "
                          f"{name}: steps below the resolution of inputs this large, e.g. unnormalized values near "
                          f"1e9 with a small sigma), or they are outside the range the {name} solver resolves (its "
@@ -720,6 +715,11 @@ def _check_perturbations(eps64, shift, noise, size: float, dtype, *, intended=No
                          f"(hcrfast.rms_sigma(features, scale)), another size, inputs centred and scaled near 1 (the "
                          f"normalization inside the model)"
                          + (", or a float64 model and batch" if dtype != torch.float64 else ""))
+    if n_huge and not validation.INPUTS_DIVIDED.get():
+        validation.warn(f"{noise.describe().split(':')[0]} with size={size:g}: {n_huge} of {eps64.shape[0]} steps "
+                        f"have a norm whose square overflows float64 (steps of ~1e154 or more): the bounds from them "
+                        f"can come out below what such steps give (never above; LSQR's were 3x below at 1e155); pass "
+                        f"a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), or a smaller size")
 
 
 def _random_vjp(model, x):
@@ -2401,7 +2401,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                                                      start, stop, B, t_start, f"hcrfast.bound{tag}",
                                                      krylov.step_limit(n, p, options)) if progress else None)
                     except krylov.BasisOverflow as exc:   # in LSQR's words for the same inputs (_check_perturbations)
-                        raise validation.StepsOutOfRange(f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
+                        raise validation.StepsOutOfRange(
+                                         f"{noise.describe().split(':')[0]} with size={size:g} asks for steps "
                                          f"{validation.dtype_name(batch.dtype)} cannot hold: the Krylov basis "
                                          f"overflowed (inf or NaN) building from the first steps' target shifts "
                                          f"(basis {exc.row}, step {exc.k}); pass a sigma nearer the features' scale "

@@ -691,7 +691,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
     if not finite:
         # (StepsOutOfRange: on a batch divided by a power of two the attack runs again on it as it is, where its
         # errors, the inputs' inverse scale there, can overflow: inputs of 1e-160, σ = 1, a linear model)
-        raise validation.StepsOutOfRange(f"gauss_newton_attack's errors overflowed (inf or NaN) with {law}: the observations are "
+        raise validation.StepsOutOfRange(
+                         f"gauss_newton_attack's errors overflowed (inf or NaN) with {law}: the observations are "
                          f"beyond what the {validation.dtype_name(batch.dtype)} model resolves; pass a sigma nearer "
                          f"the features' scale (hcrfast.rms_sigma(features, scale))"
                          + (", or a float64 model and batch" if batch.dtype != torch.float64 else ""))

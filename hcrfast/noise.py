@@ -1191,8 +1191,8 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
             if checkpoint is not None and (begun or sharded or _stored_key(checkpoint)):
                 exc.add_note(f"{name} ran on the batch divided by {inputs:g} (its typical value is that far from 1), "
                              f"and its steps left its dtype's range there; it runs again on the batch as it is then, but not "
-                             + (f"sharded (shard=True: the processes would all have to): run it unsharded in another "
-                                f"checkpoint folder" if sharded else
+                             + ("sharded (shard=True: the processes would all have to): run it unsharded in another "
+                                "checkpoint folder" if sharded else
                                 f"where the checkpoint folder {checkpoint} holds work begun on the divided batch by an "
                                 f"earlier call: pass another folder, or remove that one"))
                 raise
