@@ -1172,6 +1172,11 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
         inputs = input_scale(bound_args.arguments[model_name], bound_args.arguments[batch_name]) if scale_inputs else None
         if inputs is not None and _begun_on_inputs(checkpoint, bound_args.arguments[batch_name]):
             inputs = None   # resumed as it was begun: on the inputs as they are
+        if inputs is not None and bound_args.arguments.get("directions") is not None:
+            # bound(targets=)'s own call of targeted_bound, with directions in the units its caller runs in: the
+            # batch as it is where that call runs undivided (its rerun), whose chunk was divided again here, and
+            # the directions were not (bounds 6e-6 off, a chunk run twice: a review, 2026-12-02)
+            inputs = None
         if inputs is None:
             return _run_scaled(fn, signature.bind(*args, **kwargs), scale, stds, None)
         from hcrfast.checkpoint import discarded_on

@@ -2882,6 +2882,14 @@ def test_a_divided_batch_whose_later_piece_fails_runs_again_in_its_empty_checkpo
             np.testing.assert_allclose(huge.std * 1e-157, unit.std, rtol=1e-9)
         else:   # (the DCT's rounding, lowered by ‖ε‖ taken from its square: lower, never above, not 0)
             assert np.all(huge.std * 1e-157 <= unit.std * (1 + 1e-9)) and np.all(huge.std > 0)
+    # bound(targets=) runs again too, and its own targeted_bound calls, with its directions, are not divided again
+    # (they were, their directions not: bounds 6e-6 off, and a chunk run twice)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(hcrfast.noise, "input_scale", lambda model, batch: None)
+        undivided = hcrfast.bound(model, x, 1.0, targets=[0, 1], **kw)
+    targeted = hcrfast.bound(model, x, 1.0, targets=[0, 1], **kw)
+    assert targeted.std.tobytes() == undivided.std.tobytes()
+    assert targeted.targeted.std.tobytes() == undivided.targeted.std.tobytes()
     # the attack
     plain = linear_model(W, np.zeros(20), (1, 4, 4))
     base = hcrfast.gauss_newton_attack(plain, near, 1.0, draws=2, seed=0)
