@@ -1319,3 +1319,14 @@ def test_conv_columns_measures_both_ways_in_fresh_processes(tmp_path):
     for before, now in (rows[:2], rows[2:]):
         assert before["std_sha256"] == now["std_sha256"] and now["peak_mib_over_base"] > 0 and now["seconds"] > 0
     assert proc.stdout.count("same bounds: True") == 2
+
+
+def test_screen_sample_times_the_three_screens_in_fresh_processes(tmp_path):
+    """benchmarks/screen_sample.py (the screen on every example, sampled, none) runs at toy size: three rows, one
+    a process, the same median bound; no screen certifies every earlier step."""
+    out = tmp_path / "screen.json"
+    proc = run_script("screen_sample.py", "--model", "digits", "--examples", "4", "--repeat", "1", "--json", out)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["every", "sampled", "none"]
+    assert len({r["median_bound"] for r in rows}) == 1 and rows[2]["certified"] == rows[2]["steps"] > 0
+    assert "the speed of screening every example" in proc.stdout
