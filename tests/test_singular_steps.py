@@ -271,9 +271,9 @@ def test_a_count_above_js_rank_is_capped_and_zero_directions_cost_no_forward_pas
     passed = []
     certified = hcrfast.algorithm._certified_iterates
 
-    def counting(model64, batch, owner, steps):
+    def counting(model64, batch, owner, steps, at=None):
         passed.append(np.linalg.norm(np.asarray(steps, dtype=np.float64), axis=1))
-        return certified(model64, batch, owner, steps)
+        return certified(model64, batch, owner, steps, at=at)
 
     monkeypatch.setattr(hcrfast.algorithm, "_certified_iterates", counting)
     narrow = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 6), torch.nn.ReLU(),
