@@ -1,8 +1,8 @@
 """What screening a chunk's first examples first saves (``hcrfast.algorithm._screen_in_part``). ``iterates="all"``
 certifies the earlier iterates that could raise a bound, found by a screen of their uncertified shifts
 (``_screen_earlier``). On the MNIST MLP a float64 forward costs about what the screen's arithmetic on a step
-does, and the screen spared almost none of them; it is now run on an eighth of a chunk's examples first, and on
-the others only where the forwards it spared there cost more than it took. Each mode in a fresh process: the
+does, and the screen spared few of them; it is now run on an eighth of a chunk's examples first, and on the
+others only where it spared at least half of those examples' steps there. Each mode in a fresh process: the
 screen on every example (as before 2026-12-02's thirtieth session), sampled (now), and none (every step
 certified); the call timed ``--repeat`` times after a warm-up call, the median kept.
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 import textwrap
 import threading
-import time
 import re
 import warnings
 
@@ -265,40 +264,60 @@ def test_a_chunks_float64_features_at_its_inputs_are_taken_once_for_its_earlier_
 
 def test_the_screen_runs_on_a_chunks_first_examples_first_and_on_the_others_where_it_pays(monkeypatch):
     """On the MNIST MLP a float64 forward costs about what the screen's arithmetic on a step does: the screen spared
-    61 of 14,400 steps of 64 examples and the call took 35 % longer with it (a profiling pass). It now runs on an
-    eighth of a chunk's examples first (all of a chunk of fewer than 4, and all on CUDA, where no pass is timed),
-    and on the others only where the forwards it spared there, at the last iterates' measured seconds a row, cost
-    more than it took; else every step is certified, as without a screen. By hand, with a screen that spares every
-    other moved step."""
+    61 of 14,400 steps of 64 examples and the call took 35 % longer with it (a profiling pass). On the CPU it now
+    runs on an eighth of a chunk's examples first (all of a chunk of fewer than 4; all on CUDA), and on the others
+    only where it spared at least half of those examples' moved steps; else every step is certified, as without a
+    screen. A count, not a time: the same call decides the same way every time. By hand, with a screen that
+    certifies one step in ``keep``; then on a model, the bounds whichever way it decides."""
     from hcrfast import algorithm
 
-    calls = []
+    calls, keep = [], [2]
 
     def fake(eps, z, eps64, *args, restarts, **kwargs):
         calls.append(eps64.shape[0] // restarts)
-        time.sleep(0.01)
         take = np.zeros(eps.shape[0], dtype=bool)
-        take[::2] = True
+        take[::keep[0]] = True
         return take.reshape(eps64.shape[0] // restarts, -1), 1.0
 
-    monkeypatch.setattr(algorithm, "_screen_earlier", fake)
     m, K, R, p, n = 16, 6, 2, 5, 3
     eps, z = np.ones((m * K, p)), np.ones((m * K, n))
     eps64, z64, mag = np.ones((m * R, p)), np.ones((m * R, n)), np.ones((m, n))
     kw = dict(restarts=R, input_shape=(1, 1, p), basis="pixel", unit=2.0**-24)
 
-    def run(pass_seconds, rows=m):
+    def run(sample=True, rows=m):
         calls.clear()
         return algorithm._screen_in_part(eps[:rows * K], z[:rows * K], eps64[:rows * R], z64[:rows * R],
-                                         z64[:rows * R], mag[:rows], None, pass_seconds=pass_seconds, **kw)
+                                         z64[:rows * R], mag[:rows], None, sample=sample, **kw)
 
-    take, margin = run(1.0)   # 6 spared steps of the first 2 examples at 1 s each: it pays
-    assert calls == [2, 14] and take.shape == (m, K) and take.sum() == m * K // 2 and margin == 1.0
-    assert run(1e-6) == (None, None) and calls == [2]   # 6 µs spared against 10 ms: every step certified
-    take, _ = run(None)   # (CUDA: one screen of all)
-    assert calls == [m] and take.shape == (m, K)
-    take, _ = run(1e-6, rows=3)   # (fewer than 4 examples: one screen of all)
-    assert calls == [3] and take.shape == (3, K)
+    with monkeypatch.context() as mp:
+        mp.setattr(algorithm, "_screen_earlier", fake)
+        take, margin = run()   # half of the first 2 examples' 12 steps spared: it pays
+        assert calls == [2, 14] and take.shape == (m, K) and take.sum() == m * K // 2 and margin == 1.0
+        keep[0] = 1   # none spared: every step certified
+        assert run() == (None, None) and calls == [2]
+        take, _ = run(sample=False)   # (CUDA: one screen of all)
+        assert calls == [m] and take.shape == (m, K)
+        take, _ = run(rows=3)   # (fewer than 4 examples: one screen of all)
+        assert calls == [3] and take.shape == (3, K)
+    torch.manual_seed(3)
+    model = tanh_mlp(36, 30, 24)
+    x = torch.randn(8, 1, 6, 6, dtype=torch.float64)
+    kw = dict(size=0.5, restarts=4, iterations=5, solver="dense")
+    results = {}
+    for spared in (0.0, 2.0):   # the others screened, or not
+        monkeypatch.setattr(algorithm, "_SCREEN_SPARED", spared)
+        results[spared] = hcrfast.bound(model, x, 0.05, **kw)
+    screened, every = results[0.0], results[2.0]
+    assert every.params["earlier_iterates"]["certified"] == 8 * 4 * 4
+    assert screened.params["earlier_iterates"]["certified"] < 8 * 4 * 4
+    # declined on every chunk: not "screened" (it said so, with a margin of 0: a review)
+    assert (every.params["earlier_iterates"]["screened"], every.params["earlier_iterates"]["margin"]) == (False, None)
+    assert screened.params["earlier_iterates"]["screened"] and screened.params["earlier_iterates"]["margin"] >= 1
+    again = hcrfast.bound(model, x, 0.05, **kw)   # (the same call, the same decision: equal, params included)
+    assert again == results[2.0]
+    np.testing.assert_allclose(screened.std, every.std, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(screened.mse, every.mse, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(screened.best_restart, every.best_restart)
 
 
 @pytest.mark.parametrize("basis", ["dct", "pixel"])
