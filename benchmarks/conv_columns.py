@@ -18,13 +18,12 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_pieces import _vm, cnn, write_json  # noqa: E402  (the same model, measures, record)
+from forward_pieces import _vm, child_row, cnn, write_json  # noqa: E402  (the same model, measures, record)
 
 
 def one(call: str, examples: int, counted: bool) -> dict:
@@ -72,13 +71,10 @@ def main(argv=None) -> int:
     for call, examples in (("targeted", args.examples_targeted), ("bound", args.examples)):
         pair = []
         for counted in ("0", "1"):
-            done = subprocess.run([sys.executable, __file__, "--one", call, str(examples), counted],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"the {call} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            r = child_row(__file__, [call, str(examples), counted], call)
+            if r is None:
                 return 1
-            pair.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            r = pair[-1]
+            pair.append(r)
             print(f"{call:8s} columns {'counted' if r['columns_counted'] else 'not counted':11s}: peak "
                   f"{r['peak_mib_over_base']:7.1f} MiB, {r['seconds']:6.2f} s, median {r['median_std']:.6g}, "
                   f"bounds {r['std_sha256']}")

@@ -96,6 +96,16 @@ def both_ways(script: str, args: list, what) -> list | None:
     return rows
 
 
+def child_row(script: str, args: list, label: str) -> dict | None:
+    """``script --one ARGS`` in a fresh process (its peak RSS and imports its own): the JSON row its last line
+    prints, or None where it failed (its error printed, named ``label``)."""
+    done = subprocess.run([sys.executable, script, "--one", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"the {label} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def write_json(path: Path, script: str, argv, rows: list, **fields) -> None:
     """The two rows, the command that ran, ``fields`` and the machine, as JSON at ``path``."""
     import platform

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_pieces import write_json  # noqa: E402  (the record)
+from forward_pieces import child_row, write_json  # noqa: E402  (a row a process, the record)
 
 MODES = ("every", "sampled", "none")
 
@@ -69,13 +68,11 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for mode in MODES:
-        done = subprocess.run([sys.executable, __file__, "--one", mode, "--model", args.model, "--examples",
-                               str(args.examples), "--repeat", str(args.repeat)], capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"the {mode} run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        r = child_row(__file__, [mode, "--model", args.model, "--examples", str(args.examples), "--repeat",
+                                 str(args.repeat)], mode)
+        if r is None:
             return 1
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
+        rows.append(r)
         print(f"screen {mode:8s}: {r['median_seconds']:8.3f} s (median of {len(r['seconds'])}), "
               f"{r['certified']:,} of {r['steps']:,} earlier steps certified, median bound {r['median_bound']:.6g}")
     every, sampled, _ = rows

@@ -640,19 +640,27 @@ def _gloo_ranks(script, *, ranks=(0, 1), world=2, extra_env=None):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ranks]
 
 
-def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tmp_path):
-    """Without torchrun's agent nobody stops the others when one dies: they find it silent (its beat
-    stops) and raise, and the pieces finished stay for the resumed call."""
+def _killed_rank(tmp_path, *, killed: int):
+    """KILLED_SCRIPT as 2 ranks launched by hand, rank ``killed`` killed in its first piece: the processes, and the
+    other rank's stdout and stderr."""
     from pathlib import Path
 
     script = tmp_path / "killed.py"
-    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"), killed="1"))
+    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"),
+                                           killed=str(killed)))
     procs = _gloo_ranks(script)
     try:
-        out, err = procs[0].communicate(timeout=120)
+        out, err = procs[1 - killed].communicate(timeout=120)
     finally:
         for proc in procs:
             proc.kill()
+    return procs, out, err
+
+
+def test_a_killed_process_of_a_group_launched_by_hand_is_named_not_waited_for(tmp_path):
+    """Without torchrun's agent nobody stops the others when one dies: they find it silent (its beat
+    stops) and raise, and the pieces finished stay for the resumed call."""
+    procs, out, err = _killed_rank(tmp_path, killed=1)
     assert procs[0].returncode == 0, err[-3000:]
     assert ("ShardError: hcrfast.bound(shard=True): rank 1 of 2 stopped answering (3 s without a sign of life: "
             "killed, out of memory, or its machine lost) while rank 0 waited at step 'done'") in out, out + err
@@ -667,16 +675,7 @@ def test_a_killed_rank_0_of_a_group_launched_by_hand_is_named_by_the_others(tmp_
     """Rank 0 holds the group's store where the processes were started by hand: killed, the others raised torch's
     bare DistNetworkError ("Broken pipe") at their next step, and their beats logged a C++ trace every 2 s until
     then. They now raise a ShardError naming the store and rank 0, and stop beating after 3 failed beats."""
-    from pathlib import Path
-
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_SCRIPT.format(tests=str(Path(__file__).parent), ck=str(tmp_path / "ck"), killed="0"))
-    procs = _gloo_ranks(script)
-    try:
-        out, err = procs[1].communicate(timeout=120)
-    finally:
-        for proc in procs:
-            proc.kill()
+    procs, out, err = _killed_rank(tmp_path, killed=0)
     assert procs[1].returncode == 0, err[-3000:]
     assert re.search(r"ShardError: hcrfast.bound\(shard=True\): the process group's store at 127.0.0.1:\d+ stopped "
                      r"answering while rank 1 of 2 was at step '\w+' \(torch: \w+.*\): rank 0 holds it where the "
