@@ -1195,7 +1195,8 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
             name = f"{fn.__module__.split('.')[0]}.{fn.__name__}"
             if checkpoint is not None and (begun or sharded or _stored_key(checkpoint)):
                 exc.add_note(f"{name} ran on the batch divided by {inputs:g} (its typical value is that far from 1), "
-                             f"and its steps left its dtype's range there; it runs again on the batch as it is then, but not "
+                             f"and its steps left its dtype's range there; it runs again on the batch as it is then, "
+                             f"but not "
                              + ("sharded (shard=True: the processes would all have to): run it unsharded in another "
                                 "checkpoint folder" if sharded else
                                 f"where the checkpoint folder {checkpoint} holds work begun on the divided batch by an "

@@ -2928,7 +2928,8 @@ class _RescalesTinyExamples(torch.nn.Module):
     def forward(self, x):
         flat = x.flatten(1)
         tiny = flat.abs().amax(dim=1, keepdim=True) < 1e-130
-        return self.lin(flat) * torch.where(tiny, torch.tensor(1e130, dtype=flat.dtype), torch.tensor(1.0, dtype=flat.dtype))
+        one = torch.tensor(1.0, dtype=flat.dtype)
+        return self.lin(flat) * torch.where(tiny, 1e130 * one, one)
 
 
 def test_a_divided_batch_whose_later_piece_fails_runs_again_in_its_empty_checkpoint_folder(tmp_path, capsys):
