@@ -1330,8 +1330,8 @@ def _screen_in_part(eps, z, eps64, z64, z_last, magnitude, noise, *, restarts: i
     every step is certified, as where no screen runs. On the MNIST MLP a float64 forward costs about what the
     screen's arithmetic on a step does: the screen spared 61 of 14,400 steps of 64 examples and took 0.36 to
     1.1 s of a 2.0 to 3.5 s call (35 % less without it, the same bounds); on random inputs it spared 23 % and
-    the call took 1.11 times as long as without it. On the CIFAR-10 CNN it spares ~85 %, each pass ~100 times
-    its cost; ResNet-18 alike (2026-12-02). A count, not a time: the bounds of the steps certified come from
+    the call took 1.17 times as long as without it (benchmarks/screen_sample.py). On the CIFAR-10 CNN it spares
+    ~85 %, each pass ~100 times its cost; ResNet-18 alike (2026-12-02). A count, not a time: the bounds of the steps certified come from
     float64 passes over other rows where the screen decides otherwise, and may differ by their rounding; a
     decision by the clock made the same call's bits differ from run to run."""
     m = eps64.shape[0] // restarts
