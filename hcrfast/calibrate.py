@@ -27,6 +27,7 @@ import numpy as np
 
 from hcrfast.backend import available_memory, host_argument, to_host, warnings_ignored
 from hcrfast.results import counted, same_result
+from hcrfast import validation
 from hcrfast.validation import say
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
@@ -639,6 +640,7 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     _bound_keywords(sweep_sigma, bound_kwargs)
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sweep_sigma takes")
+    _scales_in_range(values, profile)
     sigmas, results, seconds, reused = [], [], [], []
     with _reusing(reuse_bytes):
         for i, k in enumerate(values.tolist()):
@@ -798,8 +800,9 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
         if scalar and damp > 0:   # LSQR's damp is in J's units: the divided features' J is J / sigma0
             kwargs = {**bound_kwargs, "lsqr": dataclasses.replace(bound_kwargs["lsqr"], damp=damp / float(profile))}
             call = functools.partial(_with_damp_as_given, bound, damp)   # (its warnings quote the user's)
-        try:
-            res = call(whitened[0], batch, float(k), progress=progress, checkpoint=folder, **kwargs)
+        try:   # (its warnings, and its errors below, name the sigma k stands for, not k)
+            with validation.named_as(*_sigma_named(k, sigma)):
+                res = call(whitened[0], batch, float(k), progress=progress, checkpoint=folder, **kwargs)
         except (ValueError, ArithmeticError) as exc:   # bound named the scalar sigma k it ran at, not sigma0's
             new = _per_feature_named(exc, k, sigma)
             if new is exc:
@@ -817,6 +820,23 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     return bound_at, profile, scalar, reuse_bytes
 
 
+def _scales_in_range(scales: np.ndarray, profile) -> None:
+    """Refuse, before any call, a scale whose σ = scale × sigma0 (``profile``, one number or one per feature)
+    leaves float64's normal range: it came out 0 or inf (refused as "sigma must be a positive finite number, got
+    0.0", a σ nobody passed), or subnormal (the features divided by it overflowed), after the sweep had spent the
+    scales before it."""
+    unit = np.asarray(profile, dtype=np.float64).reshape(-1)
+    info = np.finfo(np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        for k in scales.tolist():
+            low, high = float(k * unit.min()), float(k * unit.max())
+            if low < info.tiny or not high <= info.max:
+                unit_text = f"{float(unit[0])!r}" if unit.size == 1 else f"one std per feature, {unit.min():.4g} to {unit.max():.4g}"
+                raise ValueError(f"scales: {k!r} x sigma0 ({unit_text}) is {low if low < info.tiny else high!r}, "
+                                 f"outside float64's normal range [{info.tiny:.4g}, {info.max:.4g}]; pass scales whose "
+                                 f"sigma = scale x sigma0 lies within it")
+
+
 def _scale_checkpoint(root: Path, k: float) -> Path:
     """Scale ``k``'s checkpoint folder under ``root``: :func:`scale_folder`'s name, which the user reads
     (``scale_0.5``, as a saved sweep's), unless only the folder that versions before 2026-12-01 named by
@@ -827,22 +847,27 @@ def _scale_checkpoint(root: Path, k: float) -> Path:
     return old if old.is_dir() and not folder.exists() else folder
 
 
+def _sigma_named(k: float, sigma) -> tuple[str, str]:
+    """``(said, named)``: how a bound call at the scalar σ ``k`` on the features divided by sigma0 names its noise
+    (``Gaussian(sigma=1)``), and the σ = k·sigma0 (``sigma``, a scalar or one per feature) it stands for."""
+    from hcrfast.noise import Gaussian, per_feature_label
+
+    said = Gaussian(float(k)).describe().split(":")[0]
+    if np.ndim(sigma) == 0:   # a scalar sigma0 too far from 1, divided out
+        return said, (f"{Gaussian(float(sigma)).describe().split(':')[0]} (sigma0 x {k:g}: run as {said} on the "
+                      f"features divided by sigma0)")
+    return said, (f"{per_feature_label(np.asarray(sigma, dtype=np.float64))} (sigma0 per feature x {k:g}: run as "
+                  f"{said} on the features divided by sigma0)")
+
+
 def _per_feature_named(exc: BaseException, k: float, sigma) -> BaseException:
     """``exc``, raised by the bound call at the scalar σ ``k`` on the features divided by a per-feature sigma0,
     with its message naming the per-feature σ = k·sigma0 it stands for where it named the scalar noise
     (``Gaussian(sigma=1)``, the scale, read as a σ the user never gave); ``exc`` itself where it did not."""
-    from hcrfast.noise import Gaussian, per_feature_label
-
-    said = Gaussian(float(k)).describe().split(":")[0]
+    said, named = _sigma_named(k, sigma)
     text = str(exc)
     if said not in text or len(exc.args) != 1:
         return exc
-    if np.ndim(sigma) == 0:   # a scalar sigma0 too far from 1, divided out
-        named = (f"{Gaussian(float(sigma)).describe().split(':')[0]} (sigma0 x {k:g}: run as {said} on the "
-                 f"features divided by sigma0)")
-    else:
-        named = (f"{per_feature_label(np.asarray(sigma, dtype=np.float64))} (sigma0 per feature x {k:g}: run as "
-                 f"{said} on the features divided by sigma0)")
     try:
         new = type(exc)(text.replace(said, named, 1))
     except Exception:   # (an exception type that takes other arguments: kept as it came)

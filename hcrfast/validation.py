@@ -65,10 +65,30 @@ def tagged(category) -> type:
     return {UserWarning: HcrfastUserWarning, RuntimeWarning: HcrfastRuntimeWarning}.get(category, category)
 
 
+#: ``(said, named)``: while a call runs on a problem rescaled for it, the text its warnings say of the noise
+#: (``Gaussian(sigma=1)``) and what it stands for in the caller's units (:func:`named_as`).
+_NAMED = contextvars.ContextVar("hcrfast_named", default=None)
+
+
+@contextlib.contextmanager
+def named_as(said: str, named: str):
+    """Within the block, :func:`warn` writes ``named`` for the first ``said`` of a message: a sweep or search that
+    runs ``bound`` at σ = k on the features divided by its sigma0 has that call's warnings name the σ the caller
+    gave (``Gaussian(sigma=1e+300) (sigma0 x 1: ...)``), not the k it ran at, read as a σ nobody passed."""
+    token = _NAMED.set((said, named))
+    try:
+        yield
+    finally:
+        _NAMED.reset(token)
+
+
 def warn(message: str, category=UserWarning) -> None:
     """``warnings.warn`` naming the user's line: the first frame outside hcrfast, however deep the call
     (a fixed ``stacklevel`` goes stale as soon as a wrapper or a helper adds a frame); the category
-    :func:`tagged` as hcrfast's."""
+    :func:`tagged` as hcrfast's; the noise named in the caller's units within :func:`named_as`."""
+    named = _NAMED.get()
+    if named is not None and named[0] in message:
+        message = message.replace(named[0], named[1], 1)
     level, frame = 1, sys._getframe(0)
     while frame is not None and _inside_hcrfast(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1

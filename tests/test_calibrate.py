@@ -1198,3 +1198,63 @@ def test_the_peak_search_spends_no_call_on_a_plateau_and_takes_any_rtol():
     meets, best, note, calls = _synthetic(flat, 1000.0)
     assert calls == 3 and "stayed at 300" in note and "fell to" not in note
 
+
+
+def _linear64():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, 12, bias=False).double())
+    return model, torch.randn(2, 1, 1, 8, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("sigma0", [1e300, "per feature"])
+def test_a_far_sweeps_warnings_name_the_sigma_given_not_the_scale_it_ran_at(sigma0):
+    """A sweep over a far sigma0 runs bound at sigma = k on the features divided by sigma0: its warnings (here,
+    steps whose squared norms overflow float64) said 'Gaussian(sigma=1)', a sigma nobody passed, where the same
+    bound called directly names 1e+300."""
+    from hcrfast.noise import per_feature_label
+
+    model, x = _linear64()
+    sigma0 = np.full(12, 1e300) if sigma0 == "per feature" else sigma0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hcrfast.sweep_sigma(model, x, [1.0], sigma0=sigma0, basis="pixel", restarts=2)
+    texts = [str(w.message) for w in caught if "overflows float64" in str(w.message)]
+    named = (per_feature_label(sigma0) + " (sigma0 per feature x 1" if np.ndim(sigma0)
+             else "Gaussian(sigma=1e+300) (sigma0 x 1: run as Gaussian(sigma=1) on the features divided by sigma0)")
+    assert texts and all(t.startswith(named) for t in texts), texts
+    # outside a sweep, warn says what it is given
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hcrfast.bound(model, x, 1e300, basis="pixel", restarts=2)
+    assert [str(w.message) for w in caught if "overflows" in str(w.message)][0].startswith("Gaussian(sigma=1e+300) with")
+
+
+@pytest.mark.parametrize("sigma", [1e-310, "per feature"])
+def test_a_subnormal_sigma_is_refused_by_name_not_taken_for_a_model_whose_features_overflow(sigma):
+    """The features are divided by sigma, and 1/1e-310 is past float64's range: a linear model was refused as one
+    whose 'features contain NaN or inf', or, on inputs of 1e-300, whose 'derivative is not finite'."""
+    model, x = _linear64()
+    stds = np.full(12, 1.0)
+    stds[3] = 1e-310
+    sigma = stds if sigma == "per feature" else sigma
+    for batch in (x, x * 1e-300):
+        with pytest.raises(ValueError, match=r"^hcrfast\.bound: sigma.*1e-310, below float64's smallest normal "
+                                             r"number .* multiply the model's features by a power of two"):
+            hcrfast.bound(model, batch, sigma, basis="pixel", restarts=2)
+    with pytest.raises(ValueError, match=r"^hcrfast\.targeted_bound: sigma=1e-310, below"):
+        hcrfast.targeted_bound(model, x, 1e-310, targets="all", basis="pixel")
+
+
+@pytest.mark.parametrize("scales, sigma0, shown", [([1, 1e-320], None, r"1e-320 x sigma0 \(0\.7\d+\) is 7\.\d+e-321"),
+                                                   ([1e-30], 1e-300, r"1e-30 x sigma0 \(1e-300\) is 0\.0"),
+                                                   ([1e300], 1e10, r"1e\+300 x sigma0 \(10000000000\.0\) is inf")])
+def test_a_sweep_refuses_a_sigma_outside_float64_before_its_first_call(scales, sigma0, shown, monkeypatch):
+    """sweep_sigma checked each scale, not scale x sigma0: [1, 1e-320] ran the whole first sigma and then failed
+    naming 'features contain NaN or inf', and 1e-30 x 1e-300 was refused as 'sigma ... got 0.0', a sigma never
+    passed."""
+    model, x = _linear64()
+    calls = []
+    monkeypatch.setattr(hcrfast.algorithm, "_bound", lambda **kw: calls.append(kw))   # no bound call runs
+    with pytest.raises(ValueError, match=r"^scales: " + shown + r", outside float64's normal range"):
+        hcrfast.sweep_sigma(model, x, scales, sigma0=sigma0, basis="pixel", restarts=2)
+    assert calls == []
