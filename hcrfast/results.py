@@ -389,6 +389,32 @@ def finite_stats(values, *, largest: bool = True) -> str:
     return text + (f" (of the {finite.size} finite; {others})" if finite.size < values.size else "")
 
 
+def _null_space_line(p: dict) -> str | None:
+    """The summary's line on J's local null space, where the call shows one: the dense solve's numerical rank
+    below the inputs, or (any solver) fewer features than inputs. The steps bound() certifies lie in J's row
+    space (J⁺'s, its singular directions past the rank are steps of 0), so no mode's bound comes from the null
+    space, where steps move the features only at second order or by rounding and the bounds can be far larger
+    (+inf where the features ignore the step): a MNIST-geometry ReLU MLP's J has rank ~380 of 784, and a small
+    ReLU MLP's median bound was 3.46 here against 1.5e7 from targeted_bound's null-space probes (2026-12-02)."""
+    n, inputs = p.get("n_features"), p.get("n_inputs")
+    if not isinstance(inputs, int) or isinstance(inputs, bool):
+        return None
+    dense = p.get("dense") if p.get("solver") == "dense" else None
+    rank_min = dense.get("rank_min") if isinstance(dense, dict) else None
+    if isinstance(rank_min, (int, np.integer)) and rank_min < inputs:
+        median = dense.get("rank_median", float("nan"))
+        size = (f"{median_count(inputs - median)} of its {inputs:,} input directions at the median example "
+                f"(up to {inputs - int(rank_min):,})")
+    elif isinstance(n, int) and not isinstance(n, bool) and n < inputs:
+        size = f"at least {inputs - n:,} of its {inputs:,} input directions ({n:,} features)"
+    else:
+        return None
+    return (f"  J's local null space: {size}. Every step here lies in J's row space: steps along the null space move "
+            f"the features only at second order or by rounding, so the modes with a component there can have far "
+            f"larger bounds than these (+inf where the features ignore the step); hcrfast.targeted_bound(..., "
+            f"null_probes=True) certifies steps there")
+
+
 def _divergence_text(divergence, zero_step_reasons) -> str:
     """The summary's median D over the restarts that bound something: a restart listed in
     ``zero_step_reasons`` (eps = 0, J = 0, a shift float64 could not resolve) holds a D of 0 that is no
@@ -645,6 +671,9 @@ class Bounds:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {median_count(np.median(h.lsqr_iterations))}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
+        null = _null_space_line(p)
+        if null:
+            lines.append(null)
         sing = p.get("singular_steps")
         if sing and not isinstance(sing, dict):   # a run hcrfast reproduce wrote before it kept their account
             sing = {"count": int(sing)}

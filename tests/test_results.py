@@ -630,3 +630,38 @@ def test_the_run_record_survives_save_and_load_and_an_older_file_without_it_load
         other = cls.load(_rewrite_meta(path, tmp_path / "other.npz", lambda meta: meta["params"]["run"].update(
             torch_threads=64, versions={"torch": "0.0"})))
         assert other == result   # other threads or versions, the same bits: equal
+
+
+def _relu_mlp(inputs=64, hidden=64, features=32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(inputs, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, features))
+
+
+def test_the_summary_says_where_j_has_a_null_space_these_bounds_do_not_probe():
+    """A ReLU MLP of 64 inputs and 32 features has J of rank <= 32: steps along its null space leave the
+    features unchanged to first order, and targeted_bound's null-space probes certify bounds millions of
+    times those of bound, whose steps all lie in J's row space. Its summary said only 'numerical rank of J
+    median 26.5', nothing of what the bounds left out."""
+    model, x = _relu_mlp(), torch.rand(2, 1, 8, 8)
+    with torch.no_grad():
+        sigma = hcrfast.rms_sigma(model(x), 1.0)
+    res = hcrfast.bound(model, x, sigma, restarts=2, iterations=2)
+    rank = res.params["dense"]["rank_median"]
+    line = [t for t in res.summary().splitlines() if "null space" in t]
+    assert len(line) == 1 and line[0].startswith(f"  J's local null space: {64 - rank:g} of its 64 input directions "
+                                                 f"at the median example (up to {64 - res.params['dense']['rank_min']})")
+    assert "hcrfast.targeted_bound(..., null_probes=True) certifies steps there" in line[0]
+    # what the line says: the null-space probes bound the modes far above these bounds (certified either way)
+    probed = hcrfast.targeted_bound(model, x, sigma, targets="all")
+    assert np.median(probed.std) > 1e3 * np.median(res.std)
+    # matrix-free solvers have no rank: fewer features than inputs is a null space all the same
+    lsqr = hcrfast.bound(model, x, sigma, restarts=2, iterations=2, solver="lsqr")
+    assert "  J's local null space: at least 32 of its 64 input directions (32 features). Every step" in lsqr.summary()
+
+
+def test_the_summary_has_no_null_space_line_where_j_has_full_column_rank():
+    model, x = _relu_mlp(inputs=16, hidden=64, features=48), torch.rand(2, 1, 4, 4)
+    res = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2)
+    assert res.params["dense"]["rank_min"] == 16
+    assert "null space" not in res.summary()
