@@ -640,7 +640,7 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     _bound_keywords(sweep_sigma, bound_kwargs)
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sweep_sigma takes")
-    _scales_in_range(values, profile)
+    _scales_in_range(values, profile, batch, plain=not bound_at.whitened)
     sigmas, results, seconds, reused = [], [], [], []
     with _reusing(reuse_bytes):
         for i, k in enumerate(values.tolist()):
@@ -817,24 +817,34 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
 
     if whiten:   # (made here, before the first call, where its refusals belong)
         whitened.append(_whiten(model, batch, profile, bound_kwargs.get("certify", True)))
+    bound_at.whitened = bool(whiten)   # its calls run at sigma = k on the features divided by sigma0
     return bound_at, profile, scalar, reuse_bytes
 
 
-def _scales_in_range(scales: np.ndarray, profile) -> None:
+def _scales_in_range(scales: np.ndarray, profile, batch, *, plain: bool) -> None:
     """Refuse, before any call, a scale whose σ = scale × sigma0 (``profile``, one number or one per feature)
-    leaves float64's normal range: it came out 0 or inf (refused as "sigma must be a positive finite number, got
-    0.0", a σ nobody passed), or subnormal (the features divided by it overflowed), after the sweep had spent the
-    scales before it."""
+    the sweep cannot run or report, where its calls had failed only once the sweep had spent the scales before:
+    0 or inf in float64 (refused as "sigma must be a positive finite number, got 0.0", a σ nobody passed), and
+    with ``plain`` calls (at σ itself, not at the scale on the features divided by sigma0) below the smallest
+    normal number of the features' dtype (the features divided by it overflowed)."""
+    import torch
+
     unit = np.asarray(profile, dtype=np.float64).reshape(-1)
     info = np.finfo(np.float64)
+    dtype = np.float64 if getattr(batch, "dtype", None) == torch.float64 else np.float32
+    floor = float(np.finfo(dtype).tiny) if plain else 0.0
     with np.errstate(over="ignore", under="ignore"):
         for k in scales.tolist():
             low, high = float(k * unit.min()), float(k * unit.max())
-            if low < info.tiny or not high <= info.max:
-                unit_text = f"{float(unit[0])!r}" if unit.size == 1 else f"one std per feature, {unit.min():.4g} to {unit.max():.4g}"
-                raise ValueError(f"scales: {k!r} x sigma0 ({unit_text}) is {low if low < info.tiny else high!r}, "
-                                 f"outside float64's normal range [{info.tiny:.4g}, {info.max:.4g}]; pass scales whose "
-                                 f"sigma = scale x sigma0 lies within it")
+            if low > floor and high <= info.max:
+                continue
+            unit_text = (f"{float(unit[0])!r}" if unit.size == 1 else
+                         f"one std per feature, {unit.min():.4g} to {unit.max():.4g}")
+            what = (f"is {low!r}, below {np.dtype(dtype).name}'s smallest normal number ({floor:.4g}; the features' "
+                    f"dtype): the features divided by it overflow" if 0 < low <= floor else
+                    f"is {low if low <= floor else high!r}, outside float64's range")
+            raise ValueError(f"scales: {k!r} x sigma0 ({unit_text}) {what}; pass scales whose sigma = scale x sigma0 "
+                             f"lies within it")
 
 
 def _scale_checkpoint(root: Path, k: float) -> Path:

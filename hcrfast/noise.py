@@ -1166,7 +1166,8 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
         sigma = bound_args.arguments.get(sigma_name)
         stds = per_feature_stds(sigma)
         scale = whitened_scale(sigma, bound_args.arguments.get(batch_name)) if stds is None else None
-        _refuse_subnormal(f"{fn.__module__.split('.')[0]}.{fn.__name__}", scale, stds)
+        _refuse_subnormal(f"{fn.__module__.split('.')[0]}.{fn.__name__}", scale, stds,
+                          bound_args.arguments.get(batch_name))
         checkpoint = bound_args.arguments.get("checkpoint")
         if scale is not None and _begun_unscaled(checkpoint, scale):
             scale = None   # resumed as it was begun (by a version before 2026-12-02): on the features as they are
@@ -1213,20 +1214,24 @@ def accepts_per_feature_sigma(fn=None, *, scale_inputs: bool = False):
     return wrapper
 
 
-def _refuse_subnormal(name: str, scale, stds) -> None:
-    """Refuse a Gaussian σ (``scale``, or one of the ``stds``) below float64's smallest normal number: the call
-    divides the features by it, and 1/σ is past float64's range, so the features or J's products by it came out
-    inf, refused as features with NaN or inf, or as a model whose derivative is not finite (a linear one)."""
-    tiny = np.finfo(np.float64).tiny
+def _refuse_subnormal(name: str, scale, stds, batch) -> None:
+    """Refuse a Gaussian σ (``scale``, or one of the ``stds``) below the smallest normal number of the features'
+    dtype (the batch's; float32 where not float64, as :func:`whitened_scale`): the call divides the features by
+    it, and 1/σ is past that dtype's range, so the features or J's products by it came out inf, refused as
+    features with NaN or inf, or as a model whose derivative is not finite (a linear one)."""
+    dtype = np.float64 if getattr(batch, "dtype", None) == torch.float64 else np.float32
+    tiny = float(np.finfo(dtype).tiny)
     low = scale if scale is not None and scale < tiny else (
         float(np.min(stds)) if stds is not None and float(np.min(stds)) < tiny else None)
     if low is None:
         return
     what = f"sigma={low!r}" if stds is None else f"sigma (one std per feature) holds {low!r}"
-    raise ValueError(f"{name}: {what}, below float64's smallest normal number ({tiny:.4g}): the features are divided "
-                     f"by the noise's std, and 1/sigma is past float64's range; rescale the problem: multiply the "
-                     f"model's features by a power of two (a Module whose forward returns model(x) * 2.0**k) and "
-                     f"sigma by the same, which leaves every bound as it is")
+    kind = np.dtype(dtype).name
+    raise ValueError(f"{name}: {what}, below {kind}'s smallest normal number ({tiny:.4g}; {kind}: the features' "
+                     f"dtype): the features are divided by the noise's std, and 1/sigma is past {kind}'s range; "
+                     f"rescale the problem: multiply the model's features by a power of two (a Module whose forward "
+                     f"returns model(x) * 2.0**k) and sigma by the same, which leaves every bound as it is"
+                     + ("" if dtype == np.float64 else ", or pass a float64 model and batch"))
 
 
 def _run_scaled(fn, bound_args, scale, stds, inputs):

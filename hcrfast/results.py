@@ -392,13 +392,14 @@ def finite_stats(values, *, largest: bool = True) -> str:
 def _null_space_line(p: dict) -> str | None:
     """The summary's line on J's local null space, where the call shows one: the dense solve's numerical rank
     below the inputs, or (any solver) fewer features than inputs. The steps bound() certifies lie in J's row
-    space (J⁺'s, its singular directions past the rank are steps of 0), so no mode's bound comes from the null
+    space with ``linearize_at="input"`` (J⁺'s, its singular directions past the rank are steps of 0), so no mode's
+    bound comes from the null
     space, where steps move the features only at second order or by rounding and the bounds can be far larger
     (+inf where the features ignore the step): a MNIST-geometry ReLU MLP's J has rank ~380 of 784, and a small
     ReLU MLP's median bound was 3.46 here against 1.5e7 from targeted_bound's null-space probes (2026-12-02)."""
     n, inputs = p.get("n_features"), p.get("n_inputs")
-    if not isinstance(inputs, int) or isinstance(inputs, bool):
-        return None
+    if not isinstance(inputs, int) or isinstance(inputs, bool) or p.get("linearize_at") == "current":
+        return None   # (linearized at θ + ε(j−1), the steps are in the row spaces of other J's: not J(θ)'s alone)
     dense = p.get("dense") if p.get("solver") == "dense" else None
     rank_min = dense.get("rank_min") if isinstance(dense, dict) else None
     if isinstance(rank_min, (int, np.integer)) and rank_min < inputs:

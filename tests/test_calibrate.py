@@ -1243,18 +1243,39 @@ def test_a_subnormal_sigma_is_refused_by_name_not_taken_for_a_model_whose_featur
             hcrfast.bound(model, batch, sigma, basis="pixel", restarts=2)
     with pytest.raises(ValueError, match=r"^hcrfast\.targeted_bound: sigma=1e-310, below"):
         hcrfast.targeted_bound(model, x, 1e-310, targets="all", basis="pixel")
+    # float32 features: below float32's smallest normal number (also refused as 'NaN or inf' features before)
+    with pytest.raises(ValueError, match=r"^hcrfast\.bound: sigma=1e-40, below float32's smallest normal number "
+                                         r".*, or pass a float64 model and batch$"):
+        hcrfast.bound(model.float(), x.float(), 1e-40, basis="pixel", restarts=2)
 
 
-@pytest.mark.parametrize("scales, sigma0, shown", [([1, 1e-320], None, r"1e-320 x sigma0 \(0\.7\d+\) is 7\.\d+e-321"),
-                                                   ([1e-30], 1e-300, r"1e-30 x sigma0 \(1e-300\) is 0\.0"),
-                                                   ([1e300], 1e10, r"1e\+300 x sigma0 \(10000000000\.0\) is inf")])
-def test_a_sweep_refuses_a_sigma_outside_float64_before_its_first_call(scales, sigma0, shown, monkeypatch):
+@pytest.mark.parametrize("dtype, scales, sigma0, shown", [
+    (torch.float64, [1, 1e-320], None, r"1e-320 x sigma0 \(0\.7\d+\) is \d\.\d+e-321, below float64's smallest normal"),
+    (torch.float32, [1, 1e-40], None, r"1e-40 x sigma0 \(0\.7\d+\) is 7\.\d+e-41, below float32's smallest normal"),
+    (torch.float64, [1e-30], 1e-300, r"1e-30 x sigma0 \(1e-300\) is 0\.0, outside float64's range"),
+    (torch.float64, [1e300], 1e10, r"1e\+300 x sigma0 \(10000000000\.0\) is inf, outside float64's range")])
+def test_a_sweep_refuses_a_sigma_outside_its_range_before_its_first_call(dtype, scales, sigma0, shown, monkeypatch):
     """sweep_sigma checked each scale, not scale x sigma0: [1, 1e-320] ran the whole first sigma and then failed
-    naming 'features contain NaN or inf', and 1e-30 x 1e-300 was refused as 'sigma ... got 0.0', a sigma never
-    passed."""
+    naming 'features contain NaN or inf' (a float32 model at 1e-40 too), and 1e-30 x 1e-300 was refused as
+    'sigma ... got 0.0', a sigma never passed."""
     model, x = _linear64()
+    model, x = model.to(dtype), x.to(dtype)
     calls = []
     monkeypatch.setattr(hcrfast.algorithm, "_bound", lambda **kw: calls.append(kw))   # no bound call runs
-    with pytest.raises(ValueError, match=r"^scales: " + shown + r", outside float64's normal range"):
+    with pytest.raises(ValueError, match=r"^scales: " + shown):
         hcrfast.sweep_sigma(model, x, scales, sigma0=sigma0, basis="pixel", restarts=2)
     assert calls == []
+
+
+def test_a_sweep_on_features_divided_by_a_far_sigma0_runs_where_scale_x_sigma0_is_subnormal():
+    """Features of 1e-305 and sigma0 = 1e-305 (reuse on): the sweep runs bound at sigma = 1e-5 on the features
+    divided by sigma0, near 1, as it did before the range check (a review found that check refusing it, though
+    sigma = 1e-5 x 1e-305, subnormal, is never formed): the bounds of the model near 1 at sigma 1e-5."""
+    model, x = _linear64()
+    with torch.no_grad():
+        model[1].weight.mul_(1e-305)
+    sweep = hcrfast.sweep_sigma(model, x, [1e-5], sigma0=1e-305, basis="pixel", restarts=2)
+    model_near, _ = _linear64()
+    direct = hcrfast.bound(model_near, x, 1e-5, basis="pixel", restarts=2)
+    assert sweep.bounds[0].params["sigma"] == 1e-5 * 1e-305
+    np.testing.assert_allclose(sweep.bounds[0].std, direct.std, rtol=1e-6)
