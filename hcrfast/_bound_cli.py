@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -1044,11 +1045,18 @@ def _run(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
 
+    # chunks read back from an earlier run with another --threads: their bounds are that count's, bit for bit
+    # (the float32 solves' rounding follows it), so the command that repeats them names it
+    computed = _chunk_threads(sweep.bounds if sweep is not None else [res])
+    if computed is not None and computed != threads:
+        say(f"hcrfast bound: the bounds were read back from chunks computed with --threads {computed} (this run has "
+            f"{threads}); summary.json's command names --threads {computed}, which repeats them bit for bit")
     summary = {
         # --threads as used (torch's default where not given), as --attack-steps' default is
         "arguments": {k: (threads if k == "threads" else v) for k, v in vars(args).items()
                       if k not in ("func", "command")},
-        "command": command_line(args, threads),
+        "command": command_line(args, threads if computed is None else computed),
+        "chunks_threads": computed,   # the --threads the bounds' chunks were computed with, where one
         "cwd": os.getcwd(),   # where the command's relative paths are read from
         "threads": threads,
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -1313,6 +1321,18 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     if report is not None:
         print(f"report: {report}")
     return 0
+
+
+def _chunk_threads(results) -> int | None:
+    """The torch thread count every chunk of ``results`` (Bounds) was computed with, read from the arithmetic each
+    chunk records (:func:`hcrfast.checkpoint.arithmetic_of`: "torch threads N"); None where they differ, or a
+    chunk recorded none (a GPU's, or one from before it was recorded)."""
+    found = set()
+    for res in results:
+        for text in ((res.params.get("checkpoint") or {}).get("arithmetic") or ["not recorded"]):
+            match = re.search(r"torch threads (\d+)", str(text))
+            found.add(int(match.group(1)) if match else None)
+    return found.pop() if len(found) == 1 else None
 
 
 def command_line(args: argparse.Namespace, threads: int) -> str:

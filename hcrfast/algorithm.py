@@ -3034,7 +3034,9 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                   krylov=None if solver != "krylov" else _krylov_params(
                       krylov_steps, ranks, krylov_pilots, redone=redone, passes=passes, auto=pilots_auto),
                   device=str(batch.device), n_features=n, n_inputs=p,
-                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused),
+                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=reused,
+                                                               # what the chunks' last bits depend on (arithmetic_of)
+                                                               arithmetic=sorted(saved.arithmetics)),
                   reuse=None if reuse is None else dict(
                       examples=reused_factors[0], store_bytes=reuse.used, budget_bytes=reuse.budget,
                       note="the dense factors or Krylov bases of these examples came from an earlier call at "

@@ -1192,6 +1192,44 @@ def test_a_float_flag_float64_would_change_is_refused_as_typed(files, capsys, fl
     assert not (tmp_path / "run").exists()
 
 
+def test_a_run_read_back_from_chunks_of_another_threads_count_records_that_count(files, capsys):
+    """Run with --threads 1, then again into the same --out with --threads 2: every chunk is read back (the bounds
+    are the 1-thread run's, bit for bit), but summary.json's command said --threads 2, which computes other bits
+    (the float32 LSQR's rounding follows the count: 1.5e-4 apart in an audit). It now names the chunks' count, and
+    the run says so; chunks of mixed counts leave the run's own count (and the checkpoint warns of the mix). (A
+    given --sigma: the default, the features' RMS, is a float32 sum whose last bits follow the count too, and
+    the call made with another count is refused as another sigma.)"""
+    import shlex
+
+    tmp_path, _ = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", "--restarts", "2", "--iterations", "2", "--solver",
+            "lsqr", "--chunk-size", "2", "--sigma", "0.5", "--no-progress", "--no-report", "--out", tmp_path / "run"]
+    saved = torch.get_num_threads()
+    try:
+        assert cli.main(["bound", *map(str, argv), "--threads", "1"]) == 0
+        first = json.loads((tmp_path / "run" / "summary.json").read_text())
+        capsys.readouterr()
+        assert cli.main(["bound", *map(str, argv), "--threads", "2"]) == 0
+        again = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert ("bounds were read back from chunks computed with --threads 1 (this run has 2); summary.json's "
+                "command names --threads 1" in capsys.readouterr().err)
+        words = shlex.split(again["command"])
+        assert words[words.index("--threads") + 1] == "1" and again["command"] == first["command"]
+        assert again["chunks_threads"] == 1 and again["threads"] == 2
+        # a chunk computed again at 2 threads: a mix, no single count to name
+        chunk = sorted((tmp_path / "run" / "chunks").glob("chunk_*.npz"))[0]
+        chunk.unlink()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            assert cli.main(["bound", *map(str, argv), "--threads", "2"]) == 0
+        mixed = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert mixed["chunks_threads"] is None
+        words = shlex.split(mixed["command"])
+        assert words[words.index("--threads") + 1] == "2"
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_krylov_pilots_from_the_shell_are_the_apis(files, capsys):
     tmp_path, x = files
     out = tmp_path / "run"
