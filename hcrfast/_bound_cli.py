@@ -233,8 +233,9 @@ def add_subparser(subparsers) -> None:
                    help="where the model, inputs and solver run (default cpu)")
     p.add_argument("--double", action="store_true",
                    help="run the model and inputs in float64 (default: float32, or float64 where the weights are, "
-                        "the module's own or a float64 --weights file's; float16 and bfloat16 weights run in "
-                        "float32, with a warning)")
+                        "the module's own or a float64 --weights file's; a float16 or bfloat16 module runs as a "
+                        "float32 copy, with a warning; a float16 or bfloat16 --weights file loads exactly into a "
+                        "float32 module's tensors, without one)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="torch's CPU threads (and the host LAPACK threads of the dense and Krylov solves)")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
