@@ -477,6 +477,12 @@ def write_html(path, summary: dict, figures: dict) -> Path:
                     + (f": they raised {lifted['modes_lifted']:,} of the {total:,} (example, mode) bounds above "
                        f"Algorithm 1's ({lifted['modes_lifted'] / max(1, total):.1%}; {lifted['seconds']:.1f} s)"
                        if lifted else "") + ".</p>")
+        if s.get("solver") == "dense" and fewest < s["singular_steps"]:   # J's rank, where below the steps asked for
+            body.append(f"<p>J's rank was as low as {fewest:,} at an example, below its inputs: J has a local null "
+                        f"space there. Every step above lies in J's row space; steps along the null space move the "
+                        f"features only at second order or by rounding, so the modes with a component there can have "
+                        f"far larger bounds than these (+inf where the features ignore the step), which "
+                        f"<code>hcrfast.targeted_bound(..., null_probes=True)</code> certifies.</p>")
     inf = s["infinite"]
     if inf["coordinates"]:
         targeted = inf.get("targeted_steps", 0)

@@ -402,10 +402,18 @@ def _null_space_line(p: dict) -> str | None:
         return None   # (linearized at θ + ε(j−1), the steps are in the row spaces of other J's: not J(θ)'s alone)
     dense = p.get("dense") if p.get("solver") == "dense" else None
     rank_min = dense.get("rank_min") if isinstance(dense, dict) else None
+    # (a run merged from chunks, hcrfast reproduce's, keeps no rank; the singular steps' count of directions
+    # within each example's rank tells it where one had fewer than were asked for)
+    sing = p.get("singular_steps") if p.get("solver") == "dense" else None
+    taken = (sing.get("directions") or {}) if isinstance(sing, dict) else {}
+    fewest, count = taken.get("fewest"), sing.get("count") if isinstance(sing, dict) else None
     if isinstance(rank_min, (int, np.integer)) and rank_min < inputs:
         median = dense.get("rank_median", float("nan"))
         size = (f"{median_count(inputs - median)} of its {inputs:,} input directions at the median example "
                 f"(up to {inputs - int(rank_min):,})")
+    elif (rank_min is None and isinstance(fewest, (int, np.integer)) and isinstance(count, (int, np.integer))
+          and fewest < count):   # (rank = the directions taken, where fewer than asked)
+        size = f"up to {inputs - int(fewest):,} of its {inputs:,} input directions (J's rank was {int(fewest)} at an example)"
     elif isinstance(n, int) and not isinstance(n, bool) and n < inputs:
         size = f"at least {inputs - n:,} of its {inputs:,} input directions ({n:,} features)"
     else:

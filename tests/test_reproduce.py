@@ -1441,3 +1441,30 @@ def test_a_run_of_format_6_from_before_the_dense_rank_rule_is_refused(first, wei
     err = capsys.readouterr().err
     assert (f"{old} holds a run written by another version of hcrfast (format: 6 -> 7), whose chunks this one does "
             f"not mix with its own") in err and f"pass a fresh --out (or delete {old})" in err, err
+
+
+def test_the_report_says_where_the_dense_solve_found_j_rank_deficient(weights, tmp_path):
+    """The trained digits MLP's J has rank as low as 37 of its 64 inputs (the full run, 2026-12-02): a null space
+    that no step of the run probes. The report and the merged result's summary, which keep no rank of their own,
+    read it from the singular steps taken within each example's rank, and say so; the Krylov basis' kept
+    vectors tell no rank of J, and its run says nothing of a null space."""
+    out = tmp_path / "dense"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--examples", "40", "--solver", "dense", "--out", str(out),
+                         "--weights", str(weights), "--no-progress"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    fewest = s["singular_steps_lifted"]["directions"]["fewest"]
+    assert fewest < s["singular_steps"] == 64
+    html = (out / "report.html").read_text()
+    assert f"J's rank was as low as {fewest:,} at an example, below its inputs: J has a local null space" in html
+    summary = hcrfast.Bounds.load(out / "bounds.npz").summary()
+    assert (f"J's local null space: up to {64 - fewest} of its 64 input directions (J's rank was {fewest} at an "
+            f"example)") in summary
+    krylov = tmp_path / "kry"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["reproduce", "digits", *TINY, "--solver", "krylov", "--lsqr-iter-lim", "4", "--out",
+                         str(krylov), "--weights", str(weights), "--no-progress"]) == 0
+    assert "null space" not in (krylov / "report.html").read_text()
+    assert "null space" not in hcrfast.Bounds.load(krylov / "bounds.npz").summary()
