@@ -1219,12 +1219,17 @@ def _refuse_subnormal(name: str, scale, stds, batch) -> None:
     dtype (the batch's; float32 where not float64, as :func:`whitened_scale`): the call divides the features by
     it, and 1/σ is past that dtype's range, so the features or J's products by it came out inf, refused as
     features with NaN or inf, or as a model whose derivative is not finite (a linear one)."""
+    if scale is None and stds is None:
+        return
     dtype = np.float64 if getattr(batch, "dtype", None) == torch.float64 else np.float32
     tiny = float(np.finfo(dtype).tiny)
-    low = scale if scale is not None and scale < tiny else (
-        float(np.min(stds)) if stds is not None and float(np.min(stds)) < tiny else None)
-    if low is None:
+    values = np.asarray([scale] if stds is None else stds, dtype=np.float64).reshape(-1)
+    with np.errstate(under="ignore", over="ignore"):
+        # (a value the dtype rounds to 0 is named as that by the call's own check, which says so of every entry)
+        subnormal = values[(values < tiny) & (values.astype(dtype) != 0)]
+    if not subnormal.size:
         return
+    low = float(subnormal.min())
     what = f"sigma={low!r}" if stds is None else f"sigma (one std per feature) holds {low!r}"
     kind = np.dtype(dtype).name
     raise ValueError(f"{name}: {what}, below {kind}'s smallest normal number ({tiny:.4g}; {kind}: the features' "
