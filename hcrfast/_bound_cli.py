@@ -718,6 +718,23 @@ def replace_outputs(out: Path, earlier, written) -> None:
     write_outputs(out, written)
 
 
+def _default_sigma_hint(exc: Exception, noise: dict) -> Exception:
+    """``exc`` (a checkpoint refusal, worded for the shell) with a note where its folder's sigma differs from the
+    one this run took as the features' RMS (``noise``: no --sigma or --sigma-file given): that RMS comes from a
+    float32 forward, whose last bits follow torch's thread count and the machine, so the same command run with
+    another --threads, or elsewhere, was refused as another sigma with no word of why."""
+    if "rms" not in noise:
+        return exc
+    found = re.search(r"noise: 'Gaussian\(sigma=([^)']+)\)' -> 'Gaussian\(sigma=", str(exc))
+    if found is None:
+        return exc
+    exc.add_note(f"hcrfast bound: sigma was left at its default, {noise['sigma_scale']:g} x the features' RMS, "
+                 f"computed by a forward whose last bits follow the thread count and the machine; to resume, pass "
+                 f"the first run's --threads (the one in its summary.json's command), or --sigma {found.group(1)}, "
+                 f"the folder's own")
+    return exc
+
+
 def shell_fix(exc: Exception, out: Path, parents: tuple = ("",)) -> Exception:
     """A checkpoint refusal of one sigma of a command-line sweep, worded for the shell: the checkpoint
     (hcrfast.checkpoint, hcrfast.reproduce) tells a Python caller to pass another checkpoint folder or to
@@ -995,12 +1012,12 @@ def _run(args: argparse.Namespace) -> int:
                 sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
                                     checkpoint=out / "sweep_chunks", **bound_kwargs)
             except CheckpointMismatchError as exc:
-                raise shell_fix(exc, out, ("sweep_chunks",)) from None
+                raise _default_sigma_hint(shell_fix(exc, out, ("sweep_chunks",)), noise) from None
         elif args.target_std is None:
             try:
                 res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)
             except CheckpointMismatchError as exc:   # worded for the shell: another --out, or delete OUT/chunks
-                raise shell_fix(exc, out, ("chunks",)) from None
+                raise _default_sigma_hint(shell_fix(exc, out, ("chunks",)), noise) from None
         else:
             from hcrfast.calibrate import sigma_for
 

@@ -1230,6 +1230,29 @@ def test_a_run_read_back_from_chunks_of_another_threads_count_records_that_count
         torch.set_num_threads(saved)
 
 
+def test_a_default_sigma_refused_on_resume_says_why_and_how_to_resume(files, capsys):
+    """The default sigma is the features' RMS from a float32 forward, whose last bits follow --threads and the
+    machine: the same command run again with another --threads was refused as another sigma ('Gaussian(sigma=
+    0.6271854575593698)' -> 'Gaussian(sigma=0.6271854729719915)'), with no word of why. (The folder here is made at
+    the next float64 above the RMS, what another thread count gave.) The refusal now says so, and names the fixes."""
+    tmp_path, _ = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", *TINY]
+    assert _bound([*argv, "--out", tmp_path / "first"]) == 0
+    rms = json.loads((tmp_path / "first" / "summary.json").read_text())["noise"]["sigma"]
+    other = float(np.nextafter(rms, np.inf))
+    assert _bound([*argv, "--sigma", repr(other), "--out", tmp_path / "run"]) == 0
+    capsys.readouterr()
+    assert _bound([*argv, "--out", tmp_path / "run"]) == 2
+    err = capsys.readouterr().err
+    assert "holds work made with other arguments (noise: " in err
+    assert (f"sigma was left at its default, 1 x the features' RMS, computed by a forward whose last bits follow the "
+            f"thread count and the machine; to resume, pass the first run's --threads (the one in its summary.json's "
+            f"command), or --sigma {other!r}, the folder's own") in err
+    # a sigma given is no default: the refusal stays as it was
+    assert _bound([*argv, "--sigma", "0.5", "--out", tmp_path / "run"]) == 2
+    assert "left at its default" not in capsys.readouterr().err
+
+
 def test_krylov_pilots_from_the_shell_are_the_apis(files, capsys):
     tmp_path, x = files
     out = tmp_path / "run"
