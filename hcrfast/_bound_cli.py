@@ -139,6 +139,10 @@ def add_subparser(subparsers) -> None:
                         "take); see hcrfast.bound")
     b.add_argument("--targets", default=None, metavar="SPEC",
                    help="'all' or 'low:K': also aim one certified step at each of these DCT modes")
+    b.add_argument("--null-probes", action="store_true",
+                   help="with --targets and the dense solve: also certify steps along each target mode's component "
+                        "in J's local null space (null_probes=True), where the features move only at second order or "
+                        "by rounding: huge bounds, or +inf where the model ignores the step")
     b.add_argument("--singular-steps", type=steps_arg, default="auto", metavar="K",
                    help="also certify a step along each of J's K smallest singular directions (from the dense or "
                         "Krylov solve's own factorization: no model product; each direction is certified with both "
@@ -987,6 +991,7 @@ def _run(args: argparse.Namespace) -> int:
             basis=args.basis, linearize_at=args.linearize_at, solver=args.solver, targets=args.targets,
             jacobian=args.jacobian, warm_start=not args.cold_start, tf32=args.tf32, chunk_size=args.chunk_size,
             iterates="last" if args.last_iterate else "all", singular_steps=args.singular_steps,
+            null_probes=args.null_probes,
             krylov_pilots=args.krylov_pilots, progress=progress, shard=world > 1)
         search = sweep = accuracy_search = None
         if args.min_accuracy is not None:

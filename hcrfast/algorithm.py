@@ -1959,7 +1959,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
           example_ids=None, progress: bool = False, targets=None, targeted_method: str = "auto",
           keep_targeted_eps: bool = False, tf32: bool = False, warm_start: bool = True, solver: str = "auto",
           krylov_pilots: int | str = "auto", iterates: str = "all", singular_steps: int | str = "auto",
-          checkpoint=None, shard: bool = False) -> Bounds:
+          null_probes: bool = False, checkpoint=None, shard: bool = False) -> Bounds:
     """HCR lower bounds on the standard deviation of unbiased estimators of the input.
 
     Parameters
@@ -2019,7 +2019,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         gave examples back, and where a ``shard``'s process waits for the others.
     targets : "all", "low:K", sequence of modes, bool mask, or None
         Also aim one perturbation at each of these modes, the Cramér-Rao direction
-        (:func:`hcrfast.targeted.targeted_bound`, without null-space probes), and
+        (:func:`hcrfast.targeted.targeted_bound`, with null-space probes only where ``null_probes``), and
         report, per mode, the largest certified bound: Algorithm 1's or any targeted step's
         (each step's certified shift bounds every mode it moves, not only its own). None: Algorithm 1
         only, as in the paper. Found chunk by chunk, after each chunk's Algorithm 1
@@ -2027,6 +2027,14 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         Krylov solve), so checkpoints and shards hold them too.
     targeted_method : {"auto", "dense", "lsqr"}
         How the targeted directions are found (``targeted_bound``'s ``method``).
+    null_probes : bool
+        With ``targets``: also certify, for each target mode with a component in the local null space
+        of J, steps along that component (:func:`hcrfast.targeted.targeted_bound`'s null-space probes,
+        from the dense J's factorization: ``solver="dense"``, or a ``targeted_method`` that resolves to
+        "dense"), each bounding every mode it moves. Steps there move the features only at second order
+        or by rounding, so such modes' bounds come out huge (+inf where the features stay exactly as they
+        are: an input the model ignores). Default False: every step lies in J's row space, and the bounds
+        are those of what J sees (the summary says where J has a null space).
     singular_steps : int or "auto"
         Also certify, per example, a step along each of J's ``singular_steps`` smallest singular
         directions (right singular vectors, from the dense solve's factorization, or the Ritz vectors
@@ -2152,7 +2160,7 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
 
 def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_at, lsqr, basis, certify, jacobian,
            chunk_size, example_ids, progress, targets, targeted_method, keep_targeted_eps, tf32, warm_start, solver,
-           krylov_pilots, iterates, singular_steps, checkpoint, shard, world) -> Bounds:
+           krylov_pilots, iterates, singular_steps, null_probes, checkpoint, shard, world) -> Bounds:
     """:func:`bound`, its arguments unchecked; ``world`` is this process's place in a sharded call (or None)."""
     t_start = time.perf_counter()
     threads = torch.get_num_threads()   # (params["run"]: the float32 solves' rounding follows it)
@@ -2171,8 +2179,11 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                          f"at the input once, but linearize_at='current' needs a new J for every solve; pass "
                          f"linearize_at='input' or solver='lsqr'")
     for name, value in (("warm_start", warm_start), ("tf32", tf32), ("certify", certify), ("progress", progress),
-                        ("keep_targeted_eps", keep_targeted_eps)):
+                        ("keep_targeted_eps", keep_targeted_eps), ("null_probes", null_probes)):
         validation.flag(name, value)
+    if null_probes and targets is None:
+        raise ValueError("null_probes=True probes the null space of J for the target modes, but targets=None asks "
+                         "for none: pass targets= (e.g. 'all' or 'low:8') or null_probes=False")
     if keep_targeted_eps and targets is None:
         raise ValueError("keep_targeted_eps=True keeps the targeted steps, but targets=None asks for none: pass "
                          "targets= (e.g. 'low:8') or leave keep_targeted_eps out")
@@ -2303,7 +2314,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                          krylov_pilots, int(seed), size, restarts, basis, tf32,
                          None if targets is None else sha256_tensors(np.asarray(
                              parse_targets(targets, tuple(batch.shape[1:]), basis), dtype=np.int64)),
-                         targeted_method, singular_steps))
+                         targeted_method, singular_steps, bool(null_probes)))
             if chunk_size is None:
                 chunk_size = reuse.chunk_size
         if chunk_size is None:
@@ -2356,6 +2367,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                     share = "krylov"
             if share is not None:
                 q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
+            if null_probes and share != "dense" and not (
+                    share is None and targeted_method != "lsqr" and resolve_method(targeted_method, n, p) == "dense"):
+                raise ValueError(f"null_probes=True takes J's null space from its dense factorization, but the target "
+                                 f"modes' directions come from "
+                                 + ("LSQR (targeted_method='lsqr')" if targeted_method == "lsqr" else
+                                    "the Krylov bases (solver='krylov')" if share == "krylov" else
+                                    f"LSQR (J of {n} x {p} values is past the dense limits)")
+                                 + "; pass solver='dense' (or targeted_method='dense'), or null_probes=False")
         targeted_of = {}  # chunk start -> its TargetedBounds
 
         try:
@@ -2396,6 +2415,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                            targeted_method=targeted_method)
                 if keep_targeted_eps:  # chunk files with the steps; the default's hold none
                     key.update(keep_targeted_eps=True)
+                if null_probes:  # (absent without them: the folders made before they were offered resume)
+                    key.update(null_probes=True)
             if singular_steps:  # (absent without them: checkpoints made before they existed still resume)
                 key.update(singular_steps=singular_steps)
             clean = features.detach().cpu().numpy()
@@ -2637,16 +2658,15 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                         dirs.eps[:] = found
                         dirs.seconds = (0.0, seconds)
                 # bound()'s lsqr and chunk_size are Algorithm 1's; targeted_bound uses its own defaults.
-                # Null-space probes stay out of the bound: huge or infinite values there are an
-                # identifiability diagnosis (targeted_bound(..., null_probes=True)), not a finite
-                # bound on the identifiable part.
+                # Null-space probes only where asked for (null_probes=True): huge or infinite values there say
+                # what J does not see, where by default the bounds are those of what it sees.
                 # bound's summary speaks of its bounds of 0 itself, and bound warns once of the targeted steps
                 # that rounding decided, over all chunks
                 with warnings_ignored((r".* pairs got no direction", UserWarning),
                                       (r"\d+ targeted steps", UserWarning)):
                     targeted_of[start] = targeted_bound(
                         model, batch[start:stop], noise, targets=targets, size=size, method=targeted_method,
-                        basis=basis, certify=certify, null_probes=False, tf32=tf32, directions=dirs)
+                        basis=basis, certify=certify, null_probes=bool(null_probes), tf32=tf32, directions=dirs)
                 if not keep_targeted_eps:  # their bounds on every mode are taken: K·p values an example freed
                     targeted_of[start] = dataclasses.replace(targeted_of[start], eps=None)
             with profiling.annotate("bound"):

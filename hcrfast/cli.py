@@ -162,7 +162,8 @@ _FLAGS = {
     "bound": {**_SHARED_FLAGS, "basis": "--basis", "jacobian": "--jacobian", "chunk_size": "--chunk-size",
               "tf32": {"True": "--tf32", "False": "no --tf32"}, "quantile": "--quantile", "rtol": "--rtol",
               "max_calls": "--max-calls", "statistic": "--statistic", "modes": "--target-modes",
-              "metric": "--metric", "sigma": "--sigma", "sigma0": "--sigma"},
+              "metric": "--metric", "sigma": "--sigma", "sigma0": "--sigma",
+              "null_probes": {"True": "--null-probes", "False": "no --null-probes"}},
     "reproduce": {**_SHARED_FLAGS, "examples": "--examples", "chunk_examples": "--chunk-examples",
                   "lsqr_iter_lim": "--lsqr-iter-lim", "iter_lim": "--lsqr-iter-lim", "atol": "--lsqr-atol",
                   "btol": "--lsqr-btol", "weights": "--weights", "device": "--device"},
@@ -172,8 +173,7 @@ _FLAGS = {
 }
 #: hcrfast.bound's keywords that a command has no flag for: a message suggesting one says it is Python's.
 _PYTHON_ONLY = {
-    "bound": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "null_probes", "noise", "lsqr",
-              "damp", "iter_lim"),
+    "bound": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "noise", "lsqr", "damp", "iter_lim"),
     "reproduce": ("certify", "targeted_method", "keep_targeted_eps", "example_ids", "null_probes", "noise", "damp"),
 }
 #: A keyword's value as the Python layer prints it (repr: a quoted string, a number, True/False/None), ending where

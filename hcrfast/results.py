@@ -389,7 +389,7 @@ def finite_stats(values, *, largest: bool = True) -> str:
     return text + (f" (of the {finite.size} finite; {others})" if finite.size < values.size else "")
 
 
-def _null_space_line(p: dict) -> str | None:
+def _null_space_line(p: dict, probed: bool = False) -> str | None:
     """The summary's line on J's local null space, where the call shows one: the dense solve's numerical rank
     below the inputs, or (any solver) fewer features than inputs. The steps bound() certifies lie in J's row
     space with ``linearize_at="input"`` (J⁺'s, its singular directions past the rank are steps of 0), so no mode's
@@ -418,10 +418,13 @@ def _null_space_line(p: dict) -> str | None:
         size = f"at least {inputs - n:,} of its {inputs:,} input directions ({n:,} features)"
     else:
         return None
+    if probed:   # bound(targets=..., null_probes=True): the target modes' null-space components were stepped along
+        return (f"  J's local null space: {size}. The target modes' components there were certified as steps "
+                f"(null_probes=True), each bounding every mode it moves; the other steps lie in J's row space")
     return (f"  J's local null space: {size}. Every step here lies in J's row space: steps along the null space move "
             f"the features only at second order or by rounding, so the modes with a component there can have far "
-            f"larger bounds than these (+inf where the features ignore the step); hcrfast.targeted_bound(..., "
-            f"null_probes=True) certifies steps there")
+            f"larger bounds than these (+inf where the features ignore the step); bound(..., targets=..., "
+            f"null_probes=True) or hcrfast.targeted_bound(..., null_probes=True) certifies steps there")
 
 
 def _divergence_text(divergence, zero_step_reasons) -> str:
@@ -680,7 +683,7 @@ class Bounds:
             codes = {int(k): int(c) for k, c in zip(*np.unique(h.lsqr_istop, return_counts=True))}
             lines.append(f"  LSQR iterations per solve: median {median_count(np.median(h.lsqr_iterations))}, "
                          f"max {np.max(h.lsqr_iterations)}; stop codes {codes}")
-        null = _null_space_line(p)
+        null = _null_space_line(p, probed=h.targeted is not None and bool(h.targeted.params.get("null_probes")))
         if null:
             lines.append(null)
         sing = p.get("singular_steps")

@@ -1253,6 +1253,26 @@ def test_a_default_sigma_refused_on_resume_says_why_and_how_to_resume(files, cap
     assert "left at its default" not in capsys.readouterr().err
 
 
+def test_null_probes_from_the_shell_are_the_apis(files, capsys):
+    """--null-probes is bound(null_probes=True): the same bounds, bit for bit, in the command that repeats the run;
+    without --targets it is refused in the command's words."""
+    import shlex
+
+    tmp_path, x = files
+    argv = [f"{tmp_path / 'mynet.py'}:Net", tmp_path / "x.pt", "--sigma", "0.5", "--targets", "low:2", *TINY]
+    assert _bound([*argv, "--null-probes", "--out", tmp_path / "run"]) == 0
+    got = hcrfast.Bounds.load(tmp_path / "run" / "bounds.npz")
+    want = hcrfast.bound(_user_model(tmp_path), x, 0.5, restarts=2, iterations=2, targets="low:2", null_probes=True)
+    np.testing.assert_array_equal(got.std, want.std)
+    assert got.targeted.params["null_probes"]
+    command = json.loads((tmp_path / "run" / "summary.json").read_text())["command"]
+    assert "--null-probes" in shlex.split(command)
+    capsys.readouterr()
+    assert _bound([*argv[:4], *TINY, "--null-probes", "--out", tmp_path / "none"]) == 2
+    assert ("--null-probes probes the null space of J for the target modes, but no --targets asks for none: pass "
+            "--targets (e.g. 'all' or 'low:8') or no --null-probes") in capsys.readouterr().err
+
+
 def test_krylov_pilots_from_the_shell_are_the_apis(files, capsys):
     tmp_path, x = files
     out = tmp_path / "run"

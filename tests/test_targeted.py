@@ -824,3 +824,64 @@ def test_merged_run_claims_an_entry_only_where_the_pieces_agree():
     assert got["versions"] is None and got["differ"] == dict(versions=[v1, v2])
     old = merged_run([a, None], [0, 1, 2, 3, 4], caps=[4, 1])       # a chunk from before they were recorded
     assert old["chunk_size"] is None and old["differ"]["torch_threads"] == [2, None]
+
+
+class _LeftHalf(torch.nn.Module):
+    """Reads the left half of each 8 x 8 image only: the right half is a null space the features ignore."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(32, 40)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x[:, :, :, :4].flatten(1)))
+
+
+def test_bound_with_null_probes_certifies_the_null_space_as_targeted_bound_does():
+    """bound(targets=) ran no null-space probes: on a model that ignores half its inputs every DCT mode has an
+    infinite bound (a step in the ignored half leaves the features exactly as they are), and bound reported
+    finite ones (median 0.40) where targeted_bound certifies +inf. null_probes=True takes the same probes from
+    the dense solve's own factorization: each mode's bound is the larger of bound's and targeted_bound's, bit for
+    bit, here +inf everywhere with its reasons; on a ReLU MLP with a generic null space, huge finite bounds."""
+    model, x = _LeftHalf(), torch.rand(2, 1, 8, 8)
+    plain = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, targets="all")
+    assert np.isfinite(plain.std).all()
+    probed = hcrfast.bound(model, x, 0.1, restarts=2, iterations=2, targets="all", null_probes=True)
+    assert np.isinf(probed.std).all() and probed.targeted.params["null_probes"]
+    assert len(probed.infinite_reasons) == probed.std.size and "128 targeted (example, mode) steps" in probed.summary()
+    assert "were certified as steps (null_probes=True)" in probed.summary()
+    torch.manual_seed(0)
+    relu = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 32)).double()
+    x64 = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    plain = hcrfast.bound(relu, x64, 0.1, restarts=2, iterations=2, targets="all")
+    probed = hcrfast.bound(relu, x64, 0.1, restarts=2, iterations=2, targets="all", null_probes=True)
+    alone = targeted_bound(relu, x64, 0.1, targets="all", null_probes=True)
+    np.testing.assert_array_equal(probed.std, np.maximum(plain.std, alone.std_every_mode))
+    assert np.median(probed.std) > 1e6 * np.median(plain.std)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(), r"null_probes=True probes the null space of J for the target modes, but targets=None asks for none"),
+    (dict(targets="all", solver="krylov"), r"directions come from the Krylov bases \(solver='krylov'\); pass "
+                                           r"solver='dense'"),
+    (dict(targets="all", targeted_method="lsqr"), r"directions come from LSQR \(targeted_method='lsqr'\)"),
+    (dict(targets="all", null_probes=1), r"null_probes must be True or False")])
+def test_bound_refuses_null_probes_it_cannot_run(kw, words):
+    kw = {"null_probes": True, **kw}
+    with pytest.raises((ValueError, TypeError), match=words):
+        hcrfast.bound(_LeftHalf(), torch.rand(2, 1, 8, 8), 0.1, restarts=2, iterations=2, **kw)
+
+
+def test_a_checkpoint_made_without_null_probes_is_refused_with_them_and_resumes_with_them(tmp_path):
+    model, x = _LeftHalf(), torch.rand(4, 1, 8, 8)
+    kw = dict(restarts=2, iterations=2, targets="low:2", chunk_size=2)
+    hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "plain", **kw)
+    with pytest.raises(hcrfast.CheckpointMismatchError, match="null_probes"):
+        hcrfast.bound(model, x, 0.1, checkpoint=tmp_path / "plain", null_probes=True, **kw)
+    whole = hcrfast.bound(model, x, 0.1, null_probes=True, **kw)
+    assert np.isinf(whole.std[:, :, :2, :2]).all()   # the target modes (low:2)
+    hcrfast.bound(model, x, 0.1, null_probes=True, checkpoint=tmp_path / "probed", **kw)
+    again = hcrfast.bound(model, x, 0.1, null_probes=True, checkpoint=tmp_path / "probed", **kw)
+    assert again.params["checkpoint"]["examples_read_back"] == 4 and again == whole
