@@ -371,7 +371,9 @@ def sigma_for(model, batch, target: float, *, sigma0=None, quantile: float = 0.5
         stat = statistic_of(res, statistic, quantile, modes)
         history.append({"scale": k, "sigma": float(sigma) if scalar else _rms(sigma), "statistic": stat,
                         "seconds": time.perf_counter() - t0,
-                        "reused_examples": (res.params.get("reuse") or {}).get("examples", 0)})
+                        "reused_examples": (res.params.get("reuse") or {}).get("examples", 0),
+                        # (where its chunks came from, and their arithmetic: recorded, not compared)
+                        "checkpoint": res.params.get("checkpoint")})
         if progress:
             say(f"hcrfast.sigma_for: call {len(history)}/{max_calls}: sigma {history[-1]['sigma']:.6g} -> {what} "
                 f"{stat:.6g} (target {target:.6g}), {history[-1]['seconds']:.1f} s")
@@ -640,7 +642,7 @@ def sweep_sigma(model, batch, scales, *, sigma0=None, checkpoint=None, progress:
     _bound_keywords(sweep_sigma, bound_kwargs)
     bound_at, profile, scalar, reuse_bytes = _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress,
                                                            bound_kwargs, "sweep_sigma takes")
-    _scales_in_range(values, profile, batch, plain=not bound_at.whitened)
+    _scales_in_range(values, profile, batch, whitened=bound_at.whitened)
     sigmas, results, seconds, reused = [], [], [], []
     with _reusing(reuse_bytes):
         for i, k in enumerate(values.tolist()):
@@ -821,26 +823,31 @@ def _scaled_bound(model, batch, sigma0, reuse_bytes, checkpoint, progress, bound
     return bound_at, profile, scalar, reuse_bytes
 
 
-def _scales_in_range(scales: np.ndarray, profile, batch, *, plain: bool) -> None:
+def _scales_in_range(scales: np.ndarray, profile, batch, *, whitened: bool) -> None:
     """Refuse, before any call, a scale whose σ = scale × sigma0 (``profile``, one number or one per feature)
     the sweep cannot run or report, where its calls had failed only once the sweep had spent the scales before:
     0 or inf in float64 (refused as "sigma must be a positive finite number, got 0.0", a σ nobody passed), and
-    with ``plain`` calls (at σ itself, not at the scale on the features divided by sigma0) below the smallest
-    normal number of the features' dtype (the features divided by it overflowed)."""
+    below the smallest normal number of the features' dtype (float32 where not float64) where the features are
+    divided by it: a plain call at σ, or (``whitened``: the features divided by sigma0 once, each call at σ =
+    scale) a scale far from 1 for the dtype, which the call divides them by again (a review: 1e-115 x 1e-200 then
+    failed as a model whose derivative is not finite); a scale near 1 on the divided features runs at any σ."""
     import torch
+
+    from hcrfast.noise import whitened_scale
 
     unit = np.asarray(profile, dtype=np.float64).reshape(-1)
     info = np.finfo(np.float64)
     dtype = np.float64 if getattr(batch, "dtype", None) == torch.float64 else np.float32
-    floor = float(np.finfo(dtype).tiny) if plain else 0.0
+    tiny = float(np.finfo(dtype).tiny)
     with np.errstate(over="ignore", under="ignore"):
         for k in scales.tolist():
             low, high = float(k * unit.min()), float(k * unit.max())
+            floor = tiny if not whitened or whitened_scale(float(k), batch) is not None else 0.0
             if low > floor and high <= info.max:
                 continue
             unit_text = (f"{float(unit[0])!r}" if unit.size == 1 else
                          f"one std per feature, {unit.min():.4g} to {unit.max():.4g}")
-            what = (f"is {low!r}, below {np.dtype(dtype).name}'s smallest normal number ({floor:.4g}; the features' "
+            what = (f"is {low!r}, below {np.dtype(dtype).name}'s smallest normal number ({tiny:.4g}; the features' "
                     f"dtype): the features divided by it overflow" if 0 < low <= floor else
                     f"is {low if low <= floor else high!r}, outside float64's range")
             raise ValueError(f"scales: {k!r} x sigma0 ({unit_text}) {what}; pass scales whose sigma = scale x sigma0 "

@@ -1124,17 +1124,25 @@ def _whiten(model, batch, stds: np.ndarray, certify: bool) -> PerFeatureStd:
     if isinstance(batch, torch.Tensor) and batch.is_floating_point():  # else the batch's checks name its fault
         if not isinstance(model, torch.nn.Module):
             validation.float64_model(model, batch, certify)
-        held = torch.as_tensor(stds).to(batch.dtype)
-        lost = ~(torch.isfinite(held) & (held > 0))
+        # a float16 Module is solved as a float32 copy (validation.float32_for_float16): its features are float32
+        # (1e-20 and 1e-9 were refused as 0 in float16, which the call never divides in, a review found)
+        dtype = torch.float32 if batch.dtype == torch.float16 and isinstance(model, torch.nn.Module) else batch.dtype
+        held = torch.as_tensor(stds).to(dtype)
+        # a subnormal std too: the features are divided by it, and its inverse is past the dtype's range (the
+        # features or J's products came out inf, refused as "NaN or inf" features: a sweep's sigma0 of 1e-40)
+        lost = ~(torch.isfinite(held) & (held >= torch.finfo(dtype).tiny))
         if bool(lost.any()) and stds.size == 1 and stds.ndim <= 1:
-            raise ValueError(f"sigma={float(stds.reshape(-1)[0]):g} is {float(held.reshape(-1)[0]):g} in "
-                             f"{validation.dtype_name(batch.dtype)}, the features' dtype; pass a sigma nearer the "
+            value = float(held.reshape(-1)[0])
+            raise ValueError(f"sigma={float(stds.reshape(-1)[0]):g} is "
+                             + (f"{value:g} in " if value == 0 or not math.isfinite(value) else
+                                f"below the smallest normal number ({torch.finfo(dtype).tiny:.4g}) of ")
+                             + f"{validation.dtype_name(dtype)}, the features' dtype; pass a sigma nearer the "
                              f"features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch")
         if bool(lost.any()):
-            raise ValueError(f"sigma as one std per feature holds values {validation.dtype_name(batch.dtype)} cannot "
+            raise ValueError(f"sigma as one std per feature holds values {validation.dtype_name(dtype)} cannot "
                              f"represent (entries "
-                             f"{torch.nonzero(lost.reshape(-1)).flatten()[:10].tolist()} become 0 or inf); scale the "
-                             f"features (and the stds) nearer 1, or run in float64")
+                             f"{torch.nonzero(lost.reshape(-1)).flatten()[:10].tolist()} become 0, subnormal or inf); "
+                             f"scale the features (and the stds) nearer 1, or run in float64")
     return PerFeatureStd(model, stds, shape=tuple(stds.shape) if stds.ndim > 1 else None,
                          device=batch.device if isinstance(batch, torch.Tensor) else None)
 
@@ -1225,8 +1233,10 @@ def _refuse_subnormal(name: str, scale, stds, batch) -> None:
     tiny = float(np.finfo(dtype).tiny)
     values = np.asarray([scale] if stds is None else stds, dtype=np.float64).reshape(-1)
     with np.errstate(under="ignore", over="ignore"):
-        # (a value the dtype rounds to 0 is named as that by the call's own check, which says so of every entry)
-        subnormal = values[(values < tiny) & (values.astype(dtype) != 0)]
+        held = values.astype(dtype)
+    if not np.all(np.isfinite(held) & (held != 0)):
+        return   # values the dtype rounds to 0 or inf: the call's own check names every one of them (_whiten)
+    subnormal = values[values < tiny]
     if not subnormal.size:
         return
     low = float(subnormal.min())

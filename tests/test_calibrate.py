@@ -1267,6 +1267,55 @@ def test_a_sweep_refuses_a_sigma_outside_its_range_before_its_first_call(dtype, 
     assert calls == []
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self, model, factor):
+        super().__init__()
+        self.model, self.factor = model, factor
+
+    def forward(self, x):
+        return self.model(x) * self.factor
+
+
+@pytest.mark.parametrize("case", ["far scale on far sigma0", "float32 far scale", "float32 subnormal sigma0",
+                                  "float32 stds 0 and subnormal", "float32 stds subnormal and inf"])
+def test_a_sweep_or_call_whose_features_divided_by_sigma_overflow_is_refused_by_name_first(case, monkeypatch):
+    """A second review of the range checks: a far scale on features already divided by a far sigma0 divides them
+    again (1e-115 x 1e-200 computed scale 1, then failed as a model whose derivative is not finite); float32
+    sweeps at scale x sigma0 below float32's range, and a sigma0 of 1e-40, failed as 'NaN or inf' features;
+    per-feature stds with an entry float32 rounds to 0 or inf beside a subnormal one named the subnormal one only."""
+    model, x = _linear64()
+    model32, x32 = model.float(), x.float()
+    calls = []
+    monkeypatch.setattr(hcrfast.algorithm, "_bound", lambda **kw: calls.append(kw))   # no bound call runs
+    kw = dict(basis="pixel", restarts=2)
+    run, words = {
+        "far scale on far sigma0": (lambda: hcrfast.sweep_sigma(_Scaled(model, 1e-200), x, [1.0, 1e-115],
+                                                                sigma0=1e-200, **kw),
+                                    r"^scales: 1e-115 x sigma0 \(1e-200\) is 1e-315, below float64's smallest normal"),
+        "float32 far scale": (lambda: hcrfast.sweep_sigma(model32, x32, [1e-10], sigma0=1e-30, **kw),
+                              r"^scales: 1e-10 x sigma0 \(1e-30\) is 1\.0+\d*e-40, below float32's smallest normal"),
+        "float32 subnormal sigma0": (lambda: hcrfast.sweep_sigma(model32, x32, [1.0], sigma0=1e-40, **kw),
+                                     r"^sigma=1e-40 is below the smallest normal number \(1\.175e-38\) of float32"),
+        "float32 stds 0 and subnormal": (lambda: hcrfast.bound(model32, x32, [1e-3] * 10 + [1e-46, 1e-40], **kw),
+                                         r"entries \[10, 11\] become 0, subnormal or inf"),
+        "float32 stds subnormal and inf": (lambda: hcrfast.bound(model32, x32, [1e-3] * 10 + [1e-40, 1e50], **kw),
+                                           r"entries \[10, 11\] become 0, subnormal or inf"),
+    }[case]
+    with pytest.raises(ValueError, match=words):
+        run()
+    assert calls == []
+
+
+def test_a_float16_model_s_sigma_is_held_in_float32_as_its_copy_solves():
+    """A float16 Module is solved as a float32 copy, but the far sigma's and the per-feature stds' check held them
+    in float16: 1e-9 per feature was refused as a value float16 cannot represent."""
+    model, x = _linear64()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hcrfast.bound(model.half(), x.half(), [1e-3] * 11 + [1e-9], basis="pixel", restarts=2)
+    assert res.params["dtype"] == "float32" and np.isfinite(res.std).all()
+
+
 def test_a_sweep_on_features_divided_by_a_far_sigma0_runs_where_scale_x_sigma0_is_subnormal():
     """Features of 1e-305 and sigma0 = 1e-305 (reuse on): the sweep runs bound at sigma = 1e-5 on the features
     divided by sigma0, near 1, as it did before the range check (a review found that check refusing it, though

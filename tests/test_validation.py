@@ -102,7 +102,7 @@ def test_per_feature_sigma_of_the_wrong_size_or_sign_is_named(x):
         hcrfast.bound(mlp(), x, [0.1, 0.1, -0.1] + [0.1] * 9, **QUICK)
     with pytest.raises(ValueError, match=r"must be positive and finite; entries \[3\] are \[0.0\]"):
         hcrfast.bound(mlp(), x, [0.1, 0.1, 0.1, 0.0] + [0.1] * 8, **QUICK)  # a zero std is no noise
-    with pytest.raises(ValueError, match=r"values float32 cannot represent \(entries \[0, 1\] become 0 or inf\)"):
+    with pytest.raises(ValueError, match=r"values float32 cannot represent \(entries \[0, 1\] become 0, subnormal or inf\)"):
         hcrfast.bound(mlp(), x, [1e-50, 1e50] + [0.1] * 10, **QUICK)
     with pytest.raises(ValueError, match=r"sigma has the shape \(4, 3\), one std per feature, but the model's "
                                          r"features have the shape \(12,\)"):
