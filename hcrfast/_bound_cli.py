@@ -1070,10 +1070,18 @@ def _run(args: argparse.Namespace) -> int:
 
     # chunks read back from an earlier run with another --threads: their bounds are that count's, bit for bit
     # (the float32 solves' rounding follows it), so the command that repeats them names it
-    computed = _chunk_threads(sweep.bounds if sweep is not None else [res])
+    records = ([h.get("checkpoint") for h in search.history] if search is not None else   # every call of the search
+               [b.params.get("checkpoint") for b in (sweep.bounds if sweep is not None else [res])])
+    records += [a.params.get("checkpoint") for a in attacks]
+    computed, counts = _chunk_threads(records, device, threads,
+                                      computed_now=bool(utilities) or accuracy_search is not None)
     if computed is not None and computed != threads:
-        say(f"hcrfast bound: the bounds were read back from chunks computed with --threads {computed} (this run has "
-            f"{threads}); summary.json's command names --threads {computed}, which repeats them bit for bit")
+        say(f"hcrfast bound: the results were read back from chunks computed with --threads {computed} (this run "
+            f"has {threads}); summary.json's command names --threads {computed}, which repeats them bit for bit")
+    elif len(counts) > 1:
+        say(f"hcrfast bound: the results' chunks were computed with --threads {', '.join(map(str, sorted(counts)))}: "
+            f"no one --threads repeats them all bit for bit (the float32 solves' rounding follows the count), and "
+            f"summary.json's command names this run's {threads}")
     summary = {
         # --threads as used (torch's default where not given), as --attack-steps' default is
         "arguments": {k: (threads if k == "threads" else v) for k, v in vars(args).items()
@@ -1346,16 +1354,30 @@ def _write_sweep(out: Path, args, summary: dict, sweep, attacks: list, utilities
     return 0
 
 
-def _chunk_threads(results) -> int | None:
-    """The torch thread count every chunk of ``results`` (Bounds) was computed with, read from the arithmetic each
-    chunk records (:func:`hcrfast.checkpoint.arithmetic_of`: "torch threads N"); None where they differ, or a
-    chunk recorded none (a GPU's, or one from before it was recorded)."""
-    found = set()
-    for res in results:
-        for text in ((res.params.get("checkpoint") or {}).get("arithmetic") or ["not recorded"]):
+def _chunk_threads(records, device, threads: int, *, computed_now: bool = False) -> tuple[int | None, set]:
+    """``(count, counts)``: the torch thread count that every chunk behind a run's results was computed with, and
+    the counts found, read from the arithmetic each chunk records (:func:`hcrfast.checkpoint.arithmetic_of`:
+    the processor, its cores and "torch threads N"; ``records``: the results' ``params["checkpoint"]``, one per
+    bound or attack call). The count is None where the chunks differ in it, or where any was computed on another
+    machine or device, or recorded none (a chunk from before it was, or a call without a checkpoint): no
+    --threads alone repeats those. ``computed_now``: results computed by this run, without chunks (the
+    utilities), at ``threads``."""
+    from hcrfast.checkpoint import arithmetic_of
+
+    def kind(text: str) -> str:   # the machine, the count aside (bound's dense solve adds a note after ";")
+        return re.sub(r"torch threads \d+", "torch threads N", str(text).split(";")[0])
+
+    here, counts, foreign = kind(arithmetic_of(device)), set(), False
+    for record in records:
+        for text in ((record or {}).get("arithmetic") or ["not recorded"]):
             match = re.search(r"torch threads (\d+)", str(text))
-            found.add(int(match.group(1)) if match else None)
-    return found.pop() if len(found) == 1 else None
+            if match is None or kind(text) != here:
+                foreign = True
+            else:
+                counts.add(int(match.group(1)))
+    if computed_now:
+        counts.add(threads)
+    return (counts.copy().pop() if len(counts) == 1 and not foreign else None), counts
 
 
 def command_line(args: argparse.Namespace, threads: int) -> str:

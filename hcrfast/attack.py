@@ -727,7 +727,8 @@ def gauss_newton_attack(model, batch, noise_or_sigma, *, draws: int = 16, steps:
                   seed=int(seed), noise_stream=f"default_rng([seed, e, {NOISE_STREAM}])", basis=basis, tol=tol,
                   lsqr=dataclasses.asdict(options), jacobian=jacobian, dtype=validation.dtype_name(batch.dtype),
                   device=str(batch.device), n_features=n, n_inputs=p,
-                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=B - to_compute),
+                  checkpoint=None if saved is None else dict(path=str(saved.path), examples_read_back=B - to_compute,
+                                                             arithmetic=sorted(saved.arithmetics)),
                   run=run_record(example_ids, chunk_size, threads))   # recorded, not compared (same_result)
     return AttackResult(**out, params=params, seconds=time.perf_counter() - t_start)
 

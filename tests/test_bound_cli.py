@@ -1211,7 +1211,7 @@ def test_a_run_read_back_from_chunks_of_another_threads_count_records_that_count
         capsys.readouterr()
         assert cli.main(["bound", *map(str, argv), "--threads", "2"]) == 0
         again = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert ("bounds were read back from chunks computed with --threads 1 (this run has 2); summary.json's "
+        assert ("results were read back from chunks computed with --threads 1 (this run has 2); summary.json's "
                 "command names --threads 1" in capsys.readouterr().err)
         words = shlex.split(again["command"])
         assert words[words.index("--threads") + 1] == "1" and again["command"] == first["command"]
@@ -1226,6 +1226,20 @@ def test_a_run_read_back_from_chunks_of_another_threads_count_records_that_count
         assert mixed["chunks_threads"] is None
         words = shlex.split(mixed["command"])
         assert words[words.index("--threads") + 1] == "2"
+        assert "no one --threads repeats them all bit for bit" in capsys.readouterr().err
+        # an attack computed by the rerun (its chunks at 2 threads) beside bounds read back from 1 thread: no one
+        # count; and a search's every call counts, not its last alone (a review: both named one count)
+        attack = [*map(str, argv[:-1]), str(tmp_path / "attacked")]
+        assert cli.main(["bound", *attack, "--threads", "1"]) == 0
+        assert cli.main(["bound", *attack, "--threads", "2", "--attack", "2", "--attack-steps", "2"]) == 0
+        assert json.loads((tmp_path / "attacked" / "summary.json").read_text())["chunks_threads"] is None
+        search = [*map(str, argv[:-1]), str(tmp_path / "search"), "--target-std", "0.6", "--quantile", "0.37",
+                  "--statistic", "rmse"]
+        assert cli.main(["bound", *search, "--threads", "1", "--max-calls", "1"]) == 0
+        assert cli.main(["bound", *search, "--threads", "2", "--max-calls", "3"]) == 0
+        done = json.loads((tmp_path / "search" / "summary.json").read_text())
+        calls = len(done["calibration"]["history"])
+        assert calls > 1 and done["chunks_threads"] is None
     finally:
         torch.set_num_threads(saved)
 
