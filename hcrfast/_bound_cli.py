@@ -722,20 +722,21 @@ def replace_outputs(out: Path, earlier, written) -> None:
     write_outputs(out, written)
 
 
-def _default_sigma_hint(exc: Exception, noise: dict) -> Exception:
+def _default_sigma_hint(exc: Exception, noise: dict, *, sweep: bool = False) -> Exception:
     """``exc`` (a checkpoint refusal, worded for the shell) with a note where its folder's sigma differs from the
     one this run took as the features' RMS (``noise``: no --sigma or --sigma-file given): that RMS comes from a
     float32 forward, whose last bits follow torch's thread count and the machine, so the same command run with
     another --threads, or elsewhere, was refused as another sigma with no word of why."""
-    if "rms" not in noise:
+    if "rms" not in noise or "searched_from" in noise:   # (a sigma an accuracy search found is no default RMS)
         return exc
     found = re.search(r"noise: 'Gaussian\(sigma=([^)']+)\)' -> 'Gaussian\(sigma=", str(exc))
     if found is None:
         return exc
+    # (a sweep's folder holds K x the unit, and --sigma sets the unit: the folder's sigma is no --sigma to pass)
+    own = "" if sweep else f", or --sigma {found.group(1)}, the folder's own"
     exc.add_note(f"hcrfast bound: sigma was left at its default, {noise['sigma_scale']:g} x the features' RMS, "
                  f"computed by a forward whose last bits follow the thread count and the machine; to resume, pass "
-                 f"the first run's --threads (the one in its summary.json's command), or --sigma {found.group(1)}, "
-                 f"the folder's own")
+                 f"the first run's --threads (the one in its summary.json's command){own}")
     return exc
 
 
@@ -1017,7 +1018,7 @@ def _run(args: argparse.Namespace) -> int:
                 sweep = sweep_sigma(model, x, scales, sigma0=sigma, reuse_bytes=reuse_bytes,
                                     checkpoint=out / "sweep_chunks", **bound_kwargs)
             except CheckpointMismatchError as exc:
-                raise _default_sigma_hint(shell_fix(exc, out, ("sweep_chunks",)), noise) from None
+                raise _default_sigma_hint(shell_fix(exc, out, ("sweep_chunks",)), noise, sweep=True) from None
         elif args.target_std is None:
             try:
                 res = algorithm.bound(model, x, sigma, checkpoint=out / "chunks", **bound_kwargs)

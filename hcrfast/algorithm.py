@@ -2031,7 +2031,8 @@ def bound(model, batch, sigma, *, size: float = 1 / 200, iterations: int = 10, r
         With ``targets``: also certify, for each target mode with a component in the local null space
         of J, steps along that component (:func:`hcrfast.targeted.targeted_bound`'s null-space probes,
         from the dense J's factorization: ``solver="dense"``, or a ``targeted_method`` that resolves to
-        "dense"), each bounding every mode it moves. Steps there move the features only at second order
+        "dense"), each for its own mode (their D is rounding by design: not counted for the others; the
+        row-space steps they replace still are). Steps there move the features only at second order
         or by rounding, so such modes' bounds come out huge (+inf where the features stay exactly as they
         are: an input the model ignores). Default False: every step lies in J's row space, and the bounds
         are those of what J sees (the summary says where J has a null space).

@@ -420,7 +420,7 @@ def _null_space_line(p: dict, probed: bool = False) -> str | None:
         return None
     if probed:   # bound(targets=..., null_probes=True): the target modes' null-space components were stepped along
         return (f"  J's local null space: {size}. The target modes' components there were certified as steps "
-                f"(null_probes=True), each bounding every mode it moves; the other steps lie in J's row space")
+                f"(null_probes=True), each for its own mode; the other steps lie in J's row space")
     return (f"  J's local null space: {size}. Every step here lies in J's row space: steps along the null space move "
             f"the features only at second order or by rounding, so the modes with a component there can have far "
             f"larger bounds than these (+inf where the features ignore the step); bound(..., targets=..., "

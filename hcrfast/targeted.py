@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 import time
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -936,8 +937,10 @@ def targeted_bound(model, batch, sigma, *, targets="all", size: float = 1 / 200,
 
 
 #: What a :func:`targeted_bound` checkpoint's piece files hold (:mod:`hcrfast.checkpoint`); bumped with
-#: hcrfast.bound's at every change of the numbers a piece holds (/7: the dense solve's rank rule).
-CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/7"  # /2 … /7: as hcrfast.bound checkpoint/2 … /7
+#: hcrfast.bound's at every change of the numbers a piece holds (/7: the dense solve's rank rule), and alone at
+#: /8 (2026-12-02): ``std_every_mode`` keeps the bounds that the row-space steps a null-space probe replaced gave
+#: the other modes (they were lost, so a /7 piece's can be lower; bound's own pieces held no probes then).
+CHECKPOINT_FORMAT = "hcrfast.targeted_bound checkpoint/8"  # /2 … /7: as hcrfast.bound checkpoint/2 … /7
 
 
 def _in_pieces(piece, B: int, per: int, xp, *, progress: bool, checkpoint, key, features,
@@ -1033,6 +1036,7 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
     _check_perturbations(eps64, d, noise, size, batch.dtype, intended=xp.any(unit != 0, axis=1))
     timings["certify"] = time.perf_counter() - t0
     from_null = xp.zeros(B * K, dtype=bool)
+    row_cross = None   # the cross bounds of row-space steps a null-space probe replaced (their own modes' winner)
 
     if method == "dense" and null_probes:
         t0 = time.perf_counter()
@@ -1060,6 +1064,15 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
             best = xp.argmax(c_val, axis=1)
             pick = xp.arange(sel.shape[0]) * m + best
             better = c_val[xp.arange(sel.shape[0]), best] > value[sel]
+            if bool(to_host(better.any())):
+                # a null-space probe that wins its mode replaces that mode's row-space step, whose bounds on the
+                # other modes (_cross_bounds: a probe's count for its own mode only) went with it: bound(targets=
+                # [0, 3, 5], null_probes=True) had 10 of 48 bounds below the call without probes (a review)
+                row_std = xp.zeros((B, p))
+                row_std[:, xp.asarray(modes)] = value.reshape(B, K)
+                row_cross = _cross_bounds(types.SimpleNamespace(
+                    std=row_std, modes=modes, divergence=d.reshape(B, K), eps=eps64.reshape((B, K) + input_shape),
+                    from_null_space=None), params["basis"], input_shape)
             value[sel] = xp.where(better, c_val[xp.arange(sel.shape[0]), best], value[sel])
             d[sel] = xp.where(better, c_d[pick], d[sel])
             eps64[sel] = xp.where(better[:, None], c_eps[pick], eps64[sel])
@@ -1083,5 +1096,8 @@ def _targeted_piece(model, model64, batch, f0, qmat, modes, *, noise, size, meth
         params=dict(params, jacobian=jac_used), timings=timings, rounding=rounding)
     with profiling.annotate("targeted-cross"):  # each step bounds every mode it moves
         made = made.with_every_mode()
+        if row_cross is not None:   # the row-space steps the null-space probes replaced count too
+            made = dataclasses.replace(made, std_every_mode=xp.maximum(
+                made.std_every_mode, row_cross.reshape(made.std_every_mode.shape)))
     timings["cross"] = time.perf_counter() - t0
     return made

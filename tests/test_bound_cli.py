@@ -1265,6 +1265,12 @@ def test_a_default_sigma_refused_on_resume_says_why_and_how_to_resume(files, cap
     # a sigma given is no default: the refusal stays as it was
     assert _bound([*argv, "--sigma", "0.5", "--out", tmp_path / "run"]) == 2
     assert "left at its default" not in capsys.readouterr().err
+    # a sweep's folder holds K x the unit, which --sigma sets: the folder's sigma is no --sigma to pass (a review)
+    assert _bound([*argv, "--sigma", repr(other), "--sweep", "0.5,1", "--out", tmp_path / "swept"]) == 0
+    capsys.readouterr()
+    assert _bound([*argv, "--sweep", "0.5,1", "--out", tmp_path / "swept"]) == 2
+    err = capsys.readouterr().err
+    assert "the first run's --threads (the one in its summary.json's command)" in err and "the folder's own" not in err
 
 
 def test_null_probes_from_the_shell_are_the_apis(files, capsys):
@@ -1904,3 +1910,31 @@ def test_vector_inputs_under_the_dct_are_refused_before_the_header_names_where_r
                    "--threads", "1", "--out", tmp_path / "run"])
     err = capsys.readouterr().err
     assert code == 2 and "--basis pixel" in err and "results in" not in err
+
+
+def test_advice_to_call_targeted_bound_with_null_probes_reads_as_the_command_s_flags(tmp_path, capsys):
+    """With --null-probes a flag of hcrfast bound, the Python advice 'hcrfast.targeted_bound(..., null_probes=True)'
+    read 'hcrfast.targeted_bound(..., --null-probes)' (a review); it now names the flags, and the call as Python's."""
+    (tmp_path / "dead.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.A = torch.nn.Parameter(torch.rand(24, 64, generator=torch.Generator().manual_seed(0)))\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x.flatten(1) @ self.A.T - 20)\n")
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    x[0] = 0   # every unit off at example 0: J = 0 there
+    x[1] += 1
+    torch.save(x, tmp_path / "x.pt")
+    with warnings.catch_warnings():   # (shown as the command shows them, not recorded by pytest)
+        warnings.simplefilter("always")
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(warnings, "showwarning", lambda msg, c, f, l, file=None, line=None: sys.stderr.write(
+                warnings.formatwarning(msg, c, f, l, line)))
+            assert _bound([f"{tmp_path / 'dead.py'}:Net", tmp_path / "x.pt", "--sigma", "0.5", *TINY,
+                           "--out", tmp_path / "run"]) == 0
+    err = capsys.readouterr().err
+    assert ("--targets all --null-probes (hcrfast.targeted_bound(..., null_probes=True) in Python) certifies +inf "
+            "for its modes") in err
+    assert "(..., --null-probes)" not in err
