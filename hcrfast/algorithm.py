@@ -2257,6 +2257,7 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
         B, n = features.shape
         input_shape = tuple(batch.shape[1:])
         p = math.prod(input_shape)
+        solver_asked = solver   # ("auto": the messages name what it took)
         solver = resolve_solver(solver, linearize_at, batch.device, n, p, lsqr_given=lsqr is not None)
         # "auto" may have become "krylov": its basis has its own default rules, not LSQR's.
         options = given_options or (krylov.DEFAULT_OPTIONS if solver == "krylov" else DEFAULT_LSQR)
@@ -2370,12 +2371,14 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
                 q_modes = to_torch(dense.basis_vectors(input_shape, basis, modes, batch.device))
             if null_probes and share != "dense" and not (
                     share is None and targeted_method != "lsqr" and resolve_method(targeted_method, n, p) == "dense"):
+                took = "" if solver_asked == solver else f", which solver={solver_asked!r} took"
                 raise ValueError(f"null_probes=True takes J's null space from its dense factorization, but the target "
                                  f"modes' directions come from "
                                  + ("LSQR (targeted_method='lsqr')" if targeted_method == "lsqr" else
-                                    "the Krylov bases (solver='krylov')" if share == "krylov" else
+                                    f"the Krylov bases (solver='krylov'{took})" if share == "krylov" else
                                     f"LSQR (J of {n} x {p} values is past the dense limits)")
-                                 + "; pass solver='dense' (or targeted_method='dense'), or null_probes=False")
+                                 + ("; pass targeted_method='dense'" if solver == "dense" else
+                                    "; pass solver='dense' (or targeted_method='dense')") + ", or null_probes=False")
         targeted_of = {}  # chunk start -> its TargetedBounds
 
         try:
