@@ -2372,8 +2372,8 @@ def _bound(model, batch, sigma, *, size, iterations, restarts, seed, linearize_a
             if null_probes and share != "dense" and not (
                     share is None and targeted_method != "lsqr" and resolve_method(targeted_method, n, p) == "dense"):
                 took = "" if solver_asked == solver else f", which solver={solver_asked!r} took"
-                raise ValueError(f"null_probes=True takes J's null space from its dense factorization, but the target "
-                                 f"modes' directions come from "
+                raise ValueError("null_probes=True takes J's null space from its dense factorization, but the target "
+                                 "modes' directions come from "
                                  + ("LSQR (targeted_method='lsqr')" if targeted_method == "lsqr" else
                                     f"the Krylov bases (solver='krylov'{took})" if share == "krylov" else
                                     f"LSQR (J of {n} x {p} values is past the dense limits)")

@@ -27,7 +27,6 @@ import numpy as np
 
 from hcrfast.backend import available_memory, host_argument, to_host, warnings_ignored
 from hcrfast.results import counted, same_result
-from hcrfast import validation
 from hcrfast.validation import say
 
 #: Statistics :func:`sigma_for` can aim at: ``"std"``, every per-mode bound of every example;
