@@ -1267,15 +1267,6 @@ def test_a_sweep_refuses_a_sigma_outside_its_range_before_its_first_call(dtype, 
     assert calls == []
 
 
-class _Scaled(torch.nn.Module):
-    def __init__(self, model, factor):
-        super().__init__()
-        self.model, self.factor = model, factor
-
-    def forward(self, x):
-        return self.model(x) * self.factor
-
-
 @pytest.mark.parametrize("case", ["far scale on far sigma0", "float32 far scale", "float32 subnormal sigma0",
                                   "float32 stds 0 and subnormal", "float32 stds subnormal and inf"])
 def test_a_sweep_or_call_whose_features_divided_by_sigma_overflow_is_refused_by_name_first(case, monkeypatch):
@@ -1283,13 +1274,15 @@ def test_a_sweep_or_call_whose_features_divided_by_sigma_overflow_is_refused_by_
     again (1e-115 x 1e-200 computed scale 1, then failed as a model whose derivative is not finite); float32
     sweeps at scale x sigma0 below float32's range, and a sigma0 of 1e-40, failed as 'NaN or inf' features;
     per-feature stds with an entry float32 rounds to 0 or inf beside a subnormal one named the subnormal one only."""
+    from test_bound import _Times
+
     model, x = _linear64()
     model32, x32 = model.float(), x.float()
     calls = []
     monkeypatch.setattr(hcrfast.algorithm, "_bound", lambda **kw: calls.append(kw))   # no bound call runs
     kw = dict(basis="pixel", restarts=2)
     run, words = {
-        "far scale on far sigma0": (lambda: hcrfast.sweep_sigma(_Scaled(model, 1e-200), x, [1.0, 1e-115],
+        "far scale on far sigma0": (lambda: hcrfast.sweep_sigma(_Times(model, 1e-200), x, [1.0, 1e-115],
                                                                 sigma0=1e-200, **kw),
                                     r"^scales: 1e-115 x sigma0 \(1e-200\) is 1e-315, below float64's smallest normal"),
         "float32 far scale": (lambda: hcrfast.sweep_sigma(model32, x32, [1e-10], sigma0=1e-30, **kw),
