@@ -841,11 +841,18 @@ def _scales_in_range(scales: np.ndarray, profile, batch, *, whitened: bool) -> N
     with np.errstate(over="ignore", under="ignore"):
         for k in scales.tolist():
             low, high = float(k * unit.min()), float(k * unit.max())
-            floor = tiny if not whitened or whitened_scale(float(k), batch) is not None else 0.0
-            if low > floor and high <= info.max:
-                continue
+            again = whitened and whitened_scale(float(k), batch) is not None   # divided by sigma0, then by k
+            floor = tiny if not whitened or again else 0.0
             unit_text = (f"{float(unit[0])!r}" if unit.size == 1 else
                          f"one std per feature, {unit.min():.4g} to {unit.max():.4g}")
+            if again and not tiny < k <= float(np.finfo(dtype).max):   # (a review: 1e-310 x 1e200 passed as 1e-110, then failed
+                raise ValueError(                   # naming sigma=1e-310, a sigma nobody passed)
+                    f"scales: {k!r} x sigma0 ({unit_text}): the features, divided by sigma0, are divided by the "
+                    f"scale {k!r} again, {'below' if k <= tiny else 'above'} {np.dtype(dtype).name}'s range "
+                    f"({tiny:.4g} to {float(np.finfo(dtype).max):.4g}; the features' dtype); pass scales within "
+                    f"it (a sigma0 nearer the sigmas you sweep, with scales nearer 1)")
+            if low > floor and high <= info.max:
+                continue
             what = (f"is {low!r}, below {np.dtype(dtype).name}'s smallest normal number ({tiny:.4g}; the features' "
                     f"dtype): the features divided by it overflow" if 0 < low <= floor else
                     f"is {low if low <= floor else high!r}, outside float64's range")

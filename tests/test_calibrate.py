@@ -1267,11 +1267,12 @@ def test_a_sweep_refuses_a_sigma_outside_its_range_before_its_first_call(dtype, 
     assert calls == []
 
 
-@pytest.mark.parametrize("case", ["far scale on far sigma0", "float32 far scale", "float32 subnormal sigma0",
+@pytest.mark.parametrize("case", ["far scale on far sigma0", "subnormal scale on large sigma0", "float32 far scale", "float32 subnormal sigma0",
                                   "float32 stds 0 and subnormal", "float32 stds subnormal and inf"])
 def test_a_sweep_or_call_whose_features_divided_by_sigma_overflow_is_refused_by_name_first(case, monkeypatch):
     """A second review of the range checks: a far scale on features already divided by a far sigma0 divides them
-    again (1e-115 x 1e-200 computed scale 1, then failed as a model whose derivative is not finite); float32
+    again (1e-115 x 1e-200 computed scale 1, then failed as a model whose derivative is not finite; a third:
+    so did a subnormal scale on a large sigma0, 1e-310 x 1e200, whose product is normal); float32
     sweeps at scale x sigma0 below float32's range, and a sigma0 of 1e-40, failed as 'NaN or inf' features;
     per-feature stds with an entry float32 rounds to 0 or inf beside a subnormal one named the subnormal one only."""
     from test_bound import _Times
@@ -1285,6 +1286,10 @@ def test_a_sweep_or_call_whose_features_divided_by_sigma_overflow_is_refused_by_
         "far scale on far sigma0": (lambda: hcrfast.sweep_sigma(_Times(model, 1e-200), x, [1.0, 1e-115],
                                                                 sigma0=1e-200, **kw),
                                     r"^scales: 1e-115 x sigma0 \(1e-200\) is 1e-315, below float64's smallest normal"),
+        "subnormal scale on large sigma0": (lambda: hcrfast.sweep_sigma(_Times(model, 1e200), x, [1.0, 1e-310],
+                                                                         sigma0=1e200, **kw),
+                                            r"^scales: 1e-310 x sigma0 \(1e\+200\): the features, divided by sigma0, "
+                                            r"are divided by the scale 1e-310 again, below float64's range"),
         "float32 far scale": (lambda: hcrfast.sweep_sigma(model32, x32, [1e-10], sigma0=1e-30, **kw),
                               r"^scales: 1e-10 x sigma0 \(1e-30\) is 1\.0+\d*e-40, below float32's smallest normal"),
         "float32 subnormal sigma0": (lambda: hcrfast.sweep_sigma(model32, x32, [1.0], sigma0=1e-40, **kw),
