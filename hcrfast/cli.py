@@ -253,8 +253,11 @@ def shell_text(text: str, args) -> str:
             flags["target"] = "--target-std"
         # advice to call targeted_bound(..., null_probes=True): the command's own flags do it, and the call's
         # keyword is Python's (a review: it read "hcrfast.targeted_bound(..., --null-probes)")
-        text = re.sub(r"(?:hcrfast\.)?targeted_bound\(\.\.\., null_probes=True\)",
+        # (also the call spelled out, sigma_for's note, and targeted_bound's own method='dense' with null_probes=True)
+        text = re.sub(r"(?:hcrfast\.)?targeted_bound\((?:\.\.\.|model, batch, sigma), null_probes=True\)",
                       lambda m: f"--targets all --null-probes ({hide(m.group(0))} in Python)", text)
+        text = re.sub(r"method='dense' with null_probes=True",
+                      lambda m: f"--solver dense with --null-probes ({hide(m.group(0))} in Python)", text)
         text = re.sub(rf"{_NOT_BEFORE}reuse_bytes=({_VALUE})",
                       lambda m: f"--reuse-gib {float(m.group(1)) / 2**30:g}" if m.group(1)[0].isdigit()
                       else m.group(0), text)

@@ -412,6 +412,20 @@ def test_shell_text_names_the_flag_the_user_gave_sigma_by(given, subject):
     assert _shell("bad: sigma must be positive", **given) == f"bad: {subject} must be positive"
 
 
+@pytest.mark.parametrize("text, said", [
+    ("hcrfast.targeted_bound(model, batch, sigma, null_probes=True) certifies them",
+     "--targets all --null-probes (hcrfast.targeted_bound(model, batch, sigma, null_probes=True) in Python) certifies "
+     "them"),
+    ("their bound is 0, which guarantees nothing; method='dense' with null_probes=True certifies +inf",
+     "their bound is 0, which guarantees nothing; --solver dense with --null-probes (method='dense' with "
+     "null_probes=True in Python) certifies +inf"),
+], ids=["sigma_for's note", "targeted_bound's warning"])
+def test_shell_text_says_every_null_probes_advice_in_flags(text, said):
+    """The last session's rewrite took 'targeted_bound(..., null_probes=True)' alone: sigma_for's note (the call
+    spelled out) and targeted_bound's unseen-modes warning still read '--null-probes' inside a Python call."""
+    assert _shell(text) == said
+
+
 def test_shell_text_says_which_sigma_advice_reproduce_has_no_flag_for():
     """reproduce runs the zoo's float32 models: a float64 model and batch is Python's alone, and said so."""
     text = "pass a sigma nearer the features' scale (hcrfast.rms_sigma(features, scale)), or a float64 model and batch"
