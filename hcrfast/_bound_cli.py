@@ -732,7 +732,8 @@ def _default_sigma_hint(exc: Exception, noise: dict, *, sweep: bool = False) -> 
     found = re.search(r"noise: 'Gaussian\(sigma=([^)']+)\)' -> 'Gaussian\(sigma=", str(exc))
     if found is None:
         return exc
-    # (a sweep's folder holds K x the unit, and --sigma sets the unit: the folder's sigma is no --sigma to pass)
+    # (a sweep's or a search's folder holds K x the unit, and --sigma sets the unit: the folder's sigma is no --sigma
+    # to pass)
     own = "" if sweep else f", or --sigma {found.group(1)}, the folder's own"
     exc.add_note(f"hcrfast bound: sigma was left at its default, {noise['sigma_scale']:g} x the features' RMS, "
                  f"computed by a forward whose last bits follow the thread count and the machine; to resume, pass "
@@ -1035,8 +1036,8 @@ def _run(args: argparse.Namespace) -> int:
                                    max_calls=8 if args.max_calls is None else args.max_calls,
                                    reuse_bytes=reuse_bytes,
                                    checkpoint=out / "calibration", **bound_kwargs)
-            except CheckpointMismatchError as exc:   # (each call's folder is OUT/calibration/scale_K)
-                raise shell_fix(exc, out, ("calibration",)) from None
+            except CheckpointMismatchError as exc:   # (each call's folder is OUT/calibration/scale_K, K x sigma0)
+                raise _default_sigma_hint(shell_fix(exc, out, ("calibration",)), noise, sweep=True) from None
             res, sigma = search.bounds, search.sigma
             noise = dict(noise, searched_from=noise.get("sigma", "the stds of " + str(args.sigma_file)),
                          sigma=search.sigma if np.ndim(search.sigma) == 0 else None, scale=search.scale)

@@ -1271,6 +1271,14 @@ def test_a_default_sigma_refused_on_resume_says_why_and_how_to_resume(files, cap
     assert _bound([*argv, "--sweep", "0.5,1", "--out", tmp_path / "swept"]) == 2
     err = capsys.readouterr().err
     assert "the first run's --threads (the one in its summary.json's command)" in err and "the folder's own" not in err
+    # so is a --target-std search's (the last session's found-not-fixed: its refusal had no note)
+    search = ["--target-std", "0.3", "--max-calls", "2"]
+    assert _bound([*argv, "--sigma", repr(other), *search, "--out", tmp_path / "searched"]) == 0
+    capsys.readouterr()
+    assert _bound([*argv, *search, "--out", tmp_path / "searched"]) == 2
+    err = capsys.readouterr().err
+    assert "holds work made with other arguments (noise: " in err
+    assert "the first run's --threads (the one in its summary.json's command)" in err and "the folder's own" not in err
 
 
 def test_null_probes_from_the_shell_are_the_apis(files, capsys):
